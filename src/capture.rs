@@ -1,0 +1,384 @@
+//! capture::Recorder: the API an engine hook (or the simulator, or JSONL
+//! import) calls to write a v1 trace.
+//!
+//! Events are buffered per pool, written as row groups, and part files are
+//! rotated by size. The recorder assigns each pool's `seq`, hashes every
+//! file as it is written, and keeps trace.json current: it is written with
+//! `capture.complete = false` when the trace is created, rewritten each time a
+//! part file is completed, and written with `complete = true` by `close`.
+//!
+//! What a crash loses at most: the rows still buffered in memory (up to
+//! `row_group_rows` per pool and for requests) plus the part file each stream
+//! had open (written as `*.parquet.inprogress`, which readers ignore). Every
+//! completed part file stays readable and listed with its digest.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Location, Result};
+use crate::schema::{KvEvent, Op, RequestRecord, kv_schema, requests_schema};
+use crate::trace::manifest::{Capture, Deployment, FileEntry, Manifest};
+use crate::trace::write::{PartOptions, PartWriter, kv_batch, requests_batch};
+
+/// How a recorder writes.
+#[derive(Debug, Clone)]
+pub struct RecorderOptions {
+    pub part: PartOptions,
+    /// Rows per row group (and the most a crash can lose per stream).
+    pub row_group_rows: usize,
+    /// Capture began with the engine's pools empty.
+    pub from_engine_start: bool,
+    /// When set, the capture's time range comes from the data (deterministic
+    /// output for simulated traces) and starts here; otherwise wall clock.
+    pub started_ns: Option<i64>,
+    /// Value of capture.writer.
+    pub writer: String,
+}
+
+impl Default for RecorderOptions {
+    fn default() -> Self {
+        RecorderOptions {
+            part: PartOptions::default(),
+            row_group_rows: 256 * 1024,
+            from_engine_start: true,
+            started_ns: None,
+            writer: format!("kvtrail {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+struct PoolStream {
+    id: u16,
+    capacity: u64,
+    next_seq: u64,
+    events: u64,
+    buf: Vec<KvEvent>,
+    writer: PartWriter,
+}
+
+/// Counters of what a recorder has written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecorderStats {
+    pub requests: u64,
+    pub kv_events: u64,
+    /// seq values skipped on purpose (`lose`): holes in the trace.
+    pub lost_events: u64,
+    pub files: usize,
+}
+
+/// Writes one trace. See the module docs for crash behaviour.
+pub struct Recorder {
+    dir: PathBuf,
+    manifest: Manifest,
+    opts: RecorderOptions,
+    pools: Vec<PoolStream>,
+    /// pool id -> index into `pools` (u16 ids, so a flat table).
+    pool_index: Vec<u32>,
+    req_buf: Vec<RequestRecord>,
+    req_writer: PartWriter,
+    files: Vec<FileEntry>,
+    stats: RecorderStats,
+    max_ts: i64,
+}
+
+const NO_POOL: u32 = u32::MAX;
+
+impl Recorder {
+    /// Creates a new trace directory (it must not hold a trace already).
+    pub fn create(dir: &Path, deployment: Deployment, opts: RecorderOptions) -> Result<Recorder> {
+        deployment.validate(&dir.join("trace.json"))?;
+        if dir.join("trace.json").exists() {
+            return Err(Error::invalid(
+                Location::file(dir),
+                "a trace already exists here",
+                "choose a new --out directory or remove the old trace first",
+            ));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut pool_index = vec![NO_POOL; u16::MAX as usize + 1];
+        let mut pools = Vec::new();
+        for (i, p) in deployment.pools.iter().enumerate() {
+            pool_index[p.id as usize] = i as u32;
+            pools.push(PoolStream {
+                id: p.id,
+                capacity: p.capacity_tokens,
+                next_seq: 0,
+                events: 0,
+                buf: Vec::with_capacity(opts.row_group_rows.min(1 << 16)),
+                writer: PartWriter::new(
+                    dir,
+                    &format!("kv/pool={}", p.id),
+                    kv_schema(),
+                    opts.part.clone(),
+                ),
+            });
+        }
+        let now = wall_ns();
+        let capture = Capture {
+            writer: opts.writer.clone(),
+            started_ns: opts.started_ns.unwrap_or(now),
+            ended_ns: 0,
+            complete: false,
+            from_engine_start: Some(opts.from_engine_start),
+            extra: Default::default(),
+        };
+        let mut manifest = Manifest::new(deployment, capture);
+        manifest.files = Some(Vec::new());
+        manifest.store(dir)?;
+        Ok(Recorder {
+            dir: dir.to_path_buf(),
+            req_writer: PartWriter::new(dir, "requests", requests_schema(), opts.part.clone()),
+            max_ts: opts.started_ns.unwrap_or(i64::MIN),
+            manifest,
+            opts,
+            pools,
+            pool_index,
+            req_buf: Vec::new(),
+            files: Vec::new(),
+            stats: RecorderStats::default(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn deployment(&self) -> &Deployment {
+        &self.manifest.deployment
+    }
+
+    pub fn stats(&self) -> RecorderStats {
+        let mut s = self.stats.clone();
+        s.files = self.files.len();
+        s
+    }
+
+    fn stream(&self, pool: u16) -> Result<usize> {
+        match self.pool_index[pool as usize] {
+            NO_POOL => Err(Error::invalid(
+                Location::default().column("pool"),
+                format!("unknown pool id {pool}"),
+                "record events only for pools listed in the deployment",
+            )),
+            i => Ok(i as usize),
+        }
+    }
+
+    fn check(&self, ev: &KvEvent) -> Result<usize> {
+        let i = self.stream(ev.pool)?;
+        let bad = |col: &str, what: String| {
+            Err(Error::invalid(
+                Location::default().column(col),
+                what,
+                "the event is out of contract (docs/trace-format.md)",
+            ))
+        };
+        if ev.slot_count == 0 {
+            return bad("slot_count", "slot_count is 0".into());
+        }
+        if ev.slot_end() > self.pools[i].capacity {
+            return bad(
+                "slot_start",
+                format!(
+                    "extent {}..{} outside pool {}",
+                    ev.slot_start,
+                    ev.slot_end(),
+                    ev.pool
+                ),
+            );
+        }
+        if let Some(src) = ev.src {
+            if ev.op != Op::Write {
+                return bad("src_pool", format!("src set on a `{}` event", ev.op));
+            }
+            let j = self.stream(src.pool)?;
+            if src.pool == ev.pool {
+                return bad("src_pool", "copy from a pool into itself".into());
+            }
+            if src.slot_start as u64 + ev.slot_count as u64 > self.pools[j].capacity {
+                return bad("src_slot_start", "source extent outside its pool".into());
+            }
+        }
+        Ok(i)
+    }
+
+    /// Records one event; the recorder assigns and returns its `seq` (the
+    /// `seq` field of `ev` is ignored).
+    pub fn kv(&mut self, mut ev: KvEvent) -> Result<u64> {
+        let i = self.check(&ev)?;
+        let s = &mut self.pools[i];
+        ev.seq = s.next_seq;
+        s.next_seq += 1;
+        self.push(i, ev)?;
+        Ok(ev.seq)
+    }
+
+    /// Records one event with the `seq` it already has (JSONL import, the
+    /// record sidecar). Seqs must increase per pool; a jump leaves a hole.
+    pub fn kv_with_seq(&mut self, ev: KvEvent) -> Result<()> {
+        let i = self.check(&ev)?;
+        let s = &mut self.pools[i];
+        if ev.seq < s.next_seq {
+            return Err(Error::invalid(
+                Location::default().column("seq"),
+                format!(
+                    "seq {} of pool {} is not above the previous one ({})",
+                    ev.seq,
+                    ev.pool,
+                    s.next_seq.wrapping_sub(1)
+                ),
+                "seq must be strictly increasing within each pool",
+            ));
+        }
+        self.stats.lost_events += ev.seq - s.next_seq;
+        s.next_seq = ev.seq + 1;
+        self.push(i, ev)
+    }
+
+    /// The seq the next event of `pool` will get.
+    pub fn next_seq(&self, pool: u16) -> Result<u64> {
+        Ok(self.pools[self.stream(pool)?].next_seq)
+    }
+
+    /// Marks `n` events of `pool` as lost: their seqs are skipped, leaving an
+    /// explicit hole that replay reports (never a silent loss).
+    pub fn lose(&mut self, pool: u16, n: u64) -> Result<()> {
+        let i = self.stream(pool)?;
+        self.pools[i].next_seq += n;
+        self.stats.lost_events += n;
+        Ok(())
+    }
+
+    fn push(&mut self, i: usize, ev: KvEvent) -> Result<()> {
+        self.max_ts = self.max_ts.max(ev.ts_ns);
+        self.stats.kv_events += 1;
+        let s = &mut self.pools[i];
+        s.events += 1;
+        s.buf.push(ev);
+        if s.buf.len() >= self.opts.row_group_rows {
+            self.flush_pool(i)?;
+        }
+        Ok(())
+    }
+
+    /// Records a batch of events (seqs assigned).
+    pub fn kv_batch(&mut self, events: &[KvEvent]) -> Result<()> {
+        for ev in events {
+            self.kv(*ev)?;
+        }
+        Ok(())
+    }
+
+    /// Records one request row.
+    pub fn request(&mut self, r: RequestRecord) -> Result<()> {
+        if r.request_id == 0 {
+            return Err(Error::invalid(
+                Location::default().column("request_id"),
+                "request_id 0 is reserved for the engine itself",
+                "number requests from 1",
+            ));
+        }
+        for p in [r.prefill_pool, r.decode_pool].into_iter().flatten() {
+            self.stream(p)?;
+        }
+        self.max_ts = self
+            .max_ts
+            .max(r.arrival_ns)
+            .max(r.finish_ns.unwrap_or(i64::MIN));
+        self.stats.requests += 1;
+        self.req_buf.push(r);
+        if self.req_buf.len() >= self.opts.row_group_rows {
+            self.flush_requests()?;
+        }
+        Ok(())
+    }
+
+    fn flush_pool(&mut self, i: usize) -> Result<()> {
+        let s = &mut self.pools[i];
+        if s.buf.is_empty() {
+            return Ok(());
+        }
+        let batch = kv_batch(&s.buf);
+        s.buf.clear();
+        if let Some(f) = s.writer.write(&batch)? {
+            self.completed(f)?;
+        }
+        Ok(())
+    }
+
+    fn flush_requests(&mut self) -> Result<()> {
+        if self.req_buf.is_empty() {
+            return Ok(());
+        }
+        let batch = requests_batch(&self.req_buf);
+        self.req_buf.clear();
+        if let Some(f) = self.req_writer.write(&batch)? {
+            self.completed(f)?;
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, f: FileEntry) -> Result<()> {
+        self.files.push(f);
+        self.store_manifest(false)
+    }
+
+    fn store_manifest(&mut self, complete: bool) -> Result<()> {
+        let mut files = self.files.clone();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        self.manifest.files = Some(files);
+        self.manifest.capture.complete = complete;
+        self.manifest.capture.ended_ns = if self.opts.started_ns.is_some() {
+            self.max_ts.max(self.manifest.capture.started_ns)
+        } else {
+            wall_ns()
+        };
+        self.manifest.store(&self.dir)
+    }
+
+    /// Writes everything buffered as row groups (part files stay open).
+    pub fn flush(&mut self) -> Result<()> {
+        for i in 0..self.pools.len() {
+            self.flush_pool(i)?;
+        }
+        self.flush_requests()
+    }
+
+    /// Flushes, closes every part file and writes trace.json with
+    /// `capture.complete = true`.
+    pub fn close(mut self) -> Result<Manifest> {
+        self.close_with(true)
+    }
+
+    /// Closes the files but marks the capture unclean (e.g. the engine
+    /// stream ended without a clean shutdown).
+    pub fn close_unclean(mut self) -> Result<Manifest> {
+        self.close_with(false)
+    }
+
+    fn close_with(&mut self, complete: bool) -> Result<Manifest> {
+        self.flush()?;
+        for i in 0..self.pools.len() {
+            if let Some(f) = self.pools[i].writer.finish_part()? {
+                self.files.push(f);
+            }
+        }
+        if let Some(f) = self.req_writer.finish_part()? {
+            self.files.push(f);
+        }
+        self.store_manifest(complete)?;
+        Ok(self.manifest.clone())
+    }
+
+    /// Ids of pools and the number of events recorded for each.
+    pub fn pool_counts(&self) -> Vec<(u16, u64)> {
+        self.pools.iter().map(|p| (p.id, p.events)).collect()
+    }
+}
+
+fn wall_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,60 @@
+//! Command-line interface: clap derive, one file per subcommand under
+//! `commands/`, progress bars and exit codes. Only this layer prints.
+//!
+//! Exit codes: 0 success, 1 findings the caller asked to fail on (or a trace
+//! that fails verification), 2 tool error (bad input, I/O). A broken pipe on
+//! stdout is success.
+
+pub mod commands;
+pub mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// Record-and-replay forensics for KV-cache isolation failures in LLM
+/// serving engines.
+#[derive(Parser, Debug)]
+#[command(name = "kvtrail", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check every file of a trace against its manifest digests.
+    Verify(commands::verify::Args),
+}
+
+/// What a command asks the process to exit with.
+pub type Exit = i32;
+
+pub fn run() -> Exit {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let res = match cli.command {
+        Command::Verify(a) => commands::verify::run(a),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return 0;
+            }
+            eprintln!("error: {e:#}");
+            2
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

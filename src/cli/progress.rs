@@ -1,0 +1,21 @@
+//! Progress bars (indicatif), hidden when stderr is not a terminal.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A bar over `len` units, or a hidden one when stderr is not a terminal.
+#[allow(dead_code)] // used by the replaying commands
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() || std::env::var_os("KVTRAIL_NO_PROGRESS").is_some() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

@@ -1,0 +1,105 @@
+//! Typed errors for everything below the CLI.
+//!
+//! Every error that comes from bad input says what is wrong, where (file, row,
+//! column) and what to do about it. The CLI maps all of them to exit code 2;
+//! findings are never errors.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where in a trace a problem was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Location {
+    pub file: Option<PathBuf>,
+    /// 0-based row within the file (printed 0-based, named "row").
+    pub row: Option<u64>,
+    pub column: Option<String>,
+}
+
+impl Location {
+    pub fn file(path: &Path) -> Self {
+        Location {
+            file: Some(path.to_path_buf()),
+            ..Default::default()
+        }
+    }
+    pub fn row(mut self, row: u64) -> Self {
+        self.row = Some(row);
+        self
+    }
+    pub fn column(mut self, column: &str) -> Self {
+        self.column = Some(column.to_string());
+        self
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(file) = &self.file {
+            parts.push(file.display().to_string());
+        }
+        if let Some(row) = self.row {
+            parts.push(format!("row {row}"));
+        }
+        if let Some(col) = &self.column {
+            parts.push(format!("column `{col}`"));
+        }
+        if parts.is_empty() {
+            write!(f, "<trace>")
+        } else {
+            write!(f, "{}", parts.join(", "))
+        }
+    }
+}
+
+/// An error in a trace or in the tool's input.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The input violates the trace contract (or another input format).
+    #[error("{loc}: {what}\n  hint: {hint}")]
+    Invalid {
+        loc: Location,
+        what: String,
+        hint: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Parquet or Arrow layer failed on a file.
+    #[error(
+        "{loc}: cannot read Parquet: {msg}\n  hint: the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file"
+    )]
+    Parquet { loc: Location, msg: String },
+    /// Anything else that stops the tool (configuration, usage).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    pub fn invalid(loc: Location, what: impl Into<String>, hint: impl Into<String>) -> Self {
+        Error::Invalid {
+            loc,
+            what: what.into(),
+            hint: hint.into(),
+        }
+    }
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+    pub fn parquet(loc: Location, e: impl fmt::Display) -> Self {
+        Error::Parquet {
+            loc,
+            msg: e.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

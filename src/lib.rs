@@ -1,0 +1,13 @@
+//! kvtrail: record-and-replay forensics for KV-cache isolation failures in
+//! LLM serving engines.
+//!
+//! Data flows one way: capture (engine hooks, simulator, JSONL import) →
+//! `schema` → `trace` → `replay` → `scope` → `report`; the binary's `cli`
+//! sits on top and nothing depends on it. See ARCHITECTURE.md.
+
+pub mod capture;
+pub mod error;
+pub mod schema;
+pub mod trace;
+
+pub use error::{Error, Result};

@@ -1,0 +1,241 @@
+//! trace.json: the manifest of a trace (deployment, capture, file digests).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Location, Result};
+use crate::schema::{FORMAT_NAME, FORMAT_VERSION};
+
+/// Role of a KV pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Prefill,
+    Decode,
+    Mixed,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Mixed => "mixed",
+        }
+    }
+}
+
+/// One KV pool of the deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: u16,
+    #[serde(default)]
+    pub name: String,
+    pub role: Role,
+    pub capacity_tokens: u64,
+    #[serde(default = "one")]
+    pub page_size: u32,
+    /// Keys we do not know, kept so a manifest round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The serving deployment the trace was captured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub engine: String,
+    pub context_window: u64,
+    pub pools: Vec<Pool>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Deployment {
+    pub fn pool(&self, id: u16) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.id == id)
+    }
+
+    /// Checks the deployment's own consistency (unique pool ids, sizes).
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let loc = || Location::file(path).column("deployment.pools");
+        if self.pools.is_empty() {
+            return Err(Error::invalid(
+                loc(),
+                "the deployment lists no pools",
+                "list every KV pool with id, role, capacity_tokens and page_size",
+            ));
+        }
+        let mut ids: Vec<u16> = self.pools.iter().map(|p| p.id).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(
+                loc(),
+                format!("pool id {} appears twice", w[0]),
+                "give every pool a unique id",
+            ));
+        }
+        for p in &self.pools {
+            if p.capacity_tokens == 0 || p.capacity_tokens > u32::MAX as u64 + 1 {
+                return Err(Error::invalid(
+                    loc(),
+                    format!("pool {} has capacity_tokens {}", p.id, p.capacity_tokens),
+                    "capacity_tokens must be between 1 and 2^32",
+                ));
+            }
+            if p.page_size == 0 {
+                return Err(Error::invalid(
+                    loc(),
+                    format!("pool {} has page_size 0", p.id),
+                    "page_size must be at least 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How the trace was captured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Capture {
+    #[serde(default)]
+    pub writer: String,
+    #[serde(default)]
+    pub started_ns: i64,
+    #[serde(default)]
+    pub ended_ns: i64,
+    #[serde(default)]
+    pub complete: bool,
+    /// True when capture began with the engine's pools empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_engine_start: Option<bool>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One data file listed in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub rows: u64,
+    pub blake3: String,
+}
+
+/// The whole of trace.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u64,
+    pub deployment: Deployment,
+    #[serde(default)]
+    pub capture: Capture,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<FileEntry>>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Manifest {
+    pub fn new(deployment: Deployment, capture: Capture) -> Self {
+        Manifest {
+            format: FORMAT_NAME.to_string(),
+            version: FORMAT_VERSION,
+            deployment,
+            capture,
+            files: None,
+            extra: Default::default(),
+        }
+    }
+
+    /// Reads and checks `<dir>/trace.json`.
+    pub fn load(dir: &Path) -> Result<Manifest> {
+        let path = dir.join("trace.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::invalid(
+                    Location::file(&path),
+                    "trace.json is missing",
+                    "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
+                ));
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        Self::parse(&text, &path)
+    }
+
+    /// Parses manifest text; `path` is used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Manifest> {
+        // Check format and version before the full shape, so an unknown
+        // version gets the right message even if other keys changed too.
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            Error::invalid(
+                Location::file(path),
+                format!("not valid JSON: {e}"),
+                "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
+            )
+        })?;
+        match value.get("format").and_then(|v| v.as_str()) {
+            Some(FORMAT_NAME) => {}
+            other => {
+                return Err(Error::invalid(
+                    Location::file(path).column("format"),
+                    format!("format is {other:?}, expected \"{FORMAT_NAME}\""),
+                    "this is not a kvtrail trace manifest",
+                ));
+            }
+        }
+        match value.get("version").and_then(|v| v.as_u64()) {
+            Some(FORMAT_VERSION) => {}
+            other => {
+                return Err(Error::invalid(
+                    Location::file(path).column("version"),
+                    format!(
+                        "unknown trace format version {}",
+                        other.map(|v| v.to_string()).unwrap_or_else(|| {
+                            value
+                                .get("version")
+                                .map(|v| v.to_string())
+                                .unwrap_or("(missing)".into())
+                        })
+                    ),
+                    format!(
+                        "this kvtrail reads version {FORMAT_VERSION}; use a kvtrail release that knows this version"
+                    ),
+                ));
+            }
+        }
+        let m: Manifest = serde_json::from_value(value).map_err(|e| {
+            Error::invalid(
+                Location::file(path),
+                format!("trace.json does not match the v1 manifest: {e}"),
+                "see docs/trace-format.md for the required keys",
+            )
+        })?;
+        m.deployment.validate(path)?;
+        Ok(m)
+    }
+
+    /// Writes trace.json atomically (temp file + rename).
+    pub fn store(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("trace.json");
+        let tmp = dir.join(".trace.json.tmp");
+        let mut text = serde_json::to_string_pretty(self).expect("manifest serializes");
+        text.push('\n');
+        std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        Ok(())
+    }
+
+    /// Whether a slot never written in the trace is known to be blank.
+    pub fn from_engine_start(&self) -> bool {
+        self.capture.from_engine_start == Some(true)
+    }
+}

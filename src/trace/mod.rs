@@ -1,0 +1,12 @@
+//! The trace on disk: manifest (trace.json), Parquet tables, digests.
+//!
+//! Only this module knows Parquet. Readers stream; writers rotate part files
+//! and hash them as they write.
+
+pub mod manifest;
+pub mod read;
+pub mod verify;
+pub mod write;
+
+pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
+pub use read::{KvChunk, KvFileReader, RequestFileReader, Trace};

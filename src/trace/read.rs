@@ -1,0 +1,775 @@
+//! Streaming readers for the requests and kv tables.
+//!
+//! Files are found at any depth under `requests/` and `kv/` (Hive folders
+//! included), read batch by batch (never a whole trace at once), with any
+//! compression, plain or dictionary strings and extra columns ignored. Every
+//! row is checked against the contract; a violation is an error naming the
+//! file, the row (0-based within the file) and the column.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_buffer::NullBuffer;
+use arrow_schema::DataType;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+
+use crate::error::{Error, Location, Result};
+use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
+use crate::trace::manifest::{Deployment, Manifest};
+
+/// Rows per record batch when reading.
+pub const READ_BATCH_ROWS: usize = 64 * 1024;
+
+/// An opened trace: its manifest and data files (paths sorted).
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub request_files: Vec<PathBuf>,
+    pub kv_files: Vec<PathBuf>,
+}
+
+impl Trace {
+    /// Opens a trace directory: reads trace.json and lists data files.
+    pub fn open(dir: &Path) -> Result<Trace> {
+        if !dir.is_dir() {
+            return Err(Error::invalid(
+                Location::file(dir),
+                "not a trace directory",
+                "pass the directory that holds trace.json, requests/ and kv/",
+            ));
+        }
+        let manifest = Manifest::load(dir)?;
+        let request_files = list_parquet(&dir.join("requests"))?;
+        let kv_files = list_parquet(&dir.join("kv"))?;
+        Ok(Trace {
+            dir: dir.to_path_buf(),
+            manifest,
+            request_files,
+            kv_files,
+        })
+    }
+
+    pub fn deployment(&self) -> &Deployment {
+        &self.manifest.deployment
+    }
+
+    /// Path of a data file relative to the trace root, with `/` separators.
+    pub fn rel(&self, path: &Path) -> String {
+        rel_path(&self.dir, path)
+    }
+
+    /// Streams the requests table, file by file, batch by batch.
+    pub fn requests(&self) -> impl Iterator<Item = Result<Vec<RequestRecord>>> + '_ {
+        self.request_files
+            .iter()
+            .flat_map(move |f| match RequestFileReader::open(f) {
+                Ok(r) => Box::new(r) as Box<dyn Iterator<Item = Result<Vec<RequestRecord>>>>,
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            })
+    }
+
+    /// Opens one kv file for streaming.
+    pub fn kv_file(&self, path: &Path) -> Result<KvFileReader> {
+        KvFileReader::open(path, &self.manifest.deployment)
+    }
+
+    /// Streams every kv event of the trace, file by file (no global order).
+    pub fn kv_chunks(&self) -> impl Iterator<Item = Result<KvChunk>> + '_ {
+        self.kv_files
+            .iter()
+            .flat_map(move |f| match self.kv_file(f) {
+                Ok(r) => Box::new(r) as Box<dyn Iterator<Item = Result<KvChunk>>>,
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            })
+    }
+}
+
+/// Relative path with forward slashes.
+pub fn rel_path(root: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Every `*.parquet` file under `dir` at any depth, sorted. A missing
+/// directory is an empty table.
+pub fn list_parquet(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let rd = std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(&d, e))?;
+            let p = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || name.starts_with('_') {
+                continue; // hidden and marker files (_SUCCESS, .crc)
+            }
+            let ft = entry.file_type().map_err(|e| Error::io(&p, e))?;
+            if ft.is_dir() || (ft.is_symlink() && p.is_dir()) {
+                stack.push(p);
+            } else if name.ends_with(".parquet") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| Error::parquet(Location::file(path), e))
+}
+
+/// Finds required and optional columns by name and projects to them.
+fn project(
+    path: &Path,
+    builder: ParquetRecordBatchReaderBuilder<File>,
+    required: &[&str],
+    optional: &[&str],
+) -> Result<ParquetRecordBatchReader> {
+    let schema = builder.schema().clone();
+    let mut roots = Vec::new();
+    for name in required.iter().chain(optional) {
+        match schema.fields().iter().position(|f| f.name() == name) {
+            Some(i) => roots.push(i),
+            None if required.contains(name) => {
+                return Err(Error::invalid(
+                    Location::file(path).column(name),
+                    format!("required column `{name}` is missing"),
+                    "write every non-null column of the v1 contract (docs/trace-format.md)",
+                ));
+            }
+            None => {}
+        }
+    }
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    builder
+        .with_projection(mask)
+        .with_batch_size(READ_BATCH_ROWS)
+        .build()
+        .map_err(|e| Error::parquet(Location::file(path), e))
+}
+
+/// A column of a batch with its location, for typed extraction.
+struct Col<'a> {
+    path: &'a Path,
+    name: &'static str,
+    row0: u64,
+    arr: Option<&'a ArrayRef>,
+}
+
+impl<'a> Col<'a> {
+    fn get(batch: &'a RecordBatch, path: &'a Path, row0: u64, name: &'static str) -> Col<'a> {
+        Col {
+            path,
+            name,
+            row0,
+            arr: batch.column_by_name(name),
+        }
+    }
+
+    fn loc(&self, row: usize) -> Location {
+        Location::file(self.path)
+            .row(self.row0 + row as u64)
+            .column(self.name)
+    }
+
+    fn type_error(&self, expected: &str) -> Error {
+        let dt = self
+            .arr
+            .map(|a| a.data_type().to_string())
+            .unwrap_or_default();
+        Error::invalid(
+            Location::file(self.path).column(self.name),
+            format!("column `{}` has type {dt}, expected {expected}", self.name),
+            "write the column with the type the v1 contract gives (docs/trace-format.md)",
+        )
+    }
+
+    /// Errors on the first null if the column is declared non-null.
+    fn check_no_nulls(&self) -> Result<()> {
+        if let Some(a) = self.arr
+            && let Some(nb) = a.logical_nulls()
+            && nb.null_count() > 0
+        {
+            let row = (0..a.len()).find(|&i| nb.is_null(i)).unwrap_or(0);
+            return Err(Error::invalid(
+                self.loc(row),
+                format!("null in non-null column `{}`", self.name),
+                "every row needs a value in this column (docs/trace-format.md)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn nulls(&self) -> Option<NullBuffer> {
+        self.arr.and_then(|a| a.logical_nulls())
+    }
+
+    /// Integer values converted to `T`, rejecting values out of range.
+    /// Any integer type is accepted if the values fit (writers differ in
+    /// integer widths); other types are an error.
+    fn ints<T>(&self, expected: &str) -> Result<Cow<'a, [T]>>
+    where
+        T: ArrowNativeTypeExt,
+    {
+        let a = self.arr.expect("column present");
+        if let Some(s) = T::borrow(a) {
+            return Ok(Cow::Borrowed(s));
+        }
+        let nulls = a.logical_nulls();
+        macro_rules! conv {
+            ($ty:ty) => {{
+                let v = a.as_primitive::<$ty>().values();
+                let mut out = Vec::with_capacity(v.len());
+                for (i, x) in v.iter().enumerate() {
+                    let valid = nulls.as_ref().map(|n| n.is_valid(i)).unwrap_or(true);
+                    match T::from_i128(*x as i128) {
+                        Some(t) => out.push(t),
+                        None if !valid => out.push(T::default()),
+                        None => {
+                            return Err(Error::invalid(
+                                self.loc(i),
+                                format!(
+                                    "value {x} does not fit column `{}` ({expected})",
+                                    self.name
+                                ),
+                                "write values in the range of the contract's type",
+                            ));
+                        }
+                    }
+                }
+                Ok(Cow::Owned(out))
+            }};
+        }
+        match a.data_type() {
+            DataType::Int8 => conv!(Int8Type),
+            DataType::Int16 => conv!(Int16Type),
+            DataType::Int32 => conv!(Int32Type),
+            DataType::Int64 => conv!(Int64Type),
+            DataType::UInt8 => conv!(UInt8Type),
+            DataType::UInt16 => conv!(UInt16Type),
+            DataType::UInt32 => conv!(UInt32Type),
+            DataType::UInt64 => conv!(UInt64Type),
+            _ => Err(self.type_error(expected)),
+        }
+    }
+
+    /// String column (Utf8, LargeUtf8, Utf8View or a dictionary of them).
+    fn strings(&self) -> Result<Vec<Option<String>>> {
+        let a = self.arr.expect("column present");
+        let is_str = |dt: &DataType| {
+            matches!(
+                dt,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            )
+        };
+        let ok = match a.data_type() {
+            DataType::Dictionary(_, v) => is_str(v),
+            dt => is_str(dt),
+        };
+        if !ok {
+            return Err(self.type_error("Utf8"));
+        }
+        let c =
+            arrow_cast::cast(a, &DataType::Utf8).map_err(|e| self.type_error(&e.to_string()))?;
+        let s = c.as_string::<i32>();
+        Ok(s.iter().map(|v| v.map(str::to_string)).collect())
+    }
+
+    /// The op column as codes: dictionary values are parsed once.
+    fn ops(&self) -> Result<Vec<Op>> {
+        let a = self.arr.expect("column present");
+        let bad = |row: usize, v: &str| {
+            Error::invalid(
+                self.loc(row),
+                format!("unknown op {v:?}"),
+                "op must be one of alloc, write, read, free, share, scrub (lower case)",
+            )
+        };
+        if let Some(dict) = a.as_any_dictionary_opt() {
+            let values = Col {
+                path: self.path,
+                name: self.name,
+                row0: self.row0,
+                arr: Some(dict.values()),
+            }
+            .strings()?;
+            let codes: Vec<Option<Op>> = values
+                .iter()
+                .map(|v| v.as_deref().and_then(Op::parse))
+                .collect();
+            let keys = dict.normalized_keys();
+            let mut out = Vec::with_capacity(keys.len());
+            for (i, k) in keys.iter().enumerate() {
+                match codes.get(*k).copied().flatten() {
+                    Some(op) => out.push(op),
+                    None => {
+                        return Err(bad(
+                            i,
+                            values.get(*k).and_then(|v| v.as_deref()).unwrap_or(""),
+                        ));
+                    }
+                }
+            }
+            return Ok(out);
+        }
+        let strings = self.strings()?;
+        let mut out = Vec::with_capacity(strings.len());
+        for (i, s) in strings.iter().enumerate() {
+            let s = s.as_deref().unwrap_or("");
+            out.push(Op::parse(s).ok_or_else(|| bad(i, s))?);
+        }
+        Ok(out)
+    }
+
+    /// FixedSizeBinary(32) (or Binary of 32-byte values).
+    fn hashes(&self) -> Result<Vec<Option<[u8; 32]>>> {
+        let a = self.arr.expect("column present");
+        let mut out = Vec::with_capacity(a.len());
+        let mut push = |i: usize, v: Option<&[u8]>| -> Result<()> {
+            match v {
+                None => out.push(None),
+                Some(b) => out.push(Some(b.try_into().map_err(|_| {
+                    Error::invalid(
+                        self.loc(i),
+                        format!("hash has {} bytes, expected 32", b.len()),
+                        "hashes are blake3 digests: 32 bytes",
+                    )
+                })?)),
+            }
+            Ok(())
+        };
+        match a.data_type() {
+            DataType::FixedSizeBinary(_) => {
+                for (i, v) in a.as_fixed_size_binary().iter().enumerate() {
+                    push(i, v)?;
+                }
+            }
+            DataType::Binary => {
+                for (i, v) in a.as_binary::<i32>().iter().enumerate() {
+                    push(i, v)?;
+                }
+            }
+            DataType::LargeBinary => {
+                for (i, v) in a.as_binary::<i64>().iter().enumerate() {
+                    push(i, v)?;
+                }
+            }
+            _ => return Err(self.type_error("FixedSizeBinary(32)")),
+        }
+        Ok(out)
+    }
+}
+
+/// Native integer types we convert columns into.
+pub trait ArrowNativeTypeExt: Copy + Default + 'static {
+    fn from_i128(v: i128) -> Option<Self>;
+    fn borrow(a: &ArrayRef) -> Option<&[Self]>;
+}
+
+macro_rules! native {
+    ($t:ty, $arrow:ty) => {
+        impl ArrowNativeTypeExt for $t {
+            fn from_i128(v: i128) -> Option<Self> {
+                <$t>::try_from(v).ok()
+            }
+            fn borrow(a: &ArrayRef) -> Option<&[Self]> {
+                a.as_primitive_opt::<$arrow>().map(|p| &p.values()[..])
+            }
+        }
+    };
+}
+native!(u16, UInt16Type);
+native!(u32, UInt32Type);
+native!(u64, UInt64Type);
+native!(i64, Int64Type);
+
+fn opt<T: Copy>(vals: &Option<Cow<[T]>>, nulls: &Option<NullBuffer>, i: usize) -> Option<T> {
+    let v = vals.as_ref()?;
+    if let Some(n) = nulls
+        && n.is_null(i)
+    {
+        return None;
+    }
+    Some(v[i])
+}
+
+/// Events from one stretch of one kv file.
+#[derive(Debug, Clone)]
+pub struct KvChunk {
+    pub file: PathBuf,
+    /// Row (0-based, within the file) of `events[0]`.
+    pub first_row: u64,
+    pub events: Vec<KvEvent>,
+}
+
+/// Streams one kv file as checked events.
+pub struct KvFileReader {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    rows: u64,
+    pools: Vec<(u16, u64)>,
+    done: bool,
+}
+
+const KV_REQUIRED: [&str; 7] = [
+    kv_col::POOL,
+    kv_col::SEQ,
+    kv_col::TS_NS,
+    kv_col::REQUEST_ID,
+    kv_col::OP,
+    kv_col::SLOT_START,
+    kv_col::SLOT_COUNT,
+];
+const KV_OPTIONAL: [&str; 4] = [
+    kv_col::TOKEN_POS,
+    kv_col::SRC_POOL,
+    kv_col::SRC_SLOT_START,
+    kv_col::SRC_SEQ,
+];
+
+impl KvFileReader {
+    pub fn open(path: &Path, deployment: &Deployment) -> Result<Self> {
+        let builder = open_builder(path)?;
+        let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL)?;
+        Ok(KvFileReader {
+            path: path.to_path_buf(),
+            reader,
+            rows: 0,
+            pools: deployment
+                .pools
+                .iter()
+                .map(|p| (p.id, p.capacity_tokens))
+                .collect(),
+            done: false,
+        })
+    }
+
+    fn capacity(&self, pool: u16) -> Option<u64> {
+        self.pools.iter().find(|p| p.0 == pool).map(|p| p.1)
+    }
+
+    fn decode(&self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
+        let p = &self.path;
+        let r0 = self.rows;
+        let c = |name| Col::get(batch, p, r0, name);
+        let (cpool, cseq, cts, crid, cop, cstart, ccount) = (
+            c(kv_col::POOL),
+            c(kv_col::SEQ),
+            c(kv_col::TS_NS),
+            c(kv_col::REQUEST_ID),
+            c(kv_col::OP),
+            c(kv_col::SLOT_START),
+            c(kv_col::SLOT_COUNT),
+        );
+        for col in [&cpool, &cseq, &cts, &crid, &cop, &cstart, &ccount] {
+            col.check_no_nulls()?;
+        }
+        let pool = cpool.ints::<u16>("UInt16")?;
+        let seq = cseq.ints::<u64>("UInt64")?;
+        let ts = cts.ints::<i64>("Int64")?;
+        let rid = crid.ints::<u64>("UInt64")?;
+        let ops = cop.ops()?;
+        let start = cstart.ints::<u32>("UInt32")?;
+        let count = ccount.ints::<u32>("UInt32")?;
+        let ctp = c(kv_col::TOKEN_POS);
+        let csp = c(kv_col::SRC_POOL);
+        let css = c(kv_col::SRC_SLOT_START);
+        let csq = c(kv_col::SRC_SEQ);
+        let tp = ctp.arr.map(|_| ctp.ints::<u32>("UInt32")).transpose()?;
+        let sp = csp.arr.map(|_| csp.ints::<u16>("UInt16")).transpose()?;
+        let ss = css.arr.map(|_| css.ints::<u32>("UInt32")).transpose()?;
+        let sq = csq.arr.map(|_| csq.ints::<u64>("UInt64")).transpose()?;
+        let (tpn, spn, ssn, sqn) = (ctp.nulls(), csp.nulls(), css.nulls(), csq.nulls());
+        let n = batch.num_rows();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let loc = |col: &str| Location::file(p).row(r0 + i as u64).column(col);
+            let cap = self.capacity(pool[i]).ok_or_else(|| {
+                Error::invalid(
+                    loc(kv_col::POOL),
+                    format!("unknown pool id {}", pool[i]),
+                    "every pool id must be listed in trace.json deployment.pools",
+                )
+            })?;
+            if count[i] == 0 {
+                return Err(Error::invalid(
+                    loc(kv_col::SLOT_COUNT),
+                    "slot_count is 0",
+                    "an extent covers at least one slot; drop empty events",
+                ));
+            }
+            let end = start[i] as u64 + count[i] as u64;
+            if end > cap {
+                return Err(Error::invalid(
+                    loc(kv_col::SLOT_START),
+                    format!(
+                        "extent {}..{} lies outside pool {} (capacity_tokens {cap})",
+                        start[i], end, pool[i]
+                    ),
+                    "slots are numbered 0..capacity_tokens of their pool",
+                ));
+            }
+            let src_parts = (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i));
+            let src = match src_parts {
+                (None, None, None) => None,
+                (Some(sp), Some(ss), Some(sq)) => {
+                    if ops[i] != Op::Write {
+                        return Err(Error::invalid(
+                            loc(kv_col::SRC_POOL),
+                            format!("src_pool is set on a `{}` event", ops[i]),
+                            "src columns are for `write` (a copy) only; leave them null otherwise",
+                        ));
+                    }
+                    let scap = self.capacity(sp).ok_or_else(|| {
+                        Error::invalid(
+                            loc(kv_col::SRC_POOL),
+                            format!("unknown src_pool id {sp}"),
+                            "every pool id must be listed in trace.json deployment.pools",
+                        )
+                    })?;
+                    if sp == pool[i] {
+                        return Err(Error::invalid(
+                            loc(kv_col::SRC_POOL),
+                            format!("copy from pool {sp} into itself"),
+                            "copies go between pools (a DAG: prefill pools before decode pools)",
+                        ));
+                    }
+                    if ss as u64 + count[i] as u64 > scap {
+                        return Err(Error::invalid(
+                            loc(kv_col::SRC_SLOT_START),
+                            format!(
+                                "source extent {ss}..{} lies outside pool {sp}",
+                                ss as u64 + count[i] as u64
+                            ),
+                            "slots are numbered 0..capacity_tokens of their pool",
+                        ));
+                    }
+                    Some(CopySrc {
+                        pool: sp,
+                        slot_start: ss,
+                        seq: sq,
+                    })
+                }
+                _ => {
+                    let missing = if src_parts.0.is_none() {
+                        kv_col::SRC_POOL
+                    } else if src_parts.1.is_none() {
+                        kv_col::SRC_SLOT_START
+                    } else {
+                        kv_col::SRC_SEQ
+                    };
+                    return Err(Error::invalid(
+                        loc(missing),
+                        "a copy needs src_pool, src_slot_start and src_seq together; this one is partial",
+                        "set all three src columns on a copy, or none",
+                    ));
+                }
+            };
+            out.push(KvEvent {
+                pool: pool[i],
+                seq: seq[i],
+                ts_ns: ts[i],
+                request_id: rid[i],
+                op: ops[i],
+                slot_start: start[i],
+                slot_count: count[i],
+                token_pos: opt(&tp, &tpn, i),
+                src,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Iterator for KvFileReader {
+    type Item = Result<KvChunk>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.reader.next()? {
+            Err(e) => {
+                self.done = true;
+                Some(Err(Error::parquet(
+                    Location::file(&self.path).row(self.rows),
+                    e,
+                )))
+            }
+            Ok(batch) => {
+                let res = self.decode(&batch);
+                let first_row = self.rows;
+                self.rows += batch.num_rows() as u64;
+                match res {
+                    Ok(events) => Some(Ok(KvChunk {
+                        file: self.path.clone(),
+                        first_row,
+                        events,
+                    })),
+                    Err(e) => {
+                        self.done = true;
+                        Some(Err(e))
+                    }
+                }
+            }
+        }
+    }
+}
+
+const REQ_REQUIRED: [&str; 7] = [
+    req_col::REQUEST_ID,
+    req_col::TENANT,
+    req_col::ARRIVAL_NS,
+    req_col::PROMPT_TOKENS,
+    req_col::OUTPUT_TOKENS,
+    req_col::HTTP_STATUS,
+    // listed here so its absence is named; nulls are checked below
+    req_col::TENANT,
+];
+const REQ_OPTIONAL: [&str; 8] = [
+    req_col::EXTERNAL_ID,
+    req_col::FINISH_NS,
+    req_col::PREFILLED_TOKENS,
+    req_col::FINISH_REASON,
+    req_col::PREFILL_POOL,
+    req_col::DECODE_POOL,
+    req_col::PROMPT_HASH,
+    req_col::OUTPUT_HASH,
+];
+
+/// Streams one requests file as checked records.
+pub struct RequestFileReader {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    rows: u64,
+    done: bool,
+}
+
+impl RequestFileReader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let builder = open_builder(path)?;
+        let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL)?;
+        Ok(RequestFileReader {
+            path: path.to_path_buf(),
+            reader,
+            rows: 0,
+            done: false,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn decode(&self, batch: &RecordBatch) -> Result<Vec<RequestRecord>> {
+        let p = &self.path;
+        let r0 = self.rows;
+        let c = |name| Col::get(batch, p, r0, name);
+        let (crid, cten, carr, cpt, cot, cst) = (
+            c(req_col::REQUEST_ID),
+            c(req_col::TENANT),
+            c(req_col::ARRIVAL_NS),
+            c(req_col::PROMPT_TOKENS),
+            c(req_col::OUTPUT_TOKENS),
+            c(req_col::HTTP_STATUS),
+        );
+        for col in [&crid, &cten, &carr, &cpt, &cot, &cst] {
+            col.check_no_nulls()?;
+        }
+        let rid = crid.ints::<u64>("UInt64")?;
+        let tenant = cten.strings()?;
+        let arr = carr.ints::<i64>("Int64")?;
+        let pt = cpt.ints::<u32>("UInt32")?;
+        let ot = cot.ints::<u32>("UInt32")?;
+        let st = cst.ints::<u16>("UInt16")?;
+        let cext = c(req_col::EXTERNAL_ID);
+        let cfin = c(req_col::FINISH_NS);
+        let cpf = c(req_col::PREFILLED_TOKENS);
+        let cfr = c(req_col::FINISH_REASON);
+        let cpp = c(req_col::PREFILL_POOL);
+        let cdp = c(req_col::DECODE_POOL);
+        let cph = c(req_col::PROMPT_HASH);
+        let coh = c(req_col::OUTPUT_HASH);
+        let ext = cext.arr.map(|_| cext.strings()).transpose()?;
+        let fin = cfin.arr.map(|_| cfin.ints::<i64>("Int64")).transpose()?;
+        let pf = cpf.arr.map(|_| cpf.ints::<u32>("UInt32")).transpose()?;
+        let fr = cfr.arr.map(|_| cfr.strings()).transpose()?;
+        let pp = cpp.arr.map(|_| cpp.ints::<u16>("UInt16")).transpose()?;
+        let dp = cdp.arr.map(|_| cdp.ints::<u16>("UInt16")).transpose()?;
+        let ph = cph.arr.map(|_| cph.hashes()).transpose()?;
+        let oh = coh.arr.map(|_| coh.hashes()).transpose()?;
+        let (finn, pfn, ppn, dpn) = (cfin.nulls(), cpf.nulls(), cpp.nulls(), cdp.nulls());
+        let n = batch.num_rows();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if rid[i] == 0 {
+                return Err(Error::invalid(
+                    Location::file(p)
+                        .row(r0 + i as u64)
+                        .column(req_col::REQUEST_ID),
+                    "request_id 0 is reserved for the engine itself",
+                    "number requests from 1",
+                ));
+            }
+            out.push(RequestRecord {
+                request_id: rid[i],
+                external_id: ext.as_ref().and_then(|v| v[i].clone()),
+                tenant: tenant[i].clone().unwrap_or_default(),
+                arrival_ns: arr[i],
+                finish_ns: opt(&fin, &finn, i),
+                prompt_tokens: pt[i],
+                prefilled_tokens: opt(&pf, &pfn, i),
+                output_tokens: ot[i],
+                http_status: st[i],
+                finish_reason: fr.as_ref().and_then(|v| v[i].clone()),
+                prefill_pool: opt(&pp, &ppn, i),
+                decode_pool: opt(&dp, &dpn, i),
+                prompt_hash: ph.as_ref().and_then(|v| v[i]),
+                output_hash: oh.as_ref().and_then(|v| v[i]),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Iterator for RequestFileReader {
+    type Item = Result<Vec<RequestRecord>>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.reader.next()? {
+            Err(e) => {
+                self.done = true;
+                Some(Err(Error::parquet(
+                    Location::file(&self.path).row(self.rows),
+                    e,
+                )))
+            }
+            Ok(batch) => {
+                let res = self.decode(&batch);
+                self.rows += batch.num_rows() as u64;
+                if res.is_err() {
+                    self.done = true;
+                }
+                Some(res)
+            }
+        }
+    }
+}
