@@ -22,6 +22,8 @@ use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
 use crate::trace::manifest::{Deployment, Manifest};
 
+pub use crate::trace::index::load_request_index;
+
 /// Rows per record batch when reading.
 pub const READ_BATCH_ROWS: usize = 64 * 1024;
 

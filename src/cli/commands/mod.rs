@@ -1,3 +1,5 @@
 //! One module per subcommand.
 
+pub mod ingest;
+pub mod inspect;
 pub mod verify;
