@@ -588,7 +588,7 @@ mod tests {
              "error field `tenant`: required field is missing or null"),
             (r#"{"type":"span"}"#.into(), r#"error field `type`: expected "kv" or "request", got "span""#),
             ("[1,2]".into(), "error expected a JSON object"),
-            (r#"{"type":"kv","pool":0,"#.into(), "error not valid JSON: EOF while parsing an object at line 1 column 22"),
+            (r#"{"type":"kv","pool":0,"#.into(), "error not valid JSON: EOF while parsing a value at line 1 column 22"),
         ];
         for (line, expect) in &cases {
             check(line, expect);
