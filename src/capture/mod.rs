@@ -43,7 +43,7 @@ impl Default for RecorderOptions {
     fn default() -> Self {
         RecorderOptions {
             part: PartOptions::default(),
-            row_group_rows: 256 * 1024,
+            row_group_rows: 64 * 1024,
             from_engine_start: true,
             started_ns: None,
             writer: format!("kvtrail {}", env!("CARGO_PKG_VERSION")),
