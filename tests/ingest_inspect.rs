@@ -259,7 +259,8 @@ fn hole(after: Option<u64>, before: u64) -> Hole {
 #[test]
 fn seq_holes() {
     // (files of pool-0 seqs, holes, duplicates, method)
-    let cases: Vec<(Vec<&[u64]>, Vec<Hole>, u64, &str)> = vec![
+    type Case<'a> = (Vec<&'a [u64]>, Vec<Hole>, u64, &'a str);
+    let cases: Vec<Case> = vec![
         (vec![&[0, 1, 2], &[3, 4]], vec![], 0, "runs"),
         (vec![&[0, 1, 5, 6]], vec![hole(Some(1), 5)], 0, "runs"),
         (vec![&[3, 4]], vec![hole(None, 3)], 0, "runs"),
