@@ -488,7 +488,9 @@ pub struct KvFileReader {
     path: PathBuf,
     reader: ParquetRecordBatchReader,
     rows: u64,
-    pools: Vec<(u16, u64)>,
+    /// capacity_tokens by pool id (0: not in the deployment), a flat table
+    /// so the per-row lookup is one index.
+    capacity: Vec<u64>,
     done: bool,
 }
 
@@ -516,17 +518,24 @@ impl KvFileReader {
             path: path.to_path_buf(),
             reader,
             rows: 0,
-            pools: deployment
-                .pools
-                .iter()
-                .map(|p| (p.id, p.capacity_tokens))
-                .collect(),
+            capacity: {
+                let max = deployment.pools.iter().map(|p| p.id).max().unwrap_or(0);
+                let mut cap = vec![0u64; max as usize + 1];
+                for p in &deployment.pools {
+                    cap[p.id as usize] = p.capacity_tokens;
+                }
+                cap
+            },
             done: false,
         })
     }
 
+    #[inline]
     fn capacity(&self, pool: u16) -> Option<u64> {
-        self.pools.iter().find(|p| p.0 == pool).map(|p| p.1)
+        match self.capacity.get(pool as usize) {
+            Some(&c) if c > 0 => Some(c),
+            _ => None,
+        }
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
