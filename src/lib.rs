@@ -8,6 +8,7 @@
 pub mod capture;
 pub mod error;
 pub mod schema;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -23,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Check every file of a trace against its manifest digests.
     Verify(commands::verify::Args),
+    /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
+    Simulate(commands::simulate::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -39,6 +41,7 @@ pub fn run() -> Exit {
     };
     let res = match cli.command {
         Command::Verify(a) => commands::verify::run(a),
+        Command::Simulate(a) => commands::simulate::run(a),
     };
     match res {
         Ok(code) => code,

@@ -5,7 +5,6 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A bar over `len` units, or a hidden one when stderr is not a terminal.
-#[allow(dead_code)] // used by the replaying commands
 pub fn bar(len: u64, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() || std::env::var_os("KVTRAIL_NO_PROGRESS").is_some() {
         return ProgressBar::hidden();
