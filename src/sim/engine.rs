@@ -1113,7 +1113,8 @@ impl<'a> Engine<'a> {
         l.dec_released = true;
         self.dec_reserved -= l.dec_reserve as u64;
         l.dec_reserve = 0;
-        let pages = std::mem::take(&mut l.dec_pages);
+        // Kept: a late (in-flight) transfer still targets these pages.
+        let pages = l.dec_pages.clone();
         self.free(DECODE_POOL, rid, &pages)?;
         self.maybe_row(rid)
     }

@@ -99,8 +99,8 @@ pub fn scenario(name: &str, requests: Option<u64>, seed: u64) -> Result<Scenario
             config.engine = EngineVersion::V0523;
             config.bug_stale_copy = true;
             config.free_list = FreeListPolicy::MostRecentlyFreed;
-            config.timing.transfer_base_us = 60_000;
-            workload.mean_gap_ns = 5e7;
+            config.timing.transfer_base_us = 40_000;
+            workload.mean_gap_ns = 1.5e8;
             workload.prompt_median = 400.0;
         }
         _ => {
