@@ -10,6 +10,7 @@ pub mod error;
 pub mod inspect;
 pub mod progress;
 pub mod schema;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -27,6 +27,8 @@ pub enum Command {
     Ingest(commands::ingest::Args),
     /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
     Inspect(commands::inspect::Args),
+    /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
+    Simulate(commands::simulate::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -45,6 +47,7 @@ pub fn run() -> Exit {
         Command::Verify(a) => commands::verify::run(a),
         Command::Ingest(a) => commands::ingest::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Simulate(a) => commands::simulate::run(a),
     };
     match res {
         Ok(code) => code,

@@ -2,4 +2,5 @@
 
 pub mod ingest;
 pub mod inspect;
+pub mod simulate;
 pub mod verify;
