@@ -7,7 +7,10 @@
 
 pub mod capture;
 pub mod error;
+pub mod replay;
+pub mod report;
 pub mod schema;
+pub mod scope;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -23,6 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Check every file of a trace against its manifest digests.
     Verify(commands::verify::Args),
+    /// Replay a trace: every response that read foreign KV, whose it was, who must be told.
+    Scope(commands::scope::Args),
+    /// Run scope on the built-in incident-mini trace and print the summary.
+    Demo(commands::demo::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -39,6 +43,8 @@ pub fn run() -> Exit {
     };
     let res = match cli.command {
         Command::Verify(a) => commands::verify::run(a),
+        Command::Scope(a) => commands::scope::run(a),
+        Command::Demo(a) => commands::demo::run(a),
     };
     match res {
         Ok(code) => code,

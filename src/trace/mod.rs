@@ -9,4 +9,4 @@ pub mod verify;
 pub mod write;
 
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
-pub use read::{KvChunk, KvFileReader, RequestFileReader, Trace};
+pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};
