@@ -201,7 +201,7 @@ impl<'a> Sched<'a> {
             let mut prev = pool.last;
             let mut i = start;
             let mut stop_gap = None;
-            let limit = (start + left).min(pool.buf.len());
+            let limit = start.saturating_add(left).min(pool.buf.len());
             while i < limit {
                 let e = &pool.buf[i];
                 let seq = e.seq;
