@@ -216,6 +216,7 @@ impl TraceBuilder {
     /// files (pools mixed), dictionary-encoded op/tenant columns when
     /// `dict`, an extra unknown column, and no `files` list in trace.json.
     pub fn by_hand(&self, dir: &Path, files: usize, seed: u64, dict: bool) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
         let mut rng = Rng(seed);
         let mut evs = self.events.clone();
         rng.shuffle(&mut evs);
