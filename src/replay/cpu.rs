@@ -47,12 +47,12 @@ impl PoolState {
             self.never_kind
         } else if o == SCRUBBED {
             ReadKind::Blank
-        } else if o == r {
-            return unc.then_some((ReadKind::Uncertain, 0, true));
-        } else if grants
-            .iter()
-            .any(|g| (g.start as usize) <= s && s < g.end as usize && self.wseq1[s] <= g.seq)
+        } else if o == r
+            || grants
+                .iter()
+                .any(|g| (g.start as usize) <= s && s < g.end as usize && self.wseq1[s] <= g.seq)
         {
+            // own, or shared under a grant the slot was not rewritten since
             return unc.then_some((ReadKind::Uncertain, 0, true));
         } else {
             return Some((ReadKind::Foreign, o, unc));

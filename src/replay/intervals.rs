@@ -68,7 +68,8 @@ mod tests {
 
     #[test]
     fn insert_merges_and_counts_like_a_set() {
-        let cases: &[(&[(u32, u32)], &[(u32, u32)])] = &[
+        type Ranges = &'static [(u32, u32)];
+        let cases: &[(Ranges, Ranges)] = &[
             (&[(0, 5), (5, 8)], &[(0, 8)]),
             (&[(10, 12), (0, 2), (4, 6)], &[(0, 2), (4, 6), (10, 12)]),
             (&[(0, 2), (4, 6), (1, 5)], &[(0, 6)]),

@@ -187,8 +187,9 @@ pub fn scope_outcome(
 
     // Tenants on both sides.
     let mut rec_t: BTreeMap<String, Recipient> = BTreeMap::new();
-    let mut src_t: BTreeMap<String, (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>)> =
-        BTreeMap::new();
+    // tenant -> (source requests, recipient tenants, tokens, cross tokens, responses)
+    type SourceAcc = (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>);
+    let mut src_t: BTreeMap<String, SourceAcc> = BTreeMap::new();
     for a in &affected {
         let e = rec_t.entry(a.tenant.clone()).or_insert_with(|| Recipient {
             tenant: a.tenant.clone(),
