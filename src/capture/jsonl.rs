@@ -594,4 +594,16 @@ mod tests {
             check(line, expect);
         }
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes spliced into a valid line never panic the parser.
+        #[test]
+        fn parse_line_never_panics(at in 0usize..400, junk in ".{0,12}", cut in 0usize..400) {
+            let good = r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#;
+            let mut line: String = good.chars().take(at % good.len()).collect();
+            line.push_str(&junk);
+            line.extend(good.chars().skip(cut % good.len()));
+            let _ = parse_line(&line);
+        }
+    }
 }
