@@ -137,6 +137,16 @@ fn ingest_bad_line_names_line_and_field_and_leaves_nothing() {
     assert!(r.stderr.contains(&want), "{}\nwants {want}", r.stderr);
     assert!(r.stderr.contains("--skip-bad-lines"), "{}", r.stderr);
     assert!(!out.exists(), "a failed ingest leaves no half trace");
+    // Into a directory that exists already: it is left as it was.
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let r = kvtrail(&["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]);
+    assert_eq!(r.code, 2);
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["notes.txt"]);
 }
 
 #[test]

@@ -386,7 +386,11 @@ pub fn ingest(
     // seen (so a crash mid-import leaves a sensible manifest) and lowered to
     // the smallest one before close.
     ropts.started_ns = Some(ropts.started_ns.unwrap_or(0));
-    let existed = out.exists();
+    // What is there before, so a failed import removes only what it made.
+    let existed: Vec<bool> = std::iter::once(out.to_path_buf())
+        .chain(OWNED.iter().map(|p| out.join(p)))
+        .map(|p| p.exists())
+        .collect();
     let mut rec = Recorder::create(out, deployment, ropts)?;
     let res = ingest_lines(input, input_name, &mut rec, &opts);
     let report = match res {
@@ -396,8 +400,15 @@ pub fn ingest(
             // trace: the user fixes the input (or skips bad lines) and
             // runs again with the same --out.
             drop(rec);
-            if !existed {
+            if !existed[0] {
                 let _ = std::fs::remove_dir_all(out);
+            } else {
+                for (p, was) in OWNED.iter().zip(&existed[1..]) {
+                    let p = out.join(p);
+                    if !was {
+                        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                    }
+                }
             }
             return Err(e);
         }
@@ -414,6 +425,9 @@ pub fn ingest(
         + crate::trace::read::list_parquet(&out.join("requests"))?.len();
     Ok(report)
 }
+
+/// What a Recorder creates inside its directory.
+const OWNED: [&str; 4] = ["trace.json", ".trace.json.tmp", "kv", "requests"];
 
 fn ingest_lines(
     input: impl BufRead,

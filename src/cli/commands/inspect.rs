@@ -31,11 +31,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 fn counts<K: std::fmt::Display>(c: &[Count<K>]) -> String {
-    c.iter()
+    let parts: Vec<String> = c
+        .iter()
         .filter(|c| c.count > 0)
         .map(|c| format!("{} {}", c.key, c.count))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn finding(f: &Finding) -> String {
