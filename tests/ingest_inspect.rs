@@ -268,6 +268,7 @@ fn hole(after: Option<u64>, before: u64) -> Hole {
 
 #[test]
 fn seq_holes() {
+    const M: u64 = u64::MAX;
     // (files of pool-0 seqs, holes, duplicates, method)
     type Case<'a> = (Vec<&'a [u64]>, Vec<Hole>, u64, &'a str);
     let cases: Vec<Case> = vec![
@@ -291,6 +292,28 @@ fn seq_holes() {
             "bitmap",
         ),
         (vec![&[2, 1]], vec![hole(None, 1)], 0, "bitmap"),
+        // seqs at the top of the u64 range must not overflow (found by
+        // flipping one bit of a golden file's seq column).
+        (vec![&[M - 1, M]], vec![hole(None, M - 1)], 0, "runs"),
+        (
+            vec![&[5, M]],
+            vec![hole(None, 5), hole(Some(5), M)],
+            0,
+            "runs",
+        ),
+        (
+            vec![&[M], &[M - 3]],
+            vec![hole(None, M - 3), hole(Some(M - 3), M)],
+            0,
+            "runs",
+        ),
+        (
+            vec![&[M, M - 2]],
+            vec![hole(None, M - 2), hole(Some(M - 2), M)],
+            0,
+            "bitmap",
+        ),
+        (vec![&[M, M]], vec![hole(None, M)], 1, "runs"),
     ];
     for (files, holes, dups, method) in cases {
         let d = tempfile::tempdir().unwrap();
@@ -348,4 +371,18 @@ fn inspect_text_and_json() {
         json!({"key": "write", "count": 4})
     );
     assert_eq!(v["time_range"], json!({"first_ns": 1000, "last_ns": 2004}));
+}
+
+#[test]
+fn seqs_out_of_order_over_a_huge_range_are_refused_not_allocated() {
+    let d = tempfile::tempdir().unwrap();
+    trace_with_seq_files(d.path(), &[&[u64::MAX, 0]]);
+    let r = kvtrail(&["inspect", s(d.path())]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("pool 0: seqs are out of order"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
 }

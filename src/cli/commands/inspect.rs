@@ -156,6 +156,16 @@ fn print_text(
         finding(&q.over_long_prompts)
     )?;
     writeln!(out, "kv events   {}: {}", r.kv.events, counts(&r.kv.by_op))?;
+    if r.kv.unknown_request_events.count > 0 {
+        let u = &r.kv.unknown_request_events;
+        let ex: Vec<String> = u.examples.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "  events of requests not in the requests table: {}, e.g. request {}",
+            u.count,
+            ex.join(", ")
+        )?;
+    }
     for p in &r.kv.pools {
         writeln!(
             out,
