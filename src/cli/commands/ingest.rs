@@ -51,7 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         writeln!(
             err,
             "skipped {}:{}: {}",
-            args.input.display(),
+            name.display(),
             s.line,
             s.error
         )?;
