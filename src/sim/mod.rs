@@ -33,6 +33,9 @@ pub use engine::{NoProgress, Progress, RunStats};
 pub use truth::Truth;
 pub use workload::Arrival;
 
+/// Rows per Parquet row group in simulated traces.
+pub const ROW_GROUP_ROWS: usize = 32 * 1024;
+
 /// Labels written into the truth file.
 #[derive(Debug, Clone)]
 pub struct RunLabel {
@@ -63,6 +66,9 @@ pub fn run(
         started_ns: Some(engine::EPOCH_NS),
         from_engine_start: true,
         writer: format!("kvtrail-sim {}", env!("CARGO_PKG_VERSION")),
+        // Buffered rows are the simulator's only memory that grows with
+        // the run (up to this many rows per stream); keep it small.
+        row_group_rows: ROW_GROUP_ROWS,
         ..RecorderOptions::default()
     };
     let mut rec = Recorder::create(out, engine::deployment(cfg), opts)?;
