@@ -7,6 +7,8 @@
 
 pub mod capture;
 pub mod error;
+pub mod inspect;
+pub mod progress;
 pub mod schema;
 pub mod sim;
 pub mod trace;

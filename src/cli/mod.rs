@@ -23,6 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Check every file of a trace against its manifest digests.
     Verify(commands::verify::Args),
+    /// Turn a JSON-lines event stream from an engine hook into a trace.
+    Ingest(commands::ingest::Args),
+    /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
+    Inspect(commands::inspect::Args),
     /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
     Simulate(commands::simulate::Args),
 }
@@ -41,6 +45,8 @@ pub fn run() -> Exit {
     };
     let res = match cli.command {
         Command::Verify(a) => commands::verify::run(a),
+        Command::Ingest(a) => commands::ingest::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
     };
     match res {

@@ -18,3 +18,31 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// The library's [`kvtrail::progress::Reporter`] as a progress bar.
+#[derive(Default)]
+pub struct BarReporter {
+    bar: std::sync::Mutex<Option<ProgressBar>>,
+}
+
+impl kvtrail::progress::Reporter for BarReporter {
+    fn start(&self, what: &str, total: u64) {
+        if let Ok(mut b) = self.bar.lock() {
+            *b = Some(bar(total, what));
+        }
+    }
+    fn advance(&self, n: u64) {
+        if let Ok(b) = self.bar.lock()
+            && let Some(b) = b.as_ref()
+        {
+            b.inc(n);
+        }
+    }
+    fn finish(&self) {
+        if let Ok(mut b) = self.bar.lock()
+            && let Some(b) = b.take()
+        {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -1,4 +1,6 @@
 //! One module per subcommand.
 
+pub mod ingest;
+pub mod inspect;
 pub mod simulate;
 pub mod verify;
