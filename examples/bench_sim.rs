@@ -7,7 +7,8 @@
 
 use std::time::Instant;
 
-use kvtrail::sim::{self, NoProgress, RunLabel, scenario};
+use kvtrail::progress::NoReporter;
+use kvtrail::sim::{self, RunLabel, scenario};
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -67,7 +68,7 @@ fn run(requests: u64) -> Sample {
             scenario: sc.name.clone(),
             seed: 1,
         },
-        &mut NoProgress,
+        &NoReporter,
     )
     .unwrap();
     let secs = t.elapsed().as_secs_f64();

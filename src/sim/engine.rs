@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use crate::capture::Recorder;
 use crate::error::Result;
+use crate::progress::Reporter;
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, hash_tokens};
 use crate::sim::alloc::Allocator;
 use crate::sim::config::{DecodeAllocation, EngineVersion, RouterMode, SimConfig};
@@ -38,19 +39,6 @@ pub const PREFILL_POOL: u16 = 0;
 pub const DECODE_POOL: u16 = 1;
 /// Simulated time 0 is 2026-09-01T00:00:00Z.
 pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
-
-/// Progress callback of a run (the CLI draws a bar with it).
-pub trait Progress {
-    /// A request got its response row.
-    fn request_done(&mut self);
-}
-
-/// No progress reporting.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn request_done(&mut self) {}
-}
 
 /// What the simulator did, besides the trace and the truth.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -217,7 +205,9 @@ struct CacheEntry {
 pub(crate) struct Engine<'a> {
     cfg: &'a SimConfig,
     rec: &'a mut Recorder,
-    progress: &'a mut dyn Progress,
+    reporter: &'a dyn Reporter,
+    /// Finished requests not yet reported (reported in batches).
+    unreported: u64,
     now: i64,
     pf_alloc: Allocator,
     dec_alloc: Allocator,
@@ -238,7 +228,7 @@ pub(crate) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(cfg: &'a SimConfig, rec: &'a mut Recorder, progress: &'a mut dyn Progress) -> Self {
+    pub fn new(cfg: &'a SimConfig, rec: &'a mut Recorder, reporter: &'a dyn Reporter) -> Self {
         let pf_alloc = Allocator::new(
             cfg.prefill.capacity_tokens,
             cfg.prefill.page_size,
@@ -256,7 +246,8 @@ impl<'a> Engine<'a> {
             dec_alloc,
             cfg,
             rec,
-            progress,
+            reporter,
+            unreported: 0,
             now: 0,
             dec_reserved: 0,
             live: HashMap::new(),
@@ -303,6 +294,8 @@ impl<'a> Engine<'a> {
                 ids[0]
             )));
         }
+        self.reporter.advance(self.unreported);
+        self.unreported = 0;
         self.stats.sim_end_ns = self.now;
         self.stats.kv_events = self.rec.stats().kv_events;
         Ok(())
@@ -1227,7 +1220,11 @@ impl<'a> Engine<'a> {
         };
         self.rec.request(rec)?;
         self.stats.requests += 1;
-        self.progress.request_done();
+        self.unreported += 1;
+        if self.unreported >= 1024 {
+            self.reporter.advance(self.unreported);
+            self.unreported = 0;
+        }
         Ok(())
     }
 }
