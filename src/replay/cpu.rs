@@ -30,10 +30,31 @@ struct PoolState {
     gap_mark: u64,
     never_kind: ReadKind,
     grants: HashMap<u64, Vec<Grant>>,
+    /// Number of grants held, and the count at which to sweep dead ones.
+    n_grants: usize,
+    sweep_at: usize,
 }
 
 impl PoolState {
     #[inline]
+    /// Drops grants whose every slot was rewritten since (they can never
+    /// make a read shared again), so grants stay bounded by live sharing.
+    fn sweep_grants(&mut self) {
+        let wseq1 = &self.wseq1;
+        let mut n = 0;
+        self.grants.retain(|_, v| {
+            v.retain(|g| {
+                wseq1[g.start as usize..g.end as usize]
+                    .iter()
+                    .any(|&w| w <= g.seq)
+            });
+            n += v.len();
+            !v.is_empty()
+        });
+        self.n_grants = n;
+        self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
+    }
+
     fn uncertain(&self, s: usize) -> bool {
         self.flags[s] != 0 || self.wseq1[s] < self.gap_mark
     }
@@ -64,6 +85,9 @@ impl PoolState {
         }
     }
 }
+
+/// Grants held before the first sweep of dead grants.
+const GRANT_SWEEP_MIN: usize = 1 << 16;
 
 /// The CPU backend.
 #[derive(Default)]
@@ -106,6 +130,8 @@ impl Backend for CpuBackend {
                 ReadKind::Unknown
             },
             grants: HashMap::new(),
+            n_grants: 0,
+            sweep_at: GRANT_SWEEP_MIN,
         });
         Ok(())
     }
@@ -149,6 +175,10 @@ impl Backend for CpuBackend {
                         end: b as u32,
                         seq: e.seq,
                     });
+                    p.n_grants += 1;
+                    if p.n_grants >= p.sweep_at {
+                        p.sweep_grants();
+                    }
                 }
                 Op::Read => {
                     c.read_events += 1;
