@@ -480,29 +480,41 @@ impl OpenRun {
     }
 
     /// Next non-empty batch, or an empty one at the end.
-    fn next_batch(&mut self, out: &mut Vec<Ev>) -> Result<()> {
-        out.clear();
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
         match self {
             OpenRun::File { pool, fi, reader } => {
                 for chunk in reader.by_ref() {
                     let chunk = chunk?;
-                    out.extend(chunk.events.iter().enumerate().filter_map(|(i, e)| {
-                        (e.pool == *pool).then_some(Ev {
-                            ev: *e,
-                            file: *fi,
-                            row: chunk.first_row + i as u64,
-                        })
-                    }));
-                    if !out.is_empty() {
+                    let r0 = chunk.first_row;
+                    if chunk.events.iter().all(|e| e.pool == *pool) {
+                        // the usual layout (one pool per file): no filtering
+                        out.locs
+                            .extend((0..chunk.events.len() as u64).map(|i| (*fi, r0 + i)));
+                        out.events = chunk.events;
+                    } else {
+                        for (i, e) in chunk.events.iter().enumerate() {
+                            if e.pool == *pool {
+                                out.events.push(*e);
+                                out.locs.push((*fi, r0 + i as u64));
+                            }
+                        }
+                    }
+                    if !out.events.is_empty() {
                         break;
                     }
                 }
             }
             OpenRun::Spill { path, reader } => {
                 let mut rec = [0u8; REC];
-                while out.len() < MERGE_BATCH {
+                while out.events.len() < MERGE_BATCH {
                     match reader.read_exact(&mut rec) {
-                        Ok(()) => out.push(decode(&rec)),
+                        Ok(()) => {
+                            let e = decode(&rec);
+                            out.events.push(e.ev);
+                            out.locs.push((e.file, e.row));
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
                         Err(e) => return Err(Error::io(path, e)),
                     }
@@ -515,8 +527,14 @@ impl OpenRun {
 
 struct Active {
     run: OpenRun,
-    buf: Vec<Ev>,
+    buf: Batch,
     pos: usize,
+}
+
+impl Active {
+    fn head(&self) -> u64 {
+        self.buf.events[self.pos].seq
+    }
 }
 
 /// The merge state of one pool: a lazy k-way merge of its runs.
@@ -528,7 +546,7 @@ struct Merge {
 }
 
 /// Batches decoded ahead per pool (bounds the prefetch memory).
-const PREFETCH_BATCHES: usize = 4;
+const PREFETCH_BATCHES: usize = 2;
 
 /// The seq-ordered stream of one pool. Decoding and merging run on their
 /// own thread, a few batches ahead of the replay (so Parquet decoding
@@ -561,16 +579,9 @@ impl PoolStream {
         let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
         let (recycle, reuse) = std::sync::mpsc::sync_channel::<Batch>(PREFETCH_BATCHES + 2);
         let thread = std::thread::spawn(move || {
-            let mut out = Vec::with_capacity(MERGE_BATCH);
             loop {
-                let res = m.next_batch(&mut out).map(|()| {
-                    let mut b = reuse.try_recv().unwrap_or_default();
-                    b.events.clear();
-                    b.locs.clear();
-                    b.events.extend(out.iter().map(|e| e.ev));
-                    b.locs.extend(out.iter().map(|e| (e.file, e.row)));
-                    b
-                });
+                let mut b = reuse.try_recv().unwrap_or_default();
+                let res = m.next_batch(&mut b).map(|()| b);
                 let end = res.as_ref().map_or(true, |b| b.events.is_empty());
                 if tx.send(res).is_err() || end {
                     return;
@@ -629,20 +640,21 @@ impl Drop for PoolStream {
 impl Merge {
     /// Fills `out` with the next events in seq order (at most
     /// `MERGE_BATCH`); empty at the end of the stream.
-    fn next_batch(&mut self, out: &mut Vec<Ev>) -> Result<()> {
-        out.clear();
-        while out.len() < MERGE_BATCH {
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
+        while out.events.len() < MERGE_BATCH {
             // Admit runs that start before every active head.
-            let head_min = self.active.iter().map(|a| a.buf[a.pos].ev.seq).min();
+            let head_min = self.active.iter().map(Active::head).min();
             while let Some(r) = self.pending.front() {
                 if head_min.is_some_and(|h| r.min_seq > h) {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
                 let mut run = OpenRun::open(&spec, &self.trace, &self.files)?;
-                let mut buf = Vec::new();
+                let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;
-                if !buf.is_empty() {
+                if !buf.events.is_empty() {
                     self.active.push(Active { run, buf, pos: 0 });
                 }
                 if head_min.is_none() {
@@ -659,28 +671,40 @@ impl Merge {
             let mut best = 0;
             for i in 1..self.active.len() {
                 let (a, b) = (&self.active[i], &self.active[best]);
-                if a.buf[a.pos].ev.seq < b.buf[b.pos].ev.seq {
+                if a.head() < b.head() {
                     best = i;
                 }
             }
             let mut bound = self.pending.front().map(|r| r.min_seq).unwrap_or(u64::MAX);
             for (i, a) in self.active.iter().enumerate() {
                 if i != best {
-                    bound = bound.min(a.buf[a.pos].ev.seq);
+                    bound = bound.min(a.head());
                 }
             }
             let a = &mut self.active[best];
-            let room = MERGE_BATCH - out.len();
-            let mut end = a.pos + 1; // at least one event (ties: one each)
-            while end < a.buf.len() && end - a.pos < room && a.buf[end].ev.seq < bound {
-                end += 1;
+            let ev = &a.buf.events;
+            let len = ev.len();
+            if out.events.is_empty() && a.pos == 0 && ev[len - 1].seq < bound {
+                // The whole buffered batch goes out as it is (one run, or
+                // runs that do not overlap): hand it over without copying.
+                std::mem::swap(out, &mut a.buf);
+                a.buf.events.clear();
+                a.buf.locs.clear();
+                a.pos = 0; // empty: refilled below
+            } else {
+                let room = MERGE_BATCH.saturating_sub(out.events.len()).max(1);
+                let mut end = a.pos + 1; // at least one event (ties: one each)
+                while end < len && end - a.pos < room && ev[end].seq < bound {
+                    end += 1;
+                }
+                out.events.extend_from_slice(&ev[a.pos..end]);
+                out.locs.extend_from_slice(&a.buf.locs[a.pos..end]);
+                a.pos = end;
             }
-            out.extend_from_slice(&a.buf[a.pos..end]);
-            a.pos = end;
-            if a.pos == a.buf.len() {
+            if a.pos == a.buf.events.len() {
                 a.run.next_batch(&mut a.buf)?;
                 a.pos = 0;
-                if a.buf.is_empty() {
+                if a.buf.events.is_empty() {
                     self.active.swap_remove(best);
                 }
             }
