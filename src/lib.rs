@@ -9,6 +9,7 @@ pub mod capture;
 pub mod error;
 pub mod inspect;
 pub mod progress;
+pub mod record;
 pub mod schema;
 pub mod trace;
 

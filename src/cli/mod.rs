@@ -27,6 +27,8 @@ pub enum Command {
     Ingest(commands::ingest::Args),
     /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
     Inspect(commands::inspect::Args),
+    /// Capture sidecar: receive engine hook event streams and write a trace.
+    Record(commands::record::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -45,6 +47,7 @@ pub fn run() -> Exit {
         Command::Verify(a) => commands::verify::run(a),
         Command::Ingest(a) => commands::ingest::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Record(a) => commands::record::run(a),
     };
     match res {
         Ok(code) => code,

@@ -2,4 +2,5 @@
 
 pub mod ingest;
 pub mod inspect;
+pub mod record;
 pub mod verify;
