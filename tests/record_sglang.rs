@@ -69,6 +69,18 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// external_id, tenant, prompt, prefilled, status, output, prefill pool, decode pool.
+type Row = (
+    String,
+    String,
+    u32,
+    Option<u32>,
+    u16,
+    u32,
+    Option<u16>,
+    Option<u16>,
+);
+
 /// Per-slot owner state of one pool.
 struct Pool {
     owner: Vec<Option<u64>>,
@@ -208,8 +220,7 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
     );
     assert!(status.success(), "sidecar: {status:?}\n{side_err}");
     let stdout = String::from_utf8_lossy(&driver.stdout);
-    let facts: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let facts: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     // What the real classes did (the premise of the scenario).
     assert_eq!(facts["sglang"], "0.5.19");
     assert_eq!(facts["C"]["prefill_input_after_admission"], 1);
@@ -246,7 +257,7 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             rows.insert(r.external_id.clone().unwrap(), r);
         }
     }
-    let got: Vec<(String, String, u32, Option<u32>, u16, u32, Option<u16>, Option<u16>)> = rows
+    let got: Vec<Row> = rows
         .values()
         .map(|r| {
             (
@@ -261,13 +272,43 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             )
         })
         .collect();
-    let expect: Vec<(String, String, u32, Option<u32>, u16, u32, Option<u16>, Option<u16>)> = vec![
-        ("A".into(), "tenant-a".into(), 40, Some(40), 200, 3, Some(0), Some(1)),
-        ("B".into(), "tenant-b".into(), 56, Some(56), 200, 3, Some(0), Some(1)),
-        ("C".into(), "tenant-c".into(), 120, Some(1), 200, 3, Some(0), Some(1)),
+    let expect: Vec<Row> = vec![
+        (
+            "A".into(),
+            "tenant-a".into(),
+            40,
+            Some(40),
+            200,
+            3,
+            Some(0),
+            Some(1),
+        ),
+        (
+            "B".into(),
+            "tenant-b".into(),
+            56,
+            Some(56),
+            200,
+            3,
+            Some(0),
+            Some(1),
+        ),
+        (
+            "C".into(),
+            "tenant-c".into(),
+            120,
+            Some(1),
+            200,
+            3,
+            Some(0),
+            Some(1),
+        ),
     ];
     assert_eq!(got, expect);
-    assert!(rows.values().all(|r| r.prompt_hash.is_some() && r.output_hash.is_some()));
+    assert!(
+        rows.values()
+            .all(|r| r.prompt_hash.is_some() && r.output_hash.is_some())
+    );
 
     // The planted foreign read, found by replaying the trace's own events.
     let reads = replay(&trace);
@@ -275,7 +316,10 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
         facts["A"]["request_id"].as_u64().unwrap(),
         facts["B"]["request_id"].as_u64().unwrap(),
     );
-    assert!(reads[&a].foreign.is_empty() && reads[&b].foreign.is_empty(), "{reads:?}");
+    assert!(
+        reads[&a].foreign.is_empty() && reads[&b].foreign.is_empty(),
+        "{reads:?}"
+    );
     // C's decode pages 1..30 (page size 4, ascending after the PD merge):
     // page 1 holds the prefill's one page (slot 0 C's own KV, the rest of
     // that prefill page never written), pages 2..10 A's copied prompt,

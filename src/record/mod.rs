@@ -400,7 +400,16 @@ fn bind(l: &Listen) -> Result<(Listener, Listen, Option<PathBuf>)> {
 fn accept_loop(l: Listener, shared: Arc<Shared>) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
     let mut next_id = 1u64;
-    while !shared.stop.load(Ordering::SeqCst) {
+    // After the stop flag, one more pass takes connections still in the
+    // backlog (their data is read like everyone else's).
+    let mut last_pass = false;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            if last_pass {
+                break;
+            }
+            last_pass = true;
+        }
         let accepted: Option<Box<dyn conn::Stream>> = match &l {
             Listener::Unix(u) => match u.accept() {
                 Ok((s, _)) => s.set_nonblocking(false).ok().map(|_| Box::new(s) as _),
@@ -435,6 +444,7 @@ fn accept_loop(l: Listener, shared: Arc<Shared>) {
                 }
                 conns.retain(|h| !h.is_finished());
             }
+            None if last_pass => break,
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     }

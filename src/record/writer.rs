@@ -68,6 +68,10 @@ struct W<'a> {
     pending: HashMap<u64, (View, RequestRecord, Instant)>,
     stopped_at_max: bool,
     logged: u32,
+    /// Per pool: next seq after the last event actually written. A pool
+    /// whose recorder seq is beyond it at close lost its last events: no
+    /// later event shows that hole, so the capture is marked incomplete.
+    written_next: HashMap<u16, u64>,
 }
 
 pub(crate) fn run(
@@ -84,6 +88,7 @@ pub(crate) fn run(
         pending: HashMap::new(),
         stopped_at_max: false,
         logged: 0,
+        written_next: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     let res: Result<()> = (|| {
@@ -183,6 +188,8 @@ impl W<'_> {
                 match r {
                     Ok(()) => {
                         st.kv_written.fetch_add(1, Ordering::Relaxed);
+                        self.written_next
+                            .insert(event.pool, self.rec.next_seq(event.pool)?);
                     }
                     Err(e) => {
                         st.rejected_contract.fetch_add(1, Ordering::Relaxed);
@@ -306,8 +313,9 @@ impl W<'_> {
             Ok(evs) => {
                 for ev in evs {
                     match self.rec.kv(ev) {
-                        Ok(_) => {
+                        Ok(seq) => {
                             self.sh.stats.kv_written.fetch_add(1, Ordering::Relaxed);
+                            self.written_next.insert(c.pool, seq + 1);
                         }
                         Err(e) => {
                             self.sh
@@ -497,11 +505,24 @@ impl W<'_> {
     fn finish(self) -> Result<RecordSummary> {
         let mut rec = self.rec;
         let s = self.sh.stats.snapshot();
-        let unattributed = s.rejected_unattributed > 0 || self.stopped_at_max;
+        let mut trailing = serde_json::Map::new();
+        for (pool, _) in rec.pool_counts() {
+            let next = rec.next_seq(pool)?;
+            let written = self.written_next.get(&pool).copied().unwrap_or(0);
+            if next > written {
+                trailing.insert(pool.to_string(), (next - written).into());
+            }
+        }
+        let unattributed =
+            s.rejected_unattributed > 0 || self.stopped_at_max || !trailing.is_empty();
         rec.set_capture_extra(
             "record",
             serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
         );
+        if !trailing.is_empty() {
+            // Lost after the pool's last written event: invisible as a hole.
+            rec.set_capture_extra("trailing_lost_events", trailing.into());
+        }
         let manifest = if unattributed {
             rec.close_unclean()?
         } else {
