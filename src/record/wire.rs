@@ -11,10 +11,11 @@
 //!   halves of a prefill→decode KV transfer, which the writer joins into
 //!   `write` events with `src` on the decode pool (docs/capture-sglang.md).
 //!
-//! KV lines take a typed fast path (a borrowed serde struct that accepts only
-//! the exact, fully-known shape); anything it does not accept goes to
-//! `parse_line`, which decides and names the error. So the fast path can only
-//! make good lines cheaper, never change what is accepted.
+//! KV lines take two fast paths: a byte scanner for the exact canonical line
+//! the hook writes, then a typed serde struct for the fully-known shape in any
+//! key order; anything neither accepts goes to `parse_line`, which decides and
+//! names the error. So the fast paths can only make good lines cheaper, never
+//! change what is accepted (tests and a property test compare them).
 
 use serde::Deserialize;
 
@@ -173,6 +174,103 @@ fn fast_kv(line: &str) -> Option<Msg> {
     })
 }
 
+/// A cursor over the canonical KV line the hook writes:
+/// `{"type":"kv","pool":N,"ts_ns":N,"request_id":N,"op":"OP","slot_start":N,"slot_count":N,"token_pos":N|null}`
+/// (keys in this order, no whitespace, no seq/src). Anything else: `None`.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Scan<'_> {
+    fn lit(&mut self, s: &[u8]) -> Option<()> {
+        if self.b.get(self.i..self.i + s.len())? == s {
+            self.i += s.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+    /// A JSON integer without sign, leading zeros, fraction or exponent.
+    fn uint(&mut self, max: u64) -> Option<u64> {
+        let start = self.i;
+        let mut v: u64 = 0;
+        while let Some(&c) = self.b.get(self.i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+            self.i += 1;
+        }
+        let n = self.i - start;
+        if n == 0 || (n > 1 && self.b[start] == b'0') || v > max {
+            return None;
+        }
+        match self.b.get(self.i) {
+            Some(b'.' | b'e' | b'E') => None,
+            _ => Some(v),
+        }
+    }
+    fn int(&mut self) -> Option<i64> {
+        if self.b.get(self.i) == Some(&b'-') {
+            self.i += 1;
+            let v = self.uint(i64::MAX as u64 + 1)?;
+            if v == 0 {
+                return None; // "-0": leave it to the full parser
+            }
+            Some(
+                (v as i128)
+                    .checked_neg()
+                    .and_then(|x| i64::try_from(x).ok())?,
+            )
+        } else {
+            i64::try_from(self.uint(i64::MAX as u64)?).ok()
+        }
+    }
+}
+
+fn canonical_kv(b: &[u8]) -> Option<Msg> {
+    let mut s = Scan { b, i: 0 };
+    s.lit(br#"{"type":"kv","pool":"#)?;
+    let pool = s.uint(u16::MAX as u64)? as u16;
+    s.lit(br#","ts_ns":"#)?;
+    let ts_ns = s.int()?;
+    s.lit(br#","request_id":"#)?;
+    let request_id = s.uint(u64::MAX)?;
+    s.lit(br#","op":""#)?;
+    let end = s.i + b.get(s.i..)?.iter().position(|&c| c == b'"')?;
+    let op = Op::parse(std::str::from_utf8(&b[s.i..end]).ok()?)?;
+    s.i = end + 1;
+    s.lit(br#","slot_start":"#)?;
+    let slot_start = s.uint(u32::MAX as u64)? as u32;
+    s.lit(br#","slot_count":"#)?;
+    let slot_count = s.uint(u32::MAX as u64)? as u32;
+    s.lit(br#","token_pos":"#)?;
+    let token_pos = if s.lit(b"null").is_some() {
+        None
+    } else {
+        Some(s.uint(u32::MAX as u64)? as u32)
+    };
+    s.lit(b"}")?;
+    if s.i != b.len() || slot_count == 0 {
+        return None;
+    }
+    Some(Msg::Kv {
+        event: KvEvent {
+            pool,
+            seq: 0,
+            ts_ns,
+            request_id,
+            op,
+            slot_start,
+            slot_count,
+            token_pos,
+            src: None,
+        },
+        seq: None,
+    })
+}
+
 fn plain(message: String) -> LineError {
     LineError {
         field: None,
@@ -183,7 +281,7 @@ fn plain(message: String) -> LineError {
 
 /// Parses one line after the hello.
 pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
-    if let Some(m) = fast_kv(line) {
+    if let Some(m) = canonical_kv(line.as_bytes()).or_else(|| fast_kv(line)) {
         return Ok(m);
     }
     // Protocol messages are told apart by their "type" prefix, cheaply.
@@ -259,6 +357,33 @@ mod tests {
             r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1,"src_pool":1,"src_slot_start":0,"src_seq":0}"#,
             r#"{"type":"kv","pool":70000,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1}"#,
         ];
+        let canonical = [
+            r#"{"type":"kv","pool":3,"ts_ns":1700000000000001000,"request_id":17,"op":"write","slot_start":123456,"slot_count":7,"token_pos":99}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":-5,"request_id":0,"op":"free","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":65535,"ts_ns":9223372036854775807,"request_id":18446744073709551615,"op":"share","slot_start":4294967295,"slot_count":4294967295,"token_pos":4294967295}"#,
+            r#"{"type":"kv","pool":65536,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":01,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":-0,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1.5,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"rea","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":0,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null} "#,
+            r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775808,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775809,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+        ];
+        for line in canonical {
+            let reference = parse_line(line).map(|r| match r {
+                JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+                JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+            });
+            if let Some(fast) = canonical_kv(line.as_bytes()) {
+                assert_eq!(Ok(fast), reference, "{line}");
+            }
+            assert_eq!(parse_msg(line), reference, "{line}");
+        }
+        // The hook's exact shape takes the canonical path.
+        assert!(canonical_kv(canonical[0].as_bytes()).is_some());
+        assert!(canonical_kv(canonical[1].as_bytes()).is_some());
         for line in lines {
             let reference = parse_line(line).map(|r| match r {
                 JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
@@ -268,6 +393,37 @@ mod tests {
                 assert_eq!(Ok(fast), reference, "{line}");
             }
             assert_eq!(parse_msg(line), reference, "{line}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the canonical scanner accepts, parse_line accepts too,
+        /// with the same event; also for lines with one byte changed.
+        #[test]
+        fn canonical_scanner_never_disagrees(
+            pool in 0u32..70_000, ts in proptest::num::i64::ANY, rid in proptest::num::u64::ANY,
+            op in 0usize..7, start in proptest::num::u32::ANY, count in 0u32..3,
+            tp in proptest::option::of(proptest::num::u32::ANY),
+            at in 0usize..200, byte in 32u8..127,
+        ) {
+            let ops = ["alloc", "write", "read", "free", "share", "scrub", "bogus"];
+            let tp = tp.map_or("null".to_string(), |t| t.to_string());
+            let line = format!(
+                r#"{{"type":"kv","pool":{pool},"ts_ns":{ts},"request_id":{rid},"op":"{}","slot_start":{start},"slot_count":{count},"token_pos":{tp}}}"#,
+                ops[op]
+            );
+            let mut mutated = line.clone().into_bytes();
+            let k = at % mutated.len();
+            mutated[k] = byte;
+            for l in [line.clone(), String::from_utf8(mutated).unwrap()] {
+                if let Some(fast) = canonical_kv(l.as_bytes()) {
+                    let reference = parse_line(&l).map(|r| match r {
+                        JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+                        JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+                    });
+                    proptest::prop_assert_eq!(Ok(fast), reference, "{}", l);
+                }
+            }
         }
     }
 
