@@ -176,7 +176,7 @@ def _role(req, pool):
 
 
 def _kv(pool, rid, op, idx, tpos=None):
-    _H.put(pool, (_c.KV, pool, _time_ns(), rid, op, capture_indices(idx), tpos))
+    _H.put(pool, (_c.KV, pool, _time_ns(), rid, op, capture_indices(idx), tpos, 0))
 
 
 # ---------------------------------------------------------------- request hooks
@@ -371,7 +371,7 @@ def _wrap_alloc(orig):
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
                 pool = _H.default_pool
-            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, ALLOC, capture_indices(out), None))
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, ALLOC, capture_indices(out), None, 0))
         return out
 
     alloc.__wrapped__ = orig
@@ -384,7 +384,7 @@ def _wrap_free(orig):
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
                 pool = _H.default_pool
-            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None))
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None, 0))
         return orig(self, free_index, *args, **kwargs)
 
     free.__wrapped__ = orig
@@ -400,10 +400,9 @@ def _wrap_paged_free(orig):
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
                 pool = _H.default_pool
-            ps = self.page_size
-            pages = np.unique(np.asarray(capture_indices(free_index), dtype=np.int64) // ps)
-            slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
-            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, slots, None))
+            # Pages are expanded to slots in the sender thread.
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None,
+                          self.page_size))
         return orig(self, free_index, *args, **kwargs)
 
     free.__wrapped__ = orig

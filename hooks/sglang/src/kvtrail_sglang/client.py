@@ -70,6 +70,10 @@ def runs(idx):
     return list(zip(a[starts].tolist(), (ends - starts).tolist()))
 
 
+def _as_list(idx):
+    return idx if isinstance(idx, list) else idx.tolist()
+
+
 def capture_indices(t):
     """A private copy of an index tensor/array/list, cheap for small ones.
 
@@ -138,8 +142,13 @@ class Client:
     def _format(self, item, out):
         kind = item[0]
         if kind == KV:
-            _, pool, ts, rid, op, idx, tpos = item
-            for start, count in runs(idx):
+            _, pool, ts, rid, op, idx, tpos, ps = item
+            if ps:
+                # Paged free: the whole pages of these slots go back.
+                rs = [(p * ps, n * ps) for p, n in runs(sorted({x // ps for x in _as_list(idx)}))]
+            else:
+                rs = runs(idx)
+            for start, count in rs:
                 tp = "null" if tpos is None else str(tpos)
                 out.append(
                     '{"type":"kv","pool":%d,"ts_ns":%d,"request_id":%d,"op":"%s",'
