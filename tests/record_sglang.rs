@@ -172,13 +172,16 @@ fn replay(trace: &Trace) -> BTreeMap<u64, Reads> {
     out
 }
 
-#[test]
-fn sglang_cpu_capture_finds_the_planted_foreign_read() {
-    let Some(py) = venv_python() else {
-        return;
-    };
+/// Runs `script SOCKET` in the venv against a `kvtrail record` sidecar,
+/// stops the sidecar with SIGTERM; returns the script's JSON facts, the
+/// trace directory and the sidecar's stderr.
+fn with_sidecar(
+    py: &Path,
+    deploy: &str,
+    script: &str,
+    d: &tempfile::TempDir,
+) -> (serde_json::Value, PathBuf, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let d = tempfile::tempdir().unwrap();
     let sock = d.path().join("kvtrail.sock");
     let out = d.path().join("trace");
     let mut sidecar = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
@@ -187,7 +190,7 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             "--listen",
             &format!("unix:{}", sock.display()),
             "--deployment",
-            s(&root.join("tests/data/record/deploy-sglang-cpu.json")),
+            s(&root.join("tests/data/record").join(deploy)),
             "--out",
             s(&out),
             "--health-secs",
@@ -198,10 +201,10 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
         .spawn()
         .unwrap();
     wait_for(&sock);
-    let driver = Command::new(&py)
+    let driver = Command::new(py)
         .arg("-W")
         .arg("ignore")
-        .arg(root.join("tests/sglang/record_driver.py"))
+        .arg(root.join("tests/sglang").join(script))
         .arg(&sock)
         .env("PYTHONPATH", root.join("hooks/sglang/src"))
         .current_dir(root.join("tests/sglang"))
@@ -214,13 +217,24 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
     std::io::Read::read_to_string(sidecar.stderr.as_mut().unwrap(), &mut side_err).unwrap();
     assert!(
         driver.status.success(),
-        "driver failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&driver.stdout),
         String::from_utf8_lossy(&driver.stderr)
     );
     assert!(status.success(), "sidecar: {status:?}\n{side_err}");
     let stdout = String::from_utf8_lossy(&driver.stdout);
-    let facts: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let facts = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    (facts, out, side_err)
+}
+
+#[test]
+fn sglang_cpu_capture_finds_the_planted_foreign_read() {
+    let Some(py) = venv_python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) =
+        with_sidecar(&py, "deploy-sglang-cpu.json", "record_driver.py", &d);
     // What the real classes did (the premise of the scenario).
     assert_eq!(facts["sglang"], "0.5.19");
     assert_eq!(facts["C"]["prefill_input_after_admission"], 1);
@@ -335,4 +349,34 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             foreign: BTreeMap::from([(a, 9 * 4 + 2), (b, 14 * 4 + 2)]),
         }
     );
+}
+
+#[test]
+fn hook_counts_loss_instead_of_stalling() {
+    let Some(py) = venv_python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = with_sidecar(&py, "deploy-hook-loss.json", "hook_loss.py", &d);
+    // Sidecar unreachable: every event counted as lost, the engine not held up.
+    let down = &facts["down"];
+    assert_eq!(down["lost_sidecar_down"], 10_000, "{down}");
+    assert_eq!(down["sent_lines"], 0, "{down}");
+    assert!(down["us_per_call"].as_f64().unwrap() < 1000.0, "{down}");
+    // Sender starved with a 64-event queue: drops, counted, and in the trace
+    // as a hole of exactly that size inside pool 0's stream.
+    let st = &facts["starved"];
+    let dropped = st["dropped_queue"].as_u64().unwrap();
+    assert!(dropped > 0, "{st}");
+    let i = kvtrail(&["inspect", s(&out), "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
+    let p = &j["kv"]["pools"][0];
+    assert_eq!(p["missing_events"], dropped, "{p}\n{side_err}");
+    assert_eq!(
+        p["events"].as_u64().unwrap() + dropped,
+        st["calls"].as_u64().unwrap(),
+        "{p}"
+    );
+    let v = kvtrail(&["verify", s(&out)]);
+    assert_eq!(v.code, 0, "{}", v.stdout);
 }

@@ -24,7 +24,7 @@ import time
 log = logging.getLogger("kvtrail_sglang")
 
 # Event kinds in the queue.
-KV, REQ, SEND, COMMIT = 0, 1, 2, 3
+KV, REQ, SEND, COMMIT, LOST = 0, 1, 2, 3, 4
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
 
@@ -123,6 +123,12 @@ class Client:
             self.dropped[pool] = self.dropped.get(pool, 0) + 1
             self.stats["dropped_queue"] += 1
             return
+        if self.dropped:
+            # The loss goes into the stream where it happened: before this event.
+            n = self.dropped.pop(pool, 0)
+            if n:
+                self.enqueued += 1
+                self.q.append((LOST, pool, n))
         self.enqueued += 1
         self.q.append(item)
 
@@ -161,6 +167,9 @@ class Client:
         if kind == REQ:
             out.append(json.dumps(item[2], separators=(",", ":")))
             return
+        if kind == LOST:
+            out.append('{"type":"lost","pool":%d,"n":%d}' % (item[1], item[2]))
+            return
         if kind == SEND:
             _, pool, ts, room, dst_index, pages, last = item
             rs = runs(pages)
@@ -195,9 +204,6 @@ class Client:
             for _ in range(min(self.batch, len(q))):
                 items.append(q.popleft())
             lines = []
-            if self.dropped:
-                d, self.dropped = self.dropped, {}
-                lines.extend(self._lost_lines(d))
             for it in items:
                 try:
                     self._format(it, lines)
@@ -210,16 +216,18 @@ class Client:
         self._close()
 
     def _send(self, lines, items):
+        carried = {}
         if self.sock is None:
             try:
                 self._connect()
-                if self.down_lost:
-                    d, self.down_lost = self.down_lost, {}
-                    lines[:0] = self._lost_lines(d)
             except OSError as e:
                 self.stats["connect_failures"] += 1
-                self._count_down(items, lines, e)
+                self._count_down(items, carried, e)
                 return
+        if self.down_lost:
+            # Losses while the sidecar was unreachable: holes, reported first.
+            carried, self.down_lost = self.down_lost, {}
+            lines[:0] = self._lost_lines(carried)
         data = ("\n".join(lines) + "\n").encode()
         try:
             self.sock.sendall(data)
@@ -229,21 +237,20 @@ class Client:
                 self.sock.close()
             finally:
                 self.sock = None
-            self._count_down(items, lines, e)
+            self._count_down(items, carried, e)
 
-    def _count_down(self, items, lines, err):
+    def _count_down(self, items, carried, err):
+        """Items that could not be sent: counted per pool, reported later."""
+        for p, k in carried.items():
+            self.down_lost[p] = self.down_lost.get(p, 0) + k
         n = 0
         for it in items:
             if it[0] == REQ:
                 self.stats["requests_lost"] += 1
                 continue
-            pool = it[1]
-            self.down_lost[pool] = self.down_lost.get(pool, 0) + 1
-            n += 1
-        for ln in lines:
-            if ln.startswith('{"type":"lost"'):
-                d = json.loads(ln)
-                self.down_lost[d["pool"]] = self.down_lost.get(d["pool"], 0) + d["n"]
+            k = it[2] if it[0] == LOST else 1
+            self.down_lost[it[1]] = self.down_lost.get(it[1], 0) + k
+            n += 0 if it[0] == LOST else 1
         self.stats["lost_sidecar_down"] += n
         now = time.monotonic()
         if now - self._last_warn > 10:
