@@ -10,7 +10,11 @@ pub mod error;
 pub mod inspect;
 pub mod progress;
 pub mod record;
+pub mod replay;
+pub mod report;
 pub mod schema;
+pub mod scope;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -12,4 +12,4 @@ pub mod write;
 
 pub use index::{RequestIndex, RequestRow, load_request_index};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
-pub use read::{KvChunk, KvFileReader, RequestFileReader, Trace};
+pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};
