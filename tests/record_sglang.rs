@@ -4,9 +4,9 @@
 //! kvtrail_sglang hook installed (the driver's docstring says which parts are
 //! real and which hook functions it calls directly), then checks on the
 //! trace: it verifies, `inspect` shows the over-long prompt with
-//! prompt_tokens 120 vs prefilled_tokens 1 and a 200, and an independent
-//! replay over the library reader finds the planted foreign read (request C
-//! reading A's and B's stale decode KV).
+//! prompt_tokens 120 vs prefilled_tokens 1 and a 200, and both an
+//! independent replay over the library reader and `kvtrail scope` find the
+//! planted foreign read (request C reading A's and B's stale decode KV).
 //!
 //! Needs the venv of .ci/setup.d/30-sglang.sh (+ blake3 from 31-...): with
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
@@ -348,6 +348,35 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             unknown: 3 + 2 + 2 + 16,
             foreign: BTreeMap::from([(a, 9 * 4 + 2), (b, 14 * 4 + 2)]),
         }
+    );
+
+    // And `kvtrail scope` finds the same: one affected response, C, with
+    // A's and B's tokens, confirmed, cross-tenant, answered with a 200.
+    let sc = kvtrail(&["scope", s(&out), "--json"]);
+    assert_eq!(sc.code, 0, "{}", sc.stderr);
+    let j: serde_json::Value = serde_json::from_str(&sc.stdout).unwrap();
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{}", sc.stdout);
+    let r = &affected[0];
+    assert_eq!(r["request_id"], c);
+    assert_eq!(r["http_status"], 200);
+    assert_eq!(r["confidence"], "confirmed");
+    assert_eq!(r["foreign_tokens"], 38 + 58);
+    let sources: Vec<(u64, String, u64)> = r["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["request_id"].as_u64().unwrap(),
+                x["tenant"].as_str().unwrap().to_string(),
+                x["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        vec![(a, "tenant-a".into(), 38), (b, "tenant-b".into(), 58)]
     );
 }
 
