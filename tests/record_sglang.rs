@@ -408,4 +408,6 @@ fn hook_counts_loss_instead_of_stalling() {
     );
     let v = kvtrail(&["verify", s(&out)]);
     assert_eq!(v.code, 0, "{}", v.stdout);
+    // TP rank 1's allocator is marked not captured (-1); rank 0's is left alone.
+    assert_eq!(facts["tp_rank_pools"], serde_json::json!([-1, null]));
 }

@@ -8,6 +8,7 @@
 2. Sender starved (the engine thread holds the GIL for a whole switch
    interval) with a 64-event queue: events are dropped and counted; the
    count reaches the live sidecar as a `lost` line in stream order.
+3. An allocator built on tensor-parallel rank 1 is marked not captured.
 Prints one JSON line of facts.
 """
 
@@ -53,6 +54,18 @@ def main():
     st = list(kh.stats().values())[0]
     kh.uninstall()
     facts["starved"] = {"calls": 2 * N + 2, **st}
+
+    # Tensor-parallel rank > 0: its allocator is not captured.
+    from sglang.srt.runtime_context import get_parallel
+
+    kh.install(capture="unix:" + sock + ".nobody", pools=[0], roles={}, worker="tp")
+    guard = []
+    for rank in (1, 0):
+        with get_parallel().override(tp_rank=rank):
+            a = TokenToKVPoolAllocator(64, torch.float32, "cpu", None, True)
+        guard.append(getattr(a, "_kvtrail_pool", None))
+    kh.uninstall()
+    facts["tp_rank_pools"] = guard
     print(json.dumps(facts, sort_keys=True))
 
 

@@ -482,8 +482,35 @@ def _arg(args, kwargs, i, name, default=None):
     return args[i] if len(args) > i else kwargs.get(name, default)
 
 
+def _tp_rank():
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().tp_rank
+    except Exception:
+        return None
+
+
+def _alloc_init(orig):
+    """Tensor-parallel ranks > 0 hold the same slot ids as rank 0: their
+    allocators are marked not to be captured (rank 0 records the pool)."""
+
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        try:
+            if getattr(self, "_kvtrail_pool", None) is None and _tp_rank() not in (None, 0):
+                self._kvtrail_pool = -1  # no client has pool -1: not captured
+        except Exception as e:
+            _c.log.warning("kvtrail: allocator hook failed: %s", e)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
 # (module, class or None, attribute, wrapper factory)
 _PATCHES = [
+    ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "__init__", _alloc_init),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "__init__", _alloc_init),
     ("sglang.srt.managers.schedule_batch", "Req", "__init__", _req_init),
     ("sglang.srt.managers.schedule_batch", "Req", "set_finish_with_abort", _set_finish_with_abort),
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "alloc", _wrap_alloc),

@@ -114,6 +114,7 @@ class Client:
         self._stop = False
         self._wake = threading.Event()
         self._last_warn = 0.0
+        self._next_try = 0.0
         self.thread = threading.Thread(target=self._run, name="kvtrail-sender", daemon=True)
         self.thread.start()
 
@@ -218,10 +219,14 @@ class Client:
     def _send(self, lines, items):
         carried = {}
         if self.sock is None:
+            if time.monotonic() < self._next_try:
+                self._count_down(items, carried, "retrying in under a second")
+                return
             try:
                 self._connect()
             except OSError as e:
                 self.stats["connect_failures"] += 1
+                self._next_try = time.monotonic() + 1.0  # back off: do not spin on connect
                 self._count_down(items, carried, e)
                 return
         if self.down_lost:
