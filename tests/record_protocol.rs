@@ -10,7 +10,7 @@
 //! - hook_reported_loss_is_a_hole
 //! - transfer_halves_join_into_copies / commit_waits_for_its_send / unresolved_copy_is_a_hole
 //! - prefill_and_decode_views_of_a_request_merge
-//! - tcp_loopback_and_listen_policy
+//! - tcp_loopback_and_listen_policy / connections_beyond_the_limit_are_refused
 //! - sigterm_closes_cleanly / sigkill_leaves_every_rotated_file_valid
 
 mod common;
@@ -442,6 +442,22 @@ fn tcp_loopback_and_listen_policy() {
     drop(c);
     let sum = sc.shutdown().unwrap();
     assert_eq!(sum.stats.kv_written, 1);
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused() {
+    let rig = start(|c| c.max_connections = 2);
+    let a = rig.connect(&[0]);
+    let b = rig.connect(&[1]);
+    std::thread::sleep(Duration::from_millis(200));
+    let c = UnixStream::connect(&rig.sock).unwrap();
+    let mut reply = String::new();
+    BufReader::new(&c).read_line(&mut reply).unwrap();
+    assert!(reply.contains("too many connections"), "{reply}");
+    drop((a, b, c));
+    let (sum, ..) = rig.stop();
+    assert_eq!(sum.stats.rejected_hello, 1);
+    assert_eq!(sum.stats.connections_live, 0);
 }
 
 #[test]

@@ -54,7 +54,20 @@ struct Conn {
 
 /// Serves one connection to its end (EOF, error, or shutdown with nothing
 /// left to read).
+/// Counts a connection as live from accept until its thread ends.
+pub(crate) struct Live(pub Arc<Shared>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0
+            .stats
+            .connections_live
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
+    let _live = Live(shared.clone());
     let _ = stream.set_timeout(Duration::from_millis(200));
     let max = shared.cfg.max_line_bytes;
     let mut reader = BufReader::with_capacity(1 << 16, &mut *stream);
@@ -100,10 +113,6 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     } else {
         View::Full
     };
-    shared
-        .stats
-        .connections_live
-        .fetch_add(1, Ordering::Relaxed);
     shared.log(&format!(
         "connection #{id} ({}) declares pools {:?}",
         hello.worker, pools
@@ -139,10 +148,6 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
             claims.remove(p);
         }
     }
-    shared
-        .stats
-        .connections_live
-        .fetch_sub(1, Ordering::Relaxed);
     shared.log(&format!("connection #{id} ({}) closed", c.name));
 }
 

@@ -22,6 +22,7 @@ pub mod wire;
 pub mod writer;
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -111,6 +112,8 @@ pub struct RecordConfig {
     pub copy_timeout: Duration,
     /// How long a request's prefill (or decode) view waits for the other.
     pub pair_timeout: Duration,
+    /// Live connections at most (one thread each); more are refused.
+    pub max_connections: u64,
 }
 
 impl RecordConfig {
@@ -123,6 +126,7 @@ impl RecordConfig {
             queue_batches: 256,
             copy_timeout: Duration::from_secs(10),
             pair_timeout: Duration::from_secs(900),
+            max_connections: 256,
         }
     }
 }
@@ -427,12 +431,29 @@ fn accept_loop(l: Listener, shared: Arc<Shared>) {
             },
         };
         match accepted {
-            Some(s) => {
+            Some(mut s) => {
                 let id = next_id;
                 next_id += 1;
+                if shared.stats.connections_live.load(Ordering::Relaxed)
+                    >= shared.cfg.max_connections
+                {
+                    shared.stats.rejected_hello.fetch_add(1, Ordering::Relaxed);
+                    shared.log(&format!(
+                        "connection #{id} refused: {} live connections already",
+                        shared.cfg.max_connections
+                    ));
+                    let _ =
+                        s.write_all(b"{\"type\":\"error\",\"error\":\"too many connections\"}\n");
+                    continue;
+                }
                 shared
                     .stats
                     .connections_total
+                    .fetch_add(1, Ordering::Relaxed);
+                // Live from here; `conn::serve` counts it down when it ends.
+                shared
+                    .stats
+                    .connections_live
                     .fetch_add(1, Ordering::Relaxed);
                 let sh = shared.clone();
                 match std::thread::Builder::new()
@@ -440,7 +461,13 @@ fn accept_loop(l: Listener, shared: Arc<Shared>) {
                     .spawn(move || conn::serve(s, id, sh))
                 {
                     Ok(h) => conns.push(h),
-                    Err(e) => shared.log(&format!("cannot start a connection thread: {e}")),
+                    Err(e) => {
+                        shared
+                            .stats
+                            .connections_live
+                            .fetch_sub(1, Ordering::Relaxed);
+                        shared.log(&format!("cannot start a connection thread: {e}"));
+                    }
                 }
                 conns.retain(|h| !h.is_finished());
             }
