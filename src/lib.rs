@@ -9,6 +9,7 @@ pub mod capture;
 pub mod error;
 pub mod inspect;
 pub mod progress;
+pub mod record;
 pub mod replay;
 pub mod report;
 pub mod schema;

@@ -27,6 +27,8 @@ pub enum Command {
     Ingest(commands::ingest::Args),
     /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
     Inspect(commands::inspect::Args),
+    /// Capture sidecar: receive engine hook event streams and write a trace.
+    Record(commands::record::Args),
     /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
     Simulate(commands::simulate::Args),
     /// Replay a trace: every response that read foreign KV, whose it was, who must be told.
@@ -51,6 +53,7 @@ pub fn run() -> Exit {
         Command::Verify(a) => commands::verify::run(a),
         Command::Ingest(a) => commands::ingest::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Record(a) => commands::record::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),

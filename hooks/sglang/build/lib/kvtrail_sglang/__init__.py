@@ -1,0 +1,676 @@
+"""kvtrail capture hook for SGLang.
+
+Enable with one line in the engine process::
+
+    import kvtrail_sglang; kvtrail_sglang.install()
+
+or by setting ``KVTRAIL_CAPTURE=unix:/run/kvtrail.sock`` in the engine's
+environment (the installed ``kvtrail_sglang.pth`` then calls ``install()``
+at start-up). Events go to the ``kvtrail record`` sidecar; see
+docs/capture-sglang.md for what is recorded and what it costs.
+
+Patched entry points (each wrapper calls SGLang's original first or around
+it, and never changes arguments or results):
+
+- ``Req.__init__``: arrival time, ORIGINAL prompt length, prompt hash, tenant;
+- ``Req.set_finish_with_abort``: marks the rejection, keeps the original
+  length the placeholder ``[0]`` is about to overwrite;
+- ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator`` ``alloc``,
+  ``alloc_extend``, ``alloc_decode``, ``free``, ``free_segment``,
+  ``free_group_end``: alloc/free of slots, attributed to the request whose
+  outer call is running (engine = request 0 otherwise, e.g. radix eviction);
+- ``alloc_for_extend`` (prefill): per request alloc, share (radix prefix
+  hit), write and read of the extend;
+- ``alloc_for_decode``: per request alloc, write and read of the new token;
+- ``DecodePreallocQueue._pre_alloc``: decode preallocation;
+- ``CommonKVSender._prepare_send_indices`` (prefill) and
+  ``CommonKVReceiver.send_metadata`` + ``DecodeTransferQueue._commit_transfer_to_req``
+  (decode): the KV transfer, joined by the sidecar into copies with src;
+- ``ScheduleBatch.prepare_for_prebuilt``: decode's read of the transferred
+  (or merely preallocated) prompt KV;
+- ``release_kv_cache``: frees, then the request row (status, finish reason,
+  output token count and blake3 of the output ids; never content).
+"""
+
+import importlib.abc
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from . import client as _c
+from .client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
+
+__all__ = ["install", "uninstall", "stats", "flush", "request_id", "tag", "hash_tokens"]
+
+_time_ns = time.time_ns
+_H = None  # the installed hook state
+
+
+class _Ctx(threading.local):
+    rid = 0  # request on whose behalf allocator calls run (0 = engine)
+    suppress = 0  # >0: an outer hook records these allocator calls itself
+    pool = None
+
+
+_ctx = _Ctx()
+
+
+class _Hook:
+    def __init__(self, capture, pools, worker, tenant_field, roles, per_pool, max_queue, pseudonymize):
+        self.capture = capture
+        self.default_pool = pools[0]
+        self.roles = roles
+        self.tenant_field = tenant_field
+        self.pseudonymize = pseudonymize
+        self.clients = {}
+        if per_pool:
+            for p in pools:
+                self.clients[p] = Client(capture, [p], f"{worker}/pool{p}", max_queue=max_queue)
+        else:
+            cl = Client(capture, pools, worker, max_queue=max_queue)
+            for p in pools:
+                self.clients[p] = cl
+        self.metadata = {}  # bootstrap_room -> (dst pages, decode prefix len), decode side
+        self.originals = {}  # (owner, name) -> original
+        self.wrapped_funcs = {}  # original function -> wrapper (module-level functions)
+        self.disabled = False
+
+    def put(self, pool, item):
+        cl = self.clients.get(pool)
+        if cl is not None:
+            cl.put(pool, item)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def hash_tokens(ids):
+    """blake3 of token ids, each as little-endian u32 (the trace contract)."""
+    import blake3
+
+    if isinstance(ids, (bytes, bytearray)):
+        raise TypeError("token ids, not bytes")
+    if hasattr(ids, "typecode"):  # array.array
+        a = np.frombuffer(ids, dtype=np.dtype(ids.typecode)).astype("<u4")
+    else:
+        a = np.asarray(ids, dtype=np.int64).astype("<u4")
+    return blake3.blake3(a.tobytes()).hexdigest()
+
+
+def request_id(req):
+    """The trace request_id of an SGLang Req: its bootstrap_room in PD mode
+    (shared by the prefill and decode sides), else derived from rid."""
+    rid = getattr(req, "_kvtrail_id", None)
+    if rid is not None:
+        return rid
+    room = getattr(req, "bootstrap_room", None)
+    if isinstance(room, int) and room > 0:
+        rid = room & 0x7FFFFFFFFFFFFFFF or 1
+    else:
+        import blake3
+
+        d = blake3.blake3(str(req.rid).encode()).digest()
+        rid = int.from_bytes(d[:8], "little") & 0x7FFFFFFFFFFFFFFF or 1
+    try:
+        req._kvtrail_id = rid
+    except AttributeError:
+        pass
+    return rid
+
+
+def tag(obj, pool):
+    """Declares which trace pool an allocator (or sender/receiver/queue)
+    belongs to, for processes that hold more than one pool."""
+    obj._kvtrail_pool = pool
+    return obj
+
+
+def _pool_of(obj):
+    p = getattr(obj, "_kvtrail_pool", None)
+    if p is None:
+        for attr in ("token_to_kv_pool_allocator", "allocator", "kv_mgr"):
+            inner = getattr(obj, attr, None)
+            if inner is not None:
+                p = getattr(inner, "_kvtrail_pool", None)
+                if p is not None:
+                    break
+    return _H.default_pool if p is None else p
+
+
+def _row(req_to_token_pool, req):
+    idx = getattr(getattr(req, "kv", None), "req_pool_idx", None)
+    if idx is None:
+        idx = getattr(req, "req_pool_idx", None)
+    return req_to_token_pool.req_to_token[idx]
+
+
+def _tenant(req):
+    v = req
+    for part in _H.tenant_field.split("."):
+        if isinstance(v, dict):
+            v = v.get(part)
+        else:
+            v = getattr(v, part, None)
+        if v is None:
+            break
+    if v is None or v == "":
+        return "unknown"
+    v = str(v)
+    if _H.pseudonymize:
+        import blake3
+
+        return "t-" + blake3.blake3(v.encode()).hexdigest()[:16]
+    return v
+
+
+def _role(req, pool):
+    r = _H.roles.get(pool)
+    if r:
+        return r
+    mode = getattr(req, "disagg_mode", None)
+    name = getattr(mode, "name", str(mode or "")).lower()
+    return name if name in ("prefill", "decode") else "mixed"
+
+
+def _kv(pool, rid, op, idx, tpos=None):
+    _H.put(pool, (_c.KV, pool, _time_ns(), rid, op, capture_indices(idx), tpos))
+
+
+# ---------------------------------------------------------------- request hooks
+
+
+def on_req_init(req):
+    """After ``Req.__init__``: arrival, original prompt length and hash, tenant."""
+    if _H is None or _H.disabled:
+        return
+    ids = req.origin_input_ids
+    req._kvtrail_arrival = _time_ns()
+    req._kvtrail_prompt_tokens = len(ids)
+    req._kvtrail_prompt_hash = hash_tokens(ids)
+    req._kvtrail_prefilled = None
+
+
+def before_set_finish_with_abort(req):
+    """Before ``Req.set_finish_with_abort`` overwrites the prompt with [0]."""
+    if _H is None:
+        return
+    if getattr(req, "_kvtrail_prompt_tokens", None) is None:
+        on_req_init(req)
+    req._kvtrail_rejected = True
+
+
+def request_row(req, pool):
+    """The request line for ``req`` as this process saw it."""
+    role = _role(req, pool)
+    reason = getattr(req, "finished_reason", None) or getattr(req, "to_finish", None)
+    rname = type(reason).__name__ if reason is not None else None
+    status = 200
+    finish = None
+    if rname == "FINISH_ABORT":
+        status = int(getattr(reason, "status_code", None) or 500)
+        finish = "abort"
+    elif rname == "FINISH_LENGTH":
+        finish = "length"
+    elif rname and rname.startswith("FINISH_MATCHED"):
+        finish = "stop"
+    elif rname:
+        finish = rname.lower()
+    out = list(getattr(req, "output_ids", []) or [])
+    prompt_tokens = getattr(req, "_kvtrail_prompt_tokens", None)
+    if prompt_tokens is None:
+        prompt_tokens = len(req.origin_input_ids)
+    prefilled = None
+    if role != "decode":
+        prefilled = getattr(req, "_kvtrail_prefilled", None)
+        if prefilled is None:
+            prefilled = len(req.origin_input_ids)
+    row = {
+        "type": "request",
+        "request_id": request_id(req),
+        "external_id": str(req.rid),
+        "tenant": _tenant(req),
+        "arrival_ns": getattr(req, "_kvtrail_arrival", None) or _time_ns(),
+        "finish_ns": _time_ns(),
+        "prompt_tokens": prompt_tokens,
+        "prefilled_tokens": prefilled,
+        "output_tokens": len(out),
+        "http_status": status,
+        "finish_reason": finish,
+        "prefill_pool": pool if role in ("prefill", "mixed") else None,
+        "decode_pool": pool if role in ("decode", "mixed") else None,
+        "prompt_hash": getattr(req, "_kvtrail_prompt_hash", None),
+        "output_hash": hash_tokens(out) if out else None,
+    }
+    return row
+
+
+def on_release(req, tree_cache):
+    """After ``release_kv_cache``: the request row."""
+    if _H is None or _H.disabled or getattr(req, "_kvtrail_done", False):
+        return
+    pool = getattr(req, "_kvtrail_pool", None)
+    if pool is None:
+        pool = _pool_of(tree_cache)
+    req._kvtrail_done = True
+    _H.put(pool, (_c.REQ, pool, request_row(req, pool)))
+
+
+# ---------------------------------------------------------------- batch hooks
+
+
+def on_alloc_for_extend(batch, out_cache_loc):
+    """After ``alloc_for_extend(batch)``: per request alloc, share, write, read."""
+    if _H is None or _H.disabled:
+        return
+    pool = _pool_of(batch)
+    pool_t = batch.req_to_token_pool
+    ext_lens = getattr(batch, "extend_lens", None)
+    for i, req in enumerate(batch.reqs):
+        rid = request_id(req)
+        req._kvtrail_pool = pool
+        pre = len(req.prefix_indices) if req.prefix_indices is not None else 0
+        ext = ext_lens[i] if ext_lens is not None else req.extend_input_len
+        row = _row(pool_t, req)
+        if pre:
+            _kv(pool, rid, SHARE, row[:pre], 0)
+        new = row[pre:pre + ext]
+        _kv(pool, rid, ALLOC, new)
+        _kv(pool, rid, WRITE, new, pre)
+        _kv(pool, rid, READ, row[:pre + ext], 0)
+        req._kvtrail_prefilled = (getattr(req, "_kvtrail_prefilled", None) or 0) + ext
+
+
+def on_alloc_for_decode(batch, out_cache_loc, token_per_req=1):
+    """After ``alloc_for_decode``: per request alloc, write and read of the
+    new slot(s). (The prefix read is recorded once, at extend/prebuilt.)"""
+    if _H is None or _H.disabled:
+        return
+    pool = _pool_of(batch)
+    locs = out_cache_loc.tolist() if hasattr(out_cache_loc, "tolist") else list(out_cache_loc)
+    seq = batch.seq_lens_cpu.tolist() if hasattr(batch, "seq_lens_cpu") else batch.seq_lens.tolist()
+    for i, req in enumerate(batch.reqs):
+        rid = request_id(req)
+        new = locs[i * token_per_req:(i + 1) * token_per_req]
+        # seq_lens is read before the step's increment: the new token's position.
+        pos = int(seq[i])
+        _kv(pool, rid, ALLOC, new)
+        _kv(pool, rid, WRITE, new, pos)
+        _kv(pool, rid, READ, new, pos)
+
+
+def on_pre_alloc(queue, req, kv_loc, prefix_len=0):
+    """After ``DecodePreallocQueue._pre_alloc``: the preallocated slots."""
+    if _H is None or _H.disabled:
+        return
+    pool = _pool_of(queue)
+    req._kvtrail_pool = pool
+    if kv_loc is not None and len(kv_loc):
+        _kv(pool, request_id(req), ALLOC, kv_loc)
+
+
+def on_prebuilt(batch):
+    """After ``ScheduleBatch.prepare_for_prebuilt``: decode reads the whole
+    prompt KV it preallocated (written by the transfer, or not)."""
+    if _H is None or _H.disabled:
+        return
+    pool = _pool_of(batch)
+    for req in batch.reqs:
+        seq_len = len(req.origin_input_ids) + max(0, len(req.output_ids) - 1)
+        _kv(pool, request_id(req), READ, _row(batch.req_to_token_pool, req)[:seq_len], 0)
+
+
+def on_send_indices(sender, kv_indices, result):
+    """After ``CommonKVSender._prepare_send_indices``: a chunk of prefill
+    pages (ids, not slots) into the decode list at ``index_slice``."""
+    if _H is None or _H.disabled:
+        return
+    _, index_slice, is_last, skip = result
+    if skip:
+        return
+    pool = _pool_of(sender)
+    room = int(sender.bootstrap_room)
+    _H.put(pool, (_c.SEND, pool, _time_ns(), room, int(index_slice.start),
+                  capture_indices(kv_indices), bool(is_last)))
+
+
+def on_send_metadata(receiver, kv_indices, decode_prefix_len=0):
+    """After ``CommonKVReceiver.send_metadata``: the decode destination pages."""
+    if _H is None or _H.disabled:
+        return
+    room = int(receiver.bootstrap_room)
+    if len(_H.metadata) > 100_000:  # abandoned rooms: keep memory bounded
+        _H.metadata.pop(next(iter(_H.metadata)))
+    _H.metadata[room] = (capture_indices(kv_indices), int(decode_prefix_len or 0), _pool_of(receiver))
+
+
+def on_commit(queue, decode_req):
+    """After ``DecodeTransferQueue._commit_transfer_to_req``: the transfer
+    succeeded (unless the commit aborted the request)."""
+    if _H is None or _H.disabled:
+        return
+    req = decode_req.req
+    reason = getattr(req, "finished_reason", None) or getattr(req, "to_finish", None)
+    room = int(req.bootstrap_room or 0)
+    meta = _H.metadata.pop(room, None)
+    if type(reason).__name__ == "FINISH_ABORT" or meta is None:
+        return
+    pages, prefix_len, pool = meta
+    _H.put(pool, (_c.COMMIT, pool, _time_ns(), room, request_id(req), prefix_len, pages))
+
+
+# ---------------------------------------------------------------- allocator wrappers
+
+
+def _wrap_alloc(orig):
+    def alloc(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if out is not None and _H is not None and not _ctx.suppress and not _H.disabled:
+            pool = getattr(self, "_kvtrail_pool", None)
+            if pool is None:
+                pool = _H.default_pool
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, ALLOC, capture_indices(out), None))
+        return out
+
+    alloc.__wrapped__ = orig
+    return alloc
+
+
+def _wrap_free(orig):
+    def free(self, free_index, *args, **kwargs):
+        if _H is not None and not _ctx.suppress and not _H.disabled and free_index.numel():
+            pool = getattr(self, "_kvtrail_pool", None)
+            if pool is None:
+                pool = _H.default_pool
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None))
+        return orig(self, free_index, *args, **kwargs)
+
+    free.__wrapped__ = orig
+    return free
+
+
+def _wrap_paged_free(orig):
+    """Paged ``free``/``free_segment`` release whole pages: record the pages'
+    slots (what the allocator will hand out again)."""
+
+    def free(self, free_index, *args, **kwargs):
+        if _H is not None and not _ctx.suppress and not _H.disabled and free_index.numel():
+            pool = getattr(self, "_kvtrail_pool", None)
+            if pool is None:
+                pool = _H.default_pool
+            ps = self.page_size
+            pages = np.unique(np.asarray(capture_indices(free_index), dtype=np.int64) // ps)
+            slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, slots, None))
+        return orig(self, free_index, *args, **kwargs)
+
+    free.__wrapped__ = orig
+    return free
+
+
+def _wrap_group_end(orig):
+    # Frees were recorded when called; the group's final free() is the same slots.
+    def free_group_end(self, *args, **kwargs):
+        _ctx.suppress += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _ctx.suppress -= 1
+
+    free_group_end.__wrapped__ = orig
+    return free_group_end
+
+
+def _wrap_ctx(orig, after, rid_arg=None, suppress=True):
+    """A function whose allocator calls the wrapper attributes (rid_arg) or
+    records itself (suppress), then calls ``after(args, result)``."""
+
+    def wrapper(*args, **kwargs):
+        if _H is None or _H.disabled:
+            return orig(*args, **kwargs)
+        prev = _ctx.rid
+        if rid_arg is not None:
+            _ctx.rid = request_id(_arg(args, kwargs, rid_arg, "req"))
+        if suppress:
+            _ctx.suppress += 1
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            _ctx.rid = prev
+            if suppress:
+                _ctx.suppress -= 1
+        try:
+            after(args, kwargs, out)
+        except Exception as e:  # capture must never break the engine
+            _c.log.warning("kvtrail: hook %s failed: %s", getattr(orig, "__name__", orig), e)
+        return out
+
+    wrapper.__wrapped__ = orig
+    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    return wrapper
+
+
+# ---------------------------------------------------------------- patch table
+
+
+def _req_init(orig):
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        try:
+            on_req_init(self)
+        except Exception as e:
+            _c.log.warning("kvtrail: Req hook failed: %s", e)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
+def _set_finish_with_abort(orig):
+    def set_finish_with_abort(self, *args, **kwargs):
+        try:
+            before_set_finish_with_abort(self)
+        except Exception as e:
+            _c.log.warning("kvtrail: abort hook failed: %s", e)
+        return orig(self, *args, **kwargs)
+
+    set_finish_with_abort.__wrapped__ = orig
+    return set_finish_with_abort
+
+
+def _arg(args, kwargs, i, name, default=None):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+# (module, class or None, attribute, wrapper factory)
+_PATCHES = [
+    ("sglang.srt.managers.schedule_batch", "Req", "__init__", _req_init),
+    ("sglang.srt.managers.schedule_batch", "Req", "set_finish_with_abort", _set_finish_with_abort),
+    ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "alloc", _wrap_alloc),
+    ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "free", _wrap_free),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "alloc", _wrap_alloc),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "alloc_extend", _wrap_alloc),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "alloc_decode", _wrap_alloc),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "free", _wrap_paged_free),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "free_segment", _wrap_paged_free),
+    ("sglang.srt.mem_cache.allocator.base", "BaseTokenToKVPoolAllocator", "free_group_end", _wrap_group_end),
+    ("sglang.srt.mem_cache.allocation", None, "alloc_for_extend",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_alloc_for_extend(_arg(a, k, 0, "batch"), out[0]))),
+    ("sglang.srt.mem_cache.allocation", None, "alloc_for_decode",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_alloc_for_decode(
+         _arg(a, k, 0, "batch"), out, _arg(a, k, 1, "token_per_req", 1)))),
+    ("sglang.srt.mem_cache.common", None, "release_kv_cache",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_release(_arg(a, k, 0, "req"), _arg(a, k, 1, "tree_cache")),
+                         rid_arg=0, suppress=False)),
+    ("sglang.srt.disaggregation.decode", "DecodePreallocQueue", "_pre_alloc",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_pre_alloc(a[0], _arg(a, k, 1, "req"), out))),
+    ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_commit_transfer_to_req",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_commit(a[0], _arg(a, k, 1, "decode_req")), suppress=False)),
+    ("sglang.srt.disaggregation.decode_schedule_batch_mixin", "ScheduleBatchDisaggregationDecodeMixin",
+     "prepare_for_prebuilt", lambda o: _wrap_ctx(o, lambda a, k, out: on_prebuilt(a[0]), suppress=False)),
+    ("sglang.srt.disaggregation.common.conn", "CommonKVSender", "_prepare_send_indices",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_send_indices(a[0], _arg(a, k, 1, "kv_indices"), out),
+                         suppress=False)),
+    ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "send_metadata",
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_send_metadata(
+         a[0], _arg(a, k, 1, "kv_indices"), _arg(a, k, 4, "decode_prefix_len", 0)), suppress=False)),
+]
+
+
+def _apply(module):
+    """Patches what ``module`` defines, and rebinds names it imported from
+    already patched modules (``from ... import release_kv_cache``)."""
+    name = module.__name__
+    for mod, cls, attr, factory in _PATCHES:
+        if mod != name:
+            continue
+        owner = getattr(module, cls, None) if cls else module
+        if owner is None or (owner, attr) in _H.originals:
+            continue
+        orig = owner.__dict__.get(attr) if cls else getattr(owner, attr, None)
+        if orig is None:
+            continue
+        w = factory(orig)
+        _H.originals[(owner, attr)] = orig
+        setattr(owner, attr, w)
+        if cls is None:
+            _H.wrapped_funcs[orig] = w
+    if _H.wrapped_funcs:
+        for k, v in list(vars(module).items()):
+            try:
+                w = _H.wrapped_funcs.get(v)
+            except TypeError:
+                continue
+            if w is not None:
+                setattr(module, k, w)
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Applies the patches to sglang modules as they are imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith("sglang.") or _H is None:
+            return None
+        for f in sys.meta_path:
+            if f is self or not hasattr(f, "find_spec"):
+                continue
+            spec = f.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig_exec = loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            if _H is not None:
+                _apply(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_finder = _PostImport()
+
+
+def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None,
+            per_pool_connections=False, max_queue=None, pseudonymize=None):
+    """Enables capture in this process. Arguments default to the environment:
+
+    - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
+    - ``KVTRAIL_POOL``: this process's pool id (comma-separated for several;
+      use :func:`tag` to say which allocator is which);
+    - ``KVTRAIL_ROLE``: prefill, decode or mixed (default: from the request's disagg mode);
+    - ``KVTRAIL_WORKER``: a name for the sidecar's logs;
+    - ``KVTRAIL_TENANT_FIELD``: the Req attribute (dotted path into dicts
+      allowed) naming the customer, default ``routing_key``;
+    - ``KVTRAIL_TENANT_PSEUDONYMIZE=1``: record a blake3 pseudonym instead;
+    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes.
+    """
+    global _H
+    if _H is not None:
+        return _H
+    capture = capture or os.environ.get("KVTRAIL_CAPTURE")
+    if not capture:
+        raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
+    if pools is None:
+        pools = [int(p) for p in os.environ.get("KVTRAIL_POOL", "0").split(",") if p.strip()]
+    if roles is None:
+        r = os.environ.get("KVTRAIL_ROLE")
+        roles = {p: r for p in pools} if r else {}
+    _H = _Hook(
+        capture,
+        list(pools),
+        worker or _c.default_worker(),
+        tenant_field or os.environ.get("KVTRAIL_TENANT_FIELD", "routing_key"),
+        dict(roles),
+        per_pool_connections,
+        int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
+        bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
+    )
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for mod in [m for n, m in list(sys.modules.items()) if n.startswith("sglang.") and m is not None]:
+        _apply(mod)
+    return _H
+
+
+def uninstall():
+    """Restores SGLang's originals and closes the connection(s)."""
+    global _H
+    if _H is None:
+        return
+    h = _H
+    for (owner, attr), orig in h.originals.items():
+        setattr(owner, attr, orig)
+    back = {w: o for o, w in h.wrapped_funcs.items()}
+    for n, m in list(sys.modules.items()):
+        if n.startswith("sglang.") and m is not None:
+            for k, v in list(vars(m).items()):
+                try:
+                    o = back.get(v)
+                except TypeError:
+                    continue
+                if o is not None:
+                    setattr(m, k, o)
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    _H = None
+    for cl in set(h.clients.values()):
+        cl.flush()
+        cl.close()
+
+
+def flush(timeout=10.0):
+    """Waits until every queued event has been handed to the sidecar."""
+    if _H is not None:
+        for cl in set(_H.clients.values()):
+            cl.flush(timeout)
+
+
+def stats():
+    """Counters per connection: sent lines, drops, losses."""
+    if _H is None:
+        return {}
+    return {cl.worker: dict(cl.stats) for cl in set(_H.clients.values())}
+
+
+def request_context(req):
+    """Attributes allocator calls in the ``with`` block to ``req`` (the same
+    thing the patched outer entry points do)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        prev = _ctx.rid
+        _ctx.rid = request_id(req)
+        try:
+            yield
+        finally:
+            _ctx.rid = prev
+
+    return ctx()

@@ -1,0 +1,147 @@
+//! `kvtrail record --listen ADDR --deployment deploy.json --out TRACE`: the
+//! capture sidecar (library side in `kvtrail::record`). Runs until SIGTERM
+//! or SIGINT, then closes the trace cleanly; prints a health line to stderr
+//! every few seconds and a summary to stdout at the end.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kvtrail::capture::jsonl::load_deployment;
+use kvtrail::record::{Listen, RecordConfig, RecordLog, Sidecar};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Unix socket path (`unix:PATH` or a path; created 0600) or loopback TCP (`tcp:127.0.0.1:PORT`).
+    #[arg(long)]
+    pub listen: String,
+    /// The deployment: trace.json's `deployment` object, or a whole trace.json.
+    #[arg(long)]
+    pub deployment: PathBuf,
+    /// New trace directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Rotate each part file once it reaches this many bytes.
+    #[arg(long, default_value_t = 128 << 20)]
+    pub rotate: u64,
+    /// Stop writing at this many bytes on disk: later events are counted as lost, capture marked incomplete.
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
+    /// Accept TCP addresses other than loopback (the stream is unauthenticated).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Longest accepted line in bytes; longer lines are skipped and counted.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_line_bytes: usize,
+    /// Batches (up to 1024 messages each) queued for the writer before events are dropped as holes.
+    #[arg(long, default_value_t = 256)]
+    pub queue: usize,
+    /// Seconds between health lines on stderr (0: none).
+    #[arg(long, default_value_t = 5)]
+    pub health_secs: u64,
+    /// Seconds a decode transfer commit waits for the prefill's send before it is recorded as lost.
+    #[arg(long, default_value_t = 10)]
+    pub copy_timeout: u64,
+    /// Rows per row group (the most a crash can lose per stream).
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub row_group_rows: usize,
+    /// Capture began with the engines' pools empty (started together with the engine).
+    #[arg(long)]
+    pub from_engine_start: bool,
+}
+
+struct StderrLog;
+impl RecordLog for StderrLog {
+    fn log(&self, line: &str) {
+        let _ = writeln!(std::io::stderr().lock(), "record: {line}");
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let deployment = load_deployment(&args.deployment)?;
+    let listen = Listen::parse(&args.listen, args.allow_remote)?;
+    let mut cfg = RecordConfig::new(listen);
+    cfg.recorder.part.rotate_bytes = args.rotate.max(1);
+    cfg.recorder.row_group_rows = args.row_group_rows.max(1);
+    cfg.recorder.from_engine_start = args.from_engine_start;
+    cfg.max_bytes = args.max_bytes;
+    cfg.max_line_bytes = args.max_line_bytes.max(64);
+    cfg.queue_batches = args.queue.max(1);
+    cfg.copy_timeout = Duration::from_secs(args.copy_timeout);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let sidecar = Sidecar::start(cfg, deployment, &args.out, Arc::new(StderrLog))?;
+    eprintln!(
+        "record: listening on {}, writing {}",
+        sidecar.listen(),
+        args.out.display()
+    );
+    let stats = sidecar.stats();
+    let mut last = Instant::now();
+    let mut last_written = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        if args.health_secs > 0 && last.elapsed() >= Duration::from_secs(args.health_secs) {
+            let s = stats.snapshot();
+            let dt = last.elapsed().as_secs_f64();
+            let rate = (s.kv_written - last_written) as f64 / dt;
+            last = Instant::now();
+            last_written = s.kv_written;
+            eprintln!(
+                "record: health: {:.0} events/s, {} events, {} requests, queue {}, conns {}, lost {} (queue {}, hooks {}, max-bytes {}, copies {}), rejected {} (malformed {}, forged {}, contract {}, unattributed {}, hello {}), {} bytes",
+                rate,
+                s.kv_written,
+                s.requests_written,
+                s.queue_depth,
+                s.connections_live,
+                s.lost_queue + s.lost_hook + s.lost_max_bytes + s.copies_unresolved,
+                s.lost_queue,
+                s.lost_hook,
+                s.lost_max_bytes,
+                s.copies_unresolved,
+                s.rejected_malformed
+                    + s.rejected_forged
+                    + s.rejected_contract
+                    + s.rejected_unattributed
+                    + s.rejected_hello,
+                s.rejected_malformed,
+                s.rejected_forged,
+                s.rejected_contract,
+                s.rejected_unattributed,
+                s.rejected_hello,
+                s.bytes_on_disk,
+            );
+        }
+    }
+    eprintln!("record: stopping: draining connections and closing the trace");
+    let sum = sidecar.shutdown()?;
+    let s = &sum.stats;
+    println!(
+        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}); rejected malformed {}, forged {}, contract {}, unattributed {}; capture {}",
+        args.out.display(),
+        s.kv_written,
+        s.requests_written,
+        sum.files,
+        s.connections_total,
+        s.lost_queue + s.lost_hook + s.lost_max_bytes + s.copies_unresolved,
+        s.lost_queue,
+        s.lost_hook,
+        s.lost_max_bytes,
+        s.copies_unresolved,
+        s.rejected_malformed,
+        s.rejected_forged,
+        s.rejected_contract,
+        s.rejected_unattributed,
+        if sum.complete {
+            "complete"
+        } else {
+            "INCOMPLETE"
+        }
+    );
+    Ok(0)
+}

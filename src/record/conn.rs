@@ -1,0 +1,364 @@
+//! One engine connection: hello, bounded line reading, per-line parsing and
+//! forgery checks, and batched hand-off to the writer over the bounded
+//! queue.
+//!
+//! The connection thread never blocks on the writer while the stream is
+//! live: when the queue is full the batch's KV messages are dropped and
+//! turned into `lost` counts for their pools, sent ahead of the next batch
+//! that gets through, so the loss lands in the trace as an explicit seq hole
+//! close to where it happened. Requests and `lost` messages are never
+//! dropped: they are carried into the next batch.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::TrySendError;
+use std::time::Duration;
+
+use super::wire::{Msg, parse_hello, parse_msg};
+use super::{Batch, Shared, View};
+use crate::trace::manifest::Role;
+
+/// Most messages per batch handed to the writer.
+const BATCH: usize = 1024;
+/// Carried-over requests beyond this make the thread wait for the writer.
+const MAX_CARRIED: usize = 10_000;
+
+pub(crate) trait Stream: Read + Write + Send {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()>;
+}
+
+impl Stream for std::os::unix::net::UnixStream {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+}
+
+impl Stream for std::net::TcpStream {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+}
+
+struct Conn {
+    id: u64,
+    name: String,
+    pools: Vec<u16>,
+    shared: Arc<Shared>,
+    batch: Vec<Msg>,
+    /// Events dropped (queue full) and not yet reported as `lost`.
+    pending_loss: BTreeMap<u16, u64>,
+    logged: u32,
+}
+
+/// Serves one connection to its end (EOF, error, or shutdown with nothing
+/// left to read).
+/// Counts a connection as live from accept until its thread ends.
+pub(crate) struct Live(pub Arc<Shared>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0
+            .stats
+            .connections_live
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
+    let _live = Live(shared.clone());
+    let _ = stream.set_timeout(Duration::from_millis(200));
+    let max = shared.cfg.max_line_bytes;
+    let mut reader = BufReader::with_capacity(1 << 16, &mut *stream);
+    // Hello first (bounded like every line).
+    let hello = match read_bounded(&mut reader, max, &shared) {
+        Some(Ok(l)) => l,
+        Some(Err(())) | None => return,
+    };
+    let hello = match parse_hello(&String::from_utf8_lossy(&hello)) {
+        Ok(h) => h,
+        Err(e) => return refuse(stream, &shared, id, &e),
+    };
+    let mut pools = hello.pools.clone();
+    pools.sort_unstable();
+    pools.dedup();
+    for p in &pools {
+        if shared.deployment.pool(*p).is_none() {
+            let e = format!("hello declares pool {p}, which the deployment does not list");
+            return refuse(stream, &shared, id, &e);
+        }
+    }
+    {
+        let mut claims = shared.claims.lock().expect("claims lock");
+        if let Some(p) = pools.iter().find(|p| claims.contains_key(p)) {
+            let other = claims[p].clone();
+            drop(claims);
+            let e = format!("pool {p} is already claimed by live connection {other}");
+            return refuse(stream, &shared, id, &e);
+        }
+        let name = format!("#{id} {}", hello.worker);
+        for p in &pools {
+            claims.insert(*p, name.clone());
+        }
+    }
+    let roles: Vec<Role> = pools
+        .iter()
+        .filter_map(|p| shared.deployment.pool(*p).map(|x| x.role))
+        .collect();
+    let view = if roles.iter().all(|r| *r == Role::Prefill) {
+        View::Prefill
+    } else if roles.iter().all(|r| *r == Role::Decode) {
+        View::Decode
+    } else {
+        View::Full
+    };
+    shared.log(&format!(
+        "connection #{id} ({}) declares pools {:?}",
+        hello.worker, pools
+    ));
+    let mut c = Conn {
+        id,
+        name: hello.worker,
+        pools,
+        shared: shared.clone(),
+        batch: Vec::with_capacity(BATCH),
+        pending_loss: BTreeMap::new(),
+        logged: 0,
+    };
+    shared.register_view(id, view);
+    loop {
+        match read_bounded(&mut reader, max, &shared) {
+            Some(Ok(line)) => {
+                c.line(&line);
+                if c.batch.len() >= BATCH || reader.buffer().is_empty() {
+                    c.flush(false);
+                }
+            }
+            Some(Err(())) => {
+                c.reject_unattributed("a line longer than --max-line-bytes (dropped unread)");
+            }
+            None => break,
+        }
+    }
+    c.flush(true);
+    {
+        let mut claims = shared.claims.lock().expect("claims lock");
+        for p in &c.pools {
+            claims.remove(p);
+        }
+    }
+    shared.log(&format!("connection #{id} ({}) closed", c.name));
+}
+
+fn refuse(mut stream: Box<dyn Stream>, shared: &Shared, id: u64, why: &str) {
+    shared.stats.rejected_hello.fetch_add(1, Ordering::Relaxed);
+    shared.log(&format!("connection #{id} refused: {why}"));
+    let msg = serde_json::json!({"type": "error", "error": why}).to_string();
+    let _ = stream.write_all(msg.as_bytes());
+    let _ = stream.write_all(b"\n");
+}
+
+/// Reads one line of at most `max` bytes. `Some(Err(()))`: the line was
+/// longer and has been skipped up to its newline without being buffered.
+/// `None`: end of stream (or shutdown with no data pending).
+fn read_bounded(r: &mut impl BufRead, max: usize, shared: &Shared) -> Option<Result<Vec<u8>, ()>> {
+    let mut line = Vec::new();
+    let mut discarding = false;
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                // Idle: on shutdown an idle stream is finished.
+                if shared.stop.load(Ordering::Relaxed) {
+                    return finish(line, discarding);
+                }
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return finish(line, discarding),
+        };
+        if buf.is_empty() {
+            return finish(line, discarding);
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                let over = discarding || line.len() + i > max;
+                if !over {
+                    line.extend_from_slice(&buf[..i]);
+                }
+                r.consume(i + 1);
+                if over {
+                    return Some(Err(()));
+                }
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    line.clear();
+                    continue;
+                }
+                return Some(Ok(line));
+            }
+            None => {
+                let n = buf.len();
+                if !discarding && line.len() + n > max {
+                    discarding = true;
+                    line = Vec::new();
+                }
+                if !discarding {
+                    line.extend_from_slice(buf);
+                }
+                r.consume(n);
+            }
+        }
+    }
+}
+
+fn finish(line: Vec<u8>, discarding: bool) -> Option<Result<Vec<u8>, ()>> {
+    if discarding {
+        Some(Err(()))
+    } else if line.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        Some(Ok(line))
+    }
+}
+
+impl Conn {
+    fn log_limited(&mut self, msg: &str) {
+        self.logged += 1;
+        if self.logged <= 20 {
+            self.shared
+                .log(&format!("connection #{} ({}): {msg}", self.id, self.name));
+        } else if self.logged == 21 {
+            self.shared.log(&format!(
+                "connection #{} ({}): further rejects are counted, not logged",
+                self.id, self.name
+            ));
+        }
+    }
+
+    fn reject_unattributed(&mut self, why: &str) {
+        self.shared
+            .stats
+            .rejected_unattributed
+            .fetch_add(1, Ordering::Relaxed);
+        self.log_limited(&format!("rejected: {why}"));
+    }
+
+    fn line(&mut self, raw: &[u8]) {
+        let Ok(line) = std::str::from_utf8(raw) else {
+            return self.reject_unattributed("a line that is not UTF-8");
+        };
+        match parse_msg(line) {
+            Ok(m) => {
+                if let Some(p) = m.pool()
+                    && !self.pools.contains(&p)
+                {
+                    self.shared
+                        .stats
+                        .rejected_forged
+                        .fetch_add(1, Ordering::Relaxed);
+                    return self.log_limited(&format!(
+                        "rejected: event for pool {p}, which this connection did not declare ({:?})",
+                        self.pools
+                    ));
+                }
+                self.batch.push(m);
+            }
+            Err(e) => {
+                let s = &self.shared.stats;
+                match e.pool {
+                    // A bad event of a readable, declared pool: explicit hole
+                    // (unless it carried its own seq: then the hole is there).
+                    Some(p) if self.pools.contains(&p) => {
+                        s.rejected_malformed.fetch_add(1, Ordering::Relaxed);
+                        if !line_has_seq(line) {
+                            self.batch.push(Msg::Lost { pool: p, n: 1 });
+                        }
+                        self.log_limited(&format!("rejected (hole in pool {p}): {e}"));
+                    }
+                    _ => self.reject_unattributed(&e.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Hands the batch to the writer. `wait`: block until it is taken
+    /// (end of connection); otherwise drop on a full queue and count.
+    fn flush(&mut self, wait: bool) {
+        if self.batch.is_empty() && self.pending_loss.is_empty() {
+            return;
+        }
+        let head = self.pending_loss.len();
+        let mut msgs: Vec<Msg> = self
+            .pending_loss
+            .iter()
+            .map(|(&pool, &n)| Msg::Lost { pool, n })
+            .collect();
+        msgs.append(&mut self.batch);
+        let stats = &self.shared.stats;
+        let n = msgs.len() as u64;
+        let batch = Batch {
+            conn: self.id,
+            msgs,
+        };
+        let must_wait = wait
+            || batch
+                .msgs
+                .iter()
+                .filter(|m| matches!(m, Msg::Request(_)))
+                .count()
+                > MAX_CARRIED;
+        stats.queue_depth.fetch_add(n, Ordering::Relaxed);
+        let res = if must_wait {
+            self.shared
+                .tx
+                .send(batch)
+                .map_err(|e| TrySendError::Disconnected(e.0))
+        } else {
+            self.shared.tx.try_send(batch)
+        };
+        match res {
+            Ok(()) => self.pending_loss.clear(),
+            Err(TrySendError::Full(b)) | Err(TrySendError::Disconnected(b)) => {
+                stats.queue_depth.fetch_sub(n, Ordering::Relaxed);
+                // The first `head` messages came from pending_loss, which
+                // still holds them; fold the rest in and keep what must
+                // not be lost.
+                for m in b.msgs.into_iter().skip(head) {
+                    match m {
+                        Msg::Lost { pool, n } => {
+                            *self.pending_loss.entry(pool).or_default() += n;
+                        }
+                        Msg::Kv { event, seq } => {
+                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
+                            if seq.is_none() {
+                                *self.pending_loss.entry(event.pool).or_default() += 1;
+                            }
+                        }
+                        Msg::XferCommit(c) => {
+                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
+                            *self.pending_loss.entry(c.pool).or_default() += 1;
+                        }
+                        Msg::XferSend(_) => {
+                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r @ Msg::Request(_) => self.batch.push(r),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether a (malformed) line still carries an integer `seq`.
+fn line_has_seq(line: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(line)
+        .ok()
+        .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64))
+        .is_some()
+}

@@ -1,0 +1,501 @@
+//! The sidecar's wire protocol: one JSON object per line.
+//!
+//! A connection starts with a `hello` line declaring the pools it speaks
+//! for. After that every line is one of:
+//!
+//! - a KV event or a request, exactly the `kvtrail ingest` shape
+//!   (docs/jsonl.md), parsed by [`crate::capture::jsonl::parse_line`];
+//! - `{"type":"lost","pool":P,"n":N}`: the hook dropped N events of pool P
+//!   (queue full, sidecar unreachable); recorded as an explicit seq hole;
+//! - `{"type":"xfer_send",...}` / `{"type":"xfer_commit",...}`: the two
+//!   halves of a prefill→decode KV transfer, which the writer joins into
+//!   `write` events with `src` on the decode pool (docs/capture-sglang.md).
+//!
+//! KV lines take two fast paths: a byte scanner for the exact canonical line
+//! the hook writes, then a typed serde struct for the fully-known shape in any
+//! key order; anything neither accepts goes to `parse_line`, which decides and
+//! names the error. So the fast paths can only make good lines cheaper, never
+//! change what is accepted (tests and a property test compare them).
+
+use serde::Deserialize;
+
+use crate::capture::jsonl::{JsonlRecord, LineError, parse_line};
+use crate::schema::{CopySrc, KvEvent, Op, RequestRecord};
+
+/// The first line of every connection.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hello {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pools: Vec<u16>,
+    #[serde(default)]
+    pub worker: String,
+}
+
+/// Parses and checks a hello line (pool existence is checked by the server).
+pub fn parse_hello(line: &str) -> Result<Hello, String> {
+    let h: Hello = serde_json::from_str(line).map_err(|e| {
+        format!(
+            "expected a hello line {{\"type\":\"hello\",\"pools\":[..],\"worker\":\"..\"}}: {e}"
+        )
+    })?;
+    if h.kind != "hello" {
+        return Err(format!("expected \"type\":\"hello\", got {:?}", h.kind));
+    }
+    if h.pools.is_empty() {
+        return Err("hello declares no pools".into());
+    }
+    if h.worker.len() > 128 || h.worker.chars().any(char::is_control) {
+        return Err("worker name: at most 128 printable characters".into());
+    }
+    Ok(h)
+}
+
+/// A run of pages: `[first_page, count]`.
+pub type PageRun = (u32, u32);
+
+/// Prefill side of a transfer: pages `src_pages` of `pool` are sent into
+/// the decode's destination page list starting at index `dst_index`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XferSend {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub room: u64,
+    pub pool: u16,
+    pub ts_ns: i64,
+    pub dst_index: u32,
+    pub src_pages: Vec<PageRun>,
+    pub last: bool,
+}
+
+/// Decode side of a transfer: the request's destination pages (the list
+/// decode sent to prefill), committed when the transfer reported success.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XferCommit {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub room: u64,
+    pub pool: u16,
+    pub ts_ns: i64,
+    pub request_id: u64,
+    /// Token position of the first destination page (decode-side prefix).
+    #[serde(default)]
+    pub prefix_len: u32,
+    pub dst_pages: Vec<PageRun>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Lost {
+    #[serde(rename = "type")]
+    kind: String,
+    pool: u16,
+    n: u64,
+}
+
+/// One parsed line after the hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    Kv { event: KvEvent, seq: Option<u64> },
+    Request(Box<RequestRecord>),
+    Lost { pool: u16, n: u64 },
+    XferSend(Box<XferSend>),
+    XferCommit(Box<XferCommit>),
+}
+
+impl Msg {
+    /// The pool this message speaks for (forgery checks), if any.
+    pub fn pool(&self) -> Option<u16> {
+        match self {
+            Msg::Kv { event, .. } => Some(event.pool),
+            Msg::Request(_) => None,
+            Msg::Lost { pool, .. } => Some(*pool),
+            Msg::XferSend(s) => Some(s.pool),
+            Msg::XferCommit(c) => Some(c.pool),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FastKv<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    pool: u16,
+    #[serde(default)]
+    seq: Option<u64>,
+    ts_ns: i64,
+    request_id: u64,
+    #[serde(borrow)]
+    op: &'a str,
+    slot_start: u32,
+    slot_count: u32,
+    #[serde(default)]
+    token_pos: Option<u32>,
+    #[serde(default)]
+    src_pool: Option<u16>,
+    #[serde(default)]
+    src_slot_start: Option<u32>,
+    #[serde(default)]
+    src_seq: Option<u64>,
+}
+
+fn fast_kv(line: &str) -> Option<Msg> {
+    let f: FastKv = serde_json::from_str(line).ok()?;
+    if f.kind != "kv" || f.slot_count == 0 {
+        return None;
+    }
+    let op = Op::parse(f.op)?;
+    let src = match (f.src_pool, f.src_slot_start, f.src_seq) {
+        (None, None, None) => None,
+        (Some(pool), Some(slot_start), Some(seq)) if op == Op::Write => Some(CopySrc {
+            pool,
+            slot_start,
+            seq,
+        }),
+        _ => return None,
+    };
+    Some(Msg::Kv {
+        event: KvEvent {
+            pool: f.pool,
+            seq: f.seq.unwrap_or(0),
+            ts_ns: f.ts_ns,
+            request_id: f.request_id,
+            op,
+            slot_start: f.slot_start,
+            slot_count: f.slot_count,
+            token_pos: f.token_pos,
+            src,
+        },
+        seq: f.seq,
+    })
+}
+
+/// A cursor over the canonical KV line the hook writes:
+/// `{"type":"kv","pool":N,"ts_ns":N,"request_id":N,"op":"OP","slot_start":N,"slot_count":N,"token_pos":N|null}`
+/// (keys in this order, no whitespace, no seq/src). Anything else: `None`.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Scan<'_> {
+    fn lit(&mut self, s: &[u8]) -> Option<()> {
+        if self.b.get(self.i..self.i + s.len())? == s {
+            self.i += s.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+    /// A JSON integer without sign, leading zeros, fraction or exponent.
+    fn uint(&mut self, max: u64) -> Option<u64> {
+        let start = self.i;
+        let mut v: u64 = 0;
+        while let Some(&c) = self.b.get(self.i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+            self.i += 1;
+        }
+        let n = self.i - start;
+        if n == 0 || (n > 1 && self.b[start] == b'0') || v > max {
+            return None;
+        }
+        match self.b.get(self.i) {
+            Some(b'.' | b'e' | b'E') => None,
+            _ => Some(v),
+        }
+    }
+    fn int(&mut self) -> Option<i64> {
+        if self.b.get(self.i) == Some(&b'-') {
+            self.i += 1;
+            let v = self.uint(i64::MAX as u64 + 1)?;
+            if v == 0 {
+                return None; // "-0": leave it to the full parser
+            }
+            Some(
+                (v as i128)
+                    .checked_neg()
+                    .and_then(|x| i64::try_from(x).ok())?,
+            )
+        } else {
+            i64::try_from(self.uint(i64::MAX as u64)?).ok()
+        }
+    }
+}
+
+fn canonical_kv(b: &[u8]) -> Option<Msg> {
+    let mut s = Scan { b, i: 0 };
+    s.lit(br#"{"type":"kv","pool":"#)?;
+    let pool = s.uint(u16::MAX as u64)? as u16;
+    s.lit(br#","ts_ns":"#)?;
+    let ts_ns = s.int()?;
+    s.lit(br#","request_id":"#)?;
+    let request_id = s.uint(u64::MAX)?;
+    s.lit(br#","op":""#)?;
+    let end = s.i + b.get(s.i..)?.iter().position(|&c| c == b'"')?;
+    let op = Op::parse(std::str::from_utf8(&b[s.i..end]).ok()?)?;
+    s.i = end + 1;
+    s.lit(br#","slot_start":"#)?;
+    let slot_start = s.uint(u32::MAX as u64)? as u32;
+    s.lit(br#","slot_count":"#)?;
+    let slot_count = s.uint(u32::MAX as u64)? as u32;
+    s.lit(br#","token_pos":"#)?;
+    let token_pos = if s.lit(b"null").is_some() {
+        None
+    } else {
+        Some(s.uint(u32::MAX as u64)? as u32)
+    };
+    s.lit(b"}")?;
+    if s.i != b.len() || slot_count == 0 {
+        return None;
+    }
+    Some(Msg::Kv {
+        event: KvEvent {
+            pool,
+            seq: 0,
+            ts_ns,
+            request_id,
+            op,
+            slot_start,
+            slot_count,
+            token_pos,
+            src: None,
+        },
+        seq: None,
+    })
+}
+
+fn plain(message: String) -> LineError {
+    LineError {
+        field: None,
+        message,
+        pool: None,
+    }
+}
+
+/// Parses one line after the hello.
+pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
+    if let Some(m) = canonical_kv(line.as_bytes()).or_else(|| fast_kv(line)) {
+        return Ok(m);
+    }
+    // Protocol messages are told apart by their "type" prefix, cheaply.
+    let kind = sniff_type(line);
+    match kind {
+        Some("lost") => {
+            let l: Lost = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `lost` message: {e}")))?;
+            if l.n == 0 {
+                return Err(plain("`lost` with n = 0".into()));
+            }
+            Ok(Msg::Lost {
+                pool: l.pool,
+                n: l.n,
+            })
+        }
+        Some("xfer_send") => {
+            let s: XferSend = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `xfer_send` message: {e}")))?;
+            check_runs(&s.src_pages, "src_pages")?;
+            Ok(Msg::XferSend(Box::new(s)))
+        }
+        Some("xfer_commit") => {
+            let c: XferCommit = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `xfer_commit` message: {e}")))?;
+            check_runs(&c.dst_pages, "dst_pages")?;
+            if c.request_id == 0 {
+                return Err(plain("xfer_commit with request_id 0".into()));
+            }
+            Ok(Msg::XferCommit(Box::new(c)))
+        }
+        Some("hello") => Err(plain("a second hello on one connection".into())),
+        _ => match parse_line(line)? {
+            JsonlRecord::Kv { event, seq } => Ok(Msg::Kv { event, seq }),
+            JsonlRecord::Request(r) => Ok(Msg::Request(Box::new(r))),
+        },
+    }
+}
+
+fn check_runs(runs: &[PageRun], what: &str) -> Result<(), LineError> {
+    if runs.is_empty() || runs.iter().any(|r| r.1 == 0) {
+        return Err(plain(format!(
+            "{what}: needs at least one [first_page, count] run with count >= 1"
+        )));
+    }
+    Ok(())
+}
+
+/// The value of a top-level `"type"` key when it is the first key (the
+/// hook always writes it first); `None` sends the line to the full parser.
+fn sniff_type(line: &str) -> Option<&str> {
+    let rest = line.trim_start().strip_prefix('{')?.trim_start();
+    let rest = rest.strip_prefix("\"type\"")?.trim_start();
+    let rest = rest.strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"')?;
+    let end = rest.find('"')?;
+    Some(&rest[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path must agree with `parse_line` on every line it accepts.
+    #[test]
+    fn fast_path_agrees_with_reference() {
+        let lines = [
+            r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":-1,"request_id":0,"op":"scrub","slot_start":0,"slot_count":1}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":3,"token_pos":5}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":3,"token_pos":5,"x_layer":1}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":0}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1,"src_pool":1,"src_slot_start":0,"src_seq":0}"#,
+            r#"{"type":"kv","pool":70000,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1}"#,
+        ];
+        let canonical = [
+            r#"{"type":"kv","pool":3,"ts_ns":1700000000000001000,"request_id":17,"op":"write","slot_start":123456,"slot_count":7,"token_pos":99}"#,
+            r#"{"type":"kv","pool":0,"ts_ns":-5,"request_id":0,"op":"free","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":65535,"ts_ns":9223372036854775807,"request_id":18446744073709551615,"op":"share","slot_start":4294967295,"slot_count":4294967295,"token_pos":4294967295}"#,
+            r#"{"type":"kv","pool":65536,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":01,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":-0,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1.5,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"rea","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":0,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null} "#,
+            r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775808,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775809,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+        ];
+        for line in canonical {
+            let reference = parse_line(line).map(|r| match r {
+                JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+                JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+            });
+            if let Some(fast) = canonical_kv(line.as_bytes()) {
+                assert_eq!(Ok(fast), reference, "{line}");
+            }
+            assert_eq!(parse_msg(line), reference, "{line}");
+        }
+        // The hook's exact shape takes the canonical path.
+        assert!(canonical_kv(canonical[0].as_bytes()).is_some());
+        assert!(canonical_kv(canonical[1].as_bytes()).is_some());
+        for line in lines {
+            let reference = parse_line(line).map(|r| match r {
+                JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+                JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+            });
+            if let Some(fast) = fast_kv(line) {
+                assert_eq!(Ok(fast), reference, "{line}");
+            }
+            assert_eq!(parse_msg(line), reference, "{line}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the canonical scanner accepts, parse_line accepts too,
+        /// with the same event; also for lines with one byte changed.
+        #[test]
+        fn canonical_scanner_never_disagrees(
+            pool in 0u32..70_000, ts in proptest::num::i64::ANY, rid in proptest::num::u64::ANY,
+            op in 0usize..7, start in proptest::num::u32::ANY, count in 0u32..3,
+            tp in proptest::option::of(proptest::num::u32::ANY),
+            at in 0usize..200, byte in 32u8..127,
+        ) {
+            let ops = ["alloc", "write", "read", "free", "share", "scrub", "bogus"];
+            let tp = tp.map_or("null".to_string(), |t| t.to_string());
+            let line = format!(
+                r#"{{"type":"kv","pool":{pool},"ts_ns":{ts},"request_id":{rid},"op":"{}","slot_start":{start},"slot_count":{count},"token_pos":{tp}}}"#,
+                ops[op]
+            );
+            let mut mutated = line.clone().into_bytes();
+            let k = at % mutated.len();
+            mutated[k] = byte;
+            for l in [line.clone(), String::from_utf8(mutated).unwrap()] {
+                if let Some(fast) = canonical_kv(l.as_bytes()) {
+                    let reference = parse_line(&l).map(|r| match r {
+                        JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+                        JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+                    });
+                    proptest::prop_assert_eq!(Ok(fast), reference, "{}", l);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn protocol_messages() {
+        let cases: [(&str, &str); 8] = [
+            (
+                r#"{"type":"lost","pool":2,"n":5}"#,
+                "Ok(Lost { pool: 2, n: 5 })",
+            ),
+            (
+                r#"{"type":"lost","pool":2,"n":0}"#,
+                "Err(`lost` with n = 0)",
+            ),
+            (
+                r#"{"type":"xfer_send","room":7,"pool":0,"ts_ns":1,"dst_index":0,"src_pages":[[3,1]],"last":true}"#,
+                "Ok(send room=7 [(3, 1)] last=true)",
+            ),
+            (
+                r#"{"type":"xfer_send","room":7,"pool":0,"ts_ns":1,"dst_index":0,"src_pages":[],"last":true}"#,
+                "Err(src_pages: needs at least one [first_page, count] run with count >= 1)",
+            ),
+            (
+                r#"{"type":"xfer_commit","room":7,"pool":1,"ts_ns":1,"request_id":9,"dst_pages":[[1,4]]}"#,
+                "Ok(commit room=7 rid=9 [(1, 4)])",
+            ),
+            (
+                r#"{"type":"hello","pools":[0]}"#,
+                "Err(a second hello on one connection)",
+            ),
+            (
+                r#"{"type":"lost","pool":2,"n":5,"extra":1}"#,
+                "Err(bad `lost` message: unknown field `extra`, expected one of `type`, `pool`, `n` at line 1 column 37)",
+            ),
+            (
+                "not json",
+                "Err(not valid JSON: expected ident at line 1 column 2)",
+            ),
+        ];
+        for (line, expect) in cases {
+            let got = match parse_msg(line) {
+                Ok(Msg::Lost { pool, n }) => format!("Ok(Lost {{ pool: {pool}, n: {n} }})"),
+                Ok(Msg::XferSend(s)) => {
+                    format!("Ok(send room={} {:?} last={})", s.room, s.src_pages, s.last)
+                }
+                Ok(Msg::XferCommit(c)) => {
+                    format!(
+                        "Ok(commit room={} rid={} {:?})",
+                        c.room, c.request_id, c.dst_pages
+                    )
+                }
+                Ok(other) => format!("Ok({other:?})"),
+                Err(e) => format!("Err({e})"),
+            };
+            assert_eq!(got, expect, "{line}");
+        }
+    }
+
+    #[test]
+    fn hello_lines() {
+        assert_eq!(
+            parse_hello(r#"{"type":"hello","pools":[0,1],"worker":"prefill-0"}"#),
+            Ok(Hello {
+                kind: "hello".into(),
+                pools: vec![0, 1],
+                worker: "prefill-0".into()
+            })
+        );
+        assert_eq!(
+            parse_hello(r#"{"type":"hello","pools":[]}"#),
+            Err("hello declares no pools".into())
+        );
+        assert!(parse_hello(r#"{"type":"kv","pools":[1]}"#).is_err());
+    }
+}

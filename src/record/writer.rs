@@ -1,0 +1,591 @@
+//! The writer thread: the only owner of the [`Recorder`]. Applies batches in
+//! arrival order, joins the two halves of PD KV transfers into `write`
+//! events with `src`, pairs the prefill and decode views of a request, and
+//! enforces --max-bytes.
+//!
+//! Transfer join. The prefill worker reports `xfer_send` (its source pages,
+//! where they go in the decode's destination list, whether it was the last
+//! chunk); the writer stamps it with the prefill pool's current seq, which
+//! is exact because that pool's events all come, in order, from the one
+//! connection that holds it. The decode worker reports `xfer_commit` (its
+//! destination pages) when the transfer succeeded; the writer then emits, on
+//! the decode pool, one `write`-with-src per contiguous run of copied pages.
+//! Pages decode preallocated but prefill never sent get no write: a later
+//! read of them is what replay flags. If the commit arrives before the last
+//! send, the decode connection's stream is parked (so its later reads stay
+//! after the copy) for up to `copy_timeout`; then the copy is recorded as
+//! one lost event (a hole), never guessed.
+//!
+//! Request pairing. A connection whose pools are all prefill pools reports
+//! the prefill view of a request (it alone knows `prefilled_tokens`), an
+//! all-decode connection the decode view (status and output the client
+//! got). Rows with the same request_id are merged; a view without its
+//! partner is written alone after `pair_timeout` or at close.
+//!
+//! [`Recorder`]: crate::capture::Recorder
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use super::wire::{Msg, PageRun, XferCommit};
+use super::{Batch, RecordSummary, Shared, View};
+use crate::capture::Recorder;
+use crate::error::Result;
+use crate::schema::{CopySrc, KvEvent, Op, RequestRecord};
+
+struct Chunk {
+    src_pool: u16,
+    src_seq: u64,
+    dst_index: u32,
+    src_pages: Vec<PageRun>,
+}
+
+#[derive(Default)]
+struct Room {
+    chunks: Vec<Chunk>,
+    last: bool,
+    since: Option<Instant>,
+}
+
+struct Parked {
+    commit: Box<XferCommit>,
+    since: Instant,
+    queue: VecDeque<Msg>,
+}
+
+/// Most messages a parked connection may queue before its copy is given up.
+const MAX_PARKED: usize = 1 << 20;
+
+struct W<'a> {
+    rec: Recorder,
+    sh: &'a Shared,
+    rooms: HashMap<u64, Room>,
+    parked: HashMap<u64, Parked>,
+    pending: HashMap<u64, (View, RequestRecord, Instant)>,
+    stopped_at_max: bool,
+    logged: u32,
+    /// Per pool: next seq after the last event actually written. A pool
+    /// whose recorder seq is beyond it at close lost its last events: no
+    /// later event shows that hole, so the capture is marked incomplete.
+    written_next: HashMap<u16, u64>,
+}
+
+pub(crate) fn run(
+    rec: Recorder,
+    rx: Receiver<Batch>,
+    sh: Arc<Shared>,
+    out: &Path,
+) -> Result<RecordSummary> {
+    let mut w = W {
+        rec,
+        sh: &sh,
+        rooms: HashMap::new(),
+        parked: HashMap::new(),
+        pending: HashMap::new(),
+        stopped_at_max: false,
+        logged: 0,
+        written_next: HashMap::new(),
+    };
+    let mut last_tick = Instant::now();
+    let res: Result<()> = (|| {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(b) if b.conn == u64::MAX => break,
+                Ok(b) => {
+                    sh.stats
+                        .queue_depth
+                        .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
+                    let view = sh
+                        .views
+                        .lock()
+                        .expect("views lock")
+                        .get(&b.conn)
+                        .copied()
+                        .unwrap_or(View::Full);
+                    for m in b.msgs {
+                        w.msg(b.conn, view, m)?;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if last_tick.elapsed() >= Duration::from_secs(1) {
+                last_tick = Instant::now();
+                w.tick(out, false)?;
+            }
+        }
+        // Drain what is still queued (connections have finished).
+        while let Ok(b) = rx.try_recv() {
+            if b.conn == u64::MAX {
+                continue;
+            }
+            sh.stats
+                .queue_depth
+                .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
+            let view = sh
+                .views
+                .lock()
+                .expect("views lock")
+                .get(&b.conn)
+                .copied()
+                .unwrap_or(View::Full);
+            for m in b.msgs {
+                w.msg(b.conn, view, m)?;
+            }
+        }
+        w.tick(out, true)
+    })();
+    res?;
+    w.finish()
+}
+
+impl W<'_> {
+    fn log(&mut self, s: &str) {
+        self.logged += 1;
+        if self.logged <= 50 {
+            self.sh.log(s);
+        } else if self.logged == 51 {
+            self.sh
+                .log("writer: further problems are counted, not logged");
+        }
+    }
+
+    fn msg(&mut self, conn: u64, view: View, m: Msg) -> Result<()> {
+        if let Some(p) = self.parked.get_mut(&conn) {
+            p.queue.push_back(m);
+            if p.queue.len() > MAX_PARKED {
+                self.give_up(conn)?;
+            }
+            return Ok(());
+        }
+        self.apply(conn, view, m)
+    }
+
+    fn lose(&mut self, pool: u16, n: u64) -> Result<()> {
+        // Pools are checked at hello, so this cannot fail on an unknown pool.
+        self.rec.lose(pool, n)
+    }
+
+    fn apply(&mut self, conn: u64, view: View, m: Msg) -> Result<()> {
+        let st = &self.sh.stats;
+        match m {
+            Msg::Kv { event, seq } => {
+                if self.stopped_at_max {
+                    st.lost_max_bytes.fetch_add(1, Ordering::Relaxed);
+                    if seq.is_none() {
+                        self.lose(event.pool, 1)?;
+                    }
+                    return Ok(());
+                }
+                let r = match seq {
+                    Some(_) => self.rec.kv_with_seq(event),
+                    None => self.rec.kv(event).map(|_| ()),
+                };
+                match r {
+                    Ok(()) => {
+                        st.kv_written.fetch_add(1, Ordering::Relaxed);
+                        self.written_next
+                            .insert(event.pool, self.rec.next_seq(event.pool)?);
+                    }
+                    Err(e) => {
+                        st.rejected_contract.fetch_add(1, Ordering::Relaxed);
+                        if seq.is_none() {
+                            self.lose(event.pool, 1)?;
+                        }
+                        self.log(&format!(
+                            "rejected event of pool {} (hole): {}",
+                            event.pool,
+                            e.to_string().replace('\n', " ")
+                        ));
+                    }
+                }
+            }
+            Msg::Lost { pool, n } => {
+                st.lost_hook.fetch_add(n, Ordering::Relaxed);
+                self.lose(pool, n)?;
+            }
+            Msg::Request(r) => self.request(view, *r)?,
+            Msg::XferSend(s) => {
+                let next = self.rec.next_seq(s.pool)?;
+                if next == 0 {
+                    self.log(&format!(
+                        "xfer_send for room {} before any event of pool {}: no source state to refer to",
+                        s.room, s.pool
+                    ));
+                }
+                let room = self.rooms.entry(s.room).or_default();
+                room.since.get_or_insert_with(Instant::now);
+                if next > 0 {
+                    room.chunks.push(Chunk {
+                        src_pool: s.pool,
+                        src_seq: next - 1,
+                        dst_index: s.dst_index,
+                        src_pages: s.src_pages,
+                    });
+                }
+                if s.last {
+                    room.last = true;
+                    self.unpark_room(s.room)?;
+                }
+            }
+            Msg::XferCommit(c) => {
+                let ready = self.rooms.get(&c.room).is_some_and(|r| r.last);
+                if ready {
+                    self.commit(&c)?;
+                } else {
+                    self.parked.insert(
+                        conn,
+                        Parked {
+                            commit: c,
+                            since: Instant::now(),
+                            queue: VecDeque::new(),
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves the parked commits of `room`, replaying their streams.
+    fn unpark_room(&mut self, room: u64) -> Result<()> {
+        let conns: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.commit.room == room)
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in conns {
+            let p = self.parked.remove(&conn).expect("listed above");
+            self.commit(&p.commit)?;
+            self.replay(conn, p.queue)?;
+        }
+        Ok(())
+    }
+
+    fn replay(&mut self, conn: u64, mut q: VecDeque<Msg>) -> Result<()> {
+        let view = self
+            .sh
+            .views
+            .lock()
+            .expect("views lock")
+            .get(&conn)
+            .copied()
+            .unwrap_or(View::Full);
+        while let Some(m) = q.pop_front() {
+            if let Some(p) = self.parked.get_mut(&conn) {
+                // Parked again by a later commit: keep the rest in order.
+                p.queue.push_back(m);
+                p.queue.extend(q.drain(..));
+                break;
+            }
+            self.apply(conn, view, m)?;
+        }
+        Ok(())
+    }
+
+    /// A commit whose send never came: one lost event, then the stream.
+    fn give_up(&mut self, conn: u64) -> Result<()> {
+        let p = self.parked.remove(&conn).expect("parked");
+        self.sh
+            .stats
+            .copies_unresolved
+            .fetch_add(1, Ordering::Relaxed);
+        self.lose(p.commit.pool, 1)?;
+        self.log(&format!(
+            "transfer into pool {} for request {} (room {}): the prefill side never reported it; recorded as a lost event",
+            p.commit.pool, p.commit.request_id, p.commit.room
+        ));
+        self.replay(conn, p.queue)
+    }
+
+    fn commit(&mut self, c: &XferCommit) -> Result<()> {
+        let room = self.rooms.remove(&c.room).unwrap_or_default();
+        if self.stopped_at_max {
+            self.sh.stats.lost_max_bytes.fetch_add(1, Ordering::Relaxed);
+            return self.lose(c.pool, 1);
+        }
+        match self.copy_events(c, &room) {
+            Ok(evs) => {
+                for ev in evs {
+                    match self.rec.kv(ev) {
+                        Ok(seq) => {
+                            self.sh.stats.kv_written.fetch_add(1, Ordering::Relaxed);
+                            self.written_next.insert(c.pool, seq + 1);
+                        }
+                        Err(e) => {
+                            self.sh
+                                .stats
+                                .rejected_contract
+                                .fetch_add(1, Ordering::Relaxed);
+                            self.lose(c.pool, 1)?;
+                            self.log(&format!(
+                                "copy into pool {} rejected (hole): {}",
+                                c.pool,
+                                e.to_string().replace('\n', " ")
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(why) => {
+                self.sh
+                    .stats
+                    .rejected_contract
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log(&format!(
+                    "transfer for room {} into pool {} rejected (hole): {why}",
+                    c.room, c.pool
+                ));
+                self.lose(c.pool, 1)
+            }
+        }
+    }
+
+    /// The `write`-with-src events of one commit (one per contiguous run).
+    fn copy_events(
+        &self,
+        c: &XferCommit,
+        room: &Room,
+    ) -> std::result::Result<Vec<KvEvent>, String> {
+        let dep = &self.sh.deployment;
+        let dst_pool = dep.pool(c.pool).ok_or("unknown decode pool")?;
+        let ps = dst_pool.page_size as u64;
+        let dst = expand(&c.dst_pages, dst_pool.capacity_tokens / ps)?;
+        let mut out: Vec<KvEvent> = Vec::new();
+        for ch in &room.chunks {
+            let sp = dep.pool(ch.src_pool).ok_or("unknown source pool")?;
+            if sp.page_size as u64 != ps {
+                return Err(format!(
+                    "page size {} of pool {} differs from {} of pool {}",
+                    sp.page_size, ch.src_pool, ps, c.pool
+                ));
+            }
+            let src = expand(&ch.src_pages, sp.capacity_tokens / ps)?;
+            for (k, &s) in src.iter().enumerate() {
+                let i = ch.dst_index as usize + k;
+                let Some(&d) = dst.get(i) else {
+                    // Destination shorter than the source: the transfer
+                    // engine truncates (Mooncake warns); so do we.
+                    break;
+                };
+                let (slot, src_slot) = (d as u64 * ps, s as u64 * ps);
+                let tp = c.prefix_len as u64 + i as u64 * ps;
+                if let Some(last) = out.last_mut()
+                    && let Some(ls) = last.src
+                    && last.slot_end() == slot
+                    && ls.slot_start as u64 + last.slot_count as u64 == src_slot
+                    && ls.pool == ch.src_pool
+                    && ls.seq == ch.src_seq
+                    && (last.slot_count as u64 + ps) <= u32::MAX as u64
+                {
+                    last.slot_count += ps as u32;
+                    continue;
+                }
+                out.push(KvEvent {
+                    pool: c.pool,
+                    seq: 0,
+                    ts_ns: c.ts_ns,
+                    request_id: c.request_id,
+                    op: Op::Write,
+                    slot_start: u32::try_from(slot).map_err(|_| "slot beyond u32")?,
+                    slot_count: ps as u32,
+                    token_pos: u32::try_from(tp).ok(),
+                    src: Some(CopySrc {
+                        pool: ch.src_pool,
+                        slot_start: u32::try_from(src_slot).map_err(|_| "slot beyond u32")?,
+                        seq: ch.src_seq,
+                    }),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn request(&mut self, view: View, r: RequestRecord) -> Result<()> {
+        let st = &self.sh.stats;
+        if self.stopped_at_max {
+            st.lost_max_bytes.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let row = match view {
+            View::Full => r,
+            _ => match self.pending.remove(&r.request_id) {
+                None => {
+                    self.pending.insert(r.request_id, (view, r, Instant::now()));
+                    return Ok(());
+                }
+                Some((v, other, t)) if v == view => {
+                    st.rejected_contract.fetch_add(1, Ordering::Relaxed);
+                    self.pending.insert(other.request_id, (v, other, t));
+                    self.log(&format!(
+                        "request {}: a second {view:?} view (duplicate request_id); dropped",
+                        r.request_id
+                    ));
+                    return Ok(());
+                }
+                Some((_, other, _)) => match view {
+                    View::Decode => merge(r, other),
+                    _ => merge(other, r),
+                },
+            },
+        };
+        self.write_request(row)
+    }
+
+    fn write_request(&mut self, row: RequestRecord) -> Result<()> {
+        let id = row.request_id;
+        match self.rec.request(row) {
+            Ok(()) => {
+                self.sh
+                    .stats
+                    .requests_written
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.sh
+                    .stats
+                    .rejected_unattributed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log(&format!(
+                    "request {id} rejected: {}",
+                    e.to_string().replace('\n', " ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Once a second (and at the end): flush, timeouts, disk budget.
+    fn tick(&mut self, out: &Path, end: bool) -> Result<()> {
+        let copy_to = self.sh.cfg.copy_timeout;
+        let late: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| end || p.since.elapsed() >= copy_to)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in late {
+            self.give_up(c)?;
+        }
+        let pair_to = self.sh.cfg.pair_timeout;
+        let mut alone: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, _, t))| end || t.elapsed() >= pair_to)
+            .map(|(id, _)| *id)
+            .collect();
+        alone.sort_unstable();
+        for id in alone {
+            let (_, r, _) = self.pending.remove(&id).expect("listed");
+            self.write_request(r)?;
+        }
+        self.rooms
+            .retain(|_, r| !end && r.since.is_none_or(|t| t.elapsed() < pair_to));
+        self.rec.flush()?;
+        let bytes = dir_bytes(out);
+        self.sh.stats.bytes_on_disk.store(bytes, Ordering::Relaxed);
+        if let Some(max) = self.sh.cfg.max_bytes
+            && bytes >= max
+            && !self.stopped_at_max
+        {
+            self.stopped_at_max = true;
+            self.log(&format!(
+                "--max-bytes reached ({bytes} bytes on disk): further events are counted as lost and the capture will be marked incomplete"
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<RecordSummary> {
+        let mut rec = self.rec;
+        let s = self.sh.stats.snapshot();
+        let mut trailing = serde_json::Map::new();
+        for (pool, _) in rec.pool_counts() {
+            let next = rec.next_seq(pool)?;
+            let written = self.written_next.get(&pool).copied().unwrap_or(0);
+            if next > written {
+                trailing.insert(pool.to_string(), (next - written).into());
+            }
+        }
+        let unattributed =
+            s.rejected_unattributed > 0 || self.stopped_at_max || !trailing.is_empty();
+        rec.set_capture_extra(
+            "record",
+            serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
+        );
+        if !trailing.is_empty() {
+            // Lost after the pool's last written event: invisible as a hole.
+            rec.set_capture_extra("trailing_lost_events", trailing.into());
+        }
+        let manifest = if unattributed {
+            rec.close_unclean()?
+        } else {
+            rec.close()?
+        };
+        Ok(RecordSummary {
+            stats: self.sh.stats.snapshot(),
+            complete: manifest.capture.complete,
+            files: manifest.files.as_ref().map_or(0, Vec::len),
+        })
+    }
+}
+
+/// A run list as page ids, after checking it fits a pool of `pages` pages.
+fn expand(runs: &[PageRun], pages: u64) -> std::result::Result<Vec<u32>, String> {
+    let mut total = 0u64;
+    for &(s, n) in runs {
+        if s as u64 + n as u64 > pages {
+            return Err(format!(
+                "pages {s}..{} outside the pool ({pages} pages)",
+                s as u64 + n as u64
+            ));
+        }
+        total += n as u64;
+        if total > pages {
+            return Err(format!("more pages than the pool holds ({pages})"));
+        }
+    }
+    let mut v = Vec::with_capacity(total as usize);
+    for &(s, n) in runs {
+        v.extend(s..s + n);
+    }
+    Ok(v)
+}
+
+/// The decode view (what the client got) completed by the prefill's.
+fn merge(decode: RequestRecord, prefill: RequestRecord) -> RequestRecord {
+    RequestRecord {
+        prompt_tokens: decode.prompt_tokens.max(prefill.prompt_tokens),
+        arrival_ns: decode.arrival_ns.min(prefill.arrival_ns),
+        prefilled_tokens: decode.prefilled_tokens.or(prefill.prefilled_tokens),
+        prefill_pool: decode.prefill_pool.or(prefill.prefill_pool),
+        external_id: decode.external_id.or(prefill.external_id),
+        prompt_hash: decode.prompt_hash.or(prefill.prompt_hash),
+        tenant: if decode.tenant.is_empty() {
+            prefill.tenant
+        } else {
+            decode.tenant
+        },
+        ..decode
+    }
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += dir_bytes(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
