@@ -6,7 +6,10 @@
 //! sits on top and nothing depends on it. See ARCHITECTURE.md.
 
 pub mod capture;
+pub mod custody;
 pub mod error;
+pub mod lookup;
+pub mod notify;
 pub mod replay;
 pub mod report;
 pub mod schema;
