@@ -26,7 +26,12 @@ const HOUR: i64 = 3_600_000_000_000;
 
 const TENANTS: [&str; 4] = ["acme-corp", "globex", "initech", "umbrella"];
 
+/// The external id of request `id`; request 5's is awkward on purpose
+/// (CSV, Markdown and HTML syntax inside).
 fn ext(id: u64) -> String {
+    if id == 5 {
+        return "chatcmpl-<i>5</i>|`x`,\"q\"".into();
+    }
     format!(
         "chatcmpl-{}",
         &blake3::hash(&id.to_le_bytes()).to_hex()[..12]
@@ -44,7 +49,7 @@ fn ext(id: u64) -> String {
 /// - r8 umbrella: normal.
 fn incident() -> TraceBuilder {
     let mut tb = TraceBuilder::pd();
-    let mut req = |tb: &mut TraceBuilder, id: u64, t: &str, prompt: u32, long: bool| {
+    let req = |tb: &mut TraceBuilder, id: u64, t: &str, prompt: u32, long: bool| {
         let r = tb.req(id, t);
         r.external_id = Some(ext(id));
         r.arrival_ns = BASE + id as i64 * HOUR;
@@ -92,9 +97,12 @@ fn incident() -> TraceBuilder {
     long(&mut tb, 6, 41, 20, 4);
     long(&mut tb, 7, 42, 30, 6);
     normal(&mut tb, 8, 44, 50, 5);
-    // Event times: one event every 10 s from BASE + 1 h.
+    // Event times: each request's events one second apart from its arrival.
+    let mut k = std::collections::HashMap::new();
     for e in &mut tb.events {
-        e.ts_ns = BASE + HOUR + e.ts_ns * 1_000_000_000;
+        let n = k.entry(e.request_id).or_insert(0i64);
+        *n += 1;
+        e.ts_ns = BASE + e.request_id as i64 * HOUR + *n * 1_000_000_000;
     }
     tb.deployment.name = "glm-mini / <b>workers</b>".into();
     tb.deployment.context_window = 1024;
@@ -293,7 +301,9 @@ fn packs_cover_both_sides_and_never_leak_another_tenant() {
             .map(|e| e["request_id"].as_u64().unwrap())
             .collect()
     };
-    let cases: [(&str, &[&str], &[u64], &[u64]); 4] = [
+    // (customer, roles, received response ids, exposed request ids)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [u64], &'a [u64]);
+    let cases: [Case; 4] = [
         ("acme-corp", &["recipient", "source"], &[6], &[1]),
         ("globex", &["source"], &[], &[2, 4]),
         ("initech", &["recipient", "source"], &[7], &[3]),

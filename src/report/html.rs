@@ -203,17 +203,17 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
     let d = &r.deployment;
     let cov = &r.coverage;
     let mut s = String::new();
-    let _ = write!(
+    let _ = writeln!(
         s,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>KV-cache isolation report: {}</title><style>{CSS}</style></head><body><main>\n",
+         <title>KV-cache isolation report: {}</title><style>{CSS}</style></head><body><main>",
         h(&d.name)
     );
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<h1>KV-cache isolation report</h1><p class=\"lead\">{} &middot; engine {} &middot; written by kvtrail {} from the recorded trace (no prompt or response content: lengths and hashes only)</p>\n",
+        "<h1>KV-cache isolation report</h1><p class=\"lead\">{} &middot; engine {} &middot; written by kvtrail {} from the recorded trace (no prompt or response content: lengths and hashes only)</p>",
         h(&d.name),
         h(&d.engine),
         env!("CARGO_PKG_VERSION")
@@ -225,9 +225,9 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
     } else {
         "ok"
     };
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<div class=\"verdict {class}\" id=\"verdict\">{}</div>\n",
+        "<div class=\"verdict {class}\" id=\"verdict\">{}</div>",
         h(&r.verdict)
     );
 
@@ -256,9 +256,9 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
     s.push_str("</div>\n");
     let w = &r.time_window;
     if w.first_exposure_ns.is_some() {
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<p>Exposure window (foreign reads): <b>{}</b> to <b>{}</b> ({}). Affected requests arrived between {} and {}.</p>\n",
+            "<p>Exposure window (foreign reads): <b>{}</b> to <b>{}</b> ({}). Affected requests arrived between {} and {}.</p>",
             h(&utc_opt(w.first_exposure_ns)),
             h(&utc_opt(w.last_exposure_ns)),
             h(&duration(
@@ -268,9 +268,9 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
             h(&utc_opt(w.last_arrival_ns))
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<p class=\"muted\">Capture: {} to {}; {} KV events replayed over {} pools.</p>\n",
+        "<p class=\"muted\">Capture: {} to {}; {} KV events replayed over {} pools.</p>",
         h(&utc(d.capture_started_ns)),
         h(&utc(d.capture_ended_ns)),
         c.kv_events,
@@ -360,7 +360,7 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
 
     // Evidence.
     evidence(&mut s, inputs, command);
-    let _ = write!(s, "</main><script>{JS}</script></body></html>\n");
+    let _ = writeln!(s, "</main><script>{JS}</script></body></html>");
     s
 }
 

@@ -146,10 +146,12 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
 }
 
 /// Reads requests.csv of a scope folder, calling `f` for every row until it
-/// returns false. Errors name the file and line.
+/// returns false. Streams record by record (a quoted field may span lines),
+/// so memory does not grow with the trace. Errors name the file and line.
 pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
+    use std::io::BufRead as _;
     let path = dir.join(REQUESTS_CSV);
-    let text = match std::fs::read_to_string(&path) {
+    let file = match std::fs::File::open(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::invalid(
@@ -167,13 +169,43 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
             "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
         )
     };
-    let rows = parse_csv_checked(&text).map_err(|l| bad(l, "unterminated quoted field".into()))?;
-    let mut it = rows.into_iter().enumerate();
-    match it.next() {
-        Some((_, h)) if h.join(",") == REQUESTS_HEADER => {}
-        _ => return Err(bad(0, format!("header is not `{REQUESTS_HEADER}`"))),
-    }
-    for (i, r) in it {
+    let mut lines = std::io::BufReader::new(file).lines();
+    let mut line_no = 0usize;
+    let mut header = true;
+    loop {
+        // One record: lines until the quotes balance.
+        let mut rec = String::new();
+        let start = line_no;
+        loop {
+            match lines.next() {
+                None if rec.is_empty() => return Ok(()),
+                None => return Err(bad(start, "unterminated quoted field".into())),
+                Some(l) => {
+                    let l = l.map_err(|e| Error::io(&path, e))?;
+                    line_no += 1;
+                    if !rec.is_empty() {
+                        rec.push('\n');
+                    }
+                    rec.push_str(&l);
+                }
+            }
+            if rec.matches('"').count() % 2 == 0 {
+                break;
+            }
+        }
+        let r = crate::report::text::parse_csv(&rec)
+            .map_err(|_| bad(start, "unterminated quoted field".into()))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        if header {
+            if r.join(",") != REQUESTS_HEADER {
+                return Err(bad(start, format!("header is not `{REQUESTS_HEADER}`")));
+            }
+            header = false;
+            continue;
+        }
+        let i = start;
         if r.len() != 10 {
             return Err(bad(i, format!("{} fields, expected 10", r.len())));
         }
@@ -201,12 +233,43 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
             output_hash: (!r[9].is_empty()).then(|| r[9].clone()),
         };
         if !f(row) {
-            break;
+            return Ok(());
         }
     }
-    Ok(())
 }
 
-fn parse_csv_checked(text: &str) -> std::result::Result<Vec<Vec<String>>, usize> {
-    crate::report::text::parse_csv(text)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_index_streams_quoted_fields_across_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "{REQUESTS_HEADER}\n1,\"a,\"\"b\"\"\nc\",t1,5,,200,8,,2,\n2,plain,t2,6,7,500,9,1,0,{}\n",
+            "ab".repeat(32)
+        );
+        std::fs::write(dir.path().join(REQUESTS_CSV), text).unwrap();
+        let mut rows = Vec::new();
+        read_index(dir.path(), |r| {
+            rows.push(r);
+            true
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].external_id.as_deref(), Some("a,\"b\"\nc"));
+        assert_eq!(rows[0].finish_ns, None);
+        assert_eq!(rows[1].prefilled_tokens, Some(1));
+        assert_eq!(rows[1].output_hash.as_deref().map(str::len), Some(64));
+        std::fs::write(
+            dir.path().join(REQUESTS_CSV),
+            format!("{REQUESTS_HEADER}\n1,x\n"),
+        )
+        .unwrap();
+        let e = read_index(dir.path(), |_| true).unwrap_err().to_string();
+        assert!(
+            e.contains("requests.csv") && e.contains("row 1") && e.contains("2 fields"),
+            "{e}"
+        );
+    }
 }
