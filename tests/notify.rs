@@ -647,3 +647,87 @@ fn report_html_runs_in_a_headless_browser() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn config_markers_and_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    incident().record(&root.join("trace"));
+    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    let o = kvtrail(root, &["notify", "scope", "--out", "bare"]);
+    ok(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("operator_name") && err.contains("measures"),
+        "{err}"
+    );
+    let notice = std::fs::read_to_string(root.join("bare/customers/globex/notice.json")).unwrap();
+    for f in [
+        "operator_name",
+        "dpo_contact",
+        "incident_id",
+        "became_aware",
+        "measures",
+    ] {
+        assert!(
+            notice.contains(&format!("[to fill in: {f} in notify.toml]")),
+            "{f}"
+        );
+    }
+    let letter = std::fs::read_to_string(root.join("bare/customers/globex/letter.md")).unwrap();
+    assert!(letter.matches("to fill in: ").count() >= 5, "{letter}");
+    std::fs::write(root.join("typo.toml"), "operator_nme = \"x\"\n").unwrap();
+    let o = kvtrail(
+        root,
+        &["notify", "scope", "--out", "t", "--config", "typo.toml"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("typo.toml") && err.contains("operator_nme"),
+        "{err}"
+    );
+    // An existing non-empty output folder is refused.
+    let o = kvtrail(root, &["notify", "scope", "--out", "bare"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
+}
+
+#[test]
+fn scope_records_a_trace_file_that_no_longer_matches_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    incident().record(&root.join("trace"));
+    let victim = files(&root.join("trace"))
+        .into_iter()
+        .find(|f| f.starts_with("requests/"))
+        .unwrap();
+    // Rewrite the file as valid Parquet with one status changed.
+    let p = root.join("trace").join(&victim);
+    let mut rows: Vec<kvtrail::schema::RequestRecord> = kvtrail::trace::RequestFileReader::open(&p)
+        .unwrap()
+        .flat_map(|b| b.unwrap())
+        .collect();
+    rows[0].http_status = 299;
+    kvtrail::trace::write::write_single_file(&p, &[kvtrail::trace::write::requests_batch(&rows)])
+        .unwrap();
+    let o = kvtrail(root, &["scope", "trace", "--out", "scope"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let ev: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("scope/evidence.json")).unwrap()).unwrap();
+    let problems = ev["inputs"][0]["problems"].to_string();
+    assert!(problems.contains(&victim), "{problems}");
+    let html = std::fs::read_to_string(root.join("scope/report.html")).unwrap();
+    assert!(html.contains("input problems") && html.contains(&victim));
+    let (code, out) = verify(&root.join("scope"));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("NOTE recorded") && out.contains(&victim),
+        "{out}"
+    );
+}

@@ -129,17 +129,17 @@ impl Ctx {
         let total = (received.len() + exposed.len()) as u64;
         let approx = match (received.is_empty(), exposed.is_empty()) {
             (false, true) => format!(
-                "not determinable from the trace; the {} responses listed may contain personal data of persons connected with another customer",
-                received.len()
+                "not determinable from the trace; the {} listed may contain personal data of persons connected with another customer",
+                count(received.len(), "response", "responses")
             ),
             (true, false) => format!(
-                "not determinable from the trace; at most the persons whose personal data was contained in the {} requests listed",
-                exposed.len()
+                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed",
+                count(exposed.len(), "request", "requests")
             ),
             _ => format!(
-                "not determinable from the trace; at most the persons whose personal data was contained in the {} requests listed, and the {} responses listed may contain personal data of persons connected with another customer",
-                exposed.len(),
-                received.len()
+                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed, and the {} listed may contain personal data of persons connected with another customer",
+                count(exposed.len(), "request", "requests"),
+                count(received.len(), "response", "responses")
             ),
         };
         Notice {
@@ -219,6 +219,11 @@ impl Ctx {
     }
 }
 
+/// `n thing` / `n things`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn opt_code(v: &Option<String>) -> String {
     v.as_deref().map(code).unwrap_or_else(|| "-".into())
 }
@@ -237,13 +242,13 @@ fn common_sections(s: &mut String, n: &Notice) {
     );
     let _ = writeln!(
         s,
-        "## Data subjects and records concerned\n\n- Categories of data subjects: {}.\n- Approximate number of data subjects: {}.\n- Categories of records: {}.\n- Records concerning you: {} responses, {} requests, {} tokens of KV cache.\n",
+        "## Data subjects and records concerned\n\n- Categories of data subjects: {}.\n- Approximate number of data subjects: {}.\n- Categories of records: {}.\n- Records concerning you: {}, {}, {} of KV cache.\n",
         md(&n.data_subject_categories.join("; ")),
         md(&n.data_subjects_approximate),
         md(&n.record_categories.join("; ")),
-        n.records.responses,
-        n.records.requests,
-        n.records.tokens
+        count(n.records.responses as usize, "response", "responses"),
+        count(n.records.requests as usize, "request", "requests"),
+        count(n.records.tokens as usize, "token", "tokens")
     );
 }
 
@@ -251,8 +256,8 @@ fn facts_sections(s: &mut String, n: &Notice) {
     if !n.received_responses.is_empty() {
         let _ = writeln!(
             s,
-            "## Responses you received that carried data not yours\n\n{} of your responses were generated while reading KV cache that held other requests' data (\"other customer\" = yes: the data belonged to another customer). Check these ids, times and output hashes against your own logs.\n",
-            n.received_responses.len()
+            "## Responses you received that carried data not yours\n\nListed below: {} of yours, generated while reading KV cache that held other requests' data (\"other customer\" = yes: the data belonged to another customer). Check these ids, times and output hashes against your own logs.\n",
+            count(n.received_responses.len(), "response", "responses")
         );
         s.push_str("| external id | request id | arrived (UTC) | HTTP | output hash (blake3) | foreign tokens | other customer | confidence |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for r in &n.received_responses {
@@ -274,8 +279,8 @@ fn facts_sections(s: &mut String, n: &Notice) {
     if !n.exposed_requests.is_empty() {
         let _ = writeln!(
             s,
-            "## Your requests whose data was read by other responses\n\nThe KV cache of {} of your requests was read while other responses were generated (\"other customer\" = yes: at least one of them went to another customer).\n",
-            n.exposed_requests.len()
+            "## Your requests whose data was read by other responses\n\nListed below: {} of yours, whose KV cache was read while other responses were generated (\"other customer\" = yes: at least one of them went to another customer).\n",
+            count(n.exposed_requests.len(), "request", "requests")
         );
         s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens read | responses | other customer | confidence |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for e in &n.exposed_requests {
@@ -326,11 +331,19 @@ fn tail_sections(s: &mut String, n: &Notice) {
     }
     let _ = writeln!(
         s,
-        "\nIncident-wide: {} affected responses ({} confirmed, {} possible); {} customers are being notified.\n",
-        n.incident.affected_responses,
+        "\nIncident-wide: {} ({} confirmed, {} possible); {} being notified.\n",
+        count(
+            n.incident.affected_responses as usize,
+            "affected response",
+            "affected responses"
+        ),
         n.incident.confirmed_responses,
         n.incident.possible_responses,
-        n.incident.customers_notified
+        count(
+            n.incident.customers_notified as usize,
+            "customer is",
+            "customers are"
+        )
     );
     let _ = writeln!(
         s,
