@@ -26,18 +26,15 @@ struct PoolRt {
     /// Current batch: events and, in parallel, where each came from.
     buf: Vec<crate::schema::KvEvent>,
     locs: Vec<(u32, u64)>,
-    raw: Vec<Ev>,
     pos: usize,
     /// Last applied event (seq, file, row).
     last: Option<(u64, u32, u64)>,
     done: bool,
-    caps: Vec<super::input::CopyReq>,
-    cap_pos: usize,
+    caps: super::copies::CopyStream,
 }
 
 /// Output of the scheduler, before aggregation.
 pub struct Sched<'a> {
-    trace: &'a Trace,
     plan: &'a Plan,
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
@@ -74,19 +71,20 @@ impl<'a> Sched<'a> {
             index.insert(id, pools.len());
             pools.push(PoolRt {
                 id,
-                stream: PoolStream::new(plan.runs.get(&id).cloned().unwrap_or_default()),
+                stream: PoolStream::new(
+                    trace,
+                    &plan.files,
+                    plan.runs.get(&id).cloned().unwrap_or_default(),
+                ),
                 buf: Vec::new(),
                 locs: Vec::new(),
-                raw: Vec::new(),
                 pos: 0,
                 last: None,
                 done: false,
-                caps: plan.copies.get(&id).cloned().unwrap_or_default(),
-                cap_pos: 0,
+                caps: plan.copies.stream(id)?,
             });
         }
         Ok(Sched {
-            trace,
             plan,
             backend,
             pools,
@@ -103,14 +101,33 @@ impl<'a> Sched<'a> {
     }
 
     /// Runs every pool to the end.
+    ///
+    /// Only pools whose consumers are all done take turns of their own; a
+    /// source is otherwise advanced by its consumers' copies alone, so it
+    /// never runs far ahead of them (which would hold captured copies in
+    /// memory for the whole trace).
     pub fn run(&mut self) -> Result<()> {
         let order: Vec<usize> = (0..self.pools.len()).rev().collect();
+        let consumers: Vec<Vec<usize>> = self
+            .pools
+            .iter()
+            .map(|p| {
+                self.plan
+                    .edges
+                    .iter()
+                    .filter(|e| e.0 == p.id)
+                    .filter_map(|e| self.index.get(&e.1).copied())
+                    .collect()
+            })
+            .collect();
         loop {
             let mut any = false;
             for &p in &order {
                 if !self.pools[p].done {
                     any = true;
-                    self.advance(p, None, TURN_EVENTS)?;
+                    if consumers[p].iter().all(|&c| self.pools[c].done) {
+                        self.advance(p, None, TURN_EVENTS)?;
+                    }
                 }
             }
             if !any {
@@ -136,12 +153,12 @@ impl<'a> Sched<'a> {
         if pool.done {
             return Ok(false);
         }
-        pool.stream
-            .next_batch(self.trace, &self.plan.files, &mut pool.raw)?;
-        pool.buf.clear();
-        pool.locs.clear();
-        pool.buf.extend(pool.raw.iter().map(|e| e.ev));
-        pool.locs.extend(pool.raw.iter().map(|e| (e.file, e.row)));
+        let b = pool.stream.next_batch()?;
+        let old = super::input::Batch {
+            events: std::mem::replace(&mut pool.buf, b.events),
+            locs: std::mem::replace(&mut pool.locs, b.locs),
+        };
+        pool.stream.recycle(old);
         pool.pos = 0;
         if pool.buf.is_empty() {
             pool.done = true;
@@ -156,7 +173,7 @@ impl<'a> Sched<'a> {
     fn finish_captures(&mut self, p: usize, before: u64) -> Result<()> {
         loop {
             let pool = &self.pools[p];
-            let Some(c) = pool.caps.get(pool.cap_pos).copied() else {
+            let Some(c) = pool.caps.peek() else {
                 return Ok(());
             };
             if c.src_seq >= before {
@@ -175,7 +192,7 @@ impl<'a> Sched<'a> {
                 e.1 = e.1.max(c.src_seq);
             }
             let id = pool.id;
-            self.pools[p].cap_pos += 1;
+            self.pools[p].caps.pop()?;
             self.backend
                 .capture(id, c.src_start, c.count, lost, &mut self.scratch)?;
             self.payloads
@@ -192,11 +209,7 @@ impl<'a> Sched<'a> {
                 return Ok(());
             }
             let pool = &self.pools[p];
-            let next_cap = pool
-                .caps
-                .get(pool.cap_pos)
-                .map(|c| c.src_seq)
-                .unwrap_or(u64::MAX);
+            let next_cap = pool.caps.peek().map(|c| c.src_seq).unwrap_or(u64::MAX);
             let start = pool.pos;
             let mut prev = pool.last;
             let mut i = start;

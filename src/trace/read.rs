@@ -329,11 +329,30 @@ impl<'a> Col<'a> {
             }
             return Ok(out);
         }
-        let strings = self.strings()?;
-        let mut out = Vec::with_capacity(strings.len());
-        for (i, s) in strings.iter().enumerate() {
-            let s = s.as_deref().unwrap_or("");
+        // Plain strings: parse in place, without one String per row.
+        let mut out = Vec::with_capacity(a.len());
+        let mut push = |i: usize, s: Option<&str>| -> Result<()> {
+            let s = s.unwrap_or("");
             out.push(Op::parse(s).ok_or_else(|| bad(i, s))?);
+            Ok(())
+        };
+        match a.data_type() {
+            DataType::Utf8 => {
+                for (i, s) in a.as_string::<i32>().iter().enumerate() {
+                    push(i, s)?;
+                }
+            }
+            DataType::LargeUtf8 => {
+                for (i, s) in a.as_string::<i64>().iter().enumerate() {
+                    push(i, s)?;
+                }
+            }
+            DataType::Utf8View => {
+                for (i, s) in a.as_string_view().iter().enumerate() {
+                    push(i, s)?;
+                }
+            }
+            _ => return Err(self.type_error("Utf8")),
         }
         Ok(out)
     }
@@ -499,15 +518,22 @@ impl KvFileReader {
         let (tpn, spn, ssn, sqn) = (ctp.nulls(), csp.nulls(), css.nulls(), csq.nulls());
         let n = batch.num_rows();
         let mut out = Vec::with_capacity(n);
+        let mut last_pool = (u16::MAX, 0u64);
         for i in 0..n {
             let loc = |col: &str| Location::file(p).row(r0 + i as u64).column(col);
-            let cap = self.capacity(pool[i]).ok_or_else(|| {
+            let cap = if pool[i] == last_pool.0 {
+                Some(last_pool.1)
+            } else {
+                self.capacity(pool[i])
+            }
+            .ok_or_else(|| {
                 Error::invalid(
                     loc(kv_col::POOL),
                     format!("unknown pool id {}", pool[i]),
                     "every pool id must be listed in trace.json deployment.pools",
                 )
             })?;
+            last_pool = (pool[i], cap);
             if count[i] == 0 {
                 return Err(Error::invalid(
                     loc(kv_col::SLOT_COUNT),
