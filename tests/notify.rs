@@ -607,12 +607,42 @@ fn chrome(bin: &Path, profile: &Path, extra: &[&str], page: &Path) -> Output {
         .unwrap()
 }
 
+/// Lines of a chromium log that report a script error, a console message
+/// or a blocked load.
+fn console_errors(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| {
+            ["Uncaught", "CONSOLE", "Refused to"]
+                .iter()
+                .any(|b| l.contains(b))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn report_html_runs_in_a_headless_browser() {
     let Some(bin) = chromium() else { return };
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path());
     let page = std::fs::canonicalize(dir.path().join("scope/report.html")).unwrap();
+    // The detector first proves it sees a script error in a broken copy.
+    let html = std::fs::read_to_string(&page).unwrap();
+    let broken = dir.path().join("broken.html");
+    std::fs::write(
+        &broken,
+        html.replace(
+            "</main><script>",
+            "</main><script>notDefined();</script><script>",
+        ),
+    )
+    .unwrap();
+    let o = chrome(&bin, &dir.path().join("profile0"), &["--dump-dom"], &broken);
+    assert!(
+        !console_errors(&String::from_utf8_lossy(&o.stderr)).is_empty(),
+        "the browser log shows no error for a page that throws: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = chrome(&bin, &dir.path().join("profile"), &["--dump-dom"], &page);
     let dom = String::from_utf8_lossy(&o.stdout);
     let log = String::from_utf8_lossy(&o.stderr);
@@ -621,10 +651,8 @@ fn report_html_runs_in_a_headless_browser() {
         "the report's script did not run\nDOM head: {}\nlog: {log}",
         &dom[..dom.len().min(400)]
     );
-    for bad in ["Uncaught", "CONSOLE(", "Refused to"] {
-        let hits: Vec<&str> = log.lines().filter(|l| l.contains(bad)).collect();
-        assert!(hits.is_empty(), "browser reported {bad}: {hits:#?}");
-    }
+    let hits = console_errors(&log);
+    assert!(hits.is_empty(), "browser reported: {hits:#?}");
     assert!(dom.contains("KV-cache isolation report"));
     // The screenshot step, for people to look at.
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/report.png");
