@@ -759,3 +759,28 @@ fn scope_records_a_trace_file_that_no_longer_matches_its_manifest() {
         "{out}"
     );
 }
+
+#[test]
+fn verify_checks_outputs_when_the_inputs_are_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let root = dir.path();
+    // Ship the scope folder alone: outputs still verify, inputs are a note.
+    let shipped = root.join("shipped");
+    std::fs::create_dir_all(&shipped).unwrap();
+    std::fs::rename(root.join("scope"), shipped.join("scope")).unwrap();
+    let (code, out) = verify(&shipped.join("scope"));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("NOTE inputs not on this machine"), "{out}");
+    assert!(out.contains("0 input files checked"), "{out}");
+    let p = shipped.join("scope/summary.json");
+    let mut b = std::fs::read(&p).unwrap();
+    b[10] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let (code, out) = verify(&shipped.join("scope"));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("modified") && out.contains("summary.json"),
+        "{out}"
+    );
+}
