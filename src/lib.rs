@@ -8,12 +8,15 @@
 pub mod capture;
 pub mod custody;
 pub mod error;
+pub mod inspect;
 pub mod lookup;
 pub mod notify;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod schema;
 pub mod scope;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -13,6 +13,7 @@
 //!   script runs (data-ok), no console errors; a screenshot goes to
 //!   target/report.png. Fails when CI is set and chromium is missing.
 
+#[path = "scope_common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
