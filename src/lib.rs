@@ -6,8 +6,11 @@
 //! sits on top and nothing depends on it. See ARCHITECTURE.md.
 
 pub mod capture;
+pub mod custody;
 pub mod error;
 pub mod inspect;
+pub mod lookup;
+pub mod notify;
 pub mod progress;
 pub mod record;
 pub mod replay;

@@ -21,7 +21,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Check every file of a trace against its manifest digests.
+    /// Check a trace against its manifest digests, or a scope/notify folder against its evidence.json.
     Verify(commands::verify::Args),
     /// Turn a JSON-lines event stream from an engine hook into a trace.
     Ingest(commands::ingest::Args),
@@ -35,6 +35,10 @@ pub enum Command {
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
     Demo(commands::demo::Args),
+    /// Write per-customer breach notification packs and the register entry from a scope folder.
+    Notify(commands::notify::Args),
+    /// Answer "was this response affected?" from a scope folder.
+    Lookup(commands::lookup::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -57,6 +61,8 @@ pub fn run() -> Exit {
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
+        Command::Notify(a) => commands::notify::run(a),
+        Command::Lookup(a) => commands::lookup::run(a),
     };
     match res {
         Ok(code) => code,
@@ -68,6 +74,22 @@ pub fn run() -> Exit {
             2
         }
     }
+}
+
+/// The command line as given, for evidence.json: the program as its file
+/// name (`kvtrail`), every argument verbatim.
+pub fn command_line() -> Vec<String> {
+    let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
+    let prog = args
+        .next()
+        .map(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or(p)
+        })
+        .unwrap_or_else(|| "kvtrail".into());
+    std::iter::once(prog).chain(args).collect()
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {

@@ -3,6 +3,11 @@
 //! `trace::write`) and the one-screen human summary. Pure functions from a
 //! `ScopeReport` to bytes: deterministic, no clocks, no absolute paths.
 
+pub mod bundle;
+pub mod html;
+pub mod index;
+pub mod text;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

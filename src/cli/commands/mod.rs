@@ -4,6 +4,8 @@ pub mod demo;
 pub mod ingest;
 pub mod inspect;
 pub mod record;
+pub mod lookup;
+pub mod notify;
 pub mod scope;
 pub mod simulate;
 pub mod verify;

@@ -24,7 +24,7 @@ pub enum BackendArg {
 pub struct Args {
     /// Trace directory (holds trace.json).
     pub trace: PathBuf,
-    /// Write responses.csv, tenants.csv, findings.parquet and summary.json here.
+    /// Write responses.csv, tenants.csv, findings.parquet, summary.json, requests.csv, timeline.json, report.html and evidence.json here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the full report as JSON on stdout.
@@ -66,10 +66,16 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let r = compute(&args.trace, args.backend)?;
     if let Some(dir) = &args.out {
-        let files = report::write_out(&r, dir)?;
+        let mut files = report::write_out(&r, dir)?;
+        // report.html, the request index and evidence.json (notify branch).
+        let trace = kvtrail::trace::Trace::open(&args.trace)?;
+        let (extra, digest) =
+            report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
+        files.extend(extra);
         for f in files {
             eprintln!("kvtrail: wrote {}", f.display());
         }
+        eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
     }
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -1,13 +1,16 @@
-//! `kvtrail verify TRACE`: recompute digests, check files and rows.
+//! `kvtrail verify PATH`: a trace (recompute digests, check files and rows
+//! against trace.json) or an output folder of scope/notify (detected by its
+//! evidence.json: re-hash every output and input file, name every change).
 
 use std::io::Write;
 use std::path::PathBuf;
 
+use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
 use kvtrail::trace::verify::verify;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Trace directory (holds trace.json).
+    /// Trace directory (holds trace.json), or a scope/notify output folder (holds evidence.json).
     pub trace: PathBuf,
     /// Print the report as JSON on stdout.
     #[arg(long)]
@@ -15,6 +18,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.trace.join(EVIDENCE_JSON).is_file() && !args.trace.join("trace.json").is_file() {
+        return run_folder(args);
+    }
     let report = verify(&args.trace)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -39,4 +45,53 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         )?;
     }
     Ok(if report.ok { 0 } else { 1 })
+}
+
+fn print_folder(out: &mut impl Write, r: &FolderReport, depth: usize) -> std::io::Result<()> {
+    let pad = "  ".repeat(depth);
+    for p in &r.problems {
+        writeln!(
+            out,
+            "{pad}FAIL {:<9} {} {}: {}",
+            p.kind, p.side, p.path, p.detail
+        )?;
+    }
+    for u in &r.inputs_unavailable {
+        writeln!(
+            out,
+            "{pad}NOTE inputs not on this machine, not re-checked: {u}"
+        )?;
+    }
+    for p in &r.recorded_input_problems {
+        writeln!(out, "{pad}NOTE recorded when the folder was written: {p}")?;
+    }
+    writeln!(
+        out,
+        "{pad}{}: {} folder, {} output files and {} input files checked; evidence digest {}",
+        if r.problems.is_empty() {
+            "OK"
+        } else {
+            "FAILED"
+        },
+        r.kind,
+        r.outputs_checked,
+        r.inputs_checked,
+        r.evidence_blake3
+    )?;
+    for n in &r.nested {
+        print_folder(out, n, depth + 1)?;
+    }
+    Ok(())
+}
+
+fn run_folder(args: Args) -> anyhow::Result<i32> {
+    let r = verify_folder(&args.trace, true)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &r)?;
+        writeln!(out)?;
+    } else {
+        print_folder(&mut out, &r, 0)?;
+    }
+    Ok(if r.ok { 0 } else { 1 })
 }

@@ -1,0 +1,111 @@
+//! `kvtrail lookup SCOPE_DIR --external-id ID | --output-hash HEX | --tenant NAME`:
+//! was this response affected, on which side, with the evidence digest.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::lookup::{Query, lookup};
+use kvtrail::report::text::utc;
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("query").required(true).args(["external_id", "output_hash", "tenant"])))]
+pub struct Args {
+    /// Scope folder (written by `kvtrail scope TRACE --out DIR`).
+    pub scope_dir: PathBuf,
+    /// The request id the customer saw.
+    #[arg(long, value_name = "ID")]
+    pub external_id: Option<String>,
+    /// blake3 of the response's output token ids (64 hex digits).
+    #[arg(long, value_name = "HEX")]
+    pub output_hash: Option<String>,
+    /// Every affected request of one customer.
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+    /// Print the answer as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let q = match (args.external_id, args.output_hash, args.tenant) {
+        (Some(x), _, _) => Query::ExternalId(x),
+        (_, Some(h), _) => Query::OutputHash(h),
+        (_, _, Some(t)) => Query::Tenant(t),
+        _ => anyhow::bail!("give --external-id, --output-hash or --tenant"),
+    };
+    let a = lookup(&args.scope_dir, &q)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &a)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", a.message)?;
+        for m in &a.matches {
+            let side = match (&m.as_recipient, &m.as_source) {
+                (Some(_), Some(_)) => "recipient and source",
+                (Some(_), None) => "recipient (its response read data not its own)",
+                (None, Some(_)) => "source (its data was read by other responses)",
+                (None, None) => "not affected",
+            };
+            writeln!(
+                out,
+                "  request {} ext {} tenant {} arrived {} HTTP {}: {side}",
+                m.request_id,
+                m.external_id.as_deref().unwrap_or("-"),
+                m.tenant,
+                utc(m.arrival_ns),
+                m.http_status
+            )?;
+            if let Some(r) = &m.as_recipient {
+                writeln!(
+                    out,
+                    "    response read {} foreign tokens ({} exposed), another customer's data: {}, {}",
+                    r.foreign_tokens,
+                    r.exposed_tokens,
+                    if r.other_customer_data { "yes" } else { "no" },
+                    r.confidence
+                )?;
+            }
+            if let Some(s) = &m.as_source {
+                writeln!(
+                    out,
+                    "    its KV was read by {} responses ({} tokens), reached another customer: {}, {}",
+                    s.responses,
+                    s.tokens,
+                    if s.reached_other_customers {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    s.confidence
+                )?;
+            }
+        }
+        if a.unaffected_matches > 0 {
+            writeln!(
+                out,
+                "  {} more requests in the trace, not affected",
+                a.unaffected_matches
+            )?;
+        }
+        writeln!(
+            out,
+            "evidence: {} ({}; evidence {})",
+            a.evidence_blake3,
+            if a.evidence_intact {
+                "folder matches evidence.json"
+            } else {
+                "FOLDER DOES NOT MATCH evidence.json"
+            },
+            if a.evidence_complete {
+                "complete"
+            } else {
+                "INCOMPLETE"
+            }
+        )?;
+        for p in &a.evidence_problems {
+            writeln!(out, "  FAIL {p}")?;
+        }
+    }
+    Ok(if a.evidence_intact { 0 } else { 1 })
+}

@@ -1,0 +1,461 @@
+//! Chain of custody for output folders: evidence.json records the tool
+//! version, the exact command line, the blake3 of every input file (for a
+//! trace: re-hashed and compared with the digests in trace.json) and the
+//! blake3 of every output file. `verify_folder` re-hashes both sides and
+//! names every file that changed, went missing or appeared.
+//!
+//! The digest of a folder's evidence.json ("evidence digest") is what
+//! notification packs and look-up answers cite: it pins the outputs and,
+//! through them, the inputs. evidence.json is written last and lists every
+//! other file in the folder (recursively), so nothing can be added, changed
+//! or removed without `verify_folder` noticing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Location, Result};
+use crate::trace::manifest::Manifest;
+
+/// File name of the custody record inside an output folder.
+pub const EVIDENCE_JSON: &str = "evidence.json";
+
+/// One hashed file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDigest {
+    /// Relative to the folder's root, `/`-separated.
+    pub path: String,
+    pub bytes: u64,
+    pub blake3: String,
+    /// For trace data files: the digest trace.json lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_blake3: Option<String>,
+    /// For trace data files: whether the file matched trace.json when the
+    /// folder was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matches_manifest: Option<bool>,
+}
+
+/// The inputs of a run, under one root directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inputs {
+    /// trace | scope | config
+    pub kind: String,
+    /// Where the input files were, relative to the output folder that
+    /// records them (absolute while hashing, and when no relative path
+    /// exists).
+    pub root: String,
+    pub files: Vec<FileDigest>,
+    /// Problems found when the inputs were hashed (e.g. a trace file that
+    /// does not match trace.json).
+    #[serde(default)]
+    pub problems: Vec<String>,
+}
+
+/// evidence.json.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub format: String,
+    pub version: u32,
+    /// scope | notify
+    pub kind: String,
+    pub tool: String,
+    pub tool_version: String,
+    /// The command line exactly as given (argv).
+    pub command: Vec<String>,
+    pub inputs: Vec<Inputs>,
+    pub outputs: Vec<FileDigest>,
+}
+
+/// blake3 and size of a file.
+pub fn hash_file(path: &Path) -> Result<(String, u64)> {
+    let mut h = blake3::Hasher::new();
+    h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    Ok((h.finalize().to_hex().to_string(), bytes))
+}
+
+fn abs(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn rel(root: &Path, p: &Path) -> String {
+    crate::trace::read::rel_path(root, p)
+}
+
+/// Every regular file under `dir`, recursively, sorted by relative path.
+pub fn list_files(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let e = e.map_err(|e| Error::io(&d, e))?;
+            let p = e.path();
+            let ft = e.file_type().map_err(|e| Error::io(&p, e))?;
+            if ft.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(rel(dir, &p));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hashes a trace's inputs: trace.json and every data file, each compared
+/// with the digest trace.json lists for it.
+pub fn trace_inputs(trace_dir: &Path) -> Result<Inputs> {
+    let m = Manifest::load(trace_dir)?;
+    let (h, b) = hash_file(&trace_dir.join("trace.json"))?;
+    let mut files = vec![FileDigest {
+        path: "trace.json".into(),
+        bytes: b,
+        blake3: h,
+        manifest_blake3: None,
+        matches_manifest: None,
+    }];
+    let mut problems = Vec::new();
+    let listed: BTreeMap<String, String> = m
+        .files
+        .iter()
+        .flatten()
+        .map(|f| (f.path.clone(), f.blake3.clone()))
+        .collect();
+    if m.files.is_none() {
+        problems.push(
+            "trace.json has no `files` list: data files are hashed here but cannot be checked against the capture".into(),
+        );
+    }
+    let mut on_disk: Vec<PathBuf> = crate::trace::read::list_parquet(&trace_dir.join("requests"))?;
+    on_disk.extend(crate::trace::read::list_parquet(&trace_dir.join("kv"))?);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &on_disk {
+        let r = rel(trace_dir, p);
+        let (h, b) = hash_file(p)?;
+        let want = listed.get(&r).cloned();
+        let ok = want.as_ref().map(|w| w.eq_ignore_ascii_case(&h));
+        match ok {
+            Some(false) => problems.push(format!("{r}: blake3 differs from trace.json")),
+            None if m.files.is_some() => problems.push(format!("{r}: not listed in trace.json")),
+            _ => {}
+        }
+        seen.insert(r.clone());
+        files.push(FileDigest {
+            path: r,
+            bytes: b,
+            blake3: h,
+            manifest_blake3: want,
+            matches_manifest: ok,
+        });
+    }
+    for p in listed.keys() {
+        if !seen.contains(p) {
+            problems.push(format!("{p}: listed in trace.json but missing on disk"));
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(Inputs {
+        kind: "trace".into(),
+        root: abs(trace_dir),
+        files,
+        problems,
+    })
+}
+
+/// Hashes the files of an output folder that has evidence.json, checking
+/// each against that record (a folder used as the input of another run).
+/// A difference is an error: the chain of custody would be broken.
+pub fn folder_inputs(dir: &Path, kind: &str) -> Result<Inputs> {
+    let rep = verify_folder(dir, false)?;
+    if !rep.ok {
+        let first = rep
+            .problems
+            .iter()
+            .find(|p| p.side == "output")
+            .or(rep.problems.first())
+            .map(|p| format!("{}: {}", p.path, p.detail))
+            .unwrap_or_default();
+        return Err(Error::invalid(
+            Location::file(&dir.join(EVIDENCE_JSON)),
+            format!(
+                "the folder does not match its evidence.json ({} problems; first: {first})",
+                rep.problems.len()
+            ),
+            "run `kvtrail verify` on the folder; re-create it from the original input instead of editing it",
+        ));
+    }
+    let mut files = Vec::new();
+    for r in list_files(dir)? {
+        let (h, b) = hash_file(&dir.join(&r))?;
+        files.push(FileDigest {
+            path: r,
+            bytes: b,
+            blake3: h,
+            manifest_blake3: None,
+            matches_manifest: None,
+        });
+    }
+    Ok(Inputs {
+        kind: kind.into(),
+        root: abs(dir),
+        files,
+        problems: Vec::new(),
+    })
+}
+
+/// Hashes one file given on the command line (e.g. notify.toml).
+pub fn file_input(path: &Path, kind: &str) -> Result<Inputs> {
+    let (h, b) = hash_file(path)?;
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(Inputs {
+        kind: kind.into(),
+        root: abs(if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        }),
+        files: vec![FileDigest {
+            path: name,
+            bytes: b,
+            blake3: h,
+            manifest_blake3: None,
+            matches_manifest: None,
+        }],
+        problems: Vec::new(),
+    })
+}
+
+/// Writes evidence.json last, over every other file now in `dir`. Returns
+/// the evidence digest (blake3 of evidence.json).
+pub fn write_evidence(
+    dir: &Path,
+    kind: &str,
+    command: &[String],
+    inputs: Vec<Inputs>,
+) -> Result<String> {
+    let mut outputs = Vec::new();
+    for r in list_files(dir)? {
+        if r == EVIDENCE_JSON {
+            continue;
+        }
+        let (h, b) = hash_file(&dir.join(&r))?;
+        outputs.push(FileDigest {
+            path: r,
+            bytes: b,
+            blake3: h,
+            manifest_blake3: None,
+            matches_manifest: None,
+        });
+    }
+    let here = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
+    let inputs = inputs
+        .into_iter()
+        .map(|mut i| {
+            i.root = relative_to(&here, Path::new(&i.root));
+            i
+        })
+        .collect();
+    let ev = Evidence {
+        format: "kvtrail-evidence".into(),
+        version: 1,
+        kind: kind.into(),
+        tool: "kvtrail".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        command: command.to_vec(),
+        inputs,
+        outputs,
+    };
+    let mut text = serde_json::to_string_pretty(&ev).expect("evidence serializes");
+    text.push('\n');
+    let p = dir.join(EVIDENCE_JSON);
+    std::fs::write(&p, &text).map_err(|e| Error::io(&p, e))?;
+    Ok(blake3::hash(text.as_bytes()).to_hex().to_string())
+}
+
+/// `to` (absolute) as a path relative to the directory `from` (absolute),
+/// with `/` separators: evidence.json then reads the same wherever the
+/// folders are, as long as they keep their relative places.
+fn relative_to(from: &Path, to: &Path) -> String {
+    let a: Vec<_> = from.components().collect();
+    let b: Vec<_> = to.components().collect();
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    if common == 0 {
+        return to.to_string_lossy().into_owned();
+    }
+    let mut parts: Vec<String> = vec!["..".into(); a.len() - common];
+    parts.extend(
+        b[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// Reads a folder's evidence.json; returns it and its digest.
+pub fn load_evidence(dir: &Path) -> Result<(Evidence, String)> {
+    let p = dir.join(EVIDENCE_JSON);
+    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+    let ev: Evidence = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::invalid(
+            Location::file(&p),
+            format!("not a kvtrail evidence record: {e}"),
+            "evidence.json is written by `kvtrail scope --out` and `kvtrail notify`; re-create the folder",
+        )
+    })?;
+    if ev.format != "kvtrail-evidence" || ev.version != 1 {
+        return Err(Error::invalid(
+            Location::file(&p),
+            format!(
+                "unsupported evidence format {:?} version {}",
+                ev.format, ev.version
+            ),
+            "use the kvtrail version that wrote the folder",
+        ));
+    }
+    Ok((ev, blake3::hash(&bytes).to_hex().to_string()))
+}
+
+/// One difference found by `verify_folder`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct FolderProblem {
+    /// output | input
+    pub side: String,
+    /// The file, relative to its root (inputs: prefixed with the root).
+    pub path: String,
+    /// modified | missing | extra | unavailable
+    pub kind: String,
+    pub detail: String,
+}
+
+/// Result of checking an output folder against its evidence.json.
+#[derive(Debug, Clone, Serialize)]
+pub struct FolderReport {
+    pub ok: bool,
+    /// scope | notify
+    pub kind: String,
+    pub evidence_blake3: String,
+    pub outputs_checked: usize,
+    pub inputs_checked: usize,
+    /// Input roots that are not on this machine (not checked; not a failure).
+    pub inputs_unavailable: Vec<String>,
+    /// Problems recorded when the folder was written (e.g. trace files that
+    /// did not match trace.json then).
+    pub recorded_input_problems: Vec<String>,
+    pub problems: Vec<FolderProblem>,
+    /// Nested checks of input folders that carry their own evidence.json.
+    pub nested: Vec<FolderReport>,
+}
+
+/// Checks every output file of a folder against evidence.json and, when
+/// `inputs` is set and the input roots are present, every input file too
+/// (recursing into input folders that have their own evidence.json).
+pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
+    let (ev, digest) = load_evidence(dir)?;
+    let mut problems = Vec::new();
+    let listed: BTreeMap<&str, &FileDigest> =
+        ev.outputs.iter().map(|f| (f.path.as_str(), f)).collect();
+    for f in &ev.outputs {
+        check_file(dir, f, "output", "", &mut problems)?;
+    }
+    for r in list_files(dir)? {
+        if r != EVIDENCE_JSON && !listed.contains_key(r.as_str()) {
+            problems.push(FolderProblem {
+                side: "output".into(),
+                path: r,
+                kind: "extra".into(),
+                detail: "file is not listed in evidence.json".into(),
+            });
+        }
+    }
+    let mut inputs_checked = 0;
+    let mut unavailable = Vec::new();
+    let mut nested = Vec::new();
+    let mut recorded = Vec::new();
+    for inp in &ev.inputs {
+        recorded.extend(inp.problems.iter().map(|p| format!("{}: {p}", inp.kind)));
+        if !inputs {
+            continue;
+        }
+        let root_buf = dir.join(&inp.root);
+        let root = root_buf.as_path();
+        if !root.is_dir() {
+            unavailable.push(inp.root.clone());
+            continue;
+        }
+        for f in &inp.files {
+            inputs_checked += 1;
+            check_file(root, f, "input", &inp.root, &mut problems)?;
+        }
+        if inp.kind == "scope" && root.join(EVIDENCE_JSON).is_file() {
+            nested.push(verify_folder(root, true)?);
+        }
+    }
+    problems.sort();
+    let ok = problems.is_empty() && nested.iter().all(|n| n.ok);
+    Ok(FolderReport {
+        ok,
+        kind: ev.kind.clone(),
+        evidence_blake3: digest,
+        outputs_checked: ev.outputs.len(),
+        inputs_checked,
+        inputs_unavailable: unavailable,
+        recorded_input_problems: recorded,
+        problems,
+        nested,
+    })
+}
+
+fn check_file(
+    root: &Path,
+    f: &FileDigest,
+    side: &str,
+    prefix: &str,
+    out: &mut Vec<FolderProblem>,
+) -> Result<()> {
+    let p = root.join(&f.path);
+    let shown = if prefix.is_empty() {
+        f.path.clone()
+    } else {
+        format!("{}/{}", prefix.trim_end_matches('/'), f.path)
+    };
+    if !p.is_file() {
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "missing".into(),
+            detail: "file listed in evidence.json is missing".into(),
+        });
+        return Ok(());
+    }
+    let (h, b) = hash_file(&p)?;
+    if h != f.blake3 {
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "modified".into(),
+            detail: format!(
+                "blake3 {} ({} bytes) differs from evidence.json {} ({} bytes)",
+                &h[..16],
+                b,
+                &f.blake3[..16.min(f.blake3.len())],
+                f.bytes
+            ),
+        });
+    }
+    Ok(())
+}

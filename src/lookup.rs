@@ -1,0 +1,234 @@
+//! Customer look-up: "was my response affected?" answered from a scope
+//! folder, by external id, output hash or tenant. The request index
+//! (requests.csv) says whether the trace saw the request at all: an id that
+//! is not there is reported as not found, which is not "not affected". The
+//! answer names only the asking side's own identifiers (the other side is
+//! counted, never named) and carries the folder's evidence digest and
+//! whether the folder still matches its evidence.json.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::custody;
+use crate::error::{Error, Location, Result};
+use crate::notify::Summary;
+use crate::report::index::{self, IndexRow};
+
+/// What to look up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Query {
+    ExternalId(String),
+    OutputHash(String),
+    Tenant(String),
+}
+
+impl Query {
+    fn describe(&self) -> String {
+        match self {
+            Query::ExternalId(s) => format!("external id {s:?}"),
+            Query::OutputHash(s) => format!("output hash {s}"),
+            Query::Tenant(s) => format!("tenant {s:?}"),
+        }
+    }
+}
+
+/// The response side: this request's response read data not its own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AsRecipient {
+    pub foreign_tokens: u64,
+    pub exposed_tokens: u64,
+    pub other_customer_data: bool,
+    pub confidence: String,
+    pub first_exposure_ns: i64,
+    pub last_exposure_ns: i64,
+}
+
+/// The source side: this request's KV was read by other responses.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AsSource {
+    pub responses: u64,
+    pub tokens: u64,
+    pub reached_other_customers: bool,
+    pub confidence: String,
+}
+
+/// One request of the trace that matches the query.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Match {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub arrival_ns: i64,
+    pub http_status: u16,
+    pub output_hash: Option<String>,
+    pub affected: bool,
+    pub as_recipient: Option<AsRecipient>,
+    pub as_source: Option<AsSource>,
+}
+
+/// The answer to a look-up.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    pub query: String,
+    /// not_found | affected | not_affected | not_affected_incomplete_evidence
+    pub status: String,
+    pub message: String,
+    pub requests_in_trace: u64,
+    pub matches: Vec<Match>,
+    /// Matches left out of `matches` (tenant queries list affected ones only).
+    pub unaffected_matches: u64,
+    pub evidence_blake3: String,
+    pub evidence_intact: bool,
+    pub evidence_problems: Vec<String>,
+    pub evidence_complete: bool,
+}
+
+/// Answers a query from a scope folder.
+pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
+    if !dir.join(custody::EVIDENCE_JSON).is_file() || !dir.join("summary.json").is_file() {
+        return Err(Error::invalid(
+            Location::file(dir),
+            "not a scope folder (no evidence.json or summary.json)",
+            "pass the folder written by `kvtrail scope TRACE --out DIR`",
+        ));
+    }
+    let check = custody::verify_folder(dir, false)?;
+    let p = dir.join("summary.json");
+    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+    let sum: Summary = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::invalid(
+            Location::file(&p),
+            format!("not a kvtrail scope summary: {e}"),
+            "re-run `kvtrail scope TRACE --out DIR`",
+        )
+    })?;
+    let hash_q = match q {
+        Query::OutputHash(h) => {
+            let h = h.trim().to_ascii_lowercase();
+            if crate::schema::parse_hex32(&h).is_none() {
+                return Err(Error::Other(format!(
+                    "--output-hash {h:?} is not 64 hex digits (a blake3 digest)"
+                )));
+            }
+            Some(h)
+        }
+        _ => None,
+    };
+    let mut recv: BTreeMap<u64, AsRecipient> = BTreeMap::new();
+    let mut src: BTreeMap<u64, AsSource> = BTreeMap::new();
+    for a in &sum.affected_responses {
+        recv.insert(
+            a.request_id,
+            AsRecipient {
+                foreign_tokens: a.foreign_tokens,
+                exposed_tokens: a.exposed_tokens,
+                other_customer_data: a.cross_tenant,
+                confidence: a.confidence.clone(),
+                first_exposure_ns: a.first_read_ns,
+                last_exposure_ns: a.last_read_ns,
+            },
+        );
+        for s in &a.sources {
+            let e = src.entry(s.request_id).or_insert_with(|| AsSource {
+                responses: 0,
+                tokens: 0,
+                reached_other_customers: false,
+                confidence: s.confidence.clone(),
+            });
+            e.responses += 1;
+            e.tokens += s.tokens;
+            e.reached_other_customers |= s.cross_tenant;
+            if s.confidence == "confirmed" {
+                e.confidence = "confirmed".into();
+            }
+        }
+    }
+    let mut matches = Vec::new();
+    let mut unaffected = 0u64;
+    let mut n = 0u64;
+    index::read_index(dir, |row: IndexRow| {
+        n += 1;
+        let hit = match q {
+            Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
+            Query::OutputHash(_) => row.output_hash.as_deref() == hash_q.as_deref(),
+            Query::Tenant(t) => row.tenant == *t,
+        };
+        if hit {
+            let r = recv.get(&row.request_id).cloned();
+            let s = src.get(&row.request_id).cloned();
+            let affected = r.is_some() || s.is_some();
+            if matches!(q, Query::Tenant(_)) && !affected {
+                unaffected += 1;
+            } else {
+                matches.push(Match {
+                    request_id: row.request_id,
+                    external_id: row.external_id,
+                    tenant: row.tenant,
+                    arrival_ns: row.arrival_ns,
+                    http_status: row.http_status,
+                    output_hash: row.output_hash,
+                    affected,
+                    as_recipient: r,
+                    as_source: s,
+                });
+            }
+        }
+        true
+    })?;
+    let complete = sum.coverage.complete;
+    let found = !matches.is_empty() || unaffected > 0;
+    let any = matches.iter().any(|m| m.affected);
+    let (status, message) = if !found {
+        (
+            "not_found",
+            format!(
+                "NOT FOUND: {} does not occur among the {n} requests of this trace. Not found is not 'not affected': the request may predate or postdate the capture, or have been served by a deployment this trace does not cover.",
+                q.describe()
+            ),
+        )
+    } else if any {
+        let k = matches.iter().filter(|m| m.affected).count();
+        (
+            "affected",
+            format!(
+                "AFFECTED: {k} matching request(s) of {} are affected (see each match for the side).",
+                q.describe()
+            ),
+        )
+    } else if complete {
+        (
+            "not_affected",
+            format!(
+                "NOT AFFECTED: {} is in the trace and no exposure touches it; the evidence is complete.",
+                q.describe()
+            ),
+        )
+    } else {
+        (
+            "not_affected_incomplete_evidence",
+            format!(
+                "NO EXPOSURE RECORDED for {}, but the evidence is INCOMPLETE ({} coverage notes): exposure cannot be ruled out.",
+                q.describe(),
+                sum.coverage.notes.len()
+            ),
+        )
+    };
+    Ok(Answer {
+        query: q.describe(),
+        status: status.into(),
+        message,
+        requests_in_trace: n,
+        matches,
+        unaffected_matches: unaffected,
+        evidence_blake3: check.evidence_blake3.clone(),
+        evidence_intact: check.ok,
+        evidence_problems: check
+            .problems
+            .iter()
+            .map(|p| format!("{} {}: {}", p.kind, p.path, p.detail))
+            .collect(),
+        evidence_complete: complete,
+    })
+}

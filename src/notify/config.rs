@@ -1,0 +1,69 @@
+//! notify.toml: what only the operator knows (its name, the DPO contact,
+//! the incident id, when it became aware, the measures it took). Unknown
+//! keys are an error (a typo must not silently leave a letter unfilled).
+//! A field left out is rendered as a visible `[to fill in: ...]` marker and
+//! listed by `NotifyConfig::unfilled` so the CLI can warn.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Location, Result};
+
+/// The operator's settings for notification packs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyConfig {
+    /// The operator (data processor or controller) sending the notices.
+    pub operator_name: Option<String>,
+    /// Name and contact details of the data protection officer (Art. 33(3)(b)).
+    pub dpo_contact: Option<String>,
+    /// The operator's own incident reference.
+    pub incident_id: Option<String>,
+    /// Where customers send questions (defaults to the DPO contact).
+    pub contact_point: Option<String>,
+    /// When the operator became aware of the breach (as it should be quoted).
+    pub became_aware: Option<String>,
+    /// Measures taken or proposed (Art. 33(3)(d)), one sentence each.
+    #[serde(default)]
+    pub measures: Vec<String>,
+    /// Extra sentences on the nature of the breach, appended to the facts
+    /// kvtrail derives from the trace.
+    pub nature: Option<String>,
+}
+
+impl NotifyConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<NotifyConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        toml::from_str(&text).map_err(|e| {
+            Error::invalid(
+                Location::file(path),
+                format!("bad notify config: {}", e.message()),
+                "keys: operator_name, dpo_contact, incident_id, contact_point, became_aware, measures (list), nature; see docs/notify.md",
+            )
+        })
+    }
+
+    /// Fields that are left out and show up as markers in the letters.
+    pub fn unfilled(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        for (name, set) in [
+            ("operator_name", self.operator_name.is_some()),
+            ("dpo_contact", self.dpo_contact.is_some()),
+            ("incident_id", self.incident_id.is_some()),
+            ("became_aware", self.became_aware.is_some()),
+            ("measures", !self.measures.is_empty()),
+        ] {
+            if !set {
+                v.push(name);
+            }
+        }
+        v
+    }
+}
+
+/// The marker shown for a missing config field.
+pub fn marker(field: &str) -> String {
+    format!("[to fill in: {field} in notify.toml]")
+}

@@ -1,0 +1,568 @@
+//! Notification packs: from a scope folder (what `scope --out` wrote) to
+//! what a compliance team sends. One folder per affected customer, on both
+//! sides (recipients: their responses carried another customer's data;
+//! sources: their data appeared in another customer's response), each with
+//! a letter (letter.md), the processor-to-controller notice
+//! (processor-notice.md, GDPR Art. 33(2)) and notice.json (the Art. 33(3)
+//! content, machine-readable); plus one breach-register entry for the whole
+//! incident (register.csv, register.json) and evidence.json.
+//!
+//! Isolation invariant: a customer's folder holds only that customer's
+//! identifiers (request ids, external ids, output hashes) and tenant name.
+//! Other customers appear only as counts, never by name or id. The folder
+//! name is derived from the customer's own name.
+//!
+//! The scope folder is checked against its evidence.json before anything is
+//! read (a modified scope folder is refused), and every notice cites that
+//! evidence digest. Pure function of the scope folder and the config: the
+//! same inputs give the same bytes.
+
+pub mod config;
+mod letter;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use config::NotifyConfig;
+
+use crate::custody;
+use crate::error::{Error, Location, Result};
+use crate::report::index;
+use crate::report::text::utc;
+use crate::scope::{ENGINE_TENANT, UNKNOWN_TENANT};
+
+/// The parts of summary.json that notify reads (see `scope::model`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Summary {
+    pub format: String,
+    pub version: u32,
+    pub verdict: String,
+    pub deployment: SumDeployment,
+    pub time_window: SumWindow,
+    pub counts: SumCounts,
+    pub affected_responses: Vec<SumResponse>,
+    pub coverage: SumCoverage,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SumDeployment {
+    pub name: String,
+    pub engine: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SumWindow {
+    pub first_exposure_ns: Option<i64>,
+    pub last_exposure_ns: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SumCounts {
+    pub requests: u64,
+    pub affected_responses: u64,
+    pub confirmed_responses: u64,
+    pub possible_responses: u64,
+    pub cross_tenant_responses: u64,
+    pub foreign_tokens: u64,
+    pub recipient_tenants: u64,
+    pub source_tenants: u64,
+    pub source_requests: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SumResponse {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub arrival_ns: Option<i64>,
+    pub finish_ns: Option<i64>,
+    pub http_status: Option<u16>,
+    pub prompt_tokens: Option<u32>,
+    pub prefilled_tokens: Option<u32>,
+    pub output_hash: Option<String>,
+    pub foreign_tokens: u64,
+    pub exposed_tokens: u64,
+    pub cross_tenant: bool,
+    pub confidence: String,
+    pub first_read_ns: i64,
+    pub last_read_ns: i64,
+    pub sources: Vec<SumSource>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SumSource {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub tokens: u64,
+    pub first_ts_ns: i64,
+    pub last_ts_ns: i64,
+    pub cross_tenant: bool,
+    pub confidence: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SumCoverage {
+    pub complete: bool,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// One of the customer's responses that carried data not its own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReceivedResponse {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub arrival_ns: Option<i64>,
+    pub arrival_utc: Option<String>,
+    pub finish_ns: Option<i64>,
+    pub http_status: Option<u16>,
+    pub prompt_tokens: Option<u32>,
+    pub prefilled_tokens: Option<u32>,
+    pub output_hash: Option<String>,
+    /// KV slots read that held other requests' data.
+    pub foreign_tokens: u64,
+    /// foreign + of unknown origin + uncertain after lost events.
+    pub exposed_tokens: u64,
+    /// Whether any of that data belonged to another customer.
+    pub other_customer_data: bool,
+    pub confidence: String,
+    pub first_exposure_ns: i64,
+    pub last_exposure_ns: i64,
+}
+
+/// One of the customer's requests whose KV was read by other responses.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExposedRequest {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub arrival_ns: Option<i64>,
+    pub arrival_utc: Option<String>,
+    pub output_hash: Option<String>,
+    /// Sum over the reading responses of distinct KV slots read.
+    pub tokens: u64,
+    /// Responses that read this request's KV.
+    pub responses: u64,
+    /// Whether any of them went to another customer.
+    pub reached_other_customers: bool,
+    pub confidence: String,
+    pub first_exposure_ns: i64,
+    pub last_exposure_ns: i64,
+}
+
+/// Time window of a notice.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    pub first_ns: Option<i64>,
+    pub last_ns: Option<i64>,
+    pub first_utc: Option<String>,
+    pub last_utc: Option<String>,
+}
+
+impl Window {
+    fn new(first: Option<i64>, last: Option<i64>) -> Self {
+        Window {
+            first_ns: first,
+            last_ns: last,
+            first_utc: first.map(utc),
+            last_utc: last.map(utc),
+        }
+    }
+}
+
+/// Approximate numbers of records concerned (Art. 33(3)(a)).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Records {
+    pub responses: u64,
+    pub requests: u64,
+    pub tokens: u64,
+}
+
+/// The operator and how to reach it (filled from the config).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Contact {
+    pub operator_name: String,
+    pub dpo_contact: String,
+    pub contact_point: String,
+}
+
+/// Where the facts come from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvidenceRef {
+    /// blake3 of the scope folder's evidence.json.
+    pub scope_evidence_blake3: String,
+    /// blake3 of the scope folder's summary.json.
+    pub scope_summary_blake3: String,
+    pub tool: String,
+    pub evidence_complete: bool,
+    pub coverage_notes: Vec<String>,
+}
+
+/// Incident-wide figures a customer may see (counts only).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IncidentTotals {
+    pub service: String,
+    pub affected_responses: u64,
+    pub confirmed_responses: u64,
+    pub possible_responses: u64,
+    pub customers_notified: u64,
+    pub window: Window,
+}
+
+/// notice.json: the Art. 33(3) content for one customer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Notice {
+    pub format: String,
+    pub version: u32,
+    pub incident_id: String,
+    pub customer: String,
+    /// recipient and/or source
+    pub roles: Vec<String>,
+    /// Art. 33(3)(a): nature of the breach.
+    pub nature: String,
+    /// Art. 33(3)(a): categories of data subjects and of records.
+    pub data_subject_categories: Vec<String>,
+    pub data_subjects_approximate: String,
+    pub record_categories: Vec<String>,
+    /// Art. 33(3)(a): approximate numbers of records.
+    pub records: Records,
+    pub time_window: Window,
+    /// Art. 33(3)(c).
+    pub likely_consequences: Vec<String>,
+    /// Art. 33(3)(d).
+    pub measures_taken: Vec<String>,
+    /// Art. 33(3)(b).
+    pub contact: Contact,
+    pub became_aware: String,
+    pub confirmed: u64,
+    pub possible: u64,
+    pub received_responses: Vec<ReceivedResponse>,
+    pub exposed_requests: Vec<ExposedRequest>,
+    pub incident: IncidentTotals,
+    pub evidence: EvidenceRef,
+    /// The human-readable versions next to this file.
+    pub documents: Vec<String>,
+}
+
+/// register.json: one breach-register entry (Art. 33(5)) for the incident.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RegisterEntry {
+    pub format: String,
+    pub version: u32,
+    pub incident_id: String,
+    pub operator_name: String,
+    pub dpo_contact: String,
+    pub became_aware: String,
+    pub service: String,
+    pub engine: String,
+    pub nature: String,
+    pub time_window: Window,
+    pub affected_responses: u64,
+    pub confirmed_responses: u64,
+    pub possible_responses: u64,
+    pub cross_customer_responses: u64,
+    pub source_requests: u64,
+    pub foreign_tokens: u64,
+    pub recipient_customers: u64,
+    pub source_customers: u64,
+    /// Affected responses or source requests whose customer is not known
+    /// (missing from the requests table): nobody can be notified for them.
+    pub unattributed_responses: u64,
+    pub unattributed_source_requests: u64,
+    pub notification_packs: Vec<String>,
+    pub likely_consequences: Vec<String>,
+    pub measures_taken: Vec<String>,
+    pub evidence: EvidenceRef,
+}
+
+/// One customer's pack before rendering.
+#[derive(Debug, Clone)]
+struct Pack {
+    tenant: String,
+    folder: String,
+    received: Vec<ReceivedResponse>,
+    exposed: Vec<ExposedRequest>,
+}
+
+/// Result of `notify`.
+#[derive(Debug, Clone)]
+pub struct NotifyOutcome {
+    pub files: Vec<PathBuf>,
+    pub packs: Vec<String>,
+    pub evidence_digest: String,
+    pub unfilled: Vec<&'static str>,
+}
+
+/// Folder names for tenants: the tenant's own name when it is a safe file
+/// name and unique ignoring case; otherwise a sanitised name plus the first
+/// 8 hex digits of blake3(tenant). Deterministic; never another tenant's name.
+pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let safe = |t: &str| -> String {
+        let s: String = t
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        s.trim_start_matches('.').to_string()
+    };
+    let mut by_lower: HashMap<String, usize> = HashMap::new();
+    for t in tenants {
+        *by_lower.entry(safe(t).to_ascii_lowercase()).or_default() += 1;
+    }
+    tenants
+        .iter()
+        .map(|t| {
+            let s = safe(t);
+            let clean = !s.is_empty() && s == *t && by_lower[&s.to_ascii_lowercase()] == 1;
+            let name = if clean {
+                s
+            } else {
+                let hx = blake3::hash(t.as_bytes()).to_hex();
+                if s.is_empty() {
+                    format!("customer-{}", &hx[..8])
+                } else {
+                    format!("{s}-{}", &hx[..8])
+                }
+            };
+            (t.clone(), name)
+        })
+        .collect()
+}
+
+fn read_summary(dir: &Path) -> Result<(Summary, String)> {
+    let p = dir.join("summary.json");
+    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+    let s: Summary = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::invalid(
+            Location::file(&p),
+            format!("not a kvtrail scope summary: {e}"),
+            "pass the folder written by `kvtrail scope TRACE --out DIR`",
+        )
+    })?;
+    if s.format != "kvtrail-scope" || s.version != 1 {
+        return Err(Error::invalid(
+            Location::file(&p),
+            format!(
+                "unsupported scope format {:?} version {}",
+                s.format, s.version
+            ),
+            "re-run `kvtrail scope --out` with this kvtrail",
+        ));
+    }
+    Ok((s, blake3::hash(&bytes).to_hex().to_string()))
+}
+
+fn is_customer(t: &str) -> bool {
+    t != UNKNOWN_TENANT && t != ENGINE_TENANT
+}
+
+fn conf_min(a: &str, b: &str) -> String {
+    if a == "confirmed" || b == "confirmed" {
+        "confirmed".into()
+    } else {
+        "possible".into()
+    }
+}
+
+/// Builds every pack and writes the output folder. `command` is the command
+/// line as given; `config_path` the config file, if any (hashed as an input).
+pub fn notify(
+    scope_dir: &Path,
+    out: &Path,
+    cfg: &NotifyConfig,
+    config_path: Option<&Path>,
+    command: &[String],
+) -> Result<NotifyOutcome> {
+    if !scope_dir.join(custody::EVIDENCE_JSON).is_file() {
+        return Err(Error::invalid(
+            Location::file(scope_dir),
+            "not a scope folder with a chain of custody (no evidence.json)",
+            "pass the folder written by `kvtrail scope TRACE --out DIR` (kvtrail 0.1 or later)",
+        ));
+    }
+    // Re-checks the whole scope folder against its evidence.json first.
+    let scope_inputs = custody::folder_inputs(scope_dir, "scope")?;
+    let (_, evidence_digest) = custody::load_evidence(scope_dir)?;
+    let (sum, summary_digest) = read_summary(scope_dir)?;
+
+    // Per-customer facts.
+    let mut received: BTreeMap<String, Vec<ReceivedResponse>> = BTreeMap::new();
+    // tenant -> request id -> accumulated exposure
+    let mut exposed: BTreeMap<String, BTreeMap<u64, ExposedRequest>> = BTreeMap::new();
+    let mut unattributed_responses = 0;
+    let mut unattributed_sources = BTreeSet::new();
+    for a in &sum.affected_responses {
+        if is_customer(&a.tenant) {
+            received
+                .entry(a.tenant.clone())
+                .or_default()
+                .push(ReceivedResponse {
+                    request_id: a.request_id,
+                    external_id: a.external_id.clone(),
+                    arrival_ns: a.arrival_ns,
+                    arrival_utc: a.arrival_ns.map(utc),
+                    finish_ns: a.finish_ns,
+                    http_status: a.http_status,
+                    prompt_tokens: a.prompt_tokens,
+                    prefilled_tokens: a.prefilled_tokens,
+                    output_hash: a.output_hash.clone(),
+                    foreign_tokens: a.foreign_tokens,
+                    exposed_tokens: a.exposed_tokens,
+                    other_customer_data: a.cross_tenant,
+                    confidence: a.confidence.clone(),
+                    first_exposure_ns: a.first_read_ns,
+                    last_exposure_ns: a.last_read_ns,
+                });
+        } else {
+            unattributed_responses += 1;
+        }
+        for s in &a.sources {
+            if s.tenant == ENGINE_TENANT {
+                continue;
+            }
+            if !is_customer(&s.tenant) {
+                unattributed_sources.insert(s.request_id);
+                continue;
+            }
+            let e = exposed
+                .entry(s.tenant.clone())
+                .or_default()
+                .entry(s.request_id)
+                .or_insert_with(|| ExposedRequest {
+                    request_id: s.request_id,
+                    external_id: s.external_id.clone(),
+                    arrival_ns: None,
+                    arrival_utc: None,
+                    output_hash: None,
+                    tokens: 0,
+                    responses: 0,
+                    reached_other_customers: false,
+                    confidence: s.confidence.clone(),
+                    first_exposure_ns: s.first_ts_ns,
+                    last_exposure_ns: s.last_ts_ns,
+                });
+            e.tokens += s.tokens;
+            e.responses += 1;
+            e.reached_other_customers |= s.cross_tenant;
+            e.confidence = conf_min(&e.confidence, &s.confidence);
+            e.first_exposure_ns = e.first_exposure_ns.min(s.first_ts_ns);
+            e.last_exposure_ns = e.last_exposure_ns.max(s.last_ts_ns);
+        }
+    }
+    // Source requests' own arrival time and output hash from the index.
+    let mut want: HashMap<u64, String> = HashMap::new();
+    for (t, m) in &exposed {
+        for id in m.keys() {
+            want.insert(*id, t.clone());
+        }
+    }
+    if !want.is_empty() {
+        index::read_index(scope_dir, |row| {
+            if let Some(t) = want.get(&row.request_id)
+                && *t == row.tenant
+                && let Some(e) = exposed.get_mut(t).and_then(|m| m.get_mut(&row.request_id))
+            {
+                e.arrival_ns = Some(row.arrival_ns);
+                e.arrival_utc = Some(utc(row.arrival_ns));
+                e.output_hash = row.output_hash.clone();
+            }
+            true
+        })?;
+    }
+
+    let tenants: BTreeSet<String> = received.keys().chain(exposed.keys()).cloned().collect();
+    let folders = folder_names(&tenants);
+    let packs: Vec<Pack> = tenants
+        .iter()
+        .map(|t| Pack {
+            tenant: t.clone(),
+            folder: format!("customers/{}", folders[t]),
+            received: received.remove(t).unwrap_or_default(),
+            exposed: exposed
+                .remove(t)
+                .map(|m| m.into_values().collect())
+                .unwrap_or_default(),
+        })
+        .collect();
+
+    let ev = EvidenceRef {
+        scope_evidence_blake3: evidence_digest.clone(),
+        scope_summary_blake3: summary_digest,
+        tool: format!("kvtrail {}", env!("CARGO_PKG_VERSION")),
+        evidence_complete: sum.coverage.complete,
+        coverage_notes: sum.coverage.notes.clone(),
+    };
+    let ctx = letter::Ctx::new(cfg, &sum, packs.len() as u64);
+
+    if out.exists() {
+        let nonempty = std::fs::read_dir(out)
+            .map_err(|e| Error::io(out, e))?
+            .next()
+            .is_some();
+        if nonempty {
+            return Err(Error::invalid(
+                Location::file(out),
+                "the output folder exists and is not empty",
+                "pass a new or empty folder: a notification set must not mix with older files",
+            ));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut files = Vec::new();
+    let mut write = |rel: &str, text: &str| -> Result<()> {
+        let p = out.join(rel);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+        }
+        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+        files.push(p);
+        Ok(())
+    };
+    for p in &packs {
+        let notice = ctx.notice(&p.tenant, &p.received, &p.exposed, &ev);
+        let mut j = serde_json::to_string_pretty(&notice).expect("notice serializes");
+        j.push('\n');
+        write(&format!("{}/notice.json", p.folder), &j)?;
+        write(
+            &format!("{}/letter.md", p.folder),
+            &letter::letter_md(&notice),
+        )?;
+        write(
+            &format!("{}/processor-notice.md", p.folder),
+            &letter::processor_md(&notice),
+        )?;
+    }
+    let reg = ctx.register(
+        &sum,
+        &ev,
+        packs.iter().map(|p| p.folder.clone()).collect(),
+        unattributed_responses,
+        unattributed_sources.len() as u64,
+    );
+    let mut j = serde_json::to_string_pretty(&reg).expect("register serializes");
+    j.push('\n');
+    write("register.json", &j)?;
+    write("register.csv", &letter::register_csv(&reg))?;
+
+    let mut inputs = vec![scope_inputs];
+    if let Some(c) = config_path {
+        inputs.push(custody::file_input(c, "config")?);
+    }
+    let digest = custody::write_evidence(out, "notify", command, inputs)?;
+    files.push(out.join(custody::EVIDENCE_JSON));
+    files.sort();
+    Ok(NotifyOutcome {
+        files,
+        packs: packs.into_iter().map(|p| p.folder).collect(),
+        evidence_digest: digest,
+        unfilled: cfg.unfilled(),
+    })
+}

@@ -1,0 +1,43 @@
+//! What `scope --out` writes besides the findings files of `write_out`:
+//! the request index and traffic timeline (`index`), the human report
+//! (report.html) and, last, the chain-of-custody record (evidence.json over
+//! every file in the folder, with the trace's input digests re-checked).
+
+use std::path::{Path, PathBuf};
+
+use crate::custody;
+use crate::error::{Error, Result};
+use crate::report::{html, index};
+use crate::scope::ScopeReport;
+use crate::trace::read::Trace;
+
+/// File name of the human report.
+pub const REPORT_HTML: &str = "report.html";
+
+/// Writes requests.csv, timeline.json, report.html and evidence.json into
+/// `dir` (after `report::write_out`). `command` is the command line as
+/// given. Returns the paths written and the evidence digest.
+pub fn write_scope_extras(
+    trace: &Trace,
+    r: &ScopeReport,
+    dir: &Path,
+    command: &[String],
+) -> Result<(Vec<PathBuf>, String)> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tl = index::write_index(trace, r, dir)?;
+    let inputs = custody::trace_inputs(&trace.dir)?;
+    let p = dir.join(REPORT_HTML);
+    std::fs::write(&p, html::report_html(r, &tl, &inputs, command))
+        .map_err(|e| Error::io(&p, e))?;
+    let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
+    let written = [
+        index::REQUESTS_CSV,
+        index::TIMELINE_JSON,
+        REPORT_HTML,
+        custody::EVIDENCE_JSON,
+    ]
+    .iter()
+    .map(|n| dir.join(n))
+    .collect();
+    Ok((written, digest))
+}

@@ -1,0 +1,275 @@
+//! The request index and the traffic timeline that `scope --out` writes next
+//! to the findings: requests.csv (every request of the trace, affected or
+//! not, so that `lookup` can tell "not affected" from "not in the trace")
+//! and timeline.json (requests per time bucket, with the affected responses
+//! in the same buckets, for the report's exposure chart).
+//!
+//! Both stream the requests table through `Trace::requests()` (two passes:
+//! the time range, then the rows), so memory stays constant in the number
+//! of requests. Rows keep trace order (files sorted by path, rows in file
+//! order): the same trace gives the same bytes.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::report::text::csv_field;
+use crate::schema::hex32;
+use crate::scope::ScopeReport;
+use crate::trace::read::Trace;
+
+/// File names inside a scope output folder.
+pub const REQUESTS_CSV: &str = "requests.csv";
+pub const TIMELINE_JSON: &str = "timeline.json";
+
+/// Header of requests.csv.
+pub const REQUESTS_HEADER: &str = "request_id,external_id,tenant,arrival_ns,finish_ns,http_status,prompt_tokens,prefilled_tokens,output_tokens,output_hash";
+
+/// Number of buckets of the timeline.
+pub const BUCKETS: usize = 48;
+
+/// Requests per time bucket; bucket i covers
+/// `[start_ns + i*width_ns, start_ns + (i+1)*width_ns)`, by arrival time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub format: String,
+    pub version: u32,
+    pub start_ns: i64,
+    pub width_ns: i64,
+    /// Every request that arrived in the bucket.
+    pub requests: Vec<u64>,
+    /// Requests in the bucket that got a 2xx status.
+    pub ok_responses: Vec<u64>,
+    /// Affected responses (confirmed or possible) by arrival time; an
+    /// affected response missing from the requests table is placed by its
+    /// first foreign read.
+    pub affected: Vec<u64>,
+    pub confirmed: Vec<u64>,
+}
+
+impl Timeline {
+    fn bucket(&self, t: i64) -> usize {
+        if self.width_ns <= 0 {
+            return 0;
+        }
+        (((t - self.start_ns).max(0) / self.width_ns) as usize).min(self.requests.len() - 1)
+    }
+}
+
+/// One row of requests.csv.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexRow {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub arrival_ns: i64,
+    pub finish_ns: Option<i64>,
+    pub http_status: u16,
+    pub prompt_tokens: u32,
+    pub prefilled_tokens: Option<u32>,
+    pub output_tokens: u32,
+    pub output_hash: Option<String>,
+}
+
+/// Writes requests.csv and timeline.json into `dir`; returns the timeline.
+pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Timeline> {
+    // Pass 1: time range.
+    let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+    for batch in trace.requests() {
+        for r in batch? {
+            lo = lo.min(r.arrival_ns);
+            hi = hi.max(r.arrival_ns);
+        }
+    }
+    for a in &report.affected_responses {
+        let t = a.arrival_ns.unwrap_or(a.first_read_ns);
+        lo = lo.min(t);
+        hi = hi.max(t);
+    }
+    if lo > hi {
+        (lo, hi) = (0, 0);
+    }
+    let span = (hi as i128 - lo as i128 + 1).max(1);
+    let width = ((span + BUCKETS as i128 - 1) / BUCKETS as i128).max(1) as i64;
+    let mut tl = Timeline {
+        format: "kvtrail-timeline".into(),
+        version: 1,
+        start_ns: lo,
+        width_ns: width,
+        requests: vec![0; BUCKETS],
+        ok_responses: vec![0; BUCKETS],
+        affected: vec![0; BUCKETS],
+        confirmed: vec![0; BUCKETS],
+    };
+    // Pass 2: rows and buckets.
+    let path = dir.join(REQUESTS_CSV);
+    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut w = std::io::BufWriter::new(file);
+    let io = |e| Error::io(&path, e);
+    writeln!(w, "{REQUESTS_HEADER}").map_err(io)?;
+    for batch in trace.requests() {
+        for r in batch? {
+            let b = tl.bucket(r.arrival_ns);
+            tl.requests[b] += 1;
+            tl.ok_responses[b] += (200..300).contains(&r.http_status) as u64;
+            let opt = |v: Option<String>| v.unwrap_or_default();
+            writeln!(
+                w,
+                "{},{},{},{},{},{},{},{},{},{}",
+                r.request_id,
+                csv_field(r.external_id.as_deref().unwrap_or("")),
+                csv_field(&r.tenant),
+                r.arrival_ns,
+                opt(r.finish_ns.map(|v| v.to_string())),
+                r.http_status,
+                r.prompt_tokens,
+                opt(r.prefilled_tokens.map(|v| v.to_string())),
+                r.output_tokens,
+                opt(r.output_hash.as_ref().map(hex32)),
+            )
+            .map_err(io)?;
+        }
+    }
+    w.flush().map_err(io)?;
+    for a in &report.affected_responses {
+        let b = tl.bucket(a.arrival_ns.unwrap_or(a.first_read_ns));
+        tl.affected[b] += 1;
+        tl.confirmed[b] += (a.confidence == crate::scope::Confidence::Confirmed) as u64;
+    }
+    let p = dir.join(TIMELINE_JSON);
+    let mut text = serde_json::to_string_pretty(&tl).expect("timeline serializes");
+    text.push('\n');
+    std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+    Ok(tl)
+}
+
+/// Reads requests.csv of a scope folder, calling `f` for every row until it
+/// returns false. Streams record by record (a quoted field may span lines),
+/// so memory does not grow with the trace. Errors name the file and line.
+pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
+    use std::io::BufRead as _;
+    let path = dir.join(REQUESTS_CSV);
+    let file = match std::fs::File::open(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::invalid(
+                crate::error::Location::file(&path),
+                "the scope folder has no request index",
+                "it was written by an older kvtrail; run `kvtrail scope TRACE --out DIR` again",
+            ));
+        }
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let bad = |line: usize, what: String| {
+        Error::invalid(
+            crate::error::Location::file(&path).row(line as u64),
+            what,
+            "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
+        )
+    };
+    let mut lines = std::io::BufReader::new(file).lines();
+    let mut line_no = 0usize;
+    let mut header = true;
+    loop {
+        // One record: lines until the quotes balance.
+        let mut rec = String::new();
+        let start = line_no;
+        loop {
+            match lines.next() {
+                None if rec.is_empty() => return Ok(()),
+                None => return Err(bad(start, "unterminated quoted field".into())),
+                Some(l) => {
+                    let l = l.map_err(|e| Error::io(&path, e))?;
+                    line_no += 1;
+                    if !rec.is_empty() {
+                        rec.push('\n');
+                    }
+                    rec.push_str(&l);
+                }
+            }
+            if rec.matches('"').count() % 2 == 0 {
+                break;
+            }
+        }
+        let r = crate::report::text::parse_csv(&rec)
+            .map_err(|_| bad(start, "unterminated quoted field".into()))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        if header {
+            if r.join(",") != REQUESTS_HEADER {
+                return Err(bad(start, format!("header is not `{REQUESTS_HEADER}`")));
+            }
+            header = false;
+            continue;
+        }
+        let i = start;
+        if r.len() != 10 {
+            return Err(bad(i, format!("{} fields, expected 10", r.len())));
+        }
+        let num = |k: usize| -> Result<Option<i128>> {
+            if r[k].is_empty() {
+                return Ok(None);
+            }
+            r[k].parse::<i128>()
+                .map(Some)
+                .map_err(|_| bad(i, format!("field {} is not a number: {:?}", k + 1, r[k])))
+        };
+        let need = |k: usize| -> Result<i128> {
+            num(k)?.ok_or_else(|| bad(i, format!("field {} is empty", k + 1)))
+        };
+        let row = IndexRow {
+            request_id: need(0)? as u64,
+            external_id: (!r[1].is_empty()).then(|| r[1].clone()),
+            tenant: r[2].clone(),
+            arrival_ns: need(3)? as i64,
+            finish_ns: num(4)?.map(|v| v as i64),
+            http_status: need(5)? as u16,
+            prompt_tokens: need(6)? as u32,
+            prefilled_tokens: num(7)?.map(|v| v as u32),
+            output_tokens: need(8)? as u32,
+            output_hash: (!r[9].is_empty()).then(|| r[9].clone()),
+        };
+        if !f(row) {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_index_streams_quoted_fields_across_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "{REQUESTS_HEADER}\n1,\"a,\"\"b\"\"\nc\",t1,5,,200,8,,2,\n2,plain,t2,6,7,500,9,1,0,{}\n",
+            "ab".repeat(32)
+        );
+        std::fs::write(dir.path().join(REQUESTS_CSV), text).unwrap();
+        let mut rows = Vec::new();
+        read_index(dir.path(), |r| {
+            rows.push(r);
+            true
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].external_id.as_deref(), Some("a,\"b\"\nc"));
+        assert_eq!(rows[0].finish_ns, None);
+        assert_eq!(rows[1].prefilled_tokens, Some(1));
+        assert_eq!(rows[1].output_hash.as_deref().map(str::len), Some(64));
+        std::fs::write(
+            dir.path().join(REQUESTS_CSV),
+            format!("{REQUESTS_HEADER}\n1,x\n"),
+        )
+        .unwrap();
+        let e = read_index(dir.path(), |_| true).unwrap_err().to_string();
+        assert!(
+            e.contains("requests.csv") && e.contains("row 1") && e.contains("2 fields"),
+            "{e}"
+        );
+    }
+}

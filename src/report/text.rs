@@ -1,0 +1,222 @@
+//! Small text helpers shared by the human-facing writers (report.html,
+//! notification letters, look-up answers): UTC time formatting from Unix
+//! nanoseconds without a clock or time-zone database, HTML and Markdown
+//! escaping of strings that come from a trace, and a minimal CSV reader
+//! for the files the report writers themselves produce.
+
+/// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
+/// Gregorian; Howard Hinnant's civil-from-days).
+pub fn utc(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03} UTC",
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    )
+}
+
+/// An optional time; `-` when absent.
+pub fn utc_opt(ns: Option<i64>) -> String {
+    ns.map(utc).unwrap_or_else(|| "-".into())
+}
+
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// A duration in nanoseconds for people (`3 days 4 h`, `12 min`, `850 ms`).
+pub fn duration(ns: i64) -> String {
+    let ns = ns.max(0);
+    const S: i64 = 1_000_000_000;
+    if ns < S {
+        return format!("{} ms", ns / 1_000_000);
+    }
+    let s = ns / S;
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} days {} h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// Escapes text for HTML element content and quoted attribute values.
+pub fn html(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c if c.is_control() && c != '\n' && c != '\t' => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Escapes text for Markdown inline content and table cells: the ASCII
+/// punctuation that Markdown reads as inline syntax or HTML anywhere in a
+/// line gets a backslash (block syntax such as `#` or `-` only counts at
+/// the start of a line, where trace strings never go), line breaks become
+/// spaces.
+pub fn md(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '~' | '&' => {
+                o.push('\\');
+                o.push(c);
+            }
+            '\n' | '\r' => o.push(' '),
+            c if c.is_control() => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// A Markdown code span holding `s` verbatim (a fence longer than any run
+/// of backticks inside; `|` escaped so table cells stay intact).
+pub fn code(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    let s = s.replace('|', "\\|");
+    let mut run = 0;
+    let mut longest = 0;
+    for c in s.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    if s.starts_with('`') || s.ends_with('`') || s.is_empty() {
+        format!("{fence} {s} {fence}")
+    } else {
+        format!("{fence}{s}{fence}")
+    }
+}
+
+/// Quotes a CSV field when it needs it (RFC 4180).
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Splits RFC 4180 CSV text into records (quoted fields may hold commas,
+/// quotes and line breaks). Returns the records and, for an unterminated
+/// quote, the 1-based line where it began.
+pub fn parse_csv(text: &str) -> Result<Vec<Vec<String>>, usize> {
+    let mut rows = Vec::new();
+    let mut row = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut line = 1usize;
+    let mut quote_line = 0usize;
+    let mut chars = text.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        any = true;
+        if quoted {
+            match c {
+                '"' if chars.peek() == Some(&'"') => {
+                    chars.next();
+                    field.push('"');
+                }
+                '"' => quoted = false,
+                c => {
+                    if c == '\n' {
+                        line += 1;
+                    }
+                    field.push(c)
+                }
+            }
+            continue;
+        }
+        match c {
+            '"' if field.is_empty() => {
+                quoted = true;
+                quote_line = line;
+            }
+            ',' => row.push(std::mem::take(&mut field)),
+            '\r' => {}
+            '\n' => {
+                line += 1;
+                row.push(std::mem::take(&mut field));
+                rows.push(std::mem::take(&mut row));
+                any = false;
+            }
+            c => field.push(c),
+        }
+    }
+    if quoted {
+        return Err(quote_line);
+    }
+    if any {
+        row.push(field);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_matches_known_dates() {
+        for (ns, want) in [
+            (0, "1970-01-01 00:00:00.000 UTC"),
+            (1_788_480_000_123_000_000, "2026-09-04 00:00:00.123 UTC"),
+            (951_782_400_000_000_000, "2000-02-29 00:00:00.000 UTC"),
+            (-1_000_000, "1969-12-31 23:59:59.999 UTC"),
+        ] {
+            assert_eq!(utc(ns), want, "{ns}");
+        }
+    }
+
+    #[test]
+    fn csv_round_trips_awkward_fields() {
+        let fields = ["plain", "a,b", "say \"hi\"", "two\nlines", ""];
+        let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+        let text = format!("{}\n{}\n", line.join(","), line.join(","));
+        let rows = parse_csv(&text).unwrap();
+        assert_eq!(rows.len(), 2);
+        for r in rows {
+            assert_eq!(r, fields);
+        }
+        assert_eq!(parse_csv("a,\"open\nb"), Err(1));
+    }
+
+    #[test]
+    fn escapes_neutralise_markup() {
+        assert_eq!(
+            html("<script>alert('x')</script>&"),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;"
+        );
+        assert_eq!(
+            md("a|b [x](y) acme-corp.eu"),
+            "a\\|b \\[x\\](y) acme-corp.eu"
+        );
+    }
+}
