@@ -29,6 +29,10 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
     Simulate(commands::simulate::Args),
+    /// Replay a trace: every response that read foreign KV, whose it was, who must be told.
+    Scope(commands::scope::Args),
+    /// Run scope on the built-in incident-mini trace and print the summary.
+    Demo(commands::demo::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -48,6 +52,8 @@ pub fn run() -> Exit {
         Command::Ingest(a) => commands::ingest::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::Scope(a) => commands::scope::run(a),
+        Command::Demo(a) => commands::demo::run(a),
     };
     match res {
         Ok(code) => code,

@@ -28,6 +28,9 @@ pub struct BarReporter {
 impl kvtrail::progress::Reporter for BarReporter {
     fn start(&self, what: &str, total: u64) {
         if let Ok(mut b) = self.bar.lock() {
+            if let Some(old) = b.take() {
+                old.finish_and_clear();
+            }
             *b = Some(bar(total, what));
         }
     }

@@ -3,6 +3,7 @@
 //! Only this module knows Parquet. Readers stream; writers rotate part files
 //! and hash them as they write.
 
+mod guard;
 pub mod index;
 pub mod manifest;
 pub mod read;
@@ -11,4 +12,4 @@ pub mod write;
 
 pub use index::{RequestIndex, RequestRow, load_request_index};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
-pub use read::{KvChunk, KvFileReader, RequestFileReader, Trace};
+pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};

@@ -24,6 +24,7 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
+use crate::trace::guard::guard;
 use crate::trace::manifest::{Deployment, Manifest};
 
 pub use crate::trace::index::load_request_index;
@@ -137,8 +138,13 @@ pub fn list_parquet(dir: &Path) -> Result<Vec<PathBuf>> {
 
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| Error::parquet(Location::file(path), e))
+    guard(
+        || Location::file(path),
+        || {
+            ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )
 }
 
 /// Like [`open_builder`], but asks the Parquet reader to hand string column
@@ -148,6 +154,16 @@ fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
 /// the file's own types when the column is absent, not a string, or the
 /// reader refuses the request.
 fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    guard(
+        || Location::file(path),
+        || open_builder_dict_inner(path, dict_col),
+    )
+}
+
+fn open_builder_dict_inner(
+    path: &Path,
+    dict_col: &str,
+) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| Error::parquet(Location::file(path), e))?;
@@ -203,12 +219,17 @@ fn project(
             None => {}
         }
     }
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    builder
-        .with_projection(mask)
-        .with_batch_size(READ_BATCH_ROWS)
-        .build()
-        .map_err(|e| Error::parquet(Location::file(path), e))
+    guard(
+        || Location::file(path),
+        || {
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            builder
+                .with_projection(mask)
+                .with_batch_size(READ_BATCH_ROWS)
+                .build()
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )
 }
 
 /// A column of a batch with its location, for typed extraction.
@@ -375,6 +396,7 @@ impl<'a> Col<'a> {
             }
             return Ok(out);
         }
+        // Plain strings: parse in place, without one String per row.
         let mut out = Vec::with_capacity(a.len());
         let mut push = |i: usize, s: Option<&str>| -> Result<()> {
             let s = s.unwrap_or("");
@@ -572,15 +594,22 @@ impl KvFileReader {
         let (tpn, spn, ssn, sqn) = (ctp.nulls(), csp.nulls(), css.nulls(), csq.nulls());
         let n = batch.num_rows();
         let mut out = Vec::with_capacity(n);
+        let mut last_pool = (u16::MAX, 0u64);
         for i in 0..n {
             let loc = |col: &str| Location::file(p).row(r0 + i as u64).column(col);
-            let cap = self.capacity(pool[i]).ok_or_else(|| {
+            let cap = if pool[i] == last_pool.0 {
+                Some(last_pool.1)
+            } else {
+                self.capacity(pool[i])
+            }
+            .ok_or_else(|| {
                 Error::invalid(
                     loc(kv_col::POOL),
                     format!("unknown pool id {}", pool[i]),
                     "every pool id must be listed in trace.json deployment.pools",
                 )
             })?;
+            last_pool = (pool[i], cap);
             if count[i] == 0 {
                 return Err(Error::invalid(
                     loc(kv_col::SLOT_COUNT),
@@ -677,7 +706,18 @@ impl Iterator for KvFileReader {
         if self.done {
             return None;
         }
-        match self.reader.next()? {
+        let next = guard(
+            || Location::file(&self.path).row(self.rows),
+            || Ok(self.reader.next()),
+        );
+        let next = match next {
+            Ok(n) => n,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        match next? {
             Err(e) => {
                 self.done = true;
                 Some(Err(Error::parquet(
@@ -823,6 +863,131 @@ impl RequestFileReader {
 
 impl Iterator for RequestFileReader {
     type Item = Result<Vec<RequestRecord>>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = guard(
+            || Location::file(&self.path).row(self.rows),
+            || Ok(self.reader.next()),
+        );
+        let next = match next {
+            Ok(n) => n,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        match next? {
+            Err(e) => {
+                self.done = true;
+                Some(Err(Error::parquet(
+                    Location::file(&self.path).row(self.rows),
+                    e,
+                )))
+            }
+            Ok(batch) => {
+                let res = self.decode(&batch);
+                self.rows += batch.num_rows() as u64;
+                if res.is_err() {
+                    self.done = true;
+                }
+                Some(res)
+            }
+        }
+    }
+}
+
+/// A light view of one batch of a kv file: only what replay needs to plan
+/// its merge (seq order per pool) and its copies (which source states a
+/// later copy will ask for). Columns are projected, so this is much cheaper
+/// than decoding whole events.
+#[derive(Debug, Clone, Default)]
+pub struct KvIndexBatch {
+    /// Row (0-based, within the file) of the first entry.
+    pub first_row: u64,
+    pub pool: Vec<u16>,
+    pub seq: Vec<u64>,
+    /// Copies in this batch: (row within batch, source).
+    pub copies: Vec<(u32, CopySrc, u32)>,
+}
+
+/// Streams the planning columns of one kv file (pool, seq, slot_count and
+/// the src columns), batch by batch.
+pub struct KvIndexReader {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    rows: u64,
+    done: bool,
+}
+
+impl KvIndexReader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let builder = open_builder(path)?;
+        let reader = project(
+            path,
+            builder,
+            &[kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT],
+            &[kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ],
+        )?;
+        Ok(KvIndexReader {
+            path: path.to_path_buf(),
+            reader,
+            rows: 0,
+            done: false,
+        })
+    }
+
+    fn decode(&self, batch: &RecordBatch) -> Result<KvIndexBatch> {
+        let p = &self.path;
+        let r0 = self.rows;
+        let c = |name| Col::get(batch, p, r0, name);
+        let (cpool, cseq, ccount) = (c(kv_col::POOL), c(kv_col::SEQ), c(kv_col::SLOT_COUNT));
+        for col in [&cpool, &cseq, &ccount] {
+            col.check_no_nulls()?;
+        }
+        let pool = cpool.ints::<u16>("UInt16")?.into_owned();
+        let seq = cseq.ints::<u64>("UInt64")?.into_owned();
+        let mut copies = Vec::new();
+        let csp = c(kv_col::SRC_POOL);
+        let css = c(kv_col::SRC_SLOT_START);
+        let csq = c(kv_col::SRC_SEQ);
+        if let (Some(_), Some(_), Some(_)) = (csp.arr, css.arr, csq.arr) {
+            let spn = csp.nulls();
+            if spn.as_ref().is_none_or(|n| n.null_count() < n.len()) {
+                let count = ccount.ints::<u32>("UInt32")?;
+                let sp = Some(csp.ints::<u16>("UInt16")?);
+                let ss = Some(css.ints::<u32>("UInt32")?);
+                let sq = Some(csq.ints::<u64>("UInt64")?);
+                let (ssn, sqn) = (css.nulls(), csq.nulls());
+                for i in 0..batch.num_rows() {
+                    if let (Some(a), Some(b), Some(s)) =
+                        (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i))
+                    {
+                        copies.push((
+                            i as u32,
+                            CopySrc {
+                                pool: a,
+                                slot_start: b,
+                                seq: s,
+                            },
+                            count[i],
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(KvIndexBatch {
+            first_row: r0,
+            pool,
+            seq,
+            copies,
+        })
+    }
+}
+
+impl Iterator for KvIndexReader {
+    type Item = Result<KvIndexBatch>;
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
             return None;

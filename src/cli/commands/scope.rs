@@ -1,0 +1,86 @@
+//! `kvtrail scope TRACE`: replay a trace and report every affected
+//! response, its sources, the tenants on both sides and the coverage.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::replay::{BackendChoice, ReplayOptions};
+use kvtrail::report;
+use kvtrail::scope::ScopeReport;
+
+use crate::cli::progress::BarReporter;
+
+/// Replay backend on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum BackendArg {
+    /// The fastest available backend (CPU until a CUDA backend exists).
+    #[default]
+    Auto,
+    /// The CPU reference backend.
+    Cpu,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace directory (holds trace.json).
+    pub trace: PathBuf,
+    /// Write responses.csv, tenants.csv, findings.parquet and summary.json here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the full report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Replay backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Exit with 1 when any response is affected (confirmed or possible).
+    #[arg(long)]
+    pub fail_on_exposure: bool,
+}
+
+/// Runs scope on a trace and returns the report (shared with `demo`).
+pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
+    let trace = kvtrail::trace::Trace::open(trace_dir)?;
+    let choice = match backend {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Cpu => BackendChoice::Cpu,
+    };
+    let name = kvtrail::replay::make_backend(choice).name();
+    eprintln!(
+        "kvtrail: replay backend: {name}{}",
+        if matches!(backend, BackendArg::Auto) {
+            " (auto: no CUDA backend in this build)"
+        } else {
+            ""
+        }
+    );
+    let opts = ReplayOptions {
+        backend: choice,
+        spill_dir: None,
+        chunk: None,
+    };
+    let reporter = BarReporter::default();
+    Ok(kvtrail::scope::scope(&trace, &opts, &reporter)?)
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let r = compute(&args.trace, args.backend)?;
+    if let Some(dir) = &args.out {
+        let files = report::write_out(&r, dir)?;
+        for f in files {
+            eprintln!("kvtrail: wrote {}", f.display());
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        out.write_all(report::to_json(&r).as_bytes())?;
+    } else {
+        out.write_all(report::human(&r).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(if args.fail_on_exposure && r.any_exposure() {
+        1
+    } else {
+        0
+    })
+}

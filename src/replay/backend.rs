@@ -1,0 +1,121 @@
+//! The `Backend` trait: what a replay backend does to the slot state of a
+//! pool, one batch of events at a time.
+//!
+//! The scheduler (`engine`) owns ordering, copies between pools and gaps; a
+//! backend owns the per-slot state and applies whole batches ("push the fors
+//! down"), so a CUDA backend can replace the CPU one and must produce the
+//! same `ReadRun`s, in the same order, for the same input.
+
+use crate::error::Result;
+use crate::schema::KvEvent;
+
+/// Owner value of a slot never written during the capture.
+pub const NEVER: u64 = u64::MAX;
+/// Owner value of a scrubbed slot (zeroed: no owner).
+pub const SCRUBBED: u64 = u64::MAX - 1;
+
+/// The content of one source slot as a copy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotVal {
+    /// Content owner, or `NEVER` / `SCRUBBED`.
+    pub owner: u64,
+    /// The value depends on state after a hole (or on an uncertain copy).
+    pub uncertain: bool,
+}
+
+/// What a read of a run of slots found, when it is not a clean own or
+/// shared read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReadKind {
+    /// The content owner is another request without a valid share grant.
+    Foreign,
+    /// Scrubbed, or never written in a capture that began with the engine.
+    Blank,
+    /// Never written in a capture that did not begin with the engine.
+    Unknown,
+    /// Would be own, shared or blank, but the slot's state depends on a
+    /// hole in the seq stream: lost events may have changed it.
+    Uncertain,
+}
+
+/// A maximal run of slots of one read event with one classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRun {
+    pub reader: u64,
+    pub pool: u16,
+    pub slot_start: u32,
+    pub count: u32,
+    pub kind: ReadKind,
+    /// Content owner (the source of the exposure) for `Foreign`.
+    pub source: u64,
+    /// A `Foreign` run whose owner is known only up to a hole.
+    pub uncertain: bool,
+    /// seq and time of the read event.
+    pub seq: u64,
+    pub ts_ns: i64,
+}
+
+/// Counters every backend keeps the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub events: u64,
+    /// Sum of slot_count over all events.
+    pub slot_touches: u64,
+    pub read_events: u64,
+    pub read_slots: u64,
+    pub own_slots: u64,
+    pub shared_slots: u64,
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Counters) {
+        self.events += o.events;
+        self.slot_touches += o.slot_touches;
+        self.read_events += o.read_events;
+        self.read_slots += o.read_slots;
+        self.own_slots += o.own_slots;
+        self.shared_slots += o.shared_slots;
+    }
+}
+
+/// A replay backend: per-slot state of every pool and the batch operations
+/// on it.
+pub trait Backend {
+    /// Short name printed to the user (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Declares a pool; every slot starts never-written.
+    /// `from_engine_start` decides whether never-written reads are blank or unknown.
+    fn add_pool(&mut self, pool: u16, capacity: u32, from_engine_start: bool) -> Result<()>;
+    /// Events are missing just before seq `before_seq` of `pool`: every slot
+    /// whose content was set before it becomes uncertain.
+    fn mark_gap(&mut self, pool: u16, before_seq: u64);
+    /// Applies events of one pool, in seq order. The batch holds no copies
+    /// (writes with src): those go through `apply_copy`. Read runs that are
+    /// not clean own/shared reads are appended to `out`.
+    fn apply(
+        &mut self,
+        pool: u16,
+        events: &[KvEvent],
+        out: &mut Vec<ReadRun>,
+        counters: &mut Counters,
+    ) -> Result<()>;
+    /// Applies one copy (write with src) whose source content is `payload`
+    /// (one value per destination slot).
+    fn apply_copy(
+        &mut self,
+        pool: u16,
+        event: &KvEvent,
+        payload: &[SlotVal],
+        counters: &mut Counters,
+    ) -> Result<()>;
+    /// Reads the current content of `count` slots from `slot_start`;
+    /// `uncertain` marks all of them uncertain (the source seq was lost).
+    fn capture(
+        &mut self,
+        pool: u16,
+        slot_start: u32,
+        count: u32,
+        uncertain: bool,
+        out: &mut Vec<SlotVal>,
+    ) -> Result<()>;
+}

@@ -1,0 +1,362 @@
+//! The scheduler: drives every pool's stream through a backend in seq
+//! order, resolving copies across pools.
+//!
+//! Pools are advanced in turns (sinks first, in reverse topological order).
+//! A copy `write` on pool D with source (P, src_seq) pulls P forward until
+//! it has applied every event up to src_seq; P captures the source slots of
+//! every planned copy just before it moves past that copy's src_seq, and the
+//! captured content waits in `payloads` until D applies the copy. Memory is
+//! the slot state plus the captured payloads in flight (bounded by how far
+//! the streams drift apart), never the trace.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::backend::{Backend, Counters, ReadRun, SlotVal};
+use super::input::{Ev, Plan, PoolStream, duplicate};
+use super::{Gap, Reporter};
+use crate::error::{Error, Result};
+use crate::trace::read::Trace;
+
+/// Events a pool applies per turn before the next pool gets its turn.
+const TURN_EVENTS: usize = 64 * 1024;
+
+struct PoolRt {
+    id: u16,
+    stream: PoolStream,
+    /// Current batch: events and, in parallel, where each came from.
+    buf: Vec<crate::schema::KvEvent>,
+    locs: Vec<(u32, u64)>,
+    pos: usize,
+    /// Last applied event (seq, file, row).
+    last: Option<(u64, u32, u64)>,
+    done: bool,
+    caps: super::copies::CopyStream,
+}
+
+/// Output of the scheduler, before aggregation.
+pub struct Sched<'a> {
+    plan: &'a Plan,
+    backend: &'a mut dyn Backend,
+    pools: Vec<PoolRt>,
+    index: HashMap<u16, usize>,
+    payloads: HashMap<(u16, u64), Vec<SlotVal>>,
+    scratch: Vec<SlotVal>,
+    pub runs: Vec<ReadRun>,
+    pub counters: Counters,
+    pub gaps: Vec<Gap>,
+    /// Copies whose source seq lies beyond the end of the source stream.
+    pub late_sources: BTreeMap<u16, (u64, u64)>,
+    reporter: &'a dyn Reporter,
+    sink: &'a mut dyn FnMut(&[ReadRun]),
+}
+
+impl<'a> Sched<'a> {
+    pub fn new(
+        trace: &'a Trace,
+        plan: &'a Plan,
+        backend: &'a mut dyn Backend,
+        reporter: &'a dyn Reporter,
+        sink: &'a mut dyn FnMut(&[ReadRun]),
+    ) -> Result<Self> {
+        let from_start = trace.manifest.from_engine_start();
+        let mut pools = Vec::new();
+        let mut index = HashMap::new();
+        for &id in &plan.order {
+            let cap = trace
+                .deployment()
+                .pool(id)
+                .map(|p| p.capacity_tokens)
+                .unwrap_or(0);
+            backend.add_pool(id, cap as u32, from_start)?;
+            index.insert(id, pools.len());
+            pools.push(PoolRt {
+                id,
+                stream: PoolStream::new(
+                    trace,
+                    &plan.files,
+                    plan.runs.get(&id).cloned().unwrap_or_default(),
+                ),
+                buf: Vec::new(),
+                locs: Vec::new(),
+                pos: 0,
+                last: None,
+                done: false,
+                caps: plan.copies.stream(id)?,
+            });
+        }
+        Ok(Sched {
+            plan,
+            backend,
+            pools,
+            index,
+            payloads: HashMap::new(),
+            scratch: Vec::new(),
+            runs: Vec::new(),
+            counters: Counters::default(),
+            gaps: Vec::new(),
+            late_sources: BTreeMap::new(),
+            reporter,
+            sink,
+        })
+    }
+
+    /// Runs every pool to the end.
+    ///
+    /// Only pools whose consumers are all done take turns of their own; a
+    /// source is otherwise advanced by its consumers' copies alone, so it
+    /// never runs far ahead of them (which would hold captured copies in
+    /// memory for the whole trace).
+    pub fn run(&mut self) -> Result<()> {
+        let order: Vec<usize> = (0..self.pools.len()).rev().collect();
+        let consumers: Vec<Vec<usize>> = self
+            .pools
+            .iter()
+            .map(|p| {
+                self.plan
+                    .edges
+                    .iter()
+                    .filter(|e| e.0 == p.id)
+                    .filter_map(|e| self.index.get(&e.1).copied())
+                    .collect()
+            })
+            .collect();
+        loop {
+            let mut any = false;
+            for &p in &order {
+                if !self.pools[p].done {
+                    any = true;
+                    if consumers[p].iter().all(|&c| self.pools[c].done) {
+                        self.advance(p, None, TURN_EVENTS)?;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if let Some(((pool, seq), _)) = self.payloads.iter().next() {
+            return Err(Error::Other(format!(
+                "replay: the copy at pool {pool} seq {seq} was captured but never applied"
+            )));
+        }
+        self.gaps
+            .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
+        Ok(())
+    }
+
+    /// Ensures pool `p` has a current batch; false at the end of its stream.
+    fn fill(&mut self, p: usize) -> Result<bool> {
+        let pool = &mut self.pools[p];
+        if pool.pos < pool.buf.len() {
+            return Ok(true);
+        }
+        if pool.done {
+            return Ok(false);
+        }
+        let b = pool.stream.next_batch()?;
+        let old = super::input::Batch {
+            events: std::mem::replace(&mut pool.buf, b.events),
+            locs: std::mem::replace(&mut pool.locs, b.locs),
+        };
+        pool.stream.recycle(old);
+        pool.pos = 0;
+        if pool.buf.is_empty() {
+            pool.done = true;
+            self.finish_captures(p, u64::MAX)?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Captures every planned copy of pool `p` with src_seq < `before`
+    /// (the pool has applied everything up to, and nothing after, them).
+    fn finish_captures(&mut self, p: usize, before: u64) -> Result<()> {
+        loop {
+            let pool = &self.pools[p];
+            let Some(c) = pool.caps.peek() else {
+                return Ok(());
+            };
+            if c.src_seq >= before {
+                return Ok(());
+            }
+            let last = pool.last.map(|l| l.0);
+            // The state just after src_seq is known only if src_seq itself
+            // was applied; otherwise it lies in a hole (or past the end).
+            let lost = last != Some(c.src_seq);
+            if pool.done && last.is_none_or(|l| c.src_seq > l) {
+                let e = self
+                    .late_sources
+                    .entry(pool.id)
+                    .or_insert((c.src_seq, c.src_seq));
+                e.0 = e.0.min(c.src_seq);
+                e.1 = e.1.max(c.src_seq);
+            }
+            let id = pool.id;
+            self.pools[p].caps.pop()?;
+            self.backend
+                .capture(id, c.src_start, c.count, lost, &mut self.scratch)?;
+            self.payloads
+                .insert((c.dst_pool, c.dst_seq), std::mem::take(&mut self.scratch));
+        }
+    }
+
+    /// Applies pool `p`'s events with seq <= `until` (all if None), at most
+    /// `budget` of them.
+    fn advance(&mut self, p: usize, until: Option<u64>, budget: usize) -> Result<()> {
+        let mut left = budget;
+        while left > 0 {
+            if !self.fill(p)? {
+                return Ok(());
+            }
+            let pool = &self.pools[p];
+            let next_cap = pool.caps.peek().map(|c| c.src_seq).unwrap_or(u64::MAX);
+            let start = pool.pos;
+            let mut prev = pool.last;
+            let mut i = start;
+            let mut stop_gap = None;
+            let limit = start.saturating_add(left).min(pool.buf.len());
+            while i < limit {
+                let e = &pool.buf[i];
+                let seq = e.seq;
+                if until.is_some_and(|u| seq > u) || seq > next_cap || e.src.is_some() {
+                    break;
+                }
+                match prev {
+                    Some((ps, pf, pr)) if seq <= ps => {
+                        let files = &self.plan.files;
+                        if seq == ps {
+                            return Err(duplicate(
+                                pool.id,
+                                seq,
+                                &files[pf as usize],
+                                pr,
+                                &files[pool.locs[i].0 as usize],
+                                pool.locs[i].1,
+                            ));
+                        }
+                        return Err(Error::Other(format!(
+                            "replay: pool {} stream out of order at seq {seq} ({} row {})",
+                            pool.id,
+                            files[pool.locs[i].0 as usize].display(),
+                            pool.locs[i].1
+                        )));
+                    }
+                    Some((ps, _, _)) if seq > ps + 1 => {
+                        if i > start {
+                            break; // apply up to the gap first
+                        }
+                        stop_gap = Some((Some(ps), seq));
+                    }
+                    None if seq > 0 => {
+                        stop_gap = Some((None, seq));
+                    }
+                    _ => {}
+                }
+                prev = Some((seq, pool.locs[i].0, pool.locs[i].1));
+                i += 1;
+                if stop_gap.is_some() {
+                    break;
+                }
+            }
+            let id = pool.id;
+            if let Some((after, before)) = stop_gap {
+                self.gaps.push(Gap {
+                    pool: id,
+                    after_seq: after,
+                    before_seq: before,
+                });
+                self.backend.mark_gap(id, before);
+            }
+            if i > start {
+                let pool = &mut self.pools[p];
+                self.backend
+                    .apply(id, &pool.buf[start..i], &mut self.runs, &mut self.counters)?;
+                pool.pos = i;
+                pool.last = prev;
+                left -= i - start;
+                self.reporter.advance((i - start) as u64);
+                self.flush_runs();
+                continue;
+            }
+            // Nothing applied: the head needs a capture, a copy, or is past `until`.
+            let ev = self.pools[p].buf[start];
+            let (efile, erow) = self.pools[p].locs[start];
+            let e = Ev {
+                ev,
+                file: efile,
+                row: erow,
+            };
+            if until.is_some_and(|u| e.ev.seq > u) {
+                return Ok(());
+            }
+            if e.ev.seq > next_cap {
+                self.finish_captures(p, e.ev.seq)?;
+                continue;
+            }
+            // A copy: make sure its source state is captured, then apply it.
+            let src = e.ev.src.expect("copy");
+            let key = (id, e.ev.seq);
+            if !self.payloads.contains_key(&key) {
+                let q = *self.index.get(&src.pool).ok_or_else(|| {
+                    Error::Other(format!("replay: unknown source pool {}", src.pool))
+                })?;
+                self.advance(q, Some(src.seq), usize::MAX)?;
+                // q has applied everything <= src.seq; capture what waits on it.
+                let ready_before = src.seq.saturating_add(1);
+                if !self.fill(q)? || self.pools[q].buf[self.pools[q].pos].seq >= ready_before {
+                    self.finish_captures(q, ready_before)?;
+                }
+            }
+            let payload = self.payloads.remove(&key).ok_or_else(|| {
+                Error::Other(format!(
+                    "replay: no captured source for the copy at pool {id} seq {}",
+                    e.ev.seq
+                ))
+            })?;
+            // ordering checks for the copy event itself
+            if let Some((ps, pf, pr)) = self.pools[p].last {
+                if e.ev.seq <= ps {
+                    let files = &self.plan.files;
+                    return Err(duplicate(
+                        id,
+                        e.ev.seq,
+                        &files[pf as usize],
+                        pr,
+                        &files[e.file as usize],
+                        e.row,
+                    ));
+                }
+                if e.ev.seq > ps + 1 {
+                    self.gaps.push(Gap {
+                        pool: id,
+                        after_seq: Some(ps),
+                        before_seq: e.ev.seq,
+                    });
+                    self.backend.mark_gap(id, e.ev.seq);
+                }
+            } else if e.ev.seq > 0 {
+                self.gaps.push(Gap {
+                    pool: id,
+                    after_seq: None,
+                    before_seq: e.ev.seq,
+                });
+                self.backend.mark_gap(id, e.ev.seq);
+            }
+            self.backend
+                .apply_copy(id, &e.ev, &payload, &mut self.counters)?;
+            let pool = &mut self.pools[p];
+            pool.pos += 1;
+            pool.last = Some((e.ev.seq, e.file, e.row));
+            left -= 1;
+            self.reporter.advance(1);
+        }
+        Ok(())
+    }
+
+    fn flush_runs(&mut self) {
+        if !self.runs.is_empty() {
+            (self.sink)(&self.runs);
+            self.runs.clear();
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Aggregates the backend's read runs into per-reader exposure: distinct
+//! (pool, slot) sets per source, plus blank, unknown and uncertain reads.
+//!
+//! Sets are interval sets, so memory follows the number of distinct
+//! exposed ranges, not the number of reads. The result does not depend on
+//! the order runs arrive in.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::backend::{ReadKind, ReadRun};
+use super::intervals::IntervalSet;
+
+/// Slots per pool.
+pub type PoolSets = BTreeMap<u16, IntervalSet>;
+
+fn add(sets: &mut PoolSets, r: &ReadRun) {
+    sets.entry(r.pool)
+        .or_default()
+        .insert(r.slot_start, r.slot_start + r.count);
+}
+
+/// Distinct slots over all pools.
+pub fn count(sets: &PoolSets) -> u64 {
+    sets.values().map(IntervalSet::len).sum()
+}
+
+/// What one reader read of one source's KV.
+#[derive(Debug, Clone, Default)]
+pub struct SourceAgg {
+    pub slots: PoolSets,
+    /// Slots read with certain provenance (no hole involved).
+    pub certain: PoolSets,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub first_ts_ns: i64,
+    pub last_ts_ns: i64,
+}
+
+/// Everything unclean one request read.
+#[derive(Debug, Clone, Default)]
+pub struct ReaderAgg {
+    pub sources: HashMap<u64, SourceAgg>,
+    pub foreign: PoolSets,
+    pub blank: PoolSets,
+    pub unknown: PoolSets,
+    pub uncertain: PoolSets,
+    pub first_ts_ns: i64,
+    pub last_ts_ns: i64,
+}
+
+/// Per-reader aggregation of all read runs.
+#[derive(Debug, Clone, Default)]
+pub struct Exposures {
+    pub readers: HashMap<u64, ReaderAgg>,
+}
+
+impl Exposures {
+    pub fn add_runs(&mut self, runs: &[ReadRun]) {
+        for r in runs {
+            let ra = self.readers.entry(r.reader).or_insert_with(|| ReaderAgg {
+                first_ts_ns: r.ts_ns,
+                last_ts_ns: r.ts_ns,
+                ..Default::default()
+            });
+            ra.first_ts_ns = ra.first_ts_ns.min(r.ts_ns);
+            ra.last_ts_ns = ra.last_ts_ns.max(r.ts_ns);
+            match r.kind {
+                ReadKind::Foreign => {
+                    add(&mut ra.foreign, r);
+                    let s = ra.sources.entry(r.source).or_insert_with(|| SourceAgg {
+                        first_seq: r.seq,
+                        last_seq: r.seq,
+                        first_ts_ns: r.ts_ns,
+                        last_ts_ns: r.ts_ns,
+                        ..Default::default()
+                    });
+                    add(&mut s.slots, r);
+                    if !r.uncertain {
+                        add(&mut s.certain, r);
+                    }
+                    s.first_seq = s.first_seq.min(r.seq);
+                    s.last_seq = s.last_seq.max(r.seq);
+                    s.first_ts_ns = s.first_ts_ns.min(r.ts_ns);
+                    s.last_ts_ns = s.last_ts_ns.max(r.ts_ns);
+                }
+                ReadKind::Blank => add(&mut ra.blank, r),
+                ReadKind::Unknown => add(&mut ra.unknown, r),
+                ReadKind::Uncertain => add(&mut ra.uncertain, r),
+            }
+        }
+    }
+}

@@ -1,0 +1,714 @@
+//! Replay input: plans the merge of the kv files into one seq-ordered stream
+//! per pool, and collects the copies so their source states can be captured.
+//!
+//! A light index pass (projected columns: pool, seq, slot_count, src_*)
+//! finds, per file and pool, whether the rows are sorted by seq. Sorted runs
+//! are merged straight from their files (opened lazily, in seq order, so
+//! part files that follow each other are read one at a time). Unsorted runs
+//! are sorted externally: cut into chunks of bounded size, each sorted and
+//! spilled to a temporary directory, then merged like the others. Memory is
+//! bounded by the chunk size and the number of runs open at once, never by
+//! the trace.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::copies::CopySpiller;
+use crate::error::{Error, Location, Result};
+use crate::schema::{CopySrc, KvEvent, Op, kv_col};
+use crate::trace::read::{KvFileReader, KvIndexReader, Trace};
+
+/// Events per spilled chunk of an unsorted file (about 72 MB in memory).
+pub const SPILL_CHUNK_EVENTS: usize = 1 << 20;
+/// Events handed out per merged batch.
+pub const MERGE_BATCH: usize = 16 * 1024;
+
+/// An event with where it came from (for error messages).
+#[derive(Debug, Clone, Copy)]
+pub struct Ev {
+    pub ev: KvEvent,
+    pub file: u32,
+    pub row: u64,
+}
+
+/// One seq-sorted run of one pool's events.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub pool: u16,
+    pub min_seq: u64,
+    pub max_seq: u64,
+    pub rows: u64,
+    pub source: RunSource,
+}
+
+#[derive(Debug, Clone)]
+pub enum RunSource {
+    /// The rows of `pool` in trace file number `file` (already sorted).
+    File(u32),
+    /// A sorted chunk spilled to disk.
+    Spill(PathBuf),
+}
+
+/// A copy whose source state must be captured: `count` slots of the source
+/// pool from `src_start`, just after `src_seq`, for event `dst_seq` of
+/// `dst_pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CopyReq {
+    pub src_seq: u64,
+    pub dst_pool: u16,
+    pub dst_seq: u64,
+    pub src_start: u32,
+    pub count: u32,
+}
+
+/// The replay plan.
+pub struct Plan {
+    pub files: Vec<PathBuf>,
+    /// Runs per pool, sorted by min_seq.
+    pub runs: BTreeMap<u16, Vec<RunSpec>>,
+    /// Copies per source pool (streamed in src_seq order).
+    pub copies: super::copies::CopyPlan,
+    /// Pools in topological order of copies (sources first).
+    pub order: Vec<u16>,
+    /// (source pool, destination pool) of every kind of copy.
+    pub edges: Vec<(u16, u16)>,
+    pub total_events: u64,
+    pub spilled_events: u64,
+    /// Holds the spill files; removed when the plan is dropped.
+    pub spill_dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PoolStat {
+    min: u64,
+    max: u64,
+    rows: u64,
+    sorted: bool,
+    last_seq: u64,
+    last_row: u64,
+}
+
+struct FileIndex {
+    pools: BTreeMap<u16, PoolStat>,
+    /// (src_pool, dst_pool) -> row of the first such copy
+    edges: BTreeMap<(u16, u16), u64>,
+}
+
+fn index_file(path: &Path, spiller: &std::sync::Mutex<CopySpiller>) -> Result<FileIndex> {
+    let mut pools: BTreeMap<u16, PoolStat> = BTreeMap::new();
+    let mut edges = BTreeMap::new();
+    for batch in KvIndexReader::open(path)? {
+        let b = batch?;
+        for (i, (&pool, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
+            let row = b.first_row + i as u64;
+            match pools.get_mut(&pool) {
+                None => {
+                    pools.insert(
+                        pool,
+                        PoolStat {
+                            min: seq,
+                            max: seq,
+                            rows: 1,
+                            sorted: true,
+                            last_seq: seq,
+                            last_row: row,
+                        },
+                    );
+                }
+                Some(st) => {
+                    if seq == st.last_seq && st.sorted {
+                        return Err(duplicate(pool, seq, path, st.last_row, path, row));
+                    }
+                    if seq < st.last_seq {
+                        st.sorted = false;
+                    }
+                    st.min = st.min.min(seq);
+                    st.max = st.max.max(seq);
+                    st.rows += 1;
+                    st.last_seq = seq;
+                    st.last_row = row;
+                }
+            }
+        }
+        if !b.copies.is_empty() {
+            let mut sp = spiller
+                .lock()
+                .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?;
+            for (i, src, count) in b.copies {
+                let i = i as usize;
+                edges
+                    .entry((src.pool, b.pool[i]))
+                    .or_insert(b.first_row + i as u64);
+                sp.push(
+                    src.pool,
+                    CopyReq {
+                        src_seq: src.seq,
+                        dst_pool: b.pool[i],
+                        dst_seq: b.seq[i],
+                        src_start: src.slot_start,
+                        count,
+                    },
+                )?;
+            }
+        }
+    }
+    Ok(FileIndex { pools, edges })
+}
+
+/// A temporary directory under `root` (or the system's).
+pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
+    match root {
+        Some(r) => tempfile::Builder::new().prefix(prefix).tempdir_in(r),
+        None => tempfile::Builder::new().prefix(prefix).tempdir(),
+    }
+    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
+}
+
+/// The error for two events with the same seq in one pool.
+pub fn duplicate(pool: u16, seq: u64, f1: &Path, r1: u64, f2: &Path, r2: u64) -> Error {
+    Error::invalid(
+        Location::file(f2).row(r2).column(kv_col::SEQ),
+        format!(
+            "pool {pool} has two events with seq {seq}: {} row {r1} and {} row {r2}",
+            f1.display(),
+            f2.display()
+        ),
+        "seq must be unique and strictly increasing within a pool; remove the duplicated rows (a file copied twice?)",
+    )
+}
+
+impl Plan {
+    /// Indexes every kv file, spills unsorted runs, orders the pools.
+    /// `chunk` bounds the events (external sort) and copies (copy index)
+    /// held in memory before spilling.
+    pub fn build(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<Plan> {
+        let files = trace.kv_files.clone();
+        let spiller = std::sync::Mutex::new(CopySpiller::new(
+            spill_root,
+            chunk.unwrap_or(super::copies::COPY_CHUNK),
+        ));
+        let indexes: Vec<FileIndex> = files
+            .par_iter()
+            .map(|f| index_file(f, &spiller))
+            .collect::<Result<Vec<_>>>()?;
+        let copies = spiller
+            .into_inner()
+            .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?
+            .finish();
+        let dep = trace.deployment();
+        let mut runs: BTreeMap<u16, Vec<RunSpec>> = BTreeMap::new();
+        let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
+        let mut total = 0u64;
+        let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();
+        for (fi, idx) in indexes.iter().enumerate() {
+            let mut uns = Vec::new();
+            for (&pool, st) in &idx.pools {
+                if dep.pool(pool).is_none() {
+                    return Err(Error::invalid(
+                        Location::file(&files[fi]).column(kv_col::POOL),
+                        format!("unknown pool id {pool}"),
+                        "every pool id must be listed in trace.json deployment.pools",
+                    ));
+                }
+                total += st.rows;
+                if st.sorted {
+                    runs.entry(pool).or_default().push(RunSpec {
+                        pool,
+                        min_seq: st.min,
+                        max_seq: st.max,
+                        rows: st.rows,
+                        source: RunSource::File(fi as u32),
+                    });
+                } else {
+                    uns.push(pool);
+                }
+            }
+            if !uns.is_empty() {
+                unsorted.push((fi as u32, uns));
+            }
+            for (&e, &row) in &idx.edges {
+                edges.entry(e).or_insert((fi as u32, row));
+            }
+        }
+        let mut spill_dir = None;
+        let mut spilled = 0u64;
+        if !unsorted.is_empty() {
+            let dir = temp_dir(spill_root, "kvtrail-spill-")?;
+            let mut n = 0usize;
+            let limit = chunk.unwrap_or(SPILL_CHUNK_EVENTS).max(1);
+            for (fi, pools) in &unsorted {
+                spilled += spill_file(
+                    trace,
+                    &files,
+                    *fi,
+                    pools,
+                    dir.path(),
+                    &mut n,
+                    limit,
+                    &mut runs,
+                )?;
+            }
+            spill_dir = Some(dir);
+        }
+        for v in runs.values_mut() {
+            v.sort_by_key(|r| (r.min_seq, r.max_seq));
+        }
+        let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges, &files)?;
+        Ok(Plan {
+            files,
+            runs,
+            copies,
+            order,
+            edges: edges.keys().copied().collect(),
+            total_events: total,
+            spilled_events: spilled,
+            spill_dir,
+        })
+    }
+}
+
+/// Pools sorted so every copy's source comes before its destination; a
+/// cycle is an error naming the pools and a copy on it.
+fn topo_order(
+    mut pools: Vec<u16>,
+    edges: &BTreeMap<(u16, u16), (u32, u64)>,
+    files: &[PathBuf],
+) -> Result<Vec<u16>> {
+    pools.sort_unstable();
+    let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
+    for &(_, d) in edges.keys() {
+        *indeg.entry(d).or_default() += 1;
+    }
+    let mut ready: Vec<u16> = indeg
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(p, _)| *p)
+        .collect();
+    ready.reverse();
+    let mut order = Vec::new();
+    while let Some(p) = ready.pop() {
+        order.push(p);
+        let mut next = Vec::new();
+        for &(s, d) in edges.keys() {
+            if s == p {
+                let e = indeg.get_mut(&d).expect("pool known");
+                *e -= 1;
+                if *e == 0 {
+                    next.push(d);
+                }
+            }
+        }
+        next.sort_unstable_by(|a, b| b.cmp(a));
+        ready.extend(next);
+        ready.sort_unstable_by(|a, b| b.cmp(a));
+    }
+    if order.len() < indeg.len() {
+        let stuck: Vec<u16> = indeg
+            .iter()
+            .filter(|(p, _)| !order.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        let ((s, d), (fi, row)) = edges
+            .iter()
+            .find(|((s, d), _)| stuck.contains(s) && stuck.contains(d))
+            .map(|(k, v)| (*k, *v))
+            .expect("a cycle has an edge");
+        return Err(Error::invalid(
+            Location::file(&files[fi as usize])
+                .row(row)
+                .column(kv_col::SRC_POOL),
+            format!(
+                "copies between pools form a cycle (pools {stuck:?}); e.g. this row copies pool {s} into pool {d}"
+            ),
+            "copies must form a DAG (prefill pools before decode pools); check src_pool of the copies",
+        ));
+    }
+    Ok(order)
+}
+
+const REC: usize = 72;
+
+fn encode(e: &Ev, b: &mut [u8; REC]) {
+    let v = &e.ev;
+    b[0..2].copy_from_slice(&v.pool.to_le_bytes());
+    b[2] = v.op as u8;
+    b[3] = (v.token_pos.is_some() as u8) | ((v.src.is_some() as u8) << 1);
+    b[4..8].copy_from_slice(&v.slot_start.to_le_bytes());
+    b[8..12].copy_from_slice(&v.slot_count.to_le_bytes());
+    b[12..16].copy_from_slice(&v.token_pos.unwrap_or(0).to_le_bytes());
+    let src = v.src.unwrap_or(CopySrc {
+        pool: 0,
+        slot_start: 0,
+        seq: 0,
+    });
+    b[16..18].copy_from_slice(&src.pool.to_le_bytes());
+    b[18..20].copy_from_slice(&[0, 0]);
+    b[20..24].copy_from_slice(&src.slot_start.to_le_bytes());
+    b[24..32].copy_from_slice(&v.seq.to_le_bytes());
+    b[32..40].copy_from_slice(&v.ts_ns.to_le_bytes());
+    b[40..48].copy_from_slice(&v.request_id.to_le_bytes());
+    b[48..56].copy_from_slice(&src.seq.to_le_bytes());
+    b[56..60].copy_from_slice(&e.file.to_le_bytes());
+    b[60..68].copy_from_slice(&e.row.to_le_bytes());
+    b[68..72].copy_from_slice(&[0; 4]);
+}
+
+fn decode(b: &[u8]) -> Ev {
+    let u16_ = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let op = Op::ALL[b[2] as usize % Op::ALL.len()];
+    Ev {
+        ev: KvEvent {
+            pool: u16_(0),
+            seq: u64_(24),
+            ts_ns: u64_(32) as i64,
+            request_id: u64_(40),
+            op,
+            slot_start: u32_(4),
+            slot_count: u32_(8),
+            token_pos: (b[3] & 1 != 0).then(|| u32_(12)),
+            src: (b[3] & 2 != 0).then(|| CopySrc {
+                pool: u16_(16),
+                slot_start: u32_(20),
+                seq: u64_(48),
+            }),
+        },
+        file: u32_(56),
+        row: u64_(60),
+    }
+}
+
+/// Sorts the rows of `pools` in file `fi` in chunks of at most `limit`
+/// events spilled to `dir`.
+#[allow(clippy::too_many_arguments)]
+fn spill_file(
+    trace: &Trace,
+    files: &[PathBuf],
+    fi: u32,
+    pools: &[u16],
+    dir: &Path,
+    n: &mut usize,
+    limit: usize,
+    runs: &mut BTreeMap<u16, Vec<RunSpec>>,
+) -> Result<u64> {
+    let mut bufs: HashMap<u16, Vec<Ev>> = pools.iter().map(|&p| (p, Vec::new())).collect();
+    let mut spilled = 0u64;
+    let mut flush = |pool: u16, buf: &mut Vec<Ev>, n: &mut usize| -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        buf.sort_by_key(|e| e.ev.seq);
+        let path = dir.join(format!("run-{:06}.bin", *n));
+        *n += 1;
+        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        let mut rec = [0u8; REC];
+        for e in buf.iter() {
+            encode(e, &mut rec);
+            w.write_all(&rec).map_err(|e| Error::io(&path, e))?;
+        }
+        w.flush().map_err(|e| Error::io(&path, e))?;
+        runs.entry(pool).or_default().push(RunSpec {
+            pool,
+            min_seq: buf[0].ev.seq,
+            max_seq: buf[buf.len() - 1].ev.seq,
+            rows: buf.len() as u64,
+            source: RunSource::Spill(path),
+        });
+        spilled += buf.len() as u64;
+        buf.clear();
+        Ok(())
+    };
+    for chunk in trace.kv_file(&files[fi as usize])? {
+        let chunk = chunk?;
+        for (i, ev) in chunk.events.iter().enumerate() {
+            if let Some(buf) = bufs.get_mut(&ev.pool) {
+                buf.push(Ev {
+                    ev: *ev,
+                    file: fi,
+                    row: chunk.first_row + i as u64,
+                });
+                if buf.len() >= limit {
+                    flush(ev.pool, buf, n)?;
+                }
+            }
+        }
+    }
+    let mut keys: Vec<u16> = bufs.keys().copied().collect();
+    keys.sort_unstable();
+    for p in keys {
+        let buf = bufs.get_mut(&p).expect("key");
+        flush(p, buf, n)?;
+    }
+    Ok(spilled)
+}
+
+/// An open run: yields its events in batches.
+enum OpenRun {
+    File {
+        pool: u16,
+        fi: u32,
+        reader: KvFileReader,
+    },
+    Spill {
+        path: PathBuf,
+        reader: BufReader<File>,
+    },
+}
+
+impl OpenRun {
+    fn open(spec: &RunSpec, trace: &Trace, files: &[PathBuf]) -> Result<OpenRun> {
+        Ok(match &spec.source {
+            RunSource::File(fi) => OpenRun::File {
+                pool: spec.pool,
+                fi: *fi,
+                reader: trace.kv_file(&files[*fi as usize])?,
+            },
+            RunSource::Spill(p) => OpenRun::Spill {
+                path: p.clone(),
+                reader: BufReader::with_capacity(
+                    1 << 20,
+                    File::open(p).map_err(|e| Error::io(p, e))?,
+                ),
+            },
+        })
+    }
+
+    /// Next non-empty batch, or an empty one at the end.
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
+        match self {
+            OpenRun::File { pool, fi, reader } => {
+                for chunk in reader.by_ref() {
+                    let chunk = chunk?;
+                    let r0 = chunk.first_row;
+                    if chunk.events.iter().all(|e| e.pool == *pool) {
+                        // the usual layout (one pool per file): no filtering
+                        out.locs
+                            .extend((0..chunk.events.len() as u64).map(|i| (*fi, r0 + i)));
+                        out.events = chunk.events;
+                    } else {
+                        for (i, e) in chunk.events.iter().enumerate() {
+                            if e.pool == *pool {
+                                out.events.push(*e);
+                                out.locs.push((*fi, r0 + i as u64));
+                            }
+                        }
+                    }
+                    if !out.events.is_empty() {
+                        break;
+                    }
+                }
+            }
+            OpenRun::Spill { path, reader } => {
+                let mut rec = [0u8; REC];
+                while out.events.len() < MERGE_BATCH {
+                    match reader.read_exact(&mut rec) {
+                        Ok(()) => {
+                            let e = decode(&rec);
+                            out.events.push(e.ev);
+                            out.locs.push((e.file, e.row));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                        Err(e) => return Err(Error::io(path, e)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Active {
+    run: OpenRun,
+    buf: Batch,
+    pos: usize,
+}
+
+impl Active {
+    fn head(&self) -> u64 {
+        self.buf.events[self.pos].seq
+    }
+}
+
+/// The merge state of one pool: a lazy k-way merge of its runs.
+struct Merge {
+    trace: Trace,
+    files: Vec<PathBuf>,
+    pending: std::collections::VecDeque<RunSpec>,
+    active: Vec<Active>,
+}
+
+/// Batches decoded ahead per pool (bounds the prefetch memory).
+const PREFETCH_BATCHES: usize = 2;
+
+/// The seq-ordered stream of one pool. Decoding and merging run on their
+/// own thread, a few batches ahead of the replay (so Parquet decoding
+/// overlaps the slot work); the batches are the same either way.
+/// A batch of one pool's events in seq order, with where each came from.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<KvEvent>,
+    /// (file number, row) per event.
+    pub locs: Vec<(u32, u64)>,
+}
+
+pub struct PoolStream {
+    rx: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
+    /// Used batches go back to the reader thread for reuse (no allocation
+    /// per batch, no frees across threads).
+    recycle: std::sync::mpsc::SyncSender<Batch>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    done: bool,
+}
+
+impl PoolStream {
+    pub fn new(trace: &Trace, files: &[PathBuf], runs: Vec<RunSpec>) -> PoolStream {
+        let mut m = Merge {
+            trace: trace.clone(),
+            files: files.to_vec(),
+            pending: runs.into(),
+            active: Vec::new(),
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
+        let (recycle, reuse) = std::sync::mpsc::sync_channel::<Batch>(PREFETCH_BATCHES + 2);
+        let thread = std::thread::spawn(move || {
+            loop {
+                let mut b = reuse.try_recv().unwrap_or_default();
+                let res = m.next_batch(&mut b).map(|()| b);
+                let end = res.as_ref().map_or(true, |b| b.events.is_empty());
+                if tx.send(res).is_err() || end {
+                    return;
+                }
+            }
+        });
+        PoolStream {
+            rx: Some(rx),
+            recycle,
+            thread: Some(thread),
+            done: false,
+        }
+    }
+
+    /// Hands a used batch back for reuse.
+    pub fn recycle(&self, b: Batch) {
+        let _ = self.recycle.try_send(b);
+    }
+
+    /// The next events in seq order; an empty batch at the end.
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        if self.done {
+            return Ok(Batch::default());
+        }
+        let got = self.rx.as_ref().and_then(|rx| rx.recv().ok());
+        match got {
+            Some(Ok(b)) => {
+                if b.events.is_empty() {
+                    self.done = true;
+                }
+                Ok(b)
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            None => {
+                self.done = true;
+                Err(Error::Other(
+                    "replay: the reader thread of a pool stopped".into(),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for PoolStream {
+    fn drop(&mut self) {
+        self.rx.take(); // unblocks the thread's send
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Merge {
+    /// Fills `out` with the next events in seq order (at most
+    /// `MERGE_BATCH`); empty at the end of the stream.
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
+        while out.events.len() < MERGE_BATCH {
+            // Admit runs that start before every active head.
+            let head_min = self.active.iter().map(Active::head).min();
+            while let Some(r) = self.pending.front() {
+                if head_min.is_some_and(|h| r.min_seq > h) {
+                    break;
+                }
+                let spec = self.pending.pop_front().expect("front");
+                let mut run = OpenRun::open(&spec, &self.trace, &self.files)?;
+                let mut buf = Batch::default();
+                run.next_batch(&mut buf)?;
+                if !buf.events.is_empty() {
+                    self.active.push(Active { run, buf, pos: 0 });
+                }
+                if head_min.is_none() {
+                    break;
+                }
+            }
+            if self.active.is_empty() {
+                if self.pending.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            // The active run with the smallest head, and the bound it may run to.
+            let mut best = 0;
+            for i in 1..self.active.len() {
+                let (a, b) = (&self.active[i], &self.active[best]);
+                if a.head() < b.head() {
+                    best = i;
+                }
+            }
+            let mut bound = self.pending.front().map(|r| r.min_seq).unwrap_or(u64::MAX);
+            for (i, a) in self.active.iter().enumerate() {
+                if i != best {
+                    bound = bound.min(a.head());
+                }
+            }
+            let a = &mut self.active[best];
+            let ev = &a.buf.events;
+            let len = ev.len();
+            if out.events.is_empty() && a.pos == 0 && ev[len - 1].seq < bound {
+                // The whole buffered batch goes out as it is (one run, or
+                // runs that do not overlap): hand it over without copying.
+                std::mem::swap(out, &mut a.buf);
+                a.buf.events.clear();
+                a.buf.locs.clear();
+                a.pos = 0; // empty: refilled below
+            } else {
+                let room = MERGE_BATCH.saturating_sub(out.events.len()).max(1);
+                let mut end = a.pos + 1; // at least one event (ties: one each)
+                while end < len && end - a.pos < room && ev[end].seq < bound {
+                    end += 1;
+                }
+                out.events.extend_from_slice(&ev[a.pos..end]);
+                out.locs.extend_from_slice(&a.buf.locs[a.pos..end]);
+                a.pos = end;
+            }
+            if a.pos == a.buf.events.len() {
+                a.run.next_batch(&mut a.buf)?;
+                a.pos = 0;
+                if a.buf.events.is_empty() {
+                    self.active.swap_remove(best);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,406 @@
+//! Scope: turns replay's per-reader exposure into the responder's answer:
+//! which responses read foreign KV, whose it was, which tenants are on each
+//! side, how sure we are, and how complete the evidence is.
+//!
+//! Findings are data, not errors. Every list is sorted (request id, tenant)
+//! so the same trace always gives the same report. The report never claims
+//! "no exposure" without its coverage: gaps, unclean capture, unverifiable
+//! or unlisted files and requests missing from the requests table all show
+//! up in `coverage` and lower `complete`.
+
+pub mod anomalies;
+pub mod model;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+pub use model::*;
+
+use crate::error::Result;
+use crate::replay::exposure::{PoolSets, count};
+use crate::replay::{ReplayOptions, ReplayOutcome, Reporter, replay};
+use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
+use crate::trace::read::{Trace, rel_path};
+
+/// Tenant shown for a request that is not in the requests table.
+pub const UNKNOWN_TENANT: &str = "(unknown)";
+/// Tenant shown for request 0, the engine itself.
+pub const ENGINE_TENANT: &str = "(engine)";
+
+/// Replays a trace and scopes the result.
+pub fn scope(trace: &Trace, opts: &ReplayOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
+    let outcome = replay(trace, opts, reporter)?;
+    scope_outcome(trace, &outcome, reporter)
+}
+
+fn tenant_of(id: u64, reqs: &HashMap<u64, RequestRecord>) -> String {
+    if id == ENGINE_REQUEST {
+        return ENGINE_TENANT.to_string();
+    }
+    reqs.get(&id)
+        .map(|r| r.tenant.clone())
+        .unwrap_or_else(|| UNKNOWN_TENANT.to_string())
+}
+
+fn union(sets: &[&PoolSets]) -> u64 {
+    let mut u = PoolSets::new();
+    for s in sets {
+        for (p, iv) in s.iter() {
+            u.entry(*p).or_default().union(iv);
+        }
+    }
+    count(&u)
+}
+
+/// Builds the report from a replay outcome (reads the requests table once).
+pub fn scope_outcome(
+    trace: &Trace,
+    outcome: &ReplayOutcome,
+    reporter: &dyn Reporter,
+) -> Result<ScopeReport> {
+    let m = &trace.manifest;
+    let clean_capture = m.capture.complete;
+    // Requests involved in any finding, as readers or sources.
+    let mut involved: BTreeSet<u64> = BTreeSet::new();
+    for (&r, ra) in &outcome.exposures.readers {
+        involved.insert(r);
+        involved.extend(ra.sources.keys().copied());
+    }
+    involved.remove(&ENGINE_REQUEST);
+    reporter.start("requests", trace.request_files.len() as u64);
+    let mut reqs: HashMap<u64, RequestRecord> = HashMap::new();
+    let mut anomalies = Vec::new();
+    let mut n_requests = 0u64;
+    let checker = anomalies::Checker::new(trace.deployment());
+    for f in &trace.request_files {
+        for batch in crate::trace::read::RequestFileReader::open(f)? {
+            for r in batch? {
+                n_requests += 1;
+                checker.check(&r, &mut anomalies);
+                if involved.contains(&r.request_id) {
+                    reqs.insert(r.request_id, r);
+                }
+            }
+        }
+        reporter.advance(1);
+    }
+    reporter.finish();
+    anomalies
+        .sort_by(|a: &Anomaly, b: &Anomaly| (a.request_id, &a.kind).cmp(&(b.request_id, &b.kind)));
+
+    // Responses.
+    let mut affected = Vec::new();
+    let mut blank_responses = Vec::new();
+    let mut readers: Vec<u64> = outcome.exposures.readers.keys().copied().collect();
+    readers.sort_unstable();
+    let mut window = TimeWindow::default();
+    for r in readers {
+        let ra = &outcome.exposures.readers[&r];
+        let rec = reqs.get(&r);
+        let tenant = tenant_of(r, &reqs);
+        let blank = count(&ra.blank);
+        if blank > 0 {
+            blank_responses.push(BlankReads {
+                request_id: r,
+                external_id: rec.and_then(|x| x.external_id.clone()),
+                tenant: tenant.clone(),
+                tokens: blank,
+            });
+        }
+        let foreign = count(&ra.foreign);
+        let unknown = count(&ra.unknown);
+        let uncertain = count(&ra.uncertain);
+        if foreign == 0 && unknown == 0 && uncertain == 0 {
+            continue;
+        }
+        let mut srcs: Vec<u64> = ra.sources.keys().copied().collect();
+        srcs.sort_unstable();
+        let mut sources = Vec::new();
+        let mut any_certain = false;
+        let mut cross = false;
+        for s in srcs {
+            let sa = &ra.sources[&s];
+            let st = tenant_of(s, &reqs);
+            let certain = !sa.certain.is_empty() && clean_capture;
+            any_certain |= certain;
+            let s_cross = s != ENGINE_REQUEST
+                && (st != tenant || st == UNKNOWN_TENANT || tenant == UNKNOWN_TENANT);
+            cross |= s_cross;
+            sources.push(Source {
+                request_id: s,
+                external_id: reqs.get(&s).and_then(|x| x.external_id.clone()),
+                tenant: st,
+                tokens: count(&sa.slots),
+                first_seq: sa.first_seq,
+                last_seq: sa.last_seq,
+                first_ts_ns: sa.first_ts_ns,
+                last_ts_ns: sa.last_ts_ns,
+                pools: sa.slots.keys().copied().collect(),
+                cross_tenant: s_cross,
+                confidence: if certain {
+                    Confidence::Confirmed
+                } else {
+                    Confidence::Possible
+                },
+            });
+        }
+        let mut reasons = Vec::new();
+        if foreign > 0 {
+            reasons.push("foreign".to_string());
+        }
+        if unknown > 0 {
+            reasons.push("unknown_predates_capture".to_string());
+        }
+        if uncertain > 0 {
+            reasons.push("after_gap".to_string());
+        }
+        let confidence = if any_certain {
+            Confidence::Confirmed
+        } else {
+            Confidence::Possible
+        };
+        window.include(ra.first_ts_ns, ra.last_ts_ns, rec.map(|x| x.arrival_ns));
+        affected.push(Response {
+            request_id: r,
+            external_id: rec.and_then(|x| x.external_id.clone()),
+            tenant,
+            in_requests_table: rec.is_some(),
+            arrival_ns: rec.map(|x| x.arrival_ns),
+            finish_ns: rec.and_then(|x| x.finish_ns),
+            http_status: rec.map(|x| x.http_status),
+            finish_reason: rec.and_then(|x| x.finish_reason.clone()),
+            prompt_tokens: rec.map(|x| x.prompt_tokens),
+            prefilled_tokens: rec.and_then(|x| x.prefilled_tokens),
+            output_tokens: rec.map(|x| x.output_tokens),
+            output_hash: rec.and_then(|x| x.output_hash.as_ref().map(hex32)),
+            foreign_tokens: foreign,
+            unknown_tokens: unknown,
+            uncertain_tokens: uncertain,
+            exposed_tokens: union(&[&ra.foreign, &ra.unknown, &ra.uncertain]),
+            cross_tenant: cross,
+            confidence,
+            reasons,
+            first_read_ns: ra.first_ts_ns,
+            last_read_ns: ra.last_ts_ns,
+            sources,
+        });
+    }
+
+    // Tenants on both sides.
+    let mut rec_t: BTreeMap<String, Recipient> = BTreeMap::new();
+    // tenant -> (source requests, recipient tenants, tokens, cross tokens, responses)
+    type SourceAcc = (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>);
+    let mut src_t: BTreeMap<String, SourceAcc> = BTreeMap::new();
+    for a in &affected {
+        let e = rec_t.entry(a.tenant.clone()).or_insert_with(|| Recipient {
+            tenant: a.tenant.clone(),
+            ..Default::default()
+        });
+        e.responses += 1;
+        e.foreign_tokens += a.foreign_tokens;
+        e.unknown_tokens += a.unknown_tokens;
+        e.cross_tenant_responses += a.cross_tenant as u64;
+        match a.confidence {
+            Confidence::Confirmed => e.confirmed += 1,
+            Confidence::Possible => e.possible += 1,
+        }
+        e.request_ids.push(a.request_id);
+        for s in &a.sources {
+            let t = src_t.entry(s.tenant.clone()).or_default();
+            t.0.insert(s.request_id);
+            t.1.insert(a.tenant.clone());
+            t.2 += s.tokens;
+            if s.cross_tenant {
+                t.3 += s.tokens;
+            }
+            t.4.insert(a.request_id);
+        }
+    }
+    let recipients: Vec<Recipient> = rec_t.into_values().collect();
+    let sources: Vec<SourceTenant> = src_t
+        .into_iter()
+        .map(
+            |(tenant, (reqs_, rts, tokens, cross_tokens, resp))| SourceTenant {
+                tenant,
+                requests: reqs_.len() as u64,
+                tokens,
+                cross_tenant_tokens: cross_tokens,
+                recipient_responses: resp.len() as u64,
+                recipient_tenants: rts.into_iter().collect(),
+                request_ids: reqs_.into_iter().collect(),
+            },
+        )
+        .collect();
+
+    // Coverage.
+    let mut cov = Coverage {
+        capture_complete: clean_capture,
+        from_engine_start: m.capture.from_engine_start,
+        gaps: outcome.gaps.clone(),
+        lost_events: outcome.gaps.iter().map(|g| g.missing()).sum(),
+        unverifiable: m.files.is_none(),
+        ..Default::default()
+    };
+    for (&pool, &(lo, hi)) in &outcome.late_sources {
+        cov.copies_past_end.push(CopiesPastEnd {
+            pool,
+            min_src_seq: lo,
+            max_src_seq: hi,
+        });
+    }
+    if let Some(files) = &m.files {
+        let listed: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        let on_disk: BTreeSet<String> = trace
+            .request_files
+            .iter()
+            .chain(&trace.kv_files)
+            .map(|p| rel_path(&trace.dir, p))
+            .collect();
+        cov.files_not_in_manifest = on_disk
+            .iter()
+            .filter(|p| !listed.contains(p.as_str()))
+            .cloned()
+            .collect();
+        cov.files_missing = listed
+            .iter()
+            .filter(|p| !on_disk.contains(**p))
+            .map(|p| p.to_string())
+            .collect();
+    }
+    cov.requests_missing = involved
+        .iter()
+        .filter(|id| !reqs.contains_key(id))
+        .copied()
+        .collect();
+    cov.complete = cov.capture_complete
+        && cov.gaps.is_empty()
+        && cov.copies_past_end.is_empty()
+        && !cov.unverifiable
+        && cov.files_not_in_manifest.is_empty()
+        && cov.files_missing.is_empty()
+        && cov.requests_missing.is_empty();
+    cov.notes = coverage_notes(&cov);
+
+    let counts = Counts {
+        requests: n_requests,
+        kv_files: outcome.kv_files as u64,
+        kv_events: outcome.counters.events,
+        slot_touches: outcome.counters.slot_touches,
+        read_events: outcome.counters.read_events,
+        read_slots: outcome.counters.read_slots,
+        affected_responses: affected.len() as u64,
+        confirmed_responses: affected
+            .iter()
+            .filter(|a| a.confidence == Confidence::Confirmed)
+            .count() as u64,
+        possible_responses: affected
+            .iter()
+            .filter(|a| a.confidence == Confidence::Possible)
+            .count() as u64,
+        cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
+        foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
+        recipient_tenants: recipients.len() as u64,
+        source_tenants: sources.len() as u64,
+        source_requests: sources.iter().map(|s| s.requests).sum(),
+        anomalies: anomalies.len() as u64,
+        spilled_events: outcome.spilled_events,
+    };
+    let blank_reads = blank_responses.iter().map(|b| b.tokens).sum();
+    let verdict = verdict(&counts, &cov);
+    Ok(ScopeReport {
+        format: "kvtrail-scope".into(),
+        version: 1,
+        verdict,
+        deployment: DeploymentInfo::from(m),
+        time_window: window,
+        counts,
+        affected_responses: affected,
+        recipients,
+        sources,
+        blank_reads,
+        blank_read_responses: blank_responses,
+        anomalies,
+        coverage: cov,
+    })
+}
+
+fn coverage_notes(c: &Coverage) -> Vec<String> {
+    let mut n = Vec::new();
+    if !c.capture_complete {
+        n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());
+    }
+    if c.from_engine_start != Some(true) {
+        n.push("the capture did not begin with the engine (from_engine_start not true): slots never written in the trace may hold KV from before the capture; reads of them are reported as unknown".into());
+    }
+    for g in &c.gaps {
+        n.push(match g.after_seq {
+            Some(a) => format!(
+                "pool {}: {} events lost between seq {a} and seq {}; slot state after the hole is uncertain until rewritten",
+                g.pool,
+                g.missing(),
+                g.before_seq
+            ),
+            None => format!(
+                "pool {}: the stream starts at seq {}; {} earlier events are not in the trace",
+                g.pool,
+                g.before_seq,
+                g.missing()
+            ),
+        });
+    }
+    for cp in &c.copies_past_end {
+        n.push(format!(
+            "pool {}: copies read source seq {}..={} beyond the last recorded event; their content is uncertain",
+            cp.pool, cp.min_src_seq, cp.max_src_seq
+        ));
+    }
+    if c.unverifiable {
+        n.push("trace.json has no `files` list: file digests cannot be verified and missing files cannot be detected".into());
+    }
+    if !c.files_not_in_manifest.is_empty() {
+        n.push(format!(
+            "{} data files on disk are not listed in trace.json (included in the analysis, but unverified)",
+            c.files_not_in_manifest.len()
+        ));
+    }
+    if !c.files_missing.is_empty() {
+        n.push(format!(
+            "{} files listed in trace.json are missing on disk",
+            c.files_missing.len()
+        ));
+    }
+    if !c.requests_missing.is_empty() {
+        n.push(format!(
+            "{} requests referenced by kv events of findings are missing from the requests table (tenant unknown)",
+            c.requests_missing.len()
+        ));
+    }
+    n
+}
+
+fn verdict(c: &Counts, cov: &Coverage) -> String {
+    let evidence = if cov.complete {
+        "the evidence is complete".to_string()
+    } else {
+        format!(
+            "the evidence is INCOMPLETE ({} coverage notes)",
+            cov.notes.len()
+        )
+    };
+    if c.affected_responses == 0 {
+        if cov.complete {
+            format!("no exposure found; {evidence}")
+        } else {
+            format!(
+                "no exposure found in the recorded events, but {evidence}: exposure cannot be ruled out"
+            )
+        }
+    } else {
+        format!(
+            "{} responses affected ({} confirmed, {} possible, {} cross-tenant); {evidence}",
+            c.affected_responses,
+            c.confirmed_responses,
+            c.possible_responses,
+            c.cross_tenant_responses
+        )
+    }
+}

@@ -1,0 +1,276 @@
+//! The scope report: plain serializable data. Field order here is the order
+//! in JSON output; lists are sorted by the builder (`scope_outcome`).
+
+use serde::Serialize;
+
+use crate::replay::Gap;
+use crate::trace::manifest::Manifest;
+
+/// How sure a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Confidence {
+    /// Backed by complete evidence.
+    Confirmed,
+    /// Depends on slot state after a hole, on an unclean capture, or on KV
+    /// that predates the capture.
+    Possible,
+}
+
+impl Confidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Confidence::Confirmed => "confirmed",
+            Confidence::Possible => "possible",
+        }
+    }
+}
+
+/// One request whose KV another response read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Source {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    /// Distinct (pool, slot) of this source read by the response.
+    pub tokens: u64,
+    /// seq (in the reading pool) of the first and last read of this source.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub first_ts_ns: i64,
+    pub last_ts_ns: i64,
+    pub pools: Vec<u16>,
+    pub cross_tenant: bool,
+    pub confidence: Confidence,
+}
+
+/// One affected response.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Response {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub in_requests_table: bool,
+    pub arrival_ns: Option<i64>,
+    pub finish_ns: Option<i64>,
+    pub http_status: Option<u16>,
+    pub finish_reason: Option<String>,
+    pub prompt_tokens: Option<u32>,
+    pub prefilled_tokens: Option<u32>,
+    pub output_tokens: Option<u32>,
+    /// Lower-case hex blake3 of the output token ids.
+    pub output_hash: Option<String>,
+    /// Distinct (pool, slot) read as foreign.
+    pub foreign_tokens: u64,
+    /// Distinct (pool, slot) never written in a capture that did not begin
+    /// with the engine: KV of unknown origin.
+    pub unknown_tokens: u64,
+    /// Distinct (pool, slot) that look own/shared/blank but whose state
+    /// depends on a hole in the seq stream.
+    pub uncertain_tokens: u64,
+    /// Distinct (pool, slot) in any of the three classes above.
+    pub exposed_tokens: u64,
+    pub cross_tenant: bool,
+    pub confidence: Confidence,
+    /// foreign | unknown_predates_capture | after_gap
+    pub reasons: Vec<String>,
+    pub first_read_ns: i64,
+    pub last_read_ns: i64,
+    pub sources: Vec<Source>,
+}
+
+/// A tenant whose responses carried foreign data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Recipient {
+    pub tenant: String,
+    pub responses: u64,
+    pub foreign_tokens: u64,
+    pub unknown_tokens: u64,
+    pub cross_tenant_responses: u64,
+    pub confirmed: u64,
+    pub possible: u64,
+    pub request_ids: Vec<u64>,
+}
+
+/// A tenant whose KV leaked into responses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SourceTenant {
+    pub tenant: String,
+    /// Distinct source requests of this tenant.
+    pub requests: u64,
+    /// Sum over (response, source request) of distinct slots read.
+    pub tokens: u64,
+    pub cross_tenant_tokens: u64,
+    pub recipient_responses: u64,
+    pub recipient_tenants: Vec<String>,
+    pub request_ids: Vec<u64>,
+}
+
+/// A response that read blank (scrubbed or never-written) KV: an integrity
+/// defect, not a leak.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlankReads {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    pub tokens: u64,
+}
+
+/// A request-level anomaly visible without KV events.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Anomaly {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: String,
+    /// error_looks_like_success | prompt_exceeds_prefill_pool
+    pub kind: String,
+    pub prompt_tokens: u32,
+    pub prefilled_tokens: Option<u32>,
+    pub http_status: u16,
+    pub prefill_pool: Option<u16>,
+    /// For prompt_exceeds_prefill_pool: the pool's max_req_input_len.
+    pub limit: Option<u64>,
+    pub detail: String,
+}
+
+/// Copies that read a source seq past the end of the recorded stream.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CopiesPastEnd {
+    pub pool: u16,
+    pub min_src_seq: u64,
+    pub max_src_seq: u64,
+}
+
+/// How complete the evidence is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Coverage {
+    /// True only when nothing below lowers confidence.
+    pub complete: bool,
+    pub capture_complete: bool,
+    pub from_engine_start: Option<bool>,
+    pub gaps: Vec<Gap>,
+    pub lost_events: u64,
+    pub copies_past_end: Vec<CopiesPastEnd>,
+    /// trace.json has no `files` list.
+    pub unverifiable: bool,
+    pub files_not_in_manifest: Vec<String>,
+    pub files_missing: Vec<String>,
+    /// Requests of findings (readers or sources) not in the requests table.
+    pub requests_missing: Vec<u64>,
+    pub notes: Vec<String>,
+}
+
+/// The deployment and capture the trace describes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeploymentInfo {
+    pub name: String,
+    pub engine: String,
+    pub context_window: u64,
+    pub pools: Vec<PoolInfo>,
+    pub capture_writer: String,
+    pub capture_started_ns: i64,
+    pub capture_ended_ns: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolInfo {
+    pub id: u16,
+    pub name: String,
+    pub role: String,
+    pub capacity_tokens: u64,
+    pub page_size: u32,
+}
+
+impl DeploymentInfo {
+    pub fn from(m: &Manifest) -> Self {
+        let d = &m.deployment;
+        let mut pools: Vec<PoolInfo> = d
+            .pools
+            .iter()
+            .map(|p| PoolInfo {
+                id: p.id,
+                name: p.name.clone(),
+                role: p.role.as_str().to_string(),
+                capacity_tokens: p.capacity_tokens,
+                page_size: p.page_size,
+            })
+            .collect();
+        pools.sort_by_key(|p| p.id);
+        DeploymentInfo {
+            name: d.name.clone(),
+            engine: d.engine.clone(),
+            context_window: d.context_window,
+            pools,
+            capture_writer: m.capture.writer.clone(),
+            capture_started_ns: m.capture.started_ns,
+            capture_ended_ns: m.capture.ended_ns,
+        }
+    }
+}
+
+/// When the exposure happened (over affected responses).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TimeWindow {
+    pub first_exposure_ns: Option<i64>,
+    pub last_exposure_ns: Option<i64>,
+    pub first_arrival_ns: Option<i64>,
+    pub last_arrival_ns: Option<i64>,
+}
+
+impl TimeWindow {
+    pub fn include(&mut self, first: i64, last: i64, arrival: Option<i64>) {
+        self.first_exposure_ns = Some(self.first_exposure_ns.map_or(first, |v| v.min(first)));
+        self.last_exposure_ns = Some(self.last_exposure_ns.map_or(last, |v| v.max(last)));
+        if let Some(a) = arrival {
+            self.first_arrival_ns = Some(self.first_arrival_ns.map_or(a, |v| v.min(a)));
+            self.last_arrival_ns = Some(self.last_arrival_ns.map_or(a, |v| v.max(a)));
+        }
+    }
+}
+
+/// Totals.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub requests: u64,
+    pub kv_files: u64,
+    pub kv_events: u64,
+    pub slot_touches: u64,
+    pub read_events: u64,
+    pub read_slots: u64,
+    pub affected_responses: u64,
+    pub confirmed_responses: u64,
+    pub possible_responses: u64,
+    pub cross_tenant_responses: u64,
+    pub foreign_tokens: u64,
+    pub recipient_tenants: u64,
+    pub source_tenants: u64,
+    pub source_requests: u64,
+    pub anomalies: u64,
+    pub spilled_events: u64,
+}
+
+/// The whole scope report (`--json`, summary.json).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScopeReport {
+    pub format: String,
+    pub version: u32,
+    pub verdict: String,
+    pub deployment: DeploymentInfo,
+    pub time_window: TimeWindow,
+    pub counts: Counts,
+    pub affected_responses: Vec<Response>,
+    pub recipients: Vec<Recipient>,
+    pub sources: Vec<SourceTenant>,
+    /// Distinct (response, pool, slot) read blank: integrity defects.
+    pub blank_reads: u64,
+    pub blank_read_responses: Vec<BlankReads>,
+    pub anomalies: Vec<Anomaly>,
+    pub coverage: Coverage,
+}
+
+impl ScopeReport {
+    /// Whether anything is affected (confirmed or possible).
+    pub fn any_exposure(&self) -> bool {
+        !self.affected_responses.is_empty()
+    }
+}
