@@ -234,6 +234,11 @@ fn steady_traffic_triggers_nothing() {
     let ev = events(&run.trace);
     assert!(ev[&0].iter().any(|e| e.op == Op::Share));
     assert!(ev[&1].iter().any(|e| e.op == Op::Share));
+    // And with the decode radix cache: hits, still nothing foreign.
+    let run = simulate("steady", Some(REQUESTS), 3, &["decode_radix_cache=true"]);
+    assert_truth_matches_trace(&run);
+    assert!(run.truth.affected.is_empty());
+    assert!(run.truth.blank.is_empty());
 }
 
 #[test]
@@ -254,4 +259,58 @@ fn sibling_bugs_produce_their_defects_and_only_with_their_switch() {
         assert_truth_matches_trace(&run);
         assert!(run.truth.affected.is_empty(), "{name} without its bug");
     }
+}
+
+/// Decode radix cache on 0.5.19: a placeholder request finishes "normally"
+/// and its preallocated pages (stale KV of others) enter the decode tree
+/// under its real prompt's prefix; later requests with that prefix get
+/// them as a prefix hit (`share`). Under trace-format v1 those reads are
+/// `shared`, not foreign: the truth follows the contract, and this test
+/// pins both facts.
+#[test]
+fn decode_radix_cache_serves_placeholder_pages_to_later_requests() {
+    let run = simulate("incident", Some(REQUESTS), 7, &["decode_radix_cache=true"]);
+    assert_truth_matches_trace(&run);
+    let reqs = requests(&run.trace);
+    let placeholders: BTreeSet<u64> = reqs
+        .iter()
+        .filter(|r| over_long(r))
+        .map(|r| r.request_id)
+        .collect();
+    let ev = events(&run.trace);
+    let mut last_alloc: std::collections::HashMap<u32, u64> = Default::default();
+    let mut poisoned: BTreeSet<u64> = BTreeSet::new();
+    let mut tree_hits = 0;
+    for e in &ev[&1] {
+        let slots = e.slot_start..e.slot_start + e.slot_count;
+        match e.op {
+            Op::Alloc => slots.for_each(|s| {
+                last_alloc.insert(s, e.request_id);
+            }),
+            Op::Share => {
+                let holders: BTreeSet<u64> =
+                    slots.filter_map(|s| last_alloc.get(&s).copied()).collect();
+                if holders.iter().any(|h| *h != e.request_id) {
+                    tree_hits += 1;
+                }
+                if holders
+                    .iter()
+                    .any(|h| placeholders.contains(h) && *h != e.request_id)
+                {
+                    poisoned.insert(e.request_id);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(tree_hits > 0, "decode tree hits expected");
+    assert!(
+        !poisoned.is_empty(),
+        "seed 7 serves a placeholder's pages to a later request"
+    );
+    let affected: BTreeSet<u64> = run.truth.affected_ids().into_iter().collect();
+    assert!(
+        poisoned.is_disjoint(&affected),
+        "v1 semantics: a share grant makes those reads `shared`"
+    );
 }

@@ -13,11 +13,12 @@ set -euo pipefail
 CACHE="${KVTRAIL_CACHE:-$HOME/.cache/kvtrail}"
 VENV="$CACHE/venv-sglang-0.5.19"
 CURRENT="0.5.23"
-PY="${KVTRAIL_PYTHON:-python3.11}"
+# sglang 0.5.19-0.5.23 ship cp311 wheels; python3.11 preferred, any
+# python3 >= 3.10 accepted.
+PY="${KVTRAIL_PYTHON:-$(command -v python3.11 || command -v python3)}"
 
 # The marker is versioned: bump it when the package list changes (v2 added
 # einops, which sglang.srt.managers.utils imports).
-# (sglang.srt.managers.utils imports it).
 MARK="$VENV/.kvtrail-ready-v2"
 if [ -f "$MARK" ]; then
   echo "30-sglang: cached venv ready at $VENV"
@@ -27,7 +28,18 @@ fi
 start=$(date +%s)
 mkdir -p "$CACHE"
 rm -rf "$VENV"
-"$PY" -m venv "$VENV"
+if ! "$PY" -m venv "$VENV"; then
+  # Debian/Ubuntu ship venv separately.
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    apt-get install -y "python$ver-venv" || apt-get install -y python3-venv
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+  else
+    echo "30-sglang: '$PY -m venv' failed; install the venv module (python3-venv)" >&2
+    exit 1
+  fi
+fi
 "$VENV/bin/pip" install --quiet torch==2.13.0 torchvision==0.28.0 orjson psutil pybase64 requests \
   packaging pillow starlette tqdm IPython pydantic aiohttp msgspec pyzmq transformers==5.12.1 \
   tokenizers==0.22.2 dill compressed-tensors==0.18.0 gguf openai==2.6.1 \

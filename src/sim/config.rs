@@ -108,6 +108,12 @@ pub struct SimConfig {
     /// Prefill-side radix (prefix) cache: shared prefixes are granted with
     /// `share`, not re-written.
     pub prefix_cache: bool,
+    /// `--disaggregation-decode-enable-radix-cache`: decode keeps a
+    /// finished request's prefix pages in its own radix tree and serves
+    /// them (`share`) to later requests with the same prefix; prefill then
+    /// sends only the pages past the decode-side prefix. With 0.5.19, a
+    /// placeholder request's stale pages are inserted too (poisoning).
+    pub decode_radix_cache: bool,
     /// `--allow-auto-truncate`.
     pub allow_auto_truncate: bool,
     /// `--disaggregation-enable-kv-checksum` (0.5.21+).
@@ -187,6 +193,7 @@ impl Default for SimConfig {
             router: RouterMode::DecodeAnswer,
             free_list: FreeListPolicy::SortedStaged,
             prefix_cache: true,
+            decode_radix_cache: false,
             allow_auto_truncate: false,
             kv_checksum: false,
             decode_allocation: DecodeAllocation::Early,

@@ -144,7 +144,14 @@ struct Live {
     // decode side
     dstate: DecState,
     dec_slots: Vec<u32>,
+    /// Decode pages in position order (decode-tree prefix pages first).
     dec_pages: Vec<u32>,
+    /// Leading pages of `dec_pages` owned by the decode radix tree (a hit
+    /// at preallocation, or inserted when the request finished).
+    dec_tree_pages: u32,
+    /// Pages matched in the decode tree at preallocation (not transferred).
+    dec_prefix_pages: u32,
+    dec_group_locked: Option<u64>,
     dec_reserve: u32,
     generated: u32,
     transfer_in_flight: bool,
@@ -221,6 +228,7 @@ pub(crate) struct Engine<'a> {
     pf_queue: VecDeque<u64>,
     pf_busy: bool,
     cache: BTreeMap<u64, CacheEntry>,
+    dcache: BTreeMap<u64, CacheEntry>,
     tenants: Vec<String>,
     tenant_ix: HashMap<String, u32>,
     pub truth: TruthBuilder,
@@ -257,6 +265,7 @@ impl<'a> Engine<'a> {
             pf_queue: VecDeque::new(),
             pf_busy: false,
             cache: BTreeMap::new(),
+            dcache: BTreeMap::new(),
             tenants: Vec::new(),
             tenant_ix: HashMap::new(),
             truth: TruthBuilder::default(),
@@ -573,6 +582,9 @@ impl<'a> Engine<'a> {
             dstate: DecState::Queued,
             dec_slots: Vec::new(),
             dec_pages: Vec::new(),
+            dec_tree_pages: 0,
+            dec_prefix_pages: 0,
+            dec_group_locked: None,
             dec_reserve: 0,
             generated: 0,
             transfer_in_flight: false,
@@ -671,27 +683,56 @@ impl<'a> Engine<'a> {
 
     fn try_prealloc(&mut self, rid: u64) -> Result<bool> {
         let ps = self.dec_alloc.page_size();
-        let (dec_len, out) = {
+        let (dec_len, out, dmode, group) = {
             let l = &self.live[&rid];
-            (l.dec_len, l.out_target)
+            (l.dec_len, l.out_target, l.dmode, l.a.prefix_group)
         };
-        let need_total = (dec_len + out).div_ceil(ps) as u64;
-        let avail = self.dec_alloc.available_pages() as u64;
-        if avail < self.dec_reserved + need_total {
-            return Ok(false);
+        // Decode radix tree match: whole pages, at most dec_len - 1 tokens.
+        let mut tree: Vec<u32> = Vec::new();
+        if self.cfg.decode_radix_cache
+            && matches!(dmode, DecodeMode::Full { .. })
+            && let Some(g) = group
+            && let Some(e) = self.dcache.get(&g)
+        {
+            let k = ((dec_len - 1) / ps).min(e.pages.len() as u32);
+            tree = e.pages[..k as usize].to_vec();
         }
-        let Some((slots, pages)) = self.dec_alloc.alloc_extend(0, dec_len, 0) else {
+        let k = tree.len() as u32;
+        let need_total = ((dec_len + out).div_ceil(ps) - k) as u64;
+        while (self.dec_alloc.available_pages() as u64) < self.dec_reserved + need_total {
+            if !self.evict_decode_one(group)? {
+                return Ok(false);
+            }
+        }
+        let last_loc = tree.last().map(|p| p * ps + ps - 1).unwrap_or(0);
+        let Some((own_slots, pages)) = self.dec_alloc.alloc_extend(k * ps, dec_len, last_loc)
+        else {
             return Ok(false);
         };
         let reserve = need_total as u32 - pages.len() as u32;
         self.dec_reserved += reserve as u64;
+        let mut slots = Self::page_slots(&tree, ps);
+        if k > 0 {
+            let g = group.expect("a tree hit has a group");
+            let e = self.dcache.get_mut(&g).expect("entry");
+            e.locks += 1;
+            e.last_use = self.now;
+            self.live.get_mut(&rid).expect("live").dec_group_locked = Some(g);
+            self.grant(DECODE_POOL, rid, &slots, 0)?;
+        }
+        slots.extend_from_slice(&own_slots);
+        let mut all_pages = tree;
+        all_pages.extend_from_slice(&pages);
         let all = Self::page_slots(&pages, ps);
         self.emit_runs(DECODE_POOL, rid, Op::Alloc, &all, None)?;
+        let pages = all_pages;
         let now = self.now;
         let (pmode, policy) = (self.live[&rid].pmode, self.cfg.decode_allocation);
         let l = self.live.get_mut(&rid).expect("live");
         l.dec_slots = slots;
         l.dec_pages = pages;
+        l.dec_tree_pages = k;
+        l.dec_prefix_pages = k;
         l.dec_reserve = reserve;
         l.dstate = DecState::Waiting;
         match policy {
@@ -790,6 +831,21 @@ impl<'a> Engine<'a> {
         let Some(g) = victim else { return Ok(false) };
         let e = self.cache.remove(&g).expect("victim");
         self.free(PREFILL_POOL, crate::schema::ENGINE_REQUEST, &e.pages)?;
+        Ok(true)
+    }
+
+    /// Evicts the least recently used unlocked decode-tree entry (never
+    /// `keep`); false when nothing can be evicted.
+    fn evict_decode_one(&mut self, keep: Option<u64>) -> Result<bool> {
+        let victim = self
+            .dcache
+            .iter()
+            .filter(|(g, e)| e.locks == 0 && Some(**g) != keep)
+            .min_by_key(|(g, e)| (e.last_use, **g))
+            .map(|(g, _)| *g);
+        let Some(g) = victim else { return Ok(false) };
+        let e = self.dcache.remove(&g).expect("victim");
+        self.free(DECODE_POOL, crate::schema::ENGINE_REQUEST, &e.pages)?;
         Ok(true)
     }
 
@@ -905,7 +961,7 @@ impl<'a> Engine<'a> {
         let pps = self.pf_alloc.page_size();
         let dps = self.dec_alloc.page_size();
         debug_assert_eq!(pps, dps, "the model transfers whole pages of equal size");
-        let (src_slots, dst_pages, shared, dstate) = {
+        let (src_slots, dst_pages, shared, dstate, dec_prefix) = {
             let l = self.live.get_mut(&rid).expect("live");
             l.transfer_in_flight = false;
             (
@@ -913,6 +969,7 @@ impl<'a> Engine<'a> {
                 l.dec_pages.clone(),
                 l.pf_shared_tokens,
                 l.dstate,
+                l.dec_prefix_pages as usize,
             )
         };
         // Pages sent: those covering prefill's tokens, cut to the
@@ -920,7 +977,9 @@ impl<'a> Engine<'a> {
         let src_pages: Vec<u32> = src_slots.chunks(pps as usize).map(|c| c[0] / pps).collect();
         let n = src_pages.len().min(dst_pages.len());
         let src_seq = self.rec.next_seq(PREFILL_POOL)?.saturating_sub(1);
-        let mut i = 0;
+        // Pages the decode tree already holds are not sent
+        // (decode_prefix_len).
+        let mut i = dec_prefix.min(n);
         while i < n {
             let mut j = i + 1;
             while j < n
@@ -979,8 +1038,9 @@ impl<'a> Engine<'a> {
             let l = &self.live[&rid];
             let w = l.pf_prefix_owner;
             let n = (shared as usize).min(l.dec_slots.len());
+            let from = (l.dec_prefix_pages * dps) as usize;
             let mut granted: Vec<(u32, u32)> = Vec::new();
-            for (p, &s) in l.dec_slots[..n].iter().enumerate() {
+            for (p, &s) in l.dec_slots[..n].iter().enumerate().skip(from) {
                 let su = s as usize;
                 if self.dec_state.owner[su] == w && self.dec_state.pos[su] == p as u32 {
                     granted.push((p as u32, s));
@@ -1085,6 +1145,29 @@ impl<'a> Engine<'a> {
         if status != 200 {
             l.output_hash = None;
         }
+        // A normal finish inserts the prompt's prefix into the decode tree
+        // (cache_finished_req, is_insert=True), whatever its pages hold.
+        if self.cfg.decode_radix_cache
+            && status == 200
+            && l.dec_tree_pages == 0
+            && let Some(g) = l.a.prefix_group
+            && !self.dcache.contains_key(&g)
+        {
+            let k = l.a.prefix_tokens.min(l.dec_len) / self.dec_alloc.page_size();
+            if k > 0 {
+                l.dec_tree_pages = k;
+                let pages = l.dec_pages[..k as usize].to_vec();
+                self.dcache.insert(
+                    g,
+                    CacheEntry {
+                        pages,
+                        owner: rid,
+                        locks: 0,
+                        last_use: now,
+                    },
+                );
+            }
+        }
         l.decode_answer = Some((status, now));
         l.dstate = DecState::Done;
         self.decode_release(rid)?;
@@ -1137,7 +1220,13 @@ impl<'a> Engine<'a> {
         self.dec_reserved -= l.dec_reserve as u64;
         l.dec_reserve = 0;
         // Kept: a late (in-flight) transfer still targets these pages.
-        let pages = l.dec_pages.clone();
+        let pages = l.dec_pages[l.dec_tree_pages as usize..].to_vec();
+        if let Some(g) = l.dec_group_locked.take()
+            && let Some(e) = self.dcache.get_mut(&g)
+        {
+            e.locks -= 1;
+            e.last_use = self.now;
+        }
         self.free(DECODE_POOL, rid, &pages)?;
         self.maybe_row(rid)
     }
