@@ -11,6 +11,7 @@ pub mod replay;
 pub mod report;
 pub mod schema;
 pub mod scope;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

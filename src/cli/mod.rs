@@ -27,6 +27,8 @@ pub enum Command {
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
     Demo(commands::demo::Args),
+    /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
+    Simulate(commands::simulate::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -45,6 +47,7 @@ pub fn run() -> Exit {
         Command::Verify(a) => commands::verify::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
+        Command::Simulate(a) => commands::simulate::run(a),
     };
     match res {
         Ok(code) => code,

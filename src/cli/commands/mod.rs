@@ -2,4 +2,5 @@
 
 pub mod demo;
 pub mod scope;
+pub mod simulate;
 pub mod verify;
