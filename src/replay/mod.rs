@@ -15,6 +15,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod engine;
 pub mod exposure;
 pub mod input;
