@@ -4,8 +4,9 @@
 //! copies and kernel launches. Two devices implement it:
 //!
 //! - `driver::CudaDevice` (feature `cuda`): cudarc's driver API, kernels
-//!   compiled at run time from kernels/*.cu with NVRTC (our own loader, so a
-//!   CUDA 13 host's libnvrtc.so.13 is found).
+//!   compiled at run time from kernels/*.cu with NVRTC (our own loader,
+//!   `nvrtc`, always built: a CUDA 13 host's libnvrtc.so.13 is found, and
+//!   the test suite compiles every kernel with a real NVRTC, no GPU needed).
 //! - `emu::EmuDevice` (always built): the same kernel sources compiled as C++
 //!   by build.rs, launched by looping over blocks and threads. The normal
 //!   test suite runs the very launch sequence of the CUDA backend on it.
@@ -20,8 +21,7 @@ pub mod device;
 pub mod driver;
 pub mod emu;
 pub mod model;
-#[cfg(feature = "cuda")]
-mod nvrtc;
+pub mod nvrtc;
 pub mod prims;
 
 pub use backend::{GpuBackend, GpuConfig};

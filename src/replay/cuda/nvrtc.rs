@@ -1,4 +1,4 @@
-//! Our own NVRTC loader (feature `cuda`). cudarc 0.19 built with
+//! Our own NVRTC loader (always built; it needs no CUDA at build time). cudarc 0.19 built with
 //! `cuda-12080` looks for libnvrtc.so, then .so.12, .so.11, ... and panics
 //! when none loads, so a CUDA 13 host with only libnvrtc.so.13 would be
 //! missed. We dlopen NVRTC ourselves and call its stable C API (the seven
