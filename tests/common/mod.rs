@@ -307,15 +307,28 @@ pub fn dict_column(b: &RecordBatch, name: &str) -> RecordBatch {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
 }
 
-/// Runs scope in-process.
+/// Runs scope in-process, and again on the GPU backend over the emulated
+/// device (the kernels of kernels/*.cu compiled as C++): both reports must
+/// be identical, so every trace of every scope test is a CPU/GPU parity test.
 pub fn scope(dir: &Path) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
-    kvtrail::scope::scope(
-        &trace,
-        &kvtrail::replay::ReplayOptions::default(),
-        &kvtrail::replay::NoReporter,
-    )
-    .unwrap()
+    let cpu = kvtrail::replay::ReplayOptions {
+        backend: kvtrail::replay::BackendChoice::Cpu,
+        ..Default::default()
+    };
+    let r = kvtrail::scope::scope(&trace, &cpu, &kvtrail::replay::NoReporter).unwrap();
+    let emu = kvtrail::replay::ReplayOptions {
+        backend: kvtrail::replay::BackendChoice::Emu,
+        ..Default::default()
+    };
+    let g = kvtrail::scope::scope(&trace, &emu, &kvtrail::replay::NoReporter).unwrap();
+    assert_eq!(
+        kvtrail::report::to_json(&g),
+        kvtrail::report::to_json(&r),
+        "the emulated GPU backend disagrees with the CPU backend on {}",
+        dir.display()
+    );
+    r
 }
 
 /// A compact, line-per-fact digest of a report for data-driven tests.
