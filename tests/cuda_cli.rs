@@ -47,7 +47,10 @@ fn check(scenario: &str, requests: &str) {
     for b in ["emu", "auto"] {
         let (code, out, err) = scope(b);
         assert_eq!(code, 0, "{b}: {err}");
-        assert!(out == cpu, "{scenario}: --backend {b} output differs from cpu");
+        assert!(
+            out == cpu,
+            "{scenario}: --backend {b} output differs from cpu"
+        );
         assert!(err.contains("replay backend: "), "{err}");
     }
     let (code, out, err) = scope("cuda");
@@ -55,13 +58,22 @@ fn check(scenario: &str, requests: &str) {
         Some(why) => {
             assert_eq!(code, 2, "{err}");
             assert!(out.is_empty());
-            assert!(err.contains("--backend cuda") && err.contains(&why), "{err}");
+            assert!(
+                err.contains("--backend cuda") && err.contains(&why),
+                "{err}"
+            );
             let (_, _, auto_err) = scope("auto");
-            assert!(auto_err.contains("replay backend: cpu (auto: "), "{auto_err}");
+            assert!(
+                auto_err.contains("replay backend: cpu (auto: "),
+                "{auto_err}"
+            );
         }
         None => {
             assert_eq!(code, 0, "{err}");
-            assert!(out == cpu, "{scenario}: --backend cuda output differs from cpu");
+            assert!(
+                out == cpu,
+                "{scenario}: --backend cuda output differs from cpu"
+            );
         }
     }
 }

@@ -54,7 +54,7 @@ impl Default for GpuConfig {
     fn default() -> Self {
         Self {
             scan_chunk: 32,
-            radix_chunk: 1024,
+            radix_chunk: 512,
             max_touches: 1 << 25,
         }
     }

@@ -56,6 +56,12 @@ pub fn unavailable() -> Option<String> {
 /// Opens the CUDA backend on device 0 (after `unavailable()` said yes).
 #[cfg(feature = "cuda")]
 pub fn open_cuda() -> crate::error::Result<CudaBackend> {
+    open_cuda_with(GpuConfig::default())
+}
+
+/// Opens the CUDA backend on device 0 with explicit work sizes.
+#[cfg(feature = "cuda")]
+pub fn open_cuda_with(cfg: GpuConfig) -> crate::error::Result<CudaBackend> {
     let dev = driver::CudaDevice::open(0)?;
-    Ok(GpuBackend::new(dev, GpuConfig::default()))
+    Ok(GpuBackend::new(dev, cfg))
 }
