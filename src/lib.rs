@@ -7,6 +7,8 @@
 
 pub mod capture;
 pub mod error;
+pub mod inspect;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod schema;

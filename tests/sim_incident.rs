@@ -51,10 +51,13 @@ fn sglang_0_5_19_affects_exactly_the_over_long_prompts_on_written_slots() {
     let mut copied: BTreeSet<u64> = BTreeSet::new();
     for e in &ev[&1] {
         match e.op {
-            Op::Alloc if ph.contains(&e.request_id) && !copied.contains(&e.request_id) => {
-                if (e.slot_start..e.slot_start + e.slot_count).any(|s| written.contains(&s)) {
-                    landed_on_written.insert(e.request_id);
-                }
+            Op::Alloc
+                if ph.contains(&e.request_id)
+                    && !copied.contains(&e.request_id)
+                    && (e.slot_start..e.slot_start + e.slot_count)
+                        .any(|s| written.contains(&s)) =>
+            {
+                landed_on_written.insert(e.request_id);
             }
             Op::Write => {
                 copied.insert(e.request_id);

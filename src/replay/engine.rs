@@ -26,7 +26,6 @@ struct PoolRt {
     /// Current batch: events and, in parallel, where each came from.
     buf: Vec<crate::schema::KvEvent>,
     locs: Vec<(u32, u64)>,
-    raw: Vec<Ev>,
     pos: usize,
     /// Last applied event (seq, file, row).
     last: Option<(u64, u32, u64)>,
@@ -37,7 +36,6 @@ struct PoolRt {
 
 /// Output of the scheduler, before aggregation.
 pub struct Sched<'a> {
-    trace: &'a Trace,
     plan: &'a Plan,
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
@@ -74,10 +72,13 @@ impl<'a> Sched<'a> {
             index.insert(id, pools.len());
             pools.push(PoolRt {
                 id,
-                stream: PoolStream::new(plan.runs.get(&id).cloned().unwrap_or_default()),
+                stream: PoolStream::new(
+                    trace,
+                    &plan.files,
+                    plan.runs.get(&id).cloned().unwrap_or_default(),
+                ),
                 buf: Vec::new(),
                 locs: Vec::new(),
-                raw: Vec::new(),
                 pos: 0,
                 last: None,
                 done: false,
@@ -86,7 +87,6 @@ impl<'a> Sched<'a> {
             });
         }
         Ok(Sched {
-            trace,
             plan,
             backend,
             pools,
@@ -136,12 +136,9 @@ impl<'a> Sched<'a> {
         if pool.done {
             return Ok(false);
         }
-        pool.stream
-            .next_batch(self.trace, &self.plan.files, &mut pool.raw)?;
-        pool.buf.clear();
-        pool.locs.clear();
-        pool.buf.extend(pool.raw.iter().map(|e| e.ev));
-        pool.locs.extend(pool.raw.iter().map(|e| (e.file, e.row)));
+        let b = pool.stream.next_batch()?;
+        pool.buf = b.events;
+        pool.locs = b.locs;
         pool.pos = 0;
         if pool.buf.is_empty() {
             pool.done = true;

@@ -483,28 +483,103 @@ struct Active {
     pos: usize,
 }
 
-/// The seq-ordered stream of one pool: a lazy k-way merge of its runs.
-pub struct PoolStream {
+/// The merge state of one pool: a lazy k-way merge of its runs.
+struct Merge {
+    trace: Trace,
+    files: Vec<PathBuf>,
     pending: std::collections::VecDeque<RunSpec>,
     active: Vec<Active>,
 }
 
+/// Batches decoded ahead per pool (bounds the prefetch memory).
+const PREFETCH_BATCHES: usize = 4;
+
+/// The seq-ordered stream of one pool. Decoding and merging run on their
+/// own thread, a few batches ahead of the replay (so Parquet decoding
+/// overlaps the slot work); the batches are the same either way.
+/// A batch of one pool's events in seq order, with where each came from.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<KvEvent>,
+    /// (file number, row) per event.
+    pub locs: Vec<(u32, u64)>,
+}
+
+pub struct PoolStream {
+    rx: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    done: bool,
+}
+
 impl PoolStream {
-    pub fn new(runs: Vec<RunSpec>) -> PoolStream {
-        PoolStream {
+    pub fn new(trace: &Trace, files: &[PathBuf], runs: Vec<RunSpec>) -> PoolStream {
+        let mut m = Merge {
+            trace: trace.clone(),
+            files: files.to_vec(),
             pending: runs.into(),
             active: Vec::new(),
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::with_capacity(MERGE_BATCH);
+            loop {
+                let res = m.next_batch(&mut out).map(|()| Batch {
+                    events: out.iter().map(|e| e.ev).collect(),
+                    locs: out.iter().map(|e| (e.file, e.row)).collect(),
+                });
+                let end = res.as_ref().map_or(true, |b| b.events.is_empty());
+                if tx.send(res).is_err() || end {
+                    return;
+                }
+            }
+        });
+        PoolStream {
+            rx: Some(rx),
+            thread: Some(thread),
+            done: false,
         }
     }
 
+    /// The next events in seq order; an empty batch at the end.
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        if self.done {
+            return Ok(Batch::default());
+        }
+        let got = self.rx.as_ref().and_then(|rx| rx.recv().ok());
+        match got {
+            Some(Ok(b)) => {
+                if b.events.is_empty() {
+                    self.done = true;
+                }
+                Ok(b)
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            None => {
+                self.done = true;
+                Err(Error::Other(
+                    "replay: the reader thread of a pool stopped".into(),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for PoolStream {
+    fn drop(&mut self) {
+        self.rx.take(); // unblocks the thread's send
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Merge {
     /// Fills `out` with the next events in seq order (at most
     /// `MERGE_BATCH`); empty at the end of the stream.
-    pub fn next_batch(
-        &mut self,
-        trace: &Trace,
-        files: &[PathBuf],
-        out: &mut Vec<Ev>,
-    ) -> Result<()> {
+    fn next_batch(&mut self, out: &mut Vec<Ev>) -> Result<()> {
         out.clear();
         while out.len() < MERGE_BATCH {
             // Admit runs that start before every active head.
@@ -514,7 +589,7 @@ impl PoolStream {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
-                let mut run = OpenRun::open(&spec, trace, files)?;
+                let mut run = OpenRun::open(&spec, &self.trace, &self.files)?;
                 let mut buf = Vec::new();
                 run.next_batch(&mut buf)?;
                 if !buf.is_empty() {

@@ -198,6 +198,37 @@ pub fn max_req_input_len(context_window: u64, pool_tokens: u64) -> u64 {
         .saturating_sub(5)
 }
 
+/// What `validate_input_length` decides for a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    /// `--allow-auto-truncate`: `origin_input_ids[:max_req_input_len]`.
+    Truncate(u64),
+    /// The scheduler then calls `set_finish_with_abort`: the prompt becomes
+    /// the [`PLACEHOLDER_TOKENS`]-token placeholder `[0]` with a pending 400.
+    Reject,
+}
+
+/// Tokens of the placeholder prompt `set_finish_with_abort` leaves.
+pub const PLACEHOLDER_TOKENS: u32 = 1;
+
+/// `managers/utils.py` `validate_input_length` (0.5.19-0.5.23).
+pub fn validate_input_length(
+    prompt: u64,
+    max_req_input_len: u64,
+    allow_auto_truncate: bool,
+) -> Verdict {
+    if prompt >= max_req_input_len {
+        if allow_auto_truncate {
+            Verdict::Truncate(max_req_input_len)
+        } else {
+            Verdict::Reject
+        }
+    } else {
+        Verdict::Accept
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

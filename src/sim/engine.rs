@@ -313,13 +313,24 @@ impl<'a> Engine<'a> {
 
     // ---- emission -------------------------------------------------------
 
+    /// Records one event on `pool` at the current simulated time.
     fn emit(
         &mut self,
         pool: u16,
         rid: u64,
         op: Op,
-        start: u32,
-        count: u32,
+        extent: (u32, u32),
+        pos: Option<u32>,
+    ) -> Result<u64> {
+        self.emit_event(pool, rid, op, extent, pos, None)
+    }
+
+    fn emit_event(
+        &mut self,
+        pool: u16,
+        rid: u64,
+        op: Op,
+        (start, count): (u32, u32),
         pos: Option<u32>,
         src: Option<CopySrc>,
     ) -> Result<u64> {
@@ -353,7 +364,7 @@ impl<'a> Engine<'a> {
                 j += 1;
             }
             let pos = pos0.map(|p| p + i as u32);
-            self.emit(pool, rid, op, slots[i], (j - i) as u32, pos, None)?;
+            self.emit(pool, rid, op, (slots[i], (j - i) as u32), pos)?;
             i = j;
         }
         Ok(())
@@ -921,12 +932,11 @@ impl<'a> Engine<'a> {
                 j += 1;
             }
             let count = (j - i) as u32 * pps;
-            self.emit(
+            self.emit_event(
                 DECODE_POOL,
                 rid,
                 Op::Write,
-                dst_pages[i] * dps,
-                count,
+                (dst_pages[i] * dps, count),
                 Some(i as u32 * pps),
                 Some(CopySrc {
                     pool: PREFILL_POOL,

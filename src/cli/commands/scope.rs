@@ -58,7 +58,7 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
         backend: choice,
         spill_dir: None,
     };
-    let reporter = BarReporter::new();
+    let reporter = BarReporter::default();
     let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
     Ok(kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?)
 }
