@@ -307,21 +307,26 @@ pub fn dict_column(b: &RecordBatch, name: &str) -> RecordBatch {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
 }
 
-/// Runs scope in-process, and again on the GPU backend over the emulated
-/// device (the kernels of kernels/*.cu compiled as C++): both reports must
-/// be identical, so every trace of every scope test is a CPU/GPU parity test.
+/// Runs scope in-process.
 pub fn scope(dir: &Path) -> ScopeReport {
+    scope_with(dir, &kvtrail::replay::ReplayOptions::default())
+}
+
+/// Runs scope in-process with options (e.g. tiny spill chunks), on the CPU
+/// backend and again on the GPU backend over the emulated device (the
+/// kernels of kernels/*.cu compiled as C++): both reports must be
+/// identical, so every trace of every scope test is a CPU/GPU parity test.
+pub fn scope_with(dir: &Path, opts: &kvtrail::replay::ReplayOptions) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
-    let cpu = kvtrail::replay::ReplayOptions {
-        backend: kvtrail::replay::BackendChoice::Cpu,
-        ..Default::default()
+    let run = |backend| {
+        let o = kvtrail::replay::ReplayOptions {
+            backend,
+            ..opts.clone()
+        };
+        kvtrail::scope::scope(&trace, &o, &kvtrail::replay::NoReporter).unwrap()
     };
-    let r = kvtrail::scope::scope(&trace, &cpu, &kvtrail::replay::NoReporter).unwrap();
-    let emu = kvtrail::replay::ReplayOptions {
-        backend: kvtrail::replay::BackendChoice::Emu,
-        ..Default::default()
-    };
-    let g = kvtrail::scope::scope(&trace, &emu, &kvtrail::replay::NoReporter).unwrap();
+    let r = run(kvtrail::replay::BackendChoice::Cpu);
+    let g = run(kvtrail::replay::BackendChoice::Emu);
     assert_eq!(
         kvtrail::report::to_json(&g),
         kvtrail::report::to_json(&r),

@@ -57,6 +57,7 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
     let opts = ReplayOptions {
         backend: choice,
         spill_dir: None,
+        chunk: None,
     };
     let reporter = BarReporter::default();
     let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
