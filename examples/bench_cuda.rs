@@ -97,7 +97,7 @@ fn workload(touches: u64, capacity: u32, batch: usize) -> Vec<Vec<KvEvent>> {
     out
 }
 
-struct Result {
+struct Measured {
     name: &'static str,
     secs: f64,
     counters: Counters,
@@ -105,7 +105,7 @@ struct Result {
     digest: u64,
 }
 
-fn run(b: &mut dyn Backend, capacity: u32, batches: &[Vec<KvEvent>]) -> kvtrail::Result<Result> {
+fn run(b: &mut dyn Backend, capacity: u32, batches: &[Vec<KvEvent>]) -> kvtrail::Result<Measured> {
     b.add_pool(0, capacity, true)?;
     let mut c = Counters::default();
     let mut out: Vec<ReadRun> = Vec::new();
@@ -131,7 +131,7 @@ fn run(b: &mut dyn Backend, capacity: u32, batches: &[Vec<KvEvent>]) -> kvtrail:
     }
     let secs = t.elapsed().as_secs_f64();
     format!("{c:?}").hash(&mut h);
-    Ok(Result {
+    Ok(Measured {
         name: b.name(),
         secs,
         counters: c,
@@ -228,6 +228,7 @@ fn main() {
         let ts = r.counters.slot_touches as f64 / r.secs;
         let gbs = ts * BYTES_PER_TOUCH / 1e9;
         same &= r.digest == results[0].digest;
+        let digest = format!("{:016x}/{}", r.digest, r.runs);
         println!(
             "{:<6} {:>12} {:>14} {:>9.3} {:>12.3e} {:>14.3e} {:>8.1}x {:>10.0} {:>8.1}% {:>18}",
             r.name,
@@ -239,7 +240,7 @@ fn main() {
             base / r.secs,
             gbs,
             100.0 * gbs / peak,
-            format!("{:016x}/{}", r.digest, r.runs),
+            digest,
         );
     }
     println!(
