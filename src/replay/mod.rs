@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod copies;
 pub mod cpu;
+pub mod cuda;
 pub mod engine;
 pub mod exposure;
 pub mod input;
@@ -54,17 +55,75 @@ pub use crate::progress::{NoReporter, Reporter};
 /// Which backend to replay with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// The fastest available (CPU until the CUDA backend exists).
+    /// CUDA when this build has the `cuda` feature and a driver, NVRTC and
+    /// a device are found; the CPU otherwise.
     #[default]
     Auto,
     Cpu,
+    /// CUDA or a tool error.
+    Cuda,
+    /// The GPU backend on the emulated device (kernels compiled as C++, run
+    /// one thread at a time): for tests and debugging, slow.
+    Emu,
 }
 
-/// Creates the backend for a choice.
-pub fn make_backend(choice: BackendChoice) -> Box<dyn Backend> {
+/// A backend and a line saying which one was picked and why.
+pub struct OpenedBackend {
+    pub backend: Box<dyn Backend>,
+    pub note: String,
+}
+
+/// Creates the backend for a choice. `Cuda` fails with a message that says
+/// what is missing (the `cuda` feature, libcuda, NVRTC or a device).
+pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
+    let cpu = |note: String| OpenedBackend {
+        backend: Box::new(cpu::CpuBackend::new()),
+        note,
+    };
     match choice {
-        BackendChoice::Auto | BackendChoice::Cpu => Box::new(cpu::CpuBackend::new()),
+        BackendChoice::Cpu => Ok(cpu("cpu".into())),
+        BackendChoice::Emu => Ok(OpenedBackend {
+            backend: Box::new(cuda::GpuBackend::named(
+                cuda::EmuDevice::new(),
+                cuda::GpuConfig::default(),
+                "emu",
+            )),
+            note: "emu (GPU kernels emulated on the CPU)".into(),
+        }),
+        BackendChoice::Cuda => match cuda::unavailable() {
+            Some(why) => Err(crate::error::Error::Other(format!(
+                "--backend cuda: {why}; use --backend cpu or auto"
+            ))),
+            None => open_cuda(),
+        },
+        BackendChoice::Auto => match cuda::unavailable() {
+            Some(why) => Ok(cpu(format!("cpu (auto: {why})"))),
+            None => match open_cuda() {
+                Ok(b) => Ok(OpenedBackend {
+                    note: format!("{} (auto)", b.note),
+                    ..b
+                }),
+                Err(e) => Ok(cpu(format!("cpu (auto: CUDA could not start: {e})"))),
+            },
+        },
     }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<OpenedBackend> {
+    let b = cuda::open_cuda()?;
+    let note = format!("cuda on {}", b.device().description);
+    Ok(OpenedBackend {
+        backend: Box::new(b),
+        note,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<OpenedBackend> {
+    Err(crate::error::Error::Other(
+        cuda::unavailable().unwrap_or_default(),
+    ))
 }
 
 /// Options of a replay.
@@ -139,6 +198,6 @@ pub fn replay(
     opts: &ReplayOptions,
     reporter: &dyn Reporter,
 ) -> Result<ReplayOutcome> {
-    let mut b = make_backend(opts.backend);
+    let mut b = make_backend(opts.backend)?.backend;
     replay_with(trace, b.as_mut(), opts, reporter)
 }

@@ -312,10 +312,28 @@ pub fn scope(dir: &Path) -> ScopeReport {
     scope_with(dir, &kvtrail::replay::ReplayOptions::default())
 }
 
-/// Runs scope in-process with options (e.g. tiny spill chunks).
+/// Runs scope in-process with options (e.g. tiny spill chunks), on the CPU
+/// backend and again on the GPU backend over the emulated device (the
+/// kernels of kernels/*.cu compiled as C++): both reports must be
+/// identical, so every trace of every scope test is a CPU/GPU parity test.
 pub fn scope_with(dir: &Path, opts: &kvtrail::replay::ReplayOptions) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
-    kvtrail::scope::scope(&trace, opts, &kvtrail::replay::NoReporter).unwrap()
+    let run = |backend| {
+        let o = kvtrail::replay::ReplayOptions {
+            backend,
+            ..opts.clone()
+        };
+        kvtrail::scope::scope(&trace, &o, &kvtrail::replay::NoReporter).unwrap()
+    };
+    let r = run(kvtrail::replay::BackendChoice::Cpu);
+    let g = run(kvtrail::replay::BackendChoice::Emu);
+    assert_eq!(
+        kvtrail::report::to_json(&g),
+        kvtrail::report::to_json(&r),
+        "the emulated GPU backend disagrees with the CPU backend on {}",
+        dir.display()
+    );
+    r
 }
 
 /// A compact, line-per-fact digest of a report for data-driven tests.

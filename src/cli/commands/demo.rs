@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 use super::scope::{BackendArg, compute};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Replay backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+}
 
 /// Where the built-in trace lives: under the source tree the binary was
 /// built from, else under the current directory.
@@ -28,13 +32,13 @@ fn simulate_incident_mini() -> anyhow::Result<PathBuf> {
     )
 }
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<i32> {
     let dir = match builtin_trace() {
         Some(d) => d,
         None => simulate_incident_mini()?,
     };
     eprintln!("kvtrail demo: scope {}", dir.display());
-    let r = compute(&dir, BackendArg::Auto)?;
+    let r = compute(&dir, args.backend)?;
     let mut out = std::io::stdout().lock();
     out.write_all(kvtrail::report::human(&r).as_bytes())?;
     out.flush()?;

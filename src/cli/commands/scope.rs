@@ -13,11 +13,16 @@ use crate::cli::progress::BarReporter;
 /// Replay backend on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// The fastest available backend (CPU until a CUDA backend exists).
+    /// CUDA when built with `--features cuda` and a GPU is usable, else CPU.
     #[default]
     Auto,
     /// The CPU reference backend.
     Cpu,
+    /// The CUDA backend (exit 2 when it cannot run here).
+    Cuda,
+    /// The GPU kernels emulated on the CPU (tests and debugging; slow).
+    #[value(hide = true)]
+    Emu,
 }
 
 #[derive(clap::Args, Debug)]
@@ -44,23 +49,19 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
     let choice = match backend {
         BackendArg::Auto => BackendChoice::Auto,
         BackendArg::Cpu => BackendChoice::Cpu,
+        BackendArg::Cuda => BackendChoice::Cuda,
+        BackendArg::Emu => BackendChoice::Emu,
     };
-    let name = kvtrail::replay::make_backend(choice).name();
-    eprintln!(
-        "kvtrail: replay backend: {name}{}",
-        if matches!(backend, BackendArg::Auto) {
-            " (auto: no CUDA backend in this build)"
-        } else {
-            ""
-        }
-    );
+    let mut opened = kvtrail::replay::make_backend(choice)?;
+    eprintln!("kvtrail: replay backend: {}", opened.note);
     let opts = ReplayOptions {
         backend: choice,
         spill_dir: None,
         chunk: None,
     };
     let reporter = BarReporter::default();
-    Ok(kvtrail::scope::scope(&trace, &opts, &reporter)?)
+    let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
+    Ok(kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {

@@ -1,0 +1,71 @@
+//! Every kernel source of kernels/*.cu compiled by a real NVRTC (CUDA 13,
+//! through kvtrail's own loader, as the CUDA backend does at run time) for
+//! the H200's sm_90 and an older sm_80, and checked to define every kernel
+//! the host code launches. Needs no GPU: .ci/setup.d/40-nvrtc.sh installs
+//! NVRTC from PyPI. In CI (`CI` set) a missing NVRTC fails the test;
+//! elsewhere the test says how to set it up and passes.
+
+use kvtrail::replay::cuda::device::SOURCES;
+use kvtrail::replay::cuda::nvrtc::Nvrtc;
+
+fn nvrtc() -> Option<&'static Nvrtc> {
+    if std::env::var_os("KVTRAIL_NVRTC").is_none() {
+        let cache = std::env::var("KVTRAIL_CACHE").unwrap_or_else(|_| {
+            format!(
+                "{}/.cache/kvtrail",
+                std::env::var("HOME").unwrap_or_default()
+            )
+        });
+        if let Ok(lib) = std::fs::read_to_string(format!("{cache}/venv-nvrtc/.kvtrail-ready")) {
+            // SAFETY: set before any other thread of this test binary reads it
+            // (the loader reads it once, below).
+            unsafe { std::env::set_var("KVTRAIL_NVRTC", lib.trim()) };
+        }
+    }
+    match Nvrtc::get() {
+        Ok(n) => Some(n),
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("{e}\nrun .ci/setup.d/40-nvrtc.sh first")
+        }
+        Err(e) => {
+            eprintln!(
+                "skipped: {e}; run .ci/setup.d/40-nvrtc.sh to compile the kernels with NVRTC"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn nvrtc_compiles_every_kernel_for_sm90_and_sm80() {
+    let Some(nv) = nvrtc() else { return };
+    eprintln!("NVRTC {:?} from {}", nv.version(), nv.path);
+    for (major, minor) in [(9, 0), (8, 0)] {
+        for (file, src, kernels) in SOURCES {
+            let img = nv
+                .compile(file, src, major, minor)
+                .unwrap_or_else(|e| panic!("{file} sm_{major}{minor}: {e}"));
+            assert!(img.len() > 100, "{file}: empty image");
+            for k in *kernels {
+                assert!(
+                    img.windows(k.len()).any(|w| w == k.as_bytes()),
+                    "{file} sm_{major}{minor}: kernel {k} missing from the image"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn nvrtc_reports_compile_errors_with_the_log() {
+    let Some(nv) = nvrtc() else { return };
+    let e = nv
+        .compile(
+            "bad.cu",
+            "extern \"C\" __global__ void k() { undefined_thing(); }",
+            9,
+            0,
+        )
+        .unwrap_err();
+    assert!(e.contains("undefined_thing"), "{e}");
+}
