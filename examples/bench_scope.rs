@@ -391,7 +391,7 @@ fn scope_child(dir: &Path) -> ScopeRun {
 struct PhaseTimer(std::sync::Mutex<Option<(String, Instant)>>);
 
 impl kvtrail::replay::Reporter for PhaseTimer {
-    fn phase(&self, name: &str, _total: u64) {
+    fn start(&self, name: &str, _total: u64) {
         *self.0.lock().expect("lock") = Some((name.to_string(), Instant::now()));
     }
     fn advance(&self, _: u64) {}

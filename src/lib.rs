@@ -7,10 +7,13 @@
 
 pub mod capture;
 pub mod error;
+pub mod inspect;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod schema;
 pub mod scope;
+pub mod sim;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -2,6 +2,7 @@
 //! shape of the issue, deterministic `--out` bytes, exit codes
 //! (`--fail-on-exposure`, bad input = 2 with a clear message, no panic).
 
+#[path = "scope_common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -7,6 +7,7 @@
 //! The reference is deliberately simple: it snapshots a pool's whole state
 //! after every event and processes pools one after the other in DAG order.
 
+#[path = "scope_common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -4,6 +4,7 @@
 //! through the Recorder and, shuffled across hand-written Parquet files
 //! with dictionary strings, by hand; both must give the expected digest.
 
+#[path = "scope_common/mod.rs"]
 mod common;
 
 use common::{TraceBuilder, digest, pool, scope};

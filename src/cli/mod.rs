@@ -23,6 +23,12 @@ pub struct Cli {
 pub enum Command {
     /// Check every file of a trace against its manifest digests.
     Verify(commands::verify::Args),
+    /// Turn a JSON-lines event stream from an engine hook into a trace.
+    Ingest(commands::ingest::Args),
+    /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
+    Inspect(commands::inspect::Args),
+    /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
+    Simulate(commands::simulate::Args),
     /// Replay a trace: every response that read foreign KV, whose it was, who must be told.
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
@@ -43,6 +49,9 @@ pub fn run() -> Exit {
     };
     let res = match cli.command {
         Command::Verify(a) => commands::verify::run(a),
+        Command::Ingest(a) => commands::ingest::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Simulate(a) => commands::simulate::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
     };

@@ -19,26 +19,19 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// Draws the library's progress phases as bars on stderr.
+/// The library's [`kvtrail::progress::Reporter`] as a progress bar.
+#[derive(Default)]
 pub struct BarReporter {
     bar: std::sync::Mutex<Option<ProgressBar>>,
 }
 
-impl BarReporter {
-    pub fn new() -> Self {
-        BarReporter {
-            bar: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl kvtrail::replay::Reporter for BarReporter {
-    fn phase(&self, name: &str, total: u64) {
+impl kvtrail::progress::Reporter for BarReporter {
+    fn start(&self, what: &str, total: u64) {
         if let Ok(mut b) = self.bar.lock() {
             if let Some(old) = b.take() {
                 old.finish_and_clear();
             }
-            *b = Some(bar(total, name));
+            *b = Some(bar(total, what));
         }
     }
     fn advance(&self, n: u64) {

@@ -49,24 +49,7 @@ impl Gap {
     }
 }
 
-/// Progress callback: the library reports phases and units of work; the CLI
-/// draws bars. Implementations must be cheap.
-pub trait Reporter {
-    /// A phase starts with `total` units (events, files).
-    fn phase(&self, name: &str, total: u64);
-    fn advance(&self, n: u64);
-    /// The current phase is over.
-    fn finish(&self);
-}
-
-/// A reporter that reports nothing.
-pub struct NoReporter;
-
-impl Reporter for NoReporter {
-    fn phase(&self, _: &str, _: u64) {}
-    fn advance(&self, _: u64) {}
-    fn finish(&self) {}
-}
+pub use crate::progress::{NoReporter, Reporter};
 
 /// Which backend to replay with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,11 +104,11 @@ pub fn replay_with(
     opts: &ReplayOptions,
     reporter: &dyn Reporter,
 ) -> Result<ReplayOutcome> {
-    reporter.phase("index", trace.kv_files.len() as u64);
+    reporter.start("index", trace.kv_files.len() as u64);
     let plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
-    reporter.phase("replay", plan.total_events);
+    reporter.start("replay", plan.total_events);
     let mut exposures = Exposures::default();
     let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
     let (counters, gaps, late) = {

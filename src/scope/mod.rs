@@ -66,7 +66,7 @@ pub fn scope_outcome(
         involved.extend(ra.sources.keys().copied());
     }
     involved.remove(&ENGINE_REQUEST);
-    reporter.phase("requests", trace.request_files.len() as u64);
+    reporter.start("requests", trace.request_files.len() as u64);
     let mut reqs: HashMap<u64, RequestRecord> = HashMap::new();
     let mut anomalies = Vec::new();
     let mut n_requests = 0u64;

@@ -3,10 +3,12 @@
 //! Only this module knows Parquet. Readers stream; writers rotate part files
 //! and hash them as they write.
 
+pub mod index;
 pub mod manifest;
 pub mod read;
 pub mod verify;
 pub mod write;
 
+pub use index::{RequestIndex, RequestRow, load_request_index};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
 pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};

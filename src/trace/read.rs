@@ -9,18 +9,24 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::NullBuffer;
-use arrow_schema::DataType;
+use arrow_schema::{DataType, Field, FieldRef, Schema};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
 use crate::trace::manifest::{Deployment, Manifest};
+
+pub use crate::trace::index::load_request_index;
 
 /// Rows per record batch when reading.
 pub const READ_BATCH_ROWS: usize = 64 * 1024;
@@ -133,6 +139,46 @@ fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| Error::parquet(Location::file(path), e))
+}
+
+/// Like [`open_builder`], but asks the Parquet reader to hand string column
+/// `dict_col` over as a dictionary (keys + the few distinct values) instead
+/// of materializing one string per row: the op column of the kv table is
+/// then decoded to codes with one parse per distinct value. Falls back to
+/// the file's own types when the column is absent, not a string, or the
+/// reader refuses the request.
+fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+        .map_err(|e| Error::parquet(Location::file(path), e))?;
+    let schema = meta.schema().clone();
+    if let Ok(i) = schema.index_of(dict_col) {
+        let f = schema.field(i);
+        if matches!(
+            f.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ) {
+            let mut fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();
+            fields[i] = Arc::new(
+                Field::new(
+                    f.name(),
+                    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                    f.is_nullable(),
+                )
+                .with_metadata(f.metadata().clone()),
+            );
+            let supplied = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+            if let Ok(m2) = ArrowReaderMetadata::try_new(
+                meta.metadata().clone(),
+                ArrowReaderOptions::new().with_schema(supplied),
+            ) {
+                return Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(file, m2));
+            }
+        }
+    }
+    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
+        file, meta,
+    ))
 }
 
 /// Finds required and optional columns by name and projects to them.
@@ -443,7 +489,9 @@ pub struct KvFileReader {
     path: PathBuf,
     reader: ParquetRecordBatchReader,
     rows: u64,
-    pools: Vec<(u16, u64)>,
+    /// capacity_tokens by pool id (0: not in the deployment), a flat table
+    /// so the per-row lookup is one index.
+    capacity: Vec<u64>,
     done: bool,
 }
 
@@ -465,23 +513,30 @@ const KV_OPTIONAL: [&str; 4] = [
 
 impl KvFileReader {
     pub fn open(path: &Path, deployment: &Deployment) -> Result<Self> {
-        let builder = open_builder(path)?;
+        let builder = open_builder_dict(path, kv_col::OP)?;
         let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL)?;
         Ok(KvFileReader {
             path: path.to_path_buf(),
             reader,
             rows: 0,
-            pools: deployment
-                .pools
-                .iter()
-                .map(|p| (p.id, p.capacity_tokens))
-                .collect(),
+            capacity: {
+                let max = deployment.pools.iter().map(|p| p.id).max().unwrap_or(0);
+                let mut cap = vec![0u64; max as usize + 1];
+                for p in &deployment.pools {
+                    cap[p.id as usize] = p.capacity_tokens;
+                }
+                cap
+            },
             done: false,
         })
     }
 
+    #[inline]
     fn capacity(&self, pool: u16) -> Option<u64> {
-        self.pools.iter().find(|p| p.0 == pool).map(|p| p.1)
+        match self.capacity.get(pool as usize) {
+            Some(&c) if c > 0 => Some(c),
+            _ => None,
+        }
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {

@@ -15,7 +15,7 @@ pub struct Problem {
     /// Path relative to the trace root (or "trace.json").
     pub path: String,
     /// missing | extra | modified | truncated | rows | unreadable | invalid |
-    /// unclean | unverifiable | inprogress
+    /// unclean | skipped | unverifiable | inprogress
     pub kind: String,
     pub detail: String,
 }
@@ -42,6 +42,18 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             path: "trace.json".into(),
             kind: "unclean".into(),
             detail: "capture.complete is false: the recorder did not close cleanly; events may be missing at the end".into(),
+        });
+    }
+    if let Some(n) = m
+        .capture
+        .extra
+        .get("skipped_lines")
+        .and_then(|v| v.as_u64())
+    {
+        problems.push(Problem {
+            path: "trace.json".into(),
+            kind: "skipped".into(),
+            detail: format!("{n} malformed input lines were skipped at import (capture.skipped_lines): their events are lost"),
         });
     }
     let listed = match &m.files {

@@ -1,362 +1,171 @@
-//! Test support: `TraceBuilder` builds small traces in code, either through
-//! the `Recorder` (like an engine hook would) or by hand as Parquet files
-//! (random file splits, shuffled rows, dictionary-encoded strings, no
-//! `files` list), plus a compact digest of a scope report for data-driven
-//! assertions.
-#![allow(dead_code)]
+//! Shared helpers for the integration tests: a small valid trace built with
+//! the Recorder, a hand-rolled Parquet writer, and a runner for the real
+//! `kvtrail` binary.
+
+#![allow(dead_code)] // each test binary uses a subset
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 
-use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, DictionaryArray, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_array::{ArrayRef, RecordBatch};
 use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
-use kvtrail::scope::ScopeReport;
-use kvtrail::trace::{Capture, Deployment, Manifest, Pool, Role};
+use kvtrail::trace::write::PartOptions;
+use kvtrail::trace::{Deployment, Pool, Role};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
 
-/// A tiny deterministic PRNG (xorshift64*), so tests need no extra crates.
-#[derive(Clone)]
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0.max(1);
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-}
-
-/// Builds a trace in code. Seqs are assigned per pool in call order.
-#[derive(Clone)]
-pub struct TraceBuilder {
-    pub deployment: Deployment,
-    pub events: Vec<KvEvent>,
-    pub requests: Vec<RequestRecord>,
-    next_seq: Vec<u64>,
-    pub from_engine_start: bool,
-    pub complete: bool,
-    ts: i64,
-}
-
-pub fn pool(id: u16, role: Role, cap: u64) -> Pool {
-    Pool {
+pub fn deployment() -> Deployment {
+    let pool = |id, name: &str, role, cap| Pool {
         id,
-        name: format!("{}-{id}", role.as_str()),
+        name: name.into(),
         role,
         capacity_tokens: cap,
-        page_size: 1,
+        page_size: 4,
+        extra: Default::default(),
+    };
+    Deployment {
+        name: "test".into(),
+        engine: "sglang-test".into(),
+        context_window: 4096,
+        pools: vec![
+            pool(0, "prefill-0", Role::Prefill, 64),
+            pool(1, "decode-0", Role::Decode, 128),
+        ],
         extra: Default::default(),
     }
 }
 
-impl TraceBuilder {
-    /// Pool 0 prefill and pool 1 decode, 64 slots each.
-    pub fn pd() -> Self {
-        Self::with_pools(vec![pool(0, Role::Prefill, 64), pool(1, Role::Decode, 64)])
-    }
-
-    pub fn with_pools(pools: Vec<Pool>) -> Self {
-        let n = pools.iter().map(|p| p.id as usize + 1).max().unwrap_or(0);
-        TraceBuilder {
-            deployment: Deployment {
-                name: "test".into(),
-                engine: "test-engine".into(),
-                context_window: 1 << 20,
-                pools,
-                extra: Default::default(),
-            },
-            events: Vec::new(),
-            requests: Vec::new(),
-            next_seq: vec![0; n],
-            from_engine_start: true,
-            complete: true,
-            ts: 1_000,
-        }
-    }
-
-    /// Adds a request row (HTTP 200, prompt 8, decode pool 1).
-    pub fn req(&mut self, id: u64, tenant: &str) -> &mut RequestRecord {
-        self.requests.push(RequestRecord {
-            request_id: id,
-            external_id: Some(format!("ext-{id}")),
-            tenant: tenant.to_string(),
-            arrival_ns: 1_000 + id as i64,
-            finish_ns: Some(2_000 + id as i64),
-            prompt_tokens: 8,
-            prefilled_tokens: Some(8),
-            output_tokens: 4,
-            http_status: 200,
-            finish_reason: Some("stop".into()),
-            prefill_pool: None,
-            decode_pool: None,
-            prompt_hash: Some([id as u8; 32]),
-            output_hash: Some([id as u8 ^ 0xff; 32]),
-        });
-        self.requests.last_mut().unwrap()
-    }
-
-    fn push(&mut self, mut e: KvEvent) -> u64 {
-        e.seq = self.next_seq[e.pool as usize];
-        self.next_seq[e.pool as usize] += 1;
-        self.ts += 10;
-        e.ts_ns = self.ts;
-        self.events.push(e);
-        e.seq
-    }
-
-    pub fn ev(&mut self, pool: u16, rid: u64, op: Op, start: u32, count: u32) -> u64 {
-        self.push(KvEvent {
+/// Events of a small incident-shaped trace: pool 0 without token_pos or
+/// copies, pool 1 with both. Seqs are set (0.. per pool).
+pub fn events() -> Vec<KvEvent> {
+    let mut out = Vec::new();
+    let mut seqs = [0u64; 2];
+    let mut push = |pool: u16, rid: u64, op: Op, start: u32, count: u32, src: Option<CopySrc>| {
+        let seq = seqs[pool as usize];
+        seqs[pool as usize] += 1;
+        out.push(KvEvent {
             pool,
-            seq: 0,
-            ts_ns: 0,
+            seq,
+            ts_ns: 1_000 + out.len() as i64 * 10,
             request_id: rid,
             op,
             slot_start: start,
             slot_count: count,
-            token_pos: matches!(op, Op::Write | Op::Read | Op::Share).then_some(0),
-            src: None,
-        })
-    }
-    pub fn alloc(&mut self, pool: u16, rid: u64, start: u32, count: u32) -> u64 {
-        self.ev(pool, rid, Op::Alloc, start, count)
-    }
-    pub fn write(&mut self, pool: u16, rid: u64, start: u32, count: u32) -> u64 {
-        self.ev(pool, rid, Op::Write, start, count)
-    }
-    pub fn read(&mut self, pool: u16, rid: u64, start: u32, count: u32) -> u64 {
-        self.ev(pool, rid, Op::Read, start, count)
-    }
-    pub fn free(&mut self, pool: u16, rid: u64, start: u32, count: u32) -> u64 {
-        self.ev(pool, rid, Op::Free, start, count)
-    }
-    pub fn share(&mut self, pool: u16, rid: u64, start: u32, count: u32) -> u64 {
-        self.ev(pool, rid, Op::Share, start, count)
-    }
-    pub fn scrub(&mut self, pool: u16, start: u32, count: u32) -> u64 {
-        self.ev(pool, 0, Op::Scrub, start, count)
-    }
-    /// A copy into `pool` from `src_pool` as it was just after `src_seq`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn copy(
-        &mut self,
-        pool: u16,
-        rid: u64,
-        start: u32,
-        count: u32,
-        src_pool: u16,
-        src_start: u32,
-        src_seq: u64,
-    ) -> u64 {
-        self.push(KvEvent {
-            pool,
-            seq: 0,
-            ts_ns: 0,
-            request_id: rid,
-            op: Op::Write,
-            slot_start: start,
-            slot_count: count,
-            token_pos: Some(0),
-            src: Some(CopySrc {
-                pool: src_pool,
-                slot_start: src_start,
-                seq: src_seq,
-            }),
-        })
-    }
-    /// Loses `n` seqs of `pool` (a hole).
-    pub fn lose(&mut self, pool: u16, n: u64) {
-        self.next_seq[pool as usize] += n;
-    }
-    /// The seq the next event of `pool` gets.
-    pub fn next_seq(&self, pool: u16) -> u64 {
-        self.next_seq[pool as usize]
-    }
-
-    /// Writes the trace through the Recorder (one part per few rows).
-    pub fn record(&self, dir: &Path) -> PathBuf {
-        let opts = RecorderOptions {
-            row_group_rows: 3,
-            started_ns: Some(0),
-            from_engine_start: self.from_engine_start,
-            part: kvtrail::trace::write::PartOptions {
-                rotate_bytes: 1,
-                zstd_level: 1,
-            },
-            ..Default::default()
+            token_pos: (pool == 1 && op != Op::Free && op != Op::Alloc).then_some(start % 7),
+            src,
+        });
+    };
+    for rid in 1..=4u64 {
+        let s = (rid as u32 - 1) * 8;
+        push(0, rid, Op::Alloc, s, 8, None);
+        push(0, rid, Op::Write, s, 8, None);
+        push(1, rid, Op::Alloc, s, 8, None);
+        let src = CopySrc {
+            pool: 0,
+            slot_start: s,
+            seq: 2 * (rid - 1) + 1,
         };
-        let mut rec = Recorder::create(dir, self.deployment.clone(), opts).unwrap();
-        for e in &self.events {
-            rec.kv_with_seq(*e).unwrap();
-        }
-        for r in &self.requests {
-            rec.request(r.clone()).unwrap();
-        }
-        if self.complete {
-            rec.close().unwrap();
-        } else {
-            rec.close_unclean().unwrap();
-        }
-        dir.to_path_buf()
+        push(1, rid, Op::Write, s, 8, Some(src));
+        push(1, rid, Op::Read, s, 8, None);
+        push(0, rid, Op::Free, s, 8, None);
+        push(1, rid, Op::Free, s, 8, None);
     }
-
-    /// Writes the trace by hand: rows shuffled (seeded) across `files` kv
-    /// files (pools mixed), dictionary-encoded op/tenant columns when
-    /// `dict`, an extra unknown column, and no `files` list in trace.json.
-    pub fn by_hand(&self, dir: &Path, files: usize, seed: u64, dict: bool) -> PathBuf {
-        std::fs::create_dir_all(dir).unwrap();
-        let mut rng = Rng(seed);
-        let mut evs = self.events.clone();
-        rng.shuffle(&mut evs);
-        let files = files.max(1);
-        let mut parts: Vec<Vec<KvEvent>> = vec![Vec::new(); files];
-        for e in evs {
-            parts[rng.below(files as u64) as usize].push(e);
-        }
-        // Some files keep their rows sorted (streaming merge), others not
-        // (external sort).
-        for (i, p) in parts.iter_mut().enumerate() {
-            if i % 2 == 0 {
-                p.sort_by_key(|e| (e.pool, e.seq));
-            }
-        }
-        for (i, p) in parts.iter().enumerate() {
-            if p.is_empty() {
-                continue;
-            }
-            let path = dir.join(format!("kv/batch={}/f-{i:03}.parquet", i % 3));
-            kvtrail::trace::write::write_single_file(&path, &[hand_kv_batch(p, dict)]).unwrap();
-        }
-        let mut reqs = self.requests.clone();
-        rng.shuffle(&mut reqs);
-        if !reqs.is_empty() {
-            let mid = reqs.len() / 2;
-            for (i, chunk) in [&reqs[..mid], &reqs[mid..]].iter().enumerate() {
-                if chunk.is_empty() {
-                    continue;
-                }
-                let mut b = kvtrail::trace::write::requests_batch(chunk);
-                if dict {
-                    b = dict_column(&b, "tenant");
-                }
-                let path = dir.join(format!("requests/r-{i}.parquet"));
-                kvtrail::trace::write::write_single_file(&path, &[b]).unwrap();
-            }
-        }
-        let mut m = Manifest::new(
-            self.deployment.clone(),
-            Capture {
-                writer: "hand".into(),
-                started_ns: 0,
-                ended_ns: 0,
-                complete: self.complete,
-                from_engine_start: Some(self.from_engine_start),
-                extra: Default::default(),
-            },
-        );
-        m.files = None;
-        m.store(dir).unwrap();
-        dir.to_path_buf()
-    }
+    out
 }
 
-fn hand_kv_batch(evs: &[KvEvent], dict: bool) -> RecordBatch {
-    let b = kvtrail::trace::write::kv_batch(evs);
-    // An extra column readers must ignore.
-    let extra: ArrayRef = Arc::new(Int64Array::from(vec![7i64; evs.len()]));
-    let mut fields: Vec<Field> = b.schema().fields().iter().map(|f| (**f).clone()).collect();
-    fields.push(Field::new("engine_note", DataType::Int64, false));
-    let mut cols = b.columns().to_vec();
-    cols.push(extra);
-    let b = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
-    if dict { dict_column(&b, "op") } else { b }
-}
-
-/// Replaces a Utf8 column by its dictionary-encoded form.
-pub fn dict_column(b: &RecordBatch, name: &str) -> RecordBatch {
-    let schema = b.schema();
-    let mut fields = Vec::new();
-    let mut cols = Vec::new();
-    for (f, c) in schema.fields().iter().zip(b.columns()) {
-        if f.name() == name {
-            let s = c.as_any().downcast_ref::<StringArray>().unwrap();
-            let d: DictionaryArray<Int32Type> = s.iter().collect();
-            fields.push(Field::new(
-                name,
-                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
-                f.is_nullable(),
-            ));
-            cols.push(Arc::new(d) as ArrayRef);
-        } else {
-            fields.push((**f).clone());
-            cols.push(c.clone());
-        }
-    }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
-}
-
-/// Runs scope in-process.
-pub fn scope(dir: &Path) -> ScopeReport {
-    scope_with(dir, &kvtrail::replay::ReplayOptions::default())
-}
-
-/// Runs scope in-process with options (e.g. tiny spill chunks).
-pub fn scope_with(dir: &Path, opts: &kvtrail::replay::ReplayOptions) -> ScopeReport {
-    let trace = kvtrail::trace::Trace::open(dir).unwrap();
-    kvtrail::scope::scope(&trace, opts, &kvtrail::replay::NoReporter).unwrap()
-}
-
-/// A compact, line-per-fact digest of a report for data-driven tests.
-pub fn digest(r: &ScopeReport) -> String {
-    let mut out = Vec::new();
-    for a in &r.affected_responses {
-        let srcs: Vec<String> = a
-            .sources
-            .iter()
-            .map(|s| format!("{}:{}:{}", s.request_id, s.tenant, s.tokens))
-            .collect();
-        out.push(format!(
-            "r{} {} foreign={} unknown={} uncertain={} cross={} {} src=[{}]",
-            a.request_id,
-            a.tenant,
-            a.foreign_tokens,
-            a.unknown_tokens,
-            a.uncertain_tokens,
-            a.cross_tenant,
-            a.confidence.as_str(),
-            srcs.join(",")
-        ));
-    }
-    out.push(format!("blank={}", r.blank_reads));
-    let gaps: Vec<String> = r
-        .coverage
-        .gaps
-        .iter()
-        .map(|g| {
-            format!(
-                "{}:{}..{}",
-                g.pool,
-                g.after_seq.map(|a| a.to_string()).unwrap_or("-".into()),
-                g.before_seq
-            )
+pub fn requests() -> Vec<RequestRecord> {
+    (1..=4u64)
+        .map(|i| RequestRecord {
+            request_id: i,
+            external_id: (i % 2 == 0).then(|| format!("chatcmpl-{i}")),
+            tenant: ["acme", "globex", "acme", "initech"][i as usize - 1].into(),
+            arrival_ns: 1_000 + i as i64,
+            finish_ns: Some(2_000 + i as i64),
+            prompt_tokens: if i == 3 { 5000 } else { 8 },
+            prefilled_tokens: Some(if i == 3 { 1 } else { 8 }),
+            output_tokens: 3,
+            http_status: if i == 4 { 429 } else { 200 },
+            finish_reason: Some("stop".into()),
+            prefill_pool: Some(0),
+            decode_pool: Some(1),
+            prompt_hash: None,
+            output_hash: None,
         })
-        .collect();
-    out.push(format!(
-        "complete={} gaps=[{}]",
-        r.coverage.complete,
-        gaps.join(",")
-    ));
-    out.join("\n")
+        .collect()
+}
+
+/// Writes the small trace with the Recorder (one part file per stream).
+pub fn write_trace(dir: &Path) -> PathBuf {
+    let t = dir.join("trace");
+    let opts = RecorderOptions {
+        started_ns: Some(1_000),
+        row_group_rows: 1 << 16,
+        part: PartOptions::default(),
+        ..Default::default()
+    };
+    let mut rec = Recorder::create(&t, deployment(), opts).unwrap();
+    for e in events() {
+        rec.kv_with_seq(e).unwrap();
+    }
+    for r in requests() {
+        rec.request(r).unwrap();
+    }
+    rec.close().unwrap();
+    t
+}
+
+/// Writes `cols` as one Parquet file with the given compression.
+pub fn write_parquet(path: &Path, cols: Vec<(&str, ArrayRef)>, compression: Compression) {
+    let batch = RecordBatch::try_from_iter(cols).unwrap();
+    write_batches(path, &[batch], compression, 1024);
+}
+
+pub fn write_batches(
+    path: &Path,
+    batches: &[RecordBatch],
+    compression: Compression,
+    row_group_rows: usize,
+) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let props = WriterProperties::builder()
+        .set_compression(compression)
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .build();
+    let f = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(f, batches[0].schema(), Some(props)).unwrap();
+    for b in batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+}
+
+pub fn arr<A: arrow_array::Array + 'static>(a: A) -> ArrayRef {
+    Arc::new(a)
+}
+
+/// Output of one run of the binary.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn kvtrail(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
+        .args(args)
+        .env("KVTRAIL_NO_PROGRESS", "1")
+        .output()
+        .expect("run kvtrail");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
 }

@@ -1,5 +1,8 @@
 //! One module per subcommand.
 
 pub mod demo;
+pub mod ingest;
+pub mod inspect;
 pub mod scope;
+pub mod simulate;
 pub mod verify;

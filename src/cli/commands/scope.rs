@@ -59,7 +59,7 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
         spill_dir: None,
         chunk: None,
     };
-    let reporter = BarReporter::new();
+    let reporter = BarReporter::default();
     Ok(kvtrail::scope::scope(&trace, &opts, &reporter)?)
 }
 

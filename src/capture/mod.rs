@@ -11,6 +11,10 @@
 //! `row_group_rows` per pool and for requests) plus the part file each stream
 //! had open (written as `*.parquet.inprogress`, which readers ignore). Every
 //! completed part file stays readable and listed with its digest.
+//!
+//! `jsonl` turns the JSON-lines import format into recorder calls.
+
+pub mod jsonl;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -39,7 +43,7 @@ impl Default for RecorderOptions {
     fn default() -> Self {
         RecorderOptions {
             part: PartOptions::default(),
-            row_group_rows: 256 * 1024,
+            row_group_rows: 64 * 1024,
             from_engine_start: true,
             started_ns: None,
             writer: format!("kvtrail {}", env!("CARGO_PKG_VERSION")),
@@ -128,7 +132,7 @@ impl Recorder {
         Ok(Recorder {
             dir: dir.to_path_buf(),
             req_writer: PartWriter::new(dir, "requests", requests_schema(), opts.part.clone()),
-            max_ts: opts.started_ns.unwrap_or(i64::MIN),
+            max_ts: i64::MIN,
             manifest,
             opts,
             pools,
@@ -368,6 +372,18 @@ impl Recorder {
         }
         self.store_manifest(complete)?;
         Ok(self.manifest.clone())
+    }
+
+    /// Sets `capture.started_ns` (importers learn the first timestamp only
+    /// from the data). Only meaningful with `RecorderOptions::started_ns`.
+    pub fn set_started_ns(&mut self, ns: i64) {
+        self.manifest.capture.started_ns = ns;
+    }
+
+    /// Records an extra key under `capture` in trace.json (e.g.
+    /// `skipped_lines`); written with the next manifest update.
+    pub fn set_capture_extra(&mut self, key: &str, value: serde_json::Value) {
+        self.manifest.capture.extra.insert(key.to_string(), value);
     }
 
     /// Ids of pools and the number of events recorded for each.

@@ -1,0 +1,597 @@
+//! JSON-lines import: one JSON object per line, each a KV event or a
+//! request, turned into a v1 trace through the [`Recorder`].
+//!
+//! Engines written in other languages (SGLang is Python) emit this shape;
+//! `kvtrail ingest` and the future `kvtrail record` sidecar both parse it
+//! with [`parse_line`]. The shape is documented in docs/jsonl.md.
+//!
+//! Strictness: a line is either exactly right or an error naming the field.
+//! Unknown keys are errors too (a typo in a nullable field would otherwise
+//! drop evidence silently), except keys starting with `x_`, which are left
+//! for engine-specific annotations and ignored.
+//!
+//! Lost evidence is never silent: with `skip_bad_lines` each skipped line is
+//! counted, a skipped KV line whose pool is readable leaves an explicit seq
+//! hole in that pool, and the trace is closed with `capture.complete =
+//! false` and `capture.skipped_lines = N`.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::capture::{Recorder, RecorderOptions};
+use crate::error::{Error, Location, Result};
+use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, parse_hex32};
+use crate::trace::manifest::Deployment;
+
+/// One parsed line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonlRecord {
+    /// A KV event. `seq` is `Some` when the line carried one (the recorder
+    /// keeps it, holes included) and `None` when the recorder assigns it;
+    /// `event.seq` is 0 in that case.
+    Kv {
+        event: KvEvent,
+        seq: Option<u64>,
+    },
+    Request(RequestRecord),
+}
+
+/// Why a line was rejected: the field at fault (when there is one) and what
+/// is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    pub field: Option<String>,
+    pub message: String,
+    /// The pool of a KV line, when it could be read (so a skipped line can
+    /// leave an explicit hole in that pool's seq stream).
+    pub pool: Option<u16>,
+}
+
+impl std::fmt::Display for LineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "field `{field}`: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+fn err(field: &str, message: impl Into<String>) -> LineError {
+    LineError {
+        field: Some(field.to_string()),
+        message: message.into(),
+        pool: None,
+    }
+}
+
+const KV_KEYS: [&str; 12] = [
+    "type",
+    "pool",
+    "seq",
+    "ts_ns",
+    "request_id",
+    "op",
+    "slot_start",
+    "slot_count",
+    "token_pos",
+    "src_pool",
+    "src_slot_start",
+    "src_seq",
+];
+
+const REQ_KEYS: [&str; 15] = [
+    "type",
+    "request_id",
+    "external_id",
+    "tenant",
+    "arrival_ns",
+    "finish_ns",
+    "prompt_tokens",
+    "prefilled_tokens",
+    "output_tokens",
+    "http_status",
+    "finish_reason",
+    "prefill_pool",
+    "decode_pool",
+    "prompt_hash",
+    "output_hash",
+];
+
+/// Typed access to the fields of one object.
+struct Obj<'a>(&'a Map<String, Value>);
+
+impl Obj<'_> {
+    /// A field that may be absent or null.
+    fn opt_value(&self, key: &str) -> Option<&Value> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v),
+        }
+    }
+
+    fn opt_int<T: TryFrom<i128>>(&self, key: &str, ty: &str) -> Result<Option<T>, LineError> {
+        let Some(v) = self.opt_value(key) else {
+            return Ok(None);
+        };
+        let n: Option<i128> = v
+            .as_u64()
+            .map(i128::from)
+            .or_else(|| v.as_i64().map(i128::from));
+        match n {
+            Some(n) => T::try_from(n)
+                .map(Some)
+                .map_err(|_| err(key, format!("{n} does not fit {ty}"))),
+            None => Err(err(key, format!("expected an integer ({ty}), got {v}"))),
+        }
+    }
+
+    fn int<T: TryFrom<i128>>(&self, key: &str, ty: &str) -> Result<T, LineError> {
+        self.opt_int(key, ty)?
+            .ok_or_else(|| err(key, format!("required field is missing or null ({ty})")))
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<String>, LineError> {
+        match self.opt_value(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(err(key, format!("expected a string, got {v}"))),
+        }
+    }
+
+    fn opt_hash(&self, key: &str) -> Result<Option<[u8; 32]>, LineError> {
+        match self.opt_str(key)? {
+            None => Ok(None),
+            Some(s) => parse_hex32(&s)
+                .map(Some)
+                .ok_or_else(|| err(key, "expected 64 hex digits (a blake3 digest)")),
+        }
+    }
+
+    fn check_keys(&self, known: &[&str]) -> Result<(), LineError> {
+        // Report the first unknown key in sorted order (deterministic).
+        let mut unknown: Vec<&String> = self
+            .0
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()) && !k.starts_with("x_"))
+            .collect();
+        unknown.sort();
+        match unknown.first() {
+            None => Ok(()),
+            Some(k) => Err(err(
+                k,
+                "unknown field (misspelt? engine-specific fields must start with `x_`)",
+            )),
+        }
+    }
+}
+
+/// Parses one line of the JSONL import format (see docs/jsonl.md).
+///
+/// Checks everything that can be checked without the deployment (types,
+/// ranges, op names, slot_count ≥ 1, src fields all-or-none and on `write`
+/// only, request_id ≠ 0 for requests). Pool ids and extents are checked by
+/// the [`Recorder`].
+pub fn parse_line(line: &str) -> Result<JsonlRecord, LineError> {
+    let value: Value = serde_json::from_str(line).map_err(|e| LineError {
+        field: None,
+        message: format!("not valid JSON: {e}"),
+        pool: None,
+    })?;
+    let Value::Object(map) = &value else {
+        return Err(LineError {
+            field: None,
+            message: "expected a JSON object".into(),
+            pool: None,
+        });
+    };
+    let o = Obj(map);
+    match o.opt_value("type") {
+        Some(Value::String(t)) if t == "kv" => {
+            // Read the pool first so a later failure can still name it.
+            let pool: u16 = o.int("pool", "UInt16")?;
+            parse_kv(&o, pool).map_err(|mut e| {
+                e.pool = Some(pool);
+                e
+            })
+        }
+        Some(Value::String(t)) if t == "request" => parse_request(&o),
+        Some(v) => Err(err(
+            "type",
+            format!("expected \"kv\" or \"request\", got {v}"),
+        )),
+        None => Err(err(
+            "type",
+            "missing: every line needs \"type\": \"kv\" or \"request\"",
+        )),
+    }
+}
+
+fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
+    o.check_keys(&KV_KEYS)?;
+    let seq: Option<u64> = o.opt_int("seq", "UInt64")?;
+    let op = match o.opt_value("op") {
+        Some(Value::String(s)) => Op::parse(s).ok_or_else(|| {
+            err(
+                "op",
+                format!("unknown op {s:?}: expected alloc, write, read, free, share or scrub"),
+            )
+        })?,
+        Some(v) => return Err(err("op", format!("expected a string, got {v}"))),
+        None => return Err(err("op", "required field is missing or null")),
+    };
+    let slot_count: u32 = o.int("slot_count", "UInt32")?;
+    if slot_count == 0 {
+        return Err(err(
+            "slot_count",
+            "slot_count is 0; an extent covers at least one slot",
+        ));
+    }
+    let src_pool: Option<u16> = o.opt_int("src_pool", "UInt16")?;
+    let src_slot_start: Option<u32> = o.opt_int("src_slot_start", "UInt32")?;
+    let src_seq: Option<u64> = o.opt_int("src_seq", "UInt64")?;
+    let src = match (src_pool, src_slot_start, src_seq) {
+        (None, None, None) => None,
+        (Some(pool), Some(slot_start), Some(seq)) => Some(CopySrc {
+            pool,
+            slot_start,
+            seq,
+        }),
+        (p, s, _) => {
+            let missing = if p.is_none() {
+                "src_pool"
+            } else if s.is_none() {
+                "src_slot_start"
+            } else {
+                "src_seq"
+            };
+            return Err(err(
+                missing,
+                "a copy needs src_pool, src_slot_start and src_seq together; this one is partial",
+            ));
+        }
+    };
+    if src.is_some() && op != Op::Write {
+        return Err(err(
+            "src_pool",
+            format!("src is set on a `{op}` event; only `write` copies"),
+        ));
+    }
+    let event = KvEvent {
+        pool,
+        seq: seq.unwrap_or(0),
+        ts_ns: o.int("ts_ns", "Int64")?,
+        request_id: o.int("request_id", "UInt64")?,
+        op,
+        slot_start: o.int("slot_start", "UInt32")?,
+        slot_count,
+        token_pos: o.opt_int("token_pos", "UInt32")?,
+        src,
+    };
+    Ok(JsonlRecord::Kv { event, seq })
+}
+
+fn parse_request(o: &Obj) -> Result<JsonlRecord, LineError> {
+    o.check_keys(&REQ_KEYS)?;
+    let request_id: u64 = o.int("request_id", "UInt64")?;
+    if request_id == 0 {
+        return Err(err(
+            "request_id",
+            "request_id 0 is reserved for the engine itself",
+        ));
+    }
+    let tenant = o
+        .opt_str("tenant")?
+        .ok_or_else(|| err("tenant", "required field is missing or null"))?;
+    Ok(JsonlRecord::Request(RequestRecord {
+        request_id,
+        external_id: o.opt_str("external_id")?,
+        tenant,
+        arrival_ns: o.int("arrival_ns", "Int64")?,
+        finish_ns: o.opt_int("finish_ns", "Int64")?,
+        prompt_tokens: o.int("prompt_tokens", "UInt32")?,
+        prefilled_tokens: o.opt_int("prefilled_tokens", "UInt32")?,
+        output_tokens: o.int("output_tokens", "UInt32")?,
+        http_status: o.int("http_status", "UInt16")?,
+        finish_reason: o.opt_str("finish_reason")?,
+        prefill_pool: o.opt_int("prefill_pool", "UInt16")?,
+        decode_pool: o.opt_int("decode_pool", "UInt16")?,
+        prompt_hash: o.opt_hash("prompt_hash")?,
+        output_hash: o.opt_hash("output_hash")?,
+    }))
+}
+
+/// Reads a deployment file: either the `deployment` object of trace.json,
+/// or a whole trace.json manifest (its `deployment` is used).
+pub fn load_deployment(path: &Path) -> Result<Deployment> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| {
+        Error::invalid(
+            Location::file(path),
+            format!("not valid JSON: {e}"),
+            "pass the `deployment` object of trace.json, or a whole trace.json",
+        )
+    })?;
+    let dep_value = match value.get("deployment") {
+        Some(d) => d.clone(),
+        None => value,
+    };
+    let dep: Deployment = serde_json::from_value(dep_value).map_err(|e| {
+        Error::invalid(
+            Location::file(path),
+            format!("not a deployment: {e}"),
+            "a deployment has context_window and pools [{id, role, capacity_tokens, page_size}] (docs/trace-format.md)",
+        )
+    })?;
+    dep.validate(path)?;
+    Ok(dep)
+}
+
+/// How `ingest` treats malformed lines.
+#[derive(Debug, Clone, Default)]
+pub struct IngestOptions {
+    /// Count and skip malformed lines instead of stopping at the first.
+    pub skip_bad_lines: bool,
+    pub recorder: RecorderOptions,
+}
+
+/// A line that was skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedLine {
+    /// 1-based line number.
+    pub line: u64,
+    pub error: String,
+}
+
+/// What `ingest` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    pub lines: u64,
+    pub kv_events: u64,
+    pub requests: u64,
+    pub skipped_lines: u64,
+    /// The first [`MAX_SKIPPED_LISTED`] skipped lines.
+    pub skipped: Vec<SkippedLine>,
+    pub complete: bool,
+    pub files: usize,
+}
+
+/// How many skipped lines an [`IngestReport`] lists (all are counted).
+pub const MAX_SKIPPED_LISTED: usize = 20;
+
+/// The error for a bad line: file and 1-based line number, field, message.
+fn line_error(path: &Path, line: u64, e: &LineError) -> Error {
+    Error::invalid(
+        Location::file(&PathBuf::from(format!("{}:{line}", path.display()))),
+        e.to_string(),
+        "fix the line (docs/jsonl.md), or pass --skip-bad-lines to count and skip malformed lines",
+    )
+}
+
+/// Converts a JSONL stream into a v1 trace at `out` (see docs/jsonl.md).
+///
+/// Streaming: memory is the recorder's row buffers, whatever the input
+/// size. The capture's time range comes from the data, so the same input
+/// gives byte-identical output.
+pub fn ingest(
+    input: impl BufRead,
+    input_name: &Path,
+    deployment: Deployment,
+    out: &Path,
+    opts: IngestOptions,
+) -> Result<IngestReport> {
+    let mut ropts = opts.recorder.clone();
+    // Data-derived time range: started_ns is set from the first timestamp
+    // seen (so a crash mid-import leaves a sensible manifest) and lowered to
+    // the smallest one before close.
+    ropts.started_ns = Some(ropts.started_ns.unwrap_or(0));
+    let existed = out.exists();
+    let mut rec = Recorder::create(out, deployment, ropts)?;
+    let res = ingest_lines(input, input_name, &mut rec, &opts);
+    let report = match res {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing half-written is left behind to be mistaken for a
+            // trace: the user fixes the input (or skips bad lines) and
+            // runs again with the same --out.
+            drop(rec);
+            if !existed {
+                let _ = std::fs::remove_dir_all(out);
+            }
+            return Err(e);
+        }
+    };
+    let mut report = report;
+    if report.skipped_lines > 0 {
+        rec.set_capture_extra("skipped_lines", report.skipped_lines.into());
+        rec.close_unclean()?;
+    } else {
+        rec.close()?;
+    }
+    report.complete = report.skipped_lines == 0;
+    report.files = crate::trace::read::list_parquet(&out.join("kv"))?.len()
+        + crate::trace::read::list_parquet(&out.join("requests"))?.len();
+    Ok(report)
+}
+
+fn ingest_lines(
+    input: impl BufRead,
+    input_name: &Path,
+    rec: &mut Recorder,
+    opts: &IngestOptions,
+) -> Result<IngestReport> {
+    let mut report = IngestReport::default();
+    let mut min_ts = i64::MAX;
+    let mut buf = String::new();
+    let mut input = input;
+    let mut lineno = 0u64;
+    loop {
+        buf.clear();
+        let n = input
+            .read_line(&mut buf)
+            .map_err(|e| Error::io(input_name, e))?;
+        if n == 0 {
+            break;
+        }
+        lineno += 1;
+        let line = buf.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        report.lines += 1;
+        let first = min_ts == i64::MAX;
+        let parsed = parse_line(line).and_then(|r| apply(rec, r, &mut min_ts));
+        if first && min_ts != i64::MAX {
+            rec.set_started_ns(min_ts);
+        }
+        match parsed {
+            Ok(true) => report.kv_events += 1,
+            Ok(false) => report.requests += 1,
+            Err(e) if opts.skip_bad_lines => {
+                report.skipped_lines += 1;
+                if report.skipped.len() < MAX_SKIPPED_LISTED {
+                    report.skipped.push(SkippedLine {
+                        line: lineno,
+                        error: e.to_string(),
+                    });
+                }
+                // A lost KV event with recorder-assigned seqs would vanish
+                // without trace: make the loss an explicit hole instead.
+                // (With seqs on the lines, the hole is there already.)
+                if let Some(pool) = e.pool
+                    && rec.next_seq(pool).is_ok()
+                    && !line_has_seq(line)
+                {
+                    rec.lose(pool, 1)?;
+                }
+            }
+            Err(e) => return Err(line_error(input_name, lineno, &e)),
+        }
+    }
+    if min_ts != i64::MAX {
+        rec.set_started_ns(min_ts);
+    } else {
+        rec.set_started_ns(0);
+    }
+    Ok(report)
+}
+
+/// Whether a (malformed) line still carries an integer `seq`.
+fn line_has_seq(line: &str) -> bool {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v.get("seq").and_then(Value::as_u64))
+        .is_some()
+}
+
+/// Hands a parsed record to the recorder. Returns true for a KV event.
+fn apply(rec: &mut Recorder, r: JsonlRecord, min_ts: &mut i64) -> Result<bool, LineError> {
+    let from_recorder = |pool: Option<u16>| {
+        move |e: Error| match e {
+            Error::Invalid { loc, what, .. } => LineError {
+                field: loc.column,
+                message: what,
+                pool,
+            },
+            other => LineError {
+                field: None,
+                message: other.to_string(),
+                pool,
+            },
+        }
+    };
+    match r {
+        JsonlRecord::Kv { event, seq } => {
+            let pool = Some(event.pool);
+            let res = match seq {
+                Some(_) => rec.kv_with_seq(event),
+                None => rec.kv(event).map(|_| ()),
+            };
+            res.map_err(from_recorder(pool))?;
+            *min_ts = (*min_ts).min(event.ts_ns);
+            Ok(true)
+        }
+        JsonlRecord::Request(r) => {
+            let ts = r.arrival_ns;
+            rec.request(r).map_err(from_recorder(None))?;
+            *min_ts = (*min_ts).min(ts);
+            Ok(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(line: &str, expect: &str) {
+        let got = match parse_line(line) {
+            Ok(JsonlRecord::Kv { event, seq }) => format!(
+                "kv pool={} seq={seq:?} ts={} rid={} {} {}+{} tp={:?} src={:?}",
+                event.pool,
+                event.ts_ns,
+                event.request_id,
+                event.op,
+                event.slot_start,
+                event.slot_count,
+                event.token_pos,
+                event.src.map(|s| (s.pool, s.slot_start, s.seq))
+            ),
+            Ok(JsonlRecord::Request(r)) => format!(
+                "request {} {} prompt={} prefilled={:?} status={} hash={}",
+                r.request_id,
+                r.tenant,
+                r.prompt_tokens,
+                r.prefilled_tokens,
+                r.http_status,
+                r.prompt_hash.is_some()
+            ),
+            Err(e) => format!("error {e}"),
+        };
+        assert_eq!(got, expect, "line: {line}");
+    }
+
+    #[test]
+    fn lines() {
+        let h = "ab".repeat(32);
+        let cases: Vec<(String, &str)> = vec![
+            (r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#.into(),
+             "kv pool=1 seq=Some(17) ts=5 rid=3 write 8+4 tp=None src=Some((0, 2, 9))"),
+            (r#"{"type":"kv","pool":0,"ts_ns":-1,"request_id":0,"op":"scrub","slot_start":0,"slot_count":1}"#.into(),
+             "kv pool=0 seq=None ts=-1 rid=0 scrub 0+1 tp=None src=None"),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":3,"token_pos":5,"x_layer":"all"}"#.into(),
+             "kv pool=0 seq=None ts=1 rid=2 read 0+3 tp=Some(5) src=None"),
+            (format!(r#"{{"type":"request","request_id":4,"tenant":"acme","arrival_ns":1,"prompt_tokens":900,"prefilled_tokens":1,"output_tokens":3,"http_status":200,"prompt_hash":"{h}"}}"#),
+             "request 4 acme prompt=900 prefilled=Some(1) status=200 hash=true"),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"wrte","slot_start":0,"slot_count":3}"#.into(),
+             r#"error field `op`: unknown op "wrte": expected alloc, write, read, free, share or scrub"#),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":0}"#.into(),
+             "error field `slot_count`: slot_count is 0; an extent covers at least one slot"),
+            (r#"{"type":"kv","pool":70000,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1}"#.into(),
+             "error field `pool`: 70000 does not fit UInt16"),
+            (r#"{"type":"kv","pool":0,"ts_ns":"1","request_id":2,"op":"read","slot_start":0,"slot_count":1}"#.into(),
+             r#"error field `ts_ns`: expected an integer (Int64), got "1""#),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1,"src_pool":1}"#.into(),
+             "error field `src_slot_start`: a copy needs src_pool, src_slot_start and src_seq together; this one is partial"),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1,"src_pool":1,"src_slot_start":0,"src_seq":0}"#.into(),
+             "error field `src_pool`: src is set on a `read` event; only `write` copies"),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read","slot_start":0,"slot_count":1,"tokenpos":3}"#.into(),
+             "error field `tokenpos`: unknown field (misspelt? engine-specific fields must start with `x_`)"),
+            (r#"{"type":"kv","pool":0,"ts_ns":1,"op":"read","slot_start":0,"slot_count":1}"#.into(),
+             "error field `request_id`: required field is missing or null (UInt64)"),
+            (r#"{"type":"request","request_id":0,"tenant":"a","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}"#.into(),
+             "error field `request_id`: request_id 0 is reserved for the engine itself"),
+            (r#"{"type":"request","request_id":1,"tenant":"a","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200,"prompt_hash":"abc"}"#.into(),
+             "error field `prompt_hash`: expected 64 hex digits (a blake3 digest)"),
+            (r#"{"type":"request","request_id":1,"arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}"#.into(),
+             "error field `tenant`: required field is missing or null"),
+            (r#"{"type":"span"}"#.into(), r#"error field `type`: expected "kv" or "request", got "span""#),
+            ("[1,2]".into(), "error expected a JSON object"),
+            (r#"{"type":"kv","pool":0,"#.into(), "error not valid JSON: EOF while parsing a value at line 1 column 22"),
+        ];
+        for (line, expect) in &cases {
+            check(line, expect);
+        }
+    }
+}

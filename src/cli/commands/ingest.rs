@@ -1,0 +1,85 @@
+//! `kvtrail ingest FILE.jsonl --deployment deploy.json --out TRACE`: JSON
+//! lines from an engine hook into a v1 trace (docs/jsonl.md).
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+
+use kvtrail::capture::jsonl::{IngestOptions, ingest, load_deployment};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// JSON-lines file, one KV event or request per line (`-` for stdin).
+    pub input: PathBuf,
+    /// The deployment: trace.json's `deployment` object, or a whole trace.json.
+    #[arg(long)]
+    pub deployment: PathBuf,
+    /// New trace directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Count and skip malformed lines (the trace is then marked incomplete).
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let deployment = load_deployment(&args.deployment)?;
+    let opts = IngestOptions {
+        skip_bad_lines: args.skip_bad_lines,
+        ..Default::default()
+    };
+    let report = if args.input.as_os_str() == "-" {
+        ingest(
+            std::io::stdin().lock(),
+            &args.input,
+            deployment,
+            &args.out,
+            opts,
+        )?
+    } else {
+        let f = File::open(&args.input).map_err(|e| kvtrail::Error::io(&args.input, e))?;
+        ingest(
+            BufReader::with_capacity(1 << 20, f),
+            &args.input,
+            deployment,
+            &args.out,
+            opts,
+        )?
+    };
+    let mut err = std::io::stderr().lock();
+    for s in &report.skipped {
+        writeln!(
+            err,
+            "skipped {}:{}: {}",
+            args.input.display(),
+            s.line,
+            s.error
+        )?;
+    }
+    if report.skipped_lines > report.skipped.len() as u64 {
+        writeln!(
+            err,
+            "... and {} more skipped lines",
+            report.skipped_lines - report.skipped.len() as u64
+        )?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}: {} lines, {} kv events, {} requests, {} files{}",
+        args.out.display(),
+        report.lines,
+        report.kv_events,
+        report.requests,
+        report.files,
+        if report.skipped_lines > 0 {
+            format!(
+                "; {} bad lines SKIPPED: capture marked incomplete (capture.skipped_lines)",
+                report.skipped_lines
+            )
+        } else {
+            String::new()
+        }
+    )?;
+    Ok(0)
+}

@@ -1,0 +1,213 @@
+//! `kvtrail inspect TRACE [--json]`: one screen on a trace for a responder.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
+use kvtrail::trace::Trace;
+
+use crate::cli::progress::BarReporter;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace directory (holds trace.json).
+    pub trace: PathBuf,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let trace = Trace::open(&args.trace)?;
+    let report = inspect(&trace, &BarReporter::default())?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print_text(&mut out, &args.trace, &report)?;
+    }
+    Ok(0)
+}
+
+fn counts<K: std::fmt::Display>(c: &[Count<K>]) -> String {
+    c.iter()
+        .filter(|c| c.count > 0)
+        .map(|c| format!("{} {}", c.key, c.count))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn finding(f: &Finding) -> String {
+    if f.count == 0 {
+        return "0".into();
+    }
+    let ex: Vec<String> = f.examples.iter().map(u64::to_string).collect();
+    format!(
+        "{} ({} with 2xx), e.g. request {}",
+        f.count,
+        f.with_2xx,
+        ex.join(", ")
+    )
+}
+
+fn ns(t: Option<i64>) -> String {
+    t.map_or("-".into(), utc)
+}
+
+/// Unix epoch nanoseconds as an RFC 3339 UTC time (civil calendar from
+/// days, Howard Hinnant's algorithm), so responders read dates, not ns.
+fn utc(t: i64) -> String {
+    let secs = t.div_euclid(1_000_000_000);
+    let nanos = t.rem_euclid(1_000_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+fn print_text(
+    out: &mut impl Write,
+    path: &std::path::Path,
+    r: &InspectReport,
+) -> std::io::Result<()> {
+    let d = &r.deployment;
+    writeln!(out, "trace       {}", path.display())?;
+    writeln!(
+        out,
+        "deployment  {} | {} | context_window {}",
+        d.name, d.engine, d.context_window
+    )?;
+    for p in &d.pools {
+        writeln!(
+            out,
+            "  pool {:<3} {:<16} {:<7} capacity {} tokens, page {}{}",
+            p.id,
+            p.name,
+            p.role,
+            p.capacity_tokens,
+            p.page_size,
+            p.max_req_input_len
+                .map(|l| format!(", prompts >= {l} tokens exceed it"))
+                .unwrap_or_default()
+        )?;
+    }
+    let c = &r.capture;
+    writeln!(
+        out,
+        "capture     {} | {} | from engine start: {} | writer {}",
+        if c.complete { "complete" } else { "INCOMPLETE" },
+        format_args!("{} .. {}", utc(c.started_ns), utc(c.ended_ns)),
+        match c.from_engine_start {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "unknown",
+        },
+        c.writer
+    )?;
+    let f = &r.files;
+    writeln!(
+        out,
+        "files       {} request, {} kv; {}",
+        f.request_files,
+        f.kv_files,
+        match f.listed {
+            Some(n) => format!("{n} listed with digests"),
+            None => "NONE listed: unverifiable".into(),
+        }
+    )?;
+    writeln!(
+        out,
+        "time range  {} .. {} (data)",
+        ns(r.time_range.first_ns),
+        ns(r.time_range.last_ns)
+    )?;
+    let q = &r.requests;
+    writeln!(
+        out,
+        "requests    {} from {} tenants; top: {}",
+        q.count,
+        q.tenants,
+        counts(&q.top_tenants)
+    )?;
+    writeln!(out, "  status    {}", counts(&q.statuses))?;
+    writeln!(out, "  prefilled < prompt: {}", finding(&q.short_prefill))?;
+    writeln!(
+        out,
+        "  prompt over prefill limit: {}",
+        finding(&q.over_long_prompts)
+    )?;
+    writeln!(out, "kv events   {}: {}", r.kv.events, counts(&r.kv.by_op))?;
+    for p in &r.kv.pools {
+        writeln!(
+            out,
+            "  pool {:<3} {} events, seq {}..{}: {}",
+            p.pool,
+            p.events,
+            p.first_seq.map_or("-".into(), |s| s.to_string()),
+            p.last_seq.map_or("-".into(), |s| s.to_string()),
+            counts(&p.by_op)
+        )?;
+        writeln!(
+            out,
+            "            seq holes {} ({} events missing), duplicate seqs {}",
+            p.holes, p.missing_events, p.duplicate_seqs
+        )?;
+        for h in &p.holes_listed {
+            writeln!(
+                out,
+                "              missing {} between seq {} and {}",
+                h.missing,
+                h.after_seq.map_or("start".into(), |s| s.to_string()),
+                h.before_seq
+            )?;
+        }
+        if p.holes > p.holes_listed.len() as u64 {
+            writeln!(
+                out,
+                "              ... {} more holes (see --json for counts)",
+                p.holes - p.holes_listed.len() as u64
+            )?;
+        }
+    }
+    if r.evidence_warnings.is_empty() {
+        writeln!(
+            out,
+            "evidence    complete: no holes, clean capture, verifiable"
+        )?;
+    } else {
+        writeln!(out, "evidence    WARNINGS:")?;
+        for w in &r.evidence_warnings {
+            writeln!(out, "  - {w}")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc() {
+        for (ns, want) in [
+            (0, "1970-01-01T00:00:00.000000000Z"),
+            (1_764_460_800_000_000_050, "2025-11-30T00:00:00.000000050Z"),
+            (951_782_400_123_456_789, "2000-02-29T00:00:00.123456789Z"),
+            (-1, "1969-12-31T23:59:59.999999999Z"),
+        ] {
+            assert_eq!(super::utc(ns), want);
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! `inspect`: a one-screen summary of a trace for a responder, as data.
+//!
+//! Deployment, pools, capture state, time range, request and KV event counts
+//! (by op, per pool), tenants, statuses, requests whose prefill computed
+//! fewer tokens than the prompt, prompts longer than the prefill pool can
+//! take, and the integrity of each pool's seq stream (holes, duplicates).
+//! The CLI prints it; this module never prints.
+//!
+//! Memory: the KV tables are streamed once. Seq holes are found without
+//! sorting the trace: for every (file, pool) the pass keeps the smallest and
+//! largest seq, the count, whether the seqs came in increasing order, and
+//! the gaps seen inside that run. When every run is increasing and runs of
+//! different files do not overlap (what the Recorder writes, and what any
+//! writer that splits a pool's stream into files produces), holes are the
+//! gaps inside runs plus the gaps between consecutive runs; memory is
+//! O(pools × files). Only when a pool's seqs are out of order inside a file
+//! or runs overlap does a second pass over that pool's files mark seqs in a
+//! bitmap sized by the pool's seq range (1 bit per seq, refused above
+//! [`MAX_BITMAP_SEQS`]). Requests go through the request index (which grows
+//! with the number of requests, and rejects duplicate request ids).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::progress::Reporter;
+use crate::schema::Op;
+use crate::trace::index::{RequestIndex, load_request_index};
+use crate::trace::manifest::{Deployment, Role};
+use crate::trace::read::Trace;
+
+/// Holes listed per pool (all are counted).
+pub const MAX_HOLES_LISTED: usize = 20;
+/// Request ids listed as examples per finding (all are counted).
+pub const MAX_EXAMPLES: usize = 10;
+/// Tenants listed by request count.
+pub const TOP_TENANTS: usize = 10;
+/// Largest seq range (per pool) the out-of-order fallback will hold as a
+/// bitmap: 2^33 seqs = 1 GiB.
+pub const MAX_BITMAP_SEQS: u64 = 1 << 33;
+
+/// Everything `inspect` reports.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct InspectReport {
+    pub deployment: DeploymentSummary,
+    pub capture: CaptureSummary,
+    pub files: FilesSummary,
+    pub time_range: TimeRange,
+    pub requests: RequestSummary,
+    pub kv: KvSummary,
+    /// Everything that lowers the confidence of an analysis of this trace,
+    /// one sentence each (empty for a clean, complete, verifiable trace).
+    pub evidence_warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeploymentSummary {
+    pub name: String,
+    pub engine: String,
+    pub context_window: u64,
+    pub pools: Vec<PoolSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PoolSummary {
+    pub id: u16,
+    pub name: String,
+    pub role: String,
+    pub capacity_tokens: u64,
+    pub page_size: u32,
+    /// Prefill/mixed pools: SGLang's `max_req_input_len` for this pool,
+    /// `min(context_window - 1, capacity_tokens - 1) - 5`; a prompt of this
+    /// many tokens or more is rejected (or, in the incident, replaced).
+    pub max_req_input_len: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CaptureSummary {
+    pub writer: String,
+    pub started_ns: i64,
+    pub ended_ns: i64,
+    pub complete: bool,
+    pub from_engine_start: Option<bool>,
+    /// JSONL import: malformed lines skipped (lost evidence).
+    pub skipped_lines: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FilesSummary {
+    /// Files listed in trace.json; `None` when it has no `files` (then
+    /// nothing can be verified).
+    pub listed: Option<usize>,
+    pub verifiable: bool,
+    pub request_files: usize,
+    pub kv_files: usize,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TimeRange {
+    /// Smallest timestamp in the data (kv ts_ns, request arrival/finish).
+    pub first_ns: Option<i64>,
+    pub last_ns: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Count<K> {
+    pub key: K,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Finding {
+    pub count: u64,
+    /// How many of them the customer got with a 2xx status.
+    pub with_2xx: u64,
+    /// The smallest request ids among them.
+    pub examples: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RequestSummary {
+    pub count: u64,
+    pub tenants: u64,
+    /// Tenants with the most requests (ties by name).
+    pub top_tenants: Vec<Count<String>>,
+    /// http_status histogram, ascending.
+    pub statuses: Vec<Count<u16>>,
+    /// prefilled_tokens < prompt_tokens (the prefill did not compute the
+    /// whole prompt, e.g. a 1-token placeholder).
+    pub short_prefill: Finding,
+    /// prompt_tokens ≥ the prefill pool's max_req_input_len.
+    pub over_long_prompts: Finding,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KvSummary {
+    pub events: u64,
+    pub by_op: Vec<Count<String>>,
+    pub pools: Vec<PoolKv>,
+}
+
+/// A run of missing seqs: every seq strictly between `after_seq` and
+/// `before_seq` is absent (`after_seq` is `None` for a gap before the
+/// pool's first event: seqs start at 0).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Hole {
+    pub after_seq: Option<u64>,
+    pub before_seq: u64,
+    pub missing: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PoolKv {
+    pub pool: u16,
+    pub events: u64,
+    pub by_op: Vec<Count<String>>,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    pub holes: u64,
+    pub missing_events: u64,
+    /// The first holes in seq order.
+    pub holes_listed: Vec<Hole>,
+    pub duplicate_seqs: u64,
+    /// "runs" (streaming) or "bitmap" (out-of-order fallback).
+    pub seq_check: String,
+}
+
+/// One (file, pool) run of seqs, as streamed.
+#[derive(Debug, Clone)]
+struct Run {
+    min: u64,
+    max: u64,
+    last: u64,
+    sorted: bool,
+    dups: u64,
+    holes: Vec<Hole>,
+    holes_total: u64,
+    missing: u64,
+    file: usize,
+}
+
+impl Run {
+    fn new(seq: u64, file: usize) -> Run {
+        Run {
+            min: seq,
+            max: seq,
+            last: seq,
+            sorted: true,
+            dups: 0,
+            holes: Vec::new(),
+            holes_total: 0,
+            missing: 0,
+            file,
+        }
+    }
+
+    fn push(&mut self, seq: u64) {
+        self.min = self.min.min(seq);
+        self.max = self.max.max(seq);
+        if !self.sorted {
+            return;
+        }
+        if seq == self.last {
+            self.dups += 1;
+        } else if seq < self.last {
+            self.sorted = false;
+        } else {
+            if seq > self.last + 1 {
+                self.holes_total += 1;
+                self.missing += seq - self.last - 1;
+                if self.holes.len() <= MAX_HOLES_LISTED {
+                    self.holes.push(Hole {
+                        after_seq: Some(self.last),
+                        before_seq: seq,
+                        missing: seq - self.last - 1,
+                    });
+                }
+            }
+            self.last = seq;
+        }
+    }
+}
+
+#[derive(Default)]
+struct PoolAcc {
+    by_op: [u64; 6],
+    runs: Vec<Run>,
+}
+
+/// The SGLang prompt limit of a prefill pool (see [`PoolSummary`]).
+pub fn max_req_input_len(context_window: u64, capacity_tokens: u64) -> u64 {
+    context_window
+        .saturating_sub(1)
+        .min(capacity_tokens.saturating_sub(1))
+        .saturating_sub(5)
+}
+
+/// Inspects a trace. Errors (exit 2) when any file cannot be read or breaks
+/// the contract, and on duplicate request ids.
+pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> {
+    let m = &trace.manifest;
+    let dep = &m.deployment;
+    let mut first_ns: Option<i64> = None;
+    let mut last_ns: Option<i64> = None;
+    let mut see = |t: i64| {
+        first_ns = Some(first_ns.map_or(t, |f| f.min(t)));
+        last_ns = Some(last_ns.map_or(t, |l| l.max(t)));
+    };
+
+    // KV: one streaming pass.
+    let mut pool_index = vec![u32::MAX; u16::MAX as usize + 1];
+    for (i, p) in dep.pools.iter().enumerate() {
+        pool_index[p.id as usize] = i as u32;
+    }
+    let mut accs: Vec<PoolAcc> = dep.pools.iter().map(|_| PoolAcc::default()).collect();
+    reporter.start("kv files", trace.kv_files.len() as u64);
+    for (fi, path) in trace.kv_files.iter().enumerate() {
+        let mut runs: Vec<Option<Run>> = vec![None; dep.pools.len()];
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        for chunk in trace.kv_file(path)? {
+            let chunk = chunk?;
+            for ev in &chunk.events {
+                // The reader rejected unknown pools already.
+                let pi = pool_index[ev.pool as usize] as usize;
+                accs[pi].by_op[ev.op as usize] += 1;
+                lo = lo.min(ev.ts_ns);
+                hi = hi.max(ev.ts_ns);
+                match &mut runs[pi] {
+                    Some(r) => r.push(ev.seq),
+                    slot @ None => *slot = Some(Run::new(ev.seq, fi)),
+                }
+            }
+        }
+        if lo <= hi {
+            see(lo);
+            see(hi);
+        }
+        for (pi, r) in runs.into_iter().enumerate() {
+            if let Some(r) = r {
+                accs[pi].runs.push(r);
+            }
+        }
+        reporter.advance(1);
+    }
+    reporter.finish();
+
+    let mut pools_kv = Vec::with_capacity(dep.pools.len());
+    let mut bitmap_pools = Vec::new();
+    for (pi, acc) in accs.iter_mut().enumerate() {
+        let pool = dep.pools[pi].id;
+        let events: u64 = acc.by_op.iter().sum();
+        let mut pk = PoolKv {
+            pool,
+            events,
+            by_op: op_counts(&acc.by_op),
+            first_seq: acc.runs.iter().map(|r| r.min).min(),
+            last_seq: acc.runs.iter().map(|r| r.max).max(),
+            holes: 0,
+            missing_events: 0,
+            holes_listed: Vec::new(),
+            duplicate_seqs: 0,
+            seq_check: "runs".into(),
+        };
+        acc.runs.sort_by_key(|r| (r.min, r.max, r.file));
+        let overlap = acc.runs.windows(2).any(|w| w[1].min <= w[0].max);
+        if overlap || acc.runs.iter().any(|r| !r.sorted) {
+            pk.seq_check = "bitmap".into();
+            bitmap_pools.push(pi);
+        } else {
+            merge_runs(&acc.runs, &mut pk);
+        }
+        pools_kv.push(pk);
+    }
+    if !bitmap_pools.is_empty() {
+        bitmap_pass(trace, dep, &accs, &bitmap_pools, &mut pools_kv)?;
+    }
+
+    // Requests: through the index (duplicates are an error).
+    reporter.start("requests", trace.request_files.len() as u64);
+    let index = load_request_index(trace)?;
+    reporter.finish();
+    for r in index.rows() {
+        see(r.arrival_ns);
+        if let Some(f) = r.finish_ns {
+            see(f);
+        }
+    }
+    let requests = summarize_requests(&index, dep);
+
+    let mut total_ops = [0u64; 6];
+    for acc in &accs {
+        for (t, n) in total_ops.iter_mut().zip(acc.by_op) {
+            *t += n;
+        }
+    }
+    let kv = KvSummary {
+        events: total_ops.iter().sum(),
+        by_op: op_counts(&total_ops),
+        pools: pools_kv,
+    };
+    let skipped_lines = m
+        .capture
+        .extra
+        .get("skipped_lines")
+        .and_then(|v| v.as_u64());
+    let capture = CaptureSummary {
+        writer: m.capture.writer.clone(),
+        started_ns: m.capture.started_ns,
+        ended_ns: m.capture.ended_ns,
+        complete: m.capture.complete,
+        from_engine_start: m.capture.from_engine_start,
+        skipped_lines,
+    };
+    let files = FilesSummary {
+        listed: m.files.as_ref().map(Vec::len),
+        verifiable: m.files.is_some(),
+        request_files: trace.request_files.len(),
+        kv_files: trace.kv_files.len(),
+    };
+    let evidence_warnings = warnings(&capture, &files, &kv);
+    Ok(InspectReport {
+        deployment: summarize_deployment(dep),
+        capture,
+        files,
+        time_range: TimeRange { first_ns, last_ns },
+        requests,
+        kv,
+        evidence_warnings,
+    })
+}
+
+fn op_counts(by_op: &[u64; 6]) -> Vec<Count<String>> {
+    Op::ALL
+        .iter()
+        .map(|op| Count {
+            key: op.as_str().to_string(),
+            count: by_op[*op as usize],
+        })
+        .collect()
+}
+
+/// Holes of a pool whose runs are each increasing and do not overlap
+/// (`runs` sorted by min).
+fn merge_runs(runs: &[Run], pk: &mut PoolKv) {
+    let mut listing = true;
+    let add = |pk: &mut PoolKv, h: Hole, listing: bool| {
+        pk.holes += 1;
+        pk.missing_events += h.missing;
+        if listing && pk.holes_listed.len() < MAX_HOLES_LISTED {
+            pk.holes_listed.push(h);
+        }
+    };
+    if let Some(first) = runs.first()
+        && first.min > 0
+    {
+        add(
+            pk,
+            Hole {
+                after_seq: None,
+                before_seq: first.min,
+                missing: first.min,
+            },
+            listing,
+        );
+    }
+    let mut prev_max: Option<u64> = None;
+    for r in runs {
+        if let Some(p) = prev_max
+            && r.min > p + 1
+        {
+            add(
+                pk,
+                Hole {
+                    after_seq: Some(p),
+                    before_seq: r.min,
+                    missing: r.min - p - 1,
+                },
+                listing,
+            );
+        }
+        pk.duplicate_seqs += r.dups;
+        pk.holes += r.holes_total;
+        pk.missing_events += r.missing;
+        for h in &r.holes {
+            if listing && pk.holes_listed.len() < MAX_HOLES_LISTED {
+                pk.holes_listed.push(*h);
+            }
+        }
+        if r.holes.len() as u64 != r.holes_total {
+            // The run's own list was capped: later holes would be listed
+            // out of order, so stop listing (counting goes on).
+            listing = false;
+        }
+        prev_max = Some(r.max);
+    }
+}
+
+/// Out-of-order fallback: mark each seq of the given pools in a bitmap.
+fn bitmap_pass(
+    trace: &Trace,
+    dep: &Deployment,
+    accs: &[PoolAcc],
+    pools: &[usize],
+    out: &mut [PoolKv],
+) -> Result<()> {
+    let mut maps: Vec<Option<(u64, Vec<u64>)>> = vec![None; dep.pools.len()];
+    let mut files = Vec::new();
+    for &pi in pools {
+        let min = accs[pi].runs.iter().map(|r| r.min).min().unwrap_or(0);
+        let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
+        let range = max - min + 1;
+        if range > MAX_BITMAP_SEQS {
+            return Err(Error::Other(format!(
+                "pool {}: seqs are out of order within files or overlap across files, and span {range} values (more than {MAX_BITMAP_SEQS}); hole detection would need more than 1 GiB.\n  hint: rewrite the kv files so each file holds a pool's events in seq order",
+                dep.pools[pi].id
+            )));
+        }
+        maps[pi] = Some((min, vec![0u64; range.div_ceil(64) as usize]));
+        files.extend(accs[pi].runs.iter().map(|r| r.file));
+    }
+    files.sort_unstable();
+    files.dedup();
+    let mut dups = vec![0u64; dep.pools.len()];
+    let pool_pos = |id: u16| dep.pools.iter().position(|p| p.id == id);
+    for fi in files {
+        for chunk in trace.kv_file(&trace.kv_files[fi])? {
+            for ev in chunk?.events {
+                let Some(pi) = pool_pos(ev.pool) else {
+                    continue;
+                };
+                if let Some((min, bits)) = &mut maps[pi] {
+                    let b = ev.seq - *min;
+                    let (w, m) = ((b / 64) as usize, 1u64 << (b % 64));
+                    if bits[w] & m != 0 {
+                        dups[pi] += 1;
+                    }
+                    bits[w] |= m;
+                }
+            }
+        }
+    }
+    for &pi in pools {
+        let (min, bits) = maps[pi].take().expect("bitmap built above");
+        let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
+        let pk = &mut out[pi];
+        pk.duplicate_seqs = dups[pi];
+        let push = |pk: &mut PoolKv, h: Hole| {
+            pk.holes += 1;
+            pk.missing_events += h.missing;
+            if pk.holes_listed.len() < MAX_HOLES_LISTED {
+                pk.holes_listed.push(h);
+            }
+        };
+        if min > 0 {
+            push(
+                pk,
+                Hole {
+                    after_seq: None,
+                    before_seq: min,
+                    missing: min,
+                },
+            );
+        }
+        let is_set = |s: u64| {
+            let b = s - min;
+            bits[(b / 64) as usize] & (1u64 << (b % 64)) != 0
+        };
+        let mut s = min;
+        while s <= max {
+            if is_set(s) {
+                s += 1;
+                continue;
+            }
+            let start = s;
+            while s <= max && !is_set(s) {
+                // Skip whole empty words quickly.
+                let b = s - min;
+                if b % 64 == 0 && bits[(b / 64) as usize] == 0 && s + 64 <= max {
+                    s += 64;
+                } else {
+                    s += 1;
+                }
+            }
+            push(
+                pk,
+                Hole {
+                    after_seq: Some(start - 1),
+                    before_seq: s,
+                    missing: s - start,
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+fn summarize_deployment(dep: &Deployment) -> DeploymentSummary {
+    DeploymentSummary {
+        name: dep.name.clone(),
+        engine: dep.engine.clone(),
+        context_window: dep.context_window,
+        pools: dep
+            .pools
+            .iter()
+            .map(|p| PoolSummary {
+                id: p.id,
+                name: p.name.clone(),
+                role: p.role.as_str().to_string(),
+                capacity_tokens: p.capacity_tokens,
+                page_size: p.page_size,
+                max_req_input_len: (p.role != Role::Decode)
+                    .then(|| max_req_input_len(dep.context_window, p.capacity_tokens)),
+            })
+            .collect(),
+    }
+}
+
+/// Collects a finding: counts all, keeps the smallest ids as examples.
+#[derive(Default)]
+struct FindingAcc {
+    count: u64,
+    with_2xx: u64,
+    ids: Vec<u64>,
+}
+
+impl FindingAcc {
+    fn add(&mut self, id: u64, status: u16) {
+        self.count += 1;
+        if (200..300).contains(&status) {
+            self.with_2xx += 1;
+        }
+        self.ids.push(id);
+        if self.ids.len() >= 4 * MAX_EXAMPLES {
+            self.ids.sort_unstable();
+            self.ids.truncate(MAX_EXAMPLES);
+        }
+    }
+    fn finish(mut self) -> Finding {
+        self.ids.sort_unstable();
+        self.ids.truncate(MAX_EXAMPLES);
+        Finding {
+            count: self.count,
+            with_2xx: self.with_2xx,
+            examples: self.ids,
+        }
+    }
+}
+
+fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary {
+    let mut per_tenant = vec![0u64; index.tenants().len()];
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut short = FindingAcc::default();
+    let mut long = FindingAcc::default();
+    // Prompt limit of a request without prefill_pool: the smallest of the
+    // prefill-capable pools (the strictest one it could have landed on).
+    let limit_of = |pool: Option<u16>| -> Option<u64> {
+        let cap = match pool.and_then(|id| dep.pool(id)) {
+            Some(p) => Some(p.capacity_tokens),
+            None => dep
+                .pools
+                .iter()
+                .filter(|p| p.role != Role::Decode)
+                .map(|p| p.capacity_tokens)
+                .min(),
+        }?;
+        Some(max_req_input_len(dep.context_window, cap))
+    };
+    for r in index.rows() {
+        per_tenant[r.tenant as usize] += 1;
+        *statuses.entry(r.http_status).or_default() += 1;
+        if let Some(pf) = r.prefilled_tokens
+            && pf < r.prompt_tokens
+        {
+            short.add(r.request_id, r.http_status);
+        }
+        if let Some(limit) = limit_of(r.prefill_pool)
+            && r.prompt_tokens as u64 >= limit
+        {
+            long.add(r.request_id, r.http_status);
+        }
+    }
+    let mut top: Vec<Count<String>> = per_tenant
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Count {
+            key: index.tenants()[i].to_string(),
+            count: n,
+        })
+        .collect();
+    top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+    top.truncate(TOP_TENANTS);
+    RequestSummary {
+        count: index.len() as u64,
+        tenants: per_tenant.len() as u64,
+        top_tenants: top,
+        statuses: statuses
+            .into_iter()
+            .map(|(key, count)| Count { key, count })
+            .collect(),
+        short_prefill: short.finish(),
+        over_long_prompts: long.finish(),
+    }
+}
+
+fn warnings(capture: &CaptureSummary, files: &FilesSummary, kv: &KvSummary) -> Vec<String> {
+    let mut w = Vec::new();
+    if !capture.complete {
+        w.push("capture is incomplete (capture.complete = false): events may be missing at the end; findings are lower bounds".to_string());
+    }
+    if let Some(n) = capture.skipped_lines {
+        w.push(format!(
+            "{n} malformed input lines were skipped at import: their events are lost"
+        ));
+    }
+    if capture.from_engine_start != Some(true) {
+        w.push("capture did not begin with the engine: slots never written in the trace may hold older KV (reads of them are unknown, not clean)".to_string());
+    }
+    if !files.verifiable {
+        w.push("trace.json lists no files: nothing can be verified against digests".to_string());
+    }
+    for p in &kv.pools {
+        if p.holes > 0 {
+            w.push(format!(
+                "pool {}: {} seq holes, {} events missing: replay downstream of them has lowered confidence",
+                p.pool, p.holes, p.missing_events
+            ));
+        }
+        if p.duplicate_seqs > 0 {
+            w.push(format!(
+                "pool {}: {} duplicate seqs: the event order is ambiguous",
+                p.pool, p.duplicate_seqs
+            ));
+        }
+    }
+    w
+}

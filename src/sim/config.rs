@@ -1,0 +1,377 @@
+//! The simulated deployment: pools, admission, engine behaviour, router,
+//! mitigations, sibling-bug switches and the timing model. One serde struct
+//! read from TOML or JSON (`--config FILE`) and patched by `--set key=value`.
+//!
+//! Every knob is listed in docs/simulator.md with the SGLang flag it models
+//! (../shared/reference/sglang-pd-versions.md §4).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Location, Result};
+use crate::sim::alloc::{FreeListPolicy, max_req_input_len};
+
+/// The released SGLang version whose PD request path the engine follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum EngineVersion {
+    /// Placeholder bug: 1-token forward, 1 page + Success, decode generates
+    /// over its whole preallocation, HTTP 200.
+    #[serde(rename = "sglang-0.5.19")]
+    V0519,
+    /// Prefill forwards the placeholder, then retires it with 400; decode
+    /// waits out its timeout (500) and frees the preallocation unread.
+    #[serde(rename = "sglang-0.5.20")]
+    V0520,
+    /// Rejected at the queue door (no forward); deferred release on;
+    /// opt-in KV checksum.
+    #[serde(rename = "sglang-0.5.21")]
+    V0521,
+    /// As 0.5.21, plus the prefill_complete decode allocation policy.
+    #[serde(rename = "sglang-0.5.22")]
+    V0522,
+    /// As 0.5.22 on this path.
+    #[serde(rename = "sglang-0.5.23")]
+    V0523,
+}
+
+impl EngineVersion {
+    pub const ALL: [EngineVersion; 5] = [
+        EngineVersion::V0519,
+        EngineVersion::V0520,
+        EngineVersion::V0521,
+        EngineVersion::V0522,
+        EngineVersion::V0523,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineVersion::V0519 => "sglang-0.5.19",
+            EngineVersion::V0520 => "sglang-0.5.20",
+            EngineVersion::V0521 => "sglang-0.5.21",
+            EngineVersion::V0522 => "sglang-0.5.22",
+            EngineVersion::V0523 => "sglang-0.5.23",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EngineVersion> {
+        EngineVersion::ALL.into_iter().find(|v| v.name() == s)
+    }
+
+    /// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE default.
+    pub fn deferred_release_default(self) -> bool {
+        self >= EngineVersion::V0521
+    }
+}
+
+/// What the customer gets back from the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterMode {
+    /// Dual dispatch returning decode's answer (the stored sgl-router).
+    DecodeAnswer,
+    /// Acts on a non-2xx prefill answer at once (decode is not cancelled).
+    PrefillError,
+}
+
+/// `--disaggregation-decode-allocation-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecodeAllocation {
+    /// Decode preallocates at intake (default; all versions).
+    Early,
+    /// Decode reserves KV only after prefill completes (0.5.22+).
+    PrefillComplete,
+}
+
+/// One KV pool of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// SGLang's max_total_num_tokens (the admission capacity).
+    pub capacity_tokens: u64,
+    pub page_size: u32,
+}
+
+/// The whole simulated deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Deployment name written to trace.json.
+    pub name: String,
+    pub engine: EngineVersion,
+    pub context_window: u64,
+    pub prefill: PoolConfig,
+    pub decode: PoolConfig,
+    pub router: RouterMode,
+    pub free_list: FreeListPolicy,
+    /// Prefill-side radix (prefix) cache: shared prefixes are granted with
+    /// `share`, not re-written.
+    pub prefix_cache: bool,
+    /// `--allow-auto-truncate`.
+    pub allow_auto_truncate: bool,
+    /// `--disaggregation-enable-kv-checksum` (0.5.21+).
+    pub kv_checksum: bool,
+    /// `--disaggregation-decode-allocation-policy` (prefill-complete: 0.5.22+).
+    pub decode_allocation: DecodeAllocation,
+    /// SGLANG_DISAGGREGATION_WAITING_TIMEOUT, milliseconds.
+    pub waiting_timeout_ms: u64,
+    /// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE; None = the
+    /// version's default (off up to 0.5.20, on from 0.5.21).
+    pub deferred_release: Option<bool>,
+    /// ..._DEFERRED_DECODE_KV_RELEASE_TIMEOUT, milliseconds.
+    pub deferred_release_timeout_ms: u64,
+    /// Delay of prefill's ABORT_ACK after decode's ABORT; None = never
+    /// acknowledged (a rejected request has no sender that owns the room),
+    /// so deferred release waits for its timeout.
+    pub abort_ack_ms: Option<u64>,
+    /// Mitigation (not an SGLang option): zero freed slots (`scrub` events).
+    pub scrub_on_free: bool,
+    /// Sibling bug (#24527 class): when decode fails a request while a
+    /// transfer into its slots is in flight, it frees them at once, and the
+    /// late transfer lands in slots already given to another request.
+    pub bug_inflight_reuse: bool,
+    /// Sibling bug (vLLM #52234 class): prefill frees its slots when the
+    /// forward ends, before the transfer has copied them; the copy reads
+    /// whatever is there when it runs.
+    pub bug_stale_copy: bool,
+    pub timing: Timing,
+}
+
+/// The timing model (simulated time only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timing {
+    pub prefill_base_us: u64,
+    pub prefill_ns_per_token: u64,
+    pub transfer_base_us: u64,
+    pub transfer_ns_per_page: u64,
+    pub decode_step_us: u64,
+    /// Output tokens per decode block: each block writes its tokens and
+    /// reads the whole context once.
+    pub decode_block_tokens: u32,
+    /// Share of transfers that straggle (parts per million).
+    pub straggler_ppm: u32,
+    pub straggler_delay_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            prefill_base_us: 2_000,
+            prefill_ns_per_token: 20_000,
+            transfer_base_us: 500,
+            transfer_ns_per_page: 2_000,
+            decode_step_us: 20_000,
+            decode_block_tokens: 64,
+            straggler_ppm: 0,
+            straggler_delay_ms: 0,
+        }
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            name: "kvtrail-sim".into(),
+            engine: EngineVersion::V0519,
+            context_window: 16_384,
+            prefill: PoolConfig {
+                capacity_tokens: 10_640,
+                page_size: 16,
+            },
+            decode: PoolConfig {
+                capacity_tokens: 32_768,
+                page_size: 16,
+            },
+            router: RouterMode::DecodeAnswer,
+            free_list: FreeListPolicy::SortedStaged,
+            prefix_cache: true,
+            allow_auto_truncate: false,
+            kv_checksum: false,
+            decode_allocation: DecodeAllocation::Early,
+            waiting_timeout_ms: 300_000,
+            deferred_release: None,
+            deferred_release_timeout_ms: 30_000,
+            abort_ack_ms: None,
+            scrub_on_free: false,
+            bug_inflight_reuse: false,
+            bug_stale_copy: false,
+            timing: Timing::default(),
+        }
+    }
+}
+
+impl SimConfig {
+    /// Reads a TOML (`.toml`) or JSON file.
+    pub fn load(path: &Path) -> Result<SimConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let cfg: SimConfig = if path.extension().is_some_and(|e| e == "toml") {
+            toml::from_str(&text).map_err(|e| {
+                Error::invalid(
+                    Location::file(path),
+                    format!("not a simulator config: {e}"),
+                    "see docs/simulator.md for the keys",
+                )
+            })?
+        } else {
+            serde_json::from_str(&text).map_err(|e| {
+                Error::invalid(
+                    Location::file(path).row(e.line() as u64),
+                    format!("not a simulator config: {e}"),
+                    "see docs/simulator.md for the keys (JSON, or TOML with a .toml name)",
+                )
+            })?
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Applies `key=value` (dotted keys, e.g. `timing.decode_step_us=5000`;
+    /// the value is JSON when it parses as JSON, else a string).
+    pub fn set(&mut self, assignment: &str) -> Result<()> {
+        let bad = |what: String| {
+            Error::invalid(
+                Location::default().column("--set"),
+                what,
+                "write --set key=value with a key of docs/simulator.md, e.g. --set engine=sglang-0.5.20",
+            )
+        };
+        let (key, raw) = assignment
+            .split_once('=')
+            .ok_or_else(|| bad(format!("`{assignment}` has no `=`")))?;
+        let value: serde_json::Value = serde_json::from_str(raw)
+            .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+        let mut root = serde_json::to_value(&*self).map_err(|e| bad(e.to_string()))?;
+        let mut node = &mut root;
+        for part in key.split('.') {
+            node = node
+                .as_object_mut()
+                .and_then(|o| o.get_mut(part))
+                .ok_or_else(|| bad(format!("unknown key `{key}`")))?;
+        }
+        *node = value;
+        let cfg: SimConfig =
+            serde_json::from_value(root).map_err(|e| bad(format!("`{assignment}`: {e}")))?;
+        cfg.validate()?;
+        *self = cfg;
+        Ok(())
+    }
+
+    pub fn deferred_release(&self) -> bool {
+        self.deferred_release
+            .unwrap_or(self.engine.deferred_release_default())
+    }
+
+    /// Prefill's `max_req_input_len`.
+    pub fn prefill_limit(&self) -> u64 {
+        max_req_input_len(self.context_window, self.prefill.capacity_tokens)
+    }
+
+    /// Decode's `max_req_input_len`.
+    pub fn decode_limit(&self) -> u64 {
+        max_req_input_len(self.context_window, self.decode.capacity_tokens)
+    }
+
+    /// Checks combinations the modelled versions do not have.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |col: &str, what: String, hint: &str| {
+            Err(Error::invalid(Location::default().column(col), what, hint))
+        };
+        for (role, p) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if p.page_size == 0 || p.capacity_tokens < 2 * p.page_size as u64 {
+                return bad(
+                    role,
+                    format!(
+                        "{role} pool of {} tokens, page_size {}",
+                        p.capacity_tokens, p.page_size
+                    ),
+                    "capacity_tokens must hold at least two pages and page_size must be at least 1",
+                );
+            }
+            if p.capacity_tokens % p.page_size as u64 != 0 {
+                return bad(
+                    role,
+                    format!(
+                        "{role} capacity_tokens {} is not a multiple of page_size {}",
+                        p.capacity_tokens, p.page_size
+                    ),
+                    "SGLang rounds max_total_num_tokens down to whole pages; give a multiple",
+                );
+            }
+            if (p.capacity_tokens / p.page_size as u64 + 1) * p.page_size as u64 > u32::MAX as u64 {
+                return bad(
+                    role,
+                    format!("{role} pool too large"),
+                    "keep slot ids within u32",
+                );
+            }
+        }
+        if self.context_window < 8 {
+            return bad(
+                "context_window",
+                "context_window below 8".into(),
+                "use a real context window",
+            );
+        }
+        if self.kv_checksum && self.engine < EngineVersion::V0521 {
+            return bad(
+                "kv_checksum",
+                format!("kv_checksum does not exist in {}", self.engine.name()),
+                "use sglang-0.5.21 or later, or turn kv_checksum off",
+            );
+        }
+        if self.decode_allocation == DecodeAllocation::PrefillComplete
+            && self.engine < EngineVersion::V0522
+        {
+            return bad(
+                "decode_allocation",
+                format!("prefill-complete does not exist in {}", self.engine.name()),
+                "use sglang-0.5.22 or later, or decode_allocation = \"early\"",
+            );
+        }
+        if self.timing.decode_block_tokens == 0 {
+            return bad(
+                "timing.decode_block_tokens",
+                "decode_block_tokens is 0".into(),
+                "use at least 1",
+            );
+        }
+        if self.timing.straggler_ppm > 1_000_000 {
+            return bad(
+                "timing.straggler_ppm",
+                "straggler_ppm above 1,000,000".into(),
+                "give parts per million",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_patches_nested_keys_and_validates() {
+        let mut c = SimConfig::default();
+        c.set("engine=sglang-0.5.22").unwrap();
+        c.set("decode_allocation=prefill-complete").unwrap();
+        c.set("timing.decode_step_us=5").unwrap();
+        assert_eq!(c.engine, EngineVersion::V0522);
+        assert_eq!(c.timing.decode_step_us, 5);
+        assert!(c.set("engine=sglang-0.5.19").is_err()); // prefill-complete needs 0.5.22
+        assert!(c.set("no_such=1").is_err());
+        assert!(c.set("prefill.capacity_tokens=1000").is_err()); // not whole pages
+    }
+
+    #[test]
+    fn defaults_keep_the_incident_ratio() {
+        let c = SimConfig::default();
+        let ratio = c.prefill.capacity_tokens as f64 / c.context_window as f64;
+        assert!((ratio - 681_280.0 / 1_048_576.0).abs() < 1e-3);
+        assert_eq!(c.prefill_limit(), 10_634);
+        assert_eq!(c.decode_limit(), 16_378);
+        assert!(!c.deferred_release());
+    }
+}

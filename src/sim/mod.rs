@@ -1,0 +1,86 @@
+//! The engine model and simulator (`kvtrail simulate`): a discrete-event
+//! model of an SGLang-style PD-disaggregated engine with paged KV pools,
+//! captured through `capture::Recorder` exactly as a real engine hook would
+//! be, with the ground truth kept apart.
+//!
+//! - `config`: the deployment and every engine knob (serde, TOML/JSON).
+//! - `alloc`: SGLang's paged allocator and admission limit.
+//! - `engine`: the request path, version by version, and the event clock.
+//! - `model`: the integer-only reference model (output hashes; reused by
+//!   the replay and a CUDA kernel).
+//! - `workload`: arrivals, the seeded generator.
+//! - `scenario`: named scenarios.
+//! - `truth`: the ground-truth file.
+//!
+//! Library callers (what-if replay) run [`run`] with any `Vec<Arrival>`.
+
+pub mod alloc;
+pub mod config;
+pub mod engine;
+pub mod model;
+pub mod scenario;
+pub mod truth;
+pub mod workload;
+
+use std::path::Path;
+
+use crate::capture::{Recorder, RecorderOptions};
+use crate::error::Result;
+use crate::trace::manifest::Manifest;
+
+pub use config::{EngineVersion, SimConfig};
+pub use engine::{NoProgress, Progress, RunStats};
+pub use truth::Truth;
+pub use workload::Arrival;
+
+/// Labels written into the truth file.
+#[derive(Debug, Clone)]
+pub struct RunLabel {
+    pub scenario: String,
+    pub seed: u64,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    pub stats: RunStats,
+    pub truth: Truth,
+    pub manifest: Manifest,
+}
+
+/// Runs the engine model over `arrivals` (sorted by arrival time, unique
+/// request ids from 1) and writes a complete trace to `out` (a new
+/// directory). Deterministic: the same inputs give a byte-identical trace.
+pub fn run(
+    cfg: &SimConfig,
+    arrivals: impl IntoIterator<Item = Arrival>,
+    out: &Path,
+    label: &RunLabel,
+    progress: &mut dyn Progress,
+) -> Result<RunOutput> {
+    cfg.validate()?;
+    let opts = RecorderOptions {
+        started_ns: Some(engine::EPOCH_NS),
+        from_engine_start: true,
+        writer: format!("kvtrail-sim {}", env!("CARGO_PKG_VERSION")),
+        ..RecorderOptions::default()
+    };
+    let mut rec = Recorder::create(out, engine::deployment(cfg), opts)?;
+    let (stats, tb) = {
+        let mut eng = engine::Engine::new(cfg, &mut rec, progress);
+        eng.run(arrivals)?;
+        (eng.stats.clone(), std::mem::take(&mut eng.truth))
+    };
+    let manifest = rec.close()?;
+    let truth = tb.build(
+        &label.scenario,
+        cfg.engine.name(),
+        label.seed,
+        stats.kv_events,
+    );
+    Ok(RunOutput {
+        stats,
+        truth,
+        manifest,
+    })
+}

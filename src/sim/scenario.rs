@@ -1,0 +1,124 @@
+//! Named scenarios: a deployment config plus a workload shape.
+//!
+//! - `incident`: a scaled-down replay of the disclosed incident. Context
+//!   window 16,384 and a 10,640-token prefill pool keep the incident's
+//!   pool/context ratio (681,280 / 1,048,576); the decode pool is twice the
+//!   context window, as in the disclosed deployment. Ordinary traffic of
+//!   many skewed tenants, with a handful of over-long prompts in the window
+//!   only the prefill pool rejects; the two-week window is compressed to
+//!   0.5 s between arrivals on average. Engine `sglang-0.5.19` by default.
+//! - `steady`: the same deployment and traffic without over-long prompts:
+//!   no defect is triggered.
+//! - `sibling-inflight`: fixed engine (0.5.23) with the #24527-class bug
+//!   switched on: some transfers straggle past decode's waiting timeout,
+//!   decode frees their slots at once, the late copy lands in slots already
+//!   given to another request.
+//! - `sibling-stale-copy`: the vLLM #52234-class bug switched on: prefill
+//!   frees its slots when its forward ends, the transfer runs later and
+//!   copies whatever the next prefill wrote there.
+
+use crate::error::{Error, Location, Result};
+use crate::sim::alloc::FreeListPolicy;
+use crate::sim::config::{EngineVersion, SimConfig};
+use crate::sim::workload::WorkloadSpec;
+
+/// Scenario names, in `--scenario` order.
+pub const SCENARIOS: [&str; 4] = [
+    "incident",
+    "steady",
+    "sibling-inflight",
+    "sibling-stale-copy",
+];
+
+/// A named scenario, ready to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub config: SimConfig,
+    pub workload: WorkloadSpec,
+}
+
+impl Scenario {
+    /// Re-derives the workload's length windows from the (possibly patched)
+    /// config: natural prompts avoid [prefill limit, context window);
+    /// injected over-long prompts fall in [prefill limit, decode limit).
+    pub fn fit_workload(&mut self) {
+        let c = &self.config;
+        let plim = c.prefill_limit().min(u32::MAX as u64) as u32;
+        self.workload.forbid_from = plim;
+        self.workload.forbid_below = c.context_window.min(u32::MAX as u64) as u32;
+        self.workload.over_long_below =
+            c.decode_limit().min(c.context_window).min(u32::MAX as u64) as u32;
+    }
+}
+
+/// Builds scenario `name` with `requests` (or its default) and `seed`.
+pub fn scenario(name: &str, requests: Option<u64>, seed: u64) -> Result<Scenario> {
+    let base = WorkloadSpec {
+        seed,
+        requests: 5_000,
+        tenants: 400,
+        tenant_skew: 1.1,
+        mean_gap_ns: 5e8,
+        prompt_median: 700.0,
+        prompt_sigma: 1.3,
+        output_median: 120.0,
+        output_sigma: 0.9,
+        output_max: 2_048,
+        prefix_share: 0.6,
+        prefix_groups_per_tenant: 3,
+        prefix_median: 400.0,
+        forbid_from: 0,
+        forbid_below: 0,
+        over_long: 0,
+        over_long_below: 0,
+    };
+    let mut config = SimConfig {
+        name: format!("kvtrail-sim {name}"),
+        ..SimConfig::default()
+    };
+    let mut workload = base;
+    match name {
+        "incident" => {
+            workload.over_long = 6;
+        }
+        "steady" => {
+            workload.requests = 20_000;
+            workload.mean_gap_ns = 3e8;
+        }
+        "sibling-inflight" => {
+            config.engine = EngineVersion::V0523;
+            config.bug_inflight_reuse = true;
+            config.free_list = FreeListPolicy::MostRecentlyFreed;
+            config.waiting_timeout_ms = 5_000;
+            config.timing.straggler_ppm = 20_000;
+            config.timing.straggler_delay_ms = 8_000;
+            workload.mean_gap_ns = 2e8;
+        }
+        "sibling-stale-copy" => {
+            config.engine = EngineVersion::V0523;
+            config.bug_stale_copy = true;
+            config.free_list = FreeListPolicy::MostRecentlyFreed;
+            config.timing.transfer_base_us = 40_000;
+            workload.mean_gap_ns = 1.5e8;
+            workload.prompt_median = 400.0;
+        }
+        _ => {
+            return Err(Error::invalid(
+                Location::default().column("--scenario"),
+                format!("unknown scenario `{name}`"),
+                format!("choose one of: {}", SCENARIOS.join(", ")),
+            ));
+        }
+    }
+    if let Some(n) = requests {
+        workload.requests = n;
+    }
+    let mut s = Scenario {
+        name: name.to_string(),
+        config,
+        workload,
+    };
+    s.fit_workload();
+    Ok(s)
+}
