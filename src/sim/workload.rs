@@ -292,6 +292,11 @@ impl Iterator for Generator {
             prefix_tokens: prefix,
         })
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = (self.spec.requests + 1).saturating_sub(self.next_id) as usize;
+        (left, Some(left))
+    }
 }
 
 #[cfg(test)]
