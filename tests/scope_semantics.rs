@@ -284,7 +284,8 @@ fn placeholder_prefill_decode_reads_stale_preallocated_kv() {
     // The incident: prefill computes a 1-token placeholder, transfers one
     // slot; decode preallocated 6 slots that still hold r1's freed KV.
     let mut tb = pd();
-    tb.req(2, "initech").prefilled_tokens = Some(1);
+    let r2 = tb.requests.iter_mut().find(|r| r.request_id == 2).unwrap();
+    r2.prefilled_tokens = Some(1);
     let s = tb.write(0, 1, 0, 6);
     tb.copy(1, 1, 0, 6, 0, 0, s);
     tb.read(1, 1, 0, 6);
