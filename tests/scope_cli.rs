@@ -294,16 +294,40 @@ fn unsorted_files_are_sorted_externally_with_the_same_result() {
 }
 
 #[test]
-fn demo_runs_the_builtin_trace_or_says_why_not() {
-    let builtin = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/incident-mini/trace.json");
+fn demo_runs_the_builtin_trace_and_simulates_it_when_absent() {
+    let builtin = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/incident-mini");
     let cwd = tempfile::tempdir().unwrap();
     let o = kvtrail(&["demo"], Some(cwd.path()));
     let err = String::from_utf8_lossy(&o.stderr);
-    if builtin.is_file() {
-        assert_eq!(o.status.code(), Some(0), "{err}");
-        assert!(String::from_utf8_lossy(&o.stdout).contains("VERDICT"));
-    } else {
-        assert_eq!(o.status.code(), Some(2), "{err}");
-        assert!(err.contains("traces/incident-mini is missing"), "{err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let shipped = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(shipped.contains("VERDICT"), "{shipped}");
+
+    // Without the built-in trace, demo simulates the same trace (same
+    // scenario, size and seed) into the cache and reports the same.
+    let cache = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
+        .arg("demo")
+        .env("KVTRAIL_NO_PROGRESS", "1")
+        .env("KVTRAIL_DEMO_SIMULATE", "1")
+        .env("KVTRAIL_CACHE", cache.path())
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("simulating it"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), shipped);
+    let sim = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("trace.json").is_file())
+        .expect("a simulated trace in the cache");
+    for f in ["trace.json", "requests/part-00000.parquet", "kv/pool=0/part-00000.parquet"] {
+        assert_eq!(
+            std::fs::read(sim.join(f)).unwrap(),
+            std::fs::read(builtin.join(f)).unwrap(),
+            "{f} differs from the shipped trace"
+        );
     }
 }

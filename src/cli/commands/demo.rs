@@ -22,21 +22,67 @@ fn builtin_trace() -> Option<PathBuf> {
         .find(|p| p.join("trace.json").is_file())
 }
 
-/// Creates `traces/incident-mini` with the simulator when it is absent.
-/// The simulator (`kvtrail::sim`) is not part of this build yet, so this
-/// says so instead of guessing.
+/// Creates the incident-mini trace with the simulator when the built-in
+/// one is absent (a binary installed away from its source tree): the same
+/// scenario, size and seed as traces/README.md, so the result is
+/// byte-identical to the shipped trace. It goes under the user's cache
+/// directory and is reused by later runs.
 fn simulate_incident_mini() -> anyhow::Result<PathBuf> {
-    anyhow::bail!(
-        "the built-in trace traces/incident-mini is missing and this build has no simulator to create it; \
-         run from the kvtrail source tree (or `kvtrail scope TRACE` on a trace of your own)"
-    )
+    use kvtrail::sim::{self, RunLabel, scenario};
+    let base = std::env::var_os("KVTRAIL_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("kvtrail")))
+        .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache").join("kvtrail")))
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("incident-mini-{}", env!("CARGO_PKG_VERSION")));
+    if dir.join("trace.json").is_file() {
+        return Ok(dir);
+    }
+    eprintln!(
+        "kvtrail demo: traces/incident-mini not found; simulating it into {}",
+        dir.display()
+    );
+    let tmp = base.join(format!(".incident-mini-{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&base)?;
+    let mut sc = scenario::scenario("incident", Some(3000), 1)?;
+    sc.fit_workload();
+    let label = RunLabel {
+        scenario: sc.name.clone(),
+        seed: 1,
+    };
+    sim::run(
+        &sc.config,
+        sim::workload::Generator::new(sc.workload.clone()),
+        &tmp,
+        &label,
+        &crate::cli::progress::BarReporter::default(),
+    )?;
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => {}
+        // Another demo finished first: use its trace.
+        Err(_) if dir.join("trace.json").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(dir)
+}
+
+/// Where the demo trace is: the built-in one, or a simulated copy.
+fn demo_trace() -> anyhow::Result<PathBuf> {
+    match std::env::var_os("KVTRAIL_DEMO_SIMULATE") {
+        // Lets tests exercise the fallback from inside the source tree.
+        Some(_) => simulate_incident_mini(),
+        None => match builtin_trace() {
+            Some(d) => Ok(d),
+            None => simulate_incident_mini(),
+        },
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let dir = match builtin_trace() {
-        Some(d) => d,
-        None => simulate_incident_mini()?,
-    };
+    let dir = demo_trace()?;
     eprintln!("kvtrail demo: scope {}", dir.display());
     let r = compute(&dir, args.backend)?;
     let mut out = std::io::stdout().lock();
