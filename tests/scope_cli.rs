@@ -323,7 +323,11 @@ fn demo_runs_the_builtin_trace_and_simulates_it_when_absent() {
         .map(|e| e.unwrap().path())
         .find(|p| p.join("trace.json").is_file())
         .expect("a simulated trace in the cache");
-    for f in ["trace.json", "requests/part-00000.parquet", "kv/pool=0/part-00000.parquet"] {
+    for f in [
+        "trace.json",
+        "requests/part-00000.parquet",
+        "kv/pool=0/part-00000.parquet",
+    ] {
         assert_eq!(
             std::fs::read(sim.join(f)).unwrap(),
             std::fs::read(builtin.join(f)).unwrap(),

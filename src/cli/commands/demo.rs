@@ -32,7 +32,9 @@ fn simulate_incident_mini() -> anyhow::Result<PathBuf> {
     let base = std::env::var_os("KVTRAIL_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("kvtrail")))
-        .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache").join("kvtrail")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache").join("kvtrail"))
+        })
         .unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("incident-mini-{}", env!("CARGO_PKG_VERSION")));
     if dir.join("trace.json").is_file() {
