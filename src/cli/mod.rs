@@ -33,6 +33,14 @@ pub enum Command {
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
     Demo(commands::demo::Args),
+    /// Re-run a trace's workload under another engine or config and capture a new trace.
+    Replay(commands::replay::Args),
+    /// Compare a trace with its what-if replay: per-request changes and exposure before/after.
+    Diff(commands::diff::Args),
+    /// Re-run affected responses with the reference model, with and without their foreign KV.
+    Counterfactual(commands::counterfactual::Args),
+    /// Deploy gate: pools vs context window, page sizes, scrub policy; trace checks.
+    Audit(commands::audit::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -54,6 +62,10 @@ pub fn run() -> Exit {
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
+        Command::Replay(a) => commands::replay::run(a),
+        Command::Diff(a) => commands::diff::run(a),
+        Command::Counterfactual(a) => commands::counterfactual::run(a),
+        Command::Audit(a) => commands::audit::run(a),
     };
     match res {
         Ok(code) => code,

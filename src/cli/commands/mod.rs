@@ -1,8 +1,12 @@
 //! One module per subcommand.
 
+pub mod audit;
+pub mod counterfactual;
 pub mod demo;
+pub mod diff;
 pub mod ingest;
 pub mod inspect;
+pub mod replay;
 pub mod scope;
 pub mod simulate;
 pub mod verify;
