@@ -9,8 +9,8 @@ mod whatif_common;
 
 use std::collections::BTreeSet;
 
-use kvtrail::replay::ReplayOptions;
 use kvtrail::progress::NoReporter;
+use kvtrail::replay::ReplayOptions;
 use kvtrail::trace::Trace;
 use kvtrail::whatif::diff::{DiffReport, diff};
 use whatif_common::*;
@@ -29,7 +29,10 @@ fn diff_of(before: &std::path::Path, after: &std::path::Path) -> DiffReport {
 
 fn affected(sim: &Sim) -> BTreeSet<u64> {
     let ids: BTreeSet<u64> = sim.truth.affected_ids().into_iter().collect();
-    assert!(!ids.is_empty(), "the incident scenario must have affected responses");
+    assert!(
+        !ids.is_empty(),
+        "the incident scenario must have affected responses"
+    );
     ids
 }
 
@@ -47,7 +50,10 @@ fn buggy_engine_unchanged_reproduces_the_trace_byte_for_byte() {
     let d = diff_of(&sim.trace, &out);
     assert!(d.changed.is_empty());
     assert_eq!(d.unchanged, REQUESTS);
-    assert_eq!(d.exposure.before.affected_responses, d.exposure.after.affected_responses);
+    assert_eq!(
+        d.exposure.before.affected_responses,
+        d.exposure.after.affected_responses
+    );
 }
 
 #[test]
@@ -63,23 +69,38 @@ fn fixed_engine_answers_500_after_the_timeout_and_holds_decode_capacity() {
     assert_eq!(changed_ids(&d), hit, "only the over-long requests change");
     assert_eq!(d.unchanged, REQUESTS - hit.len() as u64);
     for c in &d.changed {
-        assert_eq!((c.before.http_status, c.after.http_status), (200, 500), "{}", c.request_id);
+        assert_eq!(
+            (c.before.http_status, c.after.http_status),
+            (200, 500),
+            "{}",
+            c.request_id
+        );
         assert_eq!(c.before.prefilled_tokens, Some(1));
         assert_eq!(c.after.prefilled_tokens, Some(0));
         assert!(c.what.contains(&"foreign_reads_gone".to_string()));
         assert_eq!(c.after.foreign_tokens, 0);
         let lat = c.after.latency_ms.unwrap();
-        assert!(lat >= 300_000.0, "500 only after the 300 s waiting timeout: {lat}");
+        assert!(
+            lat >= 300_000.0,
+            "500 only after the 300 s waiting timeout: {lat}"
+        );
         // Held from preallocation to the deferred release (timeout + 30 s).
         let hold = c.after.decode_hold_ms.unwrap();
         assert!((330_000.0..331_000.0).contains(&hold), "{hold}");
         assert!(c.after.decode_slot_seconds >= c.prompt_tokens as f64 * 330.0);
     }
-    assert_eq!(d.status_transitions.get("200->500"), Some(&(hit.len() as u64)));
+    assert_eq!(
+        d.status_transitions.get("200->500"),
+        Some(&(hit.len() as u64))
+    );
     let h = &d.rejected_decode_hold.after;
     assert_eq!(h.requests, hit.len() as u64);
     assert!(h.peak_slots as u32 >= d.changed.iter().map(|c| c.prompt_tokens).max().unwrap());
-    assert!(d.headline.contains("-> 0 (0 cross-tenant"), "{}", d.headline);
+    assert!(
+        d.headline.contains("-> 0 (0 cross-tenant"),
+        "{}",
+        d.headline
+    );
 }
 
 #[test]
@@ -87,7 +108,12 @@ fn router_acting_on_prefill_error_answers_400_at_once_but_decode_still_holds() {
     let sim = simulate("incident", REQUESTS, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("perr");
-    replay(&sim.trace, Some("sglang-0.5.22"), &["router=prefill-error"], &out);
+    replay(
+        &sim.trace,
+        Some("sglang-0.5.22"),
+        &["router=prefill-error"],
+        &out,
+    );
     let d = diff_of(&sim.trace, &out);
     assert_eq!(d.exposure.after.affected_responses, 0);
     assert_eq!(changed_ids(&d), hit);
@@ -121,7 +147,12 @@ fn allow_auto_truncate_brings_the_stale_tail_back_under_the_fixed_engine() {
     let sim = simulate("incident", REQUESTS, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("trunc");
-    replay(&sim.trace, Some("sglang-0.5.22"), &["allow_auto_truncate=true"], &out);
+    replay(
+        &sim.trace,
+        Some("sglang-0.5.22"),
+        &["allow_auto_truncate=true"],
+        &out,
+    );
     let d = diff_of(&sim.trace, &out);
     let after: BTreeSet<u64> = d
         .changed
@@ -153,7 +184,16 @@ fn replay_is_deterministic_and_keeps_request_identity() {
         let mut v: Vec<_> = t
             .requests()
             .flat_map(|b| b.unwrap())
-            .map(|r| (r.request_id, r.external_id, r.tenant, r.arrival_ns, r.prompt_tokens, r.prompt_hash))
+            .map(|r| {
+                (
+                    r.request_id,
+                    r.external_id,
+                    r.tenant,
+                    r.arrival_ns,
+                    r.prompt_tokens,
+                    r.prompt_hash,
+                )
+            })
             .collect();
         v.sort();
         v
@@ -184,7 +224,12 @@ fn cli_replay_compare_json_and_bad_input() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["format"], "kvtrail-diff");
     assert_eq!(v["exposure"]["after"]["affected_responses"], 0);
-    let (code, stdout2, _) = cli(&["diff", sim.trace.to_str().unwrap(), out.to_str().unwrap(), "--json"]);
+    let (code, stdout2, _) = cli(&[
+        "diff",
+        sim.trace.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--json",
+    ]);
     assert_eq!(code, 0);
     assert_eq!(stdout, stdout2);
     let (code, _, stderr) = cli(&[
@@ -212,19 +257,21 @@ fn cli_replay_compare_json_and_bad_input() {
 }
 
 #[test]
-fn foreign_trace_without_a_known_engine_needs_engine_flag() {
+fn trace_from_another_writer_replays_with_its_recorded_deployment() {
     let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("g");
-    let (code, _, stderr) = cli(&[
-        "replay",
-        golden.to_str().unwrap(),
-        "--engine",
-        "sglang-0.5.22",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    // golden-v1's pools are too small for the model (two pages at least):
-    // either it replays or it says why, never a panic.
-    assert!(code == 0 || (code == 2 && stderr.contains("error:")), "{code} {stderr}");
+    for (engine, name) in [(None, "a"), (Some("sglang-0.5.22"), "b")] {
+        let out = dir.path().join(name);
+        let run = replay(&golden, engine, &[], &out);
+        assert_eq!(run.config.context_window, 4096);
+        assert_eq!(run.config.prefill.capacity_tokens, 64);
+        assert_eq!(
+            run.config.engine.name(),
+            engine.unwrap_or("sglang-0.5.19"),
+            "`sglang 0.5.19 (PD)` is parsed from the manifest"
+        );
+        let d = diff_of(&golden, &out);
+        assert_eq!(d.requests_compared, 3);
+        assert!(d.only_before.is_empty() && d.only_after.is_empty());
+    }
 }

@@ -59,11 +59,15 @@ pub fn pool_tokens(p: &Pool) -> u64 {
 
 /// Parses a manifest engine string: `sglang-0.5.19`, `sglang 0.5.19`,
 /// `sglang==0.5.19`, `0.5.19`.
+/// `sglang 0.5.19 (PD)`, `0.5.19`: the first `N.N.N` after `sglang`.
 pub fn parse_engine(s: &str) -> Option<EngineVersion> {
     let t = s.trim().to_ascii_lowercase();
-    let v = t
-        .trim_start_matches("sglang")
-        .trim_start_matches(['-', ' ', '=', 'v']);
+    let rest = t.strip_prefix("sglang").unwrap_or(&t);
+    let v: String = rest
+        .trim_start_matches(['-', ' ', '=', 'v'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
     EngineVersion::parse(&format!("sglang-{v}"))
 }
 
