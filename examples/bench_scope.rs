@@ -306,12 +306,23 @@ fn trace_for(events: u64) -> PathBuf {
     dir
 }
 
-/// The floor: decode every column of every kv file.
-fn plain_scan(dir: &Path) -> (f64, u64, u64) {
+/// CPU seconds (user + system, all threads) this process has used so far.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // fields after the command name: state is field 3; utime 14, stime 15
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The floor: decode every column of every kv file. Returns (wall s, CPU s, rows, slots).
+fn plain_scan(dir: &Path) -> (f64, f64, u64, u64) {
     use arrow_array::cast::AsArray;
     use arrow_array::types::UInt32Type;
     let trace = Trace::open(dir).expect("trace");
     let t = Instant::now();
+    let c0 = cpu_secs();
     let (mut rows, mut slots) = (0u64, 0u64);
     for f in &trace.kv_files {
         let file = std::fs::File::open(f).expect("open");
@@ -332,11 +343,12 @@ fn plain_scan(dir: &Path) -> (f64, u64, u64) {
                 .sum::<u64>();
         }
     }
-    (t.elapsed().as_secs_f64(), rows, slots)
+    (t.elapsed().as_secs_f64(), cpu_secs() - c0, rows, slots)
 }
 
 struct ScopeRun {
     secs: f64,
+    cpu: f64,
     events: u64,
     touches: u64,
     affected: u64,
@@ -366,6 +378,7 @@ fn scope_child(dir: &Path) -> ScopeRun {
     };
     ScopeRun {
         secs: get("SECS"),
+        cpu: get("CPU"),
         events: get("EVENTS") as u64,
         touches: get("TOUCHES") as u64,
         affected: get("AFFECTED") as u64,
@@ -384,7 +397,12 @@ impl kvtrail::replay::Reporter for PhaseTimer {
     fn advance(&self, _: u64) {}
     fn finish(&self) {
         if let Some((n, t)) = self.0.lock().expect("lock").take() {
-            eprintln!("  phase {n}: {:.3} s", t.elapsed().as_secs_f64());
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let hwm = status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .unwrap_or("");
+            eprintln!("  phase {n}: {:.3} s, {hwm}", t.elapsed().as_secs_f64());
         }
     }
 }
@@ -392,6 +410,7 @@ impl kvtrail::replay::Reporter for PhaseTimer {
 fn child(dir: &Path) {
     let trace = Trace::open(dir).expect("trace");
     let t = Instant::now();
+    let c0 = cpu_secs();
     let r = kvtrail::scope::scope(
         &trace,
         &kvtrail::replay::ReplayOptions::default(),
@@ -399,6 +418,7 @@ fn child(dir: &Path) {
     )
     .expect("scope");
     let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - c0;
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let hwm = status
         .lines()
@@ -406,7 +426,7 @@ fn child(dir: &Path) {
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap_or("0");
     println!(
-        "SECS {secs} EVENTS {} TOUCHES {} AFFECTED {} FOREIGN {} VMHWM_KB {hwm}",
+        "SECS {secs} CPU {cpu} EVENTS {} TOUCHES {} AFFECTED {} FOREIGN {} VMHWM_KB {hwm}",
         r.counts.kv_events,
         r.counts.slot_touches,
         r.counts.affected_responses,
@@ -472,8 +492,15 @@ fn main() {
     for n in [small, big] {
         let dir = trace_for(n);
         let _ = plain_scan(&dir); // warm the page cache
-        let (scan_s, scan_rows, scan_slots) = plain_scan(&dir);
-        let sc = scope_child(&dir);
+        // best of 3 (the machine is shared): lowest wall time
+        let (scan_s, scan_cpu, scan_rows, scan_slots) = (0..3)
+            .map(|_| plain_scan(&dir))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("runs");
+        let sc = (0..3)
+            .map(|_| scope_child(&dir))
+            .min_by(|a, b| a.secs.total_cmp(&b.secs))
+            .expect("runs");
         assert_eq!(sc.events, scan_rows, "scope and the scan saw the same rows");
         assert_eq!(sc.touches, scan_slots);
         println!(
@@ -483,13 +510,15 @@ fn main() {
             sc.touches
         );
         println!(
-            "  plain parquet scan : {:>8.2} s  {:>12.0} events/s",
+            "  plain parquet scan : {:>8.2} s wall {:>7.2} s CPU  {:>12.0} events/s",
             scan_s,
+            scan_cpu,
             scan_rows as f64 / scan_s
         );
         println!(
-            "  kvtrail scope      : {:>8.2} s  {:>12.0} events/s  {:>14.0} slot touches/s  peak RSS {} MB  ({} affected responses, {} foreign tokens)",
+            "  kvtrail scope      : {:>8.2} s wall {:>7.2} s CPU  {:>12.0} events/s  {:>14.0} slot touches/s  peak RSS {} MB  ({} affected responses, {} foreign tokens)",
             sc.secs,
+            sc.cpu,
             sc.events as f64 / sc.secs,
             sc.touches as f64 / sc.secs,
             sc.vmhwm_kb / 1024,
@@ -497,8 +526,9 @@ fn main() {
             sc.foreign
         );
         println!(
-            "  scope / scan       : {:>8.2}x (target <= 3x)",
-            sc.secs / scan_s
+            "  scope / scan       : {:>8.2}x wall, {:.2}x CPU (target <= 3x)",
+            sc.secs / scan_s,
+            sc.cpu / scan_cpu.max(0.01)
         );
         rows.push((n, sc));
     }
@@ -513,6 +543,9 @@ fn main() {
         big_sc.vmhwm_kb as f64 / small_sc.vmhwm_kb.max(1) as f64,
         big_sc.events as f64 / small_sc.events.max(1) as f64
     );
+    if std::env::var_os("BENCH_NO_DUCKDB").is_some() {
+        return;
+    }
     if let Some((duck_s, duck_foreign, _)) = duckdb(&trace_for(*small_n)) {
         let ratio = duck_s / small_sc.secs;
         let extrapolated = duck_s * big_sc.events as f64 / small_sc.events as f64;

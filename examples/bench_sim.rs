@@ -7,7 +7,8 @@
 
 use std::time::Instant;
 
-use kvtrail::sim::{self, NoProgress, RunLabel, scenario};
+use kvtrail::progress::NoReporter;
+use kvtrail::sim::{self, RunLabel, scenario};
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -20,10 +21,21 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Process CPU seconds (user + system) from /proc/self/stat (USER_HZ 100):
+/// the machine may be shared, so wall time alone misleads.
+fn cpu_secs() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
 struct Sample {
     requests: u64,
     events: u64,
     secs: f64,
+    cpu: f64,
     hwm_kib: u64,
     bytes: u64,
 }
@@ -47,6 +59,7 @@ fn run(requests: u64) -> Sample {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("t");
     let t = Instant::now();
+    let c0 = cpu_secs();
     let out = sim::run(
         &sc.config,
         sim::workload::Generator::new(sc.workload.clone()),
@@ -55,14 +68,16 @@ fn run(requests: u64) -> Sample {
             scenario: sc.name.clone(),
             seed: 1,
         },
-        &mut NoProgress,
+        &NoReporter,
     )
     .unwrap();
     let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - c0;
     Sample {
         requests: out.stats.requests,
         events: out.stats.kv_events,
         secs,
+        cpu,
         hwm_kib: vm_hwm_kib(),
         bytes: dir_bytes(&out_dir),
     }
@@ -76,23 +91,32 @@ fn main() {
     let sizes = [n / 4, n, 2 * n];
     println!("scenario steady, seed 1; baseline = {} requests", sizes[0]);
     println!(
-        "{:>9} {:>11} {:>8} {:>10} {:>12} {:>10} {:>9} {:>9}",
-        "requests", "kv events", "secs", "req/s", "events/s", "trace MB", "VmHWM MB", "vs base"
+        "{:>9} {:>11} {:>8} {:>8} {:>10} {:>12} {:>9} {:>9} {:>8}",
+        "requests",
+        "kv events",
+        "wall s",
+        "cpu s",
+        "req/cpu-s",
+        "events/cpu-s",
+        "trace MB",
+        "VmHWM MB",
+        "vs base"
     );
     let mut base: Option<Sample> = None;
     for &size in &sizes {
         let s = run(size);
-        let rps = s.requests as f64 / s.secs;
-        let eps = s.events as f64 / s.secs;
+        let rps = s.requests as f64 / s.cpu;
+        let eps = s.events as f64 / s.cpu;
         let ratio = base
             .as_ref()
-            .map(|b| rps / (b.requests as f64 / b.secs))
+            .map(|b| rps / (b.requests as f64 / b.cpu))
             .unwrap_or(1.0);
         println!(
-            "{:>9} {:>11} {:>8.2} {:>10.0} {:>12.0} {:>10.1} {:>9.1} {:>8.2}x",
+            "{:>9} {:>11} {:>8.2} {:>8.2} {:>10.0} {:>12.0} {:>9.1} {:>9.1} {:>7.2}x",
             s.requests,
             s.events,
             s.secs,
+            s.cpu,
             rps,
             eps,
             s.bytes as f64 / 1e6,
@@ -104,6 +128,6 @@ fn main() {
         }
     }
     println!(
-        "(vs base: req/s relative to the baseline run; VmHWM is the process peak so far: flat means memory does not grow with requests)"
+        "(vs base: requests per CPU-second relative to the baseline run; VmHWM is the process peak so far: flat means memory does not grow with requests)"
     );
 }

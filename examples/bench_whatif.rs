@@ -1,8 +1,8 @@
 //! What-if replay benchmark: replay speed in requests/s against the plain
 //! simulator on the same workload, in the same process. Steps timed:
 //! simulate (baseline: generator -> engine model -> trace), replay under
-//! the recorded config (workload extraction from the trace + engine model
-//! + capture), replay under sglang-0.5.22, diff (scope on both traces),
+//! the recorded config (workload extraction from the trace, engine model
+//! and capture), replay under sglang-0.5.22, diff (scope on both traces),
 //! counterfactual (scope + model lineage + reference model) and audit.
 //! Process CPU time is printed next to wall time (shared machines).
 //!

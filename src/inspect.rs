@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
-use crate::schema::Op;
+use crate::schema::{ENGINE_REQUEST, Op};
 use crate::trace::index::{RequestIndex, load_request_index};
 use crate::trace::manifest::{Deployment, Role};
 use crate::trace::read::Trace;
@@ -137,6 +137,9 @@ pub struct RequestSummary {
 pub struct KvSummary {
     pub events: u64,
     pub by_op: Vec<Count<String>>,
+    /// Events whose request_id (not 0) has no row in the requests table:
+    /// `count` events, `examples` the smallest such ids (`with_2xx` unused).
+    pub unknown_request_events: Finding,
     pub pools: Vec<PoolKv>,
 }
 
@@ -206,7 +209,7 @@ impl Run {
         } else if seq < self.last {
             self.sorted = false;
         } else {
-            if seq > self.last + 1 {
+            if seq > self.last.saturating_add(1) {
                 self.holes_total += 1;
                 self.missing += seq - self.last - 1;
                 if self.holes.len() <= MAX_HOLES_LISTED {
@@ -248,6 +251,13 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
         last_ns = Some(last_ns.map_or(t, |l| l.max(t)));
     };
 
+    // Requests first, through the index (duplicates are an error), so the
+    // KV pass can tell events of requests the table does not have.
+    reporter.start("requests", trace.request_files.len() as u64);
+    let index = load_request_index(trace)?;
+    reporter.finish();
+    let mut orphans = FindingAcc::default();
+
     // KV: one streaming pass.
     let mut pool_index = vec![u32::MAX; u16::MAX as usize + 1];
     for (i, p) in dep.pools.iter().enumerate() {
@@ -264,6 +274,9 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
                 // The reader rejected unknown pools already.
                 let pi = pool_index[ev.pool as usize] as usize;
                 accs[pi].by_op[ev.op as usize] += 1;
+                if ev.request_id != ENGINE_REQUEST && index.get(ev.request_id).is_none() {
+                    orphans.add(ev.request_id, 0);
+                }
                 lo = lo.min(ev.ts_ns);
                 hi = hi.max(ev.ts_ns);
                 match &mut runs[pi] {
@@ -316,10 +329,6 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
         bitmap_pass(trace, dep, &accs, &bitmap_pools, &mut pools_kv)?;
     }
 
-    // Requests: through the index (duplicates are an error).
-    reporter.start("requests", trace.request_files.len() as u64);
-    let index = load_request_index(trace)?;
-    reporter.finish();
     for r in index.rows() {
         see(r.arrival_ns);
         if let Some(f) = r.finish_ns {
@@ -337,6 +346,7 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
     let kv = KvSummary {
         events: total_ops.iter().sum(),
         by_op: op_counts(&total_ops),
+        unknown_request_events: orphans.finish(),
         pools: pools_kv,
     };
     let skipped_lines = m
@@ -407,7 +417,7 @@ fn merge_runs(runs: &[Run], pk: &mut PoolKv) {
     let mut prev_max: Option<u64> = None;
     for r in runs {
         if let Some(p) = prev_max
-            && r.min > p + 1
+            && r.min > p.saturating_add(1)
         {
             add(
                 pk,
@@ -449,7 +459,8 @@ fn bitmap_pass(
     for &pi in pools {
         let min = accs[pi].runs.iter().map(|r| r.min).min().unwrap_or(0);
         let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
-        let range = max - min + 1;
+        // seqs are u64: the span of 0..=u64::MAX does not fit a u64.
+        let range = (max - min).checked_add(1).unwrap_or(u64::MAX);
         if range > MAX_BITMAP_SEQS {
             return Err(Error::Other(format!(
                 "pool {}: seqs are out of order within files or overlap across files, and span {range} values (more than {MAX_BITMAP_SEQS}); hole detection would need more than 1 GiB.\n  hint: rewrite the kv files so each file holds a pool's events in seq order",
@@ -502,32 +513,31 @@ fn bitmap_pass(
                 },
             );
         }
-        let is_set = |s: u64| {
-            let b = s - min;
-            bits[(b / 64) as usize] & (1u64 << (b % 64)) != 0
-        };
-        let mut s = min;
-        while s <= max {
-            if is_set(s) {
-                s += 1;
+        // Walk offsets from `min` (at most MAX_BITMAP_SEQS), so no seq
+        // arithmetic can overflow near u64::MAX.
+        let span = max - min; // last offset; bit 0 and bit `span` are set
+        let is_set = |b: u64| bits[(b / 64) as usize] & (1u64 << (b % 64)) != 0;
+        let mut b = 0u64;
+        while b < span {
+            b += 1;
+            if is_set(b) {
                 continue;
             }
-            let start = s;
-            while s <= max && !is_set(s) {
+            let start = b;
+            while !is_set(b) {
                 // Skip whole empty words quickly.
-                let b = s - min;
-                if b % 64 == 0 && bits[(b / 64) as usize] == 0 && s + 64 <= max {
-                    s += 64;
+                if b % 64 == 0 && bits[(b / 64) as usize] == 0 && b + 64 <= span {
+                    b += 64;
                 } else {
-                    s += 1;
+                    b += 1;
                 }
             }
             push(
                 pk,
                 Hole {
-                    after_seq: Some(start - 1),
-                    before_seq: s,
-                    missing: s - start,
+                    after_seq: Some(min + start - 1),
+                    before_seq: min + b,
+                    missing: b - start,
                 },
             );
         }
@@ -573,11 +583,13 @@ impl FindingAcc {
         self.ids.push(id);
         if self.ids.len() >= 4 * MAX_EXAMPLES {
             self.ids.sort_unstable();
+            self.ids.dedup();
             self.ids.truncate(MAX_EXAMPLES);
         }
     }
     fn finish(mut self) -> Finding {
         self.ids.sort_unstable();
+        self.ids.dedup();
         self.ids.truncate(MAX_EXAMPLES);
         Finding {
             count: self.count,
@@ -658,6 +670,13 @@ fn warnings(capture: &CaptureSummary, files: &FilesSummary, kv: &KvSummary) -> V
     }
     if !files.verifiable {
         w.push("trace.json lists no files: nothing can be verified against digests".to_string());
+    }
+    if kv.unknown_request_events.count > 0 {
+        w.push(format!(
+            "{} kv events belong to requests missing from the requests table (e.g. request {}): who they belong to is unknown",
+            kv.unknown_request_events.count,
+            kv.unknown_request_events.examples.first().copied().unwrap_or(0)
+        ));
     }
     for p in &kv.pools {
         if p.holes > 0 {

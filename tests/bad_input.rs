@@ -312,6 +312,29 @@ fn valid_trace_inspects_and_verifies() {
     assert_eq!(v.code, 0, "{}", v.stdout);
 }
 
+/// The parquet crate asserts (panics) on a negative column offset in a
+/// damaged footer; found by flipping bit 0 of byte 1551 of a golden file.
+/// kvtrail must report it as a corrupt file instead.
+#[test]
+fn parquet_reader_assert_on_negative_offset_is_an_error() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("t");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
+    for f in ["trace.json", POOL0, "kv/pool=1/part-00000.parquet", REQS] {
+        std::fs::create_dir_all(t.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(golden.join(f), t.join(f)).unwrap();
+    }
+    let p = t.join(POOL0);
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[1551] ^= 0x01;
+    std::fs::write(&p, &bytes).unwrap();
+    check_bad(
+        &t,
+        &[POOL0, "cannot read Parquet", "should not be negative"],
+        1,
+    );
+}
+
 /// How to damage one file of a valid trace.
 #[derive(Debug, Clone)]
 enum Damage {

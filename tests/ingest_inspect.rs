@@ -137,6 +137,16 @@ fn ingest_bad_line_names_line_and_field_and_leaves_nothing() {
     assert!(r.stderr.contains(&want), "{}\nwants {want}", r.stderr);
     assert!(r.stderr.contains("--skip-bad-lines"), "{}", r.stderr);
     assert!(!out.exists(), "a failed ingest leaves no half trace");
+    // Into a directory that exists already: it is left as it was.
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let r = kvtrail(&["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]);
+    assert_eq!(r.code, 2);
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["notes.txt"]);
 }
 
 #[test]
@@ -258,6 +268,7 @@ fn hole(after: Option<u64>, before: u64) -> Hole {
 
 #[test]
 fn seq_holes() {
+    const M: u64 = u64::MAX;
     // (files of pool-0 seqs, holes, duplicates, method)
     type Case<'a> = (Vec<&'a [u64]>, Vec<Hole>, u64, &'a str);
     let cases: Vec<Case> = vec![
@@ -281,6 +292,28 @@ fn seq_holes() {
             "bitmap",
         ),
         (vec![&[2, 1]], vec![hole(None, 1)], 0, "bitmap"),
+        // seqs at the top of the u64 range must not overflow (found by
+        // flipping one bit of a golden file's seq column).
+        (vec![&[M - 1, M]], vec![hole(None, M - 1)], 0, "runs"),
+        (
+            vec![&[5, M]],
+            vec![hole(None, 5), hole(Some(5), M)],
+            0,
+            "runs",
+        ),
+        (
+            vec![&[M], &[M - 3]],
+            vec![hole(None, M - 3), hole(Some(M - 3), M)],
+            0,
+            "runs",
+        ),
+        (
+            vec![&[M, M - 2]],
+            vec![hole(None, M - 2), hole(Some(M - 2), M)],
+            0,
+            "bitmap",
+        ),
+        (vec![&[M, M]], vec![hole(None, M)], 1, "runs"),
     ];
     for (files, holes, dups, method) in cases {
         let d = tempfile::tempdir().unwrap();
@@ -338,4 +371,18 @@ fn inspect_text_and_json() {
         json!({"key": "write", "count": 4})
     );
     assert_eq!(v["time_range"], json!({"first_ns": 1000, "last_ns": 2004}));
+}
+
+#[test]
+fn seqs_out_of_order_over_a_huge_range_are_refused_not_allocated() {
+    let d = tempfile::tempdir().unwrap();
+    trace_with_seq_files(d.path(), &[&[u64::MAX, 0]]);
+    let r = kvtrail(&["inspect", s(d.path())]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("pool 0: seqs are out of order"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
 }

@@ -2,8 +2,9 @@
 //! 681,280, decode pool 2,097,152, page 64), driven through the library
 //! entry point with a hand-made list of arrivals (the what-if replay path).
 
+use kvtrail::progress::NoReporter;
 use kvtrail::sim::config::{PoolConfig, SimConfig};
-use kvtrail::sim::{self, Arrival, EngineVersion, NoProgress, RunLabel};
+use kvtrail::sim::{self, Arrival, EngineVersion, RunLabel};
 
 fn cfg(engine: EngineVersion) -> SimConfig {
     SimConfig {
@@ -51,7 +52,7 @@ fn check(engine: EngineVersion, expect: &[(u32, u16, Option<u32>)]) {
         scenario: "admission".into(),
         seed: 0,
     };
-    let out = sim::run(&c, arrivals, &dir.path().join("t"), &label, &mut NoProgress).unwrap();
+    let out = sim::run(&c, arrivals, &dir.path().join("t"), &label, &NoReporter).unwrap();
     assert_eq!(out.stats.requests, expect.len() as u64);
     let t = kvtrail::trace::Trace::open(&dir.path().join("t")).unwrap();
     let mut rows: Vec<_> = t.requests().flat_map(|b| b.unwrap()).collect();

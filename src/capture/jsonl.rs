@@ -386,7 +386,11 @@ pub fn ingest(
     // seen (so a crash mid-import leaves a sensible manifest) and lowered to
     // the smallest one before close.
     ropts.started_ns = Some(ropts.started_ns.unwrap_or(0));
-    let existed = out.exists();
+    // What is there before, so a failed import removes only what it made.
+    let existed: Vec<bool> = std::iter::once(out.to_path_buf())
+        .chain(OWNED.iter().map(|p| out.join(p)))
+        .map(|p| p.exists())
+        .collect();
     let mut rec = Recorder::create(out, deployment, ropts)?;
     let res = ingest_lines(input, input_name, &mut rec, &opts);
     let report = match res {
@@ -396,8 +400,15 @@ pub fn ingest(
             // trace: the user fixes the input (or skips bad lines) and
             // runs again with the same --out.
             drop(rec);
-            if !existed {
+            if !existed[0] {
                 let _ = std::fs::remove_dir_all(out);
+            } else {
+                for (p, was) in OWNED.iter().zip(&existed[1..]) {
+                    let p = out.join(p);
+                    if !was {
+                        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                    }
+                }
             }
             return Err(e);
         }
@@ -414,6 +425,9 @@ pub fn ingest(
         + crate::trace::read::list_parquet(&out.join("requests"))?.len();
     Ok(report)
 }
+
+/// What a Recorder creates inside its directory.
+const OWNED: [&str; 4] = ["trace.json", ".trace.json.tmp", "kv", "requests"];
 
 fn ingest_lines(
     input: impl BufRead,
@@ -592,6 +606,18 @@ mod tests {
         ];
         for (line, expect) in &cases {
             check(line, expect);
+        }
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes spliced into a valid line never panic the parser.
+        #[test]
+        fn parse_line_never_panics(at in 0usize..400, junk in ".{0,12}", cut in 0usize..400) {
+            let good = r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#;
+            let mut line: String = good.chars().take(at % good.len()).collect();
+            line.push_str(&junk);
+            line.extend(good.chars().skip(cut % good.len()));
+            let _ = parse_line(&line);
         }
     }
 }

@@ -211,6 +211,13 @@ impl Recorder {
     pub fn kv(&mut self, mut ev: KvEvent) -> Result<u64> {
         let i = self.check(&ev)?;
         let s = &mut self.pools[i];
+        if s.next_seq == u64::MAX {
+            return Err(Error::invalid(
+                Location::default().column("seq"),
+                format!("pool {} has no seq left below u64::MAX", ev.pool),
+                "seq counts events from 0",
+            ));
+        }
         ev.seq = s.next_seq;
         s.next_seq += 1;
         self.push(i, ev)?;
@@ -234,6 +241,13 @@ impl Recorder {
                 "seq must be strictly increasing within each pool",
             ));
         }
+        if ev.seq == u64::MAX {
+            return Err(Error::invalid(
+                Location::default().column("seq"),
+                format!("seq {} of pool {} is u64::MAX", ev.seq, ev.pool),
+                "seq counts events from 0; u64::MAX leaves no room for the next one",
+            ));
+        }
         self.stats.lost_events += ev.seq - s.next_seq;
         s.next_seq = ev.seq + 1;
         self.push(i, ev)
@@ -248,7 +262,13 @@ impl Recorder {
     /// explicit hole that replay reports (never a silent loss).
     pub fn lose(&mut self, pool: u16, n: u64) -> Result<()> {
         let i = self.stream(pool)?;
-        self.pools[i].next_seq += n;
+        self.pools[i].next_seq = self.pools[i].next_seq.checked_add(n).ok_or_else(|| {
+            Error::invalid(
+                Location::default().column("seq"),
+                format!("losing {n} events would run pool {pool}'s seq past u64::MAX"),
+                "seq counts events from 0",
+            )
+        })?;
         self.stats.lost_events += n;
         Ok(())
     }

@@ -30,10 +30,31 @@ struct PoolState {
     gap_mark: u64,
     never_kind: ReadKind,
     grants: HashMap<u64, Vec<Grant>>,
+    /// Number of grants held, and the count at which to sweep dead ones.
+    n_grants: usize,
+    sweep_at: usize,
 }
 
 impl PoolState {
     #[inline]
+    /// Drops grants whose every slot was rewritten since (they can never
+    /// make a read shared again), so grants stay bounded by live sharing.
+    fn sweep_grants(&mut self) {
+        let wseq1 = &self.wseq1;
+        let mut n = 0;
+        self.grants.retain(|_, v| {
+            v.retain(|g| {
+                wseq1[g.start as usize..g.end as usize]
+                    .iter()
+                    .any(|&w| w <= g.seq)
+            });
+            n += v.len();
+            !v.is_empty()
+        });
+        self.n_grants = n;
+        self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
+    }
+
     fn uncertain(&self, s: usize) -> bool {
         self.flags[s] != 0 || self.wseq1[s] < self.gap_mark
     }
@@ -64,6 +85,9 @@ impl PoolState {
         }
     }
 }
+
+/// Grants held before the first sweep of dead grants.
+const GRANT_SWEEP_MIN: usize = 1 << 16;
 
 /// The CPU backend.
 #[derive(Default)]
@@ -106,6 +130,8 @@ impl Backend for CpuBackend {
                 ReadKind::Unknown
             },
             grants: HashMap::new(),
+            n_grants: 0,
+            sweep_at: GRANT_SWEEP_MIN,
         });
         Ok(())
     }
@@ -149,6 +175,10 @@ impl Backend for CpuBackend {
                         end: b as u32,
                         seq: e.seq,
                     });
+                    p.n_grants += 1;
+                    if p.n_grants >= p.sweep_at {
+                        p.sweep_grants();
+                    }
                 }
                 Op::Read => {
                     c.read_events += 1;
@@ -206,6 +236,19 @@ impl Backend for CpuBackend {
     }
 }
 
+/// Whether every value equals `r`: branch-free over chunks so it
+/// vectorizes, with an early exit between chunks.
+#[inline]
+fn all_eq(v: &[u64], r: u64) -> bool {
+    let mut chunks = v.chunks_exact(32);
+    for c in &mut chunks {
+        if !c.iter().fold(true, |acc, &o| acc & (o == r)) {
+            return false;
+        }
+    }
+    chunks.remainder().iter().all(|&o| o == r)
+}
+
 /// Classifies the slots `a..b` read by `e.request_id`.
 #[inline]
 fn read(p: &PoolState, e: &KvEvent, a: usize, b: usize, out: &mut Vec<ReadRun>, c: &mut Counters) {
@@ -217,9 +260,9 @@ fn read(p: &PoolState, e: &KvEvent, a: usize, b: usize, out: &mut Vec<ReadRun>, 
     let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
-    if owner[a..b].iter().all(|&o| o == r)
-        && flags[a..b].iter().all(|&f| f == 0)
-        && (gap_mark == 0 || wseq1[a..b].iter().all(|&w| w >= gap_mark))
+    if all_eq(&owner[a..b], r)
+        && flags[a..b].iter().fold(0u8, |acc, &f| acc | f) == 0
+        && (gap_mark == 0 || wseq1[a..b].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
     {
         c.own_slots += (b - a) as u64;
         return;

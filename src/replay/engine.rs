@@ -30,8 +30,7 @@ struct PoolRt {
     /// Last applied event (seq, file, row).
     last: Option<(u64, u32, u64)>,
     done: bool,
-    caps: Vec<super::input::CopyReq>,
-    cap_pos: usize,
+    caps: super::copies::CopyStream,
 }
 
 /// Output of the scheduler, before aggregation.
@@ -82,8 +81,7 @@ impl<'a> Sched<'a> {
                 pos: 0,
                 last: None,
                 done: false,
-                caps: plan.copies.get(&id).cloned().unwrap_or_default(),
-                cap_pos: 0,
+                caps: plan.copies.stream(id)?,
             });
         }
         Ok(Sched {
@@ -103,14 +101,33 @@ impl<'a> Sched<'a> {
     }
 
     /// Runs every pool to the end.
+    ///
+    /// Only pools whose consumers are all done take turns of their own; a
+    /// source is otherwise advanced by its consumers' copies alone, so it
+    /// never runs far ahead of them (which would hold captured copies in
+    /// memory for the whole trace).
     pub fn run(&mut self) -> Result<()> {
         let order: Vec<usize> = (0..self.pools.len()).rev().collect();
+        let consumers: Vec<Vec<usize>> = self
+            .pools
+            .iter()
+            .map(|p| {
+                self.plan
+                    .edges
+                    .iter()
+                    .filter(|e| e.0 == p.id)
+                    .filter_map(|e| self.index.get(&e.1).copied())
+                    .collect()
+            })
+            .collect();
         loop {
             let mut any = false;
             for &p in &order {
                 if !self.pools[p].done {
                     any = true;
-                    self.advance(p, None, TURN_EVENTS)?;
+                    if consumers[p].iter().all(|&c| self.pools[c].done) {
+                        self.advance(p, None, TURN_EVENTS)?;
+                    }
                 }
             }
             if !any {
@@ -137,8 +154,11 @@ impl<'a> Sched<'a> {
             return Ok(false);
         }
         let b = pool.stream.next_batch()?;
-        pool.buf = b.events;
-        pool.locs = b.locs;
+        let old = super::input::Batch {
+            events: std::mem::replace(&mut pool.buf, b.events),
+            locs: std::mem::replace(&mut pool.locs, b.locs),
+        };
+        pool.stream.recycle(old);
         pool.pos = 0;
         if pool.buf.is_empty() {
             pool.done = true;
@@ -153,7 +173,7 @@ impl<'a> Sched<'a> {
     fn finish_captures(&mut self, p: usize, before: u64) -> Result<()> {
         loop {
             let pool = &self.pools[p];
-            let Some(c) = pool.caps.get(pool.cap_pos).copied() else {
+            let Some(c) = pool.caps.peek() else {
                 return Ok(());
             };
             if c.src_seq >= before {
@@ -172,7 +192,7 @@ impl<'a> Sched<'a> {
                 e.1 = e.1.max(c.src_seq);
             }
             let id = pool.id;
-            self.pools[p].cap_pos += 1;
+            self.pools[p].caps.pop()?;
             self.backend
                 .capture(id, c.src_start, c.count, lost, &mut self.scratch)?;
             self.payloads
@@ -189,11 +209,7 @@ impl<'a> Sched<'a> {
                 return Ok(());
             }
             let pool = &self.pools[p];
-            let next_cap = pool
-                .caps
-                .get(pool.cap_pos)
-                .map(|c| c.src_seq)
-                .unwrap_or(u64::MAX);
+            let next_cap = pool.caps.peek().map(|c| c.src_seq).unwrap_or(u64::MAX);
             let start = pool.pos;
             let mut prev = pool.last;
             let mut i = start;

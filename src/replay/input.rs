@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::copies::CopySpiller;
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, kv_col};
 use crate::trace::read::{KvFileReader, KvIndexReader, Trace};
@@ -69,10 +70,12 @@ pub struct Plan {
     pub files: Vec<PathBuf>,
     /// Runs per pool, sorted by min_seq.
     pub runs: BTreeMap<u16, Vec<RunSpec>>,
-    /// Copies per source pool, sorted by src_seq.
-    pub copies: BTreeMap<u16, Vec<CopyReq>>,
+    /// Copies per source pool (streamed in src_seq order).
+    pub copies: super::copies::CopyPlan,
     /// Pools in topological order of copies (sources first).
     pub order: Vec<u16>,
+    /// (source pool, destination pool) of every kind of copy.
+    pub edges: Vec<(u16, u16)>,
     pub total_events: u64,
     pub spilled_events: u64,
     /// Holds the spill files; removed when the plan is dropped.
@@ -91,13 +94,13 @@ struct PoolStat {
 
 struct FileIndex {
     pools: BTreeMap<u16, PoolStat>,
-    /// (dst_pool, dst_seq, src, count, row)
-    copies: Vec<(u16, u64, CopySrc, u32, u64)>,
+    /// (src_pool, dst_pool) -> row of the first such copy
+    edges: BTreeMap<(u16, u16), u64>,
 }
 
-fn index_file(path: &Path) -> Result<FileIndex> {
+fn index_file(path: &Path, spiller: &std::sync::Mutex<CopySpiller>) -> Result<FileIndex> {
     let mut pools: BTreeMap<u16, PoolStat> = BTreeMap::new();
-    let mut copies = Vec::new();
+    let mut edges = BTreeMap::new();
     for batch in KvIndexReader::open(path)? {
         let b = batch?;
         for (i, (&pool, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
@@ -131,12 +134,38 @@ fn index_file(path: &Path) -> Result<FileIndex> {
                 }
             }
         }
-        for (i, src, count) in b.copies {
-            let i = i as usize;
-            copies.push((b.pool[i], b.seq[i], src, count, b.first_row + i as u64));
+        if !b.copies.is_empty() {
+            let mut sp = spiller
+                .lock()
+                .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?;
+            for (i, src, count) in b.copies {
+                let i = i as usize;
+                edges
+                    .entry((src.pool, b.pool[i]))
+                    .or_insert(b.first_row + i as u64);
+                sp.push(
+                    src.pool,
+                    CopyReq {
+                        src_seq: src.seq,
+                        dst_pool: b.pool[i],
+                        dst_seq: b.seq[i],
+                        src_start: src.slot_start,
+                        count,
+                    },
+                )?;
+            }
         }
     }
-    Ok(FileIndex { pools, copies })
+    Ok(FileIndex { pools, edges })
+}
+
+/// A temporary directory under `root` (or the system's).
+pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
+    match root {
+        Some(r) => tempfile::Builder::new().prefix(prefix).tempdir_in(r),
+        None => tempfile::Builder::new().prefix(prefix).tempdir(),
+    }
+    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
 /// The error for two events with the same seq in one pool.
@@ -154,15 +183,24 @@ pub fn duplicate(pool: u16, seq: u64, f1: &Path, r1: u64, f2: &Path, r2: u64) ->
 
 impl Plan {
     /// Indexes every kv file, spills unsorted runs, orders the pools.
-    pub fn build(trace: &Trace, spill_root: Option<&Path>) -> Result<Plan> {
+    /// `chunk` bounds the events (external sort) and copies (copy index)
+    /// held in memory before spilling.
+    pub fn build(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<Plan> {
         let files = trace.kv_files.clone();
+        let spiller = std::sync::Mutex::new(CopySpiller::new(
+            spill_root,
+            chunk.unwrap_or(super::copies::COPY_CHUNK),
+        ));
         let indexes: Vec<FileIndex> = files
             .par_iter()
-            .map(|f| index_file(f))
+            .map(|f| index_file(f, &spiller))
             .collect::<Result<Vec<_>>>()?;
+        let copies = spiller
+            .into_inner()
+            .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?
+            .finish();
         let dep = trace.deployment();
         let mut runs: BTreeMap<u16, Vec<RunSpec>> = BTreeMap::new();
-        let mut copies: BTreeMap<u16, Vec<CopyReq>> = BTreeMap::new();
         let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
         let mut total = 0u64;
         let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();
@@ -192,38 +230,32 @@ impl Plan {
             if !uns.is_empty() {
                 unsorted.push((fi as u32, uns));
             }
-            for &(dst, dseq, src, count, row) in &idx.copies {
-                copies.entry(src.pool).or_default().push(CopyReq {
-                    src_seq: src.seq,
-                    dst_pool: dst,
-                    dst_seq: dseq,
-                    src_start: src.slot_start,
-                    count,
-                });
-                edges.entry((src.pool, dst)).or_insert((fi as u32, row));
+            for (&e, &row) in &idx.edges {
+                edges.entry(e).or_insert((fi as u32, row));
             }
         }
         let mut spill_dir = None;
         let mut spilled = 0u64;
         if !unsorted.is_empty() {
-            let dir = match spill_root {
-                Some(r) => tempfile::Builder::new()
-                    .prefix("kvtrail-spill-")
-                    .tempdir_in(r),
-                None => tempfile::Builder::new().prefix("kvtrail-spill-").tempdir(),
-            }
-            .map_err(|e| Error::io(spill_root.unwrap_or(Path::new("$TMPDIR")), e))?;
+            let dir = temp_dir(spill_root, "kvtrail-spill-")?;
             let mut n = 0usize;
+            let limit = chunk.unwrap_or(SPILL_CHUNK_EVENTS).max(1);
             for (fi, pools) in &unsorted {
-                spilled += spill_file(trace, &files, *fi, pools, dir.path(), &mut n, &mut runs)?;
+                spilled += spill_file(
+                    trace,
+                    &files,
+                    *fi,
+                    pools,
+                    dir.path(),
+                    &mut n,
+                    limit,
+                    &mut runs,
+                )?;
             }
             spill_dir = Some(dir);
         }
         for v in runs.values_mut() {
             v.sort_by_key(|r| (r.min_seq, r.max_seq));
-        }
-        for v in copies.values_mut() {
-            v.sort_unstable();
         }
         let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges, &files)?;
         Ok(Plan {
@@ -231,6 +263,7 @@ impl Plan {
             runs,
             copies,
             order,
+            edges: edges.keys().copied().collect(),
             total_events: total,
             spilled_events: spilled,
             spill_dir,
@@ -350,7 +383,9 @@ fn decode(b: &[u8]) -> Ev {
     }
 }
 
-/// Sorts the rows of `pools` in file `fi` in bounded chunks spilled to `dir`.
+/// Sorts the rows of `pools` in file `fi` in chunks of at most `limit`
+/// events spilled to `dir`.
+#[allow(clippy::too_many_arguments)]
 fn spill_file(
     trace: &Trace,
     files: &[PathBuf],
@@ -358,6 +393,7 @@ fn spill_file(
     pools: &[u16],
     dir: &Path,
     n: &mut usize,
+    limit: usize,
     runs: &mut BTreeMap<u16, Vec<RunSpec>>,
 ) -> Result<u64> {
     let mut bufs: HashMap<u16, Vec<Ev>> = pools.iter().map(|&p| (p, Vec::new())).collect();
@@ -397,7 +433,7 @@ fn spill_file(
                     file: fi,
                     row: chunk.first_row + i as u64,
                 });
-                if buf.len() >= SPILL_CHUNK_EVENTS {
+                if buf.len() >= limit {
                     flush(ev.pool, buf, n)?;
                 }
             }
@@ -444,29 +480,41 @@ impl OpenRun {
     }
 
     /// Next non-empty batch, or an empty one at the end.
-    fn next_batch(&mut self, out: &mut Vec<Ev>) -> Result<()> {
-        out.clear();
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
         match self {
             OpenRun::File { pool, fi, reader } => {
                 for chunk in reader.by_ref() {
                     let chunk = chunk?;
-                    out.extend(chunk.events.iter().enumerate().filter_map(|(i, e)| {
-                        (e.pool == *pool).then_some(Ev {
-                            ev: *e,
-                            file: *fi,
-                            row: chunk.first_row + i as u64,
-                        })
-                    }));
-                    if !out.is_empty() {
+                    let r0 = chunk.first_row;
+                    if chunk.events.iter().all(|e| e.pool == *pool) {
+                        // the usual layout (one pool per file): no filtering
+                        out.locs
+                            .extend((0..chunk.events.len() as u64).map(|i| (*fi, r0 + i)));
+                        out.events = chunk.events;
+                    } else {
+                        for (i, e) in chunk.events.iter().enumerate() {
+                            if e.pool == *pool {
+                                out.events.push(*e);
+                                out.locs.push((*fi, r0 + i as u64));
+                            }
+                        }
+                    }
+                    if !out.events.is_empty() {
                         break;
                     }
                 }
             }
             OpenRun::Spill { path, reader } => {
                 let mut rec = [0u8; REC];
-                while out.len() < MERGE_BATCH {
+                while out.events.len() < MERGE_BATCH {
                     match reader.read_exact(&mut rec) {
-                        Ok(()) => out.push(decode(&rec)),
+                        Ok(()) => {
+                            let e = decode(&rec);
+                            out.events.push(e.ev);
+                            out.locs.push((e.file, e.row));
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
                         Err(e) => return Err(Error::io(path, e)),
                     }
@@ -479,8 +527,14 @@ impl OpenRun {
 
 struct Active {
     run: OpenRun,
-    buf: Vec<Ev>,
+    buf: Batch,
     pos: usize,
+}
+
+impl Active {
+    fn head(&self) -> u64 {
+        self.buf.events[self.pos].seq
+    }
 }
 
 /// The merge state of one pool: a lazy k-way merge of its runs.
@@ -492,7 +546,7 @@ struct Merge {
 }
 
 /// Batches decoded ahead per pool (bounds the prefetch memory).
-const PREFETCH_BATCHES: usize = 4;
+const PREFETCH_BATCHES: usize = 2;
 
 /// The seq-ordered stream of one pool. Decoding and merging run on their
 /// own thread, a few batches ahead of the replay (so Parquet decoding
@@ -507,6 +561,9 @@ pub struct Batch {
 
 pub struct PoolStream {
     rx: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
+    /// Used batches go back to the reader thread for reuse (no allocation
+    /// per batch, no frees across threads).
+    recycle: std::sync::mpsc::SyncSender<Batch>,
     thread: Option<std::thread::JoinHandle<()>>,
     done: bool,
 }
@@ -520,13 +577,11 @@ impl PoolStream {
             active: Vec::new(),
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
+        let (recycle, reuse) = std::sync::mpsc::sync_channel::<Batch>(PREFETCH_BATCHES + 2);
         let thread = std::thread::spawn(move || {
-            let mut out = Vec::with_capacity(MERGE_BATCH);
             loop {
-                let res = m.next_batch(&mut out).map(|()| Batch {
-                    events: out.iter().map(|e| e.ev).collect(),
-                    locs: out.iter().map(|e| (e.file, e.row)).collect(),
-                });
+                let mut b = reuse.try_recv().unwrap_or_default();
+                let res = m.next_batch(&mut b).map(|()| b);
                 let end = res.as_ref().map_or(true, |b| b.events.is_empty());
                 if tx.send(res).is_err() || end {
                     return;
@@ -535,9 +590,15 @@ impl PoolStream {
         });
         PoolStream {
             rx: Some(rx),
+            recycle,
             thread: Some(thread),
             done: false,
         }
+    }
+
+    /// Hands a used batch back for reuse.
+    pub fn recycle(&self, b: Batch) {
+        let _ = self.recycle.try_send(b);
     }
 
     /// The next events in seq order; an empty batch at the end.
@@ -579,20 +640,21 @@ impl Drop for PoolStream {
 impl Merge {
     /// Fills `out` with the next events in seq order (at most
     /// `MERGE_BATCH`); empty at the end of the stream.
-    fn next_batch(&mut self, out: &mut Vec<Ev>) -> Result<()> {
-        out.clear();
-        while out.len() < MERGE_BATCH {
+    fn next_batch(&mut self, out: &mut Batch) -> Result<()> {
+        out.events.clear();
+        out.locs.clear();
+        while out.events.len() < MERGE_BATCH {
             // Admit runs that start before every active head.
-            let head_min = self.active.iter().map(|a| a.buf[a.pos].ev.seq).min();
+            let head_min = self.active.iter().map(Active::head).min();
             while let Some(r) = self.pending.front() {
                 if head_min.is_some_and(|h| r.min_seq > h) {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
                 let mut run = OpenRun::open(&spec, &self.trace, &self.files)?;
-                let mut buf = Vec::new();
+                let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;
-                if !buf.is_empty() {
+                if !buf.events.is_empty() {
                     self.active.push(Active { run, buf, pos: 0 });
                 }
                 if head_min.is_none() {
@@ -609,28 +671,40 @@ impl Merge {
             let mut best = 0;
             for i in 1..self.active.len() {
                 let (a, b) = (&self.active[i], &self.active[best]);
-                if a.buf[a.pos].ev.seq < b.buf[b.pos].ev.seq {
+                if a.head() < b.head() {
                     best = i;
                 }
             }
             let mut bound = self.pending.front().map(|r| r.min_seq).unwrap_or(u64::MAX);
             for (i, a) in self.active.iter().enumerate() {
                 if i != best {
-                    bound = bound.min(a.buf[a.pos].ev.seq);
+                    bound = bound.min(a.head());
                 }
             }
             let a = &mut self.active[best];
-            let room = MERGE_BATCH - out.len();
-            let mut end = a.pos + 1; // at least one event (ties: one each)
-            while end < a.buf.len() && end - a.pos < room && a.buf[end].ev.seq < bound {
-                end += 1;
+            let ev = &a.buf.events;
+            let len = ev.len();
+            if out.events.is_empty() && a.pos == 0 && ev[len - 1].seq < bound {
+                // The whole buffered batch goes out as it is (one run, or
+                // runs that do not overlap): hand it over without copying.
+                std::mem::swap(out, &mut a.buf);
+                a.buf.events.clear();
+                a.buf.locs.clear();
+                a.pos = 0; // empty: refilled below
+            } else {
+                let room = MERGE_BATCH.saturating_sub(out.events.len()).max(1);
+                let mut end = a.pos + 1; // at least one event (ties: one each)
+                while end < len && end - a.pos < room && ev[end].seq < bound {
+                    end += 1;
+                }
+                out.events.extend_from_slice(&ev[a.pos..end]);
+                out.locs.extend_from_slice(&a.buf.locs[a.pos..end]);
+                a.pos = end;
             }
-            out.extend_from_slice(&a.buf[a.pos..end]);
-            a.pos = end;
-            if a.pos == a.buf.len() {
+            if a.pos == a.buf.events.len() {
                 a.run.next_batch(&mut a.buf)?;
                 a.pos = 0;
-                if a.buf.is_empty() {
+                if a.buf.events.is_empty() {
                     self.active.swap_remove(best);
                 }
             }

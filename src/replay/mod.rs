@@ -14,6 +14,7 @@
 //! trace's events.
 
 pub mod backend;
+pub mod copies;
 pub mod cpu;
 pub mod engine;
 pub mod exposure;
@@ -70,9 +71,13 @@ pub fn make_backend(choice: BackendChoice) -> Box<dyn Backend> {
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
     pub backend: BackendChoice,
-    /// Where unsorted files are spilled for the external sort (default: the
-    /// system temp dir).
+    /// Where unsorted files and large copy indexes are spilled (default:
+    /// the system temp dir).
     pub spill_dir: Option<std::path::PathBuf>,
+    /// Events (external sort) and copies (copy index) held in memory before
+    /// spilling; None = the defaults (`input::SPILL_CHUNK_EVENTS`,
+    /// `copies::COPY_CHUNK`). Small values exercise the spill paths.
+    pub chunk: Option<usize>,
 }
 
 /// Everything replay found.
@@ -87,6 +92,8 @@ pub struct ReplayOutcome {
     pub late_sources: BTreeMap<u16, (u64, u64)>,
     /// Events that went through the external sort.
     pub spilled_events: u64,
+    /// Copies whose index entries were spilled to disk.
+    pub spilled_copies: u64,
     pub kv_files: usize,
 }
 
@@ -98,7 +105,7 @@ pub fn replay_with(
     reporter: &dyn Reporter,
 ) -> Result<ReplayOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
-    let plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new))?;
+    let plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
     reporter.start("replay", plan.total_events);
@@ -121,6 +128,7 @@ pub fn replay_with(
         gaps,
         late_sources: late,
         spilled_events: plan.spilled_events,
+        spilled_copies: plan.copies.spilled,
         kv_files: plan.files.len(),
     })
 }

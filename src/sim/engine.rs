@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use crate::capture::Recorder;
 use crate::error::Result;
+use crate::progress::Reporter;
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, hash_tokens};
 use crate::sim::alloc::Allocator;
 use crate::sim::config::{DecodeAllocation, EngineVersion, RouterMode, SimConfig};
@@ -38,19 +39,6 @@ pub const PREFILL_POOL: u16 = 0;
 pub const DECODE_POOL: u16 = 1;
 /// Simulated time 0 is 2026-09-01T00:00:00Z.
 pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
-
-/// Progress callback of a run (the CLI draws a bar with it).
-pub trait Progress {
-    /// A request got its response row.
-    fn request_done(&mut self);
-}
-
-/// No progress reporting.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn request_done(&mut self) {}
-}
 
 /// What the simulator did, besides the trace and the truth.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -148,6 +136,8 @@ struct Live {
     pf_own_pages: Vec<u32>,
     pf_shared_tokens: u32,
     pf_group_locked: Option<u64>,
+    /// Writer of the prefix-cache entry this request hit.
+    pf_prefix_owner: u64,
     pf_cached_pages: u32,
     pf_released: bool,
     pf_done: bool,
@@ -215,7 +205,9 @@ struct CacheEntry {
 pub(crate) struct Engine<'a> {
     cfg: &'a SimConfig,
     rec: &'a mut Recorder,
-    progress: &'a mut dyn Progress,
+    reporter: &'a dyn Reporter,
+    /// Finished requests not yet reported (reported in batches).
+    unreported: u64,
     now: i64,
     pf_alloc: Allocator,
     dec_alloc: Allocator,
@@ -236,7 +228,7 @@ pub(crate) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(cfg: &'a SimConfig, rec: &'a mut Recorder, progress: &'a mut dyn Progress) -> Self {
+    pub fn new(cfg: &'a SimConfig, rec: &'a mut Recorder, reporter: &'a dyn Reporter) -> Self {
         let pf_alloc = Allocator::new(
             cfg.prefill.capacity_tokens,
             cfg.prefill.page_size,
@@ -254,7 +246,8 @@ impl<'a> Engine<'a> {
             dec_alloc,
             cfg,
             rec,
-            progress,
+            reporter,
+            unreported: 0,
             now: 0,
             dec_reserved: 0,
             live: HashMap::new(),
@@ -301,6 +294,8 @@ impl<'a> Engine<'a> {
                 ids[0]
             )));
         }
+        self.reporter.advance(self.unreported);
+        self.unreported = 0;
         self.stats.sim_end_ns = self.now;
         self.stats.kv_events = self.rec.stats().kv_events;
         Ok(())
@@ -571,6 +566,7 @@ impl<'a> Engine<'a> {
             pf_own_pages: Vec::new(),
             pf_shared_tokens: 0,
             pf_group_locked: None,
+            pf_prefix_owner: 0,
             pf_cached_pages: 0,
             pf_released: false,
             pf_done: false,
@@ -759,7 +755,10 @@ impl<'a> Engine<'a> {
             let e = self.cache.get_mut(&g).expect("entry");
             e.locks += 1;
             e.last_use = self.now;
-            self.live.get_mut(&rid).expect("live").pf_group_locked = Some(g);
+            let owner = e.owner;
+            let l = self.live.get_mut(&rid).expect("live");
+            l.pf_group_locked = Some(g);
+            l.pf_prefix_owner = owner;
             let sslots = Self::page_slots(&shared_pages, ps);
             self.grant(PREFILL_POOL, rid, &sslots, 0)?;
         }
@@ -791,7 +790,6 @@ impl<'a> Engine<'a> {
         let Some(g) = victim else { return Ok(false) };
         let e = self.cache.remove(&g).expect("victim");
         self.free(PREFILL_POOL, crate::schema::ENGINE_REQUEST, &e.pages)?;
-        let _ = e.owner;
         Ok(true)
     }
 
@@ -973,16 +971,31 @@ impl<'a> Engine<'a> {
             return self.maybe_row(rid);
         }
         // Decode may attend over a shared prefix another request wrote.
+        // Decode may attend over the shared prefix its prefix-cache hit
+        // granted on prefill: grant exactly the decode slots that hold the
+        // prefix owner's KV at the right position (a stale copy is not
+        // covered by the grant).
         if shared > 0 {
             let l = &self.live[&rid];
-            let dslots: Vec<u32> = l.dec_slots[..(shared as usize).min(l.dec_slots.len())].to_vec();
-            let foreign: Vec<u32> = dslots
-                .iter()
-                .copied()
-                .filter(|&s| self.dec_state.owner[s as usize] != rid)
-                .collect();
-            if !foreign.is_empty() {
-                self.grant(DECODE_POOL, rid, &dslots, 0)?;
+            let w = l.pf_prefix_owner;
+            let n = (shared as usize).min(l.dec_slots.len());
+            let mut granted: Vec<(u32, u32)> = Vec::new();
+            for (p, &s) in l.dec_slots[..n].iter().enumerate() {
+                let su = s as usize;
+                if self.dec_state.owner[su] == w && self.dec_state.pos[su] == p as u32 {
+                    granted.push((p as u32, s));
+                }
+            }
+            // One share per run of consecutive positions.
+            let mut i = 0;
+            while i < granted.len() {
+                let mut j = i + 1;
+                while j < granted.len() && granted[j].0 == granted[j - 1].0 + 1 {
+                    j += 1;
+                }
+                let slots: Vec<u32> = granted[i..j].iter().map(|x| x.1).collect();
+                self.grant(DECODE_POOL, rid, &slots, granted[i].0)?;
+                i = j;
             }
         }
         let (sent_tokens, dec_len, dmode) = {
@@ -1207,7 +1220,11 @@ impl<'a> Engine<'a> {
         };
         self.rec.request(rec)?;
         self.stats.requests += 1;
-        self.progress.request_done();
+        self.unreported += 1;
+        if self.unreported >= 1024 {
+            self.reporter.advance(self.unreported);
+            self.unreported = 0;
+        }
         Ok(())
     }
 }

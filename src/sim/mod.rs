@@ -26,12 +26,16 @@ use std::path::Path;
 
 use crate::capture::{Recorder, RecorderOptions};
 use crate::error::Result;
+use crate::progress::Reporter;
 use crate::trace::manifest::Manifest;
 
 pub use config::{EngineVersion, SimConfig};
-pub use engine::{NoProgress, Progress, RunStats};
+pub use engine::RunStats;
 pub use truth::Truth;
 pub use workload::Arrival;
+
+/// Rows per Parquet row group in simulated traces.
+pub const ROW_GROUP_ROWS: usize = 32 * 1024;
 
 /// Labels written into the truth file.
 #[derive(Debug, Clone)]
@@ -56,22 +60,29 @@ pub fn run(
     arrivals: impl IntoIterator<Item = Arrival>,
     out: &Path,
     label: &RunLabel,
-    progress: &mut dyn Progress,
+    reporter: &dyn Reporter,
 ) -> Result<RunOutput> {
     cfg.validate()?;
+    let arrivals = arrivals.into_iter();
+    let (lo, hi) = arrivals.size_hint();
+    reporter.start("simulate", hi.unwrap_or(lo) as u64);
     let opts = RecorderOptions {
         started_ns: Some(engine::EPOCH_NS),
         from_engine_start: true,
         writer: format!("kvtrail-sim {}", env!("CARGO_PKG_VERSION")),
+        // Buffered rows are the simulator's only memory that grows with
+        // the run (up to this many rows per stream); keep it small.
+        row_group_rows: ROW_GROUP_ROWS,
         ..RecorderOptions::default()
     };
     let mut rec = Recorder::create(out, engine::deployment(cfg), opts)?;
     let (stats, tb) = {
-        let mut eng = engine::Engine::new(cfg, &mut rec, progress);
+        let mut eng = engine::Engine::new(cfg, &mut rec, reporter);
         eng.run(arrivals)?;
         (eng.stats.clone(), std::mem::take(&mut eng.truth))
     };
     let manifest = rec.close()?;
+    reporter.finish();
     let truth = tb.build(
         &label.scenario,
         cfg.engine.name(),

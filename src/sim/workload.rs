@@ -300,6 +300,11 @@ impl Iterator for Generator {
             recorded_prompt_hash: None,
         })
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = (self.spec.requests + 1).saturating_sub(self.next_id) as usize;
+        (left, Some(left))
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! Only this module knows Parquet. Readers stream; writers rotate part files
 //! and hash them as they write.
 
+mod guard;
 pub mod index;
 pub mod manifest;
 pub mod read;

@@ -24,6 +24,7 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
+use crate::trace::guard::guard;
 use crate::trace::manifest::{Deployment, Manifest};
 
 pub use crate::trace::index::load_request_index;
@@ -137,8 +138,13 @@ pub fn list_parquet(dir: &Path) -> Result<Vec<PathBuf>> {
 
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| Error::parquet(Location::file(path), e))
+    guard(
+        || Location::file(path),
+        || {
+            ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )
 }
 
 /// Like [`open_builder`], but asks the Parquet reader to hand string column
@@ -148,6 +154,16 @@ fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
 /// the file's own types when the column is absent, not a string, or the
 /// reader refuses the request.
 fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    guard(
+        || Location::file(path),
+        || open_builder_dict_inner(path, dict_col),
+    )
+}
+
+fn open_builder_dict_inner(
+    path: &Path,
+    dict_col: &str,
+) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| Error::parquet(Location::file(path), e))?;
@@ -203,12 +219,17 @@ fn project(
             None => {}
         }
     }
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    builder
-        .with_projection(mask)
-        .with_batch_size(READ_BATCH_ROWS)
-        .build()
-        .map_err(|e| Error::parquet(Location::file(path), e))
+    guard(
+        || Location::file(path),
+        || {
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            builder
+                .with_projection(mask)
+                .with_batch_size(READ_BATCH_ROWS)
+                .build()
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )
 }
 
 /// A column of a batch with its location, for typed extraction.
@@ -685,7 +706,18 @@ impl Iterator for KvFileReader {
         if self.done {
             return None;
         }
-        match self.reader.next()? {
+        let next = guard(
+            || Location::file(&self.path).row(self.rows),
+            || Ok(self.reader.next()),
+        );
+        let next = match next {
+            Ok(n) => n,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        match next? {
             Err(e) => {
                 self.done = true;
                 Some(Err(Error::parquet(
@@ -835,7 +867,18 @@ impl Iterator for RequestFileReader {
         if self.done {
             return None;
         }
-        match self.reader.next()? {
+        let next = guard(
+            || Location::file(&self.path).row(self.rows),
+            || Ok(self.reader.next()),
+        );
+        let next = match next {
+            Ok(n) => n,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        match next? {
             Err(e) => {
                 self.done = true;
                 Some(Err(Error::parquet(

@@ -309,13 +309,13 @@ pub fn dict_column(b: &RecordBatch, name: &str) -> RecordBatch {
 
 /// Runs scope in-process.
 pub fn scope(dir: &Path) -> ScopeReport {
+    scope_with(dir, &kvtrail::replay::ReplayOptions::default())
+}
+
+/// Runs scope in-process with options (e.g. tiny spill chunks).
+pub fn scope_with(dir: &Path, opts: &kvtrail::replay::ReplayOptions) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
-    kvtrail::scope::scope(
-        &trace,
-        &kvtrail::replay::ReplayOptions::default(),
-        &kvtrail::replay::NoReporter,
-    )
-    .unwrap()
+    kvtrail::scope::scope(&trace, opts, &kvtrail::replay::NoReporter).unwrap()
 }
 
 /// A compact, line-per-fact digest of a report for data-driven tests.

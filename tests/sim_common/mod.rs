@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
+use kvtrail::progress::NoReporter;
 use kvtrail::schema::{KvEvent, Op, RequestRecord};
-use kvtrail::sim::{self, NoProgress, RunLabel, Truth, scenario};
+use kvtrail::sim::{self, RunLabel, Truth, scenario};
 use kvtrail::trace::Trace;
 
 pub struct Run {
@@ -35,7 +36,7 @@ pub fn simulate(name: &str, requests: Option<u64>, seed: u64, sets: &[&str]) -> 
             scenario: name.into(),
             seed,
         },
-        &mut NoProgress,
+        &NoReporter,
     )
     .unwrap();
     Run {

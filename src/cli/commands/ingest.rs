@@ -28,14 +28,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         skip_bad_lines: args.skip_bad_lines,
         ..Default::default()
     };
-    let report = if args.input.as_os_str() == "-" {
-        ingest(
-            std::io::stdin().lock(),
-            &args.input,
-            deployment,
-            &args.out,
-            opts,
-        )?
+    let stdin = args.input.as_os_str() == "-";
+    let name = if stdin {
+        std::path::PathBuf::from("<stdin>")
+    } else {
+        args.input.clone()
+    };
+    let report = if stdin {
+        ingest(std::io::stdin().lock(), &name, deployment, &args.out, opts)?
     } else {
         let f = File::open(&args.input).map_err(|e| kvtrail::Error::io(&args.input, e))?;
         ingest(
@@ -51,7 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         writeln!(
             err,
             "skipped {}:{}: {}",
-            args.input.display(),
+            name.display(),
             s.line,
             s.error
         )?;

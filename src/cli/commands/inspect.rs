@@ -31,11 +31,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 fn counts<K: std::fmt::Display>(c: &[Count<K>]) -> String {
-    c.iter()
+    let parts: Vec<String> = c
+        .iter()
         .filter(|c| c.count > 0)
         .map(|c| format!("{} {}", c.key, c.count))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn finding(f: &Finding) -> String {
@@ -151,6 +156,16 @@ fn print_text(
         finding(&q.over_long_prompts)
     )?;
     writeln!(out, "kv events   {}: {}", r.kv.events, counts(&r.kv.by_op))?;
+    if r.kv.unknown_request_events.count > 0 {
+        let u = &r.kv.unknown_request_events;
+        let ex: Vec<String> = u.examples.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "  events of requests not in the requests table: {}, e.g. request {}",
+            u.count,
+            ex.join(", ")
+        )?;
+    }
     for p in &r.kv.pools {
         writeln!(
             out,

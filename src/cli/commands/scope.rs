@@ -57,6 +57,7 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
     let opts = ReplayOptions {
         backend: choice,
         spill_dir: None,
+        chunk: None,
     };
     let reporter = BarReporter::default();
     Ok(kvtrail::scope::scope(&trace, &opts, &reporter)?)

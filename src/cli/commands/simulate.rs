@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kvtrail::sim::{self, EngineVersion, RunLabel, SimConfig, scenario};
 
-use crate::cli::progress;
+use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -37,14 +37,6 @@ pub struct Args {
     pub truth: Option<PathBuf>,
 }
 
-struct Bar(indicatif::ProgressBar);
-
-impl sim::Progress for Bar {
-    fn request_done(&mut self) {
-        self.0.inc(1);
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut sc = scenario::scenario(&args.scenario, args.requests, args.seed)?;
     if let Some(path) = &args.config {
@@ -68,17 +60,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         scenario: sc.name.clone(),
         seed: args.seed,
     };
-    let bar = progress::bar(sc.workload.requests, "simulate");
-    let mut reporter = Bar(bar.clone());
     let started = std::time::Instant::now();
     let out = sim::run(
         &sc.config,
         sim::workload::Generator::new(sc.workload.clone()),
         &args.out,
         &label,
-        &mut reporter,
+        &BarReporter::default(),
     )?;
-    bar.finish_and_clear();
     if let Some(path) = &args.truth {
         out.truth
             .store(path)
