@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use kvtrail::progress::NoReporter;
 use kvtrail::replay::ReplayOptions;
-use kvtrail::sim::{self, NoProgress, RunLabel, scenario};
+use kvtrail::sim::{self, RunLabel, scenario};
 use kvtrail::trace::Trace;
 use kvtrail::whatif::{self, ReplaySpec, audit, counterfactual, diff};
 
@@ -62,7 +62,7 @@ fn main() {
                 scenario: "incident".into(),
                 seed: 1,
             },
-            &mut NoProgress,
+            &NoReporter,
         )
         .unwrap()
     });
@@ -73,7 +73,7 @@ fn main() {
             engine: engine.map(String::from),
             sets: vec![],
         };
-        whatif::replay_trace(&trace, &spec, &dir.path().join(name), &mut NoProgress).unwrap()
+        whatif::replay_trace(&trace, &spec, &dir.path().join(name), &NoReporter).unwrap()
     };
     timed("replay, recorded config", n, Some(base), || {
         replay(None, "same")

@@ -460,7 +460,7 @@ fn bitmap_pass(
         let min = accs[pi].runs.iter().map(|r| r.min).min().unwrap_or(0);
         let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
         // seqs are u64: the span of 0..=u64::MAX does not fit a u64.
-        let range = (max - min).checked_add(1).unwrap_or(u64::MAX);
+        let range = (max - min).saturating_add(1);
         if range > MAX_BITMAP_SEQS {
             return Err(Error::Other(format!(
                 "pool {}: seqs are out of order within files or overlap across files, and span {range} values (more than {MAX_BITMAP_SEQS}); hole detection would need more than 1 GiB.\n  hint: rewrite the kv files so each file holds a pool's events in seq order",

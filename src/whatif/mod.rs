@@ -96,7 +96,7 @@ pub fn replay_trace(
     trace: &Trace,
     spec: &ReplaySpec,
     out: &Path,
-    progress: &mut dyn sim::Progress,
+    reporter: &dyn crate::progress::Reporter,
 ) -> Result<ReplayRun> {
     let config = resolve_config(trace, spec)?;
     let workload = workload::extract(trace)?;
@@ -109,7 +109,7 @@ pub fn replay_trace(
         workload.arrivals.iter().cloned(),
         out,
         &label,
-        progress,
+        reporter,
     )?;
     Ok(ReplayRun {
         config,

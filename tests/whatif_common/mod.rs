@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kvtrail::sim::{self, NoProgress, RunLabel, Truth, scenario};
+use kvtrail::progress::NoReporter;
+use kvtrail::sim::{self, RunLabel, Truth, scenario};
 use kvtrail::trace::Trace;
 use kvtrail::whatif::{self, ReplaySpec};
 
@@ -33,7 +34,7 @@ pub fn simulate(name: &str, requests: u64, sets: &[&str]) -> Sim {
             scenario: name.into(),
             seed: 1,
         },
-        &mut NoProgress,
+        &NoReporter,
     )
     .unwrap();
     Sim {
@@ -51,7 +52,7 @@ pub fn replay(trace: &Path, engine: Option<&str>, sets: &[&str], out: &Path) -> 
         engine: engine.map(String::from),
         sets: sets.iter().map(|s| s.to_string()).collect(),
     };
-    whatif::replay_trace(&t, &spec, out, &mut NoProgress).unwrap()
+    whatif::replay_trace(&t, &spec, out, &NoReporter).unwrap()
 }
 
 /// Every file under a trace, with its bytes, sorted by path.

@@ -48,13 +48,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let mut err = std::io::stderr().lock();
     for s in &report.skipped {
-        writeln!(
-            err,
-            "skipped {}:{}: {}",
-            name.display(),
-            s.line,
-            s.error
-        )?;
+        writeln!(err, "skipped {}:{}: {}", name.display(), s.line, s.error)?;
     }
     if report.skipped_lines > report.skipped.len() as u64 {
         writeln!(

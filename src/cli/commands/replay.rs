@@ -6,10 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::replay::ReplayOptions;
-use kvtrail::sim::{self, SimConfig};
+use kvtrail::sim::SimConfig;
 use kvtrail::whatif::{self, ReplaySpec};
 
-use crate::cli::progress::{self, BarReporter};
+use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -35,14 +35,6 @@ pub struct Args {
     pub json: bool,
 }
 
-struct Bar(indicatif::ProgressBar);
-
-impl sim::Progress for Bar {
-    fn request_done(&mut self) {
-        self.0.inc(1);
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let trace = kvtrail::trace::Trace::open(&args.trace)?;
     let spec = ReplaySpec {
@@ -53,11 +45,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         engine: args.engine.clone(),
         sets: args.set.clone(),
     };
-    let bar = progress::bar(0, "replay");
-    let mut rep = Bar(bar.clone());
+    let rep = BarReporter::default();
     let started = std::time::Instant::now();
-    let run = whatif::replay_trace(&trace, &spec, &args.out, &mut rep)?;
-    bar.finish_and_clear();
+    let run = whatif::replay_trace(&trace, &spec, &args.out, &rep)?;
     let secs = started.elapsed().as_secs_f64();
     let w = &run.workload;
     eprintln!(
