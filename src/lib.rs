@@ -19,5 +19,6 @@ pub mod schema;
 pub mod scope;
 pub mod sim;
 pub mod trace;
+pub mod whatif;
 
 pub use error::{Error, Result};

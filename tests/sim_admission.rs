@@ -33,6 +33,7 @@ fn arrival(id: u64, prompt: u32) -> Arrival {
         output_tokens: 2,
         prefix_group: None,
         prefix_tokens: 0,
+        recorded_prompt_hash: None,
     }
 }
 

@@ -39,6 +39,14 @@ pub enum Command {
     Notify(commands::notify::Args),
     /// Answer "was this response affected?" from a scope folder.
     Lookup(commands::lookup::Args),
+    /// Re-run a trace's workload under another engine or config and capture a new trace.
+    Replay(commands::replay::Args),
+    /// Compare a trace with its what-if replay: per-request changes and exposure before/after.
+    Diff(commands::diff::Args),
+    /// Re-run affected responses with the reference model, with and without their foreign KV.
+    Counterfactual(commands::counterfactual::Args),
+    /// Deploy gate: pools vs context window, page sizes, scrub policy; trace checks.
+    Audit(commands::audit::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -63,6 +71,10 @@ pub fn run() -> Exit {
         Command::Demo(a) => commands::demo::run(a),
         Command::Notify(a) => commands::notify::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
+        Command::Replay(a) => commands::replay::run(a),
+        Command::Diff(a) => commands::diff::run(a),
+        Command::Counterfactual(a) => commands::counterfactual::run(a),
+        Command::Audit(a) => commands::audit::run(a),
     };
     match res {
         Ok(code) => code,

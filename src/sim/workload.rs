@@ -30,6 +30,10 @@ pub struct Arrival {
     pub prefix_group: Option<u64>,
     /// Length of the shared prefix (<= prompt_tokens).
     pub prefix_tokens: u32,
+    /// A recorded prompt hash (what-if replay of a recorded trace): used
+    /// instead of the hash of the generated token ids, so the replayed
+    /// request keeps its prompt_hash and its reference-model seed.
+    pub recorded_prompt_hash: Option<[u8; 32]>,
 }
 
 impl Arrival {
@@ -51,6 +55,9 @@ impl Arrival {
     /// blake3 of the first `len` prompt tokens (the whole prompt for the
     /// customer's prompt_hash).
     pub fn prompt_hash(&self) -> [u8; 32] {
+        if let Some(h) = self.recorded_prompt_hash {
+            return h;
+        }
         let mut h = blake3::Hasher::new();
         let mut buf = Vec::with_capacity(4096);
         for t in self.prompt_token_ids(self.prompt_tokens) {
@@ -290,6 +297,7 @@ impl Iterator for Generator {
             output_tokens: output,
             prefix_group: if prefix > 0 { group } else { None },
             prefix_tokens: prefix,
+            recorded_prompt_hash: None,
         })
     }
 
@@ -328,6 +336,7 @@ mod tests {
             output_tokens: 1,
             prefix_group: Some(9),
             prefix_tokens: 100,
+            recorded_prompt_hash: None,
         };
         let toks: Vec<u32> = a.prompt_token_ids(5000).collect();
         assert_eq!(a.prompt_hash(), hash_tokens(&toks));

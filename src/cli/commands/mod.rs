@@ -1,11 +1,15 @@
 //! One module per subcommand.
 
+pub mod audit;
+pub mod counterfactual;
 pub mod demo;
+pub mod diff;
 pub mod ingest;
 pub mod inspect;
 pub mod lookup;
 pub mod notify;
 pub mod record;
+pub mod replay;
 pub mod scope;
 pub mod simulate;
 pub mod verify;

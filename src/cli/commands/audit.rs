@@ -1,0 +1,90 @@
+//! `kvtrail audit (--deployment FILE | TRACE) [--json]`: deploy gate. Checks
+//! every pool against the context window (the incident's root cause), page
+//! sizes and the scrub policy; on a trace also the requests and KV events.
+//! Exit 1 on errors or warnings, 0 when clean, 2 on bad input.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::replay::ReplayOptions;
+use kvtrail::whatif::audit::{AuditReport, audit_file, audit_trace};
+
+use crate::cli::progress::BarReporter;
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["trace", "deployment"])))]
+pub struct Args {
+    /// Trace directory: audit its manifest, requests and KV events.
+    pub trace: Option<PathBuf>,
+    /// Deployment to audit: a simulator config (TOML/JSON) or a trace.json.
+    #[arg(long, value_name = "FILE")]
+    pub deployment: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn human(r: &AuditReport) -> String {
+    let mut s = String::new();
+    let d = &r.deployment;
+    let _ = writeln!(
+        s,
+        "audit of {} (engine {}, context window {})",
+        d.source, d.engine, d.context_window
+    );
+    for p in &d.pools {
+        let _ = writeln!(
+            s,
+            "  pool {} {:<10} {:<8} {:>12} tokens, page {:>3}, max_req_input_len {}",
+            p.id, p.name, p.role, p.capacity_tokens, p.page_size, p.max_req_input_len
+        );
+    }
+    for f in &r.findings {
+        let sev = match f.severity {
+            kvtrail::whatif::audit::Severity::Error => "ERROR",
+            kvtrail::whatif::audit::Severity::Warning => "WARNING",
+            kvtrail::whatif::audit::Severity::Note => "note",
+        };
+        let _ = writeln!(
+            s,
+            "\n{sev} {}{}: {}",
+            f.kind,
+            f.subject
+                .as_deref()
+                .map(|x| format!(" [{x}]"))
+                .unwrap_or_default(),
+            f.detail
+        );
+        if !f.request_ids.is_empty() {
+            let ids: Vec<String> = f.request_ids.iter().map(|i| i.to_string()).collect();
+            let _ = writeln!(s, "  requests: {}", ids.join(" "));
+        }
+        if let Some(rec) = &f.recommendation {
+            let _ = writeln!(s, "  recommendation: {rec}");
+        }
+    }
+    let _ = writeln!(s, "\n{}", r.verdict);
+    s
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let r = match (&args.deployment, &args.trace) {
+        (Some(path), None) => audit_file(path)?,
+        (None, Some(dir)) => {
+            let trace = kvtrail::trace::Trace::open(dir)?;
+            audit_trace(&trace, &ReplayOptions::default(), &BarReporter::default())?
+        }
+        _ => anyhow::bail!("give either a TRACE or --deployment FILE, not both"),
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut j = serde_json::to_string_pretty(&r)?;
+        j.push('\n');
+        out.write_all(j.as_bytes())?;
+    } else {
+        out.write_all(human(&r).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(r.exit_code())
+}

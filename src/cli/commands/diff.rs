@@ -1,0 +1,129 @@
+//! `kvtrail diff TRACE NEWTRACE [--json]`: what changed per request between
+//! a trace and its what-if replay, and the exposure before vs after.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::replay::ReplayOptions;
+use kvtrail::whatif::diff::{DiffReport, Side, diff};
+
+use crate::cli::progress::BarReporter;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The recorded trace.
+    pub before: PathBuf,
+    /// The replayed trace.
+    pub after: PathBuf,
+    /// Print the full report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn json(r: &DiffReport) -> String {
+    let mut s = serde_json::to_string_pretty(r).expect("diff serializes");
+    s.push('\n');
+    s
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
+}
+
+fn side(s: &Side) -> String {
+    format!(
+        "{} prefilled {} foreign {} latency {} ms decode-held {:.1} slot-s",
+        s.http_status,
+        opt(s.prefilled_tokens),
+        s.foreign_tokens,
+        s.latency_ms
+            .map(|x| format!("{x:.0}"))
+            .unwrap_or("-".into()),
+        s.decode_slot_seconds
+    )
+}
+
+pub fn human(r: &DiffReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{}\n", r.headline);
+    let e = &r.exposure;
+    let _ = writeln!(s, "exposure (scope on both traces)");
+    for (n, x) in [("before", &e.before), ("after", &e.after)] {
+        let _ = writeln!(s, "  {n:<7} {}: {}", x.engine, x.verdict);
+    }
+    let _ = writeln!(s, "\nstatus counts");
+    let _ = writeln!(s, "  before {:?}", r.status_counts.before);
+    let _ = writeln!(s, "  after  {:?}", r.status_counts.after);
+    if !r.status_transitions.is_empty() {
+        let _ = writeln!(s, "  transitions {:?}", r.status_transitions);
+    }
+    let _ = writeln!(
+        s,
+        "\ndecode capacity held by rejected requests (status >= 400)"
+    );
+    for (n, h) in [
+        ("before", &r.rejected_decode_hold.before),
+        ("after", &r.rejected_decode_hold.after),
+    ] {
+        let _ = writeln!(
+            s,
+            "  {n:<7} {} requests, {:.1} slot-seconds, peak {} slots, hold mean {:.1} s max {:.1} s",
+            h.requests,
+            h.slot_seconds,
+            h.peak_slots,
+            h.mean_hold_ms / 1000.0,
+            h.max_hold_ms / 1000.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nunchanged: {} of {} requests (status, prefilled, reads, output); latency moved > 1 ms for {}; output hash differs with clean reads (another prefix-cache writer) for {}",
+        r.unchanged, r.requests_compared, r.unchanged_latency_moved, r.clean_output_differs
+    );
+    for (n, l) in [
+        ("before", &r.unchanged_latency.before),
+        ("after", &r.unchanged_latency.after),
+    ] {
+        let _ = writeln!(
+            s,
+            "  {n:<7} latency mean {:.0} ms p50 {:.0} p99 {:.0} max {:.0}; decode queue mean {:.1} ms max {:.1}",
+            l.mean_ms, l.p50_ms, l.p99_ms, l.max_ms, l.decode_queue_mean_ms, l.decode_queue_max_ms
+        );
+    }
+    if !r.changed.is_empty() {
+        let _ = writeln!(s, "\nchanged requests ({})", r.changed.len());
+        for c in &r.changed {
+            let _ = writeln!(
+                s,
+                "  {} {} {} prompt {} [{}]\n      before: {}\n      after:  {}",
+                c.request_id,
+                c.external_id.as_deref().unwrap_or("-"),
+                c.tenant,
+                c.prompt_tokens,
+                c.what.join(", "),
+                side(&c.before),
+                side(&c.after)
+            );
+        }
+    }
+    if !r.only_before.is_empty() || !r.only_after.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nrequests only in the first trace: {}, only in the second: {}",
+            r.only_before.len(),
+            r.only_after.len()
+        );
+    }
+    s
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let b = kvtrail::trace::Trace::open(&args.before)?;
+    let a = kvtrail::trace::Trace::open(&args.after)?;
+    let r = diff(&b, &a, &ReplayOptions::default(), &BarReporter::default())?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(if args.json { json(&r) } else { human(&r) }.as_bytes())?;
+    out.flush()?;
+    Ok(0)
+}

@@ -1,0 +1,87 @@
+//! `kvtrail replay TRACE --engine NAME [--config FILE | --set k=v ...] --out NEWTRACE [--compare]`:
+//! re-run a recorded workload through the engine model under another
+//! engine behaviour or configuration and capture a new trace.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvtrail::replay::ReplayOptions;
+use kvtrail::sim::SimConfig;
+use kvtrail::whatif::{self, ReplaySpec};
+
+use crate::cli::progress::BarReporter;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Recorded trace directory (holds trace.json).
+    pub trace: PathBuf,
+    /// Engine behaviour: sglang-0.5.19 ... sglang-0.5.23 (default: the recorded one).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Deployment config (TOML or JSON) replacing the recorded deployment.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// New trace directory to create.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print `kvtrail diff TRACE NEWTRACE` after the replay.
+    #[arg(long)]
+    pub compare: bool,
+    /// With --compare: print the diff as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let trace = kvtrail::trace::Trace::open(&args.trace)?;
+    let spec = ReplaySpec {
+        config: match &args.config {
+            Some(p) => Some(SimConfig::load(p)?),
+            None => None,
+        },
+        engine: args.engine.clone(),
+        sets: args.set.clone(),
+    };
+    let rep = BarReporter::default();
+    let started = std::time::Instant::now();
+    let run = whatif::replay_trace(&trace, &spec, &args.out, &rep)?;
+    let secs = started.elapsed().as_secs_f64();
+    let w = &run.workload;
+    eprintln!(
+        "kvtrail: replayed {} requests of {} under {} in {:.2} s ({:.0} requests/s): {} kv events -> {}",
+        w.arrivals.len(),
+        args.trace.display(),
+        run.config.engine.name(),
+        secs,
+        w.arrivals.len() as f64 / secs.max(1e-9),
+        run.output.stats.kv_events,
+        args.out.display()
+    );
+    eprintln!(
+        "kvtrail: workload: {} prefix groups ({} members) from share events; {} requests without a recorded output length got {} tokens",
+        w.prefix_groups,
+        w.prefix_members,
+        w.inferred_output.len(),
+        w.default_output
+    );
+    if args.compare {
+        let new = kvtrail::trace::Trace::open(&args.out)?;
+        let r = whatif::diff::diff(
+            &trace,
+            &new,
+            &ReplayOptions::default(),
+            &BarReporter::default(),
+        )?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            out.write_all(super::diff::json(&r).as_bytes())?;
+        } else {
+            out.write_all(super::diff::human(&r).as_bytes())?;
+        }
+        out.flush()?;
+    }
+    Ok(0)
+}

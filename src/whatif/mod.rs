@@ -1,0 +1,119 @@
+//! What-if replay (issue 7): re-run a recorded workload through the engine
+//! model under another engine behaviour or configuration, compare the two
+//! traces, re-run suspect responses with the reference model
+//! (counterfactual), and audit deployments and traces for the incident's
+//! root cause and its siblings.
+//!
+//! - `workload`: arrivals, prefix structure and deployment recovered from a trace.
+//! - `diff`: per-request comparison of two traces plus the exposure headline.
+//! - `counterfactual`: reference-model re-runs of affected responses, through
+//!   one swappable [`counterfactual::ModelEval`].
+//! - `audit`: deployment checks (pools vs context window) and trace checks.
+//!
+//! The engine model itself is `crate::sim`; this module only feeds it
+//! recorded arrivals through `sim::run`.
+
+pub mod audit;
+pub mod counterfactual;
+pub mod diff;
+pub mod workload;
+
+use std::path::Path;
+
+use crate::error::{Error, Location, Result};
+use crate::sim::{self, EngineVersion, RunLabel, SimConfig};
+use crate::trace::read::Trace;
+
+pub use workload::Workload;
+
+/// How the replay's deployment differs from the recorded one.
+#[derive(Debug, Clone, Default)]
+pub struct ReplaySpec {
+    /// A whole config replacing the recorded deployment.
+    pub config: Option<SimConfig>,
+    /// Engine behaviour (applied after `config`).
+    pub engine: Option<String>,
+    /// `key=value` patches (applied last, in order).
+    pub sets: Vec<String>,
+}
+
+/// The config a replay runs: recorded (or `--config`), then engine, then sets.
+pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
+    let mut cfg = match &spec.config {
+        Some(c) => c.clone(),
+        None => {
+            if spec.engine.is_none() && !workload::engine_known(trace.deployment()) {
+                return Err(Error::invalid(
+                    Location::file(&trace.dir.join("trace.json")).column("deployment.engine"),
+                    format!(
+                        "engine `{}` is not one the model knows",
+                        trace.deployment().engine
+                    ),
+                    "name the behaviour to replay with --engine sglang-0.5.19 ... sglang-0.5.23",
+                ));
+            }
+            workload::recorded_config(trace)?
+        }
+    };
+    if let Some(e) = &spec.engine {
+        cfg.engine = EngineVersion::parse(e).ok_or_else(|| {
+            Error::invalid(
+                Location::default().column("--engine"),
+                format!("unknown engine `{e}`"),
+                "choose sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22 or sglang-0.5.23",
+            )
+        })?;
+    }
+    for s in &spec.sets {
+        cfg.set(s)?;
+    }
+    cfg.validate()?;
+    if cfg.prefill.page_size != cfg.decode.page_size {
+        return Err(Error::invalid(
+            Location::default().column("page_size"),
+            format!(
+                "prefill page_size {} differs from decode page_size {}",
+                cfg.prefill.page_size, cfg.decode.page_size
+            ),
+            "the engine model transfers whole pages of one size; set both page sizes equal",
+        ));
+    }
+    Ok(cfg)
+}
+
+/// What a what-if replay did.
+#[derive(Debug, Clone)]
+pub struct ReplayRun {
+    pub config: SimConfig,
+    pub workload: Workload,
+    pub output: sim::RunOutput,
+}
+
+/// Re-runs `trace`'s workload under `spec` and writes the new trace to
+/// `out` (a new directory). Deterministic: the same trace and spec give a
+/// byte-identical new trace.
+pub fn replay_trace(
+    trace: &Trace,
+    spec: &ReplaySpec,
+    out: &Path,
+    reporter: &dyn crate::progress::Reporter,
+) -> Result<ReplayRun> {
+    let config = resolve_config(trace, spec)?;
+    let workload = workload::extract(trace)?;
+    let label = RunLabel {
+        scenario: format!("replay:{}", trace.deployment().name),
+        seed: 0,
+    };
+    let output = sim::run(
+        &config,
+        workload.arrivals.iter().cloned(),
+        out,
+        &label,
+        reporter,
+    )?;
+    Ok(ReplayRun {
+        config,
+        workload,
+        output,
+    })
+}
