@@ -14,6 +14,7 @@ pub mod report;
 pub mod schema;
 pub mod scope;
 pub mod sim;
+pub mod sql;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -33,6 +33,8 @@ pub enum Command {
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
     Demo(commands::demo::Args),
+    /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
+    Sql(commands::sql::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -54,6 +56,7 @@ pub fn run() -> Exit {
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
+        Command::Sql(a) => commands::sql::run(a),
     };
     match res {
         Ok(code) => code,

@@ -5,4 +5,5 @@ pub mod ingest;
 pub mod inspect;
 pub mod scope;
 pub mod simulate;
+pub mod sql;
 pub mod verify;
