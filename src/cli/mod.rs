@@ -35,6 +35,8 @@ pub enum Command {
     Demo(commands::demo::Args),
     /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
     Sql(commands::sql::Args),
+    /// Combine `scope --pools` shard outputs into the report of a single run.
+    Merge(commands::merge::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -57,6 +59,7 @@ pub fn run() -> Exit {
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
         Command::Sql(a) => commands::sql::run(a),
+        Command::Merge(a) => commands::merge::run(a),
     };
     match res {
         Ok(code) => code,

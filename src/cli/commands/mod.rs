@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod ingest;
 pub mod inspect;
+pub mod merge;
 pub mod scope;
 pub mod simulate;
 pub mod sql;
