@@ -131,7 +131,14 @@ fn merge_rejects_overlapping_or_missing_pools() {
     let t = four_pools().record(&dir.path().join("t"));
     let run = |name: &str, pools: &str| {
         let out = dir.path().join(name);
-        ok(&kvtrail(&["scope", s(&t), "--pools", pools, "--out", s(&out)]));
+        ok(&kvtrail(&[
+            "scope",
+            s(&t),
+            "--pools",
+            pools,
+            "--out",
+            s(&out),
+        ]));
         out
     };
     let a = run("a", "0,1");

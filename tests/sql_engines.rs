@@ -336,7 +336,12 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
     }
     let c = &r.coverage;
     for g in &c.gaps {
-        out.push(format!("G {} {}..{}", g.pool, o(&g.after_seq), g.before_seq));
+        out.push(format!(
+            "G {} {}..{}",
+            g.pool,
+            o(&g.after_seq),
+            g.before_seq
+        ));
     }
     for p in &c.copies_past_end {
         out.push(format!("P {} {}..{}", p.pool, p.min_src_seq, p.max_src_seq));

@@ -165,7 +165,11 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
     for a in &mut affected {
         a.sources.sort_by_key(|s| s.request_id);
         a.cross_tenant = a.sources.iter().any(|s| s.cross_tenant);
-        a.confidence = if a.sources.iter().any(|s| s.confidence == Confidence::Confirmed) {
+        a.confidence = if a
+            .sources
+            .iter()
+            .any(|s| s.confidence == Confidence::Confirmed)
+        {
             Confidence::Confirmed
         } else {
             Confidence::Possible
@@ -207,7 +211,8 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         .iter()
         .flat_map(|(r, _)| r.coverage.gaps.iter().copied())
         .collect();
-    cov.gaps.sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
+    cov.gaps
+        .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
     cov.lost_events = cov.gaps.iter().map(|g| g.missing()).sum();
     let mut past: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
     for (r, _) in parts {

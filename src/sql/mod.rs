@@ -141,7 +141,9 @@ impl D {
             Dialect::Spark => format!(
                 "UNCACHE TABLE IF EXISTS {name}{SEPARATOR}DROP VIEW IF EXISTS {name}{SEPARATOR}CACHE TABLE {name} AS"
             ),
-            Dialect::Trino => format!("DROP TABLE IF EXISTS {name}{SEPARATOR}CREATE TABLE {name} AS"),
+            Dialect::Trino => {
+                format!("DROP TABLE IF EXISTS {name}{SEPARATOR}CREATE TABLE {name} AS")
+            }
         }
     }
 
@@ -149,9 +151,9 @@ impl D {
     /// slot offset `i`.
     fn explode(&self, src: &str, filter: &str) -> String {
         match self.0 {
-            Dialect::Duckdb => format!(
-                "SELECT e.*, unnest(range(e.slot_count)) AS i FROM {src} e WHERE {filter}"
-            ),
+            Dialect::Duckdb => {
+                format!("SELECT e.*, unnest(range(e.slot_count)) AS i FROM {src} e WHERE {filter}")
+            }
             Dialect::Spark => format!(
                 "SELECT e.*, explode(sequence(CAST(0 AS BIGINT), e.slot_count - 1)) AS i FROM {src} e WHERE {filter}"
             ),
@@ -169,7 +171,9 @@ impl D {
             Dialect::Spark => format!(
                 "concat_ws(',', transform(array_sort(collect_set({x})), v -> CAST(v AS STRING)))"
             ),
-            Dialect::Trino => format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')"),
+            Dialect::Trino => {
+                format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')")
+            }
         }
     }
 
@@ -178,7 +182,9 @@ impl D {
         match self.0 {
             Dialect::Duckdb => format!("array_to_string(list_sort(list_distinct(list({x}))), ',')"),
             Dialect::Spark => format!("concat_ws(',', array_sort(collect_set({x})))"),
-            Dialect::Trino => format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')"),
+            Dialect::Trino => {
+                format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')")
+            }
         }
     }
 
@@ -248,7 +254,9 @@ pub fn generate(opts: &SqlOptions) -> String {
         for t in ["kv", "requests"] {
             stmt(
                 &mut s,
-                &format!("The raw {t} table: every Parquet file under {t}/ at any depth (Hive folders are plain folders here)."),
+                &format!(
+                    "The raw {t} table: every Parquet file under {t}/ at any depth (Hive folders are plain folders here)."
+                ),
                 format!(
                     "CREATE OR REPLACE TEMPORARY VIEW kvtrail_{t}_raw USING parquet\n  OPTIONS (path '{p}/{t}', recursiveFileLookup 'true', mergeSchema 'true', pathGlobFilter '*.parquet')"
                 ),
@@ -468,9 +476,7 @@ WHERE kind IS NOT NULL",
     );
 
     let tenant = |id: &str, q: &str| {
-        format!(
-            "CASE WHEN {id} = 0 THEN '(engine)' ELSE coalesce({q}.tenant, '(unknown)') END"
-        )
+        format!("CASE WHEN {id} = 0 THEN '(engine)' ELSE coalesce({q}.tenant, '(unknown)') END")
     };
     let certain = if opts.complete {
         "s.certain_tokens > 0"
@@ -689,7 +695,16 @@ mod tests {
     #[test]
     fn levels_cover_the_longest_copy_chain() {
         // (pools, levels): a chain over n pools has n - 1 copies <= 2^k - 1.
-        for (n, k) in [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4)] {
+        for (n, k) in [
+            (0, 1),
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (4, 2),
+            (5, 3),
+            (8, 3),
+            (9, 4),
+        ] {
             assert_eq!(levels(n), k, "{n} pools");
             assert!(n.max(1) - 1 < 1 << k);
         }
@@ -710,7 +725,10 @@ mod tests {
             for v in RESULT_VIEWS {
                 assert!(sql.contains(&format!("VIEW {v} AS")), "{d:?} {v}");
             }
-            assert!(sql.contains("lineage_2 AS"), "{d:?}: two levels for 3 pools");
+            assert!(
+                sql.contains("lineage_2 AS"),
+                "{d:?}: two levels for 3 pools"
+            );
             assert!(!sql.contains("lineage_3 AS"));
             assert!(statements(&sql).iter().all(|s| !s.contains(SEPARATOR)));
         }

@@ -104,7 +104,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let sql = generate(&opts);
     match &args.out {
         Some(f) => {
-            std::fs::write(f, &sql).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
+            std::fs::write(f, &sql)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
             eprintln!("kvtrail: wrote {}", f.display());
         }
         None => {
