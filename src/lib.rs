@@ -18,6 +18,7 @@ pub mod report;
 pub mod schema;
 pub mod scope;
 pub mod sim;
+pub mod sql;
 pub mod trace;
 pub mod whatif;
 

@@ -47,6 +47,10 @@ pub enum Command {
     Counterfactual(commands::counterfactual::Args),
     /// Deploy gate: pools vs context window, page sizes, scrub policy; trace checks.
     Audit(commands::audit::Args),
+    /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
+    Sql(commands::sql::Args),
+    /// Combine `scope --pools` shard outputs into the report of a single run.
+    Merge(commands::merge::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -75,6 +79,8 @@ pub fn run() -> Exit {
         Command::Diff(a) => commands::diff::run(a),
         Command::Counterfactual(a) => commands::counterfactual::run(a),
         Command::Audit(a) => commands::audit::run(a),
+        Command::Sql(a) => commands::sql::run(a),
+        Command::Merge(a) => commands::merge::run(a),
     };
     match res {
         Ok(code) => code,

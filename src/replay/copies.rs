@@ -48,6 +48,8 @@ pub struct CopySpiller {
     dir: Option<tempfile::TempDir>,
     limit: usize,
     mem: BTreeMap<u16, Vec<CopyReq>>,
+    /// Copy edges (src pool, dst pool) seen, spilled or not.
+    edges: std::collections::BTreeSet<(u16, u16)>,
     n: usize,
     runs: BTreeMap<u16, Vec<PathBuf>>,
     files: usize,
@@ -61,6 +63,7 @@ impl CopySpiller {
             dir: None,
             limit: limit.max(1),
             mem: BTreeMap::new(),
+            edges: Default::default(),
             n: 0,
             runs: BTreeMap::new(),
             files: 0,
@@ -69,6 +72,7 @@ impl CopySpiller {
     }
 
     pub fn push(&mut self, src_pool: u16, c: CopyReq) -> Result<()> {
+        self.edges.insert((src_pool, c.dst_pool));
         self.mem.entry(src_pool).or_default().push(c);
         self.n += 1;
         if self.n >= self.limit {
@@ -113,6 +117,8 @@ impl CopySpiller {
         }
         CopyPlan {
             mem: self.mem,
+            edges: self.edges,
+            dst_filter: None,
             runs: self.runs,
             spilled: self.spilled,
             _dir: self.dir,
@@ -123,12 +129,33 @@ impl CopySpiller {
 /// The finished copy index.
 pub struct CopyPlan {
     mem: BTreeMap<u16, Vec<CopyReq>>,
+    edges: std::collections::BTreeSet<(u16, u16)>,
+    /// When set (a shard), only copies into these pools are streamed.
+    dst_filter: Option<std::collections::BTreeSet<u16>>,
     runs: BTreeMap<u16, Vec<PathBuf>>,
     pub spilled: u64,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl CopyPlan {
+    /// Every (src pool, dst pool) pair some copy connects.
+    pub fn edges(&self) -> impl Iterator<Item = (u16, u16)> + '_ {
+        self.edges.iter().copied()
+    }
+
+    /// Keeps only copies between `pools` (a shard's replayed pools); copies
+    /// spilled to disk are filtered as they are streamed.
+    pub fn restrict(&mut self, pools: &std::collections::BTreeSet<u16>) {
+        self.mem.retain(|p, _| pools.contains(p));
+        self.runs.retain(|p, _| pools.contains(p));
+        for v in self.mem.values_mut() {
+            v.retain(|c| pools.contains(&c.dst_pool));
+        }
+        self.edges
+            .retain(|(s, d)| pools.contains(s) && pools.contains(d));
+        self.dst_filter = Some(pools.clone());
+    }
+
     /// The copies reading `pool`, in src_seq order.
     pub fn stream(&self, pool: u16) -> Result<CopyStream> {
         let mut runs = Vec::new();
@@ -143,6 +170,7 @@ impl CopyPlan {
             runs.push(r);
         }
         let mut s = CopyStream {
+            dst_filter: self.dst_filter.clone(),
             mem: self.mem.get(&pool).cloned().unwrap_or_default(),
             pos: 0,
             runs,
@@ -178,6 +206,7 @@ impl RunReader {
 
 /// The copies reading one pool, merged in src_seq order.
 pub struct CopyStream {
+    dst_filter: Option<std::collections::BTreeSet<u16>>,
     mem: Vec<CopyReq>,
     pos: usize,
     runs: Vec<RunReader>,
@@ -187,6 +216,18 @@ pub struct CopyStream {
 
 impl CopyStream {
     fn pick(&mut self) {
+        // Skip spilled copies into pools a shard does not replay.
+        if let Some(f) = &self.dst_filter {
+            for r in self.runs.iter_mut() {
+                while let Some(h) = r.head
+                    && !f.contains(&h.dst_pool)
+                {
+                    if r.advance().is_err() {
+                        break;
+                    }
+                }
+            }
+        }
         let mut best: Option<(CopyReq, Option<usize>)> = self.mem.get(self.pos).map(|c| (*c, None));
         for (i, r) in self.runs.iter().enumerate() {
             if let Some(h) = r.head

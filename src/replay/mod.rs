@@ -21,11 +21,12 @@ pub mod engine;
 pub mod exposure;
 pub mod input;
 pub mod intervals;
+pub mod shard;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use backend::{Backend, Counters, ReadKind, ReadRun, SlotVal};
 pub use exposure::Exposures;
@@ -36,7 +37,7 @@ use crate::trace::read::Trace;
 /// A hole in one pool's seq stream: the events strictly between
 /// `after_seq` and `before_seq` are missing (`after_seq` null: before the
 /// first event recorded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Gap {
     pub pool: u16,
     pub after_seq: Option<u64>,
@@ -137,6 +138,9 @@ pub struct ReplayOptions {
     /// spilling; None = the defaults (`input::SPILL_CHUNK_EVENTS`,
     /// `copies::COPY_CHUNK`). Small values exercise the spill paths.
     pub chunk: Option<usize>,
+    /// Report only these pools (a shard, see `shard`); the pools their
+    /// copies read from are replayed too, but not reported. None: all.
+    pub pools: Option<Vec<u16>>,
 }
 
 /// Everything replay found.
@@ -164,9 +168,20 @@ pub fn replay_with(
     reporter: &dyn Reporter,
 ) -> Result<ReplayOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
-    let plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
+    let mut plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
+    // A shard: restrict the plan, hide the source-only pools' reads.
+    let mut shard_backend;
+    let (backend, reported): (&mut dyn Backend, _) = match &opts.pools {
+        Some(pools) => {
+            shard::restrict(&mut plan, pools)?;
+            let reported: std::collections::BTreeSet<u16> = pools.iter().copied().collect();
+            shard_backend = shard::Reported::new(backend, reported.clone());
+            (&mut shard_backend, Some(reported))
+        }
+        None => (backend, None),
+    };
     reporter.start("replay", plan.total_events);
     let mut exposures = Exposures::default();
     let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
@@ -180,13 +195,20 @@ pub fn replay_with(
         )
     };
     reporter.finish();
+    let (gaps, spilled_events) = match &reported {
+        Some(r) => (
+            gaps.into_iter().filter(|g| r.contains(&g.pool)).collect(),
+            shard::spilled_events(&plan, r),
+        ),
+        None => (gaps, plan.spilled_events),
+    };
     Ok(ReplayOutcome {
         backend: backend.name(),
         exposures,
         counters,
         gaps,
         late_sources: late,
-        spilled_events: plan.spilled_events,
+        spilled_events,
         spilled_copies: plan.copies.spilled,
         kv_files: plan.files.len(),
     })

@@ -9,6 +9,7 @@
 //! up in `coverage` and lower `complete`.
 
 pub mod anomalies;
+pub mod merge;
 pub mod model;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -322,7 +323,7 @@ pub fn scope_outcome(
     })
 }
 
-fn coverage_notes(c: &Coverage) -> Vec<String> {
+pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {
     let mut n = Vec::new();
     if !c.capture_complete {
         n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());
@@ -376,7 +377,7 @@ fn coverage_notes(c: &Coverage) -> Vec<String> {
     n
 }
 
-fn verdict(c: &Counts, cov: &Coverage) -> String {
+pub(crate) fn verdict(c: &Counts, cov: &Coverage) -> String {
     let evidence = if cov.complete {
         "the evidence is complete".to_string()
     } else {

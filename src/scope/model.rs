@@ -1,13 +1,13 @@
 //! The scope report: plain serializable data. Field order here is the order
 //! in JSON output; lists are sorted by the builder (`scope_outcome`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::replay::Gap;
 use crate::trace::manifest::Manifest;
 
 /// How sure a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Confidence {
     /// Backed by complete evidence.
@@ -27,7 +27,7 @@ impl Confidence {
 }
 
 /// One request whose KV another response read.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
     pub request_id: u64,
     pub external_id: Option<String>,
@@ -45,7 +45,7 @@ pub struct Source {
 }
 
 /// One affected response.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
     pub request_id: u64,
     pub external_id: Option<String>,
@@ -80,7 +80,7 @@ pub struct Response {
 }
 
 /// A tenant whose responses carried foreign data.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Recipient {
     pub tenant: String,
     pub responses: u64,
@@ -93,7 +93,7 @@ pub struct Recipient {
 }
 
 /// A tenant whose KV leaked into responses.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SourceTenant {
     pub tenant: String,
     /// Distinct source requests of this tenant.
@@ -108,7 +108,7 @@ pub struct SourceTenant {
 
 /// A response that read blank (scrubbed or never-written) KV: an integrity
 /// defect, not a leak.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlankReads {
     pub request_id: u64,
     pub external_id: Option<String>,
@@ -117,7 +117,7 @@ pub struct BlankReads {
 }
 
 /// A request-level anomaly visible without KV events.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Anomaly {
     pub request_id: u64,
     pub external_id: Option<String>,
@@ -134,7 +134,7 @@ pub struct Anomaly {
 }
 
 /// Copies that read a source seq past the end of the recorded stream.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopiesPastEnd {
     pub pool: u16,
     pub min_src_seq: u64,
@@ -142,7 +142,7 @@ pub struct CopiesPastEnd {
 }
 
 /// How complete the evidence is.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Coverage {
     /// True only when nothing below lowers confidence.
     pub complete: bool,
@@ -161,7 +161,7 @@ pub struct Coverage {
 }
 
 /// The deployment and capture the trace describes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentInfo {
     pub name: String,
     pub engine: String,
@@ -172,7 +172,7 @@ pub struct DeploymentInfo {
     pub capture_ended_ns: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolInfo {
     pub id: u16,
     pub name: String,
@@ -209,7 +209,7 @@ impl DeploymentInfo {
 }
 
 /// When the exposure happened (over affected responses).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeWindow {
     pub first_exposure_ns: Option<i64>,
     pub last_exposure_ns: Option<i64>,
@@ -229,7 +229,7 @@ impl TimeWindow {
 }
 
 /// Totals.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Counts {
     pub requests: u64,
     pub kv_files: u64,
@@ -250,7 +250,7 @@ pub struct Counts {
 }
 
 /// The whole scope report (`--json`, summary.json).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScopeReport {
     pub format: String,
     pub version: u32,

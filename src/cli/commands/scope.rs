@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use kvtrail::replay::{BackendChoice, ReplayOptions};
 use kvtrail::report;
 use kvtrail::scope::ScopeReport;
+use kvtrail::scope::merge::ShardInfo;
 
 use crate::cli::progress::BarReporter;
 
@@ -41,10 +42,24 @@ pub struct Args {
     /// Exit with 1 when any response is affected (confirmed or possible).
     #[arg(long)]
     pub fail_on_exposure: bool,
+    /// Shard: report only these pools (comma-separated ids); the pools their
+    /// copies read from are replayed but not reported. --out then also gets
+    /// shard.json; combine shards with `kvtrail merge`.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub pools: Option<Vec<u16>>,
 }
 
 /// Runs scope on a trace and returns the report (shared with `demo`).
 pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
+    Ok(compute_shard(trace_dir, backend, None)?.0)
+}
+
+/// Runs scope on a trace, or on a shard of its pools (then with its shard.json).
+pub fn compute_shard(
+    trace_dir: &std::path::Path,
+    backend: BackendArg,
+    pools: Option<Vec<u16>>,
+) -> anyhow::Result<(ScopeReport, Option<ShardInfo>)> {
     let trace = kvtrail::trace::Trace::open(trace_dir)?;
     let choice = match backend {
         BackendArg::Auto => BackendChoice::Auto,
@@ -58,14 +73,17 @@ pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Resu
         backend: choice,
         spill_dir: None,
         chunk: None,
+        pools: pools.clone(),
     };
     let reporter = BarReporter::default();
     let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
-    Ok(kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?)
+    let report = kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?;
+    let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
+    Ok((report, shard))
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let r = compute(&args.trace, args.backend)?;
+    let (r, shard) = compute_shard(&args.trace, args.backend, args.pools.clone())?;
     if let Some(dir) = &args.out {
         let mut files = report::write_out(&r, dir)?;
         // report.html, the request index and evidence.json (notify branch).
@@ -77,6 +95,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             eprintln!("kvtrail: wrote {}", f.display());
         }
         eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
+        if let Some(s) = &shard {
+            let p = dir.join(kvtrail::scope::merge::SHARD_FILE);
+            std::fs::write(&p, serde_json::to_string_pretty(s)? + "\n")?;
+            eprintln!("kvtrail: wrote {}", p.display());
+        }
     }
     let mut out = std::io::stdout().lock();
     if args.json {

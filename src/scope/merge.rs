@@ -1,0 +1,334 @@
+//! Merging shard reports: `scope --pools LIST` runs scope on a subset of
+//! pools (a shard); `merge` combines the shards' reports into the report a
+//! single run over every pool gives, field for field (the same bytes once
+//! written by `report::write_out`).
+//!
+//! Every per-response number is a count of distinct (pool, slot) pairs, and
+//! shards own disjoint pools, so counts add up; seqs and times combine by
+//! min/max; tenant tables, counts, coverage notes and the verdict are
+//! recomputed from the merged responses exactly as `scope_outcome` does.
+//! The one thing a report does not carry is when a reader's blank-only
+//! reads happened (they count into `first_read_ns`/`last_read_ns` of a
+//! response affected through another pool), so each shard also writes a
+//! `ShardInfo` (shard.json) with every reader's read window.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::model::*;
+use super::{coverage_notes, verdict};
+use crate::error::{Error, Result};
+use crate::replay::ReplayOutcome;
+
+/// The shard file `scope --pools LIST --out DIR` writes next to summary.json.
+pub const SHARD_FILE: &str = "shard.json";
+
+/// What a shard adds to its report (shard.json next to summary.json).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub format: String,
+    /// Pools this shard reports.
+    pub pools: Vec<u16>,
+    /// Every reader with an unclean read in these pools: (first, last) ts_ns.
+    pub readers: BTreeMap<u64, (i64, i64)>,
+}
+
+impl ShardInfo {
+    pub const FORMAT: &'static str = "kvtrail-scope-shard";
+
+    pub fn from_outcome(pools: &[u16], outcome: &ReplayOutcome) -> Self {
+        let mut p = pools.to_vec();
+        p.sort_unstable();
+        p.dedup();
+        ShardInfo {
+            format: Self::FORMAT.into(),
+            pools: p,
+            readers: outcome
+                .exposures
+                .readers
+                .iter()
+                .map(|(&r, a)| (r, (a.first_ts_ns, a.last_ts_ns)))
+                .collect(),
+        }
+    }
+}
+
+fn mismatch(what: &str) -> Error {
+    Error::Other(format!(
+        "merge: the shards disagree on {what}: they must come from the same trace and kvtrail version"
+    ))
+}
+
+/// Merges shard reports (any order) into the single-run report. The shards'
+/// pools must be disjoint and cover every pool of the deployment.
+pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
+    let Some((first, _)) = parts.first() else {
+        return Err(Error::Other("merge: no shard given".into()));
+    };
+    let mut owner: BTreeMap<u16, usize> = BTreeMap::new();
+    for (i, (r, s)) in parts.iter().enumerate() {
+        if s.format != ShardInfo::FORMAT {
+            return Err(Error::Other(format!(
+                "merge: shard {i} has format {:?}, expected {}",
+                s.format,
+                ShardInfo::FORMAT
+            )));
+        }
+        if r.format != first.format || r.version != first.version {
+            return Err(mismatch("the report format"));
+        }
+        if r.deployment != first.deployment {
+            return Err(mismatch("the deployment"));
+        }
+        if r.anomalies != first.anomalies || r.counts.requests != first.counts.requests {
+            return Err(mismatch("the requests table"));
+        }
+        let c = (&r.coverage, &first.coverage);
+        if c.0.capture_complete != c.1.capture_complete
+            || c.0.from_engine_start != c.1.from_engine_start
+            || c.0.unverifiable != c.1.unverifiable
+            || c.0.files_missing != c.1.files_missing
+            || c.0.files_not_in_manifest != c.1.files_not_in_manifest
+            || r.counts.kv_files != first.counts.kv_files
+        {
+            return Err(mismatch("the capture and its files"));
+        }
+        for &p in &s.pools {
+            if let Some(j) = owner.insert(p, i) {
+                return Err(Error::Other(format!(
+                    "merge: pool {p} is reported by shards {j} and {i}; give each pool to one shard"
+                )));
+            }
+        }
+    }
+    let missing: Vec<u16> = first
+        .deployment
+        .pools
+        .iter()
+        .map(|p| p.id)
+        .filter(|p| !owner.contains_key(p))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Other(format!(
+            "merge: no shard reports pools {missing:?}; run scope --pools for them too"
+        )));
+    }
+
+    // Read windows of every reader, over all shards.
+    let mut windows: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    for (_, s) in parts {
+        for (&r, &(a, b)) in &s.readers {
+            let e = windows.entry(r).or_insert((a, b));
+            e.0 = e.0.min(a);
+            e.1 = e.1.max(b);
+        }
+    }
+
+    // Responses.
+    let mut resp: BTreeMap<u64, Response> = BTreeMap::new();
+    for (r, _) in parts {
+        for a in &r.affected_responses {
+            match resp.get_mut(&a.request_id) {
+                None => {
+                    resp.insert(a.request_id, a.clone());
+                }
+                Some(m) => {
+                    m.foreign_tokens += a.foreign_tokens;
+                    m.unknown_tokens += a.unknown_tokens;
+                    m.uncertain_tokens += a.uncertain_tokens;
+                    m.exposed_tokens += a.exposed_tokens;
+                    for s in &a.sources {
+                        match m.sources.iter_mut().find(|x| x.request_id == s.request_id) {
+                            None => m.sources.push(s.clone()),
+                            Some(x) => {
+                                x.tokens += s.tokens;
+                                x.first_seq = x.first_seq.min(s.first_seq);
+                                x.last_seq = x.last_seq.max(s.last_seq);
+                                x.first_ts_ns = x.first_ts_ns.min(s.first_ts_ns);
+                                x.last_ts_ns = x.last_ts_ns.max(s.last_ts_ns);
+                                x.pools.extend(&s.pools);
+                                x.pools.sort_unstable();
+                                x.pools.dedup();
+                                if s.confidence == Confidence::Confirmed {
+                                    x.confidence = Confidence::Confirmed;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut affected: Vec<Response> = resp.into_values().collect();
+    let mut window = TimeWindow::default();
+    for a in &mut affected {
+        a.sources.sort_by_key(|s| s.request_id);
+        a.cross_tenant = a.sources.iter().any(|s| s.cross_tenant);
+        a.confidence = if a
+            .sources
+            .iter()
+            .any(|s| s.confidence == Confidence::Confirmed)
+        {
+            Confidence::Confirmed
+        } else {
+            Confidence::Possible
+        };
+        a.reasons.clear();
+        if a.foreign_tokens > 0 {
+            a.reasons.push("foreign".into());
+        }
+        if a.unknown_tokens > 0 {
+            a.reasons.push("unknown_predates_capture".into());
+        }
+        if a.uncertain_tokens > 0 {
+            a.reasons.push("after_gap".into());
+        }
+        if let Some(&(f, l)) = windows.get(&a.request_id) {
+            a.first_read_ns = f;
+            a.last_read_ns = l;
+        }
+        window.include(a.first_read_ns, a.last_read_ns, a.arrival_ns);
+    }
+
+    // Blank reads.
+    let mut blank: BTreeMap<u64, BlankReads> = BTreeMap::new();
+    for (r, _) in parts {
+        for b in &r.blank_read_responses {
+            blank
+                .entry(b.request_id)
+                .and_modify(|x| x.tokens += b.tokens)
+                .or_insert_with(|| b.clone());
+        }
+    }
+    let blank_read_responses: Vec<BlankReads> = blank.into_values().collect();
+
+    let (recipients, sources) = tenants(&affected);
+
+    // Coverage.
+    let mut cov = first.coverage.clone();
+    cov.gaps = parts
+        .iter()
+        .flat_map(|(r, _)| r.coverage.gaps.iter().copied())
+        .collect();
+    cov.gaps
+        .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
+    cov.lost_events = cov.gaps.iter().map(|g| g.missing()).sum();
+    let mut past: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    for (r, _) in parts {
+        for c in &r.coverage.copies_past_end {
+            let e = past.entry(c.pool).or_insert((c.min_src_seq, c.max_src_seq));
+            e.0 = e.0.min(c.min_src_seq);
+            e.1 = e.1.max(c.max_src_seq);
+        }
+    }
+    cov.copies_past_end = past
+        .into_iter()
+        .map(|(pool, (lo, hi))| CopiesPastEnd {
+            pool,
+            min_src_seq: lo,
+            max_src_seq: hi,
+        })
+        .collect();
+    let missing: BTreeSet<u64> = parts
+        .iter()
+        .flat_map(|(r, _)| r.coverage.requests_missing.iter().copied())
+        .collect();
+    cov.requests_missing = missing.into_iter().collect();
+    cov.complete = cov.capture_complete
+        && cov.gaps.is_empty()
+        && cov.copies_past_end.is_empty()
+        && !cov.unverifiable
+        && cov.files_not_in_manifest.is_empty()
+        && cov.files_missing.is_empty()
+        && cov.requests_missing.is_empty();
+    cov.notes = coverage_notes(&cov);
+
+    let sum = |f: fn(&Counts) -> u64| parts.iter().map(|(r, _)| f(&r.counts)).sum::<u64>();
+    let counts = Counts {
+        requests: first.counts.requests,
+        kv_files: first.counts.kv_files,
+        kv_events: sum(|c| c.kv_events),
+        slot_touches: sum(|c| c.slot_touches),
+        read_events: sum(|c| c.read_events),
+        read_slots: sum(|c| c.read_slots),
+        affected_responses: affected.len() as u64,
+        confirmed_responses: affected
+            .iter()
+            .filter(|a| a.confidence == Confidence::Confirmed)
+            .count() as u64,
+        possible_responses: affected
+            .iter()
+            .filter(|a| a.confidence == Confidence::Possible)
+            .count() as u64,
+        cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
+        foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
+        recipient_tenants: recipients.len() as u64,
+        source_tenants: sources.len() as u64,
+        source_requests: sources.iter().map(|s| s.requests).sum(),
+        anomalies: first.anomalies.len() as u64,
+        spilled_events: sum(|c| c.spilled_events),
+    };
+    let blank_reads = blank_read_responses.iter().map(|b| b.tokens).sum();
+    Ok(ScopeReport {
+        format: first.format.clone(),
+        version: first.version,
+        verdict: verdict(&counts, &cov),
+        deployment: first.deployment.clone(),
+        time_window: window,
+        counts,
+        affected_responses: affected,
+        recipients,
+        sources,
+        blank_reads,
+        blank_read_responses,
+        anomalies: first.anomalies.clone(),
+        coverage: cov,
+    })
+}
+
+/// Tenants on both sides, from the responses (as `scope_outcome` builds them).
+fn tenants(affected: &[Response]) -> (Vec<Recipient>, Vec<SourceTenant>) {
+    let mut rec_t: BTreeMap<String, Recipient> = BTreeMap::new();
+    type SourceAcc = (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>);
+    let mut src_t: BTreeMap<String, SourceAcc> = BTreeMap::new();
+    for a in affected {
+        let e = rec_t.entry(a.tenant.clone()).or_insert_with(|| Recipient {
+            tenant: a.tenant.clone(),
+            ..Default::default()
+        });
+        e.responses += 1;
+        e.foreign_tokens += a.foreign_tokens;
+        e.unknown_tokens += a.unknown_tokens;
+        e.cross_tenant_responses += a.cross_tenant as u64;
+        match a.confidence {
+            Confidence::Confirmed => e.confirmed += 1,
+            Confidence::Possible => e.possible += 1,
+        }
+        e.request_ids.push(a.request_id);
+        for s in &a.sources {
+            let t = src_t.entry(s.tenant.clone()).or_default();
+            t.0.insert(s.request_id);
+            t.1.insert(a.tenant.clone());
+            t.2 += s.tokens;
+            if s.cross_tenant {
+                t.3 += s.tokens;
+            }
+            t.4.insert(a.request_id);
+        }
+    }
+    let recipients = rec_t.into_values().collect();
+    let sources = src_t
+        .into_iter()
+        .map(|(tenant, (reqs, rts, tokens, cross, resp))| SourceTenant {
+            tenant,
+            requests: reqs.len() as u64,
+            tokens,
+            cross_tenant_tokens: cross,
+            recipient_responses: resp.len() as u64,
+            recipient_tenants: rts.into_iter().collect(),
+            request_ids: reqs.into_iter().collect(),
+        })
+        .collect();
+    (recipients, sources)
+}

@@ -1,0 +1,736 @@
+//! `kvtrail::sql`: the complete lineage of trace format v1 as portable SQL
+//! over the trace's two tables, for responders whose traces live in a
+//! warehouse or an object store (DuckDB, Spark, Trino).
+//!
+//! The generated script is a list of statements, each preceded by comments:
+//! typed views over the raw Parquet, one materialised table of every
+//! non-clean read slot (a single `WITH` query, one CTE per rule of the
+//! "Semantics" section), and the result views, which mirror `scope --out`:
+//! `kvtrail_affected_responses`, `kvtrail_response_sources`,
+//! `kvtrail_recipients`, `kvtrail_sources`, `kvtrail_blank_reads`,
+//! `kvtrail_gaps`, `kvtrail_copies_past_end`, `kvtrail_coverage`.
+//!
+//! Portability: no ASOF JOIN, no recursion. "The latest content event of a
+//! slot at or before seq X" is a running `max(seq)` window over
+//! `(pool, slot)` (seq increases, so it equals `last_value(.. ignore nulls)`
+//! and needs no dialect-specific null handling). Copies are resolved by
+//! pointer jumping: every copy slot points at the source slot's content
+//! event; each level joins the pointers with themselves, so after `k` levels
+//! chains of up to `2^k - 1` copies are resolved. Copies form a DAG over the
+//! pools, so `ceil(log2(pools))` levels always suffice: the generator derives
+//! it from the manifest's pool list.
+//!
+//! Request ids and seqs are read as signed 64-bit integers (ids below 2^63);
+//! the owner sentinels are -1 (never written) and -2 (scrubbed). What the
+//! native engine reports as an error (duplicate seqs, unknown pools, copy
+//! cycles) is not checked here: run `kvtrail verify` / `kvtrail inspect`.
+
+use std::fmt::Write as _;
+
+use crate::trace::manifest::Manifest;
+
+/// The SQL engine the script is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// DuckDB: `read_parquet` over `<path>/kv/**/*.parquet`, temp tables.
+    Duckdb,
+    /// Spark SQL: temporary views `USING parquet` (recursive file lookup),
+    /// `CACHE TABLE` for the materialised read findings.
+    Spark,
+    /// Trino: `<path>` is `catalog.schema` holding tables `kv` and
+    /// `requests`; the findings table is created with CTAS (needs a writable
+    /// schema).
+    Trino,
+}
+
+impl Dialect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Duckdb => "duckdb",
+            Dialect::Spark => "spark",
+            Dialect::Trino => "trino",
+        }
+    }
+}
+
+/// What the generator specialises the SQL on.
+#[derive(Debug, Clone)]
+pub struct SqlOptions {
+    pub dialect: Dialect,
+    /// Trace directory or URI (DuckDB, Spark); `catalog.schema` (Trino).
+    pub trace_path: String,
+    /// Pool ids of the deployment.
+    pub pools: Vec<u16>,
+    /// `capture.from_engine_start`: never-written reads are blank, else unknown.
+    pub from_engine_start: bool,
+    /// `capture.complete`: without it every finding is at most possible.
+    pub complete: bool,
+    /// The manifest has no `files` list (nothing can be verified).
+    pub unverifiable: bool,
+}
+
+impl SqlOptions {
+    /// Options read from a trace's manifest.
+    pub fn from_manifest(m: &Manifest, dialect: Dialect, trace_path: &str) -> Self {
+        let mut pools: Vec<u16> = m.deployment.pools.iter().map(|p| p.id).collect();
+        pools.sort_unstable();
+        SqlOptions {
+            dialect,
+            trace_path: trace_path.to_string(),
+            pools,
+            from_engine_start: m.from_engine_start(),
+            complete: m.capture.complete,
+            unverifiable: m.files.is_none(),
+        }
+    }
+}
+
+/// The result views, in the order the script creates them.
+pub const RESULT_VIEWS: &[&str] = &[
+    "kvtrail_affected_responses",
+    "kvtrail_response_sources",
+    "kvtrail_recipients",
+    "kvtrail_sources",
+    "kvtrail_blank_reads",
+    "kvtrail_gaps",
+    "kvtrail_copies_past_end",
+    "kvtrail_coverage",
+];
+
+/// Pointer-jumping levels needed for copy chains over `pools` pools: a
+/// chain visits each pool at most once (copies form a DAG), so it has at
+/// most `pools - 1` copies, and `k` levels resolve `2^k - 1`.
+pub fn levels(pools: usize) -> usize {
+    let mut k = 1;
+    while (1usize << k) < pools.max(2) {
+        k += 1;
+    }
+    k
+}
+
+/// Statement separator: every statement ends with `;` at the end of a line.
+pub const SEPARATOR: &str = ";\n";
+
+struct D(Dialect);
+
+impl D {
+    /// A FROM item for a raw table (`kv` or `requests`).
+    fn raw(&self, opts: &SqlOptions, table: &str) -> String {
+        let p = opts.trace_path.trim_end_matches('/').replace('\'', "''");
+        match self.0 {
+            Dialect::Duckdb => format!(
+                "read_parquet('{p}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = false)"
+            ),
+            Dialect::Spark => format!("kvtrail_{table}_raw"),
+            Dialect::Trino => format!("{}.{table}", opts.trace_path),
+        }
+    }
+
+    fn view(&self, name: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb => format!("CREATE OR REPLACE TEMP VIEW {name} AS"),
+            Dialect::Spark => format!("CREATE OR REPLACE TEMPORARY VIEW {name} AS"),
+            Dialect::Trino => format!("CREATE OR REPLACE VIEW {name} AS"),
+        }
+    }
+
+    /// Statements that materialise `name` from the query that follows.
+    fn table(&self, name: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb => format!("CREATE OR REPLACE TEMP TABLE {name} AS"),
+            Dialect::Spark => format!(
+                "UNCACHE TABLE IF EXISTS {name}{SEPARATOR}DROP VIEW IF EXISTS {name}{SEPARATOR}CACHE TABLE {name} AS"
+            ),
+            Dialect::Trino => {
+                format!("DROP TABLE IF EXISTS {name}{SEPARATOR}CREATE TABLE {name} AS")
+            }
+        }
+    }
+
+    /// A CTE body exploding the extents of `src` (alias e) into one row per
+    /// slot offset `i`.
+    fn explode(&self, src: &str, filter: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb => {
+                format!("SELECT e.*, unnest(range(e.slot_count)) AS i FROM {src} e WHERE {filter}")
+            }
+            Dialect::Spark => format!(
+                "SELECT e.*, explode(sequence(CAST(0 AS BIGINT), e.slot_count - 1)) AS i FROM {src} e WHERE {filter}"
+            ),
+            Dialect::Trino => format!(
+                "SELECT e.*, x.i FROM {src} e CROSS JOIN UNNEST(sequence(CAST(0 AS BIGINT), e.slot_count - 1)) AS x(i) WHERE {filter}"
+            ),
+        }
+    }
+
+    /// Aggregate: the distinct values of a numeric expression, ascending,
+    /// joined by ','.
+    fn num_list(&self, x: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb => format!("array_to_string(list_sort(list_distinct(list({x}))), ',')"),
+            Dialect::Spark => format!(
+                "concat_ws(',', transform(array_sort(collect_set({x})), v -> CAST(v AS STRING)))"
+            ),
+            Dialect::Trino => {
+                format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')")
+            }
+        }
+    }
+
+    /// Aggregate: the distinct values of a string expression, sorted, joined by ','.
+    fn str_list(&self, x: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb => format!("array_to_string(list_sort(list_distinct(list({x}))), ',')"),
+            Dialect::Spark => format!("concat_ws(',', array_sort(collect_set({x})))"),
+            Dialect::Trino => {
+                format!("array_join(array_sort(array_distinct(array_agg({x}))), ',')")
+            }
+        }
+    }
+
+    fn hex(&self, x: &str) -> String {
+        match self.0 {
+            Dialect::Duckdb | Dialect::Spark => format!("lower(hex({x}))"),
+            Dialect::Trino => format!("lower(to_hex({x}))"),
+        }
+    }
+
+    fn string(&self) -> &'static str {
+        match self.0 {
+            Dialect::Spark => "STRING",
+            _ => "VARCHAR",
+        }
+    }
+}
+
+fn b(v: bool) -> &'static str {
+    if v { "TRUE" } else { "FALSE" }
+}
+
+/// Generates the whole script.
+pub fn generate(opts: &SqlOptions) -> String {
+    let d = D(opts.dialect);
+    let pools = if opts.pools.is_empty() {
+        "-1".to_string()
+    } else {
+        opts.pools
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let lv = levels(opts.pools.len());
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "-- kvtrail lineage, trace format v1, dialect {}, generated by kvtrail {}.",
+        opts.dialect.as_str(),
+        env!("CARGO_PKG_VERSION")
+    );
+    let _ = writeln!(
+        s,
+        "-- Trace: {}; pools [{pools}]; from_engine_start {}; capture complete {}; files listed {}.",
+        opts.trace_path, opts.from_engine_start, opts.complete, !opts.unverifiable
+    );
+    let _ = writeln!(
+        s,
+        "-- Copy chains resolved through {lv} pointer-jumping level(s) (up to {} copies deep).",
+        (1usize << lv) - 1
+    );
+    s.push_str(
+        "-- Results: SELECT * FROM kvtrail_affected_responses (and the other kvtrail_* views listed at the end).\n\n",
+    );
+    let stmt = |s: &mut String, comment: &str, body: String| {
+        for l in comment.trim().lines() {
+            let _ = writeln!(s, "-- {}", l.trim());
+        }
+        s.push_str(body.trim_end());
+        s.push_str(SEPARATOR);
+        s.push('\n');
+    };
+
+    if opts.dialect == Dialect::Spark {
+        let p = opts.trace_path.trim_end_matches('/').replace('\'', "''");
+        for t in ["kv", "requests"] {
+            stmt(
+                &mut s,
+                &format!(
+                    "The raw {t} table: every Parquet file under {t}/ at any depth (Hive folders are plain folders here)."
+                ),
+                format!(
+                    "CREATE OR REPLACE TEMPORARY VIEW kvtrail_{t}_raw USING parquet\n  OPTIONS (path '{p}/{t}', recursiveFileLookup 'true', mergeSchema 'true', pathGlobFilter '*.parquet')"
+                ),
+            );
+        }
+    }
+
+    stmt(
+        &mut s,
+        "kv events, typed (ids and seqs as BIGINT), restricted to the manifest's pools.",
+        format!(
+            "{}
+SELECT CAST(pool AS INT) AS pool, CAST(seq AS BIGINT) AS seq, CAST(ts_ns AS BIGINT) AS ts_ns,
+       CAST(request_id AS BIGINT) AS request_id, op,
+       CAST(slot_start AS BIGINT) AS slot_start, CAST(slot_count AS BIGINT) AS slot_count,
+       CAST(src_pool AS INT) AS src_pool, CAST(src_slot_start AS BIGINT) AS src_slot_start,
+       CAST(src_seq AS BIGINT) AS src_seq
+FROM {}
+WHERE CAST(pool AS INT) IN ({pools})",
+            d.view("kvtrail_events"),
+            d.raw(opts, "kv")
+        ),
+    );
+    stmt(
+        &mut s,
+        "requests, typed.",
+        format!(
+            "{}
+SELECT CAST(request_id AS BIGINT) AS request_id, external_id, tenant,
+       CAST(arrival_ns AS BIGINT) AS arrival_ns, CAST(finish_ns AS BIGINT) AS finish_ns,
+       CAST(prompt_tokens AS BIGINT) AS prompt_tokens, CAST(prefilled_tokens AS BIGINT) AS prefilled_tokens,
+       CAST(output_tokens AS BIGINT) AS output_tokens, CAST(http_status AS INT) AS http_status,
+       finish_reason, {} AS output_hash
+FROM {}",
+            d.view("kvtrail_requests"),
+            d.hex("output_hash"),
+            d.raw(opts, "requests")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (holes): in a complete capture a pool's seqs have no holes. Every event
+carries gap_mark: the first seq after the latest hole at or before it (NULL: none).
+Slot content set before gap_mark may have been changed by the lost events.",
+        format!(
+            "{}
+SELECT e.*,
+       max(CASE WHEN (prev_seq IS NULL AND seq > 0) OR seq > prev_seq + 1 THEN seq END)
+         OVER (PARTITION BY pool ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS gap_mark
+FROM (SELECT ev.*, lag(seq) OVER (PARTITION BY pool ORDER BY seq) AS prev_seq FROM kvtrail_events ev) e",
+            d.view("kvtrail_events_marked")
+        ),
+    );
+
+    // The lineage: one query, one CTE per rule.
+    let mut q = String::new();
+    let _ = write!(
+        q,
+        "{}
+WITH
+-- Rule (write, scrub, copy): the events that set a slot's content.
+content_x AS ({}),
+content_slots AS (
+  SELECT pool, slot_start + i AS slot, seq, op, request_id,
+         src_pool, src_slot_start + i AS src_slot, src_seq
+  FROM content_x
+),
+-- Rule (copy): a copy takes the content its source slot had just after src_seq:
+-- the latest content event on (src_pool, src_slot) with seq <= src_seq. Probes
+-- sort after a content event of the same seq; a running max of seq is the
+-- portable form of last_value(seq IGNORE NULLS) (seq increases).
+copy_probe AS (
+  SELECT pool, slot, seq, 0 AS probe,
+         CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot, CAST(NULL AS BIGINT) AS dst_seq
+  FROM content_slots
+  UNION ALL
+  SELECT src_pool, src_slot, src_seq, 1, pool, slot, seq
+  FROM content_slots WHERE src_pool IS NOT NULL
+),
+copy_target AS (
+  SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot, tgt_seq
+  FROM (
+    SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+             OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS tgt_seq
+    FROM copy_probe p
+  ) w
+  WHERE probe = 1
+),
+-- Rule (holes, copies): a copy naming a source seq that is not a recorded event
+-- (lost in a hole, or past the end) has uncertain content; so has a source slot
+-- whose content predates the latest hole at src_seq.
+copy_hop AS (
+  SELECT t.*,
+         CASE WHEN s.seq IS NULL
+                OR (s.gap_mark IS NOT NULL AND coalesce(t.tgt_seq, -1) < s.gap_mark)
+              THEN 1 ELSE 0 END AS hop_unc
+  FROM copy_target t
+  LEFT JOIN kvtrail_events_marked s ON s.pool = t.src_pool AND s.seq = t.src_seq
+),
+-- Rule (provenance), level 0: a write's owner is its request, a scrub leaves no
+-- owner (-2), a copy of a never-written slot has none either (-1); any other
+-- copy points (nxt_*) at the source content event it copied.
+lineage_0 AS (
+  SELECT c.pool, c.slot, c.seq,
+         CASE WHEN c.op = 'scrub' THEN CAST(-2 AS BIGINT)
+              WHEN c.src_pool IS NULL THEN c.request_id
+              WHEN h.tgt_seq IS NULL THEN CAST(-1 AS BIGINT) END AS owner,
+         coalesce(h.hop_unc, 0) AS unc,
+         CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_pool END AS nxt_pool,
+         CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_slot END AS nxt_slot,
+         h.tgt_seq AS nxt_seq
+  FROM content_slots c
+  LEFT JOIN copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND h.dst_seq = c.seq
+),
+",
+        d.table("kvtrail_read_findings"),
+        d.explode("kvtrail_events_marked", "e.op IN ('write', 'scrub')")
+    );
+    for k in 1..=lv {
+        let _ = write!(
+            q,
+            "-- Rule (provenance through copies of copies), level {k}: a pending copy takes the
+-- owner of the content it points at, or that content's own pointer (pointer jumping).
+lineage_{k} AS (
+  SELECT r.pool, r.slot, r.seq,
+         coalesce(r.owner, t.owner) AS owner,
+         CASE WHEN r.unc = 1 OR t.unc = 1 THEN 1 ELSE 0 END AS unc,
+         t.nxt_pool, t.nxt_slot, t.nxt_seq
+  FROM lineage_{p} r
+  LEFT JOIN lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq
+),
+",
+            p = k - 1
+        );
+    }
+    let never = if opts.from_engine_start {
+        "CASE WHEN unc = 1 THEN 'uncertain' ELSE 'blank' END"
+    } else {
+        "'unknown'"
+    };
+    let _ = write!(
+        q,
+        "-- Rule (read): one row per slot read.
+read_x AS ({}),
+read_slots AS (
+  SELECT pool, slot_start + i AS slot, seq, ts_ns, request_id AS reader, gap_mark
+  FROM read_x
+),
+-- The content each read slot sees: the latest content event before the read.
+read_probe AS (
+  SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS BIGINT) AS reader,
+         CAST(NULL AS BIGINT) AS ts_ns, CAST(NULL AS BIGINT) AS gap_mark
+  FROM lineage_{lv}
+  UNION ALL
+  SELECT pool, slot, seq, 1, reader, ts_ns, gap_mark FROM read_slots
+),
+read_seen AS (
+  SELECT * FROM (
+    SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+             OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq
+    FROM read_probe p
+  ) w
+  WHERE probe = 1
+),
+-- Rule (holes): content set before the latest hole at the read (or copied from
+-- uncertain content) is uncertain. A copy still pending after the last level
+-- (deeper than the generator planned for) is uncertain and counted in coverage.
+read_owner AS (
+  SELECT r.pool, r.slot, r.seq, r.ts_ns, r.reader, r.cseq,
+         CASE WHEN c.seq IS NULL THEN CAST(-1 AS BIGINT) ELSE c.owner END AS owner,
+         CASE WHEN c.nxt_pool IS NOT NULL THEN 1 ELSE 0 END AS unresolved,
+         CASE WHEN coalesce(c.unc, 0) = 1 OR c.nxt_pool IS NOT NULL
+                OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
+              THEN 1 ELSE 0 END AS unc
+  FROM read_seen r
+  LEFT JOIN lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
+),
+-- Rule (share): a grant lets the reader read another request's content while the
+-- slot is not written again: granted after the content was set, before the read.
+shares AS (
+  SELECT pool, seq, request_id, slot_start, slot_count FROM kvtrail_events WHERE op = 'share'
+),
+granted AS (
+  SELECT DISTINCT r.pool, r.slot, r.seq
+  FROM read_owner r
+  JOIN shares g ON g.pool = r.pool AND g.request_id = r.reader
+   AND r.slot >= g.slot_start AND r.slot < g.slot_start + g.slot_count
+   AND g.seq > coalesce(r.cseq, -1) AND g.seq < r.seq
+  WHERE r.owner >= 0 AND r.owner <> r.reader
+),
+-- Rule (classification): own | shared (clean, dropped) | blank | unknown | foreign.
+-- own, shared and blank reads of uncertain content are 'uncertain'.
+-- Never written: blank when the capture began with the engine, else unknown.
+classified AS (
+  SELECT r.*,
+         CASE WHEN r.unresolved = 1 THEN 'uncertain'
+              WHEN r.owner = -1 THEN {never}
+              WHEN r.owner = -2 THEN CASE WHEN r.unc = 1 THEN 'uncertain' ELSE 'blank' END
+              WHEN r.owner = r.reader OR g.seq IS NOT NULL
+                THEN CASE WHEN r.unc = 1 THEN 'uncertain' END
+              ELSE 'foreign' END AS kind
+  FROM read_owner r
+  LEFT JOIN granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
+)
+SELECT reader, pool, slot, pool * CAST(4294967296 AS BIGINT) + slot AS pslot, seq, ts_ns, kind,
+       CASE WHEN kind = 'foreign' THEN owner END AS source, unc, unresolved
+FROM classified
+WHERE kind IS NOT NULL",
+        d.explode("kvtrail_events_marked", "e.op = 'read'")
+    );
+    stmt(
+        &mut s,
+        "Every read slot that is not a clean own or shared read (the lineage).",
+        q,
+    );
+
+    let tenant = |id: &str, q: &str| {
+        format!("CASE WHEN {id} = 0 THEN '(engine)' ELSE coalesce({q}.tenant, '(unknown)') END")
+    };
+    let certain = if opts.complete {
+        "s.certain_tokens > 0"
+    } else {
+        "1 = 0"
+    };
+    stmt(
+        &mut s,
+        "Per reader: distinct (pool, slot) per class, and the time of its unclean reads.",
+        format!(
+            "{}
+SELECT reader AS request_id,
+       count(DISTINCT CASE WHEN kind = 'foreign' THEN pslot END) AS foreign_tokens,
+       count(DISTINCT CASE WHEN kind = 'unknown' THEN pslot END) AS unknown_tokens,
+       count(DISTINCT CASE WHEN kind = 'uncertain' THEN pslot END) AS uncertain_tokens,
+       count(DISTINCT CASE WHEN kind = 'blank' THEN pslot END) AS blank_tokens,
+       count(DISTINCT CASE WHEN kind <> 'blank' THEN pslot END) AS exposed_tokens,
+       min(ts_ns) AS first_read_ns, max(ts_ns) AS last_read_ns
+FROM kvtrail_read_findings
+GROUP BY reader",
+            d.view("kvtrail_reader_totals")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: one row per (affected response, source request): distinct slots read,
+first/last read seq and time, pools, cross-tenant, confidence.",
+        format!(
+            "{}
+SELECT s.request_id, s.source_request_id, sq.external_id AS source_external_id,
+       {} AS source_tenant, s.tokens, s.certain_tokens, s.first_seq, s.last_seq,
+       s.first_ts_ns, s.last_ts_ns, s.pools,
+       CASE WHEN s.source_request_id <> 0
+             AND ({} <> {} OR {} = '(unknown)' OR {} = '(unknown)') THEN TRUE ELSE FALSE END AS cross_tenant,
+       CASE WHEN {certain} THEN 'confirmed' ELSE 'possible' END AS confidence
+FROM (
+  SELECT reader AS request_id, source AS source_request_id,
+         count(DISTINCT pslot) AS tokens,
+         count(DISTINCT CASE WHEN unc = 0 THEN pslot END) AS certain_tokens,
+         min(seq) AS first_seq, max(seq) AS last_seq,
+         min(ts_ns) AS first_ts_ns, max(ts_ns) AS last_ts_ns,
+         {} AS pools
+  FROM kvtrail_read_findings WHERE kind = 'foreign'
+  GROUP BY reader, source
+) s
+LEFT JOIN kvtrail_requests sq ON sq.request_id = s.source_request_id
+LEFT JOIN kvtrail_requests rq ON rq.request_id = s.request_id",
+            d.view("kvtrail_response_sources"),
+            tenant("s.source_request_id", "sq"),
+            tenant("s.source_request_id", "sq"),
+            tenant("s.request_id", "rq"),
+            tenant("s.source_request_id", "sq"),
+            tenant("s.request_id", "rq"),
+            d.num_list("pool")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: affected responses (at least one foreign, unknown or uncertain read).",
+        format!(
+            "{}
+SELECT t.request_id, q.external_id, {} AS tenant,
+       CASE WHEN q.request_id IS NULL THEN FALSE ELSE TRUE END AS in_requests_table,
+       q.arrival_ns, q.finish_ns, q.http_status, q.finish_reason, q.prompt_tokens,
+       q.prefilled_tokens, q.output_tokens, q.output_hash,
+       t.foreign_tokens, t.unknown_tokens, t.uncertain_tokens, t.exposed_tokens,
+       CASE WHEN coalesce(s.cross_sources, 0) > 0 THEN TRUE ELSE FALSE END AS cross_tenant,
+       CASE WHEN coalesce(s.confirmed_sources, 0) > 0 THEN 'confirmed' ELSE 'possible' END AS confidence,
+       concat_ws(';', CASE WHEN t.foreign_tokens > 0 THEN 'foreign' END,
+                      CASE WHEN t.unknown_tokens > 0 THEN 'unknown_predates_capture' END,
+                      CASE WHEN t.uncertain_tokens > 0 THEN 'after_gap' END) AS reasons,
+       t.first_read_ns, t.last_read_ns,
+       coalesce(s.source_request_ids, '') AS source_request_ids
+FROM kvtrail_reader_totals t
+LEFT JOIN kvtrail_requests q ON q.request_id = t.request_id
+LEFT JOIN (
+  SELECT request_id,
+         sum(CASE WHEN cross_tenant THEN 1 ELSE 0 END) AS cross_sources,
+         sum(CASE WHEN confidence = 'confirmed' THEN 1 ELSE 0 END) AS confirmed_sources,
+         {} AS source_request_ids
+  FROM kvtrail_response_sources GROUP BY request_id
+) s ON s.request_id = t.request_id
+WHERE t.foreign_tokens + t.unknown_tokens + t.uncertain_tokens > 0",
+            d.view("kvtrail_affected_responses"),
+            tenant("t.request_id", "q"),
+            d.num_list("source_request_id")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: recipient tenants (whose responses carried foreign or unknown KV).",
+        format!(
+            "{}
+SELECT tenant, count(*) AS responses, sum(foreign_tokens) AS foreign_tokens,
+       sum(unknown_tokens) AS unknown_tokens,
+       sum(CASE WHEN cross_tenant THEN 1 ELSE 0 END) AS cross_tenant_responses,
+       sum(CASE WHEN confidence = 'confirmed' THEN 1 ELSE 0 END) AS confirmed,
+       sum(CASE WHEN confidence = 'possible' THEN 1 ELSE 0 END) AS possible,
+       {} AS request_ids
+FROM kvtrail_affected_responses GROUP BY tenant",
+            d.view("kvtrail_recipients"),
+            d.num_list("request_id")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: source tenants (whose KV leaked), over (response, source request) pairs.",
+        format!(
+            "{}
+SELECT s.source_tenant AS tenant, count(DISTINCT s.source_request_id) AS requests,
+       sum(s.tokens) AS tokens,
+       sum(CASE WHEN s.cross_tenant THEN s.tokens ELSE 0 END) AS cross_tenant_tokens,
+       count(DISTINCT s.request_id) AS recipient_responses,
+       {} AS recipient_tenants,
+       {} AS request_ids
+FROM kvtrail_response_sources s
+JOIN kvtrail_affected_responses a ON a.request_id = s.request_id
+GROUP BY s.source_tenant",
+            d.view("kvtrail_sources"),
+            d.str_list("a.tenant"),
+            d.num_list("s.source_request_id")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: responses that read blank KV (scrubbed, or never written in a capture
+that began with the engine): integrity defects, not leaks.",
+        format!(
+            "{}
+SELECT t.request_id, q.external_id, {} AS tenant, t.blank_tokens AS tokens
+FROM kvtrail_reader_totals t
+LEFT JOIN kvtrail_requests q ON q.request_id = t.request_id
+WHERE t.blank_tokens > 0",
+            d.view("kvtrail_blank_reads"),
+            tenant("t.request_id", "q")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: holes in each pool's seq stream (after_seq NULL: the stream starts late).",
+        format!(
+            "{}
+SELECT pool, prev_seq AS after_seq, seq AS before_seq,
+       seq - coalesce(prev_seq + 1, 0) AS missing
+FROM kvtrail_events_marked
+WHERE (prev_seq IS NULL AND seq > 0) OR seq > prev_seq + 1",
+            d.view("kvtrail_gaps")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: copies that read a source seq past the last recorded event of their source pool.",
+        format!(
+            "{}
+SELECT c.src_pool AS pool, min(c.src_seq) AS min_src_seq, max(c.src_seq) AS max_src_seq
+FROM kvtrail_events c
+LEFT JOIN (SELECT pool, max(seq) AS last_seq FROM kvtrail_events GROUP BY pool) p
+  ON p.pool = c.src_pool
+WHERE c.op = 'write' AND c.src_pool IS NOT NULL
+  AND (p.last_seq IS NULL OR c.src_seq > p.last_seq)
+GROUP BY c.src_pool",
+            d.view("kvtrail_copies_past_end")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: coverage. complete is true only when nothing lowers confidence. File
+digests and files missing on disk are not checked here: run `kvtrail verify`.",
+        format!(
+            "{}
+SELECT (capture_complete AND gaps = 0 AND copies_past_end = 0 AND NOT unverifiable
+        AND requests_missing = 0 AND unresolved_copy_slots = 0) AS complete,
+       x.*
+FROM (
+  SELECT {} AS capture_complete, {} AS from_engine_start, {} AS unverifiable,
+         (SELECT count(*) FROM kvtrail_gaps) AS gaps,
+         (SELECT coalesce(sum(missing), 0) FROM kvtrail_gaps) AS lost_events,
+         (SELECT count(*) FROM kvtrail_copies_past_end) AS copies_past_end,
+         (SELECT count(*) FROM (
+            SELECT reader AS id FROM kvtrail_read_findings
+            UNION SELECT source FROM kvtrail_read_findings WHERE source IS NOT NULL) i
+          LEFT JOIN kvtrail_requests q ON q.request_id = i.id
+          WHERE i.id <> 0 AND q.request_id IS NULL) AS requests_missing,
+         (SELECT count(*) FROM kvtrail_read_findings WHERE unresolved = 1) AS unresolved_copy_slots,
+         CAST('{}' AS {}) AS dialect
+) x",
+            d.view("kvtrail_coverage"),
+            b(opts.complete),
+            b(opts.from_engine_start),
+            b(opts.unverifiable),
+            opts.dialect.as_str(),
+            d.string()
+        ),
+    );
+    s
+}
+
+/// Splits a generated script into its statements (without the trailing `;`).
+pub fn statements(script: &str) -> Vec<String> {
+    script
+        .split(SEPARATOR)
+        .map(|st| {
+            st.lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|st| !st.trim().is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_cover_the_longest_copy_chain() {
+        // (pools, levels): a chain over n pools has n - 1 copies <= 2^k - 1.
+        for (n, k) in [
+            (0, 1),
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (4, 2),
+            (5, 3),
+            (8, 3),
+            (9, 4),
+        ] {
+            assert_eq!(levels(n), k, "{n} pools");
+            assert!(n.max(1) - 1 < 1 << k);
+        }
+    }
+
+    #[test]
+    fn every_dialect_creates_every_result_view() {
+        for d in [Dialect::Duckdb, Dialect::Spark, Dialect::Trino] {
+            let o = SqlOptions {
+                dialect: d,
+                trace_path: "s3://bucket/trace".into(),
+                pools: vec![0, 1, 2],
+                from_engine_start: true,
+                complete: true,
+                unverifiable: false,
+            };
+            let sql = generate(&o);
+            for v in RESULT_VIEWS {
+                assert!(sql.contains(&format!("VIEW {v} AS")), "{d:?} {v}");
+            }
+            assert!(
+                sql.contains("lineage_2 AS"),
+                "{d:?}: two levels for 3 pools"
+            );
+            assert!(!sql.contains("lineage_3 AS"));
+            assert!(statements(&sql).iter().all(|s| !s.contains(SEPARATOR)));
+        }
+    }
+}

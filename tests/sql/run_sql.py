@@ -1,0 +1,101 @@
+"""Runs `kvtrail sql` scripts on a real engine and prints their result views
+as JSON, for tests/sql_engines.rs and bench/fleet.py.
+
+Usage: run_sql.py duckdb|spark JOBS.json OUT.json
+JOBS.json: [{"name": ..., "sql": <script path>}, ...]. One engine process
+serves every job (Spark starts once: local[2], 2 shuffle partitions).
+OUT.json: {name: {view: [row, ...], "_secs": float}}; rows are dicts of
+JSON scalars, sorted, so the caller compares them as sets.
+"""
+import decimal
+import json
+import sys
+import time
+
+VIEWS = [
+    "kvtrail_affected_responses",
+    "kvtrail_response_sources",
+    "kvtrail_recipients",
+    "kvtrail_sources",
+    "kvtrail_blank_reads",
+    "kvtrail_gaps",
+    "kvtrail_copies_past_end",
+    "kvtrail_coverage",
+]
+
+
+def statements(script):
+    out = []
+    for st in script.split(";\n"):
+        body = "\n".join(l for l in st.splitlines() if not l.lstrip().startswith("--"))
+        if body.strip():
+            out.append(body)
+    return out
+
+
+def scalar(v):
+    if isinstance(v, decimal.Decimal):
+        return int(v)
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    return v
+
+
+def main():
+    engine, jobs_path, out_path = sys.argv[1:4]
+    jobs = json.load(open(jobs_path))
+    results = {}
+    if engine == "duckdb":
+        import duckdb
+
+        for job in jobs:
+            con = duckdb.connect()
+            con.execute("SET threads TO 2")
+            t = time.time()
+            for st in statements(open(job["sql"]).read()):
+                con.execute(st)
+            res = {}
+            for v in VIEWS:
+                cur = con.execute(f"SELECT * FROM {v}")
+                cols = [c[0] for c in cur.description]
+                res[v] = sorted(
+                    (dict(zip(cols, map(scalar, r))) for r in cur.fetchall()),
+                    key=lambda d: json.dumps(d, sort_keys=True),
+                )
+            res["_secs"] = time.time() - t
+            results[job["name"]] = res
+            con.close()
+    elif engine == "spark":
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("kvtrail-sql-check")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.memory", "2g")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        for job in jobs:
+            t = time.time()
+            for st in statements(open(job["sql"]).read()):
+                spark.sql(st)
+            res = {}
+            for v in VIEWS:
+                rows = spark.sql(f"SELECT * FROM {v}").collect()
+                res[v] = sorted(
+                    ({k: scalar(x) for k, x in r.asDict().items()} for r in rows),
+                    key=lambda d: json.dumps(d, sort_keys=True),
+                )
+            res["_secs"] = time.time() - t
+            results[job["name"]] = res
+        spark.stop()
+    else:
+        sys.exit(f"unknown engine {engine}")
+    json.dump(results, open(out_path, "w"), indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()
