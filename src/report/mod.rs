@@ -186,7 +186,7 @@ pub fn write_out(r: &ScopeReport, dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn ns(v: Option<i64>) -> String {
-    v.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
+    text::utc_opt(v)
 }
 
 /// The one-screen human summary.
@@ -220,7 +220,7 @@ pub fn human(r: &ScopeReport) -> String {
         );
         let _ = writeln!(
             s,
-            "  window: reads {} .. {}, arrivals {} .. {} (ns)",
+            "  window: foreign reads {} .. {}; affected arrivals {} .. {}",
             ns(r.time_window.first_exposure_ns),
             ns(r.time_window.last_exposure_ns),
             ns(r.time_window.first_arrival_ns),
