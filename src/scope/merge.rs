@@ -203,7 +203,7 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
     }
     let blank_read_responses: Vec<BlankReads> = blank.into_values().collect();
 
-    let (recipients, sources) = tenants(&affected);
+    let (recipients, sources) = super::tenants(&affected);
 
     // Coverage.
     let mut cov = first.coverage.clone();
@@ -285,50 +285,4 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         anomalies: first.anomalies.clone(),
         coverage: cov,
     })
-}
-
-/// Tenants on both sides, from the responses (as `scope_outcome` builds them).
-fn tenants(affected: &[Response]) -> (Vec<Recipient>, Vec<SourceTenant>) {
-    let mut rec_t: BTreeMap<String, Recipient> = BTreeMap::new();
-    type SourceAcc = (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>);
-    let mut src_t: BTreeMap<String, SourceAcc> = BTreeMap::new();
-    for a in affected {
-        let e = rec_t.entry(a.tenant.clone()).or_insert_with(|| Recipient {
-            tenant: a.tenant.clone(),
-            ..Default::default()
-        });
-        e.responses += 1;
-        e.foreign_tokens += a.foreign_tokens;
-        e.unknown_tokens += a.unknown_tokens;
-        e.cross_tenant_responses += a.cross_tenant as u64;
-        match a.confidence {
-            Confidence::Confirmed => e.confirmed += 1,
-            Confidence::Possible => e.possible += 1,
-        }
-        e.request_ids.push(a.request_id);
-        for s in &a.sources {
-            let t = src_t.entry(s.tenant.clone()).or_default();
-            t.0.insert(s.request_id);
-            t.1.insert(a.tenant.clone());
-            t.2 += s.tokens;
-            if s.cross_tenant {
-                t.3 += s.tokens;
-            }
-            t.4.insert(a.request_id);
-        }
-    }
-    let recipients = rec_t.into_values().collect();
-    let sources = src_t
-        .into_iter()
-        .map(|(tenant, (reqs, rts, tokens, cross, resp))| SourceTenant {
-            tenant,
-            requests: reqs.len() as u64,
-            tokens,
-            cross_tenant_tokens: cross,
-            recipient_responses: resp.len() as u64,
-            recipient_tenants: rts.into_iter().collect(),
-            request_ids: reqs.into_iter().collect(),
-        })
-        .collect();
-    (recipients, sources)
 }
