@@ -700,48 +700,46 @@ impl KvFileReader {
     }
 }
 
+/// The next record batch of a file, with Parquet errors and panics of the
+/// Parquet reader turned into errors at the current row; `done` is set on
+/// the first error so a reader stops there.
+fn next_batch(
+    reader: &mut ParquetRecordBatchReader,
+    path: &Path,
+    rows: u64,
+    done: &mut bool,
+) -> Option<Result<RecordBatch>> {
+    if *done {
+        return None;
+    }
+    let res = match guard(|| Location::file(path).row(rows), || Ok(reader.next())) {
+        Ok(next) => next?.map_err(|e| Error::parquet(Location::file(path).row(rows), e)),
+        Err(e) => Err(e),
+    };
+    if res.is_err() {
+        *done = true;
+    }
+    Some(res)
+}
+
 impl Iterator for KvFileReader {
     type Item = Result<KvChunk>;
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        let next = guard(
-            || Location::file(&self.path).row(self.rows),
-            || Ok(self.reader.next()),
-        );
-        let next = match next {
-            Ok(n) => n,
-            Err(e) => {
-                self.done = true;
-                return Some(Err(e));
-            }
+        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
         };
-        match next? {
-            Err(e) => {
-                self.done = true;
-                Some(Err(Error::parquet(
-                    Location::file(&self.path).row(self.rows),
-                    e,
-                )))
-            }
-            Ok(batch) => {
-                let res = self.decode(&batch);
-                let first_row = self.rows;
-                self.rows += batch.num_rows() as u64;
-                match res {
-                    Ok(events) => Some(Ok(KvChunk {
-                        file: self.path.clone(),
-                        first_row,
-                        events,
-                    })),
-                    Err(e) => {
-                        self.done = true;
-                        Some(Err(e))
-                    }
-                }
-            }
+        let res = self.decode(&batch);
+        let first_row = self.rows;
+        self.rows += batch.num_rows() as u64;
+        if res.is_err() {
+            self.done = true;
         }
+        Some(res.map(|events| KvChunk {
+            file: self.path.clone(),
+            first_row,
+            events,
+        }))
     }
 }
 
@@ -864,37 +862,16 @@ impl RequestFileReader {
 impl Iterator for RequestFileReader {
     type Item = Result<Vec<RequestRecord>>;
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        let next = guard(
-            || Location::file(&self.path).row(self.rows),
-            || Ok(self.reader.next()),
-        );
-        let next = match next {
-            Ok(n) => n,
-            Err(e) => {
-                self.done = true;
-                return Some(Err(e));
-            }
+        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
         };
-        match next? {
-            Err(e) => {
-                self.done = true;
-                Some(Err(Error::parquet(
-                    Location::file(&self.path).row(self.rows),
-                    e,
-                )))
-            }
-            Ok(batch) => {
-                let res = self.decode(&batch);
-                self.rows += batch.num_rows() as u64;
-                if res.is_err() {
-                    self.done = true;
-                }
-                Some(res)
-            }
+        let res = self.decode(&batch);
+        self.rows += batch.num_rows() as u64;
+        if res.is_err() {
+            self.done = true;
         }
+        Some(res)
     }
 }
 
