@@ -966,25 +966,15 @@ impl KvIndexReader {
 impl Iterator for KvIndexReader {
     type Item = Result<KvIndexBatch>;
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
+        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
+        let res = self.decode(&batch);
+        self.rows += batch.num_rows() as u64;
+        if res.is_err() {
+            self.done = true;
         }
-        match self.reader.next()? {
-            Err(e) => {
-                self.done = true;
-                Some(Err(Error::parquet(
-                    Location::file(&self.path).row(self.rows),
-                    e,
-                )))
-            }
-            Ok(batch) => {
-                let res = self.decode(&batch);
-                self.rows += batch.num_rows() as u64;
-                if res.is_err() {
-                    self.done = true;
-                }
-                Some(res)
-            }
-        }
+        Some(res)
     }
 }
