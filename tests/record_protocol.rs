@@ -157,12 +157,17 @@ fn forged_events_and_pool_claims_are_rejected() {
     writeln!(a, r#"{{"type":"lost","pool":3,"n":9}}"#).unwrap(); // also a forgery
     writeln!(a, "{}", kv(0, 1, "write", 0, 4)).unwrap();
     a.flush().unwrap();
+    // Let the sidecar take `a`'s claim on pool 0 before the second hello
+    // (its hello is handled on its own connection thread).
+    std::thread::sleep(Duration::from_millis(300));
     // A second live connection may not claim pool 0; unknown pools neither.
     for hello in [
         r#"{"type":"hello","pools":[0]}"#,
         r#"{"type":"hello","pools":[9]}"#,
     ] {
         let mut b = UnixStream::connect(&rig.sock).unwrap();
+        // A missing reply fails the test instead of hanging it.
+        b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         writeln!(b, "{hello}").unwrap();
         let mut reply = String::new();
         BufReader::new(&b).read_line(&mut reply).unwrap();
