@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ def private_kernelspec(out: Path) -> None:
 
 
 def fail(nb_path: Path, idx: int | None, source: str, err: str) -> None:
+    err = re.sub(r"\x1b\[[0-9;]*m", "", err)  # IPython colours the traceback
     print(f"NOTEBOOK FAILED: {nb_path}", file=sys.stderr)
     if idx is not None:
         print(f"--- cell {idx} source ---", file=sys.stderr)
