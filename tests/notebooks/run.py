@@ -1,10 +1,11 @@
 """Executes notebooks headless for tests/notebooks.rs, in a kernel that runs
 this very Python (the notebooks venv's, built by .ci/setup.d/60-notebooks.sh).
 
-    python run.py --out DIR [--label NAME] [--timeout S] NOTEBOOK...
+    python run.py --out DIR [--label NAME] [--timeout S] [--cwd DIR] NOTEBOOK...
 
-Each notebook runs with its own folder as the working directory, the
-environment as given (KVTRAIL_* parameters), and a per-cell timeout. The
+Each notebook runs with its own folder as the working directory (as Jupyter
+does; --cwd picks another, to check that the notebooks do not depend on it),
+the environment as given (KVTRAIL_* parameters), and a per-cell timeout. The
 executed copy is written to DIR/<label>-<name>.ipynb, never back next to the
 source. On the first failing cell it prints the notebook, the cell's index
 and source and the error's traceback, and exits 1.
@@ -54,7 +55,7 @@ def fail(nb_path: Path, idx: int | None, source: str, err: str) -> None:
     sys.exit(1)
 
 
-def run_one(nb_path: Path, out: Path, label: str, timeout: int) -> None:
+def run_one(nb_path: Path, out: Path, label: str, timeout: int, cwd: Path | None) -> None:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -70,7 +71,7 @@ def run_one(nb_path: Path, out: Path, label: str, timeout: int) -> None:
         nb,
         timeout=timeout,
         kernel_name="python3",
-        resources={"metadata": {"path": str(nb_path.parent)}},
+        resources={"metadata": {"path": str(cwd or nb_path.parent)}},
     )
     t0 = time.monotonic()
     try:
@@ -108,12 +109,13 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--label", default="run")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per cell")
+    ap.add_argument("--cwd", type=Path, help="working directory of the kernel (default: the notebook's folder)")
     ap.add_argument("notebooks", nargs="+", type=Path)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     private_kernelspec(a.out)
     for nb in a.notebooks:
-        run_one(nb.resolve(), a.out.resolve(), a.label, a.timeout)
+        run_one(nb.resolve(), a.out.resolve(), a.label, a.timeout, a.cwd.resolve() if a.cwd else None)
 
 
 if __name__ == "__main__":
