@@ -13,7 +13,8 @@ and source and the error's traceback, and exits 1.
 The kernel: a kernelspec named python3 whose argv is this interpreter is put
 in a private JUPYTER_PATH folder under DIR, which Jupyter searches first, so
 no kernel of another Python (a user's or a system one) can be picked up and
-nothing is registered outside DIR. A last, unsaved cell checks that the
+nothing is registered or written outside DIR (runtime files and the
+IPython profile go there as well). A last, unsaved cell checks that the
 kernel's sys.executable is this interpreter.
 """
 
@@ -40,6 +41,9 @@ def private_kernelspec(out: Path) -> None:
     }
     (kdir / "kernel.json").write_text(json.dumps(spec, indent=1))
     os.environ["JUPYTER_PATH"] = str(out / "jupyter-path")
+    # Connection files and IPython's profile stay under DIR too, not in $HOME.
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(out / "jupyter-runtime")
+    os.environ["IPYTHONDIR"] = str(out / "ipython")
     # Plots render to PNG outputs in the executed copies, never to a window.
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
