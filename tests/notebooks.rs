@@ -10,6 +10,8 @@
 //!   columns, absent nullable columns, extra columns, no `files` list),
 //!   with a what-if folder made beforehand (`replay`, `scope`, `diff`), run
 //!   from the repository root rather than the notebooks' folder;
+//! - the README tour's trace (`ingest` of tests/data/jsonl: 3 requests, a
+//!   lost decode event, so the finding is only possible);
 //! - the built-in traces/incident-mini with the notebooks' defaults.
 //!
 //! Each notebook's cells assert their numbers against the kvtrail outputs
@@ -344,6 +346,43 @@ fn notebooks_run_on_a_trace_from_another_writer() {
             ("KVTRAIL_WORKDIR", tmp.path().join("work")),
         ],
     );
+}
+
+#[test]
+fn notebooks_run_on_the_ingested_tour_trace_with_lost_events() {
+    let Some(py) = venv_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("tour");
+    let data = repo().join("tests/data/jsonl");
+    kvtrail(
+        &[
+            "ingest",
+            s(&data.join("incident.jsonl")),
+            "--deployment",
+            s(&data.join("deploy.json")),
+            "--out",
+            s(&trace),
+        ],
+        &[0],
+    );
+    execute(
+        &py,
+        &tmp.path().join("executed"),
+        "tour",
+        None,
+        &[
+            ("KVTRAIL_TRACE", trace.clone()),
+            ("KVTRAIL_BIN", PathBuf::from(bin())),
+            ("KVTRAIL_WORKDIR", tmp.path().join("work")),
+        ],
+    );
+    // The seq hole made the finding possible, and notebook 02 saw the same scope.
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("work/scope-tour/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["counts"]["possible_responses"], 1);
+    assert_eq!(summary["coverage"]["lost_events"], 1);
 }
 
 #[test]
