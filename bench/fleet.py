@@ -1,92 +1,191 @@
-"""Fleet figures on one simulated trace, in one run: native `kvtrail scope`
-(single process, and sharded by pool + merge) vs the DuckDB dialect vs the
-Spark dialect on local Spark (local[2]); wall time and peak memory
-(max RSS of the process tree, from wait4 rusage), with ratios against the
-native single run. Every engine must find the same affected responses.
+"""Fleet figures: native `kvtrail scope` (one process, and sharded by pool +
+`kvtrail merge`) vs the DuckDB dialect vs the Spark dialect on local Spark
+(local[2]), on the same simulated traces, in one run. For each engine: wall
+time (and, for the SQL engines, the query time without the engine's start),
+peak memory of the whole process tree (the JVM included: /proc is sampled
+every 20 ms, and wait4's max RSS is taken when larger), and ratios against
+the native single run on the same trace. Every engine must find the same
+affected responses with the same foreign tokens, or the row says MISMATCH
+and the script exits 1.
+
+Rows are printed as each engine finishes (a slow engine does not hide the
+others' figures).
 
 Usage (after .ci/setup.d/50-sql.sh and `cargo build --release`):
-  ~/.cache/kvtrail/venv-sql/bin/python bench/fleet.py [TRACE] [--kvtrail BIN] [--no-spark]
-Default TRACE: traces/incident-mini (3000 requests, 161k kv events).
+  ~/.cache/kvtrail/venv-sql/bin/python bench/fleet.py [options] [TRACE ...]
+
+  TRACE              existing trace folders (default: simulate the incident
+                     at --requests sizes, seed 1)
+  --requests N,M     incident sizes to simulate (default 1000,3000; 3000 is
+                     the size of the committed traces/incident-mini)
+  --engines LIST     any of native,sharded,duckdb,spark (default: all)
+  --kvtrail BIN      the kvtrail binary (default target/release/kvtrail)
 """
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def tree_rss_kb(root_pid):
+    """Sum of VmRSS (kB) of root_pid and every descendant still running."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            pass
+    return total
+
+
 def run(cmd):
-    """Runs cmd; returns (seconds, peak RSS MB of the child tree)."""
+    """Runs cmd; returns (wall seconds, peak RSS MB of the process tree)."""
     t = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss_kb(p.pid))
+            done.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    err = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    reader.start()
     _, status, ru = os.wait4(p.pid, 0)
     secs = time.time() - t
-    err = p.stderr.read().decode()
+    done.set()
+    sampler.join()
+    reader.join()
     if status != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return secs, ru.ru_maxrss / 1024
+        msg = (err[0] if err else b"").decode(errors="replace")
+        sys.exit(f"failed: {' '.join(cmd)}\n{msg[-3000:]}")
+    return secs, max(peak[0], ru.ru_maxrss) / 1024
+
+
+def affected(rows):
+    return sorted((a["request_id"], a["foreign_tokens"]) for a in rows)
+
+
+def bench_trace(trace, kvt, engines, tmp, py):
+    runner = os.path.join(ROOT, "tests/sql/run_sql.py")
+    manifest = json.load(open(os.path.join(trace, "trace.json")))
+    pools = sorted(p["id"] for p in manifest["deployment"]["pools"])
+    name = os.path.basename(trace.rstrip("/"))
+    work = os.path.join(tmp, name)
+    os.makedirs(work, exist_ok=True)
+
+    s, m = run([kvt, "scope", trace, "--out", f"{work}/single"])
+    native = json.load(open(f"{work}/single/summary.json"))
+    want = affected(native["affected_responses"])
+    c = native["counts"]
+    print(f"\n== {trace}: {c['requests']} requests, {c['kv_events']} kv events, "
+          f"{c['slot_touches']} slot touches, pools {pools}; "
+          f"{len(want)} affected responses, {c['foreign_tokens']} foreign tokens", flush=True)
+    print(f"{'engine':<34} {'wall s':>8} {'query s':>8} {'x native':>9} {'peak MB':>8} {'x native':>9}  result",
+          flush=True)
+    base_s, base_m = s, m
+    ok = True
+
+    def row(label, secs, query, mb, result):
+        q = f"{query:8.2f}" if query is not None else f"{'':>8}"
+        print(f"{label:<34} {secs:8.2f} {q} {secs / base_s:9.1f} {mb:8.0f} {mb / base_m:9.1f}  {result}",
+              flush=True)
+
+    if "native" in engines:
+        row("native scope (1 process)", s, None, m, f"{len(want)} affected")
+    if "sharded" in engines:
+        t0 = time.time()
+        peak = 0.0
+        for p in pools:
+            _, mm = run([kvt, "scope", trace, "--pools", str(p), "--out", f"{work}/shard-{p}"])
+            peak = max(peak, mm)
+        _, mm = run([kvt, "merge", *[f"{work}/shard-{p}" for p in pools], "--out", f"{work}/merged"])
+        peak = max(peak, mm)
+        same = open(f"{work}/merged/summary.json").read() == open(f"{work}/single/summary.json").read()
+        ok &= same
+        row(f"native, {len(pools)} pool shards + merge", time.time() - t0, None, peak,
+            "identical summary.json" if same else "MISMATCH")
+    for engine in ("duckdb", "spark"):
+        if engine not in engines:
+            continue
+        sql = f"{work}/{engine}.sql"
+        run([kvt, "sql", "--dialect", engine, "--trace-path", trace, "--out", sql])
+        jobs = f"{work}/{engine}-jobs.json"
+        json.dump([{"name": "t", "sql": sql}], open(jobs, "w"))
+        secs, mb = run([py, runner, engine, jobs, f"{work}/{engine}-out.json"])
+        res = json.load(open(f"{work}/{engine}-out.json"))["t"]
+        got = affected(res["kvtrail_affected_responses"])
+        ok &= got == want
+        row(f"{engine} dialect ({'local[2]' if engine == 'spark' else '2 threads'})", secs, res["_secs"], mb,
+            f"{len(got)} affected, same" if got == want else f"MISMATCH {got}")
+    return ok
 
 
 def main():
     args = sys.argv[1:]
-    trace = os.path.join(ROOT, "traces/incident-mini")
     kvt = os.path.join(ROOT, "target/release/kvtrail")
-    spark = True
+    engines = {"native", "sharded", "duckdb", "spark"}
+    sizes = [1000, 3000]
+    traces = []
     i = 0
     while i < len(args):
-        if args[i] == "--kvtrail":
+        a = args[i]
+        if a == "--kvtrail":
             kvt = args[i + 1]
             i += 2
-        elif args[i] == "--no-spark":
-            spark = False
-            i += 1
+        elif a == "--engines":
+            engines = set(args[i + 1].split(","))
+            i += 2
+        elif a == "--requests":
+            sizes = [int(x) for x in args[i + 1].split(",")]
+            i += 2
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            return 0
         else:
-            trace = args[i]
+            traces.append(a)
             i += 1
     if not os.path.exists(kvt):
-        kvt = os.path.join(ROOT, "target/debug/kvtrail")
+        sys.exit(f"no kvtrail binary at {kvt}: run `cargo build --release` (or pass --kvtrail)")
     py = sys.executable
-    runner = os.path.join(ROOT, "tests/sql/run_sql.py")
-    manifest = json.load(open(os.path.join(trace, "trace.json")))
-    pools = sorted(p["id"] for p in manifest["deployment"]["pools"])
-    rows = []
+    print(f"fleet bench: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; engines {sorted(engines)}",
+          flush=True)
+    ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        s, m = run([kvt, "scope", trace, "--out", f"{tmp}/single"])
-        native = json.load(open(f"{tmp}/single/summary.json"))
-        want = sorted((a["request_id"], a["foreign_tokens"]) for a in native["affected_responses"])
-        rows.append(("native scope (1 process)", s, m, len(want)))
-
-        t0 = time.time()
-        peak = 0.0
-        for p in pools:
-            _, mm = run([kvt, "scope", trace, "--pools", str(p), "--out", f"{tmp}/shard-{p}"])
-            peak = max(peak, mm)
-        run([kvt, "merge", *[f"{tmp}/shard-{p}" for p in pools], "--out", f"{tmp}/merged"])
-        merged = open(f"{tmp}/merged/summary.json").read()
-        same = merged == open(f"{tmp}/single/summary.json").read()
-        rows.append((f"native sharded ({len(pools)} shards, sequential) + merge", time.time() - t0, peak,
-                     len(want) if same else "MISMATCH"))
-
-        for engine in ["duckdb"] + (["spark"] if spark else []):
-            sql = f"{tmp}/{engine}.sql"
-            run([kvt, "sql", "--dialect", engine, "--trace-path", trace, "--out", sql])
-            jobs = f"{tmp}/{engine}-jobs.json"
-            json.dump([{"name": "t", "sql": sql}], open(jobs, "w"))
-            s, m = run([py, runner, engine, jobs, f"{tmp}/{engine}-out.json"])
-            res = json.load(open(f"{tmp}/{engine}-out.json"))["t"]
-            got = sorted((a["request_id"], a["foreign_tokens"]) for a in res["kvtrail_affected_responses"])
-            rows.append((f"{engine} dialect", s, m, len(got) if got == want else f"MISMATCH {got}"))
-
-    base_s, base_m = rows[0][1], rows[0][2]
-    ev = sum(f.get("rows", 0) for f in manifest.get("files", []) if f["path"].startswith("kv/"))
-    print(f"trace {trace}: {ev} kv events, pools {pools}, {native['counts']['slot_touches']} slot touches")
-    print(f"{'engine':<48} {'secs':>9} {'x native':>9} {'peak MB':>9} {'x native':>9}  affected")
-    for name, s, m, n in rows:
-        print(f"{name:<48} {s:>9.2f} {s / base_s:>9.1f} {m:>9.0f} {m / base_m:>9.1f}  {n}")
+        if not traces:
+            for n in sizes:
+                t = f"{tmp}/incident-{n}"
+                run([kvt, "simulate", "--scenario", "incident", "--requests", str(n), "--seed", "1", "--out", t])
+                traces.append(t)
+        for t in traces:
+            ok &= bench_trace(t, kvt, engines, tmp, py)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -307,152 +307,187 @@ SELECT e.*,
        max(CASE WHEN (prev_seq IS NULL AND seq > 0) OR seq > prev_seq + 1 THEN seq END)
          OVER (PARTITION BY pool ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS gap_mark
 FROM (SELECT ev.*, lag(seq) OVER (PARTITION BY pool ORDER BY seq) AS prev_seq FROM kvtrail_events ev) e",
-            d.view("kvtrail_events_marked")
+            d.table("kvtrail_events_marked")
         ),
     );
 
-    // The lineage: one query, one CTE per rule.
-    let mut q = String::new();
-    let _ = write!(
-        q,
-        "{}
-WITH
--- Rule (write, scrub, copy): the events that set a slot's content.
-content_x AS ({}),
-content_slots AS (
-  SELECT pool, slot_start + i AS slot, seq, op, request_id,
-         src_pool, src_slot_start + i AS src_slot, src_seq
-  FROM content_x
-),
--- Rule (copy): a copy takes the content its source slot had just after src_seq:
--- the latest content event on (src_pool, src_slot) with seq <= src_seq. Probes
--- sort after a content event of the same seq; a running max of seq is the
--- portable form of last_value(seq IGNORE NULLS) (seq increases).
-copy_probe AS (
-  SELECT pool, slot, seq, 0 AS probe,
-         CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot, CAST(NULL AS BIGINT) AS dst_seq
-  FROM content_slots
-  UNION ALL
-  SELECT src_pool, src_slot, src_seq, 1, pool, slot, seq
-  FROM content_slots WHERE src_pool IS NOT NULL
-),
-copy_target AS (
-  SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot, tgt_seq
+    // The lineage: one view per rule, and the stages read more than once
+    // materialised as tables. Spark and Trino inline views and CTEs at every
+    // reference, so a stage read twice (the content slots, each provenance
+    // level, the read owners) would be recomputed, doubling per level; and
+    // Spark only reuses a cached table whose plan holds no `WITH` (its CTE
+    // ids differ at every analysis), hence views instead of CTEs.
+    stmt(
+        &mut s,
+        "Rule (write, scrub, copy): one row per slot of every event that sets a slot's content.",
+        format!(
+            "{}
+SELECT pool, slot_start + i AS slot, seq, op, request_id,
+       src_pool, src_slot_start + i AS src_slot, src_seq
+FROM ({}) x",
+            d.table("kvtrail_content_slots"),
+            d.explode("kvtrail_events_marked", "e.op IN ('write', 'scrub')")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (copy): a copy takes the content its source slot had just after src_seq:
+the latest content event on (src_pool, src_slot) with seq <= src_seq. Probes
+sort after a content event of the same seq; a running max of seq is the
+portable form of last_value(seq IGNORE NULLS) (seq increases).",
+        format!(
+            "{}
+SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot, tgt_seq
+FROM (
+  SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+           OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS tgt_seq
   FROM (
-    SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
-             OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS tgt_seq
-    FROM copy_probe p
-  ) w
-  WHERE probe = 1
-),
--- Rule (holes, copies): a copy naming a source seq that is not a recorded event
--- (lost in a hole, or past the end) has uncertain content; so has a source slot
--- whose content predates the latest hole at src_seq.
-copy_hop AS (
-  SELECT t.*,
-         CASE WHEN s.seq IS NULL
-                OR (s.gap_mark IS NOT NULL AND coalesce(t.tgt_seq, -1) < s.gap_mark)
-              THEN 1 ELSE 0 END AS hop_unc
-  FROM copy_target t
-  LEFT JOIN kvtrail_events_marked s ON s.pool = t.src_pool AND s.seq = t.src_seq
-),
--- Rule (provenance), level 0: a write's owner is its request, a scrub leaves no
--- owner (-2), a copy of a never-written slot has none either (-1); any other
--- copy points (nxt_*) at the source content event it copied.
-lineage_0 AS (
-  SELECT c.pool, c.slot, c.seq,
-         CASE WHEN c.op = 'scrub' THEN CAST(-2 AS BIGINT)
-              WHEN c.src_pool IS NULL THEN c.request_id
-              WHEN h.tgt_seq IS NULL THEN CAST(-1 AS BIGINT) END AS owner,
-         coalesce(h.hop_unc, 0) AS unc,
-         CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_pool END AS nxt_pool,
-         CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_slot END AS nxt_slot,
-         h.tgt_seq AS nxt_seq
-  FROM content_slots c
-  LEFT JOIN copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND h.dst_seq = c.seq
-),
-",
-        d.table("kvtrail_read_findings"),
-        d.explode("kvtrail_events_marked", "e.op IN ('write', 'scrub')")
+    SELECT pool, slot, seq, 0 AS probe,
+           CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot, CAST(NULL AS BIGINT) AS dst_seq
+    FROM kvtrail_content_slots
+    UNION ALL
+    SELECT src_pool, src_slot, src_seq, 1, pool, slot, seq
+    FROM kvtrail_content_slots WHERE src_pool IS NOT NULL
+  ) p
+) w
+WHERE probe = 1",
+            d.view("kvtrail_copy_target")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (holes, copies): a copy naming a source seq that is not a recorded event
+(lost in a hole, or past the end) has uncertain content; so has a source slot
+whose content predates the latest hole at src_seq.",
+        format!(
+            "{}
+SELECT t.*,
+       CASE WHEN s.seq IS NULL
+              OR (s.gap_mark IS NOT NULL AND coalesce(t.tgt_seq, -1) < s.gap_mark)
+            THEN 1 ELSE 0 END AS hop_unc
+FROM kvtrail_copy_target t
+LEFT JOIN kvtrail_events_marked s ON s.pool = t.src_pool AND s.seq = t.src_seq",
+            d.view("kvtrail_copy_hop")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (provenance), level 0: a write's owner is its request, a scrub leaves no
+owner (-2), a copy of a never-written slot has none either (-1); any other
+copy points (nxt_*) at the source content event it copied.",
+        format!(
+            "{}
+SELECT c.pool, c.slot, c.seq,
+       CASE WHEN c.op = 'scrub' THEN CAST(-2 AS BIGINT)
+            WHEN c.src_pool IS NULL THEN c.request_id
+            WHEN h.tgt_seq IS NULL THEN CAST(-1 AS BIGINT) END AS owner,
+       coalesce(h.hop_unc, 0) AS unc,
+       CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_pool END AS nxt_pool,
+       CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_slot END AS nxt_slot,
+       h.tgt_seq AS nxt_seq
+FROM kvtrail_content_slots c
+LEFT JOIN kvtrail_copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND h.dst_seq = c.seq",
+            d.table("kvtrail_lineage_0")
+        ),
     );
     for k in 1..=lv {
-        let _ = write!(
-            q,
-            "-- Rule (provenance through copies of copies), level {k}: a pending copy takes the
--- owner of the content it points at, or that content's own pointer (pointer jumping).
-lineage_{k} AS (
-  SELECT r.pool, r.slot, r.seq,
-         coalesce(r.owner, t.owner) AS owner,
-         CASE WHEN r.unc = 1 OR t.unc = 1 THEN 1 ELSE 0 END AS unc,
-         t.nxt_pool, t.nxt_slot, t.nxt_seq
-  FROM lineage_{p} r
-  LEFT JOIN lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq
-),
-",
-            p = k - 1
+        stmt(
+            &mut s,
+            &format!(
+                "Rule (provenance through copies of copies), level {k}: a pending copy takes the
+owner of the content it points at, or that content's own pointer (pointer jumping)."
+            ),
+            format!(
+                "{}
+SELECT r.pool, r.slot, r.seq,
+       coalesce(r.owner, t.owner) AS owner,
+       CASE WHEN r.unc = 1 OR t.unc = 1 THEN 1 ELSE 0 END AS unc,
+       t.nxt_pool, t.nxt_slot, t.nxt_seq
+FROM kvtrail_lineage_{p} r
+LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq",
+                d.table(&format!("kvtrail_lineage_{k}")),
+                p = k - 1
+            ),
         );
     }
-    let never = if opts.from_engine_start {
-        "CASE WHEN unc = 1 THEN 'uncertain' ELSE 'blank' END"
-    } else {
-        "'unknown'"
-    };
-    let _ = write!(
-        q,
-        "-- Rule (read): one row per slot read.
-read_x AS ({}),
-read_slots AS (
-  SELECT pool, slot_start + i AS slot, seq, ts_ns, request_id AS reader, gap_mark
-  FROM read_x
-),
--- The content each read slot sees: the latest content event before the read.
-read_probe AS (
-  SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS BIGINT) AS reader,
-         CAST(NULL AS BIGINT) AS ts_ns, CAST(NULL AS BIGINT) AS gap_mark
-  FROM lineage_{lv}
-  UNION ALL
-  SELECT pool, slot, seq, 1, reader, ts_ns, gap_mark FROM read_slots
-),
-read_seen AS (
-  SELECT * FROM (
-    SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
-             OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq
-    FROM read_probe p
-  ) w
-  WHERE probe = 1
-),
--- Rule (holes): content set before the latest hole at the read (or copied from
--- uncertain content) is uncertain. A copy still pending after the last level
--- (deeper than the generator planned for) is uncertain and counted in coverage.
-read_owner AS (
+    stmt(
+        &mut s,
+        "Rule (read): one row per slot read, with the content it sees: the latest
+content event on the slot before the read (same running max as for copies).",
+        format!(
+            "{}
+SELECT * FROM (
+  SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+           OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq
+  FROM (
+    SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS BIGINT) AS reader,
+           CAST(NULL AS BIGINT) AS ts_ns, CAST(NULL AS BIGINT) AS gap_mark
+    FROM kvtrail_lineage_{lv}
+    UNION ALL
+    SELECT pool, slot_start + i, seq, 1, request_id, ts_ns, gap_mark
+    FROM ({}) x
+  ) p
+) w
+WHERE probe = 1",
+            d.view("kvtrail_read_seen"),
+            d.explode("kvtrail_events_marked", "e.op = 'read'")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (holes): content set before the latest hole at the read (or copied from
+uncertain content) is uncertain. A copy still pending after the last level
+(deeper than the generator planned for) is uncertain and counted in coverage.
+Clean reads of the reader's own content are dropped here (they are the bulk).",
+        format!(
+            "{}
+SELECT * FROM (
   SELECT r.pool, r.slot, r.seq, r.ts_ns, r.reader, r.cseq,
          CASE WHEN c.seq IS NULL THEN CAST(-1 AS BIGINT) ELSE c.owner END AS owner,
          CASE WHEN c.nxt_pool IS NOT NULL THEN 1 ELSE 0 END AS unresolved,
          CASE WHEN coalesce(c.unc, 0) = 1 OR c.nxt_pool IS NOT NULL
                 OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
               THEN 1 ELSE 0 END AS unc
-  FROM read_seen r
-  LEFT JOIN lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
-),
--- Rule (share): a grant lets the reader read another request's content while the
--- slot is not written again: granted after the content was set, before the read.
-shares AS (
-  SELECT pool, seq, request_id, slot_start, slot_count FROM kvtrail_events WHERE op = 'share'
-),
-granted AS (
-  SELECT DISTINCT r.pool, r.slot, r.seq
-  FROM read_owner r
-  JOIN shares g ON g.pool = r.pool AND g.request_id = r.reader
-   AND r.slot >= g.slot_start AND r.slot < g.slot_start + g.slot_count
-   AND g.seq > coalesce(r.cseq, -1) AND g.seq < r.seq
-  WHERE r.owner >= 0 AND r.owner <> r.reader
-),
--- Rule (classification): own | shared (clean, dropped) | blank | unknown | foreign.
--- own, shared and blank reads of uncertain content are 'uncertain'.
--- Never written: blank when the capture began with the engine, else unknown.
-classified AS (
+  FROM kvtrail_read_seen r
+  LEFT JOIN kvtrail_lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
+) o
+WHERE unc = 1 OR owner IS NULL OR owner <> reader",
+            d.table("kvtrail_read_owner")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (share): a grant lets the reader read another request's content while the
+slot is not written again: granted after the content was set, before the read.",
+        format!(
+            "{}
+SELECT DISTINCT r.pool, r.slot, r.seq
+FROM kvtrail_read_owner r
+JOIN kvtrail_events g ON g.op = 'share' AND g.pool = r.pool AND g.request_id = r.reader
+ AND r.slot >= g.slot_start AND r.slot < g.slot_start + g.slot_count
+ AND g.seq > coalesce(r.cseq, -1) AND g.seq < r.seq
+WHERE r.owner >= 0 AND r.owner <> r.reader",
+            d.view("kvtrail_granted")
+        ),
+    );
+    let never = if opts.from_engine_start {
+        "CASE WHEN unc = 1 THEN 'uncertain' ELSE 'blank' END"
+    } else {
+        "'unknown'"
+    };
+    stmt(
+        &mut s,
+        "Rule (classification): own | shared (clean, dropped) | blank | unknown | foreign.
+own, shared and blank reads of uncertain content are 'uncertain'.
+Never written: blank when the capture began with the engine, else unknown.
+The result: every read slot that is not a clean own or shared read.",
+        format!(
+            "{}
+SELECT reader, pool, slot, pool * CAST(4294967296 AS BIGINT) + slot AS pslot, seq, ts_ns, kind,
+       CASE WHEN kind = 'foreign' THEN owner END AS source, unc, unresolved
+FROM (
   SELECT r.*,
          CASE WHEN r.unresolved = 1 THEN 'uncertain'
               WHEN r.owner = -1 THEN {never}
@@ -460,19 +495,12 @@ classified AS (
               WHEN r.owner = r.reader OR g.seq IS NOT NULL
                 THEN CASE WHEN r.unc = 1 THEN 'uncertain' END
               ELSE 'foreign' END AS kind
-  FROM read_owner r
-  LEFT JOIN granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
-)
-SELECT reader, pool, slot, pool * CAST(4294967296 AS BIGINT) + slot AS pslot, seq, ts_ns, kind,
-       CASE WHEN kind = 'foreign' THEN owner END AS source, unc, unresolved
-FROM classified
+  FROM kvtrail_read_owner r
+  LEFT JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
+) classified
 WHERE kind IS NOT NULL",
-        d.explode("kvtrail_events_marked", "e.op = 'read'")
-    );
-    stmt(
-        &mut s,
-        "Every read slot that is not a clean own or shared read (the lineage).",
-        q,
+            d.table("kvtrail_read_findings")
+        ),
     );
 
     let tenant = |id: &str, q: &str| {
