@@ -214,6 +214,42 @@ fn unknown_pool_id() {
 }
 
 #[test]
+fn reserved_request_ids_are_refused_not_misread() {
+    // u64::MAX and u64::MAX - 1 are the replay's never-written / scrubbed
+    // markers; a trace using them must fail loudly, in kv and in requests.
+    for id in [u64::MAX, u64::MAX - 1] {
+        let (_d, t) = fresh();
+        let mut evs = pool0_events();
+        evs[2].request_id = id;
+        replace_pool0(&t, kv_cols(&evs));
+        check_bad(
+            &t,
+            &[
+                POOL0,
+                "row 2",
+                "column `request_id`",
+                &format!("request_id {id}"),
+            ],
+            1,
+        );
+    }
+    let (_d, t) = fresh();
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("request_id", arr(UInt64Array::from(vec![1u64, u64::MAX]))),
+        ("tenant", arr(StringArray::from(vec!["a", "b"]))),
+        (
+            "arrival_ns",
+            arr(arrow_array::Int64Array::from(vec![1i64, 2])),
+        ),
+        ("prompt_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
+        ("output_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
+        ("http_status", arr(UInt16Array::from(vec![200u16, 200]))),
+    ];
+    write_parquet(&t.join(REQS), cols, Compression::UNCOMPRESSED);
+    check_bad(&t, &[REQS, "row 1", "column `request_id`", "reserves"], 1);
+}
+
+#[test]
 fn unknown_pool_id_in_requests() {
     let (_d, t) = fresh();
     let cols: Vec<(&str, ArrayRef)> = vec![

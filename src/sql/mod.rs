@@ -3,9 +3,10 @@
 //! warehouse or an object store (DuckDB, Spark, Trino).
 //!
 //! The generated script is a list of statements, each preceded by comments:
-//! typed views over the raw Parquet, one materialised table of every
-//! non-clean read slot (a single `WITH` query, one CTE per rule of the
-//! "Semantics" section), and the result views, which mirror `scope --out`:
+//! typed views over the raw Parquet, one statement per rule of the
+//! "Semantics" section (views, and tables for the stages read more than
+//! once, ending in the table of every non-clean read slot), and the result
+//! views, which mirror `scope --out`:
 //! `kvtrail_affected_responses`, `kvtrail_response_sources`,
 //! `kvtrail_recipients`, `kvtrail_sources`, `kvtrail_blank_reads`,
 //! `kvtrail_gaps`, `kvtrail_copies_past_end`, `kvtrail_coverage`.
@@ -35,11 +36,11 @@ pub enum Dialect {
     /// DuckDB: `read_parquet` over `<path>/kv/**/*.parquet`, temp tables.
     Duckdb,
     /// Spark SQL: temporary views `USING parquet` (recursive file lookup),
-    /// `CACHE TABLE` for the materialised read findings.
+    /// `CACHE TABLE` for the materialised stages.
     Spark,
     /// Trino: `<path>` is `catalog.schema` holding tables `kv` and
-    /// `requests`; the findings table is created with CTAS (needs a writable
-    /// schema).
+    /// `requests`; the materialised stages are created with CTAS (needs a
+    /// writable schema).
     Trino,
 }
 

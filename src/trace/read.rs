@@ -610,6 +610,9 @@ impl KvFileReader {
                 )
             })?;
             last_pool = (pool[i], cap);
+            if rid[i] > MAX_REQUEST_ID {
+                return Err(reserved_id(loc(kv_col::REQUEST_ID), rid[i]));
+            }
             if count[i] == 0 {
                 return Err(Error::invalid(
                     loc(kv_col::SLOT_COUNT),
@@ -838,6 +841,14 @@ impl RequestFileReader {
                     "number requests from 1",
                 ));
             }
+            if rid[i] > MAX_REQUEST_ID {
+                return Err(reserved_id(
+                    Location::file(p)
+                        .row(r0 + i as u64)
+                        .column(req_col::REQUEST_ID),
+                    rid[i],
+                ));
+            }
             out.push(RequestRecord {
                 request_id: rid[i],
                 external_id: ext.as_ref().and_then(|v| v[i].clone()),
@@ -977,4 +988,18 @@ impl Iterator for KvIndexReader {
         }
         Some(res)
     }
+}
+
+/// The highest request id this version replays: the two ids above it are
+/// the replay's per-slot markers for never-written and scrubbed content
+/// (`replay::backend::NEVER`, `SCRUBBED`), so a trace using them would be
+/// misread. They are refused, never silently misclassified.
+pub const MAX_REQUEST_ID: u64 = u64::MAX - 2;
+
+fn reserved_id(loc: Location, id: u64) -> Error {
+    Error::invalid(
+        loc,
+        format!("request_id {id} is one of the two highest UInt64 values, which kvtrail reserves"),
+        "map request ids to values below 18446744073709551614 (e.g. number them from 1) and keep the original id in external_id",
+    )
 }
