@@ -66,6 +66,8 @@ fn start(tune: impl FnOnce(&mut RecordConfig)) -> Rig {
 }
 
 impl Rig {
+    /// A connection whose hello the sidecar has acknowledged (its claim
+    /// on `pools` holds when this returns).
     fn connect(&self, pools: &[u16]) -> UnixStream {
         let mut c = UnixStream::connect(&self.sock).unwrap();
         writeln!(
@@ -74,6 +76,13 @@ impl Rig {
             serde_json::json!({"type": "hello", "pools": pools, "worker": "test"})
         )
         .unwrap();
+        // A missing reply fails the test instead of hanging it.
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = String::new();
+        BufReader::new(&c).read_line(&mut reply).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+        assert_eq!(v["type"], "welcome", "{reply}");
+        assert_eq!(v["pools"], serde_json::json!(pools), "{reply}");
         c
     }
     fn stop(self) -> (RecordSummary, Trace, tempfile::TempDir, PathBuf) {
@@ -157,10 +166,8 @@ fn forged_events_and_pool_claims_are_rejected() {
     writeln!(a, r#"{{"type":"lost","pool":3,"n":9}}"#).unwrap(); // also a forgery
     writeln!(a, "{}", kv(0, 1, "write", 0, 4)).unwrap();
     a.flush().unwrap();
-    // Let the sidecar take `a`'s claim on pool 0 before the second hello
-    // (its hello is handled on its own connection thread).
-    std::thread::sleep(Duration::from_millis(300));
-    // A second live connection may not claim pool 0; unknown pools neither.
+    // `a`'s claim on pool 0 holds (connect read its welcome). A second live
+    // connection may not claim pool 0; unknown pools neither.
     for hello in [
         r#"{"type":"hello","pools":[0]}"#,
         r#"{"type":"hello","pools":[9]}"#,
@@ -177,8 +184,34 @@ fn forged_events_and_pool_claims_are_rejected() {
     let (sum, t, _d, _) = rig.stop();
     assert_eq!(sum.stats.rejected_forged, 2);
     assert_eq!(sum.stats.rejected_hello, 2);
+    assert_eq!(sum.stats.refused_claims, 2);
     assert_eq!(seqs(&t, 0), vec![0, 1]);
     assert!(seqs(&t, 1).is_empty() && seqs(&t, 3).is_empty());
+    // The refused hellos were processes meant to record pools 0 and 9:
+    // whatever they saw is not in the trace, so it is not complete.
+    assert!(!sum.complete);
+}
+
+#[test]
+fn forged_lines_alone_leave_the_capture_complete() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[0]);
+    writeln!(a, "{}", kv(0, 1, "alloc", 0, 4)).unwrap();
+    writeln!(a, "{}", kv(1, 1, "write", 0, 4)).unwrap(); // pool 1: not declared
+    writeln!(a, "{}", kv(0, 1, "write", 0, 4)).unwrap();
+    // Not a hello at all (a port probe): refused, but no pool's evidence.
+    let mut b = UnixStream::connect(&rig.sock).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    writeln!(b, "GET / HTTP/1.0").unwrap();
+    let mut reply = String::new();
+    BufReader::new(&b).read_line(&mut reply).unwrap();
+    assert!(reply.contains(r#""type":"error""#), "{reply}");
+    drop((a, b));
+    let (sum, t, _d, _) = rig.stop();
+    assert_eq!(sum.stats.rejected_forged, 1);
+    assert_eq!(sum.stats.rejected_hello, 1);
+    assert_eq!(sum.stats.refused_claims, 0);
+    assert_eq!(seqs(&t, 0), vec![0, 1]);
     // Forged lines are not lost evidence of any pool: the capture is complete.
     assert!(sum.complete);
 }
@@ -454,7 +487,6 @@ fn connections_beyond_the_limit_are_refused() {
     let rig = start(|c| c.max_connections = 2);
     let a = rig.connect(&[0]);
     let b = rig.connect(&[1]);
-    std::thread::sleep(Duration::from_millis(200));
     let c = UnixStream::connect(&rig.sock).unwrap();
     let mut reply = String::new();
     BufReader::new(&c).read_line(&mut reply).unwrap();

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::{kvtrail, s};
 use kvtrail::schema::{KvEvent, Op};
-use kvtrail::trace::Trace;
+use kvtrail::trace::{Manifest, Trace};
 
 fn venv_python() -> Option<PathBuf> {
     let venv = std::env::var_os("KVTRAIL_SGLANG_VENV")
@@ -406,8 +406,28 @@ fn hook_counts_loss_instead_of_stalling() {
         st["calls"].as_u64().unwrap(),
         "{p}"
     );
+    // The refused claim (step 4 below) leaves the capture incomplete: the
+    // files verify, the capture does not.
     let v = kvtrail(&["verify", s(&out)]);
-    assert_eq!(v.code, 0, "{}", v.stdout);
+    assert_eq!(v.code, 1, "{}", v.stdout);
+    assert!(
+        v.stdout.contains("capture.complete is false") && !v.stdout.contains("digest"),
+        "{}",
+        v.stdout
+    );
+    let m = Manifest::load(&out).unwrap();
+    assert!(!m.capture.complete);
     // TP rank 1's allocator is marked not captured (-1); rank 0's is left alone.
     assert_eq!(facts["tp_rank_pools"], serde_json::json!([-1, null]));
+    // Pool 0 held by another connection: the hook's hello is refused, it
+    // sends nothing, and counts all 200 events (100 alloc + 100 free) lost.
+    let c = &facts["claimed"];
+    assert_eq!(c["holder_welcome"]["type"], "welcome", "{c}");
+    assert_eq!(c["sent_lines"], 0, "{c}");
+    assert_eq!(c["lost_sidecar_down"], 200, "{c}");
+    assert!(c["connect_failures"].as_u64().unwrap() >= 1, "{c}");
+    assert!(
+        side_err.contains("already claimed by live connection"),
+        "{side_err}"
+    );
 }

@@ -86,6 +86,7 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     for p in &pools {
         if shared.deployment.pool(*p).is_none() {
             let e = format!("hello declares pool {p}, which the deployment does not list");
+            shared.stats.refused_claims.fetch_add(1, Ordering::Relaxed);
             return refuse(stream, &shared, id, &e);
         }
     }
@@ -95,6 +96,7 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
             let other = claims[p].clone();
             drop(claims);
             let e = format!("pool {p} is already claimed by live connection {other}");
+            shared.stats.refused_claims.fetch_add(1, Ordering::Relaxed);
             return refuse(stream, &shared, id, &e);
         }
         let name = format!("#{id} {}", hello.worker);
@@ -117,6 +119,21 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         "connection #{id} ({}) declares pools {:?}",
         hello.worker, pools
     ));
+    // The claim holds: say so, so a client knows its events will be kept
+    // (a refused hello gets an `error` line instead, then the close).
+    let welcome = serde_json::json!({"type": "welcome", "connection": id, "pools": pools});
+    if reader
+        .get_mut()
+        .write_all(format!("{welcome}\n").as_bytes())
+        .is_err()
+    {
+        // The client is gone before its first event: release the claim.
+        let mut claims = shared.claims.lock().expect("claims lock");
+        for p in &pools {
+            claims.remove(p);
+        }
+        return;
+    }
     let mut c = Conn {
         id,
         name: hello.worker,

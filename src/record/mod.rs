@@ -149,6 +149,10 @@ pub struct Stats {
     /// Transfer commits whose prefill side never arrived (holes).
     pub copies_unresolved: AtomicU64,
     pub rejected_hello: AtomicU64,
+    /// Well-formed hellos refused (a pool held by another live connection,
+    /// or not in the deployment): a process meant to record those pools and
+    /// its events are not in the trace, so the capture is incomplete.
+    pub refused_claims: AtomicU64,
     /// Malformed events of a known pool (each a hole in that pool).
     pub rejected_malformed: AtomicU64,
     /// Events for pools the connection did not declare.
@@ -173,6 +177,7 @@ pub struct StatsSnapshot {
     pub lost_max_bytes: u64,
     pub copies_unresolved: u64,
     pub rejected_hello: u64,
+    pub refused_claims: u64,
     pub rejected_malformed: u64,
     pub rejected_forged: u64,
     pub rejected_contract: u64,
@@ -194,6 +199,7 @@ impl Stats {
             lost_max_bytes: g(&self.lost_max_bytes),
             copies_unresolved: g(&self.copies_unresolved),
             rejected_hello: g(&self.rejected_hello),
+            refused_claims: g(&self.refused_claims),
             rejected_malformed: g(&self.rejected_malformed),
             rejected_forged: g(&self.rejected_forged),
             rejected_contract: g(&self.rejected_contract),

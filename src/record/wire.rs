@@ -1,7 +1,11 @@
 //! The sidecar's wire protocol: one JSON object per line.
 //!
 //! A connection starts with a `hello` line declaring the pools it speaks
-//! for. After that every line is one of:
+//! for. The sidecar answers one line: `{"type":"welcome","connection":N,
+//! "pools":[..]}` when the claim holds, or `{"type":"error","error":".."}`
+//! and a close when it is refused (unknown pool, a pool held by another
+//! live connection, too many connections). After that every line the
+//! client sends is one of:
 //!
 //! - a KV event or a request, exactly the `kvtrail ingest` shape
 //!   (docs/jsonl.md), parsed by [`crate::capture::jsonl::parse_line`];

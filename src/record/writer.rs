@@ -513,8 +513,10 @@ impl W<'_> {
                 trailing.insert(pool.to_string(), (next - written).into());
             }
         }
-        let unattributed =
-            s.rejected_unattributed > 0 || self.stopped_at_max || !trailing.is_empty();
+        let unattributed = s.rejected_unattributed > 0
+            || s.refused_claims > 0
+            || self.stopped_at_max
+            || !trailing.is_empty();
         rec.set_capture_extra(
             "record",
             serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),

@@ -9,6 +9,8 @@
    interval) with a 64-event queue: events are dropped and counted; the
    count reaches the live sidecar as a `lost` line in stream order.
 3. An allocator built on tensor-parallel rank 1 is marked not captured.
+4. Pool claimed by another live connection: the sidecar refuses the
+   hook's hello; the hook sends nothing and counts every event as lost.
 Prints one JSON line of facts.
 """
 
@@ -66,6 +68,23 @@ def main():
         guard.append(getattr(a, "_kvtrail_pool", None))
     kh.uninstall()
     facts["tp_rank_pools"] = guard
+
+    # Pool 0 held by another live connection: the hook's hello is refused.
+    import socket
+
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.settimeout(10)
+    holder.connect(sock)
+    holder.sendall(b'{"type":"hello","pools":[0],"worker":"holder"}\n')
+    welcome = holder.recv(4096)
+    kh.install(capture="unix:" + sock, pools=[0], roles={}, worker="refused")
+    a = kh.tag(TokenToKVPoolAllocator(4096, torch.float32, "cpu", None, True), 0)
+    work(a, 100)
+    kh.flush(30)
+    st = list(kh.stats().values())[0]
+    kh.uninstall()
+    holder.close()
+    facts["claimed"] = {"holder_welcome": json.loads(welcome), **st}
     print(json.dumps(facts, sort_keys=True))
 
 

@@ -143,7 +143,30 @@ class Client:
             s.close()
             raise
         hello = {"type": "hello", "pools": self.pools, "worker": self.worker}
-        s.sendall((json.dumps(hello) + "\n").encode())
+        try:
+            s.sendall((json.dumps(hello) + "\n").encode())
+            # The sidecar answers one line: welcome (the claim holds) or
+            # error (refused: unknown pool, pool held by another live
+            # connection, too many connections). Until a welcome, nothing is
+            # sent: events go to the loss counters, never into a refused
+            # connection.
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise OSError("the sidecar closed the connection before answering the hello")
+                reply += chunk
+                if len(reply) > 1 << 16:
+                    raise OSError("the sidecar's answer to the hello is too long")
+            try:
+                ans = json.loads(reply)
+            except ValueError:
+                raise OSError(f"the sidecar's answer to the hello is not JSON: {reply[:200]!r}")
+            if ans.get("type") != "welcome":
+                raise OSError(f"the sidecar refused the hello: {ans.get('error', ans)}")
+        except OSError:
+            s.close()
+            raise
         self.sock = s
 
     def _format(self, item, out):
