@@ -213,6 +213,21 @@ fn unknown_pool_id() {
     );
 }
 
+/// The required columns of a two-row requests table with these ids.
+fn two_requests(ids: [u64; 2]) -> Vec<(&'static str, ArrayRef)> {
+    vec![
+        ("request_id", arr(UInt64Array::from(ids.to_vec()))),
+        ("tenant", arr(StringArray::from(vec!["a", "b"]))),
+        (
+            "arrival_ns",
+            arr(arrow_array::Int64Array::from(vec![1i64, 2])),
+        ),
+        ("prompt_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
+        ("output_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
+        ("http_status", arr(UInt16Array::from(vec![200u16, 200]))),
+    ]
+}
+
 #[test]
 fn reserved_request_ids_are_refused_not_misread() {
     // u64::MAX and u64::MAX - 1 are the replay's never-written / scrubbed
@@ -234,17 +249,7 @@ fn reserved_request_ids_are_refused_not_misread() {
         );
     }
     let (_d, t) = fresh();
-    let cols: Vec<(&str, ArrayRef)> = vec![
-        ("request_id", arr(UInt64Array::from(vec![1u64, u64::MAX]))),
-        ("tenant", arr(StringArray::from(vec!["a", "b"]))),
-        (
-            "arrival_ns",
-            arr(arrow_array::Int64Array::from(vec![1i64, 2])),
-        ),
-        ("prompt_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
-        ("output_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
-        ("http_status", arr(UInt16Array::from(vec![200u16, 200]))),
-    ];
+    let cols = two_requests([1, u64::MAX]);
     write_parquet(&t.join(REQS), cols, Compression::UNCOMPRESSED);
     check_bad(&t, &[REQS, "row 1", "column `request_id`", "reserves"], 1);
 }
@@ -252,18 +257,8 @@ fn reserved_request_ids_are_refused_not_misread() {
 #[test]
 fn unknown_pool_id_in_requests() {
     let (_d, t) = fresh();
-    let cols: Vec<(&str, ArrayRef)> = vec![
-        ("request_id", arr(UInt64Array::from(vec![1u64, 2]))),
-        ("tenant", arr(StringArray::from(vec!["a", "b"]))),
-        (
-            "arrival_ns",
-            arr(arrow_array::Int64Array::from(vec![1i64, 2])),
-        ),
-        ("prompt_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
-        ("output_tokens", arr(UInt32Array::from(vec![1u32, 2]))),
-        ("http_status", arr(UInt16Array::from(vec![200u16, 200]))),
-        ("decode_pool", arr(UInt16Array::from(vec![1u16, 9]))),
-    ];
+    let mut cols = two_requests([1, 2]);
+    cols.push(("decode_pool", arr(UInt16Array::from(vec![1u16, 9]))));
     write_parquet(&t.join(REQS), cols, Compression::UNCOMPRESSED);
     check_bad(
         &t,

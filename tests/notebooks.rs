@@ -25,6 +25,9 @@
 //! otherwise. The check that notebooks are committed without outputs needs
 //! no venv.
 
+#[path = "shared/venv.rs"]
+mod venv;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -45,35 +48,6 @@ fn repo() -> PathBuf {
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_kvtrail")
-}
-
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("KVTRAIL_NOTEBOOK_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("KVTRAIL_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/kvtrail")
-                });
-            cache.join("venv-notebooks")
-        });
-    let py = venv.join("bin/python");
-    if py.is_file() {
-        return Some(py);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI is set but the notebooks venv is missing at {}: run .ci/setup.d/60-notebooks.sh",
-            venv.display()
-        );
-    }
-    eprintln!(
-        "SKIP: no notebooks venv at {} (run .ci/setup.d/60-notebooks.sh)",
-        venv.display()
-    );
-    None
 }
 
 /// Runs a command; panics with its output unless its exit code is in `ok`.
@@ -247,7 +221,9 @@ fn notebooks_are_committed_without_outputs_and_with_parameters_first() {
 
 #[test]
 fn notebooks_run_on_a_simulated_incident() {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::NOTEBOOKS.python() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("incident");
     kvtrail(
@@ -297,7 +273,9 @@ fn notebooks_run_on_a_simulated_incident() {
 
 #[test]
 fn notebooks_run_on_a_trace_from_another_writer() {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::NOTEBOOKS.python() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let sim = tmp.path().join("sim");
     kvtrail(
@@ -350,7 +328,9 @@ fn notebooks_run_on_a_trace_from_another_writer() {
 
 #[test]
 fn notebooks_run_on_the_ingested_tour_trace_with_lost_events() {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::NOTEBOOKS.python() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("tour");
     let data = repo().join("tests/data/jsonl");
@@ -387,7 +367,9 @@ fn notebooks_run_on_the_ingested_tour_trace_with_lost_events() {
 
 #[test]
 fn notebooks_run_with_their_defaults_on_the_built_in_trace() {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::NOTEBOOKS.python() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     execute(
         &py,

@@ -13,6 +13,8 @@
 //! message.
 
 mod common;
+#[path = "shared/venv.rs"]
+mod venv;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -22,40 +24,6 @@ use std::time::{Duration, Instant};
 use common::{kvtrail, s};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::{Manifest, Trace};
-
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("KVTRAIL_SGLANG_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("KVTRAIL_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/kvtrail")
-                });
-            cache.join("venv-sglang-0.5.19")
-        });
-    let py = venv.join("bin/python");
-    let ok = py.exists()
-        && Command::new(&py)
-            .args(["-c", "import blake3, sglang, torch"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    if ok {
-        return Some(py);
-    }
-    let msg = format!(
-        "the SGLang CPU venv ({}) with blake3 is missing: run .ci/setup.d/30-sglang.sh and .ci/setup.d/31-kvtrail-sglang-hook.sh",
-        venv.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED record_sglang: {msg}");
-    None
-}
 
 fn wait_for(path: &Path) {
     let t = Instant::now();
@@ -229,7 +197,7 @@ fn with_sidecar(
 
 #[test]
 fn sglang_cpu_capture_finds_the_planted_foreign_read() {
-    let Some(py) = venv_python() else {
+    let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();
@@ -382,7 +350,7 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
 
 #[test]
 fn hook_counts_loss_instead_of_stalling() {
-    let Some(py) = venv_python() else {
+    let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();

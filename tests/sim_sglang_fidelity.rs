@@ -11,8 +11,10 @@
 //! `CI` set a missing venv fails the test; elsewhere it is skipped with a
 //! message saying how to set it up.
 
+#[path = "shared/venv.rs"]
+mod venv;
+
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use kvtrail::sim::alloc::{
@@ -22,34 +24,11 @@ use kvtrail::sim::alloc::{
 use kvtrail::sim::workload::Rng;
 use serde_json::{Value, json};
 
-fn venv() -> PathBuf {
-    if let Some(v) = std::env::var_os("KVTRAIL_SGLANG_VENV") {
-        return v.into();
-    }
-    let cache = std::env::var_os("KVTRAIL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvtrail")
-        });
-    cache.join("venv-sglang-0.5.19")
-}
-
 /// Runs the driver under one sglang version; None when the venv is absent
 /// outside CI.
 fn driver(input: &Value, current: bool) -> Option<Value> {
-    let v = venv();
-    let python = v.join("bin/python");
-    if !python.exists() {
-        let msg = format!(
-            "the sglang virtualenv is missing ({}): run .ci/setup.d/30-sglang.sh",
-            python.display()
-        );
-        if std::env::var_os("CI").is_some() {
-            panic!("{msg}");
-        }
-        eprintln!("SKIPPED (not in CI): {msg}");
-        return None;
-    }
+    let python = venv::SGLANG.python()?;
+    let v = python.parent()?.parent()?.to_path_buf();
     let mut cmd = Command::new(&python);
     cmd.arg(concat!(
         env!("CARGO_MANIFEST_DIR"),

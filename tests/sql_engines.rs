@@ -14,6 +14,8 @@
 
 #[path = "scope_common/mod.rs"]
 mod common;
+#[path = "shared/venv.rs"]
+mod venv;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,35 +26,6 @@ use kvtrail::scope::ScopeReport;
 use kvtrail::sql::{Dialect, SqlOptions, generate};
 use kvtrail::trace::{Manifest, Role};
 use serde_json::Value;
-
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("KVTRAIL_SQL_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("KVTRAIL_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/kvtrail")
-                });
-            cache.join("venv-sql")
-        });
-    let py = venv.join("bin/python");
-    if py.is_file() {
-        return Some(py);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI is set but the SQL engines venv is missing at {}: run .ci/setup.d/50-sql.sh",
-            venv.display()
-        );
-    }
-    eprintln!(
-        "SKIP: no SQL engines venv at {} (run .ci/setup.d/50-sql.sh)",
-        venv.display()
-    );
-    None
-}
 
 // ---------------------------------------------------------------- traces
 
@@ -476,7 +449,7 @@ fn sql_lines(res: &Value) -> Vec<String> {
 /// Runs every trace through `engine` in one engine process and compares
 /// each result with the native scope report of the same trace.
 fn check(engine: &str, dialect: Dialect, cases: &[(String, PathBuf)]) {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::SQL.python() else { return };
     let work = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
     let mut want = BTreeMap::new();

@@ -51,6 +51,19 @@ def scalar(v):
     return v
 
 
+def duckdb_views(con):
+    """Every result view of a DuckDB connection, rows sorted."""
+    res = {}
+    for v in VIEWS:
+        cur = con.execute(f"SELECT * FROM {v}")
+        cols = [c[0] for c in cur.description]
+        res[v] = sorted(
+            (dict(zip(cols, map(scalar, r))) for r in cur.fetchall()),
+            key=lambda d: json.dumps(d, sort_keys=True),
+        )
+    return res
+
+
 def main():
     engine, jobs_path, out_path = sys.argv[1:4]
     jobs = json.load(open(jobs_path))
@@ -64,14 +77,7 @@ def main():
             t = time.time()
             for st in statements(open(job["sql"]).read()):
                 con.execute(st)
-            res = {}
-            for v in VIEWS:
-                cur = con.execute(f"SELECT * FROM {v}")
-                cols = [c[0] for c in cur.description]
-                res[v] = sorted(
-                    (dict(zip(cols, map(scalar, r))) for r in cur.fetchall()),
-                    key=lambda d: json.dumps(d, sort_keys=True),
-                )
+            res = duckdb_views(con)
             res["_secs"] = time.time() - t
             results[job["name"]] = res
             con.close()
@@ -98,14 +104,7 @@ def main():
                         con.execute(duck)
                     except Exception as e:
                         sys.exit(f"{job['name']}: {e}\n-- Trino:\n{st}\n-- as DuckDB:\n{duck}")
-            res = {}
-            for v in VIEWS:
-                cur = con.execute(f"SELECT * FROM {v}")
-                cols = [c[0] for c in cur.description]
-                res[v] = sorted(
-                    (dict(zip(cols, map(scalar, r))) for r in cur.fetchall()),
-                    key=lambda d: json.dumps(d, sort_keys=True),
-                )
+            res = duckdb_views(con)
             res["_secs"] = time.time() - t
             results[job["name"]] = res
             con.close()
