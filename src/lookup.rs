@@ -125,7 +125,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
                 foreign_tokens: a.foreign_tokens,
                 exposed_tokens: a.exposed_tokens,
                 other_customer_data: a.cross_tenant,
-                confidence: a.confidence.clone(),
+                confidence: a.confidence.as_str().into(),
                 first_exposure_ns: a.first_read_ns,
                 last_exposure_ns: a.last_read_ns,
             },
@@ -135,12 +135,12 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
                 responses: 0,
                 tokens: 0,
                 reached_other_customers: false,
-                confidence: s.confidence.clone(),
+                confidence: s.confidence.as_str().into(),
             });
             e.responses += 1;
             e.tokens += s.tokens;
             e.reached_other_customers |= s.cross_tenant;
-            if s.confidence == "confirmed" {
+            if s.confidence == crate::scope::model::Confidence::Confirmed {
                 e.confidence = "confirmed".into();
             }
         }

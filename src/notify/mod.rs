@@ -23,7 +23,7 @@ mod letter;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 pub use config::NotifyConfig;
 
@@ -33,82 +33,8 @@ use crate::report::index;
 use crate::report::text::utc;
 use crate::scope::{ENGINE_TENANT, UNKNOWN_TENANT};
 
-/// The parts of summary.json that notify reads (see `scope::model`).
-#[derive(Debug, Clone, Deserialize)]
-pub struct Summary {
-    pub format: String,
-    pub version: u32,
-    pub verdict: String,
-    pub deployment: SumDeployment,
-    pub time_window: SumWindow,
-    pub counts: SumCounts,
-    pub affected_responses: Vec<SumResponse>,
-    pub coverage: SumCoverage,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct SumDeployment {
-    pub name: String,
-    pub engine: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct SumWindow {
-    pub first_exposure_ns: Option<i64>,
-    pub last_exposure_ns: Option<i64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct SumCounts {
-    pub requests: u64,
-    pub affected_responses: u64,
-    pub confirmed_responses: u64,
-    pub possible_responses: u64,
-    pub cross_tenant_responses: u64,
-    pub foreign_tokens: u64,
-    pub recipient_tenants: u64,
-    pub source_tenants: u64,
-    pub source_requests: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct SumResponse {
-    pub request_id: u64,
-    pub external_id: Option<String>,
-    pub tenant: String,
-    pub arrival_ns: Option<i64>,
-    pub finish_ns: Option<i64>,
-    pub http_status: Option<u16>,
-    pub prompt_tokens: Option<u32>,
-    pub prefilled_tokens: Option<u32>,
-    pub output_hash: Option<String>,
-    pub foreign_tokens: u64,
-    pub exposed_tokens: u64,
-    pub cross_tenant: bool,
-    pub confidence: String,
-    pub first_read_ns: i64,
-    pub last_read_ns: i64,
-    pub sources: Vec<SumSource>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct SumSource {
-    pub request_id: u64,
-    pub external_id: Option<String>,
-    pub tenant: String,
-    pub tokens: u64,
-    pub first_ts_ns: i64,
-    pub last_ts_ns: i64,
-    pub cross_tenant: bool,
-    pub confidence: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct SumCoverage {
-    pub complete: bool,
-    #[serde(default)]
-    pub notes: Vec<String>,
-}
+/// summary.json, as `scope` (or `merge`) wrote it.
+pub use crate::scope::model::ScopeReport as Summary;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -417,7 +343,7 @@ pub fn notify(
                     foreign_tokens: a.foreign_tokens,
                     exposed_tokens: a.exposed_tokens,
                     other_customer_data: a.cross_tenant,
-                    confidence: a.confidence.clone(),
+                    confidence: a.confidence.as_str().into(),
                     first_exposure_ns: a.first_read_ns,
                     last_exposure_ns: a.last_read_ns,
                 });
@@ -445,14 +371,14 @@ pub fn notify(
                     tokens: 0,
                     responses: 0,
                     reached_other_customers: false,
-                    confidence: s.confidence.clone(),
+                    confidence: s.confidence.as_str().into(),
                     first_exposure_ns: s.first_ts_ns,
                     last_exposure_ns: s.last_ts_ns,
                 });
             e.tokens += s.tokens;
             e.responses += 1;
             e.reached_other_customers |= s.cross_tenant;
-            e.confidence = conf_min(&e.confidence, &s.confidence);
+            e.confidence = conf_min(&e.confidence, s.confidence.as_str());
             e.first_exposure_ns = e.first_exposure_ns.min(s.first_ts_ns);
             e.last_exposure_ns = e.last_exposure_ns.max(s.last_ts_ns);
         }
