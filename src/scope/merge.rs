@@ -235,6 +235,8 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         .flat_map(|(r, _)| r.coverage.requests_missing.iter().copied())
         .collect();
     cov.requests_missing = missing.into_iter().collect();
+    // Shards report disjoint pools: their engine slots add up.
+    cov.engine_reads = parts.iter().map(|(r, _)| r.coverage.engine_reads).sum();
     cov.complete = cov.capture_complete
         && cov.gaps.is_empty()
         && cov.copies_past_end.is_empty()
