@@ -30,7 +30,7 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pool {
     pub id: u16,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
     pub role: Role,
     pub capacity_tokens: u64,
@@ -45,12 +45,23 @@ fn one() -> u32 {
     1
 }
 
+/// Optional keys written as JSON `null` by other writers (an unknown
+/// `ended_ns` of a capture that did not close, a nameless pool) read as if
+/// absent.
+fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// The serving deployment the trace was captured on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Deployment {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub engine: String,
     pub context_window: u64,
     pub pools: Vec<Pool>,
@@ -105,13 +116,13 @@ impl Deployment {
 /// How the trace was captured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Capture {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub writer: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub started_ns: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ended_ns: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub complete: bool,
     /// True when capture began with the engine's pools empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +145,7 @@ pub struct Manifest {
     pub format: String,
     pub version: u64,
     pub deployment: Deployment,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub capture: Capture,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<FileEntry>>,

@@ -189,7 +189,10 @@ def requests_file(rows, trace, **kw):
 def case(name, why, man, kv=None, reqs=None, layout=None, **expect):
     """Registers a case. `layout(trace)` writes the data files itself when
     the default (one file per pool under kv/pool=N/, one requests file) is
-    not what the case is about."""
+    not what the case is about. A trace that scope reads is one that
+    inspect reads too."""
+    if "inspect" not in expect and expect.get("scope", {}).get("exit", 0) == 0:
+        expect["inspect"] = 0
     CASES.append((name, why, man, kv, reqs, layout, expect))
 
 
@@ -1121,6 +1124,44 @@ case("layout_hidden_parquet_files",
      "reading note: *.parquet under names starting with _ or . (Spark _temporary/, hidden copies) are "
      "skipped like _SUCCESS; verify names them so rows cannot vanish unseen",
      manifest(), layout=hidden_parquet, verify=1, scope=BASE)
+
+
+
+_m = manifest(complete=False)
+_m["deployment"] = {**_m["deployment"], "name": None, "engine": None,
+                    "pools": [{**p, "name": None} for p in PD]}
+_m["capture"] = {**_m["capture"], "writer": None, "ended_ns": None}
+case("manifest_null_optional_values",
+     "optional keys written as null (an unknown ended_ns of a capture that did not close): as if absent",
+     _m, base_events(), REQS3, verify=1,
+     scope=dict(exit=0, affected=foreign(2, {1: 4}, "possible"), coverage_complete=False))
+
+
+def s_copy_mixed_owners():
+    p0, p1 = Stream(0), Stream(1)
+    p0(1, "write", 4, 2, 0)
+    a = p0(3, "write", 6, 2, 2)
+    p1(2, "write", 8, 4, 0, src=(0, 4, a)); p1(2, "read", 8, 4, 0)
+    return p0.events + p1.events
+
+
+case("sem_copy_per_slot_owners",
+     "copy: EACH destination slot takes the owner of the matching source slot",
+     manifest(), s_copy_mixed_owners(), REQS3, verify=0,
+     scope=dict(exit=0, affected=foreign(2, {1: 2, 3: 2}), coverage_complete=True))
+
+
+def s_copy_from_before_hole():
+    p0, p1 = Stream(0), Stream(1)
+    p0(1, "write", 4, 4, 0); p0.lose(1); a = p0(1, "free", 4, 4)
+    p1(2, "write", 8, 4, 0, src=(0, 4, a)); p1(2, "read", 8, 4, 0)
+    return p0.events + p1.events
+
+
+case("sem_copy_of_content_older_than_a_source_hole",
+     "a copy reads source state that a lost event may have changed: lowered confidence follows the copy",
+     manifest(), s_copy_from_before_hole(), REQS3, verify=0,
+     scope=dict(exit=0, affected={"2": {"confidence": "possible"}}, coverage_complete=False))
 
 for c in CASES:
     finish(*c)
