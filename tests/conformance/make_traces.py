@@ -1163,6 +1163,46 @@ case("sem_copy_of_content_older_than_a_source_hole",
      manifest(), s_copy_from_before_hole(), REQS3, verify=0,
      scope=dict(exit=0, affected={"2": {"confidence": "possible"}}, coverage_complete=False))
 
+
+
+def big_file(bad_row):
+    def lay(trace):
+        # 80,000 events in one pool: R1 writes and reads its own slot, over
+        # and over, in row groups of 10,000 (several reader batches).
+        n = 80_000
+        evs = []
+        for i in range(n):
+            op = "write" if i % 2 == 0 else "read"
+            evs.append(ev(1, i, 1, op, 4, 4, 0))
+        t = table(evs, KV_TYPES)
+        if bad_row is not None:
+            ops = t.column("op").to_pylist()
+            ops[bad_row] = "evict"
+            t = t.set_column(t.schema.get_field_index("op"), "op", pa.array(ops))
+        write(f"{trace}/kv/pool=1/part-0.parquet", t, row_group_size=10_000)
+        requests_file(REQS3, trace)
+    return lay
+
+
+case("layout_many_row_groups", "files of many row groups and batches read like small ones",
+     manifest(), layout=big_file(None), verify=0, scope=clean())
+case("bad_op_deep_in_a_file",
+     "errors name the row within the file (0-based), across row groups and batches",
+     manifest(), layout=big_file(70_001), inspect=2,
+     scope=dict(exit=2, stderr=["kv/pool=1/part-0.parquet", "row 70001", "op", "evict"]))
+
+
+def requests_by_tenant(trace):
+    import pyarrow.dataset as ds
+    kv_by_pool(base_events(), trace)
+    ds.write_dataset(table(REQS3, REQ_TYPES), f"{trace}/requests", format="parquet",
+                     partitioning=ds.partitioning(pa.schema([("tenant", pa.string())]), flavor="hive"))
+
+
+case("layout_requests_partitioned_by_tenant",
+     "Hive folders in requests/ too: tenant kept in the folder name only",
+     manifest(), layout=requests_by_tenant, verify=0, scope=BASE)
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
