@@ -204,7 +204,7 @@ pub fn scope_outcome(
         capture_complete: clean_capture,
         from_engine_start: m.capture.from_engine_start,
         gaps: outcome.gaps.clone(),
-        lost_events: outcome.gaps.iter().map(|g| g.missing()).sum(),
+        lost_events: lost_events(&outcome.gaps),
         unverifiable: m.files.is_none(),
         engine_reads,
         ..Default::default()
@@ -290,6 +290,13 @@ pub fn scope_outcome(
         anomalies,
         coverage: cov,
     })
+}
+
+/// Events lost in all holes together, saturating: seqs are UInt64, and a
+/// capture that joined a running engine may number from its counter, so
+/// two leading holes can exceed u64 together.
+pub(crate) fn lost_events(gaps: &[crate::replay::Gap]) -> u64 {
+    gaps.iter().fold(0u64, |n, g| n.saturating_add(g.missing()))
 }
 
 pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {

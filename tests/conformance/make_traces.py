@@ -1203,6 +1203,31 @@ case("layout_requests_partitioned_by_tenant",
      "Hive folders in requests/ too: tenant kept in the folder name only",
      manifest(), layout=requests_by_tenant, verify=0, scope=BASE)
 
+
+
+def shifted(off):
+    evs = []
+    for e in base_events():
+        e = dict(e, seq=e["seq"] + off)
+        if e["src_seq"] is not None:
+            e["src_seq"] += off
+        evs.append(e)
+    return evs
+
+
+case("sem_seqs_from_an_engine_counter",
+     "seq is UInt64: a capture that joined a running engine may number from its counter (2^63 + 10): "
+     "leading holes in both pools, never an overflow",
+     manifest(from_start=False), shifted(2**63 + 10), REQS3, verify=0,
+     scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
+case("sem_seq_up_to_uint64_max",
+     "seq is UInt64: the last event of pool 1 at seq 2^64-1 (no overflow anywhere)",
+     manifest(from_start=False), shifted(2**64 - 8), REQS3, verify=0,
+     scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
+case("manifest_pool_listed_twice", "pool ids identify pools: the same id twice is an error",
+     manifest(pools((0, "prefill", 64, 4), (1, "decode", 64, 4), (1, "decode", 64, 4))),
+     base_events(), REQS3, verify=2, inspect=2, scope=dict(exit=2, stderr=["trace.json", "pool id 1"]))
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
