@@ -377,6 +377,9 @@ impl<'a> Col<'a> {
                 }
                 Ok(Cow::Owned(out))
             }
+            // Decimal(p, 0): how writers without unsigned 64-bit integers
+            // (Spark) keep ids above 2^63.
+            DataType::Decimal128(_, 0) => conv!(Decimal128Type),
             DataType::Int8 => conv!(Int8Type),
             DataType::Int16 => conv!(Int16Type),
             DataType::Int32 => conv!(Int32Type),

@@ -1228,6 +1228,21 @@ case("manifest_pool_listed_twice", "pool ids identify pools: the same id twice i
      manifest(pools((0, "prefill", 64, 4), (1, "decode", 64, 4), (1, "decode", 64, 4))),
      base_events(), REQS3, verify=2, inspect=2, scope=dict(exit=2, stderr=["trace.json", "pool id 1"]))
 
+
+
+case("types_uint64_ids_as_decimal",
+     "Types: request_id above 2^63 written as decimal(20, 0) by a writer without unsigned 64-bit ints (Spark)",
+     manifest(), layout=lambda trace: (
+         write(f"{trace}/kv/pool=1/p.parquet",
+               table(s_big_ids(), KV_TYPES, override={"request_id": pa.decimal128(20, 0)})),
+         write(f"{trace}/requests/r.parquet",
+               table([req(BIG, "acme"), req(BIG + 1, "globex")], REQ_TYPES,
+                     override={"request_id": pa.decimal128(20, 0)}))),
+     verify=0, scope=dict(exit=0, affected=foreign(BIG + 1, {BIG: 4})))
+typed_case("bad_decimal_with_fraction", "Types: a decimal with a fraction is no integer column",
+           kv_override={"slot_start": pa.decimal128(10, 2)}, inspect=2,
+           scope=dict(exit=2, stderr=["part-0.parquet", "slot_start"]))
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
