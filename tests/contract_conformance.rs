@@ -14,6 +14,9 @@
 //! .ci/setup.d/60-notebooks.sh (pyarrow + DuckDB). Without it the test
 //! FAILS when `CI` is set and says it skips otherwise.
 //!
+//! `KVTRAIL_CONFORMANCE_CASE=substring` runs only the matching cases;
+//! `KVTRAIL_CONFORMANCE_BIN=path` checks another kvtrail build.
+//!
 //! Index:
 //! - `contract_conformance`: every case of make_traces.py, all failures
 //!   reported together.
@@ -63,10 +66,11 @@ struct Out {
 }
 
 fn kvtrail(args: &[&str]) -> Out {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .output()
-        .expect("run kvtrail");
+    // KVTRAIL_CONFORMANCE_BIN checks another build (an older release).
+    let bin = std::env::var_os("KVTRAIL_CONFORMANCE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kvtrail")));
+    let out = Command::new(bin).args(args).output().expect("run kvtrail");
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -84,14 +88,20 @@ fn fill_digests(trace: &Path) {
     if !text.contains("__BLAKE3__") {
         return;
     }
-    let mut m: Value = serde_json::from_str(&text).unwrap();
+    // Keep a byte-order mark where the case wrote one (manifest_utf8_bom).
+    let (bom, body) = match text.strip_prefix('\u{feff}') {
+        Some(rest) => ("\u{feff}", rest),
+        None => ("", text.as_str()),
+    };
+    let mut m: Value = serde_json::from_str(body).unwrap();
     for f in m["files"].as_array_mut().unwrap() {
         if f["blake3"] == "__BLAKE3__" {
             let bytes = std::fs::read(trace.join(f["path"].as_str().unwrap())).unwrap();
             f["blake3"] = Value::String(blake3::hash(&bytes).to_hex().to_string());
         }
     }
-    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let body = serde_json::to_string_pretty(&m).unwrap();
+    std::fs::write(&path, format!("{bom}{body}")).unwrap();
 }
 
 /// Checks one case; returns the list of mismatches.

@@ -179,7 +179,9 @@ impl Manifest {
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        Self::parse(&text, &path)
+        // A byte-order mark (Windows editors, PowerShell) is no JSON, but
+        // says nothing about the trace either.
+        Self::parse(text.strip_prefix('\u{feff}').unwrap_or(&text), &path)
     }
 
     /// Parses manifest text; `path` is used in messages.

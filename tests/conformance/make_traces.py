@@ -210,9 +210,10 @@ def finish(name, why, man, kv, reqs, layout, expect):
             requests_file(reqs, trace)
     if man is not None:
         m = dict(man)
+        bom = m.pop("_bom", False)
         if m.get("files") == "AUTO":
             m["files"] = list_files(trace)
-        with open(os.path.join(trace, "trace.json"), "w") as f:
+        with open(os.path.join(trace, "trace.json"), "w", encoding="utf-8-sig" if bom else "utf-8") as f:
             json.dump(m, f, indent=1)
     exp = {"name": name, "why": why, **expect}
     with open(os.path.join(root, "expected.json"), "w") as f:
@@ -1242,6 +1243,10 @@ case("types_uint64_ids_as_decimal",
 typed_case("bad_decimal_with_fraction", "Types: a decimal with a fraction is no integer column",
            kv_override={"slot_start": pa.decimal128(10, 2)}, inspect=2,
            scope=dict(exit=2, stderr=["part-0.parquet", "slot_start"]))
+
+
+case("manifest_utf8_bom", "trace.json is UTF-8 JSON; a byte-order mark in front of it is tolerated",
+     {**manifest(), "_bom": True}, base_events(), REQS3, verify=0, scope=BASE)
 
 for c in CASES:
     finish(*c)
