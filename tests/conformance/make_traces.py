@@ -1248,6 +1248,20 @@ typed_case("bad_decimal_with_fraction", "Types: a decimal with a fraction is no 
 case("manifest_utf8_bom", "trace.json is UTF-8 JSON; a byte-order mark in front of it is tolerated",
      {**manifest(), "_bom": True}, base_events(), REQS3, verify=0, scope=BASE)
 
+
+
+def empty_untyped(trace):
+    kv_by_pool(base_events(), trace)
+    requests_file(REQS3, trace)
+    # pandas/pyarrow on an empty DataFrame: every column of type null
+    write(f"{trace}/kv/pool=1/part-00001.parquet", pa.table({n: pa.nulls(0) for n in KV_TYPES}))
+    write(f"{trace}/requests/part-00001.parquet", pa.table({n: pa.nulls(0) for n in REQ_TYPES}))
+
+
+case("layout_empty_file_untyped_columns",
+     "0-row files are valid whatever type an empty column got (pyarrow gives an empty untyped column type null)",
+     manifest(), layout=empty_untyped, verify=0, scope=BASE)
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
