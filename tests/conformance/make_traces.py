@@ -1262,6 +1262,23 @@ case("layout_empty_file_untyped_columns",
      "0-row files are valid whatever type an empty column got (pyarrow gives an empty untyped column type null)",
      manifest(), layout=empty_untyped, verify=0, scope=BASE)
 
+
+
+def s_share_then_copy():
+    p0, p1 = Stream(0), Stream(1)
+    p0(1, "write", 4, 4, 0)
+    g = p0(2, "share", 4, 4, 0)
+    p1(2, "write", 8, 4, 0, src=(0, 4, g)); p1(2, "read", 8, 4, 0)
+    return p0.events + p1.events
+
+
+case("sem_grant_does_not_follow_copy",
+     "a grant is on (pool, slot): R2's prefix hit on prefill slots does not cover the decode slots its "
+     "transfer copied R1's KV into; the copied owner is R1 and R2 has no grant there: foreign "
+     "(a hook records a share on the decode slots too)",
+     manifest(), s_share_then_copy(), REQS3, verify=0,
+     scope=dict(exit=0, affected=foreign(2, {1: 4}), coverage_complete=True))
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
