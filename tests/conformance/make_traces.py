@@ -1279,6 +1279,37 @@ case("sem_grant_does_not_follow_copy",
      manifest(), s_share_then_copy(), REQS3, verify=0,
      scope=dict(exit=0, affected=foreign(2, {1: 4}), coverage_complete=True))
 
+
+import datetime
+import decimal
+
+typed_case("types_exotic_extra_columns",
+           "extra columns of any type are ignored: duration, map, list of structs, decimal256, "
+           "float16, date, time, fixed binary, boolean",
+           extra={"x_dur": lambda n: pa.array([datetime.timedelta(seconds=1)] * n, pa.duration("us")),
+                  "x_map": lambda n: pa.array([[("a", 1)]] * n, pa.map_(pa.string(), pa.int64())),
+                  "x_los": lambda n: pa.array([[{"k": 1}]] * n),
+                  "x_d256": lambda n: pa.array([decimal.Decimal("1.5")] * n, pa.decimal256(40, 2)),
+                  "x_f16": lambda n: pa.array([1.0] * n, pa.float32()).cast(pa.float16()),
+                  "x_date": lambda n: pa.array([datetime.date(2026, 9, 1)] * n),
+                  "x_time": lambda n: pa.array([datetime.time(1, 2)] * n),
+                  "x_fsb": lambda n: pa.array([b"ab"] * n, pa.binary(2)),
+                  "x_bool": lambda n: pa.array([True] * n)},
+           verify=0)
+
+
+
+def s_dup_unsorted():
+    s = Stream(1)
+    s(1, "write", 4, 4, 0); s(1, "free", 4, 4); s(2, "alloc", 4, 4); s(2, "read", 4, 4, 0)
+    e = s.events
+    return [e[2], e[0], e[3], dict(e[2], op="free"), e[1]]
+
+
+sem("sem_duplicate_seq_in_unsorted_file",
+    "seq strictly increasing per pool: a duplicate far apart in an unsorted file is still bad input",
+    s_dup_unsorted, exit=2, stderr=["kv/pool=1/part-00000.parquet", "seq"])
+
 for c in CASES:
     finish(*c)
 with open(os.path.join(OUT, "cases.json"), "w") as f:
