@@ -96,7 +96,8 @@ fn fill_digests(trace: &Path) {
     let mut m: Value = serde_json::from_str(body).unwrap();
     for f in m["files"].as_array_mut().unwrap() {
         if f["blake3"] == "__BLAKE3__" {
-            let bytes = std::fs::read(trace.join(f["path"].as_str().unwrap())).unwrap();
+            let rel = f["path"].as_str().unwrap().replace('\\', "/");
+            let bytes = std::fs::read(trace.join(rel)).unwrap();
             f["blake3"] = Value::String(blake3::hash(&bytes).to_hex().to_string());
         }
     }
@@ -179,6 +180,7 @@ fn check(case_dir: &Path) -> Vec<String> {
                 ("foreign", "foreign_tokens"),
                 ("unknown", "unknown_tokens"),
                 ("cross_tenant", "cross_tenant"),
+                ("arrival_ns", "arrival_ns"),
             ] {
                 if let Some(v) = w.get(key)
                     && &a[field] != v

@@ -45,6 +45,15 @@ fn one() -> u32 {
     1
 }
 
+/// A `files` path as the readers spell it: `/` separators, no `.` or empty
+/// components (`./kv//pool=0\\a.parquet` is `kv/pool=0/a.parquet`).
+fn normalize_rel(p: &str) -> String {
+    p.split(['/', '\\'])
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// Optional keys written as JSON `null` by other writers (an unknown
 /// `ended_ns` of a capture that did not close, a nameless pool) read as if
 /// absent.
@@ -225,7 +234,7 @@ impl Manifest {
                 ));
             }
         }
-        let m: Manifest = serde_json::from_value(value).map_err(|e| {
+        let mut m: Manifest = serde_json::from_value(value).map_err(|e| {
             Error::invalid(
                 Location::file(path),
                 format!("trace.json does not match the v1 manifest: {e}"),
@@ -233,6 +242,11 @@ impl Manifest {
             )
         })?;
         m.deployment.validate(path)?;
+        // `files` paths are relative to the trace root with `/`; writers
+        // also spell them `./kv/...` or with Windows separators.
+        for f in m.files.iter_mut().flatten() {
+            f.path = normalize_rel(&f.path);
+        }
         Ok(m)
     }
 

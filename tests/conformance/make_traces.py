@@ -17,10 +17,12 @@ expected.json keys (all optional except name/why):
   scope:   {"exit": 0|2,
             "stderr": [fragments the error must contain],
             "affected": {request_id: {"confidence", "foreign", "unknown",
-                          "sources": {source_id: tokens}, "cross_tenant"}},
+                          "sources": {source_id: tokens}, "cross_tenant",
+                          "arrival_ns"}},
             "coverage_complete": bool,
             "notes": [fragments of coverage.notes],
             "blank_reads": true|false (some blank read reported or none),
+            "requests_missing": [ids] (coverage.requests_missing),
             "anomalies": [kinds that must be reported]}
   digests: the manifest's "__BLAKE3__" placeholders are to be replaced by
            the file's real blake3 (Python has no blake3 here; the Rust test
@@ -1309,6 +1311,36 @@ def s_dup_unsorted():
 sem("sem_duplicate_seq_in_unsorted_file",
     "seq strictly increasing per pool: a duplicate far apart in an unsorted file is still bad input",
     s_dup_unsorted, exit=2, stderr=["kv/pool=1/part-00000.parquet", "seq"])
+
+
+
+def ms_timestamps(trace):
+    kv_by_pool(base_events(), trace)
+    rows = [dict(r, arrival_ns=T0 + r["request_id"] * 10**6, finish_ns=None) for r in REQS3]
+    write(f"{trace}/requests/r.parquet",
+          table(rows, REQ_TYPES, override={
+              "arrival_ns": lambda v: pa.array([x // 10**6 for x in v], pa.timestamp("ms", tz="UTC"))}))
+
+
+case("types_timestamp_ms_scaled",
+     "Types: arrival_ns as timestamp[ms] (pandas/Spark): the same instant in epoch ns",
+     manifest(), layout=ms_timestamps, verify=0,
+     scope=dict(exit=0, affected={"2": {**BASE_AFFECTED["2"], "arrival_ns": T0 + 2 * 10**6}},
+                coverage_complete=True))
+
+
+
+def respell(fs):
+    out = []
+    for i, f in enumerate(fs):
+        out.append(dict(f, path=("./" + f["path"]) if i % 2 == 0 else f["path"].replace("/", "\\")))
+    return out
+
+
+case("manifest_files_paths_spelled_otherwise",
+     "files paths relative to the trace root written as ./kv/... or with Windows separators",
+     None, layout=with_files(respell), verify=0,
+     scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=True))
 
 for c in CASES:
     finish(*c)
