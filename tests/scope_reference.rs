@@ -224,9 +224,19 @@ fn reference_digest(tb: &TraceBuilder, r: &Reference) -> String {
     };
     let mut out = Vec::new();
     let mut blank = 0u64;
+    let mut engine = 0;
     for (&id, rd) in &r.readers {
-        blank += rd.blank.len() as u64;
         let foreign: BTreeSet<(u16, u32)> = rd.foreign.values().flatten().copied().collect();
+        if id == 0 {
+            // The engine has no response: its reads of others' KV are only
+            // counted (coverage.engine_reads), its blank reads not at all.
+            let mut all = foreign.clone();
+            all.extend(&rd.unknown);
+            all.extend(&rd.uncertain);
+            engine = all.len();
+            continue;
+        }
+        blank += rd.blank.len() as u64;
         if foreign.is_empty() && rd.unknown.is_empty() && rd.uncertain.is_empty() {
             continue;
         }
@@ -261,18 +271,21 @@ fn reference_digest(tb: &TraceBuilder, r: &Reference) -> String {
         })
         .collect();
     out.push(format!("gaps=[{}]", gaps.join(",")));
+    out.push(format!("engine={engine}"));
     out.join("\n")
 }
 
 fn engine_digest(r: &kvtrail::scope::ScopeReport) -> String {
-    common::digest(r)
+    let mut d = common::digest(r)
         .lines()
         .map(|l| match l.find("gaps=") {
             Some(i) if l.starts_with("complete=") => l[i..].to_string(),
             _ => l.to_string(),
         })
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    d.push_str(&format!("\nengine={}", r.coverage.engine_reads));
+    d
 }
 
 /// A random valid trace from a seed.

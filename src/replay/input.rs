@@ -90,6 +90,8 @@ struct PoolStat {
     sorted: bool,
     last_seq: u64,
     last_row: u64,
+    /// Row of the pool's first event in the file (for messages).
+    first_row: u64,
 }
 
 struct FileIndex {
@@ -116,6 +118,7 @@ fn index_file(path: &Path, spiller: &std::sync::Mutex<CopySpiller>) -> Result<Fi
                             sorted: true,
                             last_seq: seq,
                             last_row: row,
+                            first_row: row,
                         },
                     );
                 }
@@ -209,7 +212,9 @@ impl Plan {
             for (&pool, st) in &idx.pools {
                 if dep.pool(pool).is_none() {
                     return Err(Error::invalid(
-                        Location::file(&files[fi]).column(kv_col::POOL),
+                        Location::file(&files[fi])
+                            .row(st.first_row)
+                            .column(kv_col::POOL),
                         format!("unknown pool id {pool}"),
                         "every pool id must be listed in trace.json deployment.pools",
                     ));

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::model::*;
-use super::{coverage_notes, verdict};
+use super::{coverage_notes, lost_events, verdict};
 use crate::error::{Error, Result};
 use crate::replay::ReplayOutcome;
 
@@ -213,7 +213,7 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         .collect();
     cov.gaps
         .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
-    cov.lost_events = cov.gaps.iter().map(|g| g.missing()).sum();
+    cov.lost_events = lost_events(&cov.gaps);
     let mut past: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
     for (r, _) in parts {
         for c in &r.coverage.copies_past_end {
@@ -235,6 +235,8 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         .flat_map(|(r, _)| r.coverage.requests_missing.iter().copied())
         .collect();
     cov.requests_missing = missing.into_iter().collect();
+    // Shards report disjoint pools: their engine slots add up.
+    cov.engine_reads = parts.iter().map(|(r, _)| r.coverage.engine_reads).sum();
     cov.complete = cov.capture_complete
         && cov.gaps.is_empty()
         && cov.copies_past_end.is_empty()

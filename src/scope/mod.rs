@@ -63,6 +63,9 @@ pub fn scope_outcome(
     // Requests involved in any finding, as readers or sources.
     let mut involved: BTreeSet<u64> = BTreeSet::new();
     for (&r, ra) in &outcome.exposures.readers {
+        if r == ENGINE_REQUEST {
+            continue; // the engine's reads are no response (see below)
+        }
         involved.insert(r);
         involved.extend(ra.sources.keys().copied());
     }
@@ -93,8 +96,16 @@ pub fn scope_outcome(
     let mut readers: Vec<u64> = outcome.exposures.readers.keys().copied().collect();
     readers.sort_unstable();
     let mut window = TimeWindow::default();
+    let mut engine_reads = 0;
     for r in readers {
         let ra = &outcome.exposures.readers[&r];
+        if r == ENGINE_REQUEST {
+            // The engine's own reads (request 0) are no customer response
+            // (trace format v1: "A response is affected when its request has
+            // at least one foreign read"; request 0 is the engine itself).
+            engine_reads = union(&[&ra.foreign, &ra.unknown, &ra.uncertain]);
+            continue;
+        }
         let rec = reqs.get(&r);
         let tenant = tenant_of(r, &reqs);
         let blank = count(&ra.blank);
@@ -193,8 +204,9 @@ pub fn scope_outcome(
         capture_complete: clean_capture,
         from_engine_start: m.capture.from_engine_start,
         gaps: outcome.gaps.clone(),
-        lost_events: outcome.gaps.iter().map(|g| g.missing()).sum(),
+        lost_events: lost_events(&outcome.gaps),
         unverifiable: m.files.is_none(),
+        engine_reads,
         ..Default::default()
     };
     for (&pool, &(lo, hi)) in &outcome.late_sources {
@@ -280,6 +292,13 @@ pub fn scope_outcome(
     })
 }
 
+/// Events lost in all holes together, saturating: seqs are UInt64, and a
+/// capture that joined a running engine may number from its counter, so
+/// two leading holes can exceed u64 together.
+pub(crate) fn lost_events(gaps: &[crate::replay::Gap]) -> u64 {
+    gaps.iter().fold(0u64, |n, g| n.saturating_add(g.missing()))
+}
+
 pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {
     let mut n = Vec::new();
     if !c.capture_complete {
@@ -329,6 +348,12 @@ pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {
         n.push(format!(
             "{} requests referenced by kv events of findings are missing from the requests table (tenant unknown)",
             c.requests_missing.len()
+        ));
+    }
+    if c.engine_reads > 0 {
+        n.push(format!(
+            "request 0 (the engine itself) read {} slots holding KV that was not its own; it has no customer response, so no response is affected by these reads",
+            c.engine_reads
         ));
     }
     n

@@ -157,6 +157,12 @@ pub struct Coverage {
     pub files_missing: Vec<String>,
     /// Requests of findings (readers or sources) not in the requests table.
     pub requests_missing: Vec<u64>,
+    /// Distinct (pool, slot) pairs that request 0, the engine itself, read
+    /// while they held KV that was not its own (foreign, unknown or after a
+    /// hole). The engine has no customer response, so these are no affected
+    /// response; they are counted here so that the evidence still shows them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub engine_reads: u64,
     pub notes: Vec<String>,
 }
 
@@ -273,4 +279,8 @@ impl ScopeReport {
     pub fn any_exposure(&self) -> bool {
         !self.affected_responses.is_empty()
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -30,7 +30,7 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pool {
     pub id: u16,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
     pub role: Role,
     pub capacity_tokens: u64,
@@ -45,12 +45,32 @@ fn one() -> u32 {
     1
 }
 
+/// A `files` path as the readers spell it: `/` separators, no `.` or empty
+/// components (`./kv//pool=0\\a.parquet` is `kv/pool=0/a.parquet`).
+fn normalize_rel(p: &str) -> String {
+    p.split(['/', '\\'])
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Optional keys written as JSON `null` by other writers (an unknown
+/// `ended_ns` of a capture that did not close, a nameless pool) read as if
+/// absent.
+fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// The serving deployment the trace was captured on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Deployment {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub engine: String,
     pub context_window: u64,
     pub pools: Vec<Pool>,
@@ -105,13 +125,13 @@ impl Deployment {
 /// How the trace was captured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Capture {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub writer: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub started_ns: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub ended_ns: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub complete: bool,
     /// True when capture began with the engine's pools empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +154,7 @@ pub struct Manifest {
     pub format: String,
     pub version: u64,
     pub deployment: Deployment,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub capture: Capture,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<FileEntry>>,
@@ -168,7 +188,9 @@ impl Manifest {
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        Self::parse(&text, &path)
+        // A byte-order mark (Windows editors, PowerShell) is no JSON, but
+        // says nothing about the trace either.
+        Self::parse(text.strip_prefix('\u{feff}').unwrap_or(&text), &path)
     }
 
     /// Parses manifest text; `path` is used in messages.
@@ -212,7 +234,7 @@ impl Manifest {
                 ));
             }
         }
-        let m: Manifest = serde_json::from_value(value).map_err(|e| {
+        let mut m: Manifest = serde_json::from_value(value).map_err(|e| {
             Error::invalid(
                 Location::file(path),
                 format!("trace.json does not match the v1 manifest: {e}"),
@@ -220,6 +242,11 @@ impl Manifest {
             )
         })?;
         m.deployment.validate(path)?;
+        // `files` paths are relative to the trace root with `/`; writers
+        // also spell them `./kv/...` or with Windows separators.
+        for f in m.files.iter_mut().flatten() {
+            f.path = normalize_rel(&f.path);
+        }
         Ok(m)
     }
 

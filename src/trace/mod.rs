@@ -4,6 +4,7 @@
 //! and hash them as they write.
 
 mod guard;
+mod hive;
 pub mod index;
 pub mod manifest;
 pub mod read;

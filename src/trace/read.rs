@@ -15,7 +15,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::NullBuffer;
-use arrow_schema::{DataType, Field, FieldRef, Schema};
+use arrow_schema::{DataType, Field, FieldRef, Schema, TimeUnit};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
@@ -25,6 +25,7 @@ use parquet::arrow::arrow_reader::{
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
 use crate::trace::guard::guard;
+use crate::trace::hive::{self, HivePairs};
 use crate::trace::manifest::{Deployment, Manifest};
 
 pub use crate::trace::index::load_request_index;
@@ -198,18 +199,20 @@ fn open_builder_dict_inner(
 }
 
 /// Finds required and optional columns by name and projects to them.
+/// A required column may instead come from a Hive folder (`hive`).
 fn project(
     path: &Path,
     builder: ParquetRecordBatchReaderBuilder<File>,
     required: &[&str],
     optional: &[&str],
+    hive: &HivePairs,
 ) -> Result<ParquetRecordBatchReader> {
     let schema = builder.schema().clone();
     let mut roots = Vec::new();
     for name in required.iter().chain(optional) {
         match schema.fields().iter().position(|f| f.name() == name) {
             Some(i) => roots.push(i),
-            None if required.contains(name) => {
+            None if required.contains(name) && !hive.iter().any(|(k, _)| k == name) => {
                 return Err(Error::invalid(
                     Location::file(path).column(name),
                     format!("required column `{name}` is missing"),
@@ -325,6 +328,58 @@ impl<'a> Col<'a> {
             }};
         }
         match a.data_type() {
+            // A column with no value at all (pyarrow writes an all-None
+            // column as type null): nulls, checked by the caller.
+            DataType::Null => Ok(Cow::Owned(vec![T::default(); a.len()])),
+            // Dictionary-encoded integers (a pandas Categorical): the values.
+            DataType::Dictionary(_, v) if v.is_integer() => {
+                let plain = arrow_cast::cast(a, v).map_err(|e| self.type_error(&e.to_string()))?;
+                let col = Col {
+                    path: self.path,
+                    name: self.name,
+                    row0: self.row0,
+                    arr: Some(&plain),
+                };
+                Ok(Cow::Owned(col.ints::<T>(expected)?.into_owned()))
+            }
+            // Epoch timestamps (pandas datetime64, `timestamp[ns]`) for the
+            // Int64 nanosecond columns: the same numbers, scaled to ns.
+            DataType::Timestamp(unit, _) if expected == "Int64" => {
+                let scale: i128 = match unit {
+                    TimeUnit::Second => 1_000_000_000,
+                    TimeUnit::Millisecond => 1_000_000,
+                    TimeUnit::Microsecond => 1_000,
+                    TimeUnit::Nanosecond => 1,
+                };
+                let raw: &[i64] = match unit {
+                    TimeUnit::Second => a.as_primitive::<TimestampSecondType>().values(),
+                    TimeUnit::Millisecond => a.as_primitive::<TimestampMillisecondType>().values(),
+                    TimeUnit::Microsecond => a.as_primitive::<TimestampMicrosecondType>().values(),
+                    TimeUnit::Nanosecond => a.as_primitive::<TimestampNanosecondType>().values(),
+                };
+                let mut out = Vec::with_capacity(raw.len());
+                for (i, x) in raw.iter().enumerate() {
+                    let valid = nulls.as_ref().map(|n| n.is_valid(i)).unwrap_or(true);
+                    match T::from_i128(*x as i128 * scale) {
+                        Some(t) => out.push(t),
+                        None if !valid => out.push(T::default()),
+                        None => {
+                            return Err(Error::invalid(
+                                self.loc(i),
+                                format!(
+                                    "timestamp {x} ({unit:?}) does not fit column `{}` in nanoseconds",
+                                    self.name
+                                ),
+                                "write Unix epoch nanoseconds as Int64",
+                            ));
+                        }
+                    }
+                }
+                Ok(Cow::Owned(out))
+            }
+            // Decimal(p, 0): how writers without unsigned 64-bit integers
+            // (Spark) keep ids above 2^63.
+            DataType::Decimal128(_, 0) => conv!(Decimal128Type),
             DataType::Int8 => conv!(Int8Type),
             DataType::Int16 => conv!(Int16Type),
             DataType::Int32 => conv!(Int32Type),
@@ -346,6 +401,9 @@ impl<'a> Col<'a> {
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
             )
         };
+        if a.data_type() == &DataType::Null {
+            return Ok(vec![None; a.len()]);
+        }
         let ok = match a.data_type() {
             DataType::Dictionary(_, v) => is_str(v),
             dt => is_str(dt),
@@ -419,6 +477,8 @@ impl<'a> Col<'a> {
                     push(i, s)?;
                 }
             }
+            // no rows, or all null (refused before this by the null check)
+            DataType::Null => out.resize(a.len(), Op::Alloc),
             _ => return Err(self.type_error("Utf8")),
         }
         Ok(out)
@@ -457,6 +517,7 @@ impl<'a> Col<'a> {
                     push(i, v)?;
                 }
             }
+            DataType::Null => out.resize(a.len(), None),
             _ => return Err(self.type_error("FixedSizeBinary(32)")),
         }
         Ok(out)
@@ -508,6 +569,8 @@ pub struct KvChunk {
 /// Streams one kv file as checked events.
 pub struct KvFileReader {
     path: PathBuf,
+    /// Column values given by Hive folders of the path.
+    hive: HivePairs,
     reader: ParquetRecordBatchReader,
     rows: u64,
     /// capacity_tokens by pool id (0: not in the deployment), a flat table
@@ -535,9 +598,11 @@ const KV_OPTIONAL: [&str; 4] = [
 impl KvFileReader {
     pub fn open(path: &Path, deployment: &Deployment) -> Result<Self> {
         let builder = open_builder_dict(path, kv_col::OP)?;
-        let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL)?;
+        let hive = hive::pairs(path, &[&KV_REQUIRED[..], &KV_OPTIONAL[..]].concat());
+        let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL, &hive)?;
         Ok(KvFileReader {
             path: path.to_path_buf(),
+            hive,
             reader,
             rows: 0,
             capacity: {
@@ -711,12 +776,15 @@ fn next_batch(
     path: &Path,
     rows: u64,
     done: &mut bool,
+    hive: &HivePairs,
 ) -> Option<Result<RecordBatch>> {
     if *done {
         return None;
     }
     let res = match guard(|| Location::file(path).row(rows), || Ok(reader.next())) {
-        Ok(next) => next?.map_err(|e| Error::parquet(Location::file(path).row(rows), e)),
+        Ok(next) => next?
+            .map_err(|e| Error::parquet(Location::file(path).row(rows), e))
+            .and_then(|b| hive::fill(b, path, hive)),
         Err(e) => Err(e),
     };
     if res.is_err() {
@@ -728,11 +796,20 @@ fn next_batch(
 impl Iterator for KvFileReader {
     type Item = Result<KvChunk>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+        let batch = match next_batch(
+            &mut self.reader,
+            &self.path,
+            self.rows,
+            &mut self.done,
+            &self.hive,
+        )? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch);
+        let res = self.decode(&batch).and_then(|v| {
+            hive::check(&batch, &self.path, self.rows, &self.hive)?;
+            Ok(v)
+        });
         let first_row = self.rows;
         self.rows += batch.num_rows() as u64;
         if res.is_err() {
@@ -770,6 +847,8 @@ const REQ_OPTIONAL: [&str; 8] = [
 /// Streams one requests file as checked records.
 pub struct RequestFileReader {
     path: PathBuf,
+    /// Column values given by Hive folders of the path.
+    hive: HivePairs,
     reader: ParquetRecordBatchReader,
     rows: u64,
     done: bool,
@@ -778,9 +857,11 @@ pub struct RequestFileReader {
 impl RequestFileReader {
     pub fn open(path: &Path) -> Result<Self> {
         let builder = open_builder(path)?;
-        let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL)?;
+        let hive = hive::pairs(path, &[&REQ_REQUIRED[..6], &REQ_OPTIONAL[..]].concat());
+        let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL, &hive)?;
         Ok(RequestFileReader {
             path: path.to_path_buf(),
+            hive,
             reader,
             rows: 0,
             done: false,
@@ -873,11 +954,20 @@ impl RequestFileReader {
 impl Iterator for RequestFileReader {
     type Item = Result<Vec<RequestRecord>>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+        let batch = match next_batch(
+            &mut self.reader,
+            &self.path,
+            self.rows,
+            &mut self.done,
+            &self.hive,
+        )? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch);
+        let res = self.decode(&batch).and_then(|v| {
+            hive::check(&batch, &self.path, self.rows, &self.hive)?;
+            Ok(v)
+        });
         self.rows += batch.num_rows() as u64;
         if res.is_err() {
             self.done = true;
@@ -904,6 +994,8 @@ pub struct KvIndexBatch {
 /// the src columns), batch by batch.
 pub struct KvIndexReader {
     path: PathBuf,
+    /// Column values given by Hive folders of the path.
+    hive: HivePairs,
     reader: ParquetRecordBatchReader,
     rows: u64,
     done: bool,
@@ -912,14 +1004,13 @@ pub struct KvIndexReader {
 impl KvIndexReader {
     pub fn open(path: &Path) -> Result<Self> {
         let builder = open_builder(path)?;
-        let reader = project(
-            path,
-            builder,
-            &[kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT],
-            &[kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ],
-        )?;
+        let required = [kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT];
+        let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
+        let hive = hive::pairs(path, &[&required[..], &optional[..]].concat());
+        let reader = project(path, builder, &required, &optional, &hive)?;
         Ok(KvIndexReader {
             path: path.to_path_buf(),
+            hive,
             reader,
             rows: 0,
             done: false,
@@ -977,11 +1068,20 @@ impl KvIndexReader {
 impl Iterator for KvIndexReader {
     type Item = Result<KvIndexBatch>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(&mut self.reader, &self.path, self.rows, &mut self.done)? {
+        let batch = match next_batch(
+            &mut self.reader,
+            &self.path,
+            self.rows,
+            &mut self.done,
+            &self.hive,
+        )? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch);
+        let res = self.decode(&batch).and_then(|v| {
+            hive::check(&batch, &self.path, self.rows, &self.hive)?;
+            Ok(v)
+        });
         self.rows += batch.num_rows() as u64;
         if res.is_err() {
             self.done = true;

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::trace::read::{KvFileReader, RequestFileReader, Trace, list_parquet, rel_path};
+use crate::trace::read::{KvFileReader, RequestFileReader, Trace, rel_path};
 
 /// One problem found by `verify`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -15,7 +15,7 @@ pub struct Problem {
     /// Path relative to the trace root (or "trace.json").
     pub path: String,
     /// missing | extra | modified | truncated | rows | unreadable | invalid |
-    /// unclean | skipped | unverifiable | inprogress
+    /// unclean | skipped | unverifiable | inprogress | hidden
     pub kind: String,
     pub detail: String,
 }
@@ -84,11 +84,20 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         }
     }
     for sub in ["requests", "kv"] {
-        for p in list_inprogress(&dir.join(sub)) {
+        let (inprogress, hidden) = list_inprogress(&dir.join(sub));
+        for p in inprogress {
             problems.push(Problem {
                 path: rel_path(dir, &p),
                 kind: "inprogress".into(),
                 detail: "part file left open by a capture that did not close; its rows are lost"
+                    .into(),
+            });
+        }
+        for p in hidden {
+            problems.push(Problem {
+                path: rel_path(dir, &p),
+                kind: "hidden".into(),
+                detail: "a *.parquet file under a name starting with `_` or `.` (Spark/Hadoop temporary or marker files): readers skip it; if it holds rows of the trace, rename it"
                     .into(),
             });
         }
@@ -209,23 +218,32 @@ fn count_rows(trace: &Trace, path: &Path) -> Result<u64> {
     Ok(n)
 }
 
-fn list_inprogress(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
+/// Files the reader does not take but that may hold rows: part files left
+/// open (`*.parquet.inprogress`), and `*.parquet` files that the reader
+/// skips because they or a folder above them start with `_` or `.`
+/// (see [`crate::trace::read::list_parquet`]).
+fn list_inprogress(dir: &Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
+    let mut inprogress = Vec::new();
+    let mut hidden = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), false)];
+    while let Some((d, under_hidden)) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
             continue;
         };
         for e in rd.flatten() {
             let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let is_hidden = under_hidden || name.starts_with('.') || name.starts_with('_');
             if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().ends_with(".parquet.inprogress") {
-                out.push(p);
+                stack.push((p, is_hidden));
+            } else if name.ends_with(".parquet.inprogress") {
+                inprogress.push(p);
+            } else if name.ends_with(".parquet") && is_hidden {
+                hidden.push(p);
             }
         }
     }
-    out.sort();
-    let _ = list_parquet; // same walk rules as the reader
-    out
+    inprogress.sort();
+    hidden.sort();
+    (inprogress, hidden)
 }
