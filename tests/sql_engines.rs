@@ -221,6 +221,16 @@ fn traces() -> Vec<(&'static str, TraceBuilder)> {
     tb.scrub(1, 8, 1);
     tb.read(1, 3, 8, 2);
     v.push(("late_start_past_end_engine", tb));
+
+    // Reads by request 0 (the engine itself): no customer response, so
+    // no affected response; counted as engine reads in the coverage.
+    let mut tb = pd();
+    tb.write(0, 1, 0, 4);
+    tb.read(0, 0, 0, 3);
+    tb.read(0, 0, 6, 2);
+    tb.write(0, 2, 4, 2);
+    tb.read(0, 2, 0, 6);
+    v.push(("engine_reads", tb));
     v
 }
 
@@ -321,11 +331,12 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
         out.push(format!("P {} {}..{}", p.pool, p.min_src_seq, p.max_src_seq));
     }
     out.push(format!(
-        "C complete={} capture_complete={} lost={} requests_missing={}",
+        "C complete={} capture_complete={} lost={} requests_missing={} engine_reads={}",
         c.complete,
         c.capture_complete,
         c.lost_events,
-        c.requests_missing.len()
+        c.requests_missing.len(),
+        c.engine_reads
     ));
     out.sort();
     out
@@ -433,11 +444,12 @@ fn sql_lines(res: &Value) -> Vec<String> {
     for c in rows("kvtrail_coverage") {
         assert_eq!(c["unresolved_copy_slots"], 0, "copy chains resolved");
         out.push(format!(
-            "C complete={} capture_complete={} lost={} requests_missing={}",
+            "C complete={} capture_complete={} lost={} requests_missing={} engine_reads={}",
             j(&c["complete"]),
             j(&c["capture_complete"]),
             j(&c["lost_events"]),
-            j(&c["requests_missing"])
+            j(&c["requests_missing"]),
+            j(&c["engine_reads"])
         ));
     }
     out.sort();

@@ -525,6 +525,7 @@ SELECT reader AS request_id,
        count(DISTINCT CASE WHEN kind <> 'blank' THEN pslot END) AS exposed_tokens,
        min(ts_ns) AS first_read_ns, max(ts_ns) AS last_read_ns
 FROM kvtrail_read_findings
+WHERE reader <> 0
 GROUP BY reader",
             d.view("kvtrail_reader_totals")
         ),
@@ -548,7 +549,7 @@ FROM (
          min(seq) AS first_seq, max(seq) AS last_seq,
          min(ts_ns) AS first_ts_ns, max(ts_ns) AS last_ts_ns,
          {} AS pools
-  FROM kvtrail_read_findings WHERE kind = 'foreign'
+  FROM kvtrail_read_findings WHERE kind = 'foreign' AND reader <> 0
   GROUP BY reader, source
 ) s
 LEFT JOIN kvtrail_requests sq ON sq.request_id = s.source_request_id
@@ -673,7 +674,9 @@ GROUP BY c.src_pool",
     stmt(
         &mut s,
         "Result: coverage. complete is true only when nothing lowers confidence. File
-digests and files missing on disk are not checked here: run `kvtrail verify`.",
+digests and files missing on disk are not checked here: run `kvtrail verify`.
+engine_reads: slots request 0 (the engine itself) read that held KV not its own;
+it has no customer response, so they affect none (they are left out above).",
         format!(
             "{}
 SELECT (capture_complete AND gaps = 0 AND copies_past_end = 0 AND NOT unverifiable
@@ -685,11 +688,14 @@ FROM (
          (SELECT coalesce(sum(missing), 0) FROM kvtrail_gaps) AS lost_events,
          (SELECT count(*) FROM kvtrail_copies_past_end) AS copies_past_end,
          (SELECT count(*) FROM (
-            SELECT reader AS id FROM kvtrail_read_findings
-            UNION SELECT source FROM kvtrail_read_findings WHERE source IS NOT NULL) i
+            SELECT reader AS id FROM kvtrail_read_findings WHERE reader <> 0
+            UNION SELECT source FROM kvtrail_read_findings
+              WHERE source IS NOT NULL AND reader <> 0) i
           LEFT JOIN kvtrail_requests q ON q.request_id = i.id
           WHERE i.id <> 0 AND q.request_id IS NULL) AS requests_missing,
          (SELECT count(*) FROM kvtrail_read_findings WHERE unresolved = 1) AS unresolved_copy_slots,
+         (SELECT count(DISTINCT pslot) FROM kvtrail_read_findings
+            WHERE reader = 0 AND kind <> 'blank') AS engine_reads,
          CAST('{}' AS {}) AS dialect
 ) x",
             d.view("kvtrail_coverage"),
