@@ -5,9 +5,9 @@ It follows /work/shared/design/trace-format-v1.md (docs/trace-format.md):
 
 - a trace is a folder with trace.json (the manifest), requests/ and kv/;
 - requests/ and kv/ hold any number of *.parquet files at any depth
-  (Hive-style key=value/ folders are layout only: the `pool` column inside
-  the files is the truth, so hive_partitioning is off); files may be split
-  at any row and come in any order;
+  (Hive-style key=value/ folders; a contract column missing from the files
+  is taken from a folder of that name, as `kvtrail` does); files may be
+  split at any row and come in any order;
 - any compression, plain or dictionary strings, other integer widths, extra
   columns (ignored: only the contract's columns are selected, cast to the
   contract's types); nullable columns may be absent from some or all files
@@ -98,14 +98,27 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _view(con, name: str, files: list[Path], columns) -> None:
-    """A view with exactly `columns` over `files` (union by column name)."""
+def _view(con, name: str, base: Path, files: list[Path], columns) -> None:
+    """A view with exactly `columns` over `files` (union by column name).
+
+    A contract column may live only in a Hive folder name (`kv/pool=3/...`,
+    as pyarrow's write_dataset and DuckDB's PARTITION_BY write it): when a
+    contract column is a folder key below `base`, DuckDB's Hive partitioning
+    is on and supplies it (where a file also has the column, the values
+    agree in a valid trace)."""
     if not files:
         cols = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t, _ in columns)
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {cols} WHERE false")
         return
     lst = "[" + ", ".join(_sql_str(str(f)) for f in files) + "]"
-    src = f"read_parquet({lst}, union_by_name = true, hive_partitioning = false)"
+    keys = {
+        part.split("=", 1)[0]
+        for f in files
+        for part in f.relative_to(base).parts[:-1]
+        if "=" in part
+    }
+    hive = "true" if keys & {c for c, _, _ in columns} else "false"
+    src = f"read_parquet({lst}, union_by_name = true, hive_partitioning = {hive})"
     present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
     missing = [c for c, _, nullable in columns if c not in present and not nullable]
     if missing:
@@ -138,8 +151,8 @@ def open_trace(path: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     con = con or duckdb.connect()
     req = sorted((d / "requests").rglob("*.parquet"))
     kv = sorted((d / "kv").rglob("*.parquet"))
-    _view(con, "requests", req, REQUESTS_COLUMNS)
-    _view(con, "kv", kv, KV_COLUMNS)
+    _view(con, "requests", d / "requests", req, REQUESTS_COLUMNS)
+    _view(con, "kv", d / "kv", kv, KV_COLUMNS)
     return V1Trace(d, manifest, con, req, kv)
 
 

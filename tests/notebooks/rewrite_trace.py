@@ -10,7 +10,8 @@ part files per table at arbitrary row splits, in nested Hive-style folders
 files; tiny row groups; 64-bit integer columns; dictionary-encoded strings;
 extra columns; nullable columns absent (external_id and finish_reason from
 every requests file, the copy columns from the prefill pool's files, and
-token_pos from some kv files of the first pool); a `_SUCCESS` marker file;
+token_pos from some kv files of the first pool); the decode pool's `pool`
+column only in its kv/pool=N/ folder name; a `_SUCCESS` marker file;
 a manifest without a `files` list (so nothing can be verified), with an
 unknown key and another writer name.
 """
@@ -76,6 +77,9 @@ def main() -> None:
         if p["role"] == "prefill":
             t = t.drop_columns(["src_pool", "src_slot_start", "src_seq"])
         t = widen(t).append_column("layer", pa.array([7] * t.num_rows, pa.int32()))
+        if p["role"] == "decode":
+            # The partition key only in the folder name (pyarrow write_dataset).
+            t = t.drop_columns(["pool"])
         # The first pool's first part also lacks token_pos (nullable: it reads as NULL).
         write_parts(t, dst / "kv" / f"pool={p['id']}", 4, ["token_pos"] if p["id"] == 0 else [])
     (dst / "kv" / "_SUCCESS").write_text("")
