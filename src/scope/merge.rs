@@ -90,6 +90,7 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
             || c.0.unverifiable != c.1.unverifiable
             || c.0.files_missing != c.1.files_missing
             || c.0.files_not_in_manifest != c.1.files_not_in_manifest
+            || c.0.files_unread != c.1.files_unread
             || r.counts.kv_files != first.counts.kv_files
         {
             return Err(mismatch("the capture and its files"));
@@ -243,6 +244,7 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         && !cov.unverifiable
         && cov.files_not_in_manifest.is_empty()
         && cov.files_missing.is_empty()
+        && cov.files_unread.is_empty()
         && cov.requests_missing.is_empty();
     cov.notes = coverage_notes(&cov);
 

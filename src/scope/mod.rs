@@ -235,6 +235,12 @@ pub fn scope_outcome(
             .map(|p| p.to_string())
             .collect();
     }
+    for sub in ["requests", "kv"] {
+        let (open, hidden) = crate::trace::verify::list_inprogress(&trace.dir.join(sub));
+        cov.files_unread
+            .extend(open.iter().chain(&hidden).map(|p| rel_path(&trace.dir, p)));
+    }
+    cov.files_unread.sort();
     cov.requests_missing = involved
         .iter()
         .filter(|id| !reqs.contains_key(id))
@@ -246,6 +252,7 @@ pub fn scope_outcome(
         && !cov.unverifiable
         && cov.files_not_in_manifest.is_empty()
         && cov.files_missing.is_empty()
+        && cov.files_unread.is_empty()
         && cov.requests_missing.is_empty();
     cov.notes = coverage_notes(&cov);
 
@@ -336,6 +343,13 @@ pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {
         n.push(format!(
             "{} data files on disk are not listed in trace.json (included in the analysis, but unverified)",
             c.files_not_in_manifest.len()
+        ));
+    }
+    if !c.files_unread.is_empty() {
+        n.push(format!(
+            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, or *.parquet under a name starting with `_` or `.`): {}",
+            c.files_unread.len(),
+            c.files_unread.join(", ")
         ));
     }
     if !c.files_missing.is_empty() {

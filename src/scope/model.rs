@@ -163,6 +163,11 @@ pub struct Coverage {
     /// response; they are counted here so that the evidence still shows them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub engine_reads: u64,
+    /// Files under requests/ or kv/ the readers do not take but that may
+    /// hold rows of the trace: part files left open (`*.parquet.inprogress`)
+    /// and `*.parquet` under a name starting with `_` or `.`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_unread: Vec<String>,
     pub notes: Vec<String>,
 }
 

@@ -244,8 +244,22 @@ impl Manifest {
         m.deployment.validate(path)?;
         // `files` paths are relative to the trace root with `/`; writers
         // also spell them `./kv/...` or with Windows separators.
-        for f in m.files.iter_mut().flatten() {
-            f.path = normalize_rel(&f.path);
+        for (i, f) in m.files.iter_mut().flatten().enumerate() {
+            let raw = f.path.clone();
+            f.path = normalize_rel(&raw);
+            // A listed file lies inside the trace: `verify` must never be
+            // led to read (and hash) files elsewhere.
+            let outside = raw.starts_with(['/', '\\'])
+                || raw.as_bytes().get(1) == Some(&b':')
+                || f.path.split('/').any(|c| c == "..")
+                || f.path.is_empty();
+            if outside {
+                return Err(Error::invalid(
+                    Location::file(path),
+                    format!("files[{i}].path {raw:?} does not name a file inside the trace"),
+                    "list data files relative to the trace folder, e.g. kv/pool=0/part-00000.parquet",
+                ));
+            }
         }
         Ok(m)
     }

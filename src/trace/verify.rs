@@ -222,7 +222,7 @@ fn count_rows(trace: &Trace, path: &Path) -> Result<u64> {
 /// open (`*.parquet.inprogress`), and `*.parquet` files that the reader
 /// skips because they or a folder above them start with `_` or `.`
 /// (see [`crate::trace::read::list_parquet`]).
-fn list_inprogress(dir: &Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
+pub(crate) fn list_inprogress(dir: &Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
     let mut inprogress = Vec::new();
     let mut hidden = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), false)];

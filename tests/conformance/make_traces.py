@@ -348,8 +348,11 @@ def inprogress(trace):
 
 case("layout_inprogress_file",
      "Layout: only *.parquet files are data, so readers skip NAME.parquet.inprogress; "
-     "verify flags it (kvtrail's crash convention: rows of a part file that never closed)",
-     manifest(), layout=inprogress, verify=1, scope=BASE)
+     "verify flags it (kvtrail's crash convention: rows of a part file that never closed), "
+     "and scope's evidence is not complete while rows may be unread, even with complete: true",
+     manifest(), layout=inprogress, verify=1,
+     scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False,
+                notes=["kv/pool=1/part-00001.parquet.inprogress"]))
 
 
 def requests_split(trace):
@@ -1125,8 +1128,11 @@ def hidden_parquet(trace):
 
 case("layout_hidden_parquet_files",
      "reading note: *.parquet under names starting with _ or . (Spark _temporary/, hidden copies) are "
-     "skipped like _SUCCESS; verify names them so rows cannot vanish unseen",
-     manifest(), layout=hidden_parquet, verify=1, scope=BASE)
+     "skipped like _SUCCESS; verify names them, and scope's evidence is not complete, so rows "
+     "cannot vanish unseen",
+     manifest(), layout=hidden_parquet, verify=1,
+     scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False,
+                notes=["kv/_temporary/0/part-00000.parquet"]))
 
 
 
@@ -1341,6 +1347,16 @@ case("manifest_files_paths_spelled_otherwise",
      "files paths relative to the trace root written as ./kv/... or with Windows separators",
      None, layout=with_files(respell), verify=0,
      scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=True))
+
+def outside(fs):
+    return fs + [dict(fs[0], path="../elsewhere/secret.parquet", blake3="0" * 64)]
+
+
+case("bad_files_path_outside_the_trace",
+     "files: paths relative to the trace root; one that climbs out with .. names no file of the trace "
+     "(a reader must not be led to hash files elsewhere)",
+     None, layout=with_files(outside), verify=2, inspect=2,
+     scope=dict(exit=2, stderr=["trace.json", "files[", "does not name a file inside the trace"]))
 
 for c in CASES:
     finish(*c)
