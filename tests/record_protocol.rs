@@ -604,8 +604,14 @@ fn sigkill_leaves_every_rotated_file_valid() {
     assert!(!m.capture.complete);
     let rep = kvtrail::trace::verify::verify(&out).unwrap();
     let kinds: Vec<&str> = rep.problems.iter().map(|p| p.kind.as_str()).collect();
+    // The kill may land between a part file's rename and the manifest
+    // rewrite that lists it (docs/capture-sglang.md): at most that one file
+    // is on disk unlisted ("extra"); it is complete and reads back below.
     assert!(
-        kinds.iter().all(|k| *k == "unclean" || *k == "inprogress"),
+        kinds
+            .iter()
+            .all(|k| *k == "unclean" || *k == "inprogress" || *k == "extra")
+            && kinds.iter().filter(|k| **k == "extra").count() <= 1,
         "{:?}",
         rep.problems
     );
