@@ -565,6 +565,73 @@ fn duckdb_dialect_equals_scope_on_incident_mini() {
     check("duckdb", Dialect::Duckdb, &[("incident-mini".into(), t)]);
 }
 
+/// Partitioning writers (pyarrow write_dataset, DuckDB PARTITION_BY) keep
+/// the partition column only in the folder name: the DuckDB dialect reads
+/// `pool` from `kv/pool=N/` as the native reader does.
+#[test]
+fn duckdb_dialect_reads_pool_from_hive_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases = Vec::new();
+    for (name, tb) in traces() {
+        if matches!(
+            name,
+            "chain_of_three_copies" | "gap_possible" | "engine_reads"
+        ) {
+            let t = tb.record(&dir.path().join(name));
+            drop_pool_column(&t.join("kv"));
+            cases.push((name.to_string(), t));
+        }
+    }
+    assert_eq!(cases.len(), 3);
+    check("duckdb", Dialect::Duckdb, &cases);
+}
+
+/// Rewrites every kv file under a `pool=N` folder without its `pool` column.
+fn drop_pool_column(kv: &Path) {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut rewritten = 0;
+    for d in std::fs::read_dir(kv).unwrap() {
+        let d = d.unwrap().path();
+        if !d
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("pool=")
+        {
+            continue;
+        }
+        for f in std::fs::read_dir(&d).unwrap() {
+            let f = f.unwrap().path();
+            let r = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&f).unwrap())
+                .unwrap()
+                .build()
+                .unwrap();
+            let batches: Vec<_> = r
+                .map(|b| {
+                    let b = b.unwrap();
+                    let i = b.schema().index_of("pool").unwrap();
+                    let mut b = b;
+                    b.remove_column(i);
+                    b
+                })
+                .collect();
+            let mut w = ArrowWriter::try_new(
+                std::fs::File::create(&f).unwrap(),
+                batches[0].schema(),
+                None,
+            )
+            .unwrap();
+            for b in &batches {
+                w.write(b).unwrap();
+            }
+            w.close().unwrap();
+            rewritten += 1;
+        }
+    }
+    assert!(rewritten > 0);
+}
+
 /// The Trino dialect has no Trino server here: sqlglot parses it with its
 /// Trino grammar and transpiles each statement to DuckDB (tests/sql/run_sql.py,
 /// `trino-on-duckdb`), on every rule trace and a small simulated incident.

@@ -120,7 +120,7 @@ impl D {
         let p = opts.trace_path.trim_end_matches('/').replace('\'', "''");
         match self.0 {
             Dialect::Duckdb => format!(
-                "read_parquet('{p}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = false)"
+                "read_parquet('{p}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
             ),
             Dialect::Spark => format!("kvtrail_{table}_raw"),
             Dialect::Trino => format!("{}.{table}", opts.trace_path),
