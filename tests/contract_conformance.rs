@@ -21,6 +21,9 @@
 //! - `contract_conformance`: every case of make_traces.py, all failures
 //!   reported together.
 
+#[path = "shared/venv.rs"]
+mod venv;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,35 +31,6 @@ use serde_json::Value;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("KVTRAIL_NOTEBOOK_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("KVTRAIL_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/kvtrail")
-                });
-            cache.join("venv-notebooks")
-        });
-    let py = venv.join("bin/python");
-    if py.is_file() {
-        return Some(py);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI is set but the notebooks venv (pyarrow, duckdb) is missing at {}: run .ci/setup.d/60-notebooks.sh",
-            venv.display()
-        );
-    }
-    eprintln!(
-        "SKIP: no notebooks venv at {} (run .ci/setup.d/60-notebooks.sh)",
-        venv.display()
-    );
-    None
 }
 
 struct Out {
@@ -251,7 +225,9 @@ fn check(case_dir: &Path) -> Vec<String> {
 
 #[test]
 fn contract_conformance() {
-    let Some(py) = venv_python() else { return };
+    let Some(py) = venv::NOTEBOOKS.python() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(&py)
         .arg(repo().join("tests/conformance/make_traces.py"))
