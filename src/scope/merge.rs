@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::model::*;
-use super::{coverage_notes, lost_events, verdict};
+use super::{finish_coverage, lost_events, verdict};
 use crate::error::{Error, Result};
 use crate::replay::ReplayOutcome;
 
@@ -238,15 +238,7 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
     cov.requests_missing = missing.into_iter().collect();
     // Shards report disjoint pools: their engine slots add up.
     cov.engine_reads = parts.iter().map(|(r, _)| r.coverage.engine_reads).sum();
-    cov.complete = cov.capture_complete
-        && cov.gaps.is_empty()
-        && cov.copies_past_end.is_empty()
-        && !cov.unverifiable
-        && cov.files_not_in_manifest.is_empty()
-        && cov.files_missing.is_empty()
-        && cov.files_unread.is_empty()
-        && cov.requests_missing.is_empty();
-    cov.notes = coverage_notes(&cov);
+    finish_coverage(&mut cov);
 
     let sum = |f: fn(&Counts) -> u64| parts.iter().map(|(r, _)| f(&r.counts)).sum::<u64>();
     let counts = Counts {
@@ -256,22 +248,9 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         slot_touches: sum(|c| c.slot_touches),
         read_events: sum(|c| c.read_events),
         read_slots: sum(|c| c.read_slots),
-        affected_responses: affected.len() as u64,
-        confirmed_responses: affected
-            .iter()
-            .filter(|a| a.confidence == Confidence::Confirmed)
-            .count() as u64,
-        possible_responses: affected
-            .iter()
-            .filter(|a| a.confidence == Confidence::Possible)
-            .count() as u64,
-        cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
-        foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
-        recipient_tenants: recipients.len() as u64,
-        source_tenants: sources.len() as u64,
-        source_requests: sources.iter().map(|s| s.requests).sum(),
         anomalies: first.anomalies.len() as u64,
         spilled_events: sum(|c| c.spilled_events),
+        ..Counts::of_findings(&affected, &recipients, &sources)
     };
     let blank_reads = blank_read_responses.iter().map(|b| b.tokens).sum();
     Ok(ScopeReport {

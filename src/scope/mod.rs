@@ -246,15 +246,7 @@ pub fn scope_outcome(
         .filter(|id| !reqs.contains_key(id))
         .copied()
         .collect();
-    cov.complete = cov.capture_complete
-        && cov.gaps.is_empty()
-        && cov.copies_past_end.is_empty()
-        && !cov.unverifiable
-        && cov.files_not_in_manifest.is_empty()
-        && cov.files_missing.is_empty()
-        && cov.files_unread.is_empty()
-        && cov.requests_missing.is_empty();
-    cov.notes = coverage_notes(&cov);
+    finish_coverage(&mut cov);
 
     let counts = Counts {
         requests: n_requests,
@@ -263,22 +255,9 @@ pub fn scope_outcome(
         slot_touches: outcome.counters.slot_touches,
         read_events: outcome.counters.read_events,
         read_slots: outcome.counters.read_slots,
-        affected_responses: affected.len() as u64,
-        confirmed_responses: affected
-            .iter()
-            .filter(|a| a.confidence == Confidence::Confirmed)
-            .count() as u64,
-        possible_responses: affected
-            .iter()
-            .filter(|a| a.confidence == Confidence::Possible)
-            .count() as u64,
-        cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
-        foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
-        recipient_tenants: recipients.len() as u64,
-        source_tenants: sources.len() as u64,
-        source_requests: sources.iter().map(|s| s.requests).sum(),
         anomalies: anomalies.len() as u64,
         spilled_events: outcome.spilled_events,
+        ..Counts::of_findings(&affected, &recipients, &sources)
     };
     let blank_reads = blank_responses.iter().map(|b| b.tokens).sum();
     let verdict = verdict(&counts, &cov);
@@ -306,7 +285,21 @@ pub(crate) fn lost_events(gaps: &[crate::replay::Gap]) -> u64 {
     gaps.iter().fold(0u64, |n, g| n.saturating_add(g.missing()))
 }
 
-pub(crate) fn coverage_notes(c: &Coverage) -> Vec<String> {
+/// Sets `complete` (nothing lowers confidence) and the notes from the
+/// rest of the coverage: the one rule for a single run and a merge.
+pub(crate) fn finish_coverage(c: &mut Coverage) {
+    c.complete = c.capture_complete
+        && c.gaps.is_empty()
+        && c.copies_past_end.is_empty()
+        && !c.unverifiable
+        && c.files_not_in_manifest.is_empty()
+        && c.files_missing.is_empty()
+        && c.files_unread.is_empty()
+        && c.requests_missing.is_empty();
+    c.notes = coverage_notes(c);
+}
+
+fn coverage_notes(c: &Coverage) -> Vec<String> {
     let mut n = Vec::new();
     if !c.capture_complete {
         n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());

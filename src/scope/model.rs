@@ -260,6 +260,29 @@ pub struct Counts {
     pub spilled_events: u64,
 }
 
+impl Counts {
+    /// The counts derived from the findings (the rest left at 0): a single
+    /// run and a merge count them the same way.
+    pub fn of_findings(
+        affected: &[Response],
+        recipients: &[Recipient],
+        sources: &[SourceTenant],
+    ) -> Self {
+        let with = |c: Confidence| affected.iter().filter(|a| a.confidence == c).count() as u64;
+        Counts {
+            affected_responses: affected.len() as u64,
+            confirmed_responses: with(Confidence::Confirmed),
+            possible_responses: with(Confidence::Possible),
+            cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
+            foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
+            recipient_tenants: recipients.len() as u64,
+            source_tenants: sources.len() as u64,
+            source_requests: sources.iter().map(|s| s.requests).sum(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The whole scope report (`--json`, summary.json).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScopeReport {
