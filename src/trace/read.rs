@@ -568,15 +568,10 @@ pub struct KvChunk {
 
 /// Streams one kv file as checked events.
 pub struct KvFileReader {
-    path: PathBuf,
-    /// Column values given by Hive folders of the path.
-    hive: HivePairs,
-    reader: ParquetRecordBatchReader,
-    rows: u64,
+    cur: Cursor,
     /// capacity_tokens by pool id (0: not in the deployment), a flat table
     /// so the per-row lookup is one index.
     capacity: Vec<u64>,
-    done: bool,
 }
 
 const KV_REQUIRED: [&str; 7] = [
@@ -601,10 +596,7 @@ impl KvFileReader {
         let hive = hive::pairs(path, &[&KV_REQUIRED[..], &KV_OPTIONAL[..]].concat());
         let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL, &hive)?;
         Ok(KvFileReader {
-            path: path.to_path_buf(),
-            hive,
-            reader,
-            rows: 0,
+            cur: Cursor::new(path, hive, reader),
             capacity: {
                 let max = deployment.pools.iter().map(|p| p.id).max().unwrap_or(0);
                 let mut cap = vec![0u64; max as usize + 1];
@@ -613,7 +605,6 @@ impl KvFileReader {
                 }
                 cap
             },
-            done: false,
         })
     }
 
@@ -626,8 +617,8 @@ impl KvFileReader {
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
-        let p = &self.path;
-        let r0 = self.rows;
+        let p = &self.cur.path;
+        let r0 = self.cur.rows;
         let c = |name| Col::get(batch, p, r0, name);
         let (cpool, cseq, cts, crid, cop, cstart, ccount) = (
             c(kv_col::POOL),
@@ -768,58 +759,79 @@ impl KvFileReader {
     }
 }
 
-/// The next record batch of a file, with Parquet errors and panics of the
-/// Parquet reader turned into errors at the current row; `done` is set on
-/// the first error so a reader stops there.
-fn next_batch(
-    reader: &mut ParquetRecordBatchReader,
-    path: &Path,
+/// Where a file reader is in its file: the Parquet reader, the rows
+/// handed out so far, and whether it has stopped (at the end, or after an
+/// error: a damaged file yields one error, then nothing).
+struct Cursor {
+    path: PathBuf,
+    /// Column values given by Hive folders of the path.
+    hive: HivePairs,
+    reader: ParquetRecordBatchReader,
     rows: u64,
-    done: &mut bool,
-    hive: &HivePairs,
-) -> Option<Result<RecordBatch>> {
-    if *done {
-        return None;
+    done: bool,
+}
+
+impl Cursor {
+    fn new(path: &Path, hive: HivePairs, reader: ParquetRecordBatchReader) -> Self {
+        Cursor {
+            path: path.to_path_buf(),
+            hive,
+            reader,
+            rows: 0,
+            done: false,
+        }
     }
-    let res = match guard(|| Location::file(path).row(rows), || Ok(reader.next())) {
-        Ok(next) => next?
-            .map_err(|e| Error::parquet(Location::file(path).row(rows), e))
-            .and_then(|b| hive::fill(b, path, hive)),
-        Err(e) => Err(e),
-    };
-    if res.is_err() {
-        *done = true;
+
+    /// The next batch, Hive folder values filled in; a Parquet panic on a
+    /// damaged page is an error at the current row.
+    fn batch(&mut self) -> Option<Result<RecordBatch>> {
+        if self.done {
+            return None;
+        }
+        let (path, rows) = (&self.path, self.rows);
+        let reader = &mut self.reader;
+        let res = match guard(|| Location::file(path).row(rows), || Ok(reader.next())) {
+            Ok(next) => next?
+                .map_err(|e| Error::parquet(Location::file(path).row(rows), e))
+                .and_then(|b| hive::fill(b, path, &self.hive)),
+            Err(e) => Err(e),
+        };
+        self.done = res.is_err();
+        Some(res)
     }
-    Some(res)
+
+    /// After `batch` was decoded into `res`: checks it against the Hive
+    /// folders, moves past its rows, stops on an error. Returns the batch's
+    /// first row with the result.
+    fn settle<T>(&mut self, batch: &RecordBatch, res: Result<T>) -> Result<(u64, T)> {
+        let res = res.and_then(|v| {
+            hive::check(batch, &self.path, self.rows, &self.hive)?;
+            Ok(v)
+        });
+        let first_row = self.rows;
+        self.rows += batch.num_rows() as u64;
+        self.done |= res.is_err();
+        res.map(|v| (first_row, v))
+    }
 }
 
 impl Iterator for KvFileReader {
     type Item = Result<KvChunk>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(
-            &mut self.reader,
-            &self.path,
-            self.rows,
-            &mut self.done,
-            &self.hive,
-        )? {
+        let batch = match self.cur.batch()? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch).and_then(|v| {
-            hive::check(&batch, &self.path, self.rows, &self.hive)?;
-            Ok(v)
-        });
-        let first_row = self.rows;
-        self.rows += batch.num_rows() as u64;
-        if res.is_err() {
-            self.done = true;
-        }
-        Some(res.map(|events| KvChunk {
-            file: self.path.clone(),
-            first_row,
-            events,
-        }))
+        let res = self.decode(&batch);
+        Some(
+            self.cur
+                .settle(&batch, res)
+                .map(|(first_row, events)| KvChunk {
+                    file: self.cur.path.clone(),
+                    first_row,
+                    events,
+                }),
+        )
     }
 }
 
@@ -846,12 +858,7 @@ const REQ_OPTIONAL: [&str; 8] = [
 
 /// Streams one requests file as checked records.
 pub struct RequestFileReader {
-    path: PathBuf,
-    /// Column values given by Hive folders of the path.
-    hive: HivePairs,
-    reader: ParquetRecordBatchReader,
-    rows: u64,
-    done: bool,
+    cur: Cursor,
 }
 
 impl RequestFileReader {
@@ -860,21 +867,17 @@ impl RequestFileReader {
         let hive = hive::pairs(path, &[&REQ_REQUIRED[..6], &REQ_OPTIONAL[..]].concat());
         let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL, &hive)?;
         Ok(RequestFileReader {
-            path: path.to_path_buf(),
-            hive,
-            reader,
-            rows: 0,
-            done: false,
+            cur: Cursor::new(path, hive, reader),
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.cur.path
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<Vec<RequestRecord>> {
-        let p = &self.path;
-        let r0 = self.rows;
+        let p = &self.cur.path;
+        let r0 = self.cur.rows;
         let c = |name| Col::get(batch, p, r0, name);
         let (crid, cten, carr, cpt, cot, cst) = (
             c(req_col::REQUEST_ID),
@@ -954,25 +957,12 @@ impl RequestFileReader {
 impl Iterator for RequestFileReader {
     type Item = Result<Vec<RequestRecord>>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(
-            &mut self.reader,
-            &self.path,
-            self.rows,
-            &mut self.done,
-            &self.hive,
-        )? {
+        let batch = match self.cur.batch()? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch).and_then(|v| {
-            hive::check(&batch, &self.path, self.rows, &self.hive)?;
-            Ok(v)
-        });
-        self.rows += batch.num_rows() as u64;
-        if res.is_err() {
-            self.done = true;
-        }
-        Some(res)
+        let res = self.decode(&batch);
+        Some(self.cur.settle(&batch, res).map(|(_, v)| v))
     }
 }
 
@@ -993,12 +983,7 @@ pub struct KvIndexBatch {
 /// Streams the planning columns of one kv file (pool, seq, slot_count and
 /// the src columns), batch by batch.
 pub struct KvIndexReader {
-    path: PathBuf,
-    /// Column values given by Hive folders of the path.
-    hive: HivePairs,
-    reader: ParquetRecordBatchReader,
-    rows: u64,
-    done: bool,
+    cur: Cursor,
 }
 
 impl KvIndexReader {
@@ -1009,17 +994,13 @@ impl KvIndexReader {
         let hive = hive::pairs(path, &[&required[..], &optional[..]].concat());
         let reader = project(path, builder, &required, &optional, &hive)?;
         Ok(KvIndexReader {
-            path: path.to_path_buf(),
-            hive,
-            reader,
-            rows: 0,
-            done: false,
+            cur: Cursor::new(path, hive, reader),
         })
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<KvIndexBatch> {
-        let p = &self.path;
-        let r0 = self.rows;
+        let p = &self.cur.path;
+        let r0 = self.cur.rows;
         let c = |name| Col::get(batch, p, r0, name);
         let (cpool, cseq, ccount) = (c(kv_col::POOL), c(kv_col::SEQ), c(kv_col::SLOT_COUNT));
         for col in [&cpool, &cseq, &ccount] {
@@ -1068,25 +1049,12 @@ impl KvIndexReader {
 impl Iterator for KvIndexReader {
     type Item = Result<KvIndexBatch>;
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match next_batch(
-            &mut self.reader,
-            &self.path,
-            self.rows,
-            &mut self.done,
-            &self.hive,
-        )? {
+        let batch = match self.cur.batch()? {
             Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
-        let res = self.decode(&batch).and_then(|v| {
-            hive::check(&batch, &self.path, self.rows, &self.hive)?;
-            Ok(v)
-        });
-        self.rows += batch.num_rows() as u64;
-        if res.is_err() {
-            self.done = true;
-        }
-        Some(res)
+        let res = self.decode(&batch);
+        Some(self.cur.settle(&batch, res).map(|(_, v)| v))
     }
 }
 
