@@ -95,21 +95,7 @@ pub(crate) fn run(
         loop {
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(b) if b.conn == u64::MAX => break,
-                Ok(b) => {
-                    sh.stats
-                        .queue_depth
-                        .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
-                    let view = sh
-                        .views
-                        .lock()
-                        .expect("views lock")
-                        .get(&b.conn)
-                        .copied()
-                        .unwrap_or(View::Full);
-                    for m in b.msgs {
-                        w.msg(b.conn, view, m)?;
-                    }
-                }
+                Ok(b) => w.batch(b)?,
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
@@ -120,21 +106,8 @@ pub(crate) fn run(
         }
         // Drain what is still queued (connections have finished).
         while let Ok(b) = rx.try_recv() {
-            if b.conn == u64::MAX {
-                continue;
-            }
-            sh.stats
-                .queue_depth
-                .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
-            let view = sh
-                .views
-                .lock()
-                .expect("views lock")
-                .get(&b.conn)
-                .copied()
-                .unwrap_or(View::Full);
-            for m in b.msgs {
-                w.msg(b.conn, view, m)?;
+            if b.conn != u64::MAX {
+                w.batch(b)?;
             }
         }
         w.tick(out, true)
@@ -152,6 +125,26 @@ impl W<'_> {
             self.sh
                 .log("writer: further problems are counted, not logged");
         }
+    }
+
+    /// One batch from a connection, in its view (prefill, decode or full).
+    fn batch(&mut self, b: Batch) -> Result<()> {
+        self.sh
+            .stats
+            .queue_depth
+            .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
+        let view = self
+            .sh
+            .views
+            .lock()
+            .expect("views lock")
+            .get(&b.conn)
+            .copied()
+            .unwrap_or(View::Full);
+        for m in b.msgs {
+            self.msg(b.conn, view, m)?;
+        }
+        Ok(())
     }
 
     fn msg(&mut self, conn: u64, view: View, m: Msg) -> Result<()> {
