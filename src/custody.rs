@@ -9,6 +9,12 @@
 //! through them, the inputs. evidence.json is written last and lists every
 //! other file in the folder (recursively), so nothing can be added, changed
 //! or removed without `verify_folder` noticing.
+//!
+//! Output folders: `prepare_out` is the one rule for every command that
+//! writes a folder (never inside its input, never over unrelated files;
+//! an earlier output of the same kind and input only with `--force`), and
+//! `create_private_dir` / `write_private` / `make_private` make everything
+//! owner-only (folders 0700, files 0600) whatever the umask.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +72,189 @@ pub struct Evidence {
     pub command: Vec<String>,
     pub inputs: Vec<Inputs>,
     pub outputs: Vec<FileDigest>,
+}
+
+/// Creates `dir` (and missing parents) and makes it owner-only (0700).
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir).map_err(|e| Error::io(dir, e))?;
+    set_mode(dir, 0o700)
+}
+
+/// Writes a file owner-only (0600), replacing any earlier one.
+pub fn write_private(path: &Path, bytes: impl AsRef<[u8]>) -> Result<()> {
+    use std::io::Write as _;
+    let mut f = create_private(path)?;
+    f.write_all(bytes.as_ref())
+        .and_then(|_| f.flush())
+        .map_err(|e| Error::io(path, e))
+}
+
+/// Creates (or truncates) a file owner-only (0600) for streaming writes.
+pub fn create_private(path: &Path) -> Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let f = o.open(path).map_err(|e| Error::io(path, e))?;
+    set_mode(path, 0o600)?;
+    Ok(f)
+}
+
+/// Makes a file written by another writer (Parquet) owner-only (0600).
+pub fn make_private(path: &Path) -> Result<()> {
+    set_mode(path, 0o600)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(path, e))?;
+    }
+    let _ = (path, mode);
+    Ok(())
+}
+
+/// `p` made absolute without requiring it to exist: its longest existing
+/// ancestor canonicalised (links resolved), the rest appended.
+fn resolve(p: &Path) -> PathBuf {
+    let p = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(p)
+    };
+    let mut rest = Vec::new();
+    let mut cur = p.as_path();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(cur) {
+            let mut out = c;
+            for r in rest.iter().rev() {
+                out.push(r);
+            }
+            return out;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p,
+        }
+    }
+}
+
+/// Checks and readies the output folder of a command before anything is
+/// written. `kind` is what the command records in evidence.json (scope,
+/// notify) or another name for commands without one (merge); `inputs` are
+/// the folders it reads, `inputs[0]` the one evidence.json records.
+///
+/// - `out` must not be, or lie inside, any input folder (writing there
+///   would change the evidence being read, or make the trace unreadable);
+/// - a new or empty folder is used as it is;
+/// - a non-empty folder is refused, unless `force` is set and it is an
+///   earlier output of the same `kind` from the same `inputs[0]` that holds
+///   nothing but the files its evidence.json lists: those are removed first,
+///   so no older file can end up certified by the new evidence.json.
+pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Result<()> {
+    let at = resolve(out);
+    for inp in inputs {
+        let inp_at = resolve(inp);
+        if at.starts_with(&inp_at) {
+            return Err(Error::invalid(
+                Location::file(out),
+                format!(
+                    "the output folder is inside the input {} (writing there would change the evidence being read)",
+                    inp.display()
+                ),
+                "pass an output folder outside the input folder",
+            ));
+        }
+    }
+    if !out.exists() {
+        return Ok(());
+    }
+    if !out.is_dir() {
+        return Err(Error::invalid(
+            Location::file(out),
+            "the output path exists and is not a folder",
+            "pass a new or empty folder",
+        ));
+    }
+    let entries = list_files(out)?;
+    let any_dir = std::fs::read_dir(out)
+        .map_err(|e| Error::io(out, e))?
+        .next()
+        .is_some();
+    if entries.is_empty() && !any_dir {
+        return Ok(());
+    }
+    let refuse = |what: String| {
+        Error::invalid(
+            Location::file(out),
+            what,
+            format!(
+                "pass a new or empty folder; --force replaces only an earlier `kvtrail {kind}` output of the same input, holding nothing else"
+            ),
+        )
+    };
+    if !force {
+        return Err(refuse(
+            "the output folder exists and is not empty".to_string(),
+        ));
+    }
+    if !out.join(EVIDENCE_JSON).is_file() {
+        return Err(refuse(format!(
+            "the output folder is not empty and is not an earlier `kvtrail {kind}` output (no evidence.json)"
+        )));
+    }
+    let (ev, _) = load_evidence(out)?;
+    let same_input = ev.inputs.first().is_some_and(|i| {
+        inputs
+            .first()
+            .is_some_and(|want| resolve(&out.join(&i.root)) == resolve(want))
+    });
+    if ev.kind != kind || !same_input {
+        return Err(refuse(format!(
+            "the output folder is an earlier `kvtrail {}` output of another input; --force only replaces one of `kvtrail {kind}` on {}",
+            ev.kind,
+            inputs
+                .first()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        )));
+    }
+    let listed: std::collections::BTreeSet<&str> =
+        ev.outputs.iter().map(|f| f.path.as_str()).collect();
+    if let Some(extra) = entries
+        .iter()
+        .find(|r| r.as_str() != EVIDENCE_JSON && !listed.contains(r.as_str()))
+    {
+        return Err(refuse(format!(
+            "the output folder holds {extra}, which its evidence.json does not list; refusing to delete or certify it"
+        )));
+    }
+    for r in entries {
+        let p = out.join(&r);
+        std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+    }
+    remove_empty_dirs(out)
+}
+
+/// Removes the empty folders under `dir` (not `dir` itself).
+fn remove_empty_dirs(dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let p = e.map_err(|e| Error::io(dir, e))?.path();
+        if p.is_dir() && !p.is_symlink() {
+            remove_empty_dirs(&p)?;
+            std::fs::remove_dir(&p).map_err(|e| Error::io(&p, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// blake3 and size of a file.
@@ -279,7 +468,7 @@ pub fn write_evidence(
     let mut text = serde_json::to_string_pretty(&ev).expect("evidence serializes");
     text.push('\n');
     let p = dir.join(EVIDENCE_JSON);
-    std::fs::write(&p, &text).map_err(|e| Error::io(&p, e))?;
+    write_private(&p, &text)?;
     Ok(blake3::hash(text.as_bytes()).to_hex().to_string())
 }
 

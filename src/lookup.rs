@@ -97,7 +97,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
     let check = custody::verify_folder(dir, false)?;
     let p = dir.join("summary.json");
     let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let sum: Summary = serde_json::from_slice(&bytes).map_err(|e| {
+    let sum = Summary::from_json(&bytes).map_err(|e| {
         Error::invalid(
             Location::file(&p),
             format!("not a kvtrail scope summary: {e}"),

@@ -238,25 +238,19 @@ fn golden_outputs_are_byte_identical() {
     }
 }
 
-#[test]
-fn packs_cover_both_sides_and_never_leak_another_tenant() {
-    let dir = tempfile::tempdir().unwrap();
-    setup(dir.path());
-    let tb = incident();
-    let packs = dir.path().join("packs/customers");
-    let mut folders: Vec<String> = std::fs::read_dir(&packs)
+/// Every file of every customer folder under `packs` names its own customer
+/// and no other tenant, and holds no other tenant's external ids or output
+/// hashes; notice.json lists only the customer's own requests.
+fn assert_packs_are_isolated(packs: &Path, tb: &TraceBuilder) {
+    let folders: Vec<String> = std::fs::read_dir(packs)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    folders.sort();
-    // acme-corp (both sides), globex (source), initech (both, own data),
-    // umbrella (recipient).
-    assert_eq!(folders, TENANTS);
+    assert!(!folders.is_empty());
     for f in &folders {
         let mut text = String::new();
-        for file in ["letter.md", "processor-notice.md", "notice.json"] {
-            let p = packs.join(f).join(file);
-            text.push_str(&std::fs::read_to_string(&p).unwrap());
+        for file in files(&packs.join(f)) {
+            text.push_str(&std::fs::read_to_string(packs.join(f).join(file)).unwrap());
         }
         assert!(
             text.contains(f.as_str()),
@@ -290,6 +284,23 @@ fn packs_cover_both_sides_and_never_leak_another_tenant() {
             }
         }
     }
+}
+
+#[test]
+fn packs_cover_both_sides_and_never_leak_another_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let tb = incident();
+    let packs = dir.path().join("packs/customers");
+    let mut folders: Vec<String> = std::fs::read_dir(&packs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    // acme-corp (both sides), globex (source), initech (both, own data),
+    // umbrella (recipient).
+    assert_eq!(folders, TENANTS);
+    assert_packs_are_isolated(&packs, &tb);
     // Facts per side.
     let notice = |t: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(packs.join(t).join("notice.json")).unwrap())
@@ -338,6 +349,131 @@ fn packs_cover_both_sides_and_never_leak_another_tenant() {
     assert_eq!(reg["notification_packs"].as_array().unwrap().len(), 4);
     let csv = std::fs::read_to_string(dir.path().join("packs/register.csv")).unwrap();
     assert_eq!(csv.lines().count(), 2, "{csv}");
+}
+
+#[test]
+fn stray_part_files_named_after_tenants_never_reach_another_customers_pack() {
+    // Files the readers skip, under Hive folders and names that carry
+    // tenant names: scope's coverage notes list them for the responder.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let tb = incident();
+    let trace = tb.record(&root.join("trace"));
+    for (rel, tenant) in [
+        (
+            "requests/tenant=acme-corp/part-1.parquet.inprogress",
+            "acme-corp",
+        ),
+        ("kv/tenant=globex/_globex-export.parquet", "globex"),
+        ("kv/.initech-backup/part-0.parquet", "initech"),
+        ("requests/umbrella.parquet.inprogress", "umbrella"),
+    ] {
+        let p = trace.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, format!("rows of {tenant}")).unwrap();
+    }
+    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    std::fs::write(root.join("notify.toml"), CONFIG).unwrap();
+    ok(&kvtrail(
+        root,
+        &[
+            "notify",
+            "scope",
+            "--out",
+            "packs",
+            "--config",
+            "notify.toml",
+        ],
+    ));
+    // The responder's own report keeps the paths.
+    let summary = std::fs::read_to_string(root.join("scope/summary.json")).unwrap();
+    assert!(
+        summary.contains("tenant=acme-corp/part-1.parquet.inprogress"),
+        "{summary}"
+    );
+    // The packs say that files were not read, without naming them.
+    let packs = root.join("packs/customers");
+    let letter = std::fs::read_to_string(packs.join("globex/letter.md")).unwrap();
+    assert!(
+        letter.contains("4 files under requests/ or kv/ may hold rows that were not read"),
+        "{letter}"
+    );
+    assert_packs_are_isolated(&packs, &tb);
+}
+
+#[test]
+fn tenants_named_like_unknown_or_engine_are_notified() {
+    // Real tenants literally named `(unknown)` and `(engine)`: r2 of
+    // `(engine)` reads KV of r1 of `(unknown)`; r3 of `(unknown)` reads its
+    // own tenant's KV (not cross-tenant); request 9 is missing from the
+    // requests table (truly unattributed).
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "(unknown)");
+    tb.req(2, "(engine)");
+    tb.req(3, "(unknown)");
+    tb.write(0, 1, 0, 4);
+    tb.read(0, 2, 0, 2);
+    tb.read(0, 3, 2, 2);
+    tb.read(0, 9, 0, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tb.record(&root.join("trace"));
+    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("scope/summary.json")).unwrap()).unwrap();
+    let resp = |id: u64| -> serde_json::Value {
+        v["affected_responses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["request_id"] == id)
+            .unwrap_or_else(|| panic!("r{id} not affected: {v}"))
+            .clone()
+    };
+    assert_eq!(resp(2)["tenant"], "(engine)");
+    assert_eq!(resp(2)["cross_tenant"], true);
+    assert_eq!(resp(3)["tenant"], "(unknown)");
+    assert_eq!(resp(3)["cross_tenant"], false, "same tenant: {}", resp(3));
+    assert_eq!(resp(9)["tenant"], serde_json::Value::Null);
+    assert_eq!(resp(9)["cross_tenant"], true);
+    ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+    let reg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("packs/register.json")).unwrap()).unwrap();
+    assert_eq!(reg["unattributed_responses"], 1, "{reg}");
+    assert_eq!(reg["unattributed_source_requests"], 0, "{reg}");
+    let packs = reg["notification_packs"].as_array().unwrap().clone();
+    assert_eq!(packs.len(), 2, "{reg}");
+    let mut customers = Vec::new();
+    for p in &packs {
+        let n: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                root.join("packs")
+                    .join(p.as_str().unwrap())
+                    .join("notice.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        customers.push((
+            n["customer"].as_str().unwrap().to_string(),
+            n["roles"].to_string(),
+        ));
+    }
+    customers.sort();
+    assert_eq!(
+        customers,
+        [
+            ("(engine)".to_string(), r#"["recipient"]"#.to_string()),
+            ("(unknown)".to_string(), r#"["recipient","source"]"#.to_string()),
+        ]
+    );
+    // lookup agrees: the tenant is affected.
+    let a: serde_json::Value = serde_json::from_str(&ok(&kvtrail(
+        root,
+        &["lookup", "scope", "--json", "--tenant", "(engine)"],
+    )))
+    .unwrap();
+    assert_eq!(a["status"], "affected");
 }
 
 #[test]

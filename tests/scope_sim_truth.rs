@@ -41,12 +41,12 @@ fn check(what: &str, r: &ScopeReport, truth: &Truth) {
             let srcs: Vec<(u64, String, u64)> = a
                 .sources
                 .iter()
-                .map(|s| (s.request_id, s.tenant.clone(), s.tokens))
+                .map(|s| (s.request_id, s.tenant.to_string(), s.tokens))
                 .collect();
             (
                 a.request_id,
                 (
-                    a.tenant.clone(),
+                    a.tenant.to_string(),
                     a.http_status,
                     a.foreign_tokens,
                     a.cross_tenant,

@@ -305,7 +305,11 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
             t.tokens,
             t.cross_tenant_tokens,
             t.recipient_responses,
-            t.recipient_tenants.join(","),
+            t.recipient_tenants
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             ids.join(",")
         ));
     }

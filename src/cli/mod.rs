@@ -88,7 +88,10 @@ pub fn run() -> Exit {
             if is_broken_pipe(&e) {
                 return 0;
             }
-            eprintln!("error: {e:#}");
+            // Errors quote paths and trace strings: escaped line by line.
+            let msg = format!("{e:#}");
+            let lines: Vec<_> = msg.lines().map(kvtrail::report::text::term).collect();
+            eprintln!("error: {}", lines.join("\n"));
             2
         }
     }

@@ -11,7 +11,8 @@ use super::{
     Contact, EvidenceRef, ExposedRequest, IncidentTotals, Notice, ReceivedResponse, Records,
     RegisterEntry, Summary, Window,
 };
-use crate::report::text::{code, csv_field, md, utc_opt};
+use crate::report::sheet;
+use crate::report::text::{code, md, utc_opt};
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -421,7 +422,9 @@ pub(super) fn processor_md(n: &Notice) -> String {
     s
 }
 
-/// register.csv: header and one row for the incident.
+/// register.csv: header and one row for the incident. Every cell goes
+/// through the spreadsheet rule (`sheet::text`): numbers here never start
+/// with a sign, so only operator and trace text can change.
 pub(super) fn register_csv(r: &RegisterEntry) -> String {
     let cols: [(&str, String); 23] = [
         ("incident_id", r.incident_id.clone()),
@@ -470,6 +473,9 @@ pub(super) fn register_csv(r: &RegisterEntry) -> String {
         ("measures_taken", r.measures_taken.join(" / ")),
     ];
     let head: Vec<&str> = cols.iter().map(|c| c.0).collect();
-    let row: Vec<String> = cols.iter().map(|c| csv_field(&c.1)).collect();
-    format!("{}\n{}\n", head.join(","), row.join(","))
+    let row: Vec<String> = cols
+        .iter()
+        .map(|c| sheet::text(&c.1).into_owned())
+        .collect();
+    sheet::to_string(&head, [row])
 }

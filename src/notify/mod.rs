@@ -30,8 +30,9 @@ pub use config::NotifyConfig;
 use crate::custody;
 use crate::error::{Error, Location, Result};
 use crate::report::index;
+use crate::report::sheet;
 use crate::report::text::utc;
-use crate::scope::{ENGINE_TENANT, UNKNOWN_TENANT};
+use crate::schema::ENGINE_REQUEST;
 
 /// summary.json, as `scope` (or `merge`) wrote it.
 pub use crate::scope::model::ScopeReport as Summary;
@@ -221,9 +222,28 @@ pub struct NotifyOutcome {
     pub unfilled: Vec<&'static str>,
 }
 
+/// Whether Windows (and so any share, archive or mail client a pack may
+/// travel through) reserves a file name: CON, PRN, AUX, NUL, COM0-9 and
+/// LPT0-9 (also with superscript digits), with or without an extension,
+/// any case; and names that end in a dot or a space.
+fn reserved_on_windows(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or("").to_ascii_uppercase();
+    let stem = stem.trim_end_matches(' ');
+    let device = matches!(stem, "CON" | "PRN" | "AUX" | "NUL")
+        || ((stem.starts_with("COM") || stem.starts_with("LPT"))
+            && stem.len() > 3
+            && stem[3..]
+                .chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, '¹' | '²' | '³'))
+            && stem[3..].chars().count() == 1);
+    device || name.ends_with(['.', ' '])
+}
+
 /// Folder names for tenants: the tenant's own name when it is a safe file
-/// name and unique ignoring case; otherwise a sanitised name plus the first
-/// 8 hex digits of blake3(tenant). Deterministic; never another tenant's name.
+/// name (ASCII letters, digits, `-`, `_`, `.`; not starting with `.`; not a
+/// name Windows reserves) and unique ignoring case; otherwise a sanitised
+/// name plus hex digits of blake3(tenant) (8, more if that is taken).
+/// Deterministic; unique ignoring case; never another tenant's name.
 pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
     let safe = |t: &str| -> String {
         let s: String = t
@@ -243,21 +263,41 @@ pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
     for t in tenants {
         *by_lower.entry(safe(t).to_ascii_lowercase()).or_default() += 1;
     }
+    let clean = |t: &str| {
+        let s = safe(t);
+        !s.is_empty()
+            && s == *t
+            && !reserved_on_windows(&s)
+            && by_lower[&s.to_ascii_lowercase()] == 1
+    };
+    // Clean names first, so a hashed name never takes one.
+    let mut used: BTreeSet<String> = tenants
+        .iter()
+        .filter(|t| clean(t.as_str()))
+        .map(|t| t.to_ascii_lowercase())
+        .collect();
     tenants
         .iter()
         .map(|t| {
-            let s = safe(t);
-            let clean = !s.is_empty() && s == *t && by_lower[&s.to_ascii_lowercase()] == 1;
-            let name = if clean {
-                s
-            } else {
-                let hx = blake3::hash(t.as_bytes()).to_hex();
-                if s.is_empty() {
-                    format!("customer-{}", &hx[..8])
+            if clean(t) {
+                return (t.clone(), t.clone());
+            }
+            // Dots become `_` so no extension is left for Windows to read
+            // a device name (`aux.txt`) from.
+            let s = safe(t).replace('.', "_");
+            let hx = blake3::hash(t.as_bytes()).to_hex();
+            let mut name = String::new();
+            for n in [8, 16, 32, 64] {
+                name = if s.is_empty() {
+                    format!("customer-{}", &hx[..n])
                 } else {
-                    format!("{s}-{}", &hx[..8])
+                    format!("{s}-{}", &hx[..n])
+                };
+                if !used.contains(&name.to_ascii_lowercase()) {
+                    break;
                 }
-            };
+            }
+            used.insert(name.to_ascii_lowercase());
             (t.clone(), name)
         })
         .collect()
@@ -266,7 +306,7 @@ pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
 fn read_summary(dir: &Path) -> Result<(Summary, String)> {
     let p = dir.join("summary.json");
     let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let s: Summary = serde_json::from_slice(&bytes).map_err(|e| {
+    let s = Summary::from_json(&bytes).map_err(|e| {
         Error::invalid(
             Location::file(&p),
             format!("not a kvtrail scope summary: {e}"),
@@ -286,10 +326,6 @@ fn read_summary(dir: &Path) -> Result<(Summary, String)> {
     Ok((s, blake3::hash(&bytes).to_hex().to_string()))
 }
 
-fn is_customer(t: &str) -> bool {
-    t != UNKNOWN_TENANT && t != ENGINE_TENANT
-}
-
 fn conf_min(a: &str, b: &str) -> String {
     if a == "confirmed" || b == "confirmed" {
         "confirmed".into()
@@ -300,12 +336,16 @@ fn conf_min(a: &str, b: &str) -> String {
 
 /// Builds every pack and writes the output folder. `command` is the command
 /// line as given; `config_path` the config file, if any (hashed as an input).
+/// The output folder must be new or empty, outside the scope folder; with
+/// `force`, an earlier notify output of the same scope folder is replaced
+/// (`custody::prepare_out`).
 pub fn notify(
     scope_dir: &Path,
     out: &Path,
     cfg: &NotifyConfig,
     config_path: Option<&Path>,
     command: &[String],
+    force: bool,
 ) -> Result<NotifyOutcome> {
     if !scope_dir.join(custody::EVIDENCE_JSON).is_file() {
         return Err(Error::invalid(
@@ -314,6 +354,7 @@ pub fn notify(
             "pass the folder written by `kvtrail scope TRACE --out DIR` (kvtrail 0.1 or later)",
         ));
     }
+    custody::prepare_out(out, "notify", &[scope_dir], force)?;
     // Re-checks the whole scope folder against its evidence.json first.
     let scope_inputs = custody::folder_inputs(scope_dir, "scope")?;
     let (_, evidence_digest) = custody::load_evidence(scope_dir)?;
@@ -326,9 +367,9 @@ pub fn notify(
     let mut unattributed_responses = 0;
     let mut unattributed_sources = BTreeSet::new();
     for a in &sum.affected_responses {
-        if is_customer(&a.tenant) {
+        if let Some(t) = a.tenant.customer() {
             received
-                .entry(a.tenant.clone())
+                .entry(t.to_string())
                 .or_default()
                 .push(ReceivedResponse {
                     request_id: a.request_id,
@@ -351,15 +392,15 @@ pub fn notify(
             unattributed_responses += 1;
         }
         for s in &a.sources {
-            if s.tenant == ENGINE_TENANT {
+            if s.request_id == ENGINE_REQUEST {
                 continue;
             }
-            if !is_customer(&s.tenant) {
+            let Some(t) = s.tenant.customer() else {
                 unattributed_sources.insert(s.request_id);
                 continue;
-            }
+            };
             let e = exposed
-                .entry(s.tenant.clone())
+                .entry(t.to_string())
                 .or_default()
                 .entry(s.request_id)
                 .or_insert_with(|| ExposedRequest {
@@ -384,16 +425,18 @@ pub fn notify(
         }
     }
     // Source requests' own arrival time and output hash from the index.
-    let mut want: HashMap<u64, String> = HashMap::new();
+    // (tenant, the tenant as requests.csv holds it: no NUL)
+    let mut want: HashMap<u64, (String, String)> = HashMap::new();
     for (t, m) in &exposed {
         for id in m.keys() {
-            want.insert(*id, t.clone());
+            let in_csv = sheet::untext(&sheet::text(t)).to_string();
+            want.insert(*id, (t.clone(), in_csv));
         }
     }
     if !want.is_empty() {
         index::read_index(scope_dir, |row| {
-            if let Some(t) = want.get(&row.request_id)
-                && *t == row.tenant
+            if let Some((t, in_csv)) = want.get(&row.request_id)
+                && *in_csv == row.tenant
                 && let Some(e) = exposed.get_mut(t).and_then(|m| m.get_mut(&row.request_id))
             {
                 e.arrival_ns = Some(row.arrival_ns);
@@ -424,31 +467,20 @@ pub fn notify(
         scope_summary_blake3: summary_digest,
         tool: format!("kvtrail {}", env!("CARGO_PKG_VERSION")),
         evidence_complete: sum.coverage.complete,
-        coverage_notes: sum.coverage.notes.clone(),
+        // Worded without file paths: a trace's file names may carry other
+        // customers' names.
+        coverage_notes: crate::scope::customer_notes(&sum.coverage),
     };
     let ctx = letter::Ctx::new(cfg, &sum, packs.len() as u64);
 
-    if out.exists() {
-        let nonempty = std::fs::read_dir(out)
-            .map_err(|e| Error::io(out, e))?
-            .next()
-            .is_some();
-        if nonempty {
-            return Err(Error::invalid(
-                Location::file(out),
-                "the output folder exists and is not empty",
-                "pass a new or empty folder: a notification set must not mix with older files",
-            ));
-        }
-    }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    custody::create_private_dir(out)?;
     let mut files = Vec::new();
     let mut write = |rel: &str, text: &str| -> Result<()> {
         let p = out.join(rel);
         if let Some(d) = p.parent() {
-            std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+            custody::create_private_dir(d)?;
         }
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+        custody::write_private(&p, text)?;
         files.push(p);
         Ok(())
     };

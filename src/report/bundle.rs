@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::custody;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::report::{html, index};
 use crate::scope::ScopeReport;
 use crate::trace::read::Trace;
@@ -23,12 +23,11 @@ pub fn write_scope_extras(
     dir: &Path,
     command: &[String],
 ) -> Result<(Vec<PathBuf>, String)> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    custody::create_private_dir(dir)?;
     let tl = index::write_index(trace, r, dir)?;
     let inputs = custody::trace_inputs(&trace.dir)?;
     let p = dir.join(REPORT_HTML);
-    std::fs::write(&p, html::report_html(r, &tl, &inputs, command))
-        .map_err(|e| Error::io(&p, e))?;
+    custody::write_private(&p, html::report_html(r, &tl, &inputs, command))?;
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
     let written = [
         index::REQUESTS_CSV,

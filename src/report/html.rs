@@ -292,7 +292,7 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
             let _ = write!(
                 s,
                 "<tr><td>{}</td>{}{}{}{}{}</tr>",
-                h(&t.tenant),
+                h(&t.tenant.to_string()),
                 td_num(t.responses),
                 td_num(t.cross_tenant_responses),
                 td_num(t.foreign_tokens),
@@ -312,7 +312,7 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
             let _ = write!(
                 s,
                 "<tr><td>{}</td>{}{}{}{}{}</tr>",
-                h(&t.tenant),
+                h(&t.tenant.to_string()),
                 td_num(t.requests),
                 td_num(t.tokens),
                 td_num(t.cross_tenant_tokens),
@@ -406,7 +406,7 @@ fn mechanism(s: &mut String, r: &ScopeReport) {
                 "<tr><td class=\"num\">{}</td><td><code>{}</code></td><td>{}</td><td data-v=\"{}\">{}</td>{}{}{}{}{}<td>{}</td></tr>",
                 a.request_id,
                 h(a.external_id.as_deref().unwrap_or("-")),
-                h(&a.tenant),
+                h(&a.tenant.to_string()),
                 a.arrival_ns.unwrap_or(a.first_read_ns),
                 h(&utc_opt(a.arrival_ns)),
                 td_opt(a.prompt_tokens),

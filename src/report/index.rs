@@ -8,14 +8,17 @@
 //! the time range, then the rows), so memory stays constant in the number
 //! of requests. Rows keep trace order (files sorted by path, rows in file
 //! order): the same trace gives the same bytes.
+//!
+//! requests.csv is for people and for `lookup`: its text cells (external_id,
+//! tenant) follow the spreadsheet rule of `report::sheet` and `read_index`
+//! undoes it exactly, so an external id that begins with `=` is found.
 
-use std::io::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::report::text::csv_field;
+use crate::report::sheet;
 use crate::schema::hex32;
 use crate::scope::ScopeReport;
 use crate::trace::read::Trace;
@@ -105,34 +108,32 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
     };
     // Pass 2: rows and buckets.
     let path = dir.join(REQUESTS_CSV);
-    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
-    let mut w = std::io::BufWriter::new(file);
-    let io = |e| Error::io(&path, e);
-    writeln!(w, "{REQUESTS_HEADER}").map_err(io)?;
+    let file = crate::custody::create_private(&path)?;
+    let mut w = sheet::writer(std::io::BufWriter::new(file));
+    let io = |e: csv::Error| Error::io(&path, e.into());
+    w.write_record(REQUESTS_HEADER.split(',')).map_err(io)?;
     for batch in trace.requests() {
         for r in batch? {
             let b = tl.bucket(r.arrival_ns);
             tl.requests[b] += 1;
             tl.ok_responses[b] += (200..300).contains(&r.http_status) as u64;
             let opt = |v: Option<String>| v.unwrap_or_default();
-            writeln!(
-                w,
-                "{},{},{},{},{},{},{},{},{},{}",
-                r.request_id,
-                csv_field(r.external_id.as_deref().unwrap_or("")),
-                csv_field(&r.tenant),
-                r.arrival_ns,
+            w.write_record([
+                r.request_id.to_string(),
+                sheet::text(r.external_id.as_deref().unwrap_or("")).into_owned(),
+                sheet::text(&r.tenant).into_owned(),
+                r.arrival_ns.to_string(),
                 opt(r.finish_ns.map(|v| v.to_string())),
-                r.http_status,
-                r.prompt_tokens,
+                r.http_status.to_string(),
+                r.prompt_tokens.to_string(),
                 opt(r.prefilled_tokens.map(|v| v.to_string())),
-                r.output_tokens,
+                r.output_tokens.to_string(),
                 opt(r.output_hash.as_ref().map(hex32)),
-            )
+            ])
             .map_err(io)?;
         }
     }
-    w.flush().map_err(io)?;
+    w.flush().map_err(|e| Error::io(&path, e))?;
     for a in &report.affected_responses {
         let b = tl.bucket(a.arrival_ns.unwrap_or(a.first_read_ns));
         tl.affected[b] += 1;
@@ -141,15 +142,15 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
     let p = dir.join(TIMELINE_JSON);
     let mut text = serde_json::to_string_pretty(&tl).expect("timeline serializes");
     text.push('\n');
-    std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+    crate::custody::write_private(&p, text)?;
     Ok(tl)
 }
 
 /// Reads requests.csv of a scope folder, calling `f` for every row until it
 /// returns false. Streams record by record (a quoted field may span lines),
-/// so memory does not grow with the trace. Errors name the file and line.
+/// so memory does not grow with the trace. Text cells are returned as they
+/// were in the trace (`sheet::untext`). Errors name the file and row.
 pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
-    use std::io::BufRead as _;
     let path = dir.join(REQUESTS_CSV);
     let file = match std::fs::File::open(&path) {
         Ok(t) => t,
@@ -162,50 +163,39 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
         }
         Err(e) => return Err(Error::io(&path, e)),
     };
-    let bad = |line: usize, what: String| {
+    let bad = |row: u64, what: String| {
         Error::invalid(
-            crate::error::Location::file(&path).row(line as u64),
+            crate::error::Location::file(&path).row(row),
             what,
             "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
         )
     };
-    let mut lines = std::io::BufReader::new(file).lines();
-    let mut line_no = 0usize;
+    let mut rd = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(std::io::BufReader::new(file));
+    let mut rec = csv::StringRecord::new();
     let mut header = true;
     loop {
-        // One record: lines until the quotes balance.
-        let mut rec = String::new();
-        let start = line_no;
-        loop {
-            match lines.next() {
-                None if rec.is_empty() => return Ok(()),
-                None => return Err(bad(start, "unterminated quoted field".into())),
-                Some(l) => {
-                    let l = l.map_err(|e| Error::io(&path, e))?;
-                    line_no += 1;
-                    if !rec.is_empty() {
-                        rec.push('\n');
-                    }
-                    rec.push_str(&l);
-                }
-            }
-            if rec.matches('"').count() % 2 == 0 {
-                break;
+        // Row numbers count lines before the record: the header is row 0.
+        let row = rd.position().line().saturating_sub(1);
+        match rd.read_record(&mut rec) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            Err(e) => {
+                let row = e.position().map_or(row, |p| p.line().saturating_sub(1));
+                return Err(bad(row, format!("not valid CSV: {e}")));
             }
         }
-        let r = crate::report::text::parse_csv(&rec)
-            .map_err(|_| bad(start, "unterminated quoted field".into()))?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let i = rec.position().map_or(row, |p| p.line().saturating_sub(1));
         if header {
-            if r.join(",") != REQUESTS_HEADER {
-                return Err(bad(start, format!("header is not `{REQUESTS_HEADER}`")));
+            if rec.iter().collect::<Vec<_>>().join(",") != REQUESTS_HEADER {
+                return Err(bad(i, format!("header is not `{REQUESTS_HEADER}`")));
             }
             header = false;
             continue;
         }
-        let i = start;
+        let r: Vec<&str> = rec.iter().collect();
         if r.len() != 10 {
             return Err(bad(i, format!("{} fields, expected 10", r.len())));
         }
@@ -222,15 +212,15 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
         };
         let row = IndexRow {
             request_id: need(0)? as u64,
-            external_id: (!r[1].is_empty()).then(|| r[1].clone()),
-            tenant: r[2].clone(),
+            external_id: (!r[1].is_empty()).then(|| sheet::untext(r[1]).to_string()),
+            tenant: sheet::untext(r[2]).to_string(),
             arrival_ns: need(3)? as i64,
             finish_ns: num(4)?.map(|v| v as i64),
             http_status: need(5)? as u16,
             prompt_tokens: need(6)? as u32,
             prefilled_tokens: num(7)?.map(|v| v as u32),
             output_tokens: need(8)? as u32,
-            output_hash: (!r[9].is_empty()).then(|| r[9].clone()),
+            output_hash: (!r[9].is_empty()).then(|| r[9].to_string()),
         };
         if !f(row) {
             return Ok(());

@@ -6,6 +6,7 @@
 pub mod bundle;
 pub mod html;
 pub mod index;
+pub mod sheet;
 pub mod text;
 
 use std::fmt::Write as _;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringArray, UInt16Array, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::scope::{Confidence, ScopeReport};
 
 /// The report as pretty JSON with a trailing newline.
@@ -25,32 +26,28 @@ pub fn to_json(r: &ScopeReport) -> String {
     s
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(|x| x.to_string()).unwrap_or_default()
 }
 
-/// responses.csv: one row per affected response.
+/// The distinct tenants of a response's sources as shown to people, sorted.
+fn source_labels(a: &crate::scope::Response) -> Vec<String> {
+    let mut st: Vec<String> = a.sources.iter().map(|x| x.tenant.to_string()).collect();
+    st.sort_unstable();
+    st.dedup();
+    st
+}
+
+/// responses.csv: one row per affected response (text cells made safe for
+/// spreadsheets by `sheet::text`).
 pub fn responses_csv(r: &ScopeReport) -> String {
-    let mut s = String::from(
-        "request_id,external_id,tenant,arrival_ns,http_status,output_hash,foreign_tokens,unknown_tokens,uncertain_tokens,cross_tenant,confidence,reasons,source_tenants,source_request_ids\n",
-    );
-    for a in &r.affected_responses {
-        let mut st: Vec<&str> = a.sources.iter().map(|x| x.tenant.as_str()).collect();
-        st.sort_unstable();
-        st.dedup();
+    let rows = r.affected_responses.iter().map(|a| {
+        let st = source_labels(a);
         let ids: Vec<String> = a.sources.iter().map(|x| x.request_id.to_string()).collect();
-        let row = [
+        [
             a.request_id.to_string(),
-            csv_field(a.external_id.as_deref().unwrap_or("")),
-            csv_field(&a.tenant),
+            sheet::text(a.external_id.as_deref().unwrap_or("")).into_owned(),
+            sheet::text(&a.tenant.to_string()).into_owned(),
             opt(&a.arrival_ns),
             opt(&a.http_status),
             opt(&a.output_hash),
@@ -59,41 +56,65 @@ pub fn responses_csv(r: &ScopeReport) -> String {
             a.uncertain_tokens.to_string(),
             a.cross_tenant.to_string(),
             a.confidence.as_str().to_string(),
-            csv_field(&a.reasons.join(";")),
-            csv_field(&st.join(";")),
+            sheet::text_list(a.reasons.iter().map(String::as_str)),
+            sheet::text_list(st.iter().map(String::as_str)),
             ids.join(";"),
-        ];
-        s.push_str(&row.join(","));
-        s.push('\n');
-    }
-    s
+        ]
+    });
+    sheet::to_string(
+        &[
+            "request_id",
+            "external_id",
+            "tenant",
+            "arrival_ns",
+            "http_status",
+            "output_hash",
+            "foreign_tokens",
+            "unknown_tokens",
+            "uncertain_tokens",
+            "cross_tenant",
+            "confidence",
+            "reasons",
+            "source_tenants",
+            "source_request_ids",
+        ],
+        rows,
+    )
 }
 
 /// tenants.csv: one row per (role, tenant); role is recipient or source.
 pub fn tenants_csv(r: &ScopeReport) -> String {
-    let mut s = String::from("role,tenant,responses,requests,tokens,cross_tenant_tokens\n");
-    for t in &r.recipients {
-        let _ = writeln!(
-            s,
-            "recipient,{},{},{},{},",
-            csv_field(&t.tenant),
-            t.responses,
-            t.responses,
-            t.foreign_tokens
-        );
-    }
-    for t in &r.sources {
-        let _ = writeln!(
-            s,
-            "source,{},{},{},{},{}",
-            csv_field(&t.tenant),
-            t.recipient_responses,
-            t.requests,
-            t.tokens,
-            t.cross_tenant_tokens
-        );
-    }
-    s
+    let rec = r.recipients.iter().map(|t| {
+        [
+            "recipient".to_string(),
+            sheet::text(&t.tenant.to_string()).into_owned(),
+            t.responses.to_string(),
+            t.responses.to_string(),
+            t.foreign_tokens.to_string(),
+            String::new(),
+        ]
+    });
+    let src = r.sources.iter().map(|t| {
+        [
+            "source".to_string(),
+            sheet::text(&t.tenant.to_string()).into_owned(),
+            t.recipient_responses.to_string(),
+            t.requests.to_string(),
+            t.tokens.to_string(),
+            t.cross_tenant_tokens.to_string(),
+        ]
+    });
+    sheet::to_string(
+        &[
+            "role",
+            "tenant",
+            "responses",
+            "requests",
+            "tokens",
+            "cross_tenant_tokens",
+        ],
+        rec.chain(src),
+    )
 }
 
 /// findings.parquet rows: one per (response, source); a response without
@@ -101,7 +122,7 @@ pub fn tenants_csv(r: &ScopeReport) -> String {
 pub fn findings_batch(r: &ScopeReport) -> RecordBatch {
     let mut rid = Vec::new();
     let mut ext: Vec<Option<String>> = Vec::new();
-    let mut ten = Vec::new();
+    let mut ten: Vec<Option<String>> = Vec::new();
     let mut status: Vec<Option<u16>> = Vec::new();
     let mut src: Vec<Option<u64>> = Vec::new();
     let mut sten: Vec<Option<String>> = Vec::new();
@@ -114,10 +135,10 @@ pub fn findings_batch(r: &ScopeReport) -> RecordBatch {
         let mut push = |s: Option<&crate::scope::Source>| {
             rid.push(a.request_id);
             ext.push(a.external_id.clone());
-            ten.push(a.tenant.clone());
+            ten.push(a.tenant.customer().map(str::to_string));
             status.push(a.http_status);
             src.push(s.map(|x| x.request_id));
-            sten.push(s.map(|x| x.tenant.clone()));
+            sten.push(s.and_then(|x| x.tenant.customer().map(str::to_string)));
             tok.push(s.map(|x| x.tokens).unwrap_or(a.exposed_tokens));
             fseq.push(s.map(|x| x.first_seq));
             lseq.push(s.map(|x| x.last_seq));
@@ -138,7 +159,9 @@ pub fn findings_batch(r: &ScopeReport) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
         Field::new("request_id", DataType::UInt64, false),
         Field::new("external_id", DataType::Utf8, true),
-        Field::new("tenant", DataType::Utf8, false),
+        // null: the engine (request 0) or a request missing from the
+        // requests table, never a name a tenant could have.
+        Field::new("tenant", DataType::Utf8, true),
         Field::new("http_status", DataType::UInt16, true),
         Field::new("source_request_id", DataType::UInt64, true),
         Field::new("source_tenant", DataType::Utf8, true),
@@ -166,8 +189,10 @@ pub fn findings_batch(r: &ScopeReport) -> RecordBatch {
 
 /// Writes responses.csv, tenants.csv, findings.parquet and summary.json
 /// into `dir` (created if needed). Returns the paths written.
+/// Files and the folder are owner-only (`custody::create_private_dir`); the
+/// caller checks the folder first (`custody::prepare_out`).
 pub fn write_out(r: &ScopeReport, dir: &Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    crate::custody::create_private_dir(dir)?;
     let mut written = Vec::new();
     for (name, text) in [
         ("responses.csv", responses_csv(r)),
@@ -175,15 +200,18 @@ pub fn write_out(r: &ScopeReport, dir: &Path) -> Result<Vec<PathBuf>> {
         ("summary.json", to_json(r)),
     ] {
         let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+        crate::custody::write_private(&p, text)?;
         written.push(p);
     }
     let p = dir.join("findings.parquet");
     crate::trace::write::write_single_file(&p, &[findings_batch(r)])?;
+    crate::custody::make_private(&p)?;
     written.push(p);
     written.sort();
     Ok(written)
 }
+
+use text::term;
 
 fn ns(v: Option<i64>) -> String {
     text::utc_opt(v)
@@ -195,7 +223,7 @@ pub fn human(r: &ScopeReport) -> String {
     let d = &r.deployment;
     let c = &r.counts;
     let cov = &r.coverage;
-    let _ = writeln!(s, "kvtrail scope: {} ({})", d.name, d.engine);
+    let _ = writeln!(s, "kvtrail scope: {} ({})", term(&d.name), term(&d.engine));
     let _ = writeln!(
         s,
         "  replayed {} kv events ({} slot touches, {} read slots) over {} pools; {} requests",
@@ -233,14 +261,15 @@ pub fn human(r: &ScopeReport) -> String {
         );
         const SHOW: usize = 10;
         for a in r.affected_responses.iter().take(SHOW) {
-            let mut st: Vec<&str> = a.sources.iter().map(|x| x.tenant.as_str()).collect();
-            st.sort_unstable();
-            st.dedup();
+            let st: Vec<String> = source_labels(a)
+                .iter()
+                .map(|t| term(t).into_owned())
+                .collect();
             let _ = writeln!(
                 s,
                 "  {:>10}  {:<16} {:>6} {:>9} {:>5}  {:<10} {}",
                 a.request_id,
-                a.tenant,
+                term(&a.tenant.to_string()),
                 a.http_status.map(|x| x.to_string()).unwrap_or("-".into()),
                 a.foreign_tokens,
                 if a.cross_tenant { "yes" } else { "no" },
@@ -274,7 +303,7 @@ pub fn human(r: &ScopeReport) -> String {
             list(
                 r.recipients
                     .iter()
-                    .map(|t| format!("{} ({} resp)", t.tenant, t.responses))
+                    .map(|t| format!("{} ({} resp)", term(&t.tenant.to_string()), t.responses))
                     .collect()
             )
         );
@@ -285,7 +314,12 @@ pub fn human(r: &ScopeReport) -> String {
             list(
                 r.sources
                     .iter()
-                    .map(|t| format!("{} ({} req, {} tok)", t.tenant, t.requests, t.tokens))
+                    .map(|t| format!(
+                        "{} ({} req, {} tok)",
+                        term(&t.tenant.to_string()),
+                        t.requests,
+                        t.tokens
+                    ))
                     .collect()
             )
         );
@@ -314,7 +348,7 @@ pub fn human(r: &ScopeReport) -> String {
         }
     );
     for n in cov.notes.iter().take(8) {
-        let _ = writeln!(s, "  - {n}");
+        let _ = writeln!(s, "  - {}", term(n));
     }
     if cov.notes.len() > 8 {
         let _ = writeln!(s, "  - ... {} more notes in --json", cov.notes.len() - 8);

@@ -1,8 +1,8 @@
 //! Small text helpers shared by the human-facing writers (report.html,
 //! notification letters, look-up answers): UTC time formatting from Unix
 //! nanoseconds without a clock or time-zone database, HTML and Markdown
-//! escaping of strings that come from a trace, and a minimal CSV reader
-//! for the files the report writers themselves produce.
+//! escaping of strings that come from a trace, and `term`, the escaping of
+//! such strings for terminals. CSV is `report::sheet`.
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
 /// Gregorian; Howard Hinnant's civil-from-days).
@@ -114,69 +114,41 @@ pub fn code(s: &str) -> String {
     }
 }
 
-/// Quotes a CSV field when it needs it (RFC 4180).
-pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
+/// Whether a character can rewrite or reorder what a terminal shows: C0
+/// and C1 controls (escape sequences, carriage return, backspace, line
+/// breaks), DEL, and the Unicode format characters that reorder or hide
+/// text (bidi embeddings, overrides and isolates, zero-width characters,
+/// line and paragraph separators, the byte-order mark).
+fn spoofs(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{061c}' | '\u{00ad}' | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}')
 }
 
-/// Splits RFC 4180 CSV text into records (quoted fields may hold commas,
-/// quotes and line breaks). Returns the records and, for an unterminated
-/// quote, the 1-based line where it began.
-pub fn parse_csv(text: &str) -> Result<Vec<Vec<String>>, usize> {
-    let mut rows = Vec::new();
-    let mut row = Vec::new();
-    let mut field = String::new();
-    let mut quoted = false;
-    let mut line = 1usize;
-    let mut quote_line = 0usize;
-    let mut chars = text.chars().peekable();
-    let mut any = false;
-    while let Some(c) = chars.next() {
-        any = true;
-        if quoted {
-            match c {
-                '"' if chars.peek() == Some(&'"') => {
-                    chars.next();
-                    field.push('"');
-                }
-                '"' => quoted = false,
-                c => {
-                    if c == '\n' {
-                        line += 1;
-                    }
-                    field.push(c)
-                }
-            }
-            continue;
-        }
-        match c {
-            '"' if field.is_empty() => {
-                quoted = true;
-                quote_line = line;
-            }
-            ',' => row.push(std::mem::take(&mut field)),
-            '\r' => {}
-            '\n' => {
-                line += 1;
-                row.push(std::mem::take(&mut field));
-                rows.push(std::mem::take(&mut row));
-                any = false;
-            }
-            c => field.push(c),
+/// Text from a trace (tenant names, external ids, deployment names, file
+/// paths) made safe for a terminal: every character that `spoofs` is
+/// written as `\u{XX}`, so a name cannot move the cursor, clear the screen,
+/// start a new line or reverse the text around it. The one helper for all
+/// human output on stdout and stderr; JSON output stays exact JSON.
+pub fn term(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(spoofs) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if spoofs(c) {
+            o.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            o.push(c);
         }
     }
-    if quoted {
-        return Err(quote_line);
-    }
-    if any {
-        row.push(field);
-        rows.push(row);
-    }
-    Ok(rows)
+    std::borrow::Cow::Owned(o)
 }
 
 #[cfg(test)]
@@ -196,16 +168,13 @@ mod tests {
     }
 
     #[test]
-    fn csv_round_trips_awkward_fields() {
-        let fields = ["plain", "a,b", "say \"hi\"", "two\nlines", ""];
-        let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
-        let text = format!("{}\n{}\n", line.join(","), line.join(","));
-        let rows = parse_csv(&text).unwrap();
-        assert_eq!(rows.len(), 2);
-        for r in rows {
-            assert_eq!(r, fields);
-        }
-        assert_eq!(parse_csv("a,\"open\nb"), Err(1));
+    fn term_escapes_what_can_spoof_a_terminal() {
+        assert_eq!(term("acme-corp ünï"), "acme-corp ünï");
+        assert_eq!(
+            term("a\x1b[2J\rNOT AFFECTED\n\u{202e}x"),
+            "a\\u{1b}[2J\\u{d}NOT AFFECTED\\u{a}\\u{202e}x"
+        );
+        assert_eq!(term("\u{9b}\u{7f}\u{200b}"), "\\u{9b}\\u{7f}\\u{200b}");
     }
 
     #[test]

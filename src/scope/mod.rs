@@ -22,24 +22,19 @@ use crate::replay::{ReplayOptions, ReplayOutcome, Reporter, replay};
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
 use crate::trace::read::{Trace, rel_path};
 
-/// Tenant shown for a request that is not in the requests table.
-pub const UNKNOWN_TENANT: &str = "(unknown)";
-/// Tenant shown for request 0, the engine itself.
-pub const ENGINE_TENANT: &str = "(engine)";
-
 /// Replays a trace and scopes the result.
 pub fn scope(trace: &Trace, opts: &ReplayOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
     let outcome = replay(trace, opts, reporter)?;
     scope_outcome(trace, &outcome, reporter)
 }
 
-fn tenant_of(id: u64, reqs: &HashMap<u64, RequestRecord>) -> String {
+fn tenant_of(id: u64, reqs: &HashMap<u64, RequestRecord>) -> Tenant {
     if id == ENGINE_REQUEST {
-        return ENGINE_TENANT.to_string();
+        return Tenant::Engine;
     }
     reqs.get(&id)
-        .map(|r| r.tenant.clone())
-        .unwrap_or_else(|| UNKNOWN_TENANT.to_string())
+        .map(|r| Tenant::Customer(r.tenant.clone()))
+        .unwrap_or(Tenant::Unknown)
 }
 
 fn union(sets: &[&PoolSets]) -> u64 {
@@ -134,7 +129,7 @@ pub fn scope_outcome(
             let certain = !sa.certain.is_empty() && clean_capture;
             any_certain |= certain;
             let s_cross = s != ENGINE_REQUEST
-                && (st != tenant || st == UNKNOWN_TENANT || tenant == UNKNOWN_TENANT);
+                && (st != tenant || st == Tenant::Unknown || tenant == Tenant::Unknown);
             cross |= s_cross;
             sources.push(Source {
                 request_id: s,
@@ -296,10 +291,20 @@ pub(crate) fn finish_coverage(c: &mut Coverage) {
         && c.files_missing.is_empty()
         && c.files_unread.is_empty()
         && c.requests_missing.is_empty();
-    c.notes = coverage_notes(c);
+    c.notes = coverage_notes(c, true);
 }
 
-fn coverage_notes(c: &Coverage) -> Vec<String> {
+/// The coverage notes for a customer's notification pack: the same notes
+/// as `coverage.notes`, worded without file paths or names (a trace's file
+/// names can carry other customers' names, e.g. Hive folders by tenant).
+/// Built from the coverage's structure, never from the responder's notes.
+pub fn customer_notes(c: &Coverage) -> Vec<String> {
+    coverage_notes(c, false)
+}
+
+/// `paths`: whether notes may quote file paths (the responder's own
+/// report) or only count files (anything that reaches a customer).
+fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     let mut n = Vec::new();
     if !c.capture_complete {
         n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());
@@ -339,11 +344,15 @@ fn coverage_notes(c: &Coverage) -> Vec<String> {
         ));
     }
     if !c.files_unread.is_empty() {
-        n.push(format!(
-            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, or *.parquet under a name starting with `_` or `.`): {}",
-            c.files_unread.len(),
-            c.files_unread.join(", ")
-        ));
+        let mut note = format!(
+            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, or *.parquet under a name starting with `_` or `.`)",
+            c.files_unread.len()
+        );
+        if paths {
+            note.push_str(": ");
+            note.push_str(&c.files_unread.join(", "));
+        }
+        n.push(note);
     }
     if !c.files_missing.is_empty() {
         n.push(format!(
@@ -397,13 +406,19 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage) -> String {
 /// Tenants on both sides (recipients and sources), from the responses;
 /// shared by a single run and the merge of shards.
 pub(crate) fn tenants(affected: &[Response]) -> (Vec<Recipient>, Vec<SourceTenant>) {
-    let mut rec_t: BTreeMap<String, Recipient> = BTreeMap::new();
-    type SourceAcc = (BTreeSet<u64>, BTreeSet<String>, u64, u64, BTreeSet<u64>);
-    let mut src_t: BTreeMap<String, SourceAcc> = BTreeMap::new();
+    let mut rec_t: BTreeMap<Tenant, Recipient> = BTreeMap::new();
+    type SourceAcc = (BTreeSet<u64>, BTreeSet<Tenant>, u64, u64, BTreeSet<u64>);
+    let mut src_t: BTreeMap<Tenant, SourceAcc> = BTreeMap::new();
     for a in affected {
         let e = rec_t.entry(a.tenant.clone()).or_insert_with(|| Recipient {
             tenant: a.tenant.clone(),
-            ..Default::default()
+            responses: 0,
+            foreign_tokens: 0,
+            unknown_tokens: 0,
+            cross_tenant_responses: 0,
+            confirmed: 0,
+            possible: 0,
+            request_ids: Vec::new(),
         });
         e.responses += 1;
         e.foreign_tokens += a.foreign_tokens;

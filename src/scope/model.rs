@@ -1,7 +1,7 @@
 //! The scope report: plain serializable data. Field order here is the order
 //! in JSON output; lists are sorted by the builder (`scope_outcome`).
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::replay::Gap;
 use crate::trace::manifest::Manifest;
@@ -26,12 +26,77 @@ impl Confidence {
     }
 }
 
+/// Whose request it is: a customer (the tenant of the requests table), or
+/// no customer at all. The two "no customer" cases are variants, never
+/// strings, so no tenant name can be mistaken for them.
+///
+/// JSON: a customer is its name; the engine and an unknown tenant are
+/// `null` (which of the two follows from the request id: request 0 is the
+/// engine; `ScopeReport::from_json` restores `Engine`). People see them as
+/// `(engine)` and `(unknown)` (`Display`); a customer whose name reads like
+/// one of those is shown in double quotes, so the two never look alike.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tenant {
+    /// Request 0, the engine itself.
+    Engine,
+    /// A request missing from the requests table.
+    Unknown,
+    /// A customer, by its tenant name.
+    Customer(String),
+}
+
+impl Tenant {
+    /// Label shown for the engine.
+    pub const ENGINE_LABEL: &'static str = "(engine)";
+    /// Label shown for an unknown tenant.
+    pub const UNKNOWN_LABEL: &'static str = "(unknown)";
+
+    /// The customer's name, or None for the engine and unknown tenants.
+    pub fn customer(&self) -> Option<&str> {
+        match self {
+            Tenant::Customer(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tenant::Engine => f.write_str(Self::ENGINE_LABEL),
+            Tenant::Unknown => f.write_str(Self::UNKNOWN_LABEL),
+            Tenant::Customer(s) if s == Self::ENGINE_LABEL || s == Self::UNKNOWN_LABEL => {
+                write!(f, "\"{s}\"")
+            }
+            Tenant::Customer(s) => f.write_str(s),
+        }
+    }
+}
+
+impl Serialize for Tenant {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Tenant::Customer(n) => s.serialize_str(n),
+            _ => s.serialize_none(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Tenant {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Option::<String>::deserialize(d)? {
+            Some(n) => Tenant::Customer(n),
+            None => Tenant::Unknown,
+        })
+    }
+}
+
 /// One request whose KV another response read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
     pub request_id: u64,
     pub external_id: Option<String>,
-    pub tenant: String,
+    pub tenant: Tenant,
     /// Distinct (pool, slot) of this source read by the response.
     pub tokens: u64,
     /// seq (in the reading pool) of the first and last read of this source.
@@ -49,7 +114,7 @@ pub struct Source {
 pub struct Response {
     pub request_id: u64,
     pub external_id: Option<String>,
-    pub tenant: String,
+    pub tenant: Tenant,
     pub in_requests_table: bool,
     pub arrival_ns: Option<i64>,
     pub finish_ns: Option<i64>,
@@ -80,9 +145,9 @@ pub struct Response {
 }
 
 /// A tenant whose responses carried foreign data.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recipient {
-    pub tenant: String,
+    pub tenant: Tenant,
     pub responses: u64,
     pub foreign_tokens: u64,
     pub unknown_tokens: u64,
@@ -93,16 +158,16 @@ pub struct Recipient {
 }
 
 /// A tenant whose KV leaked into responses.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceTenant {
-    pub tenant: String,
+    pub tenant: Tenant,
     /// Distinct source requests of this tenant.
     pub requests: u64,
     /// Sum over (response, source request) of distinct slots read.
     pub tokens: u64,
     pub cross_tenant_tokens: u64,
     pub recipient_responses: u64,
-    pub recipient_tenants: Vec<String>,
+    pub recipient_tenants: Vec<Tenant>,
     pub request_ids: Vec<u64>,
 }
 
@@ -112,7 +177,7 @@ pub struct SourceTenant {
 pub struct BlankReads {
     pub request_id: u64,
     pub external_id: Option<String>,
-    pub tenant: String,
+    pub tenant: Tenant,
     pub tokens: u64,
 }
 
@@ -303,6 +368,32 @@ pub struct ScopeReport {
 }
 
 impl ScopeReport {
+    /// Reads a report written as JSON (summary.json, `--json`): the engine's
+    /// entries (request 0, `tenant: null`) get `Tenant::Engine` back.
+    pub fn from_json(bytes: &[u8]) -> serde_json::Result<Self> {
+        let mut r: ScopeReport = serde_json::from_slice(bytes)?;
+        let fix = |id: u64, t: &mut Tenant| {
+            if id == crate::schema::ENGINE_REQUEST && *t == Tenant::Unknown {
+                *t = Tenant::Engine;
+            }
+        };
+        for a in &mut r.affected_responses {
+            fix(a.request_id, &mut a.tenant);
+            for s in &mut a.sources {
+                fix(s.request_id, &mut s.tenant);
+            }
+        }
+        for s in &mut r.sources {
+            if s.request_ids == [crate::schema::ENGINE_REQUEST] && s.tenant == Tenant::Unknown {
+                s.tenant = Tenant::Engine;
+            }
+        }
+        for b in &mut r.blank_read_responses {
+            fix(b.request_id, &mut b.tenant);
+        }
+        Ok(r)
+    }
+
     /// Whether anything is affected (confirmed or possible).
     pub fn any_exposure(&self) -> bool {
         !self.affected_responses.is_empty()

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::replay::ReplayOptions;
+use kvtrail::report::text::term;
 use kvtrail::whatif::diff::{DiffReport, Side, diff};
 
 use crate::cli::progress::BarReporter;
@@ -46,11 +47,11 @@ fn side(s: &Side) -> String {
 
 pub fn human(r: &DiffReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{}\n", r.headline);
+    let _ = writeln!(s, "{}\n", term(&r.headline));
     let e = &r.exposure;
     let _ = writeln!(s, "exposure (scope on both traces)");
     for (n, x) in [("before", &e.before), ("after", &e.after)] {
-        let _ = writeln!(s, "  {n:<7} {}: {}", x.engine, x.verdict);
+        let _ = writeln!(s, "  {n:<7} {}: {}", term(&x.engine), x.verdict);
     }
     let _ = writeln!(s, "\nstatus counts");
     let _ = writeln!(s, "  before {:?}", r.status_counts.before);
@@ -98,8 +99,8 @@ pub fn human(r: &DiffReport) -> String {
                 s,
                 "  {} {} {} prompt {} [{}]\n      before: {}\n      after:  {}",
                 c.request_id,
-                c.external_id.as_deref().unwrap_or("-"),
-                c.tenant,
+                term(c.external_id.as_deref().unwrap_or("-")),
+                term(&c.tenant),
                 c.prompt_tokens,
                 c.what.join(", "),
                 side(&c.before),

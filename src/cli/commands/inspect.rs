@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
+use kvtrail::report::text::term;
 use kvtrail::trace::Trace;
 
 use crate::cli::progress::BarReporter;
@@ -34,7 +35,7 @@ fn counts<K: std::fmt::Display>(c: &[Count<K>]) -> String {
     let parts: Vec<String> = c
         .iter()
         .filter(|c| c.count > 0)
-        .map(|c| format!("{} {}", c.key, c.count))
+        .map(|c| format!("{} {}", term(&c.key.to_string()), c.count))
         .collect();
     if parts.is_empty() {
         "-".into()
@@ -90,18 +91,20 @@ fn print_text(
     r: &InspectReport,
 ) -> std::io::Result<()> {
     let d = &r.deployment;
-    writeln!(out, "trace       {}", path.display())?;
+    writeln!(out, "trace       {}", term(&path.display().to_string()))?;
     writeln!(
         out,
         "deployment  {} | {} | context_window {}",
-        d.name, d.engine, d.context_window
+        term(&d.name),
+        term(&d.engine),
+        d.context_window
     )?;
     for p in &d.pools {
         writeln!(
             out,
             "  pool {:<3} {:<16} {:<7} capacity {} tokens, page {}{}",
             p.id,
-            p.name,
+            term(&p.name),
             p.role,
             p.capacity_tokens,
             p.page_size,
@@ -121,7 +124,7 @@ fn print_text(
             Some(false) => "no",
             None => "unknown",
         },
-        c.writer
+        term(&c.writer)
     )?;
     let f = &r.files;
     writeln!(
@@ -206,7 +209,7 @@ fn print_text(
     } else {
         writeln!(out, "evidence    WARNINGS:")?;
         for w in &r.evidence_warnings {
-            writeln!(out, "  - {w}")?;
+            writeln!(out, "  - {}", term(w))?;
         }
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lookup::{Query, lookup};
-use kvtrail::report::text::utc;
+use kvtrail::report::text::{term, utc};
 
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("query").required(true).args(["external_id", "output_hash", "tenant"])))]
@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         serde_json::to_writer_pretty(&mut out, &a)?;
         writeln!(out)?;
     } else {
-        writeln!(out, "{}", a.message)?;
+        writeln!(out, "{}", term(&a.message))?;
         for m in &a.matches {
             let side = match (&m.as_recipient, &m.as_source) {
                 (Some(_), Some(_)) => "recipient and source",
@@ -51,8 +51,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 out,
                 "  request {} ext {} tenant {} arrived {} HTTP {}: {side}",
                 m.request_id,
-                m.external_id.as_deref().unwrap_or("-"),
-                m.tenant,
+                term(m.external_id.as_deref().unwrap_or("-")),
+                term(&m.tenant),
                 utc(m.arrival_ns),
                 m.http_status
             )?;
@@ -104,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         )?;
         for p in &a.evidence_problems {
-            writeln!(out, "  FAIL {p}")?;
+            writeln!(out, "  FAIL {}", term(p))?;
         }
     }
     Ok(if a.evidence_intact { 0 } else { 1 })

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::report;
+use kvtrail::report::text::term;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::merge::{SHARD_FILE, ShardInfo, merge};
 
@@ -15,7 +16,7 @@ pub struct Args {
     /// Shard output folders (each from `kvtrail scope --pools LIST --out DIR`).
     #[arg(required = true, value_name = "OUT_DIRS")]
     pub parts: Vec<PathBuf>,
-    /// Write the merged report here.
+    /// Write the merged report here (a new or empty folder outside the shard folders; owner-only files).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Print the merged report as JSON on stdout (default: the one-screen summary).
@@ -23,14 +24,18 @@ pub struct Args {
     pub json: bool,
 }
 
-fn load<T: serde::de::DeserializeOwned>(p: &std::path::Path, what: &str) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(p).map_err(|e| {
+fn load<T>(
+    p: &std::path::Path,
+    what: &str,
+    parse: impl Fn(&[u8]) -> serde_json::Result<T>,
+) -> anyhow::Result<T> {
+    let text = std::fs::read(p).map_err(|e| {
         anyhow::anyhow!(
             "{}: {e}; each folder must come from `kvtrail scope --pools LIST --out DIR` ({what})",
             p.display()
         )
     })?;
-    serde_json::from_str(&text).map_err(|e| {
+    parse(&text).map_err(|e| {
         anyhow::anyhow!(
             "{}: not a kvtrail {what} ({e}); was it written by this kvtrail version?",
             p.display()
@@ -39,15 +44,23 @@ fn load<T: serde::de::DeserializeOwned>(p: &std::path::Path, what: &str) -> anyh
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let inputs: Vec<&std::path::Path> = args.parts.iter().map(|p| p.as_path()).collect();
+    kvtrail::custody::prepare_out(&args.out, "merge", &inputs, false)?;
     let mut parts = Vec::new();
     for d in &args.parts {
-        let r: ScopeReport = load(&d.join("summary.json"), "scope summary")?;
-        let s: ShardInfo = load(&d.join(SHARD_FILE), "shard file")?;
+        let r = load(
+            &d.join("summary.json"),
+            "scope summary",
+            ScopeReport::from_json,
+        )?;
+        let s: ShardInfo = load(&d.join(SHARD_FILE), "shard file", |b| {
+            serde_json::from_slice(b)
+        })?;
         parts.push((r, s));
     }
     let r = merge(&parts)?;
     for f in report::write_out(&r, &args.out)? {
-        eprintln!("kvtrail: wrote {}", f.display());
+        eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
     }
     let mut out = std::io::stdout().lock();
     if args.json {

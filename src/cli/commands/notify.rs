@@ -5,14 +5,18 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::notify::{NotifyConfig, notify};
+use kvtrail::report::text::term;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Scope folder (written by `kvtrail scope TRACE --out DIR`).
     pub scope_dir: PathBuf,
-    /// Write the packs here (a new or empty folder).
+    /// Write the packs here (a new or empty folder outside the scope folder; owner-only files).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Replace an earlier `kvtrail notify` folder of the same scope folder (it must hold nothing but the files its evidence.json lists).
+    #[arg(long)]
+    pub force: bool,
     /// Operator settings: operator_name, dpo_contact, incident_id, became_aware, measures, ...
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -29,6 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &cfg,
         args.config.as_deref(),
         &crate::cli::command_line(),
+        args.force,
     )?;
     if !o.unfilled.is_empty() {
         eprintln!(
@@ -38,13 +43,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let mut out = std::io::stdout().lock();
     for p in &o.packs {
-        writeln!(out, "pack {p}")?;
+        writeln!(out, "pack {}", term(p))?;
     }
     writeln!(
         out,
         "{} notification packs, register entry and evidence.json written to {}; evidence digest {}",
         o.packs.len(),
-        args.out.display(),
+        term(&args.out.display().to_string()),
         o.evidence_digest
     )?;
     Ok(0)

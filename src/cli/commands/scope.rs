@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use kvtrail::replay::{BackendChoice, ReplayOptions};
 use kvtrail::report;
+use kvtrail::report::text::term;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::merge::ShardInfo;
 
@@ -30,9 +31,12 @@ pub enum BackendArg {
 pub struct Args {
     /// Trace directory (holds trace.json).
     pub trace: PathBuf,
-    /// Write responses.csv, tenants.csv, findings.parquet, summary.json, requests.csv, timeline.json, report.html and evidence.json here.
+    /// Write responses.csv, tenants.csv, findings.parquet, summary.json, requests.csv, timeline.json, report.html and evidence.json here (a new or empty folder outside the trace; owner-only files).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// With --out: replace an earlier `kvtrail scope --out` folder of the same trace (it must hold nothing but the files its evidence.json lists).
+    #[arg(long, requires = "out")]
+    pub force: bool,
     /// Print the full report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -83,23 +87,28 @@ pub fn compute_shard(
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(dir) = &args.out {
+        // Before the replay: a refused folder should not cost a replay.
+        kvtrail::custody::prepare_out(dir, "scope", &[args.trace.as_path()], args.force)?;
+    }
     let (r, shard) = compute_shard(&args.trace, args.backend, args.pools.clone())?;
     if let Some(dir) = &args.out {
         let mut files = report::write_out(&r, dir)?;
+        // shard.json before evidence.json, so the evidence lists it.
+        if let Some(s) = &shard {
+            let p = dir.join(kvtrail::scope::merge::SHARD_FILE);
+            kvtrail::custody::write_private(&p, serde_json::to_string_pretty(s)? + "\n")?;
+            files.push(p);
+        }
         // report.html, the request index and evidence.json (notify branch).
         let trace = kvtrail::trace::Trace::open(&args.trace)?;
         let (extra, digest) =
             report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
         files.extend(extra);
         for f in files {
-            eprintln!("kvtrail: wrote {}", f.display());
+            eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
         }
         eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
-        if let Some(s) = &shard {
-            let p = dir.join(kvtrail::scope::merge::SHARD_FILE);
-            std::fs::write(&p, serde_json::to_string_pretty(s)? + "\n")?;
-            eprintln!("kvtrail: wrote {}", p.display());
-        }
     }
     let mut out = std::io::stdout().lock();
     if args.json {
