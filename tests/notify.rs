@@ -464,7 +464,10 @@ fn tenants_named_like_unknown_or_engine_are_notified() {
         customers,
         [
             ("(engine)".to_string(), r#"["recipient"]"#.to_string()),
-            ("(unknown)".to_string(), r#"["recipient","source"]"#.to_string()),
+            (
+                "(unknown)".to_string(),
+                r#"["recipient","source"]"#.to_string()
+            ),
         ]
     );
     // lookup agrees: the tenant is affected.
