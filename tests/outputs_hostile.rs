@@ -143,11 +143,17 @@ fn terminal_control_characters_in_trace_strings_are_escaped() {
         &["lookup", "scope", "--external-id", &format!("id-{spoof}")],
     ));
     let by_tenant = ok(&kvtrail(root, &["lookup", "scope", "--tenant", spoof]));
+    // A file planted in the folder under a spoofing name: verify names it.
+    std::fs::write(root.join("scope").join(format!("x{spoof}.txt")), "x").unwrap();
+    let o = kvtrail(root, &["verify", "scope"]);
+    assert_eq!(o.status.code(), Some(1));
+    let verify = String::from_utf8(o.stdout).unwrap();
     for (what, out) in [
         ("scope", &scope),
         ("inspect", &inspect),
         ("lookup", &lookup),
         ("lookup --tenant", &by_tenant),
+        ("verify", &verify),
     ] {
         for bad in ['\x1b', '\r', '\x07', '\u{202e}'] {
             assert!(!out.contains(bad), "{what} prints {bad:?} raw:\n{out}");

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
+use kvtrail::report::text::term;
 use kvtrail::trace::verify::verify;
 
 #[derive(clap::Args, Debug)]
@@ -28,7 +29,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         writeln!(out)?;
     } else {
         for p in &report.problems {
-            writeln!(out, "FAIL {:<12} {}: {}", p.kind, p.path, p.detail)?;
+            writeln!(
+                out,
+                "FAIL {:<12} {}: {}",
+                p.kind,
+                term(&p.path),
+                term(&p.detail)
+            )?;
         }
         writeln!(
             out,
@@ -53,17 +60,25 @@ fn print_folder(out: &mut impl Write, r: &FolderReport, depth: usize) -> std::io
         writeln!(
             out,
             "{pad}FAIL {:<9} {} {}: {}",
-            p.kind, p.side, p.path, p.detail
+            p.kind,
+            p.side,
+            term(&p.path),
+            term(&p.detail)
         )?;
     }
     for u in &r.inputs_unavailable {
         writeln!(
             out,
-            "{pad}NOTE inputs not on this machine, not re-checked: {u}"
+            "{pad}NOTE inputs not on this machine, not re-checked: {}",
+            term(u)
         )?;
     }
     for p in &r.recorded_input_problems {
-        writeln!(out, "{pad}NOTE recorded when the folder was written: {p}")?;
+        writeln!(
+            out,
+            "{pad}NOTE recorded when the folder was written: {}",
+            term(p)
+        )?;
     }
     writeln!(
         out,
