@@ -12,7 +12,9 @@
 //!
 //! Output folders: `prepare_out` is the one rule for every command that
 //! writes a folder (never inside its input, never over unrelated files;
-//! an earlier output of the same kind and input only with `--force`), and
+//! an earlier output of the same kind and input only with `--force`);
+//! `prepare_trace_out` the same for commands writing a trace (no
+//! `--force`: a trace is only ever written into a new or empty folder), and
 //! `create_private_dir` / `write_private` / `make_private` make everything
 //! owner-only (folders 0700, files 0600) whatever the umask.
 
@@ -148,19 +150,26 @@ fn resolve(p: &Path) -> PathBuf {
     }
 }
 
-/// Checks and readies the output folder of a command before anything is
-/// written. `kind` is what the command records in evidence.json (scope,
-/// notify) or another name for commands without one (merge); `inputs` are
-/// the folders it reads, `inputs[0]` the one evidence.json records.
-///
-/// - `out` must not be, or lie inside, any input folder (writing there
-///   would change the evidence being read, or make the trace unreadable);
-/// - a new or empty folder is used as it is;
-/// - a non-empty folder is refused, unless `force` is set and it is an
-///   earlier output of the same `kind` from the same `inputs[0]` that holds
-///   nothing but the files its evidence.json lists: those are removed first,
-///   so no older file can end up certified by the new evidence.json.
-pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Result<()> {
+/// Checks the output folder of a command that writes a trace (`ingest`,
+/// `simulate`, `replay`, `record`) before anything is written: never
+/// inside (or equal to) an input trace, never a folder that holds anything
+/// (a trace is never mixed with other files, and there is no `--force`: an
+/// earlier trace is removed by hand). A new or empty folder is fine.
+pub fn prepare_trace_out(out: &Path, inputs: &[&Path]) -> Result<()> {
+    if out_is_empty(out, inputs)? {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        Location::file(out),
+        "the output folder exists and is not empty",
+        "pass a new or empty folder for the trace (remove an earlier trace yourself if it is no longer needed)",
+    ))
+}
+
+/// The checks shared by every output folder: `out` is not, and does not
+/// lie inside, any of `inputs`; it is new, or an existing folder. Returns
+/// whether it is new or empty.
+fn out_is_empty(out: &Path, inputs: &[&Path]) -> Result<bool> {
     let at = resolve(out);
     for inp in inputs {
         let inp_at = resolve(inp);
@@ -176,7 +185,7 @@ pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Res
         }
     }
     if !out.exists() {
-        return Ok(());
+        return Ok(true);
     }
     if !out.is_dir() {
         return Err(Error::invalid(
@@ -185,14 +194,30 @@ pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Res
             "pass a new or empty folder",
         ));
     }
-    let entries = list_files(out)?;
-    let any_dir = std::fs::read_dir(out)
+    let any = std::fs::read_dir(out)
         .map_err(|e| Error::io(out, e))?
         .next()
         .is_some();
-    if entries.is_empty() && !any_dir {
+    Ok(!any)
+}
+
+/// Checks and readies the output folder of a command before anything is
+/// written. `kind` is what the command records in evidence.json (scope,
+/// notify) or another name for commands without one (merge); `inputs` are
+/// the folders it reads, `inputs[0]` the one evidence.json records.
+///
+/// - `out` must not be, or lie inside, any input folder (writing there
+///   would change the evidence being read, or make the trace unreadable);
+/// - a new or empty folder is used as it is;
+/// - a non-empty folder is refused, unless `force` is set and it is an
+///   earlier output of the same `kind` from the same `inputs[0]` that holds
+///   nothing but the files its evidence.json lists: those are removed first,
+///   so no older file can end up certified by the new evidence.json.
+pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Result<()> {
+    if out_is_empty(out, inputs)? {
         return Ok(());
     }
+    let entries = list_files(out)?;
     let refuse = |what: String| {
         Error::invalid(
             Location::file(out),

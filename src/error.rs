@@ -3,9 +3,16 @@
 //! Every error that comes from bad input says what is wrong, where (file, row,
 //! column) and what to do about it. The CLI maps all of them to exit code 2;
 //! findings are never errors.
+//!
+//! Messages quote paths and values taken from the input: their display
+//! escapes control and spoofing characters (`report::text::term`), so a
+//! file name, tenant or id cannot start a line of its own in error output;
+//! the only line break is the one before `hint:`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+use crate::report::text::{term, term_message};
 
 /// Where in a trace a problem was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,13 +44,13 @@ impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
         if let Some(file) = &self.file {
-            parts.push(file.display().to_string());
+            parts.push(term(&file.display().to_string()).into_owned());
         }
         if let Some(row) = self.row {
             parts.push(format!("row {row}"));
         }
         if let Some(col) = &self.column {
-            parts.push(format!("column `{col}`"));
+            parts.push(format!("column `{}`", term(col)));
         }
         if parts.is_empty() {
             write!(f, "<trace>")
@@ -57,14 +64,14 @@ impl fmt::Display for Location {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The input violates the trace contract (or another input format).
-    #[error("{loc}: {what}\n  hint: {hint}")]
+    #[error("{loc}: {}\n  hint: {}", term(what), term(hint))]
     Invalid {
         loc: Location,
         what: String,
         hint: String,
     },
     /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
+    #[error("{}: {}", term(&path.display().to_string()), term(&source.to_string()))]
     Io {
         path: PathBuf,
         #[source]
@@ -72,11 +79,12 @@ pub enum Error {
     },
     /// The Parquet or Arrow layer failed on a file.
     #[error(
-        "{loc}: cannot read Parquet: {msg}\n  hint: the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file"
+        "{loc}: cannot read Parquet: {}\n  hint: the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file",
+        term(msg)
     )]
     Parquet { loc: Location, msg: String },
     /// Anything else that stops the tool (configuration, usage).
-    #[error("{0}")]
+    #[error("{}", term_message(.0))]
     Other(String),
 }
 

@@ -360,3 +360,228 @@ fn outputs_are_owner_only_under_a_permissive_umask() {
         assert!(n >= 4, "{top}: {n} files");
     }
 }
+
+/// `error: ...` then at most one `  hint: ...` line, nothing raw that a
+/// terminal would act on.
+fn one_error_line(o: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        !lines.is_empty()
+            && lines.len() <= 2
+            && lines[0].starts_with("error: ")
+            && lines[1..].iter().all(|l| l.starts_with("  hint: ")),
+        "{what}: a quoted path or value forged lines:\n{err}"
+    );
+    for bad in ['\x1b', '\r', '\u{202e}'] {
+        assert!(!err.contains(bad), "{what}: {bad:?} raw in\n{err}");
+    }
+    assert!(err.contains("\\u{a}"), "{what}: {err}");
+}
+
+#[test]
+fn a_line_break_in_a_path_or_value_quoted_in_an_error_cannot_forge_error_lines() {
+    let forged = "a\n  hint: forged\rerror: forged\x1b[2J\u{202e}";
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join(forged)).unwrap();
+    std::fs::write(root.join(forged).join("trace.json"), "{").unwrap();
+    leak("acme", "globex").record(&root.join("trace"));
+    let missing = format!("missing{forged}");
+    for args in [
+        vec!["inspect", forged],
+        vec!["scope", &missing],
+        vec!["verify", &missing],
+        vec![
+            "replay",
+            "trace",
+            "--engine",
+            "sglang-0.5.22",
+            "--out",
+            &missing,
+            "--set",
+            forged,
+        ],
+        vec![
+            "simulate",
+            "--scenario",
+            "steady",
+            "--engine",
+            forged,
+            "--out",
+            "x",
+        ],
+        vec!["audit", "--deployment", &missing],
+        vec![
+            "ingest",
+            &missing,
+            "--deployment",
+            "trace/trace.json",
+            "--out",
+            "t",
+        ],
+    ] {
+        one_error_line(&kvtrail(root, &args), &args.join(" "));
+    }
+}
+
+#[test]
+fn audit_counterfactual_and_trace_writer_summaries_escape_trace_strings() {
+    let spoof = "evil\x1b[2J\x1b[H\rNOT AFFECTED\u{202e}";
+    let mut tb = leak("victim", spoof);
+    tb.deployment.engine = format!("eng{spoof}");
+    tb.deployment.name = format!("dep{spoof}");
+    tb.deployment.pools[0].name = format!("pool{spoof}");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tb.record(&root.join("trace"));
+    let run = |args: &[&str]| {
+        let o = kvtrail(root, args);
+        assert_ne!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let sim = format!("sim{spoof}");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jsonl");
+    let outs = [
+        ("counterfactual", run(&["counterfactual", "trace"])),
+        ("audit", run(&["audit", "trace"])),
+        (
+            "audit --deployment",
+            run(&["audit", "--deployment", "trace/trace.json"]),
+        ),
+        (
+            "simulate",
+            run(&[
+                "simulate",
+                "--scenario",
+                "steady",
+                "--requests",
+                "20",
+                "--out",
+                &sim,
+            ]),
+        ),
+        (
+            "replay",
+            run(&["replay", &sim, "--out", &format!("re{spoof}")]),
+        ),
+        (
+            "ingest",
+            run(&[
+                "ingest",
+                data.join("incident.jsonl").to_str().unwrap(),
+                "--deployment",
+                data.join("deploy.json").to_str().unwrap(),
+                "--out",
+                &format!("in{spoof}"),
+            ]),
+        ),
+    ];
+    for (what, out) in &outs {
+        for bad in ['\x1b', '\r', '\u{202e}'] {
+            assert!(!out.contains(bad), "{what} prints {bad:?} raw:\n{out}");
+        }
+        assert!(out.contains("\\u{1b}[2J"), "{what}: {out}");
+    }
+}
+
+#[test]
+fn trace_writers_refuse_a_non_empty_out_folder_or_one_inside_the_input_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jsonl");
+    let jsonl = data.join("incident.jsonl");
+    let jsonl = jsonl.to_str().unwrap();
+    let sim = |out: &str| {
+        kvtrail(
+            root,
+            &[
+                "simulate",
+                "--scenario",
+                "steady",
+                "--requests",
+                "20",
+                "--out",
+                out,
+            ],
+        )
+    };
+    ok(&sim("t"));
+    std::fs::create_dir_all(root.join("busy")).unwrap();
+    std::fs::write(root.join("busy/notes.txt"), "mine").unwrap();
+    // Over someone else's files: refused by every command writing a trace.
+    refused(&sim("busy"), "not empty");
+    refused(
+        &kvtrail(root, &["replay", "t", "--out", "busy"]),
+        "not empty",
+    );
+    refused(
+        &kvtrail(
+            root,
+            &[
+                "ingest",
+                jsonl,
+                "--deployment",
+                "t/trace.json",
+                "--out",
+                "busy",
+            ],
+        ),
+        "not empty",
+    );
+    assert_eq!(
+        std::fs::read_dir(root.join("busy")).unwrap().count(),
+        1,
+        "nothing was added to the folder"
+    );
+    // Inside (or equal to) the trace it reads.
+    for out in ["t/kv", "t", "t/new/deeper", "./t/../t/x"] {
+        refused(
+            &kvtrail(root, &["replay", "t", "--out", out]),
+            "inside the input",
+        );
+        refused(
+            &kvtrail(
+                root,
+                &[
+                    "ingest",
+                    jsonl,
+                    "--deployment",
+                    "t/trace.json",
+                    "--out",
+                    out,
+                ],
+            ),
+            "inside the input",
+        );
+    }
+    assert!(!root.join("t/kv/trace.json").exists());
+    assert!(!root.join("t/new").exists());
+    ok(&kvtrail(root, &["verify", "t"]));
+    // A new or empty folder is fine.
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    ok(&sim("empty"));
+    ok(&kvtrail(root, &["replay", "t", "--out", "r"]));
+    ok(&kvtrail(
+        root,
+        &[
+            "ingest",
+            jsonl,
+            "--deployment",
+            "t/trace.json",
+            "--out",
+            "i",
+        ],
+    ));
+    ok(&kvtrail(root, &["verify", "t"]));
+}

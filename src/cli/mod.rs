@@ -88,10 +88,12 @@ pub fn run() -> Exit {
             if is_broken_pipe(&e) {
                 return 0;
             }
-            // Errors quote paths and trace strings: escaped line by line.
-            let msg = format!("{e:#}");
-            let lines: Vec<_> = msg.lines().map(kvtrail::report::text::term).collect();
-            eprintln!("error: {}", lines.join("\n"));
+            // Errors quote paths and trace strings: escaped, so that the
+            // only line breaks are the messages' own `hint:` lines.
+            eprintln!(
+                "error: {}",
+                kvtrail::report::text::term_message(&format!("{e:#}"))
+            );
             2
         }
     }

@@ -1,8 +1,9 @@
 //! Small text helpers shared by the human-facing writers (report.html,
 //! notification letters, look-up answers): UTC time formatting from Unix
 //! nanoseconds without a clock or time-zone database, HTML and Markdown
-//! escaping of strings that come from a trace, and `term`, the escaping of
-//! such strings for terminals. CSV is `report::sheet`.
+//! escaping of strings that come from a trace, and `term` / `term_message`,
+//! the escaping of such strings (and of error messages quoting them) for
+//! terminals. CSV is `report::sheet`.
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
 /// Gregorian; Howard Hinnant's civil-from-days).
@@ -151,6 +152,21 @@ pub fn term(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(o)
 }
 
+/// The one line break an error message may hold: before its hint.
+pub const HINT_BREAK: &str = "\n  hint: ";
+
+/// An error message made safe for a terminal: `term` on every part, so
+/// that the only line breaks left are the tool's own `\n  hint: `
+/// separators. Paths and values quoted in a message cannot start a line
+/// of their own (`error::Location` and the structured errors escape theirs
+/// with `term` already, so a forged separator there is escaped too).
+pub fn term_message(s: &str) -> String {
+    s.split(HINT_BREAK)
+        .map(term)
+        .collect::<Vec<_>>()
+        .join(HINT_BREAK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +191,14 @@ mod tests {
             "a\\u{1b}[2J\\u{d}NOT AFFECTED\\u{a}\\u{202e}x"
         );
         assert_eq!(term("\u{9b}\u{7f}\u{200b}"), "\\u{9b}\\u{7f}\\u{200b}");
+    }
+
+    #[test]
+    fn term_message_keeps_only_hint_breaks() {
+        assert_eq!(
+            term_message("a\nerror: b\r\n  hint: do x\x1b"),
+            "a\\u{a}error: b\\u{d}\n  hint: do x\\u{1b}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::replay::ReplayOptions;
+use kvtrail::report::text::term;
 use kvtrail::whatif::audit::{AuditReport, audit_file, audit_trace};
 
 use crate::cli::progress::BarReporter;
@@ -31,13 +32,20 @@ fn human(r: &AuditReport) -> String {
     let _ = writeln!(
         s,
         "audit of {} (engine {}, context window {})",
-        d.source, d.engine, d.context_window
+        term(&d.source),
+        term(&d.engine),
+        d.context_window
     );
     for p in &d.pools {
         let _ = writeln!(
             s,
             "  pool {} {:<10} {:<8} {:>12} tokens, page {:>3}, max_req_input_len {}",
-            p.id, p.name, p.role, p.capacity_tokens, p.page_size, p.max_req_input_len
+            p.id,
+            term(&p.name),
+            term(&p.role),
+            p.capacity_tokens,
+            p.page_size,
+            p.max_req_input_len
         );
     }
     for f in &r.findings {
@@ -49,22 +57,22 @@ fn human(r: &AuditReport) -> String {
         let _ = writeln!(
             s,
             "\n{sev} {}{}: {}",
-            f.kind,
+            term(&f.kind),
             f.subject
                 .as_deref()
-                .map(|x| format!(" [{x}]"))
+                .map(|x| format!(" [{}]", term(x)))
                 .unwrap_or_default(),
-            f.detail
+            term(&f.detail)
         );
         if !f.request_ids.is_empty() {
             let ids: Vec<String> = f.request_ids.iter().map(|i| i.to_string()).collect();
             let _ = writeln!(s, "  requests: {}", ids.join(" "));
         }
         if let Some(rec) = &f.recommendation {
-            let _ = writeln!(s, "  recommendation: {rec}");
+            let _ = writeln!(s, "  recommendation: {}", term(rec));
         }
     }
-    let _ = writeln!(s, "\n{}", r.verdict);
+    let _ = writeln!(s, "\n{}", term(&r.verdict));
     s
 }
 

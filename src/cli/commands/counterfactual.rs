@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::replay::ReplayOptions;
+use kvtrail::report::text::term;
 use kvtrail::whatif::counterfactual::{CounterfactualReport, CpuModel, Fidelity, counterfactual};
 
 use crate::cli::progress::BarReporter;
@@ -28,14 +29,18 @@ fn human(r: &CounterfactualReport) -> String {
         let _ = writeln!(
             s,
             "counterfactual replay skipped: {}",
-            r.reason.as_deref().unwrap_or("")
+            term(r.reason.as_deref().unwrap_or(""))
         );
         return s;
     }
     let _ = writeln!(
         s,
         "counterfactual replay ({} reference model): {} affected responses; fidelity ok {}, mismatch {}; output changed without the foreign KV: {}",
-        r.evaluator, r.affected_responses, r.fidelity_ok, r.fidelity_mismatch, r.outputs_changed
+        term(&r.evaluator),
+        r.affected_responses,
+        r.fidelity_ok,
+        r.fidelity_mismatch,
+        r.outputs_changed
     );
     for x in &r.responses {
         let fid = match x.fidelity {
@@ -48,8 +53,8 @@ fn human(r: &CounterfactualReport) -> String {
             s,
             "  {} {} {} HTTP {}: fidelity {fid}; output changed {}; foreign {} of {} attended positions ({:.1}%)",
             x.request_id,
-            x.external_id.as_deref().unwrap_or("-"),
-            x.tenant,
+            term(x.external_id.as_deref().unwrap_or("-")),
+            term(&x.tenant),
             x.http_status,
             match x.output_changed {
                 Some(true) => "yes",

@@ -3,9 +3,10 @@
 
 use std::fs::File;
 use std::io::{BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kvtrail::capture::jsonl::{IngestOptions, ingest, load_deployment};
+use kvtrail::report::text::term;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -22,8 +23,24 @@ pub struct Args {
     pub skip_bad_lines: bool,
 }
 
+/// The trace a `--deployment` file belongs to, when it is a whole
+/// trace.json: an input folder the new trace must stay out of.
+pub(super) fn deployment_trace(deployment: &Path) -> Vec<&Path> {
+    match (deployment.file_name(), deployment.parent()) {
+        (Some(n), Some(dir)) if n == "trace.json" => {
+            vec![if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            }]
+        }
+        _ => Vec::new(),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
+    kvtrail::custody::prepare_trace_out(&args.out, &deployment_trace(&args.deployment))?;
     let opts = IngestOptions {
         skip_bad_lines: args.skip_bad_lines,
         ..Default::default()
@@ -48,7 +65,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let mut err = std::io::stderr().lock();
     for s in &report.skipped {
-        writeln!(err, "skipped {}:{}: {}", name.display(), s.line, s.error)?;
+        writeln!(
+            err,
+            "skipped {}:{}: {}",
+            term(&name.display().to_string()),
+            s.line,
+            term(&s.error)
+        )?;
     }
     if report.skipped_lines > report.skipped.len() as u64 {
         writeln!(
@@ -61,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     writeln!(
         out,
         "{}: {} lines, {} kv events, {} requests, {} files{}",
-        args.out.display(),
+        term(&args.out.display().to_string()),
         report.lines,
         report.kv_events,
         report.requests,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvtrail::capture::jsonl::load_deployment;
 use kvtrail::record::{Listen, RecordConfig, RecordLog, Sidecar};
+use kvtrail::report::text::term;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -55,12 +56,16 @@ pub struct Args {
 struct StderrLog;
 impl RecordLog for StderrLog {
     fn log(&self, line: &str) {
-        let _ = writeln!(std::io::stderr().lock(), "record: {line}");
+        let _ = writeln!(std::io::stderr().lock(), "record: {}", term(line));
     }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
+    kvtrail::custody::prepare_trace_out(
+        &args.out,
+        &super::ingest::deployment_trace(&args.deployment),
+    )?;
     let listen = Listen::parse(&args.listen, args.allow_remote)?;
     let mut cfg = RecordConfig::new(listen);
     cfg.recorder.part.rotate_bytes = args.rotate.max(1);
@@ -78,8 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let sidecar = Sidecar::start(cfg, deployment, &args.out, Arc::new(StderrLog))?;
     eprintln!(
         "record: listening on {}, writing {}",
-        sidecar.listen(),
-        args.out.display()
+        term(&sidecar.listen().to_string()),
+        term(&args.out.display().to_string())
     );
     let stats = sidecar.stats();
     let mut last = Instant::now();
@@ -123,7 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let s = &sum.stats;
     println!(
         "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}); rejected malformed {}, forged {}, contract {}, unattributed {}; capture {}",
-        args.out.display(),
+        term(&args.out.display().to_string()),
         s.kv_written,
         s.requests_written,
         sum.files,

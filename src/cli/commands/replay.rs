@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::replay::ReplayOptions;
+use kvtrail::report::text::term;
 use kvtrail::sim::SimConfig;
 use kvtrail::whatif::{self, ReplaySpec};
 
@@ -37,6 +38,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let trace = kvtrail::trace::Trace::open(&args.trace)?;
+    kvtrail::custody::prepare_trace_out(&args.out, &[args.trace.as_path()])?;
     let spec = ReplaySpec {
         config: match &args.config {
             Some(p) => Some(SimConfig::load(p)?),
@@ -53,12 +55,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     eprintln!(
         "kvtrail: replayed {} requests of {} under {} in {:.2} s ({:.0} requests/s): {} kv events -> {}",
         w.arrivals.len(),
-        args.trace.display(),
+        term(&args.trace.display().to_string()),
         run.config.engine.name(),
         secs,
         w.arrivals.len() as f64 / secs.max(1e-9),
         run.output.stats.kv_events,
-        args.out.display()
+        term(&args.out.display().to_string())
     );
     eprintln!(
         "kvtrail: workload: {} prefix groups ({} members) from share events; {} requests without a recorded output length got {} tokens",

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use kvtrail::report::text::term;
 use kvtrail::sim::{self, EngineVersion, RunLabel, SimConfig, scenario};
 
 use crate::cli::progress::BarReporter;
@@ -55,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         sc.config.set(s)?;
     }
     sc.config.validate()?;
+    kvtrail::custody::prepare_trace_out(&args.out, &[])?;
     sc.fit_workload();
     let label = RunLabel {
         scenario: sc.name.clone(),
@@ -79,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         err,
         "simulated {} requests ({}, {}) in {:.2}s: {} kv events, {} over-long prompts, {} affected responses ({} cross-tenant), {} foreign tokens, {} blank reads",
         out.stats.requests,
-        sc.name,
+        term(&sc.name),
         sc.config.engine.name(),
         started.elapsed().as_secs_f64(),
         out.stats.kv_events,
@@ -89,6 +91,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         s.foreign_tokens,
         s.blank_reads,
     )?;
-    writeln!(err, "trace: {}", args.out.display())?;
+    writeln!(err, "trace: {}", term(&args.out.display().to_string()))?;
     Ok(0)
 }
