@@ -1232,10 +1232,15 @@ case("sem_seqs_from_an_engine_counter",
      "leading holes in both pools, never an overflow",
      manifest(from_start=False), shifted(2**63 + 10), REQS3, verify=0,
      scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
-case("sem_seq_up_to_uint64_max",
-     "seq is UInt64: the last event of pool 1 at seq 2^64-1 (no overflow anywhere)",
-     manifest(from_start=False), shifted(2**64 - 8), REQS3, verify=0,
+case("sem_seq_up_to_uint64_max_minus_1",
+     "seq is UInt64: the last event of pool 1 at seq 2^64-2, the highest kvtrail reads "
+     "(2^64-1 is reserved, see the reading notes) (no overflow anywhere)",
+     manifest(from_start=False), shifted(2**64 - 9), REQS3, verify=0,
      scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
+case("bad_seq_uint64_max",
+     "seq 2^64-1 would be a pool's 2^64th event: reserved (reading notes), one verdict from all three",
+     manifest(from_start=False), shifted(2**64 - 8), REQS3, verify=1, inspect=2,
+     scope=dict(exit=2, stderr=["kv/pool=1/part-00000.parquet", "row 7", "`seq`", "reserved"]))
 case("manifest_pool_listed_twice", "pool ids identify pools: the same id twice is an error",
      manifest(pools((0, "prefill", 64, 4), (1, "decode", 64, 4), (1, "decode", 64, 4))),
      base_events(), REQS3, verify=2, inspect=2, scope=dict(exit=2, stderr=["trace.json", "pool id 1"]))
