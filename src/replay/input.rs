@@ -144,7 +144,7 @@ impl Plan {
         let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();
         for (fi, idx) in indexes.iter().enumerate() {
             let mut uns = Vec::new();
-            for (&pool, st) in &idx.pools {
+            for (pool, st) in idx.pools() {
                 total += st.rows;
                 if st.sorted {
                     runs.entry(pool).or_default().push(RunSpec {

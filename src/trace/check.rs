@@ -127,7 +127,11 @@ impl Run {
 #[derive(Debug, Clone)]
 pub struct FileRuns {
     path: PathBuf,
-    pub pools: BTreeMap<u16, Run>,
+    /// Runs by pool id, sorted by id (a file holds one pool or a few).
+    runs: Vec<(u16, Run)>,
+    /// Index in `runs` of the last pool pushed (rows of one pool come in
+    /// stretches: one lookup per stretch, not per row).
+    last: usize,
     /// (src_pool, dst_pool) -> row of the first such copy.
     pub edges: BTreeMap<(u16, u16), u64>,
 }
@@ -136,20 +140,33 @@ impl FileRuns {
     pub fn new(path: &Path) -> FileRuns {
         FileRuns {
             path: path.to_path_buf(),
-            pools: BTreeMap::new(),
+            runs: Vec::new(),
+            last: 0,
             edges: BTreeMap::new(),
         }
+    }
+
+    /// Each pool's run in this file, by pool id.
+    pub fn pools(&self) -> impl Iterator<Item = (u16, &Run)> {
+        self.runs.iter().map(|(p, r)| (*p, r))
     }
 
     /// One event, in file order: a seq equal to the previous one of its pool
     /// in the file is an error at once.
     #[inline]
     pub fn push(&mut self, pool: u16, seq: u64, src_pool: Option<u16>, row: u64) -> Result<()> {
-        match self.pools.get_mut(&pool) {
-            Some(r) => r.push(seq, row, pool, &self.path)?,
-            None => {
-                self.pools.insert(pool, Run::new(seq, row));
-            }
+        match self.runs.get_mut(self.last) {
+            Some((p, r)) if *p == pool => r.push(seq, row, pool, &self.path)?,
+            _ => match self.runs.binary_search_by_key(&pool, |(p, _)| *p) {
+                Ok(i) => {
+                    self.last = i;
+                    self.runs[i].1.push(seq, row, pool, &self.path)?;
+                }
+                Err(i) => {
+                    self.runs.insert(i, (pool, Run::new(seq, row)));
+                    self.last = i;
+                }
+            },
         }
         if let Some(sp) = src_pool {
             self.edges.entry((sp, pool)).or_insert(row);
@@ -250,7 +267,7 @@ pub fn finish(trace: &Trace, runs: &[FileRuns], spill_root: Option<&Path>) -> Re
     let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
     let mut per_pool: BTreeMap<u16, Vec<(u32, &Run)>> = BTreeMap::new();
     for (fi, fr) in runs.iter().enumerate() {
-        for (&pool, run) in &fr.pools {
+        for (pool, run) in fr.pools() {
             if dep.pool(pool).is_none() {
                 return Err(Error::invalid(
                     Location::file(&fr.path)

@@ -2,16 +2,18 @@
 //! every row against the contract, and the trace-wide rules (`check.rs`,
 //! `index.rs`) exactly as `inspect` and `scope` check them.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::trace::check::{self, FileRuns};
+use crate::trace::files;
 use crate::trace::index::load_request_index;
 use crate::trace::read::{KvFileReader, RequestFileReader, Trace, rel_path};
-use crate::trace::{check, files};
 
 /// One problem found by `verify`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,6 +121,9 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             });
         }
     }
+    // Each kv file's seq runs and copies, gathered while its rows are
+    // checked, for the trace-wide checks at the end.
+    let seen: Mutex<HashMap<PathBuf, FileRuns>> = Mutex::default();
     // Digests and row counts of listed files, in parallel.
     let checked: Vec<(Vec<Problem>, u64, u64)> = listed
         .par_iter()
@@ -166,7 +171,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     detail: e.to_string(),
                 }),
             }
-            match count_rows(&trace, &path) {
+            match count_rows(&trace, &path, &seen) {
                 Ok(n) => {
                     rows = n;
                     if n != f.rows {
@@ -200,7 +205,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     // Files on disk but not listed are still checked row by row.
     if m.files.is_some() {
         for extra in on_disk.difference(&listed_paths) {
-            if let Err(e) = count_rows(&trace, &dir.join(extra)) {
+            if let Err(e) = count_rows(&trace, &dir.join(extra), &seen) {
                 problems.push(Problem {
                     path: extra.clone(),
                     kind: "invalid".into(),
@@ -210,7 +215,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         }
     } else {
         for p in trace.request_files.iter().chain(&trace.kv_files) {
-            match count_rows(&trace, p) {
+            match count_rows(&trace, p, &seen) {
                 Ok(n) => rows_checked += n,
                 Err(e) => problems.push(Problem {
                     path: rel_path(dir, p),
@@ -230,10 +235,13 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         )
     });
     if !unreadable {
-        let checks = [
-            load_request_index(&trace).map(|_| ()),
-            check::check_kv(&trace, None).map(|_| ()),
-        ];
+        let mut seen = seen.into_inner().unwrap_or_default();
+        let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
+        let kv = match runs {
+            Some(runs) => check::finish(&trace, &runs, None),
+            None => check::check_kv(&trace, None),
+        };
+        let checks = [load_request_index(&trace).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
             problems.push(Problem {
                 path: error_path(&e).map_or_else(|| "kv".into(), |p| rel_path(dir, p)),
@@ -253,13 +261,27 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     })
 }
 
-/// Reads every row of a data file through the checked reader.
-fn count_rows(trace: &Trace, path: &Path) -> Result<u64> {
+/// Reads every row of a data file through the checked reader; a kv file's
+/// seq runs go into `seen`.
+fn count_rows(trace: &Trace, path: &Path, seen: &Mutex<HashMap<PathBuf, FileRuns>>) -> Result<u64> {
     let rel = rel_path(&trace.dir, path);
     let mut n = 0;
     if rel.starts_with("kv/") {
+        let mut runs = FileRuns::new(path);
         for chunk in KvFileReader::open(path, trace.deployment())? {
-            n += chunk?.events.len() as u64;
+            let chunk = chunk?;
+            for (i, e) in chunk.events.iter().enumerate() {
+                runs.push(
+                    e.pool,
+                    e.seq,
+                    e.src.map(|s| s.pool),
+                    chunk.first_row + i as u64,
+                )?;
+            }
+            n += chunk.events.len() as u64;
+        }
+        if let Ok(mut m) = seen.lock() {
+            m.insert(path.to_path_buf(), runs);
         }
     } else {
         for batch in RequestFileReader::open(path)? {
