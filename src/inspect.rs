@@ -225,7 +225,7 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
     }
     reporter.finish();
 
-    let checked = check::finish(trace, &file_runs, None)?;
+    let checked = check::finish(trace, &file_runs, None, None)?;
     let mut pools_kv = Vec::with_capacity(dep.pools.len());
     for (pi, seqs) in checked.pools.into_iter().enumerate() {
         let acc = &accs[pi];

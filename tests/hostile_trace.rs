@@ -549,3 +549,74 @@ fn copy_cycle_between_pools_gets_one_verdict() {
     });
     Verdicts::of(&t).refused(&["column `src_pool`", "cycle"]);
 }
+
+// ---------------------------------------------------------------------------
+// The seq sort spills: the same holes and the same duplicate, whatever the
+// chunk size
+
+/// Writes a trace whose pool-0 seqs are split into files as given.
+fn trace_with_seqs(dir: &Path, files: &[&[u64]]) -> kvtrail::trace::Trace {
+    for (i, seqs) in files.iter().enumerate() {
+        let n = seqs.len();
+        write_parquet(
+            &dir.join(format!("kv/f{i}.parquet")),
+            vec![
+                ("pool", arr(UInt16Array::from(vec![0u16; n]))),
+                ("seq", arr(UInt64Array::from(seqs.to_vec()))),
+                ("ts_ns", arr(Int64Array::from(vec![5i64; n]))),
+                ("request_id", arr(UInt64Array::from(vec![1u64; n]))),
+                ("op", arr(StringArray::from(vec!["read"; n]))),
+                ("slot_start", arr(UInt32Array::from(vec![0u32; n]))),
+                ("slot_count", arr(UInt32Array::from(vec![1u32; n]))),
+            ],
+            Compression::UNCOMPRESSED,
+        );
+    }
+    let m = serde_json::json!({"format": "kvtrail-trace", "version": 1,
+        "deployment": serde_json::to_value(common::deployment()).unwrap()});
+    std::fs::write(dir.join("trace.json"), m.to_string()).unwrap();
+    kvtrail::trace::Trace::open(dir).unwrap()
+}
+
+#[test]
+fn seq_sort_in_spilled_chunks_matches_the_sort_in_memory() {
+    use kvtrail::trace::check::check_kv;
+    let d = tempfile::tempdir().unwrap();
+    let t = trace_with_seqs(d.path(), &[&[9, 3, 0, 7, 1, 20], &[2, 8, 5, 12]]);
+    let spill = tempfile::tempdir().unwrap();
+    let mem = check_kv(&t, None, None).unwrap();
+    for chunk in [1, 2, 3, 5] {
+        let small = check_kv(&t, Some(spill.path()), Some(chunk)).unwrap();
+        assert_eq!(small.pools, mem.pools, "chunk {chunk}");
+    }
+    let p = &mem.pools[0];
+    assert_eq!(p.check.as_str(), "sort");
+    let missing: Vec<(Option<u64>, u64)> = p
+        .holes_listed
+        .iter()
+        .map(|h| (h.after_seq, h.before_seq))
+        .collect();
+    assert_eq!(
+        missing,
+        vec![(Some(3), 5), (Some(5), 7), (Some(9), 12), (Some(12), 20)]
+    );
+    assert_eq!(p.missing_events, 1 + 1 + 2 + 7);
+
+    let d = tempfile::tempdir().unwrap();
+    let t = trace_with_seqs(d.path(), &[&[9, 3, 0, 7, 1], &[2, 8, 7, 4]]);
+    for chunk in [None, Some(1), Some(2), Some(4)] {
+        let e = check_kv(&t, Some(spill.path()), chunk)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("two events with seq 7") && e.contains("f0.parquet row 3 and"),
+            "chunk {chunk:?}: {e}"
+        );
+        assert!(
+            e.contains("f1.parquet, row 2, column `seq`"),
+            "chunk {chunk:?}: {e}"
+        );
+    }
+    // Spill files are removed with the check.
+    assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
+}

@@ -138,7 +138,7 @@ impl Plan {
             .finish();
         // The trace-wide rules (known pools, unique seqs, copies a DAG),
         // checked as verify and inspect check them.
-        let checked = check::finish(trace, &indexes, spill_root)?;
+        let checked = check::finish(trace, &indexes, spill_root, chunk)?;
         let mut runs: BTreeMap<u16, Vec<RunSpec>> = BTreeMap::new();
         let mut total = 0u64;
         let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();

@@ -250,19 +250,28 @@ pub struct KvCheck {
 }
 
 /// Runs every check of this module on `trace` (a light pass over the
-/// pool, seq and src columns of every kv file).
-pub fn check_kv(trace: &Trace, spill_root: Option<&Path>) -> Result<KvCheck> {
+/// pool, seq and src columns of every kv file). `spill_root` and `chunk`
+/// as for [`finish`].
+pub fn check_kv(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<KvCheck> {
     let runs = trace
         .kv_files
         .iter()
         .map(|f| scan_file(f, |_| Ok(())))
         .collect::<Result<Vec<_>>>()?;
-    finish(trace, &runs, spill_root)
+    finish(trace, &runs, spill_root, chunk)
 }
 
 /// The checks on the runs of every kv file (`runs[i]` of
-/// `trace.kv_files[i]`).
-pub fn finish(trace: &Trace, runs: &[FileRuns], spill_root: Option<&Path>) -> Result<KvCheck> {
+/// `trace.kv_files[i]`). A pool that must be sorted is sorted in chunks of
+/// `chunk` entries (default [`SORT_CHUNK`]) spilled under `spill_root`
+/// (default: the system's temporary folder).
+pub fn finish(
+    trace: &Trace,
+    runs: &[FileRuns],
+    spill_root: Option<&Path>,
+    chunk: Option<usize>,
+) -> Result<KvCheck> {
+    let chunk = chunk.unwrap_or(SORT_CHUNK).max(1);
     let dep = trace.deployment();
     let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
     let mut per_pool: BTreeMap<u16, Vec<(u32, &Run)>> = BTreeMap::new();
@@ -318,7 +327,7 @@ pub fn finish(trace: &Trace, runs: &[FileRuns], spill_root: Option<&Path>) -> Re
         if overlap || rs.iter().any(|(_, r)| !r.sorted) {
             ps.check = SeqCheck::Sort;
             let fis: Vec<u32> = rs.iter().map(|(fi, _)| *fi).collect();
-            sorted_walk(p.id, &files, &fis, spill_root, &mut ps)?;
+            sorted_walk(p.id, &files, &fis, spill_root, chunk, &mut ps)?;
         } else {
             merge_runs(&rs, &mut ps);
         }
@@ -427,14 +436,15 @@ impl Src {
     }
 }
 
-/// Sorts pool `pool`'s seqs from files `fis` (externally past
-/// [`SORT_CHUNK`]) and walks them in order: a repeated seq is an error
-/// naming both rows; gaps are holes.
+/// Sorts pool `pool`'s seqs from files `fis` (externally past `chunk`)
+/// and walks them in order: a repeated seq is an error naming both rows;
+/// gaps are holes.
 fn sorted_walk(
     pool: u16,
     files: &[PathBuf],
     fis: &[u32],
     spill_root: Option<&Path>,
+    chunk: usize,
     ps: &mut PoolSeqs,
 ) -> Result<()> {
     let mut keys: Vec<Key> = Vec::new();
@@ -449,7 +459,7 @@ fn sorted_walk(
                     continue;
                 }
                 keys.push((seq, fi, b.first_row + i as u64));
-                if keys.len() >= SORT_CHUNK {
+                if keys.len() >= chunk {
                     if dir.is_none() {
                         dir = Some(temp_dir(spill_root)?);
                     }

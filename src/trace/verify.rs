@@ -238,8 +238,8 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         let mut seen = seen.into_inner().unwrap_or_default();
         let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
         let kv = match runs {
-            Some(runs) => check::finish(&trace, &runs, None),
-            None => check::check_kv(&trace, None),
+            Some(runs) => check::finish(&trace, &runs, None, None),
+            None => check::check_kv(&trace, None, None),
         };
         let checks = [load_request_index(&trace).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
