@@ -6,40 +6,31 @@
 //! take, and the integrity of each pool's seq stream (holes, duplicates).
 //! The CLI prints it; this module never prints.
 //!
-//! Memory: the KV tables are streamed once. Seq holes are found without
-//! sorting the trace: for every (file, pool) the pass keeps the smallest and
-//! largest seq, the count, whether the seqs came in increasing order, and
-//! the gaps seen inside that run. When every run is increasing and runs of
-//! different files do not overlap (what the Recorder writes, and what any
-//! writer that splits a pool's stream into files produces), holes are the
-//! gaps inside runs plus the gaps between consecutive runs; memory is
-//! O(pools × files). Only when a pool's seqs are out of order inside a file
-//! or runs overlap does a second pass over that pool's files mark seqs in a
-//! bitmap sized by the pool's seq range (1 bit per seq, refused above
-//! [`MAX_BITMAP_SEQS`]). Requests go through the request index (which grows
-//! with the number of requests, and rejects duplicate request ids).
+//! Memory: the KV tables are streamed once; seq holes come from the
+//! trace-wide checks of `trace::check` (per (file, pool) run summaries, and
+//! a bounded external sort only for a pool whose seqs are out of order or
+//! whose files overlap), which also refuse what `verify` and `scope`
+//! refuse: duplicate seqs, copy cycles. Requests go through the request
+//! index (which grows with the number of requests, and rejects duplicate
+//! request ids).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, Op};
+use crate::trace::check::{self, FileRuns};
 use crate::trace::index::{RequestIndex, load_request_index};
 use crate::trace::manifest::{Deployment, Role};
 use crate::trace::read::Trace;
 
-/// Holes listed per pool (all are counted).
-pub const MAX_HOLES_LISTED: usize = 20;
+pub use crate::trace::check::{Hole, MAX_HOLES_LISTED};
 /// Request ids listed as examples per finding (all are counted).
 pub const MAX_EXAMPLES: usize = 10;
 /// Tenants listed by request count.
 pub const TOP_TENANTS: usize = 10;
-/// Largest seq range (per pool) the out-of-order fallback will hold as a
-/// bitmap: 2^33 seqs = 1 GiB.
-pub const MAX_BITMAP_SEQS: u64 = 1 << 33;
-
 /// Everything `inspect` reports.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct InspectReport {
@@ -143,16 +134,6 @@ pub struct KvSummary {
     pub pools: Vec<PoolKv>,
 }
 
-/// A run of missing seqs: every seq strictly between `after_seq` and
-/// `before_seq` is absent (`after_seq` is `None` for a gap before the
-/// pool's first event: seqs start at 0).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct Hole {
-    pub after_seq: Option<u64>,
-    pub before_seq: u64,
-    pub missing: u64,
-}
-
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PoolKv {
     pub pool: u16,
@@ -164,71 +145,17 @@ pub struct PoolKv {
     pub missing_events: u64,
     /// The first holes in seq order.
     pub holes_listed: Vec<Hole>,
+    /// Always 0: a duplicate seq is bad input (an error), kept for the
+    /// report's shape.
     pub duplicate_seqs: u64,
-    /// "runs" (streaming) or "bitmap" (out-of-order fallback).
+    /// "runs" (streaming) or "sort" (out of order or overlapping files:
+    /// sorted externally).
     pub seq_check: String,
-}
-
-/// One (file, pool) run of seqs, as streamed.
-#[derive(Debug, Clone)]
-struct Run {
-    min: u64,
-    max: u64,
-    last: u64,
-    sorted: bool,
-    dups: u64,
-    holes: Vec<Hole>,
-    holes_total: u64,
-    missing: u64,
-    file: usize,
-}
-
-impl Run {
-    fn new(seq: u64, file: usize) -> Run {
-        Run {
-            min: seq,
-            max: seq,
-            last: seq,
-            sorted: true,
-            dups: 0,
-            holes: Vec::new(),
-            holes_total: 0,
-            missing: 0,
-            file,
-        }
-    }
-
-    fn push(&mut self, seq: u64) {
-        self.min = self.min.min(seq);
-        self.max = self.max.max(seq);
-        if !self.sorted {
-            return;
-        }
-        if seq == self.last {
-            self.dups += 1;
-        } else if seq < self.last {
-            self.sorted = false;
-        } else {
-            if seq > self.last.saturating_add(1) {
-                self.holes_total += 1;
-                self.missing += seq - self.last - 1;
-                if self.holes.len() <= MAX_HOLES_LISTED {
-                    self.holes.push(Hole {
-                        after_seq: Some(self.last),
-                        before_seq: seq,
-                        missing: seq - self.last - 1,
-                    });
-                }
-            }
-            self.last = seq;
-        }
-    }
 }
 
 #[derive(Default)]
 struct PoolAcc {
     by_op: [u64; 6],
-    runs: Vec<Run>,
 }
 
 /// The SGLang prompt limit of a prefill pool (see [`PoolSummary`]).
@@ -240,7 +167,8 @@ pub fn max_req_input_len(context_window: u64, capacity_tokens: u64) -> u64 {
 }
 
 /// Inspects a trace. Errors (exit 2) when any file cannot be read or breaks
-/// the contract, and on duplicate request ids.
+/// the contract, on duplicate request ids, duplicate seqs and copy cycles
+/// (the checks `verify` and `scope` make, see `trace::check`).
 pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> {
     let m = &trace.manifest;
     let dep = &m.deployment;
@@ -265,12 +193,13 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
     }
     let mut accs: Vec<PoolAcc> = dep.pools.iter().map(|_| PoolAcc::default()).collect();
     reporter.start("kv files", trace.kv_files.len() as u64);
-    for (fi, path) in trace.kv_files.iter().enumerate() {
-        let mut runs: Vec<Option<Run>> = vec![None; dep.pools.len()];
+    let mut file_runs = Vec::with_capacity(trace.kv_files.len());
+    for path in &trace.kv_files {
+        let mut runs = FileRuns::new(path);
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         for chunk in trace.kv_file(path)? {
             let chunk = chunk?;
-            for ev in &chunk.events {
+            for (i, ev) in chunk.events.iter().enumerate() {
                 // The reader rejected unknown pools already.
                 let pi = pool_index[ev.pool as usize] as usize;
                 accs[pi].by_op[ev.op as usize] += 1;
@@ -279,54 +208,39 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
                 }
                 lo = lo.min(ev.ts_ns);
                 hi = hi.max(ev.ts_ns);
-                match &mut runs[pi] {
-                    Some(r) => r.push(ev.seq),
-                    slot @ None => *slot = Some(Run::new(ev.seq, fi)),
-                }
+                runs.push(
+                    ev.pool,
+                    ev.seq,
+                    ev.src.map(|s| s.pool),
+                    chunk.first_row + i as u64,
+                )?;
             }
         }
         if lo <= hi {
             see(lo);
             see(hi);
         }
-        for (pi, r) in runs.into_iter().enumerate() {
-            if let Some(r) = r {
-                accs[pi].runs.push(r);
-            }
-        }
+        file_runs.push(runs);
         reporter.advance(1);
     }
     reporter.finish();
 
+    let checked = check::finish(trace, &file_runs, None, None)?;
     let mut pools_kv = Vec::with_capacity(dep.pools.len());
-    let mut bitmap_pools = Vec::new();
-    for (pi, acc) in accs.iter_mut().enumerate() {
-        let pool = dep.pools[pi].id;
-        let events: u64 = acc.by_op.iter().sum();
-        let mut pk = PoolKv {
-            pool,
-            events,
+    for (pi, seqs) in checked.pools.into_iter().enumerate() {
+        let acc = &accs[pi];
+        pools_kv.push(PoolKv {
+            pool: seqs.pool,
+            events: acc.by_op.iter().sum(),
             by_op: op_counts(&acc.by_op),
-            first_seq: acc.runs.iter().map(|r| r.min).min(),
-            last_seq: acc.runs.iter().map(|r| r.max).max(),
-            holes: 0,
-            missing_events: 0,
-            holes_listed: Vec::new(),
+            first_seq: seqs.first_seq,
+            last_seq: seqs.last_seq,
+            holes: seqs.holes,
+            missing_events: seqs.missing_events,
+            holes_listed: seqs.holes_listed,
             duplicate_seqs: 0,
-            seq_check: "runs".into(),
-        };
-        acc.runs.sort_by_key(|r| (r.min, r.max, r.file));
-        let overlap = acc.runs.windows(2).any(|w| w[1].min <= w[0].max);
-        if overlap || acc.runs.iter().any(|r| !r.sorted) {
-            pk.seq_check = "bitmap".into();
-            bitmap_pools.push(pi);
-        } else {
-            merge_runs(&acc.runs, &mut pk);
-        }
-        pools_kv.push(pk);
-    }
-    if !bitmap_pools.is_empty() {
-        bitmap_pass(trace, dep, &accs, &bitmap_pools, &mut pools_kv)?;
+            seq_check: seqs.check.as_str().into(),
+        });
     }
 
     for r in index.rows() {
@@ -388,161 +302,6 @@ fn op_counts(by_op: &[u64; 6]) -> Vec<Count<String>> {
             count: by_op[*op as usize],
         })
         .collect()
-}
-
-/// Holes of a pool whose runs are each increasing and do not overlap
-/// (`runs` sorted by min).
-fn merge_runs(runs: &[Run], pk: &mut PoolKv) {
-    let mut listing = true;
-    let add = |pk: &mut PoolKv, h: Hole, listing: bool| {
-        pk.holes += 1;
-        pk.missing_events += h.missing;
-        if listing && pk.holes_listed.len() < MAX_HOLES_LISTED {
-            pk.holes_listed.push(h);
-        }
-    };
-    if let Some(first) = runs.first()
-        && first.min > 0
-    {
-        add(
-            pk,
-            Hole {
-                after_seq: None,
-                before_seq: first.min,
-                missing: first.min,
-            },
-            listing,
-        );
-    }
-    let mut prev_max: Option<u64> = None;
-    for r in runs {
-        if let Some(p) = prev_max
-            && r.min > p.saturating_add(1)
-        {
-            add(
-                pk,
-                Hole {
-                    after_seq: Some(p),
-                    before_seq: r.min,
-                    missing: r.min - p - 1,
-                },
-                listing,
-            );
-        }
-        pk.duplicate_seqs += r.dups;
-        pk.holes += r.holes_total;
-        pk.missing_events += r.missing;
-        for h in &r.holes {
-            if listing && pk.holes_listed.len() < MAX_HOLES_LISTED {
-                pk.holes_listed.push(*h);
-            }
-        }
-        if r.holes.len() as u64 != r.holes_total {
-            // The run's own list was capped: later holes would be listed
-            // out of order, so stop listing (counting goes on).
-            listing = false;
-        }
-        prev_max = Some(r.max);
-    }
-}
-
-/// Out-of-order fallback: mark each seq of the given pools in a bitmap.
-fn bitmap_pass(
-    trace: &Trace,
-    dep: &Deployment,
-    accs: &[PoolAcc],
-    pools: &[usize],
-    out: &mut [PoolKv],
-) -> Result<()> {
-    let mut maps: Vec<Option<(u64, Vec<u64>)>> = vec![None; dep.pools.len()];
-    let mut files = Vec::new();
-    for &pi in pools {
-        let min = accs[pi].runs.iter().map(|r| r.min).min().unwrap_or(0);
-        let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
-        // seqs are u64: the span of 0..=u64::MAX does not fit a u64.
-        let range = (max - min).saturating_add(1);
-        if range > MAX_BITMAP_SEQS {
-            return Err(Error::Other(format!(
-                "pool {}: seqs are out of order within files or overlap across files, and span {range} values (more than {MAX_BITMAP_SEQS}); hole detection would need more than 1 GiB.\n  hint: rewrite the kv files so each file holds a pool's events in seq order",
-                dep.pools[pi].id
-            )));
-        }
-        maps[pi] = Some((min, vec![0u64; range.div_ceil(64) as usize]));
-        files.extend(accs[pi].runs.iter().map(|r| r.file));
-    }
-    files.sort_unstable();
-    files.dedup();
-    let mut dups = vec![0u64; dep.pools.len()];
-    let pool_pos = |id: u16| dep.pools.iter().position(|p| p.id == id);
-    for fi in files {
-        for chunk in trace.kv_file(&trace.kv_files[fi])? {
-            for ev in chunk?.events {
-                let Some(pi) = pool_pos(ev.pool) else {
-                    continue;
-                };
-                if let Some((min, bits)) = &mut maps[pi] {
-                    let b = ev.seq - *min;
-                    let (w, m) = ((b / 64) as usize, 1u64 << (b % 64));
-                    if bits[w] & m != 0 {
-                        dups[pi] += 1;
-                    }
-                    bits[w] |= m;
-                }
-            }
-        }
-    }
-    for &pi in pools {
-        let (min, bits) = maps[pi].take().expect("bitmap built above");
-        let max = accs[pi].runs.iter().map(|r| r.max).max().unwrap_or(0);
-        let pk = &mut out[pi];
-        pk.duplicate_seqs = dups[pi];
-        let push = |pk: &mut PoolKv, h: Hole| {
-            pk.holes += 1;
-            pk.missing_events += h.missing;
-            if pk.holes_listed.len() < MAX_HOLES_LISTED {
-                pk.holes_listed.push(h);
-            }
-        };
-        if min > 0 {
-            push(
-                pk,
-                Hole {
-                    after_seq: None,
-                    before_seq: min,
-                    missing: min,
-                },
-            );
-        }
-        // Walk offsets from `min` (at most MAX_BITMAP_SEQS), so no seq
-        // arithmetic can overflow near u64::MAX.
-        let span = max - min; // last offset; bit 0 and bit `span` are set
-        let is_set = |b: u64| bits[(b / 64) as usize] & (1u64 << (b % 64)) != 0;
-        let mut b = 0u64;
-        while b < span {
-            b += 1;
-            if is_set(b) {
-                continue;
-            }
-            let start = b;
-            while !is_set(b) {
-                // Skip whole empty words quickly.
-                if b % 64 == 0 && bits[(b / 64) as usize] == 0 && b + 64 <= span {
-                    b += 64;
-                } else {
-                    b += 1;
-                }
-            }
-            push(
-                pk,
-                Hole {
-                    after_seq: Some(min + start - 1),
-                    before_seq: min + b,
-                    missing: b - start,
-                },
-            );
-        }
-    }
-    Ok(())
 }
 
 fn summarize_deployment(dep: &Deployment) -> DeploymentSummary {

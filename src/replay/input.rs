@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::copies::CopySpiller;
-use crate::error::{Error, Location, Result};
-use crate::schema::{CopySrc, KvEvent, Op, kv_col};
-use crate::trace::read::{KvFileReader, KvIndexReader, Trace};
+use crate::error::{Error, Result};
+use crate::schema::{CopySrc, KvEvent, Op};
+use crate::trace::check::{self, FileRuns};
+use crate::trace::read::{KvFileReader, KvIndexBatch, Trace};
 
 /// Events per spilled chunk of an unsorted file (about 72 MB in memory).
 pub const SPILL_CHUNK_EVENTS: usize = 1 << 20;
@@ -82,84 +83,28 @@ pub struct Plan {
     pub spill_dir: Option<tempfile::TempDir>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct PoolStat {
-    min: u64,
-    max: u64,
-    rows: u64,
-    sorted: bool,
-    last_seq: u64,
-    last_row: u64,
-    /// Row of the pool's first event in the file (for messages).
-    first_row: u64,
-}
-
-struct FileIndex {
-    pools: BTreeMap<u16, PoolStat>,
-    /// (src_pool, dst_pool) -> row of the first such copy
-    edges: BTreeMap<(u16, u16), u64>,
-}
-
-fn index_file(path: &Path, spiller: &std::sync::Mutex<CopySpiller>) -> Result<FileIndex> {
-    let mut pools: BTreeMap<u16, PoolStat> = BTreeMap::new();
-    let mut edges = BTreeMap::new();
-    for batch in KvIndexReader::open(path)? {
-        let b = batch?;
-        for (i, (&pool, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
-            let row = b.first_row + i as u64;
-            match pools.get_mut(&pool) {
-                None => {
-                    pools.insert(
-                        pool,
-                        PoolStat {
-                            min: seq,
-                            max: seq,
-                            rows: 1,
-                            sorted: true,
-                            last_seq: seq,
-                            last_row: row,
-                            first_row: row,
-                        },
-                    );
-                }
-                Some(st) => {
-                    if seq == st.last_seq && st.sorted {
-                        return Err(duplicate(pool, seq, path, st.last_row, path, row));
-                    }
-                    if seq < st.last_seq {
-                        st.sorted = false;
-                    }
-                    st.min = st.min.min(seq);
-                    st.max = st.max.max(seq);
-                    st.rows += 1;
-                    st.last_seq = seq;
-                    st.last_row = row;
-                }
-            }
-        }
-        if !b.copies.is_empty() {
-            let mut sp = spiller
-                .lock()
-                .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?;
-            for (i, src, count) in b.copies {
-                let i = i as usize;
-                edges
-                    .entry((src.pool, b.pool[i]))
-                    .or_insert(b.first_row + i as u64);
-                sp.push(
-                    src.pool,
-                    CopyReq {
-                        src_seq: src.seq,
-                        dst_pool: b.pool[i],
-                        dst_seq: b.seq[i],
-                        src_start: src.slot_start,
-                        count,
-                    },
-                )?;
-            }
-        }
+/// Adds one batch's copies to the copy index.
+fn push_copies(b: &KvIndexBatch, spiller: &std::sync::Mutex<CopySpiller>) -> Result<()> {
+    if b.copies.is_empty() {
+        return Ok(());
     }
-    Ok(FileIndex { pools, edges })
+    let mut sp = spiller
+        .lock()
+        .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?;
+    for &(i, src, count) in &b.copies {
+        let i = i as usize;
+        sp.push(
+            src.pool,
+            CopyReq {
+                src_seq: src.seq,
+                dst_pool: b.pool[i],
+                dst_seq: b.seq[i],
+                src_start: src.slot_start,
+                count,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// A temporary directory under `root` (or the system's).
@@ -171,18 +116,7 @@ pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> 
     .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
-/// The error for two events with the same seq in one pool.
-pub fn duplicate(pool: u16, seq: u64, f1: &Path, r1: u64, f2: &Path, r2: u64) -> Error {
-    Error::invalid(
-        Location::file(f2).row(r2).column(kv_col::SEQ),
-        format!(
-            "pool {pool} has two events with seq {seq}: {} row {r1} and {} row {r2}",
-            f1.display(),
-            f2.display()
-        ),
-        "seq must be unique and strictly increasing within a pool; remove the duplicated rows (a file copied twice?)",
-    )
-}
+pub use crate::trace::check::duplicate;
 
 impl Plan {
     /// Indexes every kv file, spills unsorted runs, orders the pools.
@@ -194,31 +128,23 @@ impl Plan {
             spill_root,
             chunk.unwrap_or(super::copies::COPY_CHUNK),
         ));
-        let indexes: Vec<FileIndex> = files
+        let indexes: Vec<FileRuns> = files
             .par_iter()
-            .map(|f| index_file(f, &spiller))
+            .map(|f| check::scan_file(f, |b| push_copies(b, &spiller)))
             .collect::<Result<Vec<_>>>()?;
         let copies = spiller
             .into_inner()
             .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?
             .finish();
-        let dep = trace.deployment();
+        // The trace-wide rules (known pools, unique seqs, copies a DAG),
+        // checked as verify and inspect check them.
+        let checked = check::finish(trace, &indexes, spill_root, chunk)?;
         let mut runs: BTreeMap<u16, Vec<RunSpec>> = BTreeMap::new();
-        let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
         let mut total = 0u64;
         let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();
         for (fi, idx) in indexes.iter().enumerate() {
             let mut uns = Vec::new();
-            for (&pool, st) in &idx.pools {
-                if dep.pool(pool).is_none() {
-                    return Err(Error::invalid(
-                        Location::file(&files[fi])
-                            .row(st.first_row)
-                            .column(kv_col::POOL),
-                        format!("unknown pool id {pool}"),
-                        "every pool id must be listed in trace.json deployment.pools",
-                    ));
-                }
+            for (pool, st) in idx.pools() {
                 total += st.rows;
                 if st.sorted {
                     runs.entry(pool).or_default().push(RunSpec {
@@ -234,9 +160,6 @@ impl Plan {
             }
             if !uns.is_empty() {
                 unsorted.push((fi as u32, uns));
-            }
-            for (&e, &row) in &idx.edges {
-                edges.entry(e).or_insert((fi as u32, row));
             }
         }
         let mut spill_dir = None;
@@ -262,77 +185,17 @@ impl Plan {
         for v in runs.values_mut() {
             v.sort_by_key(|r| (r.min_seq, r.max_seq));
         }
-        let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges, &files)?;
         Ok(Plan {
             files,
             runs,
             copies,
-            order,
-            edges: edges.keys().copied().collect(),
+            order: checked.order,
+            edges: checked.edges.keys().copied().collect(),
             total_events: total,
             spilled_events: spilled,
             spill_dir,
         })
     }
-}
-
-/// Pools sorted so every copy's source comes before its destination; a
-/// cycle is an error naming the pools and a copy on it.
-fn topo_order(
-    mut pools: Vec<u16>,
-    edges: &BTreeMap<(u16, u16), (u32, u64)>,
-    files: &[PathBuf],
-) -> Result<Vec<u16>> {
-    pools.sort_unstable();
-    let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
-    for &(_, d) in edges.keys() {
-        *indeg.entry(d).or_default() += 1;
-    }
-    let mut ready: Vec<u16> = indeg
-        .iter()
-        .filter(|(_, d)| **d == 0)
-        .map(|(p, _)| *p)
-        .collect();
-    ready.reverse();
-    let mut order = Vec::new();
-    while let Some(p) = ready.pop() {
-        order.push(p);
-        let mut next = Vec::new();
-        for &(s, d) in edges.keys() {
-            if s == p {
-                let e = indeg.get_mut(&d).expect("pool known");
-                *e -= 1;
-                if *e == 0 {
-                    next.push(d);
-                }
-            }
-        }
-        next.sort_unstable_by(|a, b| b.cmp(a));
-        ready.extend(next);
-        ready.sort_unstable_by(|a, b| b.cmp(a));
-    }
-    if order.len() < indeg.len() {
-        let stuck: Vec<u16> = indeg
-            .iter()
-            .filter(|(p, _)| !order.contains(p))
-            .map(|(p, _)| *p)
-            .collect();
-        let ((s, d), (fi, row)) = edges
-            .iter()
-            .find(|((s, d), _)| stuck.contains(s) && stuck.contains(d))
-            .map(|(k, v)| (*k, *v))
-            .expect("a cycle has an edge");
-        return Err(Error::invalid(
-            Location::file(&files[fi as usize])
-                .row(row)
-                .column(kv_col::SRC_POOL),
-            format!(
-                "copies between pools form a cycle (pools {stuck:?}); e.g. this row copies pool {s} into pool {d}"
-            ),
-            "copies must form a DAG (prefill pools before decode pools); check src_pool of the copies",
-        ));
-    }
-    Ok(order)
 }
 
 const REC: usize = 72;

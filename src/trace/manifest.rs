@@ -6,6 +6,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{FORMAT_NAME, FORMAT_VERSION};
+use crate::trace::files;
+
+/// The largest trace.json kvtrail reads: 16 MiB. A manifest lists the pools
+/// (at most 65,536, about 120 bytes each) and one entry of about 150 bytes
+/// per data file: 16 MiB holds some 100,000 part files, about 12 PiB of
+/// trace at the Recorder's 128 MiB per part. Parsed JSON costs up to some
+/// twenty times its size in memory (`[{},{},...]`), so the cap also bounds
+/// what a hostile manifest can make kvtrail allocate. Nesting deeper than
+/// 128 levels is refused by the JSON parser.
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 /// Role of a KV pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,20 +184,29 @@ impl Manifest {
         }
     }
 
-    /// Reads and checks `<dir>/trace.json`.
+    /// Reads and checks `<dir>/trace.json`: a regular file inside the trace
+    /// (not a link out of it, never a FIFO) of at most [`MAX_MANIFEST_BYTES`].
     pub fn load(dir: &Path) -> Result<Manifest> {
         let path = dir.join("trace.json");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        if let Err(e) = std::fs::symlink_metadata(&path) {
+            if e.kind() == std::io::ErrorKind::NotFound {
                 return Err(Error::invalid(
                     Location::file(&path),
                     "trace.json is missing",
                     "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
                 ));
             }
-            Err(e) => return Err(Error::io(&path, e)),
-        };
+            return Err(Error::io(&path, e));
+        }
+        files::inside(&files::root(dir)?, &path)?;
+        let bytes = files::read_limited(&path, MAX_MANIFEST_BYTES, "trace.json")?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Error::invalid(
+                Location::file(&path),
+                format!("not valid UTF-8: {e}"),
+                "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
+            )
+        })?;
         // A byte-order mark (Windows editors, PowerShell) is no JSON, but
         // says nothing about the trace either.
         Self::parse(text.strip_prefix('\u{feff}').unwrap_or(&text), &path)

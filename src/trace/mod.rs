@@ -3,6 +3,8 @@
 //! Only this module knows Parquet. Readers stream; writers rotate part files
 //! and hash them as they write.
 
+pub mod check;
+pub mod files;
 mod guard;
 mod hive;
 pub mod index;

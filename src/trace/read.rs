@@ -24,6 +24,7 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
+use crate::trace::files;
 use crate::trace::guard::guard;
 use crate::trace::hive::{self, HivePairs};
 use crate::trace::manifest::{Deployment, Manifest};
@@ -44,23 +45,31 @@ pub struct Trace {
 
 impl Trace {
     /// Opens a trace directory: reads trace.json and lists data files.
+    /// Anything under `requests/` or `kv/` that leads out of the trace or is
+    /// not a regular file is an error naming it (see [`crate::trace::files`]).
     pub fn open(dir: &Path) -> Result<Trace> {
-        if !dir.is_dir() {
-            return Err(Error::invalid(
-                Location::file(dir),
-                "not a trace directory",
-                "pass the directory that holds trace.json, requests/ and kv/",
-            ));
+        let (trace, refused) = Trace::scan(dir)?;
+        match refused.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(trace),
         }
+    }
+
+    /// Like [`Trace::open`], but hands the refused entries back instead of
+    /// failing on the first (`verify` lists them all as problems).
+    pub fn scan(dir: &Path) -> Result<(Trace, Vec<Error>)> {
+        let root = files::root(dir)?;
         let manifest = Manifest::load(dir)?;
-        let request_files = list_parquet(&dir.join("requests"))?;
-        let kv_files = list_parquet(&dir.join("kv"))?;
-        Ok(Trace {
+        let requests = files::walk(&root, &dir.join("requests"));
+        let kv = files::walk(&root, &dir.join("kv"));
+        let trace = Trace {
             dir: dir.to_path_buf(),
             manifest,
-            request_files,
-            kv_files,
-        })
+            request_files: requests.data_files(),
+            kv_files: kv.data_files(),
+        };
+        let refused = requests.refused.into_iter().chain(kv.refused).collect();
+        Ok((trace, refused))
     }
 
     pub fn deployment(&self) -> &Deployment {
@@ -107,38 +116,28 @@ pub fn rel_path(root: &Path, path: &Path) -> String {
         .join("/")
 }
 
-/// Every `*.parquet` file under `dir` at any depth, sorted. A missing
-/// directory is an empty table.
+/// Every `*.parquet` file under `dir` (`requests/` or `kv/` of a trace) at
+/// any depth, sorted, except hidden names (`.`/`_`: `_SUCCESS`, `.crc`,
+/// `_temporary/`). A missing directory is an empty table. An entry that
+/// leads out of the trace (`dir`'s parent) or is not a regular file is an
+/// error naming it.
 pub fn list_parquet(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    if !dir.exists() {
-        return Ok(out);
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let root = files::root(parent)?;
+    let mut walk = files::walk(&root, dir);
+    if !walk.refused.is_empty() {
+        return Err(walk.refused.swap_remove(0));
     }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let rd = std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))?;
-        for entry in rd {
-            let entry = entry.map_err(|e| Error::io(&d, e))?;
-            let p = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') || name.starts_with('_') {
-                continue; // hidden and marker files (_SUCCESS, .crc)
-            }
-            let ft = entry.file_type().map_err(|e| Error::io(&p, e))?;
-            if ft.is_dir() || (ft.is_symlink() && p.is_dir()) {
-                stack.push(p);
-            } else if name.ends_with(".parquet") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+    Ok(walk.data_files())
 }
 
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = files::open_regular(path)?;
     guard(
         || Location::file(path),
         || {
@@ -165,7 +164,7 @@ fn open_builder_dict_inner(
     path: &Path,
     dict_col: &str,
 ) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = files::open_regular(path)?;
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| Error::parquet(Location::file(path), e))?;
     let schema = meta.schema().clone();
@@ -666,6 +665,7 @@ impl KvFileReader {
                 )
             })?;
             last_pool = (pool[i], cap);
+            check_seq(loc(kv_col::SEQ), seq[i])?;
             if rid[i] > MAX_REQUEST_ID {
                 return Err(reserved_id(loc(kv_col::REQUEST_ID), rid[i]));
             }
@@ -722,6 +722,7 @@ impl KvFileReader {
                             "slots are numbered 0..capacity_tokens of their pool",
                         ));
                     }
+                    check_seq(loc(kv_col::SRC_SEQ), sq)?;
                     Some(CopySrc {
                         pool: sp,
                         slot_start: ss,
@@ -1008,6 +1009,9 @@ impl KvIndexReader {
         }
         let pool = cpool.ints::<u16>("UInt16")?.into_owned();
         let seq = cseq.ints::<u64>("UInt64")?.into_owned();
+        if let Some(i) = seq.iter().position(|&s| s > MAX_SEQ) {
+            check_seq(cseq.loc(i), seq[i])?;
+        }
         let mut copies = Vec::new();
         let csp = c(kv_col::SRC_POOL);
         let css = c(kv_col::SRC_SLOT_START);
@@ -1024,6 +1028,10 @@ impl KvIndexReader {
                     if let (Some(a), Some(b), Some(s)) =
                         (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i))
                     {
+                        check_seq(
+                            Location::file(p).row(r0 + i as u64).column(kv_col::SRC_SEQ),
+                            s,
+                        )?;
                         copies.push((
                             i as u32,
                             CopySrc {
@@ -1070,4 +1078,24 @@ fn reserved_id(loc: Location, id: u64) -> Error {
         format!("request_id {id} is one of the two highest UInt64 values, which kvtrail reserves"),
         "map request ids to values below 18446744073709551614 (e.g. number them from 1) and keep the original id in external_id",
     )
+}
+
+/// The largest seq (and `src_seq`) this version reads. seq is the 0-based
+/// position of an event in its pool's stream, so 2^64-1 would be a pool's
+/// 2^64th event, which no capture reaches; replay keeps "seq + 1" per slot
+/// and uses 2^64-1 as the end of a stream. A src_seq can only be legal if
+/// its source pool has an event with that seq. Both are refused, never
+/// misread.
+pub const MAX_SEQ: u64 = u64::MAX - 1;
+
+fn check_seq(loc: Location, seq: u64) -> Result<()> {
+    if seq > MAX_SEQ {
+        let col = loc.column.clone().unwrap_or_default();
+        return Err(Error::invalid(
+            loc,
+            format!("{col} {seq} (2^64-1) is reserved: no pool reaches its 2^64th event"),
+            "seqs number a pool's events from 0; write the event's position in its pool's stream",
+        ));
+    }
+    Ok(())
 }

@@ -1,12 +1,18 @@
-//! `verify`: recompute every digest and check every file against trace.json.
+//! `verify`: recompute every digest and check every file against trace.json,
+//! every row against the contract, and the trace-wide rules (`check.rs`,
+//! `index.rs`) exactly as `inspect` and `scope` check them.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::trace::check::{self, FileRuns};
+use crate::trace::files;
+use crate::trace::index::load_request_index;
 use crate::trace::read::{KvFileReader, RequestFileReader, Trace, rel_path};
 
 /// One problem found by `verify`.
@@ -15,7 +21,7 @@ pub struct Problem {
     /// Path relative to the trace root (or "trace.json").
     pub path: String,
     /// missing | extra | modified | truncated | rows | unreadable | invalid |
-    /// unclean | skipped | unverifiable | inprogress | hidden
+    /// unclean | skipped | unverifiable | inprogress | hidden | refused
     pub kind: String,
     pub detail: String,
 }
@@ -34,7 +40,8 @@ pub struct VerifyReport {
 /// Verifies a trace. Errors only when the trace cannot be read at all
 /// (no or bad trace.json); everything else is a problem in the report.
 pub fn verify(dir: &Path) -> Result<VerifyReport> {
-    let trace = Trace::open(dir)?;
+    let (trace, refused) = Trace::scan(dir)?;
+    let root = files::root(dir)?;
     let m = &trace.manifest;
     let mut problems = Vec::new();
     if !m.capture.complete {
@@ -74,6 +81,18 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         .map(|p| rel_path(dir, p))
         .collect();
     let listed_paths: BTreeSet<String> = listed.iter().map(|f| f.path.clone()).collect();
+    // Links out of the trace, FIFOs, devices: listed ones are reported
+    // with the digests below, the others here. None of them is opened.
+    for e in &refused {
+        let path = error_path(e).map_or_else(|| "kv".into(), |p| rel_path(dir, p));
+        if !listed_paths.contains(&path) {
+            problems.push(Problem {
+                path,
+                kind: "refused".into(),
+                detail: e.to_string(),
+            });
+        }
+    }
     if m.files.is_some() {
         for extra in on_disk.difference(&listed_paths) {
             problems.push(Problem {
@@ -102,6 +121,9 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             });
         }
     }
+    // Each kv file's seq runs and copies, gathered while its rows are
+    // checked, for the trace-wide checks at the end.
+    let seen: Mutex<HashMap<PathBuf, FileRuns>> = Mutex::default();
     // Digests and row counts of listed files, in parallel.
     let checked: Vec<(Vec<Problem>, u64, u64)> = listed
         .par_iter()
@@ -110,7 +132,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             let path = dir.join(&f.path);
             let mut bytes = 0;
             let mut rows = 0;
-            if !path.is_file() {
+            if std::fs::symlink_metadata(&path).is_err() {
                 probs.push(Problem {
                     path: f.path.clone(),
                     kind: "missing".into(),
@@ -118,10 +140,22 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                 });
                 return (probs, 0, 0);
             }
+            // Never read (or hash) a file outside the trace or a FIFO.
+            let file = match files::inside(&root, &path).and_then(|_| files::open_regular(&path)) {
+                Ok(file) => file,
+                Err(e) => {
+                    probs.push(Problem {
+                        path: f.path.clone(),
+                        kind: "refused".into(),
+                        detail: e.to_string(),
+                    });
+                    return (probs, 0, 0);
+                }
+            };
             let mut h = blake3::Hasher::new();
-            match h.update_mmap(&path) {
+            match h.update_reader(file) {
                 Ok(_) => {
-                    bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                    bytes = h.count();
                     let got = h.finalize().to_hex().to_string();
                     if !got.eq_ignore_ascii_case(&f.blake3) {
                         probs.push(Problem {
@@ -137,7 +171,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     detail: e.to_string(),
                 }),
             }
-            match count_rows(&trace, &path) {
+            match count_rows(&trace, &path, &seen) {
                 Ok(n) => {
                     rows = n;
                     if n != f.rows {
@@ -171,7 +205,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     // Files on disk but not listed are still checked row by row.
     if m.files.is_some() {
         for extra in on_disk.difference(&listed_paths) {
-            if let Err(e) = count_rows(&trace, &dir.join(extra)) {
+            if let Err(e) = count_rows(&trace, &dir.join(extra), &seen) {
                 problems.push(Problem {
                     path: extra.clone(),
                     kind: "invalid".into(),
@@ -181,7 +215,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         }
     } else {
         for p in trace.request_files.iter().chain(&trace.kv_files) {
-            match count_rows(&trace, p) {
+            match count_rows(&trace, p, &seen) {
                 Ok(n) => rows_checked += n,
                 Err(e) => problems.push(Problem {
                     path: rel_path(dir, p),
@@ -189,6 +223,31 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     detail: e.to_string(),
                 }),
             }
+        }
+    }
+    // The rules that span rows and files, checked as inspect and scope
+    // check them, once every file reads: unique request ids and known
+    // request pools, known kv pools, unique seqs per pool, copies a DAG.
+    let unreadable = problems.iter().any(|p| {
+        matches!(
+            p.kind.as_str(),
+            "invalid" | "truncated" | "refused" | "unreadable"
+        )
+    });
+    if !unreadable {
+        let mut seen = seen.into_inner().unwrap_or_default();
+        let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
+        let kv = match runs {
+            Some(runs) => check::finish(&trace, &runs, None, None),
+            None => check::check_kv(&trace, None, None),
+        };
+        let checks = [load_request_index(&trace).map(|_| ()), kv.map(|_| ())];
+        for e in checks.into_iter().filter_map(|r| r.err()) {
+            problems.push(Problem {
+                path: error_path(&e).map_or_else(|| "kv".into(), |p| rel_path(dir, p)),
+                kind: "invalid".into(),
+                detail: e.to_string(),
+            });
         }
     }
     problems.sort();
@@ -202,13 +261,27 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     })
 }
 
-/// Reads every row of a data file through the checked reader.
-fn count_rows(trace: &Trace, path: &Path) -> Result<u64> {
+/// Reads every row of a data file through the checked reader; a kv file's
+/// seq runs go into `seen`.
+fn count_rows(trace: &Trace, path: &Path, seen: &Mutex<HashMap<PathBuf, FileRuns>>) -> Result<u64> {
     let rel = rel_path(&trace.dir, path);
     let mut n = 0;
     if rel.starts_with("kv/") {
+        let mut runs = FileRuns::new(path);
         for chunk in KvFileReader::open(path, trace.deployment())? {
-            n += chunk?.events.len() as u64;
+            let chunk = chunk?;
+            for (i, e) in chunk.events.iter().enumerate() {
+                runs.push(
+                    e.pool,
+                    e.seq,
+                    e.src.map(|s| s.pool),
+                    chunk.first_row + i as u64,
+                )?;
+            }
+            n += chunk.events.len() as u64;
+        }
+        if let Ok(mut m) = seen.lock() {
+            m.insert(path.to_path_buf(), runs);
         }
     } else {
         for batch in RequestFileReader::open(path)? {
@@ -225,25 +298,36 @@ fn count_rows(trace: &Trace, path: &Path) -> Result<u64> {
 pub(crate) fn list_inprogress(dir: &Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
     let mut inprogress = Vec::new();
     let mut hidden = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), false)];
-    while let Some((d, under_hidden)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let is_hidden = under_hidden || name.starts_with('.') || name.starts_with('_');
-            if p.is_dir() {
-                stack.push((p, is_hidden));
-            } else if name.ends_with(".parquet.inprogress") {
-                inprogress.push(p);
-            } else if name.ends_with(".parquet") && is_hidden {
-                hidden.push(p);
-            }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let Ok(root) = files::root(if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    }) else {
+        return (inprogress, hidden);
+    };
+    // Refused entries are reported where the trace is opened.
+    for (p, is_hidden) in files::walk(&root, dir).files {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.ends_with(".parquet.inprogress") {
+            inprogress.push(p);
+        } else if is_hidden {
+            hidden.push(p);
         }
     }
-    inprogress.sort();
-    hidden.sort();
     (inprogress, hidden)
+}
+
+/// The file an error names, if any.
+fn error_path(e: &crate::Error) -> Option<&Path> {
+    match e {
+        crate::Error::Invalid { loc, .. } | crate::Error::Parquet { loc, .. } => {
+            loc.file.as_deref()
+        }
+        crate::Error::Io { path, .. } => Some(path),
+        crate::Error::Other(_) => None,
+    }
 }

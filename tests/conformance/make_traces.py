@@ -593,8 +593,11 @@ case("manifest_files_lists_missing_file",
 
 
 def sem(name, why, build, from_start=True, complete=True, reqs=REQS3, pool_list=PD, **exp):
+    # One verdict: a trace scope refuses is bad input for inspect (exit 2)
+    # and fails verify (exit 1) too.
+    bad = exp.get("exit", 0) != 0
     case(name, why, manifest(pool_list, complete=complete, from_start=from_start),
-         build(), reqs, verify=0, scope=exp)
+         build(), reqs, verify=1 if bad else 0, inspect=2 if bad else 0, scope=exp)
 
 
 def s_own():
@@ -939,7 +942,7 @@ def s_copy_cycle():
 
 
 case("sem_copy_cycle", "Copies between pools must form a DAG",
-     manifest(), s_copy_cycle(), REQS3, scope=dict(exit=2, stderr=["src"]))
+     manifest(), s_copy_cycle(), REQS3, verify=1, inspect=2, scope=dict(exit=2, stderr=["src"]))
 
 
 def s_token_pos_only():
@@ -1056,7 +1059,7 @@ def dup_across_files(trace):
 
 
 case("bad_duplicate_seq_across_files", "seq strictly increasing per pool: the same seq in two files",
-     manifest(), layout=dup_across_files, inspect=0,
+     manifest(), layout=dup_across_files, verify=1, inspect=2,
      scope=dict(exit=2, stderr=["kv/pool=1/", "seq"]))
 
 
@@ -1086,7 +1089,7 @@ for name, why, mut, frags in [
      lambda rs: rs + [dict(rs[1])], ["request_id"]),
 ]:
     case(name, why, manifest(), base_events(), mut(list(REQS3)),
-         scope=dict(exit=2, stderr=frags))
+         verify=1, inspect=2, scope=dict(exit=2, stderr=frags))
 
 
 def bad_kv(name, why, edit, frags):
@@ -1229,10 +1232,15 @@ case("sem_seqs_from_an_engine_counter",
      "leading holes in both pools, never an overflow",
      manifest(from_start=False), shifted(2**63 + 10), REQS3, verify=0,
      scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
-case("sem_seq_up_to_uint64_max",
-     "seq is UInt64: the last event of pool 1 at seq 2^64-1 (no overflow anywhere)",
-     manifest(from_start=False), shifted(2**64 - 8), REQS3, verify=0,
+case("sem_seq_up_to_uint64_max_minus_1",
+     "seq is UInt64: the last event of pool 1 at seq 2^64-2, the highest kvtrail reads "
+     "(2^64-1 is reserved, see the reading notes) (no overflow anywhere)",
+     manifest(from_start=False), shifted(2**64 - 9), REQS3, verify=0,
      scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
+case("bad_seq_uint64_max",
+     "seq 2^64-1 would be a pool's 2^64th event: reserved (reading notes), one verdict from all three",
+     manifest(from_start=False), shifted(2**64 - 8), REQS3, verify=1, inspect=2,
+     scope=dict(exit=2, stderr=["kv/pool=1/part-00000.parquet", "row 7", "`seq`", "reserved"]))
 case("manifest_pool_listed_twice", "pool ids identify pools: the same id twice is an error",
      manifest(pools((0, "prefill", 64, 4), (1, "decode", 64, 4), (1, "decode", 64, 4))),
      base_events(), REQS3, verify=2, inspect=2, scope=dict(exit=2, stderr=["trace.json", "pool id 1"]))

@@ -1,0 +1,596 @@
+//! Trace-wide checks: the contract rules no single row breaks alone, in one
+//! place for every command, so `verify`, `inspect` and `scope` give a trace
+//! the same verdict (`verify` lists a failure as a problem, the others stop
+//! on it, exit 2):
+//! - every pool id of the kv table is in the deployment;
+//! - a pool's seqs are unique ("strictly increasing per pool", whatever the
+//!   row order or the split into files);
+//! - copies between pools form a DAG (a pool never copies, directly or
+//!   through others, from itself).
+//!
+//! (Request ids are unique and request pool ids known: `index.rs`.)
+//!
+//! The same pass finds each pool's seq holes. Memory: per (file, pool) one
+//! run summary (min, max, count, order, the first holes); holes between runs
+//! come from sorting runs. Only a pool whose seqs are out of order inside a
+//! file, or whose files' seq ranges overlap, is sorted: its (seq, file, row)
+//! triples, in chunks of [`SORT_CHUNK`] spilled to a temporary folder and
+//! merged back, so memory never grows with the trace and any seq range
+//! (up to 2^64) is fine.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Location, Result};
+use crate::schema::kv_col;
+use crate::trace::read::{KvIndexBatch, KvIndexReader, Trace};
+
+/// Holes listed per pool (all are counted).
+pub const MAX_HOLES_LISTED: usize = 20;
+/// (seq, file, row) triples sorted in memory before a chunk is spilled
+/// (24 MiB).
+pub const SORT_CHUNK: usize = 1 << 20;
+
+/// A run of missing seqs: every seq strictly between `after_seq` and
+/// `before_seq` is absent (`after_seq` is `None` for a gap before the
+/// pool's first event: seqs start at 0).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Hole {
+    pub after_seq: Option<u64>,
+    pub before_seq: u64,
+    pub missing: u64,
+}
+
+/// The error for two events with the same seq in one pool.
+pub fn duplicate(pool: u16, seq: u64, f1: &Path, r1: u64, f2: &Path, r2: u64) -> Error {
+    Error::invalid(
+        Location::file(f2).row(r2).column(kv_col::SEQ),
+        format!(
+            "pool {pool} has two events with seq {seq}: {} row {r1} and {} row {r2}",
+            f1.display(),
+            f2.display()
+        ),
+        "seq must be unique and strictly increasing within a pool; remove the duplicated rows (a file copied twice?)",
+    )
+}
+
+/// One pool's rows in one file, as streamed.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub min: u64,
+    pub max: u64,
+    pub rows: u64,
+    /// Seqs came in increasing order.
+    pub sorted: bool,
+    /// Row of the pool's first event in the file (for messages).
+    pub first_row: u64,
+    last: u64,
+    last_row: u64,
+    holes: Vec<Hole>,
+    holes_total: u64,
+    missing: u64,
+}
+
+impl Run {
+    fn new(seq: u64, row: u64) -> Run {
+        Run {
+            min: seq,
+            max: seq,
+            rows: 1,
+            sorted: true,
+            first_row: row,
+            last: seq,
+            last_row: row,
+            holes: Vec::new(),
+            holes_total: 0,
+            missing: 0,
+        }
+    }
+
+    fn push(&mut self, seq: u64, row: u64, pool: u16, path: &Path) -> Result<()> {
+        self.min = self.min.min(seq);
+        self.max = self.max.max(seq);
+        self.rows += 1;
+        if !self.sorted {
+            return Ok(());
+        }
+        if seq == self.last {
+            return Err(duplicate(pool, seq, path, self.last_row, path, row));
+        }
+        if seq < self.last {
+            self.sorted = false;
+            return Ok(());
+        }
+        if seq > self.last + 1 {
+            self.holes_total += 1;
+            self.missing += seq - self.last - 1;
+            if self.holes.len() <= MAX_HOLES_LISTED {
+                self.holes.push(Hole {
+                    after_seq: Some(self.last),
+                    before_seq: seq,
+                    missing: seq - self.last - 1,
+                });
+            }
+        }
+        self.last = seq;
+        self.last_row = row;
+        Ok(())
+    }
+}
+
+/// What one kv file holds, per pool, and the copies it makes.
+#[derive(Debug, Clone)]
+pub struct FileRuns {
+    path: PathBuf,
+    /// Runs by pool id, sorted by id (a file holds one pool or a few).
+    runs: Vec<(u16, Run)>,
+    /// Index in `runs` of the last pool pushed (rows of one pool come in
+    /// stretches: one lookup per stretch, not per row).
+    last: usize,
+    /// (src_pool, dst_pool) -> row of the first such copy.
+    pub edges: BTreeMap<(u16, u16), u64>,
+}
+
+impl FileRuns {
+    pub fn new(path: &Path) -> FileRuns {
+        FileRuns {
+            path: path.to_path_buf(),
+            runs: Vec::new(),
+            last: 0,
+            edges: BTreeMap::new(),
+        }
+    }
+
+    /// Each pool's run in this file, by pool id.
+    pub fn pools(&self) -> impl Iterator<Item = (u16, &Run)> {
+        self.runs.iter().map(|(p, r)| (*p, r))
+    }
+
+    /// One event, in file order: a seq equal to the previous one of its pool
+    /// in the file is an error at once.
+    #[inline]
+    pub fn push(&mut self, pool: u16, seq: u64, src_pool: Option<u16>, row: u64) -> Result<()> {
+        match self.runs.get_mut(self.last) {
+            Some((p, r)) if *p == pool => r.push(seq, row, pool, &self.path)?,
+            _ => match self.runs.binary_search_by_key(&pool, |(p, _)| *p) {
+                Ok(i) => {
+                    self.last = i;
+                    self.runs[i].1.push(seq, row, pool, &self.path)?;
+                }
+                Err(i) => {
+                    self.runs.insert(i, (pool, Run::new(seq, row)));
+                    self.last = i;
+                }
+            },
+        }
+        if let Some(sp) = src_pool {
+            self.edges.entry((sp, pool)).or_insert(row);
+        }
+        Ok(())
+    }
+
+    /// Adds one batch of the light reader.
+    pub fn push_batch(&mut self, b: &KvIndexBatch) -> Result<()> {
+        let mut copies = b.copies.iter().peekable();
+        for (i, (&pool, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
+            let src = match copies.peek() {
+                Some(&&(ci, src, _)) if ci as usize == i => Some(src.pool),
+                _ => None,
+            };
+            if src.is_some() {
+                copies.next();
+            }
+            self.push(pool, seq, src, b.first_row + i as u64)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads one kv file's planning columns into its runs, handing every batch
+/// to `each` too (replay collects its copies there).
+pub fn scan_file(
+    path: &Path,
+    mut each: impl FnMut(&KvIndexBatch) -> Result<()>,
+) -> Result<FileRuns> {
+    let mut runs = FileRuns::new(path);
+    for batch in KvIndexReader::open(path)? {
+        let b = batch?;
+        runs.push_batch(&b)?;
+        each(&b)?;
+    }
+    Ok(runs)
+}
+
+/// How a pool's seqs were checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqCheck {
+    /// Every (file, pool) run in order and runs disjoint: no sort needed.
+    Runs,
+    /// Out of order within a file, or runs overlapping: sorted.
+    Sort,
+}
+
+impl SeqCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeqCheck::Runs => "runs",
+            SeqCheck::Sort => "sort",
+        }
+    }
+}
+
+/// One pool's seqs: range and holes (duplicates are errors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSeqs {
+    pub pool: u16,
+    pub events: u64,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    pub holes: u64,
+    pub missing_events: u64,
+    /// The first holes in seq order.
+    pub holes_listed: Vec<Hole>,
+    pub check: SeqCheck,
+}
+
+/// The trace-wide checks passed: per pool (deployment order) its seqs, and
+/// the pools in copy order.
+#[derive(Debug, Clone)]
+pub struct KvCheck {
+    pub pools: Vec<PoolSeqs>,
+    /// Pools sorted so every copy's source comes before its destination.
+    pub order: Vec<u16>,
+    /// (source pool, destination pool) -> (file, row) of its first copy.
+    pub edges: BTreeMap<(u16, u16), (u32, u64)>,
+}
+
+/// Runs every check of this module on `trace` (a light pass over the
+/// pool, seq and src columns of every kv file). `spill_root` and `chunk`
+/// as for [`finish`].
+pub fn check_kv(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<KvCheck> {
+    let runs = trace
+        .kv_files
+        .iter()
+        .map(|f| scan_file(f, |_| Ok(())))
+        .collect::<Result<Vec<_>>>()?;
+    finish(trace, &runs, spill_root, chunk)
+}
+
+/// The checks on the runs of every kv file (`runs[i]` of
+/// `trace.kv_files[i]`). A pool that must be sorted is sorted in chunks of
+/// `chunk` entries (default [`SORT_CHUNK`]) spilled under `spill_root`
+/// (default: the system's temporary folder).
+pub fn finish(
+    trace: &Trace,
+    runs: &[FileRuns],
+    spill_root: Option<&Path>,
+    chunk: Option<usize>,
+) -> Result<KvCheck> {
+    let chunk = chunk.unwrap_or(SORT_CHUNK).max(1);
+    let dep = trace.deployment();
+    let mut edges: BTreeMap<(u16, u16), (u32, u64)> = BTreeMap::new();
+    let mut per_pool: BTreeMap<u16, Vec<(u32, &Run)>> = BTreeMap::new();
+    for (fi, fr) in runs.iter().enumerate() {
+        for (pool, run) in fr.pools() {
+            if dep.pool(pool).is_none() {
+                return Err(Error::invalid(
+                    Location::file(&fr.path)
+                        .row(run.first_row)
+                        .column(kv_col::POOL),
+                    format!("unknown pool id {pool}"),
+                    "every pool id must be listed in trace.json deployment.pools",
+                ));
+            }
+            per_pool.entry(pool).or_default().push((fi as u32, run));
+        }
+        for (&(src, dst), &row) in &fr.edges {
+            let loc = || Location::file(&fr.path).row(row).column(kv_col::SRC_POOL);
+            if dep.pool(src).is_none() {
+                return Err(Error::invalid(
+                    loc(),
+                    format!("unknown src_pool id {src}"),
+                    "every pool id must be listed in trace.json deployment.pools",
+                ));
+            }
+            if src == dst {
+                return Err(Error::invalid(
+                    loc(),
+                    format!("copy from pool {src} into itself"),
+                    "copies go between pools (a DAG: prefill pools before decode pools)",
+                ));
+            }
+            edges.entry((src, dst)).or_insert((fi as u32, row));
+        }
+    }
+    let files: Vec<PathBuf> = runs.iter().map(|r| r.path.clone()).collect();
+    let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges, &files)?;
+    let mut pools = Vec::with_capacity(dep.pools.len());
+    for p in &dep.pools {
+        let mut rs = per_pool.remove(&p.id).unwrap_or_default();
+        rs.sort_by_key(|(fi, r)| (r.min, r.max, *fi));
+        let overlap = rs.windows(2).any(|w| w[1].1.min <= w[0].1.max);
+        let mut ps = PoolSeqs {
+            pool: p.id,
+            events: rs.iter().map(|(_, r)| r.rows).sum(),
+            first_seq: rs.iter().map(|(_, r)| r.min).min(),
+            last_seq: rs.iter().map(|(_, r)| r.max).max(),
+            holes: 0,
+            missing_events: 0,
+            holes_listed: Vec::new(),
+            check: SeqCheck::Runs,
+        };
+        if overlap || rs.iter().any(|(_, r)| !r.sorted) {
+            ps.check = SeqCheck::Sort;
+            let fis: Vec<u32> = rs.iter().map(|(fi, _)| *fi).collect();
+            sorted_walk(p.id, &files, &fis, spill_root, chunk, &mut ps)?;
+        } else {
+            merge_runs(&rs, &mut ps);
+        }
+        pools.push(ps);
+    }
+    Ok(KvCheck {
+        pools,
+        order,
+        edges,
+    })
+}
+
+fn add_hole(ps: &mut PoolSeqs, h: Hole, listing: bool) {
+    ps.holes += 1;
+    ps.missing_events += h.missing;
+    if listing && ps.holes_listed.len() < MAX_HOLES_LISTED {
+        ps.holes_listed.push(h);
+    }
+}
+
+/// Holes of a pool whose runs are each increasing and do not overlap
+/// (`runs` sorted by min).
+fn merge_runs(runs: &[(u32, &Run)], ps: &mut PoolSeqs) {
+    let mut listing = true;
+    if let Some((_, first)) = runs.first()
+        && first.min > 0
+    {
+        let h = Hole {
+            after_seq: None,
+            before_seq: first.min,
+            missing: first.min,
+        };
+        add_hole(ps, h, listing);
+    }
+    let mut prev_max: Option<u64> = None;
+    for (_, r) in runs {
+        if let Some(p) = prev_max
+            && r.min > p.saturating_add(1)
+        {
+            let h = Hole {
+                after_seq: Some(p),
+                before_seq: r.min,
+                missing: r.min - p - 1,
+            };
+            add_hole(ps, h, listing);
+        }
+        ps.holes += r.holes_total;
+        ps.missing_events += r.missing;
+        for h in &r.holes {
+            if listing && ps.holes_listed.len() < MAX_HOLES_LISTED {
+                ps.holes_listed.push(*h);
+            }
+        }
+        if r.holes.len() as u64 != r.holes_total {
+            // The run's own list was capped: later holes would be listed
+            // out of order, so stop listing (counting goes on).
+            listing = false;
+        }
+        prev_max = Some(r.max);
+    }
+}
+
+/// (seq, file, row), as sorted and spilled.
+type Key = (u64, u32, u64);
+const REC: usize = 20;
+
+fn spill(dir: &Path, n: usize, keys: &mut Vec<Key>) -> Result<PathBuf> {
+    keys.sort_unstable();
+    let path = dir.join(format!("seqs-{n:06}.bin"));
+    let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    for (seq, file, row) in keys.drain(..) {
+        let mut b = [0u8; REC];
+        b[0..8].copy_from_slice(&seq.to_le_bytes());
+        b[8..12].copy_from_slice(&file.to_le_bytes());
+        b[12..20].copy_from_slice(&row.to_le_bytes());
+        w.write_all(&b).map_err(|e| Error::io(&path, e))?;
+    }
+    w.flush().map_err(|e| Error::io(&path, e))?;
+    Ok(path)
+}
+
+/// A sorted source of keys: a spilled chunk or the last one in memory.
+enum Src {
+    Spilled(PathBuf, BufReader<File>),
+    Mem(std::vec::IntoIter<Key>),
+}
+
+impl Src {
+    fn next(&mut self) -> Result<Option<Key>> {
+        match self {
+            Src::Mem(it) => Ok(it.next()),
+            Src::Spilled(path, r) => {
+                let mut b = [0u8; REC];
+                match r.read_exact(&mut b) {
+                    Ok(()) => Ok(Some((
+                        u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+                        u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+                        u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
+                    ))),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+                    Err(e) => Err(Error::io(path, e)),
+                }
+            }
+        }
+    }
+}
+
+/// Sorts pool `pool`'s seqs from files `fis` (externally past `chunk`)
+/// and walks them in order: a repeated seq is an error naming both rows;
+/// gaps are holes.
+fn sorted_walk(
+    pool: u16,
+    files: &[PathBuf],
+    fis: &[u32],
+    spill_root: Option<&Path>,
+    chunk: usize,
+    ps: &mut PoolSeqs,
+) -> Result<()> {
+    let mut keys: Vec<Key> = Vec::new();
+    let mut dir: Option<tempfile::TempDir> = None;
+    let mut chunks = Vec::new();
+    for &fi in fis {
+        let path = &files[fi as usize];
+        for batch in KvIndexReader::open(path)? {
+            let b = batch?;
+            for (i, (&p, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
+                if p != pool {
+                    continue;
+                }
+                keys.push((seq, fi, b.first_row + i as u64));
+                if keys.len() >= chunk {
+                    if dir.is_none() {
+                        dir = Some(temp_dir(spill_root)?);
+                    }
+                    let d = dir.as_ref().expect("made above");
+                    chunks.push(spill(d.path(), chunks.len(), &mut keys)?);
+                }
+            }
+        }
+    }
+    keys.sort_unstable();
+    let mut srcs = vec![Src::Mem(keys.into_iter())];
+    for c in chunks {
+        let f = File::open(&c).map_err(|e| Error::io(&c, e))?;
+        srcs.push(Src::Spilled(c, BufReader::with_capacity(1 << 16, f)));
+    }
+    let mut heap = BinaryHeap::new();
+    for (i, s) in srcs.iter_mut().enumerate() {
+        if let Some(k) = s.next()? {
+            heap.push(Reverse((k, i)));
+        }
+    }
+    let mut prev: Option<Key> = None;
+    while let Some(Reverse((k, i))) = heap.pop() {
+        if let Some(n) = srcs[i].next()? {
+            heap.push(Reverse((n, i)));
+        }
+        let (seq, file, row) = k;
+        match prev {
+            Some((ps_, pf, pr)) if seq == ps_ => {
+                return Err(duplicate(
+                    pool,
+                    seq,
+                    &files[pf as usize],
+                    pr,
+                    &files[file as usize],
+                    row,
+                ));
+            }
+            Some((ps_, _, _)) if seq > ps_.saturating_add(1) => add_hole(
+                ps,
+                Hole {
+                    after_seq: Some(ps_),
+                    before_seq: seq,
+                    missing: seq - ps_ - 1,
+                },
+                true,
+            ),
+            None if seq > 0 => add_hole(
+                ps,
+                Hole {
+                    after_seq: None,
+                    before_seq: seq,
+                    missing: seq,
+                },
+                true,
+            ),
+            _ => {}
+        }
+        prev = Some(k);
+    }
+    Ok(())
+}
+
+fn temp_dir(root: Option<&Path>) -> Result<tempfile::TempDir> {
+    let b = {
+        let mut b = tempfile::Builder::new();
+        b.prefix("kvtrail-seqs-");
+        b
+    };
+    match root {
+        Some(r) => b.tempdir_in(r),
+        None => b.tempdir(),
+    }
+    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
+}
+
+/// Pools sorted so every copy's source comes before its destination; a
+/// cycle is an error naming the pools and a copy on it.
+pub fn topo_order(
+    mut pools: Vec<u16>,
+    edges: &BTreeMap<(u16, u16), (u32, u64)>,
+    files: &[PathBuf],
+) -> Result<Vec<u16>> {
+    pools.sort_unstable();
+    let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
+    for &(_, d) in edges.keys() {
+        *indeg.entry(d).or_default() += 1;
+    }
+    let mut ready: Vec<u16> = indeg
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(p, _)| *p)
+        .collect();
+    ready.reverse();
+    let mut order = Vec::new();
+    while let Some(p) = ready.pop() {
+        order.push(p);
+        let mut next = Vec::new();
+        for &(s, d) in edges.keys() {
+            if s == p {
+                let e = indeg.get_mut(&d).expect("pool known");
+                *e -= 1;
+                if *e == 0 {
+                    next.push(d);
+                }
+            }
+        }
+        next.sort_unstable_by(|a, b| b.cmp(a));
+        ready.extend(next);
+        ready.sort_unstable_by(|a, b| b.cmp(a));
+    }
+    if order.len() < indeg.len() {
+        let stuck: Vec<u16> = indeg
+            .iter()
+            .filter(|(p, _)| !order.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        let ((s, d), (fi, row)) = edges
+            .iter()
+            .find(|((s, d), _)| stuck.contains(s) && stuck.contains(d))
+            .map(|(k, v)| (*k, *v))
+            .expect("a cycle has an edge");
+        return Err(Error::invalid(
+            Location::file(&files[fi as usize])
+                .row(row)
+                .column(kv_col::SRC_POOL),
+            format!(
+                "copies between pools form a cycle (pools {stuck:?}); e.g. this row copies pool {s} into pool {d}"
+            ),
+            "copies must form a DAG (prefill pools before decode pools); check src_pool of the copies",
+        ));
+    }
+    Ok(order)
+}

@@ -1,0 +1,288 @@
+//! The files of a trace on disk, read as hostile input: walking `requests/`
+//! and `kv/`, and opening trace.json and the data files.
+//!
+//! A trace folder may come from anyone, so two rules hold for every file
+//! kvtrail reads or walks here:
+//! - it resolves inside the trace folder: a link out of it (`kv -> /`, a
+//!   listed data file linked to a file elsewhere) is refused, naming the
+//!   link, so no command walks or hashes the host's files;
+//! - it is a regular file (or, for the walk, a folder): a FIFO named
+//!   `x.parquet` would block a reader forever and a device may act when
+//!   opened. The type is checked with `stat` before anything is opened, and
+//!   the open itself is non-blocking and checked again on the descriptor,
+//!   so a file swapped for a FIFO in between is refused too.
+//!
+//! A link that stays inside the trace is followed; a folder reached twice
+//! (a link loop, or a second path to the same files) is refused.
+
+use std::collections::HashSet;
+use std::fs::{File, FileType, Metadata};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Location, Result};
+
+/// The trace folder, resolved (links followed): what every other path of
+/// the trace must stay under.
+pub fn root(dir: &Path) -> Result<PathBuf> {
+    let not_dir = || {
+        Error::invalid(
+            Location::file(dir),
+            "not a trace directory",
+            "pass the directory that holds trace.json, requests/ and kv/",
+        )
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        _ => return Err(not_dir()),
+    }
+    std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// `path` resolved; an error naming `path` when it leads out of `root`.
+pub fn inside(root: &Path, path: &Path) -> Result<PathBuf> {
+    let real = std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?;
+    if !real.starts_with(root) {
+        return Err(Error::invalid(
+            Location::file(path),
+            format!(
+                "is a link to {}, outside the trace folder {}",
+                real.display(),
+                root.display()
+            ),
+            "a trace is self-contained: copy the file or folder into the trace instead of linking to it",
+        ));
+    }
+    Ok(real)
+}
+
+fn kind(ft: &FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+        if ft.is_block_device() {
+            return "a block device";
+        }
+        if ft.is_char_device() {
+            return "a character device";
+        }
+    }
+    if ft.is_dir() {
+        return "a folder";
+    }
+    "not a regular file"
+}
+
+fn not_regular(path: &Path, md: &Metadata) -> Error {
+    Error::invalid(
+        Location::file(path),
+        format!(
+            "is {}, not a regular file; kvtrail does not open it",
+            kind(&md.file_type())
+        ),
+        "a trace holds regular files only: replace it with the file itself",
+    )
+}
+
+/// Opens a regular file for reading, never blocking: the type is checked
+/// before the open (`stat`, links followed) and again on the open
+/// descriptor (same file, still regular).
+pub fn open_regular(path: &Path) -> Result<File> {
+    let before = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !before.is_file() {
+        return Err(not_regular(path, &before));
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(path, e))?;
+    let after = file.metadata().map_err(|e| Error::io(path, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
+            return Err(Error::invalid(
+                Location::file(path),
+                "changed while it was being opened",
+                "do not modify a trace while kvtrail reads it",
+            ));
+        }
+    }
+    if !after.is_file() {
+        return Err(not_regular(path, &after));
+    }
+    Ok(file)
+}
+
+/// Reads a regular file of at most `limit` bytes (`what` names the limit
+/// in the message).
+pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    let file = open_regular(path)?;
+    let too_big = |n: u64| {
+        Error::invalid(
+            Location::file(path),
+            format!("is {n} bytes, more than the {limit} bytes kvtrail reads for {what}"),
+            "this is not a kvtrail manifest, or a damaged one; see docs/limits.md",
+        )
+    };
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len > limit {
+        return Err(too_big(len));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(path, e))?;
+    if buf.len() as u64 > limit {
+        return Err(too_big(buf.len() as u64));
+    }
+    Ok(buf)
+}
+
+/// What a walk of `requests/` or `kv/` found.
+#[derive(Debug, Default)]
+pub struct Walk {
+    /// Every `*.parquet` and `*.parquet.inprogress` file, with whether it
+    /// or a folder above it (below the walked folder) is hidden (a name
+    /// starting with `.` or `_`). Sorted by path.
+    pub files: Vec<(PathBuf, bool)>,
+    /// Entries refused: links out of the trace, FIFOs, devices, sockets,
+    /// folders reached twice, folders that cannot be listed.
+    pub refused: Vec<Error>,
+}
+
+impl Walk {
+    /// The data files the readers take: `*.parquet`, not hidden.
+    pub fn data_files(&self) -> Vec<PathBuf> {
+        self.files
+            .iter()
+            .filter(|(p, hidden)| !hidden && has_suffix(p, ".parquet"))
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+}
+
+fn has_suffix(p: &Path, suffix: &str) -> bool {
+    p.file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(suffix))
+}
+
+/// Walks `dir` (a folder of the trace `root`, which is resolved) at any
+/// depth. A missing `dir` is empty.
+pub fn walk(root: &Path, dir: &Path) -> Walk {
+    let mut out = Walk::default();
+    if std::fs::symlink_metadata(dir).is_err() {
+        return out;
+    }
+    let real = match inside(root, dir) {
+        Ok(r) => r,
+        Err(e) => {
+            out.refused.push(e);
+            return out;
+        }
+    };
+    match std::fs::metadata(dir) {
+        Ok(md) if md.is_dir() => {}
+        Ok(md) => {
+            out.refused.push(not_regular_dir(dir, &md));
+            return out;
+        }
+        Err(e) => {
+            out.refused.push(Error::io(dir, e));
+            return out;
+        }
+    }
+    let mut seen: HashSet<PathBuf> = HashSet::from([real]);
+    let mut stack = vec![(dir.to_path_buf(), false)];
+    while let Some((d, hidden)) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) => {
+                out.refused.push(Error::io(&d, e));
+                continue;
+            }
+        };
+        for entry in rd {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    out.refused.push(Error::io(&d, e));
+                    continue;
+                }
+            };
+            let p = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_hidden = hidden || name.starts_with('.') || name.starts_with('_');
+            let data = name.ends_with(".parquet") || name.ends_with(".parquet.inprogress");
+            // lstat: the entry itself, a link not followed.
+            let ft = match entry.file_type() {
+                Ok(ft) => ft,
+                Err(e) => {
+                    out.refused.push(Error::io(&p, e));
+                    continue;
+                }
+            };
+            if ft.is_symlink() {
+                // Only what would be walked or read matters; other links
+                // (a README linked elsewhere) are never opened.
+                let md = std::fs::metadata(&p);
+                let is_dir = md.as_ref().is_ok_and(|m| m.is_dir());
+                if !is_dir && !data {
+                    continue;
+                }
+                if let Err(e) = inside(root, &p) {
+                    out.refused.push(e);
+                    continue;
+                }
+            }
+            let md = match std::fs::metadata(&p) {
+                Ok(md) => md,
+                Err(e) if data => {
+                    out.refused.push(Error::io(&p, e));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            if md.is_dir() {
+                match std::fs::canonicalize(&p) {
+                    Ok(real) if seen.insert(real.clone()) => stack.push((p, is_hidden)),
+                    Ok(real) => out.refused.push(Error::invalid(
+                        Location::file(&p),
+                        format!(
+                            "leads to {}, a folder already read (a link loop, or a second path to the same files)",
+                            real.display()
+                        ),
+                        "remove the link: every file of a trace is reached by one path",
+                    )),
+                    Err(e) => out.refused.push(Error::io(&p, e)),
+                }
+            } else if data {
+                if md.is_file() {
+                    out.files.push((p, is_hidden));
+                } else {
+                    out.refused.push(not_regular(&p, &md));
+                }
+            }
+        }
+    }
+    out.files.sort();
+    out
+}
+
+fn not_regular_dir(path: &Path, md: &Metadata) -> Error {
+    Error::invalid(
+        Location::file(path),
+        format!("is {}, not a folder", kind(&md.file_type())),
+        "requests/ and kv/ are folders of Parquet files (docs/trace-format.md)",
+    )
+}
