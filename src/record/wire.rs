@@ -100,12 +100,32 @@ struct Lost {
     n: u64,
 }
 
+/// The largest `seq` of a KV line and `n` of a `lost` line the sidecar
+/// takes (2^48: years of events at millions per second). Larger values are
+/// rejected, so no single line can use up a pool's seq space (u64) and stop
+/// its recording.
+pub const WIRE_MAX_COUNT: u64 = 1 << 48;
+
 /// One parsed line after the hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    Kv { event: KvEvent, seq: Option<u64> },
+    Kv {
+        event: KvEvent,
+        seq: Option<u64>,
+    },
     Request(Box<RequestRecord>),
-    Lost { pool: u16, n: u64 },
+    /// A `lost` line: the hook dropped `n` events of `pool`.
+    Lost {
+        pool: u16,
+        n: u64,
+    },
+    /// Never on the wire: events of `pool` the sidecar itself dropped (a
+    /// full queue, a malformed line); recorded as a hole like `Lost`, but
+    /// counted where it was dropped, not as the hook's loss.
+    Hole {
+        pool: u16,
+        n: u64,
+    },
     XferSend(Box<XferSend>),
     XferCommit(Box<XferCommit>),
 }
@@ -116,7 +136,7 @@ impl Msg {
         match self {
             Msg::Kv { event, .. } => Some(event.pool),
             Msg::Request(_) => None,
-            Msg::Lost { pool, .. } => Some(*pool),
+            Msg::Lost { pool, .. } | Msg::Hole { pool, .. } => Some(*pool),
             Msg::XferSend(s) => Some(s.pool),
             Msg::XferCommit(c) => Some(c.pool),
         }
@@ -285,6 +305,25 @@ fn plain(message: String) -> LineError {
 
 /// Parses one line after the hello.
 pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
+    let m = parse_any(line)?;
+    if let Msg::Kv {
+        event,
+        seq: Some(seq),
+    } = &m
+        && *seq > WIRE_MAX_COUNT
+    {
+        return Err(LineError {
+            field: Some("seq".into()),
+            message: format!(
+                "{seq} is above {WIRE_MAX_COUNT} (2^48), the largest seq the sidecar takes"
+            ),
+            pool: Some(event.pool),
+        });
+    }
+    Ok(m)
+}
+
+fn parse_any(line: &str) -> Result<Msg, LineError> {
     if let Some(m) = canonical_kv(line.as_bytes()).or_else(|| fast_kv(line)) {
         return Ok(m);
     }
@@ -296,6 +335,12 @@ pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
                 .map_err(|e| plain(format!("bad `lost` message: {e}")))?;
             if l.n == 0 {
                 return Err(plain("`lost` with n = 0".into()));
+            }
+            if l.n > WIRE_MAX_COUNT {
+                return Err(plain(format!(
+                    "`lost` with n = {} above {WIRE_MAX_COUNT} (2^48), the most one line may report",
+                    l.n
+                )));
             }
             Ok(Msg::Lost {
                 pool: l.pool,
