@@ -15,6 +15,7 @@
 //! - overlong_tenant_is_rejected_by_the_field_limit
 //! - unpaired_views_are_bounded_and_overflow_is_counted
 //! - transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer
+//! - writer_failure_is_not_silent
 
 mod common;
 mod record_common;
@@ -286,7 +287,8 @@ fn request(rid: u64, tenant: &str, pool_key: &str, pool: u16) -> String {
 fn overlong_tenant_is_rejected_by_the_field_limit() {
     let rig = start(|_| {});
     let mut a = rig.connect(&[2]);
-    let big = "t".repeat(1 << 19);
+    // 2 x 256 KiB (tenant and external_id): well inside the 1 MiB line.
+    let big = "t".repeat(1 << 18);
     writeln!(a, "{}", request(1, &big, "decode_pool", 2)).unwrap();
     writeln!(a, "{}", request(2, &"t".repeat(256), "decode_pool", 2)).unwrap();
     drop(a);
@@ -395,4 +397,29 @@ fn transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer() {
         (copy.slot_start, copy.src.map(|s| s.slot_start)),
         (4294967295, Some(4294967295))
     );
+}
+
+#[test]
+fn writer_failure_is_not_silent() {
+    let d = tempfile::tempdir().unwrap();
+    let (child, sock, out) = spawn_record(d.path(), &["--row-group-rows", "10", "--rotate", "1"]);
+    let mut c = hello(&sock, 2);
+    writeln!(c, "{}", kv(2, 1, "write", 0, 1)).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The trace directory is gone (a full or unmounted disk would do the
+    // same): the writer cannot complete its next part file.
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::write(&out, b"not a directory").unwrap();
+    for i in 0..100 {
+        if writeln!(c, "{}", kv(2, 1, "write", i, 1)).is_err() {
+            break;
+        }
+    }
+    // The sidecar says so and ends by itself, with exit code 2.
+    let o = wait_bounded(child, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("record: writer stopped: "), "{err}");
+    assert!(err.contains("error: "), "{err}");
 }

@@ -227,6 +227,7 @@ fn round(seed: u64) {
     let mut rng = Rng(seed);
     let p = plan(&mut rng);
     let ctx = format!("seed {seed:#x}: {p:?}");
+    eprintln!("round {ctx}");
     let d = tempfile::tempdir().unwrap();
     let args: Vec<String> = [
         "--shutdown-grace",

@@ -65,21 +65,29 @@ struct Parked {
     bytes: u64,
 }
 
-/// Estimated bytes of a map entry beyond its key and value.
+/// Estimated bytes of a map entry beyond its key and value (a table runs
+/// up to half empty before it grows) and of a heap block beyond its bytes.
 const ENTRY: u64 = 32;
+const ALLOC: u64 = 16;
 
 fn string_bytes(r: &RequestRecord) -> u64 {
     [&r.external_id, &r.finish_reason]
         .into_iter()
         .flatten()
         .chain([&r.tenant])
-        .map(|s| s.len() as u64)
+        .map(|s| s.capacity() as u64 + ALLOC)
         .sum()
 }
 
-/// Estimated bytes one pending request view holds.
+/// Estimated bytes one pending request view holds. Measured: 113 000
+/// unpaired views (two 128-byte strings each) filling the default 64 MiB
+/// left the sidecar at 85 MB peak resident memory, 8 MiB at 20 MB.
 fn view_bytes(r: &RequestRecord) -> u64 {
-    (size_of::<(u64, (View, RequestRecord, Instant))>() as u64) + ENTRY + string_bytes(r)
+    (size_of::<(u64, usize)>() as u64) * 2
+        + ENTRY
+        + size_of::<(View, RequestRecord, Instant)>() as u64
+        + ALLOC
+        + string_bytes(r)
 }
 
 /// Estimated bytes one queued message holds.
@@ -100,7 +108,9 @@ struct W<'a> {
     sh: &'a Shared,
     rooms: HashMap<u64, Room>,
     parked: HashMap<u64, Parked>,
-    pending: HashMap<u64, (View, RequestRecord, Instant)>,
+    /// Boxed, so the table's spare capacity costs a pointer per bucket and
+    /// the estimate (`view_bytes`) stays close to what is resident.
+    pending: HashMap<u64, Box<(View, RequestRecord, Instant)>>,
     /// Estimated bytes held by `pending`, `rooms` and `parked` (bounded by
     /// --max-pending-bytes).
     held: u64,
@@ -555,7 +565,7 @@ impl W<'_> {
         }
         let row = match view {
             View::Full => r,
-            _ => match self.pending.remove(&r.request_id) {
+            _ => match self.pending.remove(&r.request_id).map(|b| *b) {
                 None => {
                     let b = view_bytes(&r);
                     if self.held.saturating_add(b) > self.sh.cfg.max_pending_bytes {
@@ -570,12 +580,14 @@ impl W<'_> {
                         return Ok(());
                     }
                     self.held += b;
-                    self.pending.insert(r.request_id, (view, r, Instant::now()));
+                    self.pending
+                        .insert(r.request_id, Box::new((view, r, Instant::now())));
                     return Ok(());
                 }
                 Some((v, other, t)) if v == view => {
                     st.rejected_contract.fetch_add(1, Ordering::Relaxed);
-                    self.pending.insert(other.request_id, (v, other, t));
+                    self.pending
+                        .insert(other.request_id, Box::new((v, other, t)));
                     self.log(&format!(
                         "request {}: a second {view:?} view (duplicate request_id); dropped",
                         r.request_id
@@ -633,12 +645,12 @@ impl W<'_> {
         let mut alone: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, (_, _, t))| end || t.elapsed() >= pair_to)
+            .filter(|(_, b)| end || b.2.elapsed() >= pair_to)
             .map(|(id, _)| *id)
             .collect();
         alone.sort_unstable();
         for id in alone {
-            let (_, r, _) = self.pending.remove(&id).expect("listed");
+            let (_, r, _) = *self.pending.remove(&id).expect("listed");
             self.held -= view_bytes(&r);
             self.write_request(r)?;
         }
