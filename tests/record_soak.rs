@@ -519,7 +519,7 @@ fn soak_sidecar_survives_hostile_clients_and_signals() {
     let seed: u64 = std::env::var("KVTRAIL_SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x6b76_7472_6169_6c);
+        .unwrap_or(0x6b_7674_7261_696c);
     let rounds: u64 = std::env::var("KVTRAIL_SOAK_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())

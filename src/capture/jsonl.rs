@@ -582,6 +582,11 @@ mod tests {
     #[test]
     fn lines() {
         let h = "ab".repeat(32);
+        // 128 two-byte characters: exactly the 256-byte limit.
+        let e128 = format!(
+            "request 1 {} prompt=1 prefilled=None status=200 hash=false",
+            "é".repeat(128)
+        );
         let cases: Vec<(String, &str)> = vec![
             (r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#.into(),
              "kv pool=1 seq=Some(17) ts=5 rid=3 write 8+4 tp=None src=Some((0, 2, 9))"),
@@ -615,7 +620,7 @@ mod tests {
              "error field `tenant`: required field is missing or null"),
             (r#"{"type":"span"}"#.into(), r#"error field `type`: expected "kv" or "request", got "span""#),
             (format!(r#"{{"type":"request","request_id":1,"tenant":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "é".repeat(128)),
-             "request 1 éééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééé prompt=1 prefilled=None status=200 hash=false"),
+             &e128),
             (format!(r#"{{"type":"request","request_id":1,"tenant":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "t".repeat(257)),
              "error field `tenant`: 257 bytes long; a string field holds at most 256 bytes (UTF-8)"),
             (format!(r#"{{"type":"request","request_id":1,"tenant":"a","external_id":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "x".repeat(1 << 20)),

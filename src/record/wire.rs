@@ -478,7 +478,19 @@ mod tests {
 
     #[test]
     fn protocol_messages() {
-        let cases: [(&str, &str); 8] = [
+        let cases: [(&str, &str); 11] = [
+            (
+                r#"{"type":"lost","pool":2,"n":281474976710656}"#,
+                "Ok(Lost { pool: 2, n: 281474976710656 })",
+            ),
+            (
+                r#"{"type":"lost","pool":2,"n":281474976710657}"#,
+                "Err(`lost` with n = 281474976710657 above 281474976710656 (2^48), the most one line may report)",
+            ),
+            (
+                r#"{"type":"kv","pool":2,"seq":18446744073709551614,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1}"#,
+                "Err(field `seq`: 18446744073709551614 is above 281474976710656 (2^48), the largest seq the sidecar takes)",
+            ),
             (
                 r#"{"type":"lost","pool":2,"n":5}"#,
                 "Ok(Lost { pool: 2, n: 5 })",
