@@ -59,8 +59,6 @@ struct Conn {
     logged: u32,
 }
 
-/// Serves one connection to its end (EOF, error, or shutdown with nothing
-/// left to read).
 /// Counts a connection as live from accept until its thread ends.
 pub(crate) struct Live(pub Arc<Shared>);
 
@@ -73,6 +71,8 @@ impl Drop for Live {
     }
 }
 
+/// Serves one connection to its end (EOF, error, the hello deadline, the
+/// stop with nothing left to read, or the end of the stop's grace).
 pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     let _live = Live(shared.clone());
     let _ = stream.set_timeout(Duration::from_millis(200));

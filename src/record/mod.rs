@@ -11,7 +11,11 @@
 //! A security boundary: a Unix socket is created owner-only (0600), TCP
 //! must be loopback unless `allow_remote`, every line is size-bounded, and
 //! each connection may only send events for the pools it declared in its
-//! hello (a pool is held by at most one live connection). The protocol is in
+//! hello (a pool is held by at most one live connection). Nothing a client
+//! does holds the sidecar: the hello has a deadline, the stop a grace
+//! period, live connections a cap, and what waits for a partner a memory
+//! budget; what they drop is counted and makes the capture incomplete
+//! (docs/limits.md lists every bound). The protocol is in
 //! `wire`, the transfer join and request pairing in `writer`, the operator's
 //! view in docs/capture-sglang.md.
 //!
@@ -369,7 +373,8 @@ pub struct RecordSummary {
     pub files: usize,
 }
 
-/// A running sidecar. Stop it with [`Sidecar::shutdown`].
+/// A running sidecar. Stop it with [`Sidecar::shutdown`]; check
+/// [`Sidecar::writer_failed`] while it runs.
 pub struct Sidecar {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,

@@ -10,7 +10,9 @@
 //! - a KV event or a request, exactly the `kvtrail ingest` shape
 //!   (docs/jsonl.md), parsed by [`crate::capture::jsonl::parse_line`];
 //! - `{"type":"lost","pool":P,"n":N}`: the hook dropped N events of pool P
-//!   (queue full, sidecar unreachable); recorded as an explicit seq hole;
+//!   (queue full, sidecar unreachable); recorded as an explicit seq hole
+//!   (N and a KV line's `seq` are at most [`WIRE_MAX_COUNT`], so no single
+//!   line can use up a pool's seq space);
 //! - `{"type":"xfer_send",...}` / `{"type":"xfer_commit",...}`: the two
 //!   halves of a prefill→decode KV transfer, which the writer joins into
 //!   `write` events with `src` on the decode pool (docs/capture-sglang.md).
