@@ -188,8 +188,9 @@ pub struct Stats {
     /// Connections still sending when the shutdown grace ran out, cut with
     /// what they had not sent yet; the capture is incomplete.
     pub connections_cut: AtomicU64,
-    /// Events known lost that could not be recorded as a seq hole (the
-    /// pool's seq space is used up); the capture is incomplete.
+    /// Of the events counted lost or rejected above, those that could not
+    /// be recorded as a seq hole (the pool's seq space is used up); the
+    /// capture is incomplete.
     pub lost_unrecorded: AtomicU64,
     /// Request views not written because --max-pending-bytes was held by
     /// views waiting for their partner; the capture is incomplete.
@@ -236,13 +237,14 @@ pub struct StatsSnapshot {
 
 impl StatsSnapshot {
     /// KV events lost, by every cause, each counted once (saturating).
+    /// `lost_unrecorded` is not added: it says which of them (or of the
+    /// rejected events) could not become holes.
     pub fn lost_events(&self) -> u64 {
         [
             self.lost_queue,
             self.lost_hook,
             self.lost_max_bytes,
             self.copies_unresolved,
-            self.lost_unrecorded,
         ]
         .into_iter()
         .fold(0, u64::saturating_add)

@@ -136,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let sum = sidecar.shutdown()?;
     let s = &sum.stats;
     println!(
-        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}, unrecorded {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
+        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
         args.out.display(),
         s.kv_written,
         s.requests_written,
