@@ -14,110 +14,19 @@
 //! - sigterm_closes_cleanly / sigkill_leaves_every_rotated_file_valid
 
 mod common;
+mod record_common;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{kvtrail, s};
-use kvtrail::record::{Listen, NoLog, RecordConfig, RecordSummary, Sidecar};
+use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar};
 use kvtrail::schema::{KvEvent, Op};
-use kvtrail::trace::manifest::Deployment;
 use kvtrail::trace::{Manifest, Trace};
-
-fn deployment() -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "name": "t", "engine": "test", "context_window": 4096,
-        "pools": [
-            {"id": 0, "role": "prefill", "capacity_tokens": 4096, "page_size": 4},
-            {"id": 1, "role": "decode", "capacity_tokens": 4096, "page_size": 4},
-            {"id": 2, "role": "mixed", "capacity_tokens": 4096, "page_size": 1},
-            {"id": 3, "role": "mixed", "capacity_tokens": 4096, "page_size": 1}
-        ]
-    }))
-    .unwrap()
-}
-
-struct Rig {
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-    out: PathBuf,
-    sidecar: Sidecar,
-}
-
-fn start(tune: impl FnOnce(&mut RecordConfig)) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("s.sock");
-    let out = dir.path().join("trace");
-    let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
-    tune(&mut cfg);
-    let sidecar = Sidecar::start(cfg, deployment(), &out, Arc::new(NoLog)).unwrap();
-    Rig {
-        _dir: dir,
-        sock,
-        out,
-        sidecar,
-    }
-}
-
-impl Rig {
-    /// A connection whose hello the sidecar has acknowledged (its claim
-    /// on `pools` holds when this returns).
-    fn connect(&self, pools: &[u16]) -> UnixStream {
-        let mut c = UnixStream::connect(&self.sock).unwrap();
-        writeln!(
-            c,
-            "{}",
-            serde_json::json!({"type": "hello", "pools": pools, "worker": "test"})
-        )
-        .unwrap();
-        // A missing reply fails the test instead of hanging it.
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut reply = String::new();
-        BufReader::new(&c).read_line(&mut reply).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(v["type"], "welcome", "{reply}");
-        assert_eq!(v["pools"], serde_json::json!(pools), "{reply}");
-        c
-    }
-    fn stop(self) -> (RecordSummary, Trace, tempfile::TempDir, PathBuf) {
-        let sum = self.sidecar.shutdown().unwrap();
-        let t = Trace::open(&self.out).unwrap();
-        (sum, t, self._dir, self.out)
-    }
-}
-
-fn kv(pool: u16, rid: u64, op: &str, start: u32, count: u32) -> String {
-    format!(
-        r#"{{"type":"kv","pool":{pool},"ts_ns":1,"request_id":{rid},"op":"{op}","slot_start":{start},"slot_count":{count}}}"#
-    )
-}
-
-/// Events per pool, in seq order.
-fn events(t: &Trace) -> BTreeMap<u16, Vec<KvEvent>> {
-    let mut m: BTreeMap<u16, Vec<KvEvent>> = BTreeMap::new();
-    for c in t.kv_chunks() {
-        for e in c.unwrap().events {
-            m.entry(e.pool).or_default().push(e);
-        }
-    }
-    for v in m.values_mut() {
-        v.sort_by_key(|e| e.seq);
-    }
-    m
-}
-
-fn seqs(t: &Trace, pool: u16) -> Vec<u64> {
-    events(t)
-        .get(&pool)
-        .map(|v| v.iter().map(|e| e.seq).collect())
-        .unwrap_or_default()
-}
+use record_common::*;
 
 #[test]
 fn concurrent_connections_each_write_their_pool() {
@@ -507,48 +416,6 @@ fn unix_socket_is_owner_only() {
 }
 
 // ---------------------------------------------------------------- the binary
-
-fn write_deployment(dir: &Path) -> PathBuf {
-    let p = dir.join("deploy.json");
-    std::fs::write(&p, serde_json::to_string(&deployment()).unwrap()).unwrap();
-    p
-}
-
-fn spawn_record(dir: &Path, extra: &[&str]) -> (Child, PathBuf, PathBuf) {
-    let sock = dir.join("s.sock");
-    let out = dir.join("trace");
-    let dep = write_deployment(dir);
-    let mut args = vec![
-        "record".to_string(),
-        "--listen".into(),
-        s(&sock).into(),
-        "--deployment".into(),
-        s(&dep).into(),
-        "--out".into(),
-        s(&out).into(),
-        "--health-secs".into(),
-        "1".into(),
-    ];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let child = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (child, sock, out)
-}
-
-fn hello(sock: &Path, pool: u16) -> UnixStream {
-    let mut c = UnixStream::connect(sock).unwrap();
-    writeln!(c, r#"{{"type":"hello","pools":[{pool}]}}"#).unwrap();
-    c
-}
 
 #[test]
 fn sigterm_closes_cleanly() {

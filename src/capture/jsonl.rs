@@ -66,6 +66,12 @@ fn err(field: &str, message: impl Into<String>) -> LineError {
     }
 }
 
+/// The longest string field (tenant, external_id, finish_reason) in bytes of
+/// UTF-8. Ids and account names are far shorter; the bound keeps what a
+/// capture holds per request (and what the sidecar holds while a request
+/// waits for its partner view) small.
+pub const MAX_STRING_BYTES: usize = 256;
+
 const KV_KEYS: [&str; 12] = [
     "type",
     "pool",
@@ -135,6 +141,13 @@ impl Obj<'_> {
     fn opt_str(&self, key: &str) -> Result<Option<String>, LineError> {
         match self.opt_value(key) {
             None => Ok(None),
+            Some(Value::String(s)) if s.len() > MAX_STRING_BYTES => Err(err(
+                key,
+                format!(
+                    "{} bytes long; a string field holds at most {MAX_STRING_BYTES} bytes (UTF-8)",
+                    s.len()
+                ),
+            )),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(v) => Err(err(key, format!("expected a string, got {v}"))),
         }
@@ -569,6 +582,11 @@ mod tests {
     #[test]
     fn lines() {
         let h = "ab".repeat(32);
+        // 128 two-byte characters: exactly the 256-byte limit.
+        let e128 = format!(
+            "request 1 {} prompt=1 prefilled=None status=200 hash=false",
+            "é".repeat(128)
+        );
         let cases: Vec<(String, &str)> = vec![
             (r#"{"type":"kv","pool":1,"seq":17,"ts_ns":5,"request_id":3,"op":"write","slot_start":8,"slot_count":4,"token_pos":null,"src_pool":0,"src_slot_start":2,"src_seq":9}"#.into(),
              "kv pool=1 seq=Some(17) ts=5 rid=3 write 8+4 tp=None src=Some((0, 2, 9))"),
@@ -601,6 +619,14 @@ mod tests {
             (r#"{"type":"request","request_id":1,"arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}"#.into(),
              "error field `tenant`: required field is missing or null"),
             (r#"{"type":"span"}"#.into(), r#"error field `type`: expected "kv" or "request", got "span""#),
+            (format!(r#"{{"type":"request","request_id":1,"tenant":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "é".repeat(128)),
+             &e128),
+            (format!(r#"{{"type":"request","request_id":1,"tenant":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "t".repeat(257)),
+             "error field `tenant`: 257 bytes long; a string field holds at most 256 bytes (UTF-8)"),
+            (format!(r#"{{"type":"request","request_id":1,"tenant":"a","external_id":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "x".repeat(1 << 20)),
+             "error field `external_id`: 1048576 bytes long; a string field holds at most 256 bytes (UTF-8)"),
+            (format!(r#"{{"type":"request","request_id":1,"tenant":"a","finish_reason":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "x".repeat(300)),
+             "error field `finish_reason`: 300 bytes long; a string field holds at most 256 bytes (UTF-8)"),
             ("[1,2]".into(), "error expected a JSON object"),
             (r#"{"type":"kv","pool":0,"#.into(), "error not valid JSON: EOF while parsing a value at line 1 column 22"),
         ];

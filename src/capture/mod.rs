@@ -248,7 +248,7 @@ impl Recorder {
                 "seq counts events from 0; u64::MAX leaves no room for the next one",
             ));
         }
-        self.stats.lost_events += ev.seq - s.next_seq;
+        self.stats.lost_events = self.stats.lost_events.saturating_add(ev.seq - s.next_seq);
         s.next_seq = ev.seq + 1;
         self.push(i, ev)
     }
@@ -269,7 +269,8 @@ impl Recorder {
                 "seq counts events from 0",
             )
         })?;
-        self.stats.lost_events += n;
+        // Summed over pools, so it may exceed any one pool's seq space.
+        self.stats.lost_events = self.stats.lost_events.saturating_add(n);
         Ok(())
     }
 

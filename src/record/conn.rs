@@ -4,20 +4,25 @@
 //!
 //! The connection thread never blocks on the writer while the stream is
 //! live: when the queue is full the batch's KV messages are dropped and
-//! turned into `lost` counts for their pools, sent ahead of the next batch
-//! that gets through, so the loss lands in the trace as an explicit seq hole
-//! close to where it happened. Requests and `lost` messages are never
-//! dropped: they are carried into the next batch.
+//! turned into holes for their pools, sent ahead of the next batch that
+//! gets through, so the loss lands in the trace as an explicit seq hole
+//! close to where it happened. Requests and the hook's `lost` counts are
+//! never dropped: they are carried into the next batch.
+//!
+//! Time bounds: the hello must come within `hello_timeout` (a silent
+//! connection must not hold a slot); after the stop a connection may send
+//! for `shutdown_grace`, then it is cut (a trickling client must not hold
+//! the shutdown open). Both are counted and make the capture incomplete.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::wire::{Msg, parse_hello, parse_msg};
-use super::{Batch, Shared, View};
+use super::wire::{Msg, WIRE_MAX_COUNT, parse_hello, parse_msg};
+use super::{Batch, Shared, View, add};
 use crate::trace::manifest::Role;
 
 /// Most messages per batch handed to the writer.
@@ -47,13 +52,13 @@ struct Conn {
     pools: Vec<u16>,
     shared: Arc<Shared>,
     batch: Vec<Msg>,
-    /// Events dropped (queue full) and not yet reported as `lost`.
+    /// Events dropped (queue full) and not yet sent as holes.
     pending_loss: BTreeMap<u16, u64>,
+    /// `lost` lines of the hook carried over a full queue, summed per pool.
+    pending_hook: BTreeMap<u16, u64>,
     logged: u32,
 }
 
-/// Serves one connection to its end (EOF, error, or shutdown with nothing
-/// left to read).
 /// Counts a connection as live from accept until its thread ends.
 pub(crate) struct Live(pub Arc<Shared>);
 
@@ -66,15 +71,32 @@ impl Drop for Live {
     }
 }
 
+/// Serves one connection to its end (EOF, error, the hello deadline, the
+/// stop with nothing left to read, or the end of the stop's grace).
 pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     let _live = Live(shared.clone());
     let _ = stream.set_timeout(Duration::from_millis(200));
     let max = shared.cfg.max_line_bytes;
     let mut reader = BufReader::with_capacity(1 << 16, &mut *stream);
-    // Hello first (bounded like every line).
-    let hello = match read_bounded(&mut reader, max, &shared) {
-        Some(Ok(l)) => l,
-        Some(Err(())) | None => return,
+    // Hello first (bounded like every line, and in time: a connection that
+    // never says hello must not hold a slot).
+    let deadline = Instant::now() + shared.cfg.hello_timeout;
+    let hello = match read_bounded(&mut reader, max, &shared, Some(deadline)) {
+        Got::Line(l) => l,
+        Got::TooLong | Got::End => return,
+        Got::Deadline | Got::Cut => {
+            // It may have been an engine too slow to say hello: whatever it
+            // would have sent is missing, so it is counted.
+            add(&shared.stats.dropped_before_hello, 1);
+            let why = format!(
+                "no hello line within {} s",
+                shared.cfg.hello_timeout.as_secs_f64()
+            );
+            shared.log(&format!("connection #{id} dropped: {why}"));
+            let msg = serde_json::json!({"type": "error", "error": why}).to_string();
+            let _ = reader.get_mut().write_all(format!("{msg}\n").as_bytes());
+            return;
+        }
     };
     let hello = match parse_hello(&String::from_utf8_lossy(&hello)) {
         Ok(h) => h,
@@ -141,21 +163,31 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         shared: shared.clone(),
         batch: Vec::with_capacity(BATCH),
         pending_loss: BTreeMap::new(),
+        pending_hook: BTreeMap::new(),
         logged: 0,
     };
     shared.register_view(id, view);
     loop {
-        match read_bounded(&mut reader, max, &shared) {
-            Some(Ok(line)) => {
+        match read_bounded(&mut reader, max, &shared, None) {
+            Got::Line(line) => {
                 c.line(&line);
                 if c.batch.len() >= BATCH || reader.buffer().is_empty() {
                     c.flush(false);
                 }
             }
-            Some(Err(())) => {
+            Got::TooLong => {
                 c.reject_unattributed("a line longer than --max-line-bytes (dropped unread)");
             }
-            None => break,
+            Got::End | Got::Deadline => break,
+            Got::Cut => {
+                add(&shared.stats.connections_cut, 1);
+                shared.log(&format!(
+                    "connection #{id} ({}) cut: still sending {} s after the stop; what it had not sent is missing",
+                    c.name,
+                    shared.cfg.shutdown_grace.as_secs_f64()
+                ));
+                break;
+            }
         }
     }
     c.flush(true);
@@ -176,13 +208,37 @@ fn refuse(mut stream: Box<dyn Stream>, shared: &Shared, id: u64, why: &str) {
     let _ = stream.write_all(b"\n");
 }
 
-/// Reads one line of at most `max` bytes. `Some(Err(()))`: the line was
-/// longer and has been skipped up to its newline without being buffered.
-/// `None`: end of stream (or shutdown with no data pending).
-fn read_bounded(r: &mut impl BufRead, max: usize, shared: &Shared) -> Option<Result<Vec<u8>, ()>> {
+/// What [`read_bounded`] got.
+enum Got {
+    Line(Vec<u8>),
+    /// A line longer than the limit, skipped up to its newline unbuffered.
+    TooLong,
+    /// End of stream, a read error, or the stop with nothing pending.
+    End,
+    /// `deadline` passed before a whole line came.
+    Deadline,
+    /// The stop's grace period ran out while the client was still sending.
+    Cut,
+}
+
+/// Reads one line of at most `max` bytes, before `deadline` if one is set.
+fn read_bounded(
+    r: &mut impl BufRead,
+    max: usize,
+    shared: &Shared,
+    deadline: Option<Instant>,
+) -> Got {
     let mut line = Vec::new();
     let mut discarding = false;
     loop {
+        // Checked before every read, not only when idle: a client that
+        // trickles bytes is never idle.
+        if shared.past_grace() {
+            return Got::Cut;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Got::Deadline;
+        }
         let buf = match r.fill_buf() {
             Ok(b) => b,
             Err(e)
@@ -211,13 +267,13 @@ fn read_bounded(r: &mut impl BufRead, max: usize, shared: &Shared) -> Option<Res
                 }
                 r.consume(i + 1);
                 if over {
-                    return Some(Err(()));
+                    return Got::TooLong;
                 }
                 if line.iter().all(u8::is_ascii_whitespace) {
                     line.clear();
                     continue;
                 }
-                return Some(Ok(line));
+                return Got::Line(line);
             }
             None => {
                 let n = buf.len();
@@ -234,13 +290,13 @@ fn read_bounded(r: &mut impl BufRead, max: usize, shared: &Shared) -> Option<Res
     }
 }
 
-fn finish(line: Vec<u8>, discarding: bool) -> Option<Result<Vec<u8>, ()>> {
+fn finish(line: Vec<u8>, discarding: bool) -> Got {
     if discarding {
-        Some(Err(()))
+        Got::TooLong
     } else if line.iter().all(u8::is_ascii_whitespace) {
-        None
+        Got::End
     } else {
-        Some(Ok(line))
+        Got::Line(line)
     }
 }
 
@@ -294,7 +350,7 @@ impl Conn {
                     Some(p) if self.pools.contains(&p) => {
                         s.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                         if !line_has_seq(line) {
-                            self.batch.push(Msg::Lost { pool: p, n: 1 });
+                            self.batch.push(Msg::Hole { pool: p, n: 1 });
                         }
                         self.log_limited(&format!("rejected (hole in pool {p}): {e}"));
                     }
@@ -307,17 +363,23 @@ impl Conn {
     /// Hands the batch to the writer. `wait`: block until it is taken
     /// (end of connection); otherwise drop on a full queue and count.
     fn flush(&mut self, wait: bool) {
-        if self.batch.is_empty() && self.pending_loss.is_empty() {
+        if self.batch.is_empty() && self.pending_loss.is_empty() && self.pending_hook.is_empty() {
             return;
         }
-        let head = self.pending_loss.len();
+        let head = self.pending_loss.len() + self.pending_hook.len();
         let mut msgs: Vec<Msg> = self
             .pending_loss
             .iter()
-            .map(|(&pool, &n)| Msg::Lost { pool, n })
+            .map(|(&pool, &n)| Msg::Hole { pool, n })
+            .chain(
+                self.pending_hook
+                    .iter()
+                    .map(|(&pool, &n)| Msg::Lost { pool, n }),
+            )
             .collect();
         msgs.append(&mut self.batch);
-        let stats = &self.shared.stats;
+        let shared = self.shared.clone();
+        let stats = &shared.stats;
         let n = msgs.len() as u64;
         let batch = Batch {
             conn: self.id,
@@ -340,31 +402,35 @@ impl Conn {
             self.shared.tx.try_send(batch)
         };
         match res {
-            Ok(()) => self.pending_loss.clear(),
+            Ok(()) => {
+                self.pending_loss.clear();
+                self.pending_hook.clear();
+            }
             Err(TrySendError::Full(b)) | Err(TrySendError::Disconnected(b)) => {
                 stats.queue_depth.fetch_sub(n, Ordering::Relaxed);
-                // The first `head` messages came from pending_loss, which
-                // still holds them; fold the rest in and keep what must
-                // not be lost.
+                // The first `head` messages came from pending_loss and
+                // pending_hook, which still hold them; fold the rest in and
+                // keep what must not be lost. The hook's `lost` counts stay
+                // apart from our own holes (each is counted once).
                 for m in b.msgs.into_iter().skip(head) {
                     match m {
+                        r @ Msg::Request(_) => self.batch.push(r),
                         Msg::Lost { pool, n } => {
-                            *self.pending_loss.entry(pool).or_default() += n;
+                            let e = self.pending_hook.entry(pool).or_default();
+                            *e = e.saturating_add(n);
                         }
+                        Msg::Hole { pool, n } => self.hole(pool, n),
                         Msg::Kv { event, seq } => {
-                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
+                            add(&stats.lost_queue, 1);
                             if seq.is_none() {
-                                *self.pending_loss.entry(event.pool).or_default() += 1;
+                                self.hole(event.pool, 1);
                             }
                         }
                         Msg::XferCommit(c) => {
-                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
-                            *self.pending_loss.entry(c.pool).or_default() += 1;
+                            add(&stats.lost_queue, 1);
+                            self.hole(c.pool, 1);
                         }
-                        Msg::XferSend(_) => {
-                            stats.lost_queue.fetch_add(1, Ordering::Relaxed);
-                        }
-                        r @ Msg::Request(_) => self.batch.push(r),
+                        Msg::XferSend(_) => add(&stats.lost_queue, 1),
                     }
                 }
             }
@@ -372,10 +438,20 @@ impl Conn {
     }
 }
 
-/// Whether a (malformed) line still carries an integer `seq`.
+impl Conn {
+    /// Counts `n` dropped events of `pool`, sent as a hole with the next
+    /// batch that gets through.
+    fn hole(&mut self, pool: u16, n: u64) {
+        let e = self.pending_loss.entry(pool).or_default();
+        *e = e.saturating_add(n);
+    }
+}
+
+/// Whether a (malformed) line still carries a usable `seq` (an integer the
+/// wire accepts): then the hole shows at that seq and none is added.
 fn line_has_seq(line: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(line)
         .ok()
         .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64))
-        .is_some()
+        .is_some_and(|s| s <= WIRE_MAX_COUNT)
 }

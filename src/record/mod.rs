@@ -11,7 +11,11 @@
 //! A security boundary: a Unix socket is created owner-only (0600), TCP
 //! must be loopback unless `allow_remote`, every line is size-bounded, and
 //! each connection may only send events for the pools it declared in its
-//! hello (a pool is held by at most one live connection). The protocol is in
+//! hello (a pool is held by at most one live connection). Nothing a client
+//! does holds the sidecar: the hello has a deadline, the stop a grace
+//! period, live connections a cap, and what waits for a partner a memory
+//! budget; what they drop is counted and makes the capture incomplete
+//! (docs/limits.md lists every bound). The protocol is in
 //! `wire`, the transfer join and request pairing in `writer`, the operator's
 //! view in docs/capture-sglang.md.
 //!
@@ -29,9 +33,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::capture::RecorderOptions;
 use crate::error::{Error, Location, Result};
@@ -114,6 +118,16 @@ pub struct RecordConfig {
     pub pair_timeout: Duration,
     /// Live connections at most (one thread each); more are refused.
     pub max_connections: u64,
+    /// How long a new connection may take to send its hello line; then it
+    /// is closed and counted (`dropped_before_hello`).
+    pub hello_timeout: Duration,
+    /// After the stop, how long connections may still send; then the ones
+    /// still open are cut and counted (`connections_cut`).
+    pub shutdown_grace: Duration,
+    /// Memory held for what waits for its partner (request views, transfer
+    /// halves, decode streams parked behind a commit), estimated; beyond it
+    /// the newest is dropped and counted (or the parked copy given up).
+    pub max_pending_bytes: u64,
 }
 
 impl RecordConfig {
@@ -127,6 +141,9 @@ impl RecordConfig {
             copy_timeout: Duration::from_secs(10),
             pair_timeout: Duration::from_secs(900),
             max_connections: 256,
+            hello_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+            max_pending_bytes: 64 << 20,
         }
     }
 }
@@ -162,6 +179,33 @@ pub struct Stats {
     /// Lines that could not be tied to a pool (bad JSON, oversized).
     pub rejected_unattributed: AtomicU64,
     pub bytes_on_disk: AtomicU64,
+    /// Connections refused because --max-connections were live: any of them
+    /// may have been an engine, so the capture is incomplete.
+    pub refused_connections: AtomicU64,
+    /// Connections closed because no hello came within the handshake
+    /// deadline (or the shutdown cut them first); the capture is incomplete.
+    pub dropped_before_hello: AtomicU64,
+    /// Connections still sending when the shutdown grace ran out, cut with
+    /// what they had not sent yet; the capture is incomplete.
+    pub connections_cut: AtomicU64,
+    /// Of the events counted lost or rejected above, those that could not
+    /// be recorded as a seq hole (the pool's seq space is used up); the
+    /// capture is incomplete.
+    pub lost_unrecorded: AtomicU64,
+    /// Request views not written because --max-pending-bytes was held by
+    /// views waiting for their partner; the capture is incomplete.
+    pub lost_requests: AtomicU64,
+    /// Bytes (estimated) now held for views, transfer halves and parked
+    /// streams waiting for their partner.
+    pub pending_bytes: AtomicU64,
+}
+
+/// Adds to a counter, stopping at u64::MAX instead of wrapping (counts on
+/// the wire come from untrusted clients).
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_add(n))
+    });
 }
 
 /// A plain copy of [`Stats`].
@@ -183,6 +227,55 @@ pub struct StatsSnapshot {
     pub rejected_contract: u64,
     pub rejected_unattributed: u64,
     pub bytes_on_disk: u64,
+    pub refused_connections: u64,
+    pub dropped_before_hello: u64,
+    pub connections_cut: u64,
+    pub lost_unrecorded: u64,
+    pub lost_requests: u64,
+    pub pending_bytes: u64,
+}
+
+impl StatsSnapshot {
+    /// KV events lost, by every cause, each counted once (saturating).
+    /// `lost_unrecorded` is not added: it says which of them (or of the
+    /// rejected events) could not become holes.
+    pub fn lost_events(&self) -> u64 {
+        [
+            self.lost_queue,
+            self.lost_hook,
+            self.lost_max_bytes,
+            self.copies_unresolved,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+
+    /// Lines and hellos rejected, by every cause (saturating).
+    pub fn rejected(&self) -> u64 {
+        [
+            self.rejected_malformed,
+            self.rejected_forged,
+            self.rejected_contract,
+            self.rejected_unattributed,
+            self.rejected_hello,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+
+    /// Whether these counters show evidence that is neither in the trace
+    /// nor a seq hole in it: then the capture cannot be complete. The one
+    /// place this rule lives (the writer closes the trace by it).
+    pub fn evidence_missing(&self) -> bool {
+        self.rejected_unattributed > 0
+            || self.refused_claims > 0
+            || self.refused_connections > 0
+            || self.dropped_before_hello > 0
+            || self.connections_cut > 0
+            || self.lost_unrecorded > 0
+            || self.lost_requests > 0
+            || self.lost_max_bytes > 0
+    }
 }
 
 impl Stats {
@@ -205,6 +298,12 @@ impl Stats {
             rejected_contract: g(&self.rejected_contract),
             rejected_unattributed: g(&self.rejected_unattributed),
             bytes_on_disk: g(&self.bytes_on_disk),
+            refused_connections: g(&self.refused_connections),
+            dropped_before_hello: g(&self.dropped_before_hello),
+            connections_cut: g(&self.connections_cut),
+            lost_unrecorded: g(&self.lost_unrecorded),
+            lost_requests: g(&self.lost_requests),
+            pending_bytes: g(&self.pending_bytes),
         }
     }
 }
@@ -238,6 +337,10 @@ pub(crate) struct Shared {
     pub cfg: RecordConfig,
     pub deployment: Deployment,
     pub stop: AtomicBool,
+    /// When the stop came (set before `stop`).
+    pub stop_at: OnceLock<Instant>,
+    /// The writer ended with an error (logged when it happened).
+    pub writer_failed: AtomicBool,
     pub stats: Arc<Stats>,
     /// pool -> the live connection holding it.
     pub claims: Mutex<HashMap<u16, String>>,
@@ -249,6 +352,15 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn log(&self, line: &str) {
         self.log.log(line);
+    }
+    /// Whether the stop came more than `shutdown_grace` ago: connections
+    /// still open are cut.
+    pub fn past_grace(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+            && self
+                .stop_at
+                .get()
+                .is_some_and(|t| t.elapsed() >= self.cfg.shutdown_grace)
     }
     pub fn register_view(&self, conn: u64, v: View) {
         self.views.lock().expect("views lock").insert(conn, v);
@@ -263,7 +375,8 @@ pub struct RecordSummary {
     pub files: usize,
 }
 
-/// A running sidecar. Stop it with [`Sidecar::shutdown`].
+/// A running sidecar. Stop it with [`Sidecar::shutdown`]; check
+/// [`Sidecar::writer_failed`] while it runs.
 pub struct Sidecar {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
@@ -289,6 +402,8 @@ impl Sidecar {
             cfg,
             deployment,
             stop: AtomicBool::new(false),
+            stop_at: OnceLock::new(),
+            writer_failed: AtomicBool::new(false),
             stats,
             claims: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
@@ -324,9 +439,17 @@ impl Sidecar {
         self.shared.stats.clone()
     }
 
-    /// Stops accepting, reads what the connections still have buffered,
-    /// drains the queue and closes the trace.
+    /// Whether the writer has stopped with an error (already logged; the
+    /// error itself is what [`Sidecar::shutdown`] returns).
+    pub fn writer_failed(&self) -> bool {
+        self.shared.writer_failed.load(Ordering::SeqCst)
+    }
+
+    /// Stops accepting, reads what the connections still send for up to
+    /// `shutdown_grace` (then cuts the ones still sending, counted), drains
+    /// the queue and closes the trace.
     pub fn shutdown(mut self) -> Result<RecordSummary> {
+        let _ = self.shared.stop_at.set(Instant::now());
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
@@ -337,13 +460,12 @@ impl Sidecar {
         // The acceptor held the last live senders besides `shared.tx`;
         // the writer ends when told (the Shared keeps one sender alive).
         let w = self.writer.take().expect("writer runs until shutdown");
-        self.shared
-            .tx
-            .send(Batch {
-                conn: u64::MAX,
-                msgs: Vec::new(),
-            })
-            .map_err(|_| Error::Other("the writer thread stopped early".into()))?;
+        // Fails only when the writer has already ended (with an error, which
+        // the join returns).
+        let _ = self.shared.tx.send(Batch {
+            conn: u64::MAX,
+            msgs: Vec::new(),
+        });
         match w.join() {
             Ok(r) => r,
             Err(_) => Err(Error::Other("the writer thread panicked".into())),
@@ -443,7 +565,10 @@ fn accept_loop(l: Listener, shared: Arc<Shared>) {
                 if shared.stats.connections_live.load(Ordering::Relaxed)
                     >= shared.cfg.max_connections
                 {
+                    // It may have been an engine: what it would have sent is
+                    // missing, so it is counted and the capture incomplete.
                     shared.stats.rejected_hello.fetch_add(1, Ordering::Relaxed);
+                    add(&shared.stats.refused_connections, 1);
                     shared.log(&format!(
                         "connection #{id} refused: {} live connections already",
                         shared.cfg.max_connections

@@ -10,7 +10,9 @@
 //! - a KV event or a request, exactly the `kvtrail ingest` shape
 //!   (docs/jsonl.md), parsed by [`crate::capture::jsonl::parse_line`];
 //! - `{"type":"lost","pool":P,"n":N}`: the hook dropped N events of pool P
-//!   (queue full, sidecar unreachable); recorded as an explicit seq hole;
+//!   (queue full, sidecar unreachable); recorded as an explicit seq hole
+//!   (N and a KV line's `seq` are at most [`WIRE_MAX_COUNT`], so no single
+//!   line can use up a pool's seq space);
 //! - `{"type":"xfer_send",...}` / `{"type":"xfer_commit",...}`: the two
 //!   halves of a prefill→decode KV transfer, which the writer joins into
 //!   `write` events with `src` on the decode pool (docs/capture-sglang.md).
@@ -100,12 +102,32 @@ struct Lost {
     n: u64,
 }
 
+/// The largest `seq` of a KV line and `n` of a `lost` line the sidecar
+/// takes (2^48: years of events at millions per second). Larger values are
+/// rejected, so no single line can use up a pool's seq space (u64) and stop
+/// its recording.
+pub const WIRE_MAX_COUNT: u64 = 1 << 48;
+
 /// One parsed line after the hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    Kv { event: KvEvent, seq: Option<u64> },
+    Kv {
+        event: KvEvent,
+        seq: Option<u64>,
+    },
     Request(Box<RequestRecord>),
-    Lost { pool: u16, n: u64 },
+    /// A `lost` line: the hook dropped `n` events of `pool`.
+    Lost {
+        pool: u16,
+        n: u64,
+    },
+    /// Never on the wire: events of `pool` the sidecar itself dropped (a
+    /// full queue, a malformed line); recorded as a hole like `Lost`, but
+    /// counted where it was dropped, not as the hook's loss.
+    Hole {
+        pool: u16,
+        n: u64,
+    },
     XferSend(Box<XferSend>),
     XferCommit(Box<XferCommit>),
 }
@@ -116,7 +138,7 @@ impl Msg {
         match self {
             Msg::Kv { event, .. } => Some(event.pool),
             Msg::Request(_) => None,
-            Msg::Lost { pool, .. } => Some(*pool),
+            Msg::Lost { pool, .. } | Msg::Hole { pool, .. } => Some(*pool),
             Msg::XferSend(s) => Some(s.pool),
             Msg::XferCommit(c) => Some(c.pool),
         }
@@ -285,6 +307,25 @@ fn plain(message: String) -> LineError {
 
 /// Parses one line after the hello.
 pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
+    let m = parse_any(line)?;
+    if let Msg::Kv {
+        event,
+        seq: Some(seq),
+    } = &m
+        && *seq > WIRE_MAX_COUNT
+    {
+        return Err(LineError {
+            field: Some("seq".into()),
+            message: format!(
+                "{seq} is above {WIRE_MAX_COUNT} (2^48), the largest seq the sidecar takes"
+            ),
+            pool: Some(event.pool),
+        });
+    }
+    Ok(m)
+}
+
+fn parse_any(line: &str) -> Result<Msg, LineError> {
     if let Some(m) = canonical_kv(line.as_bytes()).or_else(|| fast_kv(line)) {
         return Ok(m);
     }
@@ -296,6 +337,12 @@ pub fn parse_msg(line: &str) -> Result<Msg, LineError> {
                 .map_err(|e| plain(format!("bad `lost` message: {e}")))?;
             if l.n == 0 {
                 return Err(plain("`lost` with n = 0".into()));
+            }
+            if l.n > WIRE_MAX_COUNT {
+                return Err(plain(format!(
+                    "`lost` with n = {} above {WIRE_MAX_COUNT} (2^48), the most one line may report",
+                    l.n
+                )));
             }
             Ok(Msg::Lost {
                 pool: l.pool,
@@ -433,7 +480,19 @@ mod tests {
 
     #[test]
     fn protocol_messages() {
-        let cases: [(&str, &str); 8] = [
+        let cases: [(&str, &str); 11] = [
+            (
+                r#"{"type":"lost","pool":2,"n":281474976710656}"#,
+                "Ok(Lost { pool: 2, n: 281474976710656 })",
+            ),
+            (
+                r#"{"type":"lost","pool":2,"n":281474976710657}"#,
+                "Err(`lost` with n = 281474976710657 above 281474976710656 (2^48), the most one line may report)",
+            ),
+            (
+                r#"{"type":"kv","pool":2,"seq":18446744073709551614,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1}"#,
+                "Err(field `seq`: 18446744073709551614 is above 281474976710656 (2^48), the largest seq the sidecar takes)",
+            ),
             (
                 r#"{"type":"lost","pool":2,"n":5}"#,
                 "Ok(Lost { pool: 2, n: 5 })",

@@ -51,6 +51,18 @@ pub struct Args {
     /// Capture began with the engines' pools empty (started together with the engine).
     #[arg(long)]
     pub from_engine_start: bool,
+    /// Live connections at most (one thread each); more are refused, counted, and the capture marked incomplete.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: u64,
+    /// Seconds a new connection has to send its hello; then it is closed, counted, and the capture marked incomplete.
+    #[arg(long, default_value_t = 10)]
+    pub hello_timeout: u64,
+    /// Seconds connections may still send after SIGTERM/SIGINT; then the ones still sending are cut (counted, capture incomplete).
+    #[arg(long, default_value_t = 5)]
+    pub shutdown_grace: u64,
+    /// Memory for request views, transfer halves and parked streams waiting for their partner; beyond it they are dropped and counted.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_pending_bytes: u64,
 }
 
 struct StderrLog;
@@ -75,6 +87,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     cfg.max_line_bytes = args.max_line_bytes.max(64);
     cfg.queue_batches = args.queue.max(1);
     cfg.copy_timeout = Duration::from_secs(args.copy_timeout);
+    cfg.max_connections = args.max_connections.max(1);
+    cfg.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
+    cfg.shutdown_grace = Duration::from_secs(args.shutdown_grace);
+    cfg.max_pending_bytes = args.max_pending_bytes;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -89,12 +105,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let stats = sidecar.stats();
     let mut last = Instant::now();
     let mut last_written = 0u64;
-    while !stop.load(Ordering::SeqCst) {
+    // A failed writer (logged when it happened) ends the run: shutdown
+    // returns its error (exit 2).
+    while !stop.load(Ordering::SeqCst) && !sidecar.writer_failed() {
         std::thread::sleep(Duration::from_millis(50));
         if args.health_secs > 0 && last.elapsed() >= Duration::from_secs(args.health_secs) {
             let s = stats.snapshot();
             let dt = last.elapsed().as_secs_f64();
-            let rate = (s.kv_written - last_written) as f64 / dt;
+            let rate = s.kv_written.saturating_sub(last_written) as f64 / dt;
             last = Instant::now();
             last_written = s.kv_written;
             eprintln!(
@@ -104,16 +122,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 s.requests_written,
                 s.queue_depth,
                 s.connections_live,
-                s.lost_queue + s.lost_hook + s.lost_max_bytes + s.copies_unresolved,
+                s.lost_events(),
                 s.lost_queue,
                 s.lost_hook,
                 s.lost_max_bytes,
                 s.copies_unresolved,
-                s.rejected_malformed
-                    + s.rejected_forged
-                    + s.rejected_contract
-                    + s.rejected_unattributed
-                    + s.rejected_hello,
+                s.rejected(),
                 s.rejected_malformed,
                 s.rejected_forged,
                 s.rejected_contract,
@@ -127,21 +141,26 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let sum = sidecar.shutdown()?;
     let s = &sum.stats;
     println!(
-        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}); rejected malformed {}, forged {}, contract {}, unattributed {}; capture {}",
+        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
         term(&args.out.display().to_string()),
         s.kv_written,
         s.requests_written,
         sum.files,
         s.connections_total,
-        s.lost_queue + s.lost_hook + s.lost_max_bytes + s.copies_unresolved,
+        s.lost_events(),
         s.lost_queue,
         s.lost_hook,
         s.lost_max_bytes,
         s.copies_unresolved,
+        s.lost_unrecorded,
         s.rejected_malformed,
         s.rejected_forged,
         s.rejected_contract,
         s.rejected_unattributed,
+        s.refused_connections,
+        s.dropped_before_hello,
+        s.connections_cut,
+        s.lost_requests,
         if sum.complete {
             "complete"
         } else {
