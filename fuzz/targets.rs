@@ -176,10 +176,7 @@ pub fn jsonl(data: &[u8]) {
                     "accepted copy fields on {:?}: {line}",
                     event.op
                 );
-                assert!(
-                    seq.is_none_or(|s| s == event.seq),
-                    "seq mismatch: {line}"
-                );
+                assert!(seq.is_none_or(|s| s == event.seq), "seq mismatch: {line}");
             }
             Ok(JsonlRecord::Request(_)) => {}
             Err(e) => {

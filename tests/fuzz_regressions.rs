@@ -14,7 +14,9 @@ use std::path::Path;
 /// Runs every file of `fuzz/<folder>/<target>/`; returns the failures and
 /// the number of cases run.
 fn replay(folder: &str) -> (Vec<String>, usize) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join(folder);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz")
+        .join(folder);
     let mut failures = Vec::new();
     let mut n = 0;
     for t in targets::TARGETS {
@@ -25,7 +27,9 @@ fn replay(folder: &str) -> (Vec<String>, usize) {
         let mut files: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
         files.sort();
         for f in files.into_iter().filter(|f| f.is_file()) {
-            if f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            if f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
                 continue;
             }
             let data = std::fs::read(&f).unwrap();
@@ -41,14 +45,25 @@ fn replay(folder: &str) -> (Vec<String>, usize) {
 #[test]
 fn fuzz_regression_cases_replay_without_a_panic() {
     let (failures, _) = replay("regressions");
-    assert!(failures.is_empty(), "kept fuzz cases panic:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "kept fuzz cases panic:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn fuzz_seed_corpus_replays_without_a_panic() {
     let (failures, n) = replay("corpus");
-    assert!(n >= targets::TARGETS.len(), "seed corpus missing ({n} files)");
-    assert!(failures.is_empty(), "seed inputs panic:\n{}", failures.join("\n"));
+    assert!(
+        n >= targets::TARGETS.len(),
+        "seed corpus missing ({n} files)"
+    );
+    assert!(
+        failures.is_empty(),
+        "seed inputs panic:\n{}",
+        failures.join("\n")
+    );
 }
 
 /// The trace target's framing splits what `join_trace` joined, and refuses
@@ -60,8 +75,18 @@ fn fuzz_trace_framing_round_trips_and_confines_names() {
         ("kv/pool=0/part-00000.parquet".to_string(), vec![1, 2, 3]),
     ];
     assert_eq!(targets::split_trace(&targets::join_trace(&files)), files);
-    for bad in ["../x", "kv/../../x", "/etc/passwd", "kv//a", "other/a", "kv/a b"] {
+    for bad in [
+        "../x",
+        "kv/../../x",
+        "/etc/passwd",
+        "kv//a",
+        "other/a",
+        "kv/a b",
+    ] {
         let f = vec![(bad.to_string(), vec![0])];
-        assert!(targets::split_trace(&targets::join_trace(&f)).is_empty(), "{bad}");
+        assert!(
+            targets::split_trace(&targets::join_trace(&f)).is_empty(),
+            "{bad}"
+        );
     }
 }
