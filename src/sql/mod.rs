@@ -923,7 +923,10 @@ mod tests {
         for d in [Dialect::Duckdb, Dialect::Spark, Dialect::Trino] {
             let o = SqlOptions {
                 dialect: d,
-                trace_path: "s3://bucket/trace".into(),
+                trace_path: match d {
+                    Dialect::Trino => "hive.kvtrail_incident".into(),
+                    _ => "s3://bucket/trace".into(),
+                },
                 pools: vec![0, 1, 2],
                 from_engine_start: true,
                 complete: true,
