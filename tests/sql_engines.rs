@@ -11,18 +11,22 @@
 //! incident-mini (161k events, 44M slot touches) runs through DuckDB; the
 //! Trino dialect runs through sqlglot's Trino grammar transpiled to DuckDB
 //! (no Trino server here), on every rule trace.
+//!
+//! Hostile `--trace-path` values are checked statically for every dialect
+//! (the script's statements and keywords are those of a benign path) and
+//! on the engines (a folder or schema name with quotes, `;` and `--` reads
+//! as data); tenants named like the markers stay tenants.
 
 #[path = "scope_common/mod.rs"]
 mod common;
 #[path = "shared/venv.rs"]
 mod venv;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{TraceBuilder, pool, scope};
-use kvtrail::scope::ScopeReport;
+use kvtrail::scope::{ScopeReport, Tenant};
 use kvtrail::sql::{Dialect, SqlOptions, generate};
 use kvtrail::trace::{Manifest, Role};
 use serde_json::Value;
@@ -240,6 +244,31 @@ fn o<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(|x| x.to_string()).unwrap_or("-".into())
 }
 
+/// A tenant as both sides can express it: `tenant:NAME`, `unknown` (not in
+/// the requests table) or `engine` (request 0). The native report writes the
+/// last two as the sentinel strings; the SQL writes a NULL tenant and a kind.
+fn native_who(t: &Tenant) -> String {
+    match t {
+        Tenant::Unknown => "unknown".into(),
+        Tenant::Engine => "engine".into(),
+        Tenant::Customer(t) => format!("tenant:{t}"),
+    }
+}
+
+fn sql_who(row: &Value, col: &str) -> String {
+    match row[format!("{col}_kind")].as_str() {
+        Some("tenant") => format!("tenant:{}", j(&row[col])),
+        Some(kind) => {
+            assert!(
+                row[col].is_null(),
+                "{col} of kind {kind} must be NULL: {row}"
+            );
+            kind.into()
+        }
+        None => panic!("no {col}_kind: {row}"),
+    }
+}
+
 fn native_lines(r: &ScopeReport) -> Vec<String> {
     let mut out = Vec::new();
     for a in &r.affected_responses {
@@ -248,7 +277,7 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
             "A {} ext={} tenant={} in={} status={} hash={} f={} u={} unc={} exp={} cross={} {} reasons={} t={}..{} srcs={}",
             a.request_id,
             o(&a.external_id),
-            a.tenant,
+            native_who(&a.tenant),
             a.in_requests_table,
             o(&a.http_status),
             o(&a.output_hash),
@@ -270,7 +299,7 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
                 a.request_id,
                 s.request_id,
                 o(&s.external_id),
-                s.tenant,
+                native_who(&s.tenant),
                 s.tokens,
                 s.first_seq,
                 s.last_seq,
@@ -286,7 +315,7 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
         let ids: Vec<String> = t.request_ids.iter().map(|x| x.to_string()).collect();
         out.push(format!(
             "R {} resp={} f={} u={} cross={} c={} p={} ids={}",
-            t.tenant,
+            native_who(&t.tenant),
             t.responses,
             t.foreign_tokens,
             t.unknown_tokens,
@@ -298,18 +327,23 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
     }
     for t in &r.sources {
         let ids: Vec<String> = t.request_ids.iter().map(|x| x.to_string()).collect();
+        // The SQL lists only tenants from the requests table, and says
+        // whether any recipient is unattributed.
+        let named: Vec<&str> = t
+            .recipient_tenants
+            .iter()
+            .filter_map(Tenant::customer)
+            .collect();
+        let unattributed = t.recipient_tenants.len() > named.len();
         out.push(format!(
-            "T {} req={} tok={} cross={} resp={} rt={} ids={}",
-            t.tenant,
+            "T {} req={} tok={} cross={} resp={} rt={} unattributed={} ids={}",
+            native_who(&t.tenant),
             t.requests,
             t.tokens,
             t.cross_tenant_tokens,
             t.recipient_responses,
-            t.recipient_tenants
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            named.join(","),
+            unattributed,
             ids.join(",")
         ));
     }
@@ -318,7 +352,7 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
             "B {} ext={} tenant={} tok={}",
             b.request_id,
             o(&b.external_id),
-            b.tenant,
+            native_who(&b.tenant),
             b.tokens
         ));
     }
@@ -362,7 +396,7 @@ fn sql_lines(res: &Value) -> Vec<String> {
             "A {} ext={} tenant={} in={} status={} hash={} f={} u={} unc={} exp={} cross={} {} reasons={} t={}..{} srcs={}",
             j(&a["request_id"]),
             j(&a["external_id"]),
-            j(&a["tenant"]),
+            sql_who(&a, "tenant"),
             j(&a["in_requests_table"]),
             j(&a["http_status"]),
             j(&a["output_hash"]),
@@ -384,7 +418,7 @@ fn sql_lines(res: &Value) -> Vec<String> {
             j(&s["request_id"]),
             j(&s["source_request_id"]),
             j(&s["source_external_id"]),
-            j(&s["source_tenant"]),
+            sql_who(&s, "source_tenant"),
             j(&s["tokens"]),
             j(&s["first_seq"]),
             j(&s["last_seq"]),
@@ -398,7 +432,7 @@ fn sql_lines(res: &Value) -> Vec<String> {
     for t in rows("kvtrail_recipients") {
         out.push(format!(
             "R {} resp={} f={} u={} cross={} c={} p={} ids={}",
-            j(&t["tenant"]),
+            sql_who(&t, "tenant"),
             j(&t["responses"]),
             j(&t["foreign_tokens"]),
             j(&t["unknown_tokens"]),
@@ -410,13 +444,14 @@ fn sql_lines(res: &Value) -> Vec<String> {
     }
     for t in rows("kvtrail_sources") {
         out.push(format!(
-            "T {} req={} tok={} cross={} resp={} rt={} ids={}",
-            j(&t["tenant"]),
+            "T {} req={} tok={} cross={} resp={} rt={} unattributed={} ids={}",
+            sql_who(&t, "tenant"),
             j(&t["requests"]),
             j(&t["tokens"]),
             j(&t["cross_tenant_tokens"]),
             j(&t["recipient_responses"]),
             j(&t["recipient_tenants"]),
+            t["unattributed_recipient_responses"].as_u64().unwrap() > 0,
             j(&t["request_ids"])
         ));
     }
@@ -425,7 +460,7 @@ fn sql_lines(res: &Value) -> Vec<String> {
             "B {} ext={} tenant={} tok={}",
             j(&b["request_id"]),
             j(&b["external_id"]),
-            j(&b["tenant"]),
+            sql_who(&b, "tenant"),
             j(&b["tokens"])
         ));
     }
@@ -462,26 +497,31 @@ fn sql_lines(res: &Value) -> Vec<String> {
 
 // ------------------------------------------------------------- harness
 
-/// Runs every trace through `engine` in one engine process and compares
-/// each result with the native scope report of the same trace.
-fn check(engine: &str, dialect: Dialect, cases: &[(String, PathBuf)]) {
-    let Some(py) = venv::SQL.python() else { return };
+/// The Trino catalog and schema run_sql.py creates for the trace tables
+/// (`--trace-path src.trace`).
+const TRINO_SCHEMA: [&str; 2] = ["src", "trace"];
+
+/// Runs every job (name, trace folder, `--trace-path`) through `engine` in
+/// one engine process; the Trino tables live in `trino_schema` (raw names).
+/// `None` (after a SKIP line) when the engines' venv is missing outside CI.
+fn run_engine(
+    engine: &str,
+    dialect: Dialect,
+    cases: &[(String, PathBuf, String)],
+    trino_schema: [&str; 2],
+) -> Option<Value> {
+    let py = venv::SQL.python()?;
     let work = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
-    let mut want = BTreeMap::new();
-    for (name, dir) in cases {
+    for (i, (name, dir, path)) in cases.iter().enumerate() {
         let m = Manifest::load(dir).unwrap();
-        // Trino reads tables, not folders: run_sql.py maps `src.trace` to
-        // the job's trace folder.
-        let path = match dialect {
-            Dialect::Trino => "src.trace",
-            _ => dir.to_str().unwrap(),
-        };
-        let sql = generate(&SqlOptions::from_manifest(&m, dialect, path));
-        let f = work.path().join(format!("{name}.sql"));
+        let sql = generate(&SqlOptions::from_manifest(&m, dialect, path)).unwrap();
+        let f = work.path().join(format!("{i}.sql"));
         std::fs::write(&f, sql).unwrap();
-        jobs.push(serde_json::json!({"name": name, "sql": f, "trace": dir}));
-        want.insert(name.clone(), native_lines(&scope(dir)));
+        jobs.push(serde_json::json!({
+            "name": name, "sql": f, "trace": dir,
+            "catalog": trino_schema[0], "schema": trino_schema[1],
+        }));
     }
     let jobs_path = work.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_string(&jobs).unwrap()).unwrap();
@@ -499,11 +539,41 @@ fn check(engine: &str, dialect: Dialect, cases: &[(String, PathBuf)]) {
         "{engine} failed:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let got: Value = serde_json::from_slice(&std::fs::read(&out_path).unwrap()).unwrap();
+    Some(serde_json::from_slice(&std::fs::read(&out_path).unwrap()).unwrap())
+}
+
+/// Runs every trace through `engine` in one engine process and compares
+/// each result with the native scope report of the same trace.
+fn check(engine: &str, dialect: Dialect, cases: &[(String, PathBuf)]) {
+    let jobs: Vec<(String, PathBuf, String)> = cases
+        .iter()
+        .map(|(name, dir)| {
+            // Trino reads tables, not folders: run_sql.py maps `src.trace`
+            // to the job's trace folder.
+            let path = match dialect {
+                Dialect::Trino => TRINO_SCHEMA.join("."),
+                _ => dir.to_str().unwrap().to_string(),
+            };
+            (name.clone(), dir.clone(), path)
+        })
+        .collect();
+    check_jobs(engine, dialect, &jobs, TRINO_SCHEMA);
+}
+
+fn check_jobs(
+    engine: &str,
+    dialect: Dialect,
+    jobs: &[(String, PathBuf, String)],
+    trino_schema: [&str; 2],
+) {
+    let Some(got) = run_engine(engine, dialect, jobs, trino_schema) else {
+        return;
+    };
     let mut failures = Vec::new();
-    for (name, w) in &want {
+    for (name, dir, _) in jobs {
+        let w = native_lines(&scope(dir));
         let g = sql_lines(&got[name]);
-        if &g != w {
+        if g != w {
             failures.push(format!(
                 "{name} ({engine}):\n  native:\n    {}\n  sql:\n    {}",
                 w.join("\n    "),
@@ -538,16 +608,23 @@ fn duckdb_dialect_equals_scope_on_every_rule_trace() {
 
 /// Spark starts a JVM and plans every statement on two shared cores (tens
 /// of seconds per trace here): a small set keeps CI within minutes. It
-/// covers copies of copies, holes, and a hand-written trace (shuffled rows
-/// over Hive folders, dictionary strings); every rule runs on DuckDB.
+/// covers copies of copies, holes (in a folder whose name holds a quote,
+/// `;` and `--`), and a hand-written trace (shuffled rows over Hive
+/// folders, dictionary strings); every rule runs on DuckDB.
 #[test]
 fn spark_dialect_equals_scope_on_local_spark() {
     let dir = tempfile::tempdir().unwrap();
     let mut cases = Vec::new();
     for (name, tb) in traces() {
         match name {
-            "chain_of_three_copies" | "gap_possible" => {
+            "chain_of_three_copies" => {
                 cases.push((name.to_string(), tb.record(&dir.path().join(name))))
+            }
+            // A folder name that would end the path literal and inject a
+            // statement if it were spliced into the SQL unescaped.
+            "gap_possible" => {
+                let d = dir.path().join("gap it's'; DROP VIEW kvtrail_gaps; --");
+                cases.push((name.to_string(), tb.record(&d)))
             }
             "placeholder_incident" => {
                 let d = dir.path().join(name);
@@ -670,4 +747,277 @@ fn simulated_incident(dir: &Path, requests: u32) -> PathBuf {
         String::from_utf8_lossy(&st.stderr)
     );
     out
+}
+
+// ------------------------------------------------- hostile --trace-path
+
+/// The script's tokens with every string literal, quoted identifier and
+/// comment replaced by a placeholder: what an engine executes apart from
+/// data. Spark's lexer also escapes with `\` inside literals.
+fn skeleton(sql: &str, dialect: Dialect) -> Vec<String> {
+    let c: Vec<char> = sql.chars().collect();
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut i = 0;
+    let flush = |w: &mut String, out: &mut Vec<String>| {
+        if !w.is_empty() {
+            out.push(w.to_uppercase());
+            w.clear();
+        }
+    };
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '-' && c.get(i + 1) == Some(&'-') {
+            flush(&mut word, &mut out);
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if ch == '/' && c.get(i + 1) == Some(&'*') {
+            flush(&mut word, &mut out);
+            out.push("<comment>".into());
+            i += 2;
+            while i < c.len() && !(c[i] == '*' && c.get(i + 1) == Some(&'/')) {
+                i += 1;
+            }
+            i += 2;
+            continue;
+        }
+        if matches!(ch, '\'' | '"' | '`') {
+            flush(&mut word, &mut out);
+            i += 1;
+            loop {
+                match c.get(i) {
+                    None => panic!("unterminated {ch} in the script"),
+                    Some('\\') if ch == '\'' && dialect == Dialect::Spark => i += 2,
+                    Some(&q) if q == ch && c.get(i + 1) == Some(&ch) => i += 2,
+                    Some(&q) if q == ch => break,
+                    Some(_) => i += 1,
+                }
+            }
+            i += 1;
+            out.push(if ch == '\'' { "<str>" } else { "<ident>" }.into());
+            continue;
+        }
+        if ch.is_alphanumeric() || ch == '_' || ch == '$' {
+            word.push(ch);
+        } else {
+            flush(&mut word, &mut out);
+            if !ch.is_whitespace() {
+                out.push(ch.to_string());
+            }
+        }
+        i += 1;
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// The script for `o`, or the error's message.
+fn script(o: &SqlOptions) -> Result<String, String> {
+    generate(o).map_err(|e| e.to_string())
+}
+
+fn opts(dialect: Dialect, path: &str) -> SqlOptions {
+    SqlOptions {
+        dialect,
+        trace_path: path.into(),
+        pools: vec![0, 1],
+        from_engine_start: true,
+        complete: true,
+        unverifiable: false,
+    }
+}
+
+const HOSTILE: &[&str] = &[
+    "cat.sch.kv x; DROP TABLE y; --",
+    "/data/t\n; DROP TABLE y; --",
+    "/data/t\r\nDROP TABLE y",
+    "/data/t\u{2028}DROP TABLE y",
+    "/data/it's'; DROP TABLE y; --",
+    "/data/x\\'; DROP TABLE y; --",
+    "/data/x\\",
+    "/data/x */ DROP TABLE y; /* ",
+    "/data/\"x\"; DROP TABLE y; --",
+    "/data/`x`; DROP TABLE y; --",
+    "cat.\"sch\"\"; DROP TABLE y; --\"",
+    "\"cat\".\"sch\"; DROP TABLE y; --",
+    "\"cat\"\".x\".\"s c h'; DROP TABLE y\"",
+    "\"cat",
+    "cat..sch",
+    "",
+];
+
+/// A `--trace-path` reaches the SQL text only as data: for every dialect
+/// and hostile value the script is refused (naming --trace-path, with a
+/// hint), or has exactly the statements and keywords of a benign path, the
+/// value confined to string literals, quoted identifiers and comments.
+#[test]
+fn trace_path_cannot_inject_sql_statements() {
+    for dialect in [Dialect::Duckdb, Dialect::Spark, Dialect::Trino] {
+        let benign = match dialect {
+            Dialect::Trino => "cat.sch",
+            _ => "/data/trace",
+        };
+        let want = skeleton(&script(&opts(dialect, benign)).unwrap(), dialect);
+        let statements = want.iter().filter(|t| *t == ";").count();
+        assert!(statements > 20, "{dialect:?}: {statements} statements");
+        let mut accepted = 0;
+        for path in HOSTILE {
+            match script(&opts(dialect, path)) {
+                Ok(sql) => {
+                    accepted += 1;
+                    let got = skeleton(&sql, dialect);
+                    assert_eq!(got, want, "{dialect:?} {path:?}:\n{sql}");
+                    // Every comment line stays one line.
+                    let header = sql.lines().nth(1).unwrap();
+                    assert!(header.starts_with("-- Trace: "), "{dialect:?} {path:?}");
+                    assert!(!path.chars().any(char::is_control), "{dialect:?} {path:?}");
+                }
+                Err(msg) => {
+                    assert!(msg.starts_with("--trace-path: "), "{msg}");
+                    assert!(msg.contains("\n  hint: "), "{msg}");
+                }
+            }
+        }
+        // Paths are data for DuckDB and Spark: only the control characters
+        // and the empty value are refused; Trino takes identifiers only.
+        let expect = match dialect {
+            Dialect::Trino => 2,
+            _ => HOSTILE.len() - 4,
+        };
+        assert_eq!(accepted, expect, "{dialect:?}");
+    }
+    // Through the binary: exit 2, the flag named, a hint.
+    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
+        .args(["sql", "--dialect", "trino", "--pools", "0,1"])
+        .args(["--trace-path", "cat.sch.kv x; DROP TABLE y; --"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(o.stdout.is_empty());
+    assert!(
+        err.contains("--trace-path") && err.contains("hint:"),
+        "{err}"
+    );
+}
+
+/// The hostile values the engines accept run as data: DuckDB reads a
+/// trace folder whose name holds quotes, `;` and `--`, and Trino (through
+/// sqlglot) a schema whose name holds them, with the results of `scope`.
+#[test]
+fn hostile_trace_paths_run_as_data_on_duckdb_and_trino() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "gap it's'; DROP VIEW kvtrail_gaps; -- \"x\"";
+    let (_, tb) = traces()
+        .into_iter()
+        .find(|(n, _)| *n == "gap_possible")
+        .unwrap();
+    let t = tb.record(&dir.path().join(name));
+    let path = t.to_str().unwrap().to_string();
+    check_jobs(
+        "duckdb",
+        Dialect::Duckdb,
+        &[("hostile".into(), t.clone(), path)],
+        TRINO_SCHEMA,
+    );
+    let schema = "tr\"ace'; DROP TABLE kv; --";
+    let trino_path = format!("src.\"{}\"", schema.replace('"', "\"\""));
+    check_jobs(
+        "trino-on-duckdb",
+        Dialect::Trino,
+        &[("hostile".into(), t, trino_path)],
+        ["src", schema],
+    );
+}
+
+/// A customer may call itself "(unknown)" or "(engine)": the SQL output
+/// keeps such tenants apart from requests missing from the requests table
+/// and from the engine (NULL tenant plus a kind column), and does not count
+/// two requests of the same such tenant as cross-tenant.
+#[test]
+fn tenant_named_like_a_sentinel_is_not_confused_with_unattributed_requests() {
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "(unknown)");
+    tb.req(2, "(unknown)");
+    tb.req(3, "(engine)");
+    // 1 reads 2's KV: the same tenant.
+    tb.write(0, 2, 0, 4);
+    tb.read(0, 1, 0, 4);
+    // 3 reads KV of request 9, which is not in the requests table.
+    tb.write(0, 9, 8, 2);
+    tb.read(0, 3, 8, 2);
+    // 1 reads the engine's KV.
+    tb.write(0, 0, 16, 2);
+    tb.read(0, 1, 16, 2);
+    // 8, not in the requests table, reads 2's KV.
+    tb.write(0, 2, 20, 2);
+    tb.read(0, 8, 20, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let t = tb.record(&dir.path().join("t"));
+    let path = t.to_str().unwrap().to_string();
+    let Some(got) = run_engine(
+        "duckdb",
+        Dialect::Duckdb,
+        &[("t".into(), t, path)],
+        TRINO_SCHEMA,
+    ) else {
+        return;
+    };
+    let rows = |v: &str| -> Vec<String> {
+        let mut r: Vec<String> = got["t"][v]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| match v {
+                "kvtrail_response_sources" => format!(
+                    "{} <- {} {} cross={}",
+                    r["request_id"],
+                    r["source_request_id"],
+                    sql_who(r, "source_tenant"),
+                    r["cross_tenant"]
+                ),
+                "kvtrail_affected_responses" => format!(
+                    "{} {} cross={}",
+                    r["request_id"],
+                    sql_who(r, "tenant"),
+                    r["cross_tenant"]
+                ),
+                _ => format!("{} {}", sql_who(r, "tenant"), r["request_ids"]),
+            })
+            .collect();
+        r.sort();
+        r
+    };
+    assert_eq!(
+        rows("kvtrail_response_sources"),
+        [
+            "1 <- 0 engine cross=false",
+            "1 <- 2 tenant:(unknown) cross=false",
+            "3 <- 9 unknown cross=true",
+            "8 <- 2 tenant:(unknown) cross=true",
+        ]
+    );
+    assert_eq!(
+        rows("kvtrail_affected_responses"),
+        [
+            "1 tenant:(unknown) cross=false",
+            "3 tenant:(engine) cross=true",
+            "8 unknown cross=true",
+        ]
+    );
+    assert_eq!(
+        rows("kvtrail_recipients"),
+        [
+            "tenant:(engine) \"3\"",
+            "tenant:(unknown) \"1\"",
+            "unknown \"8\"",
+        ]
+    );
+    assert_eq!(
+        rows("kvtrail_sources"),
+        ["engine \"0\"", "tenant:(unknown) \"2\"", "unknown \"9\"",]
+    );
 }

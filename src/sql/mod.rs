@@ -27,7 +27,9 @@
 //! cycles) is not checked here: run `kvtrail verify` / `kvtrail inspect`.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
+use crate::error::{Error, Location, Result};
 use crate::trace::manifest::Manifest;
 
 /// The SQL engine the script is written for.
@@ -112,18 +114,177 @@ pub fn levels(pools: usize) -> usize {
 /// Statement separator: every statement ends with `;` at the end of a line.
 pub const SEPARATOR: &str = ";\n";
 
+/// Longest `--trace-path` accepted, in bytes.
+pub const MAX_TRACE_PATH: usize = 4096;
+/// Longest part of a Trino `catalog.schema`, in bytes.
+pub const MAX_IDENT: usize = 128;
+
+/// Where the script reads the trace, checked: the only user value that
+/// reaches the SQL text. A path (DuckDB, Spark) only ever appears inside a
+/// string literal, a Trino schema only as double-quoted identifiers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// Directory or URI, without trailing `/`.
+    Path(String),
+    /// `[catalog.]schema`, unquoted parts.
+    Schema(Vec<String>),
+}
+
+fn bad_path(what: String, hint: &str) -> Error {
+    Error::invalid(Location::file(Path::new("--trace-path")), what, hint)
+}
+
+/// Control characters, and the Unicode line and paragraph separators
+/// (line breaks to some editors and engines).
+fn is_control_or_break(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// Checks `--trace-path` for `dialect`. Refused: an empty value, more than
+/// [`MAX_TRACE_PATH`] bytes, any control character (a line break would end
+/// a `--` comment or split a statement); for Trino anything but
+/// `catalog.schema` or `schema`, each part a plain identifier
+/// (`[A-Za-z_][A-Za-z0-9_]*`) or a double-quoted one (`""` for `"`), at
+/// most [`MAX_IDENT`] bytes.
+fn check_source(dialect: Dialect, path: &str) -> Result<Source> {
+    if path.len() > MAX_TRACE_PATH {
+        return Err(bad_path(
+            format!("{} bytes, over the limit of {MAX_TRACE_PATH}", path.len()),
+            "give the trace's directory, URI or catalog.schema",
+        ));
+    }
+    if let Some(c) = path.chars().find(|&c| is_control_or_break(c)) {
+        return Err(bad_path(
+            format!("contains the control character {:?}", c),
+            "a trace path or schema name has no control characters or line breaks: check the value (quoting in the calling script)",
+        ));
+    }
+    if dialect != Dialect::Trino {
+        let p = path.trim_end_matches('/');
+        if p.is_empty() {
+            return Err(bad_path(
+                "empty".into(),
+                "give the trace's directory or URI (s3://bucket/trace)",
+            ));
+        }
+        return Ok(Source::Path(p.to_string()));
+    }
+    let hint = "Trino reads tables: give catalog.schema (or schema) holding the tables kv and requests; quote a part that is not a plain identifier with double quotes, e.g. hive.\"kv-trail\"";
+    let mut parts = Vec::new();
+    let mut rest = path;
+    loop {
+        let (part, after) = if let Some(q) = rest.strip_prefix('"') {
+            // A quoted part: up to the first lone `"`.
+            let mut name = String::new();
+            let mut chars = q.char_indices();
+            let end = loop {
+                match chars.next() {
+                    Some((i, '"')) if q[i + 1..].starts_with('"') => {
+                        name.push('"');
+                        chars.next();
+                    }
+                    Some((i, '"')) => break Some(i + 1),
+                    Some((_, c)) => name.push(c),
+                    None => break None,
+                }
+            };
+            let Some(end) = end else {
+                return Err(bad_path(
+                    format!("unterminated quoted identifier in {path:?}"),
+                    hint,
+                ));
+            };
+            (name, &q[end..])
+        } else {
+            let end = rest.find('.').unwrap_or(rest.len());
+            let name = &rest[..end];
+            let plain = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !plain {
+                return Err(bad_path(
+                    format!("{name:?} in {path:?} is not a plain identifier"),
+                    hint,
+                ));
+            }
+            (name.to_string(), &rest[end..])
+        };
+        if part.is_empty() || part.len() > MAX_IDENT {
+            return Err(bad_path(
+                format!("an identifier in {path:?} is empty or over {MAX_IDENT} bytes"),
+                hint,
+            ));
+        }
+        parts.push(part);
+        if after.is_empty() {
+            break;
+        }
+        let Some(next) = after.strip_prefix('.') else {
+            return Err(bad_path(
+                format!("unexpected {after:?} after a quoted identifier in {path:?}"),
+                hint,
+            ));
+        };
+        rest = next;
+    }
+    if parts.len() > 2 {
+        return Err(bad_path(
+            format!(
+                "{path:?} has {} parts; the script appends the table names itself",
+                parts.len()
+            ),
+            hint,
+        ));
+    }
+    Ok(Source::Schema(parts))
+}
+
+/// A string literal of `dialect`. DuckDB and Trino double `'`; Spark's
+/// lexer also treats `\` as an escape, so both are backslash-escaped there.
+fn literal(dialect: Dialect, s: &str) -> String {
+    match dialect {
+        Dialect::Spark => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        _ => format!("'{}'", s.replace('\'', "''")),
+    }
+}
+
+/// A double-quoted identifier (Trino, standard SQL).
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A value as it may appear in a `--` comment: line breaks and other
+/// control characters escaped, so the comment cannot end early.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if is_control_or_break(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 struct D(Dialect);
 
 impl D {
     /// A FROM item for a raw table (`kv` or `requests`).
-    fn raw(&self, opts: &SqlOptions, table: &str) -> String {
-        let p = opts.trace_path.trim_end_matches('/').replace('\'', "''");
-        match self.0 {
-            Dialect::Duckdb => format!(
-                "read_parquet('{p}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
+    fn raw(&self, src: &Source, table: &str) -> String {
+        match (self.0, src) {
+            (Dialect::Duckdb, Source::Path(p)) => format!(
+                "read_parquet({}, union_by_name = true, hive_partitioning = true)",
+                literal(self.0, &format!("{p}/{table}/**/*.parquet"))
             ),
-            Dialect::Spark => format!("kvtrail_{table}_raw"),
-            Dialect::Trino => format!("{}.{table}", opts.trace_path),
+            (Dialect::Trino, Source::Schema(parts)) => {
+                let mut q: Vec<String> = parts.iter().map(|p| quote_ident(p)).collect();
+                q.push(quote_ident(table));
+                q.join(".")
+            }
+            _ => format!("kvtrail_{table}_raw"),
         }
     }
 
@@ -208,8 +369,10 @@ fn b(v: bool) -> &'static str {
     if v { "TRUE" } else { "FALSE" }
 }
 
-/// Generates the whole script.
-pub fn generate(opts: &SqlOptions) -> String {
+/// Generates the whole script. Errors when `opts.trace_path` is refused
+/// for the dialect (see [`MAX_TRACE_PATH`]; docs/limits.md).
+pub fn generate(opts: &SqlOptions) -> Result<String> {
+    let src = check_source(opts.dialect, &opts.trace_path)?;
     let d = D(opts.dialect);
     let pools = if opts.pools.is_empty() {
         "-1".to_string()
@@ -231,7 +394,10 @@ pub fn generate(opts: &SqlOptions) -> String {
     let _ = writeln!(
         s,
         "-- Trace: {}; pools [{pools}]; from_engine_start {}; capture complete {}; files listed {}.",
-        opts.trace_path, opts.from_engine_start, opts.complete, !opts.unverifiable
+        comment_text(&opts.trace_path),
+        opts.from_engine_start,
+        opts.complete,
+        !opts.unverifiable
     );
     let _ = writeln!(
         s,
@@ -250,8 +416,7 @@ pub fn generate(opts: &SqlOptions) -> String {
         s.push('\n');
     };
 
-    if opts.dialect == Dialect::Spark {
-        let p = opts.trace_path.trim_end_matches('/').replace('\'', "''");
+    if let (Dialect::Spark, Source::Path(p)) = (opts.dialect, &src) {
         for t in ["kv", "requests"] {
             stmt(
                 &mut s,
@@ -259,7 +424,8 @@ pub fn generate(opts: &SqlOptions) -> String {
                     "The raw {t} table: every Parquet file under {t}/ at any depth (Hive folders are plain folders here)."
                 ),
                 format!(
-                    "CREATE OR REPLACE TEMPORARY VIEW kvtrail_{t}_raw USING parquet\n  OPTIONS (path '{p}/{t}', recursiveFileLookup 'true', mergeSchema 'true', pathGlobFilter '*.parquet')"
+                    "CREATE OR REPLACE TEMPORARY VIEW kvtrail_{t}_raw USING parquet\n  OPTIONS (path {}, recursiveFileLookup 'true', mergeSchema 'true', pathGlobFilter '*.parquet')",
+                    literal(opts.dialect, &format!("{p}/{t}"))
                 ),
             );
         }
@@ -278,7 +444,7 @@ SELECT CAST(pool AS INT) AS pool, CAST(seq AS BIGINT) AS seq, CAST(ts_ns AS BIGI
 FROM {}
 WHERE CAST(pool AS INT) IN ({pools})",
             d.view("kvtrail_events"),
-            d.raw(opts, "kv")
+            d.raw(&src, "kv")
         ),
     );
     stmt(
@@ -294,7 +460,7 @@ SELECT CAST(request_id AS BIGINT) AS request_id, external_id, tenant,
 FROM {}",
             d.view("kvtrail_requests"),
             d.hex("output_hash"),
-            d.raw(opts, "requests")
+            d.raw(&src, "requests")
         ),
     );
     stmt(
@@ -504,8 +670,15 @@ WHERE kind IS NOT NULL",
         ),
     );
 
-    let tenant = |id: &str, q: &str| {
-        format!("CASE WHEN {id} = 0 THEN '(engine)' ELSE coalesce({q}.tenant, '(unknown)') END")
+    // A tenant column holds only a tenant from the requests table; who else
+    // it can be is in the kind column next to it ('tenant' | 'unknown': not
+    // in the requests table | 'engine': request 0), so no tenant name (not
+    // even "(unknown)") can be mistaken for another.
+    let tenant = |id: &str, q: &str, col: &str| {
+        format!(
+            "CASE WHEN {id} <> 0 THEN {q}.tenant END AS {col},
+       CASE WHEN {id} = 0 THEN 'engine' WHEN {q}.tenant IS NULL THEN 'unknown' ELSE 'tenant' END AS {col}_kind"
+        )
     };
     let certain = if opts.complete {
         "s.certain_tokens > 0"
@@ -537,10 +710,11 @@ first/last read seq and time, pools, cross-tenant, confidence.",
         format!(
             "{}
 SELECT s.request_id, s.source_request_id, sq.external_id AS source_external_id,
-       {} AS source_tenant, s.tokens, s.certain_tokens, s.first_seq, s.last_seq,
+       {}, s.tokens, s.certain_tokens, s.first_seq, s.last_seq,
        s.first_ts_ns, s.last_ts_ns, s.pools,
        CASE WHEN s.source_request_id <> 0
-             AND ({} <> {} OR {} = '(unknown)' OR {} = '(unknown)') THEN TRUE ELSE FALSE END AS cross_tenant,
+             AND (sq.tenant IS NULL OR rq.tenant IS NULL OR sq.tenant <> rq.tenant)
+            THEN TRUE ELSE FALSE END AS cross_tenant,
        CASE WHEN {certain} THEN 'confirmed' ELSE 'possible' END AS confidence
 FROM (
   SELECT reader AS request_id, source AS source_request_id,
@@ -555,11 +729,7 @@ FROM (
 LEFT JOIN kvtrail_requests sq ON sq.request_id = s.source_request_id
 LEFT JOIN kvtrail_requests rq ON rq.request_id = s.request_id",
             d.view("kvtrail_response_sources"),
-            tenant("s.source_request_id", "sq"),
-            tenant("s.source_request_id", "sq"),
-            tenant("s.request_id", "rq"),
-            tenant("s.source_request_id", "sq"),
-            tenant("s.request_id", "rq"),
+            tenant("s.source_request_id", "sq", "source_tenant"),
             d.num_list("pool")
         ),
     );
@@ -568,7 +738,7 @@ LEFT JOIN kvtrail_requests rq ON rq.request_id = s.request_id",
         "Result: affected responses (at least one foreign, unknown or uncertain read).",
         format!(
             "{}
-SELECT t.request_id, q.external_id, {} AS tenant,
+SELECT t.request_id, q.external_id, {},
        CASE WHEN q.request_id IS NULL THEN FALSE ELSE TRUE END AS in_requests_table,
        q.arrival_ns, q.finish_ns, q.http_status, q.finish_reason, q.prompt_tokens,
        q.prefilled_tokens, q.output_tokens, q.output_hash,
@@ -591,7 +761,7 @@ LEFT JOIN (
 ) s ON s.request_id = t.request_id
 WHERE t.foreign_tokens + t.unknown_tokens + t.uncertain_tokens > 0",
             d.view("kvtrail_affected_responses"),
-            tenant("t.request_id", "q"),
+            tenant("t.request_id", "q", "tenant"),
             d.num_list("source_request_id")
         ),
     );
@@ -600,13 +770,13 @@ WHERE t.foreign_tokens + t.unknown_tokens + t.uncertain_tokens > 0",
         "Result: recipient tenants (whose responses carried foreign or unknown KV).",
         format!(
             "{}
-SELECT tenant, count(*) AS responses, sum(foreign_tokens) AS foreign_tokens,
+SELECT tenant, tenant_kind, count(*) AS responses, sum(foreign_tokens) AS foreign_tokens,
        sum(unknown_tokens) AS unknown_tokens,
        sum(CASE WHEN cross_tenant THEN 1 ELSE 0 END) AS cross_tenant_responses,
        sum(CASE WHEN confidence = 'confirmed' THEN 1 ELSE 0 END) AS confirmed,
        sum(CASE WHEN confidence = 'possible' THEN 1 ELSE 0 END) AS possible,
        {} AS request_ids
-FROM kvtrail_affected_responses GROUP BY tenant",
+FROM kvtrail_affected_responses GROUP BY tenant, tenant_kind",
             d.view("kvtrail_recipients"),
             d.num_list("request_id")
         ),
@@ -616,15 +786,18 @@ FROM kvtrail_affected_responses GROUP BY tenant",
         "Result: source tenants (whose KV leaked), over (response, source request) pairs.",
         format!(
             "{}
-SELECT s.source_tenant AS tenant, count(DISTINCT s.source_request_id) AS requests,
+SELECT s.source_tenant AS tenant, s.source_tenant_kind AS tenant_kind,
+       count(DISTINCT s.source_request_id) AS requests,
        sum(s.tokens) AS tokens,
        sum(CASE WHEN s.cross_tenant THEN s.tokens ELSE 0 END) AS cross_tenant_tokens,
        count(DISTINCT s.request_id) AS recipient_responses,
        {} AS recipient_tenants,
+       count(DISTINCT CASE WHEN a.tenant_kind <> 'tenant' THEN a.request_id END)
+         AS unattributed_recipient_responses,
        {} AS request_ids
 FROM kvtrail_response_sources s
 JOIN kvtrail_affected_responses a ON a.request_id = s.request_id
-GROUP BY s.source_tenant",
+GROUP BY s.source_tenant, s.source_tenant_kind",
             d.view("kvtrail_sources"),
             d.str_list("a.tenant"),
             d.num_list("s.source_request_id")
@@ -636,12 +809,12 @@ GROUP BY s.source_tenant",
 that began with the engine): integrity defects, not leaks.",
         format!(
             "{}
-SELECT t.request_id, q.external_id, {} AS tenant, t.blank_tokens AS tokens
+SELECT t.request_id, q.external_id, {}, t.blank_tokens AS tokens
 FROM kvtrail_reader_totals t
 LEFT JOIN kvtrail_requests q ON q.request_id = t.request_id
 WHERE t.blank_tokens > 0",
             d.view("kvtrail_blank_reads"),
-            tenant("t.request_id", "q")
+            tenant("t.request_id", "q", "tenant")
         ),
     );
     stmt(
@@ -706,7 +879,7 @@ FROM (
             d.string()
         ),
     );
-    s
+    Ok(s)
 }
 
 /// Splits a generated script into its statements (without the trailing `;`).
@@ -750,13 +923,16 @@ mod tests {
         for d in [Dialect::Duckdb, Dialect::Spark, Dialect::Trino] {
             let o = SqlOptions {
                 dialect: d,
-                trace_path: "s3://bucket/trace".into(),
+                trace_path: match d {
+                    Dialect::Trino => "hive.kvtrail_incident".into(),
+                    _ => "s3://bucket/trace".into(),
+                },
                 pools: vec![0, 1, 2],
                 from_engine_start: true,
                 complete: true,
                 unverifiable: false,
             };
-            let sql = generate(&o);
+            let sql = generate(&o).unwrap();
             for v in RESULT_VIEWS {
                 assert!(sql.contains(&format!("VIEW {v} AS")), "{d:?} {v}");
             }

@@ -11,7 +11,8 @@ download outside the package registries), so the Trino script is parsed
 with sqlglot's Trino grammar, every statement transpiled to DuckDB, and run
 against DuckDB views standing in for the Trino tables: the script must be
 written as `--trace-path src.trace`, and the job's "trace" folder provides
-`src.trace.kv` and `src.trace.requests`. This checks the Trino script's
+`src.trace.kv` and `src.trace.requests` (or the job's "catalog" and
+"schema" names, any characters). This checks the Trino script's
 syntax (as sqlglot reads Trino) and its semantics (as sqlglot maps each
 function), not a Trino planner.
 OUT.json: {name: {view: [row, ...], "_secs": float}}; rows are dicts of
@@ -41,6 +42,12 @@ def statements(script):
         if body.strip():
             out.append(body)
     return out
+
+
+def ident(name):
+    """A double-quoted identifier (the job's catalog and schema names may
+    hold any character: the Trino script quotes them too)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def scalar(v):
@@ -88,12 +95,14 @@ def main():
         for job in jobs:
             con = duckdb.connect()
             con.execute("SET threads TO 2")
-            con.execute("ATTACH ':memory:' AS src")
-            con.execute("CREATE SCHEMA src.trace")
+            cat = ident(job.get("catalog", "src"))
+            sch = f'{cat}.{ident(job.get("schema", "trace"))}'
+            con.execute(f"ATTACH ':memory:' AS {cat}")
+            con.execute(f"CREATE SCHEMA {sch}")
             for table in ("kv", "requests"):
                 path = job["trace"].replace("'", "''")
                 con.execute(
-                    f"CREATE VIEW src.trace.{table} AS SELECT * FROM read_parquet("
+                    f"CREATE VIEW {sch}.{table} AS SELECT * FROM read_parquet("
                     f"'{path}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = false)"
                 )
             con.execute("USE memory")

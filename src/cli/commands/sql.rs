@@ -25,7 +25,8 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub dialect: DialectArg,
     /// Where the trace lives: a directory or URI (s3://..., gs://...) for
-    /// DuckDB and Spark, `catalog.schema` for Trino. Default: --manifest's folder.
+    /// DuckDB and Spark, `catalog.schema` for Trino (each part a plain
+    /// identifier or "double-quoted"). Default: --manifest's folder.
     #[arg(long, value_name = "URI")]
     pub trace_path: Option<String>,
     /// Read pools, from_engine_start, complete and the files list from this
@@ -101,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     };
-    let sql = generate(&opts);
+    let sql = generate(&opts)?;
     match &args.out {
         Some(f) => {
             std::fs::write(f, &sql)
