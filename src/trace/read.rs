@@ -1071,3 +1071,22 @@ fn reserved_id(loc: Location, id: u64) -> Error {
         "map request ids to values below 18446744073709551614 (e.g. number them from 1) and keep the original id in external_id",
     )
 }
+
+/// Rows a Parquet file holds, from its footer alone (the sum over its row
+/// groups, which is what the readers deliver); reads no data pages.
+pub fn footer_rows(path: &Path) -> Result<u64> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = guard(
+        || Location::file(path),
+        || {
+            parquet::file::metadata::ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )?;
+    Ok(meta
+        .row_groups()
+        .iter()
+        .map(|g| u64::try_from(g.num_rows()).unwrap_or(0))
+        .fold(0u64, u64::saturating_add))
+}
