@@ -512,33 +512,41 @@ fn digest_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
             c.files_modified.len()
         );
         if paths {
-            note.push_str(": ");
-            note.push_str(&c.files_modified.join(", "));
+            note.push_str(&listed_paths(c.files_modified.iter().cloned()));
         }
         n.push(note);
     }
     if !c.files_rows_differ.is_empty() {
         let mut note = format!(
-            "{} files hold another number of rows than trace.json lists: rows trace.json counts are not in the trace",
+            "{} files hold another number of rows than trace.json lists although their digests match: trace.json counts rows the trace does not hold, or holds rows it does not count",
             c.files_rows_differ.len()
         );
         if paths {
-            let each: Vec<String> = c
-                .files_rows_differ
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} ({} rows, trace.json says {})",
-                        r.path, r.file_rows, r.listed_rows
-                    )
-                })
-                .collect();
-            note.push_str(": ");
-            note.push_str(&each.join(", "));
+            note.push_str(&listed_paths(c.files_rows_differ.iter().map(|r| {
+                format!(
+                    "{} ({} rows, trace.json says {})",
+                    r.path, r.file_rows, r.listed_rows
+                )
+            })));
         }
         n.push(note);
     }
 }
+
+/// Paths quoted in one note: the first [`NOTE_PATHS`], then how many more
+/// (the coverage lists them all).
+fn listed_paths(paths: impl ExactSizeIterator<Item = String>) -> String {
+    let more = paths.len().saturating_sub(NOTE_PATHS);
+    let mut s = String::from(": ");
+    s.push_str(&paths.take(NOTE_PATHS).collect::<Vec<_>>().join(", "));
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
+}
+
+/// Paths a note on modified files or row counts quotes.
+pub const NOTE_PATHS: usize = 10;
 
 /// The notes on the trace's files alone (digests, rows, unlisted, unread
 /// and missing files), with paths: what `inspect` adds to its warnings.
