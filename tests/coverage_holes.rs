@@ -312,3 +312,23 @@ fn a_file_listed_twice_is_verified_and_counted_once() {
     assert_eq!(kvtrail(&["verify", s(&t)]).code, 1);
     assert_incomplete(&scope_json(&t), "another number of rows");
 }
+
+#[test]
+fn inspect_with_files_missing_or_left_open_does_not_say_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = steady(dir.path(), "missing");
+    assert!(inspect_says_complete(&missing), "the clean trace");
+    std::fs::remove_dir_all(missing.join("kv/pool=1")).unwrap();
+    assert!(!inspect_says_complete(&missing));
+
+    let open = steady(dir.path(), "open");
+    let part = Trace::open(&open).unwrap().kv_files[0].clone();
+    std::fs::copy(&part, part.with_extension("parquet.inprogress")).unwrap();
+    assert!(!inspect_says_complete(&open));
+    let r = kvtrail(&["inspect", s(&open)]);
+    assert!(
+        r.stdout.contains("may hold rows that were not read"),
+        "{}",
+        r.stdout
+    );
+}
