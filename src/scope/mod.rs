@@ -4,9 +4,12 @@
 //!
 //! Findings are data, not errors. Every list is sorted (request id, tenant)
 //! so the same trace always gives the same report. The report never claims
-//! "no exposure" without its coverage: gaps, unclean capture, unverifiable
-//! or unlisted files and requests missing from the requests table all show
-//! up in `coverage` and lower `complete`.
+//! "no exposure" without its coverage: gaps, unclean capture, skipped
+//! import lines, unverifiable, unlisted, missing, unread or modified files,
+//! row counts other than trace.json's and requests missing from the
+//! requests table all show up in `coverage` and lower `complete`
+//! ([`trace_evidence`] gathers the trace's part, [`finish_coverage`] is the
+//! one rule every command uses).
 
 pub mod anomalies;
 pub mod merge;
