@@ -282,7 +282,12 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
         request_files: trace.request_files.len(),
         kv_files: trace.kv_files.len(),
     };
-    let evidence_warnings = warnings(&capture, &files, &kv);
+    let mut evidence_warnings = warnings(&capture, &files, &kv);
+    // The files against trace.json (digests, rows, unlisted, unread,
+    // missing), checked by scope's own rule: inspect never calls evidence
+    // complete that scope would not.
+    let files_checked = crate::scope::trace_evidence(trace, reporter)?;
+    evidence_warnings.extend(crate::scope::file_notes(&files_checked));
     Ok(InspectReport {
         deployment: summarize_deployment(dep),
         capture,

@@ -91,6 +91,9 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
             || c.0.files_missing != c.1.files_missing
             || c.0.files_not_in_manifest != c.1.files_not_in_manifest
             || c.0.files_unread != c.1.files_unread
+            || c.0.files_modified != c.1.files_modified
+            || c.0.files_rows_differ != c.1.files_rows_differ
+            || c.0.skipped_lines != c.1.skipped_lines
             || r.counts.kv_files != first.counts.kv_files
         {
             return Err(mismatch("the capture and its files"));

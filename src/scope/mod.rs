@@ -4,15 +4,21 @@
 //!
 //! Findings are data, not errors. Every list is sorted (request id, tenant)
 //! so the same trace always gives the same report. The report never claims
-//! "no exposure" without its coverage: gaps, unclean capture, unverifiable
-//! or unlisted files and requests missing from the requests table all show
-//! up in `coverage` and lower `complete`.
+//! "no exposure" without its coverage: gaps, unclean capture, skipped
+//! import lines, unverifiable, unlisted, missing, unread or modified files,
+//! row counts other than trace.json's and requests missing from the
+//! requests table all show up in `coverage` and lower `complete`
+//! ([`trace_evidence`] gathers the trace's part, [`finish_coverage`] is the
+//! one rule every command uses).
 
 pub mod anomalies;
 pub mod merge;
 pub mod model;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use rayon::prelude::*;
 
 pub use model::*;
 
@@ -20,7 +26,8 @@ use crate::error::Result;
 use crate::replay::exposure::{PoolSets, count};
 use crate::replay::{ReplayOptions, ReplayOutcome, Reporter, replay};
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
-use crate::trace::read::{Trace, rel_path};
+use crate::trace::manifest::{FileEntry, Manifest};
+use crate::trace::read::{Trace, footer_rows, rel_path};
 
 /// Replays a trace and scopes the result.
 pub fn scope(trace: &Trace, opts: &ReplayOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
@@ -194,48 +201,10 @@ pub fn scope_outcome(
     // Tenants on both sides.
     let (recipients, sources) = tenants(&affected);
 
-    // Coverage.
-    let mut cov = Coverage {
-        capture_complete: clean_capture,
-        from_engine_start: m.capture.from_engine_start,
-        gaps: outcome.gaps.clone(),
-        lost_events: lost_events(&outcome.gaps),
-        unverifiable: m.files.is_none(),
-        engine_reads,
-        ..Default::default()
-    };
-    for (&pool, &(lo, hi)) in &outcome.late_sources {
-        cov.copies_past_end.push(CopiesPastEnd {
-            pool,
-            min_src_seq: lo,
-            max_src_seq: hi,
-        });
-    }
-    if let Some(files) = &m.files {
-        let listed: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
-        let on_disk: BTreeSet<String> = trace
-            .request_files
-            .iter()
-            .chain(&trace.kv_files)
-            .map(|p| rel_path(&trace.dir, p))
-            .collect();
-        cov.files_not_in_manifest = on_disk
-            .iter()
-            .filter(|p| !listed.contains(p.as_str()))
-            .cloned()
-            .collect();
-        cov.files_missing = listed
-            .iter()
-            .filter(|p| !on_disk.contains(**p))
-            .map(|p| p.to_string())
-            .collect();
-    }
-    for sub in ["requests", "kv"] {
-        let (open, hidden) = crate::trace::verify::list_inprogress(&trace.dir.join(sub));
-        cov.files_unread
-            .extend(open.iter().chain(&hidden).map(|p| rel_path(&trace.dir, p)));
-    }
-    cov.files_unread.sort();
+    // Coverage: the trace's files and capture, the replay's holes, and
+    // the requests of findings missing from the requests table.
+    let mut cov = replay_coverage(trace, outcome, reporter)?;
+    cov.engine_reads = engine_reads;
     cov.requests_missing = involved
         .iter()
         .filter(|id| !reqs.contains_key(id))
@@ -273,6 +242,153 @@ pub fn scope_outcome(
     })
 }
 
+/// What trace.json and the files on disk say about the evidence, before
+/// any replay: the capture state, input lines skipped at import, and every
+/// data file: listed in trace.json or not, on disk or not, still holding
+/// the bytes (blake3) and the rows trace.json lists, or skipped by the
+/// readers (part files left open, hidden names). The replay adds its holes
+/// and copies past the end ([`replay_coverage`]); [`finish_coverage`] then
+/// decides. Every command that says whether the evidence is complete
+/// (scope, inspect, audit; lookup and notify through scope's summary) reads
+/// these facts from here.
+///
+/// Cost: each listed file on disk is hashed once (blake3 of the
+/// memory-mapped file, files in parallel) and the footer of each file whose
+/// digest matches is read for its row count; no data page is read. Only
+/// files the reader lists on disk are opened, never a path as trace.json
+/// spells it, so a listed path outside the trace is only "missing".
+pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage> {
+    let m = &trace.manifest;
+    let mut cov = Coverage {
+        capture_complete: m.capture.complete,
+        from_engine_start: m.capture.from_engine_start,
+        unverifiable: m.files.is_none(),
+        skipped_lines: skipped_lines(m),
+        ..Default::default()
+    };
+    if let Some(files) = &m.files {
+        let on_disk: BTreeMap<String, &Path> = trace
+            .request_files
+            .iter()
+            .chain(&trace.kv_files)
+            .map(|p| (rel_path(&trace.dir, p), p.as_path()))
+            .collect();
+        // A path listed twice is checked once against every distinct entry.
+        let mut listed: BTreeMap<&str, Vec<&FileEntry>> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for f in files {
+            if seen.insert((&f.path, f.rows, &f.blake3)) {
+                listed.entry(f.path.as_str()).or_default().push(f);
+            }
+        }
+        cov.files_not_in_manifest = on_disk
+            .keys()
+            .filter(|p| !listed.contains_key(p.as_str()))
+            .cloned()
+            .collect();
+        cov.files_missing = listed
+            .keys()
+            .filter(|p| !on_disk.contains_key(**p))
+            .map(|p| p.to_string())
+            .collect();
+        let present: Vec<(&str, &Path, &[&FileEntry])> = listed
+            .iter()
+            .filter_map(|(rel, entries)| on_disk.get(*rel).map(|p| (*rel, *p, entries.as_slice())))
+            .collect();
+        reporter.start("digests", present.len() as u64);
+        let checked: Vec<Result<FileCheck>> = present
+            .par_iter()
+            .map(|(rel, path, entries)| check_file(rel, path, entries))
+            .collect();
+        reporter.advance(present.len() as u64);
+        reporter.finish();
+        for c in checked {
+            match c? {
+                FileCheck::Matches => {}
+                FileCheck::Modified(p) => cov.files_modified.push(p),
+                FileCheck::Rows(r) => cov.files_rows_differ.extend(r),
+            }
+        }
+    }
+    for sub in ["requests", "kv"] {
+        let (open, hidden) = crate::trace::verify::list_inprogress(&trace.dir.join(sub));
+        cov.files_unread
+            .extend(open.iter().chain(&hidden).map(|p| rel_path(&trace.dir, p)));
+    }
+    cov.files_unread.sort();
+    finish_coverage(&mut cov);
+    Ok(cov)
+}
+
+/// The coverage of a replayed trace: [`trace_evidence`] plus the replay's
+/// seq holes and copies that read past the end of their source, finished.
+/// Scope adds the requests of its findings; audit takes it as it is.
+pub fn replay_coverage(
+    trace: &Trace,
+    outcome: &ReplayOutcome,
+    reporter: &dyn Reporter,
+) -> Result<Coverage> {
+    let mut cov = trace_evidence(trace, reporter)?;
+    cov.gaps = outcome.gaps.clone();
+    cov.lost_events = lost_events(&outcome.gaps);
+    for (&pool, &(lo, hi)) in &outcome.late_sources {
+        cov.copies_past_end.push(CopiesPastEnd {
+            pool,
+            min_src_seq: lo,
+            max_src_seq: hi,
+        });
+    }
+    finish_coverage(&mut cov);
+    Ok(cov)
+}
+
+/// `capture.skipped_lines` (kvtrail's own key, written by `ingest
+/// --skip-bad-lines`); 0 when absent.
+fn skipped_lines(m: &Manifest) -> u64 {
+    m.capture
+        .extra
+        .get("skipped_lines")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0)
+}
+
+/// One listed file against its trace.json entries.
+enum FileCheck {
+    Matches,
+    Modified(String),
+    Rows(Vec<RowsDiffer>),
+}
+
+fn check_file(rel: &str, path: &Path, entries: &[&FileEntry]) -> Result<FileCheck> {
+    // A device, FIFO or directory named *.parquet is no captured file (and
+    // hashing a device could read forever).
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(FileCheck::Modified(rel.to_string()));
+    }
+    let (digest, _) = crate::custody::hash_file(path)?;
+    if entries
+        .iter()
+        .any(|e| !e.blake3.eq_ignore_ascii_case(&digest))
+    {
+        return Ok(FileCheck::Modified(rel.to_string()));
+    }
+    let rows = footer_rows(path)?;
+    let differ: Vec<RowsDiffer> = entries
+        .iter()
+        .filter(|e| e.rows != rows)
+        .map(|e| RowsDiffer {
+            path: rel.to_string(),
+            listed_rows: e.rows,
+            file_rows: rows,
+        })
+        .collect();
+    Ok(if differ.is_empty() {
+        FileCheck::Matches
+    } else {
+        FileCheck::Rows(differ)
+    })
+}
+
 /// Events lost in all holes together, saturating: seqs are UInt64, and a
 /// capture that joined a running engine may number from its counter, so
 /// two leading holes can exceed u64 together.
@@ -290,6 +406,9 @@ pub(crate) fn finish_coverage(c: &mut Coverage) {
         && c.files_not_in_manifest.is_empty()
         && c.files_missing.is_empty()
         && c.files_unread.is_empty()
+        && c.files_modified.is_empty()
+        && c.files_rows_differ.is_empty()
+        && c.skipped_lines == 0
         && c.requests_missing.is_empty();
     c.notes = coverage_notes(c, true);
 }
@@ -309,6 +428,13 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     if !c.capture_complete {
         n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());
     }
+    if c.skipped_lines > 0 {
+        n.push(format!(
+            "{} malformed input lines were skipped at import (capture.skipped_lines): their events are lost",
+            c.skipped_lines
+        ));
+    }
+    digest_notes(c, paths, &mut n);
     if c.from_engine_start != Some(true) {
         n.push("the capture did not begin with the engine (from_engine_start not true): slots never written in the trace may hold KV from before the capture; reads of them are reported as unknown".into());
     }
@@ -337,6 +463,25 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     if c.unverifiable {
         n.push("trace.json has no `files` list: file digests cannot be verified and missing files cannot be detected".into());
     }
+    listing_notes(c, paths, &mut n);
+    if !c.requests_missing.is_empty() {
+        n.push(format!(
+            "{} requests referenced by kv events of findings are missing from the requests table (tenant unknown)",
+            c.requests_missing.len()
+        ));
+    }
+    if c.engine_reads > 0 {
+        n.push(format!(
+            "request 0 (the engine itself) read {} slots holding KV that was not its own; it has no customer response, so no response is affected by these reads",
+            c.engine_reads
+        ));
+    }
+    n
+}
+
+/// Notes on the files of the trace against trace.json's list: unlisted,
+/// unread and missing files.
+fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     if !c.files_not_in_manifest.is_empty() {
         n.push(format!(
             "{} data files on disk are not listed in trace.json (included in the analysis, but unverified)",
@@ -360,18 +505,58 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
             c.files_missing.len()
         ));
     }
-    if !c.requests_missing.is_empty() {
-        n.push(format!(
-            "{} requests referenced by kv events of findings are missing from the requests table (tenant unknown)",
-            c.requests_missing.len()
-        ));
+}
+
+/// Notes on listed files whose bytes or rows are not what trace.json says.
+fn digest_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
+    if !c.files_modified.is_empty() {
+        let mut note = format!(
+            "{} files listed in trace.json do not match their blake3 digest: they are not the recorded evidence, and findings from them cannot be trusted (run `kvtrail verify`)",
+            c.files_modified.len()
+        );
+        if paths {
+            note.push_str(&listed_paths(c.files_modified.iter().cloned()));
+        }
+        n.push(note);
     }
-    if c.engine_reads > 0 {
-        n.push(format!(
-            "request 0 (the engine itself) read {} slots holding KV that was not its own; it has no customer response, so no response is affected by these reads",
-            c.engine_reads
-        ));
+    if !c.files_rows_differ.is_empty() {
+        let mut note = format!(
+            "{} files hold another number of rows than trace.json lists although their digests match: trace.json counts rows the trace does not hold, or holds rows it does not count",
+            c.files_rows_differ.len()
+        );
+        if paths {
+            note.push_str(&listed_paths(c.files_rows_differ.iter().map(|r| {
+                format!(
+                    "{} ({} rows, trace.json says {})",
+                    r.path, r.file_rows, r.listed_rows
+                )
+            })));
+        }
+        n.push(note);
     }
+}
+
+/// Paths quoted in one note: the first [`NOTE_PATHS`], then how many more
+/// (the coverage lists them all).
+fn listed_paths(paths: impl ExactSizeIterator<Item = String>) -> String {
+    let more = paths.len().saturating_sub(NOTE_PATHS);
+    let mut s = String::from(": ");
+    s.push_str(&paths.take(NOTE_PATHS).collect::<Vec<_>>().join(", "));
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
+}
+
+/// Paths a note on modified files or row counts quotes.
+pub const NOTE_PATHS: usize = 10;
+
+/// The notes on the trace's files alone (digests, rows, unlisted, unread
+/// and missing files), with paths: what `inspect` adds to its warnings.
+pub fn file_notes(c: &Coverage) -> Vec<String> {
+    let mut n = Vec::new();
+    digest_notes(c, true, &mut n);
+    listing_notes(c, true, &mut n);
     n
 }
 

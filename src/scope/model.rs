@@ -233,7 +233,31 @@ pub struct Coverage {
     /// and `*.parquet` under a name starting with `_` or `.`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_unread: Vec<String>,
+    /// Listed files whose bytes are not what trace.json's blake3 says
+    /// (edited, re-written or damaged since the capture), or that are no
+    /// regular file: what they hold is not the recorded evidence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_modified: Vec<String>,
+    /// Listed files whose digest matches but whose row count is not the
+    /// one trace.json lists: the manifest says rows were written that the
+    /// trace does not hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_rows_differ: Vec<RowsDiffer>,
+    /// Malformed input lines dropped at import (`capture.skipped_lines`):
+    /// their events are lost.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_lines: u64,
     pub notes: Vec<String>,
+}
+
+/// A listed file with another row count than trace.json says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowsDiffer {
+    pub path: String,
+    /// Rows trace.json lists for the file.
+    pub listed_rows: u64,
+    /// Rows the file holds (its Parquet footer; its digest matches).
+    pub file_rows: u64,
 }
 
 /// The deployment and capture the trace describes.

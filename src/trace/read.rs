@@ -1099,3 +1099,22 @@ fn check_seq(loc: Location, seq: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// Rows a Parquet file holds, from its footer alone (the sum over its row
+/// groups, which is what the readers deliver); reads no data pages.
+pub fn footer_rows(path: &Path) -> Result<u64> {
+    let file = super::files::open_regular(path)?;
+    let meta = guard(
+        || Location::file(path),
+        || {
+            parquet::file::metadata::ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .map_err(|e| Error::parquet(Location::file(path), e))
+        },
+    )?;
+    Ok(meta
+        .row_groups()
+        .iter()
+        .map(|g| u64::try_from(g.num_rows()).unwrap_or(0))
+        .fold(0u64, u64::saturating_add))
+}

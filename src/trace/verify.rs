@@ -64,7 +64,15 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         });
     }
     let listed = match &m.files {
-        Some(f) => f.clone(),
+        // An entry listed twice is checked (and counted) once; two
+        // different entries for one path are both checked.
+        Some(f) => {
+            let mut seen = BTreeSet::new();
+            f.iter()
+                .filter(|e| seen.insert((&e.path, e.rows, &e.blake3)))
+                .cloned()
+                .collect()
+        }
         None => {
             problems.push(Problem {
                 path: "trace.json".into(),

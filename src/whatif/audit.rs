@@ -645,18 +645,22 @@ pub fn audit_trace_events(
         f.request_ids = listed(&ids);
         out.push(f);
     }
-    let m = &trace.manifest;
-    if !outcome.gaps.is_empty() || !m.capture.complete {
+    // The same rule as scope's coverage: files, capture, holes.
+    let cov = crate::scope::replay_coverage(trace, &outcome, rep)?;
+    if !cov.complete {
+        // Worded without paths, like a notification pack: audit's output
+        // is a gate's log; `kvtrail scope` and `verify` name the files.
+        let notes = crate::scope::customer_notes(&cov);
         out.push(finding(
             Severity::Warning,
             "evidence_incomplete",
             None,
             format!(
-                "the capture is {} with {} seq holes: the checks above cover only the recorded events",
-                if m.capture.complete { "complete" } else { "NOT complete" },
-                outcome.gaps.len()
+                "the evidence is incomplete ({} coverage notes: {}): the checks above cover only the recorded events",
+                notes.len(),
+                notes.join("; ")
             ),
-            Some("a clean audit needs a complete capture".into()),
+            Some("a clean audit needs complete evidence: run `kvtrail verify` and `kvtrail scope` on the trace for the files and holes".into()),
         ));
     }
     Ok(out)

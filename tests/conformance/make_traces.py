@@ -577,12 +577,14 @@ case("manifest_files_partial",
      "files lists every data file: one unlisted file fails verify and the evidence is incomplete",
      None, layout=with_files(lambda fs: [f for f in fs if "pool=1" not in f["path"]]),
      verify=1, scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False))
-case("manifest_files_wrong_digest", "files: verify checks the blake3 digest",
+case("manifest_files_wrong_digest",
+     "files: verify checks the blake3 digest; a file that fails it is not the recorded evidence, never complete",
      None, layout=with_files(lambda fs: [dict(f, blake3="0" * 64) if "requests" in f["path"] else f for f in fs]),
-     verify=1)
-case("manifest_files_wrong_rows", "files: verify checks the row count",
+     verify=1, scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False, notes=["blake3"]))
+case("manifest_files_wrong_rows",
+     "files: verify checks the row count; rows the files do not hold are lost events, never complete evidence",
      None, layout=with_files(lambda fs: [dict(f, rows=f["rows"] + 1) if "pool=0" in f["path"] else f for f in fs]),
-     verify=1)
+     verify=1, scope=dict(exit=0, affected=BASE_AFFECTED, coverage_complete=False, notes=["rows"]))
 case("manifest_files_lists_missing_file",
      "files lists a file that is not on disk: events are lost; never report complete evidence",
      None, layout=with_files(lambda fs: fs + [{"path": "kv/pool=1/part-00009.parquet", "rows": 3,
