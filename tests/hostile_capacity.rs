@@ -30,6 +30,9 @@ struct Bounded {
 }
 
 /// Runs the binary under an address-space limit; measures its own peak RSS.
+/// The child is reaped with wait4 (which also gives its own rusage), not
+/// `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run_bounded(args: &[&str]) -> Bounded {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtrail"));
