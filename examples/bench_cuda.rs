@@ -106,7 +106,7 @@ struct Measured {
 }
 
 fn run(b: &mut dyn Backend, capacity: u32, batches: &[Vec<KvEvent>]) -> kvtrail::Result<Measured> {
-    b.add_pool(0, capacity, true)?;
+    b.add_pool(0, capacity as u64, true)?;
     let mut c = Counters::default();
     let mut out: Vec<ReadRun> = Vec::new();
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -16,6 +16,11 @@
 //! Run: `cargo run --release --example bench_scope -- [EVENTS] [SLICE_EVENTS]`
 //! (defaults 10000000 and 1000000). Traces are cached under target/bench/.
 //! Peak RSS (VmHWM) of scope is measured in a child process per trace size.
+//!
+//! A third comparison prices the paged slot table: the replay alone with
+//! the CPU backend (pages allocated on first write) and with the flat
+//! per-slot arrays it replaced (`support/flat_cpu.rs`), alternated in the
+//! same process on the same trace, best of 3 each, as a ratio.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -23,8 +28,12 @@ use std::process::Command;
 use std::time::Instant;
 
 use kvtrail::capture::{Recorder, RecorderOptions};
+use kvtrail::replay::Backend;
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role, Trace};
+
+#[path = "support/flat_cpu.rs"]
+mod flat_cpu;
 
 const PAGE: u32 = 64;
 
@@ -434,6 +443,42 @@ fn child(dir: &Path) {
     );
 }
 
+/// Replay alone (no scope aggregation) with `backend`: (wall s, CPU s,
+/// slot touches).
+fn replay_only(dir: &Path, backend: &mut dyn Backend) -> (f64, f64, u64) {
+    let trace = Trace::open(dir).expect("trace");
+    let t = Instant::now();
+    let c0 = cpu_secs();
+    let out = kvtrail::replay::replay_with(
+        &trace,
+        backend,
+        &kvtrail::replay::ReplayOptions::default(),
+        &kvtrail::replay::NoReporter,
+    )
+    .expect("replay");
+    (
+        t.elapsed().as_secs_f64(),
+        cpu_secs() - c0,
+        out.counters.slot_touches,
+    )
+}
+
+/// The paged CPU backend against the flat arrays it replaced, alternated,
+/// best of 3 each: (paged wall, flat wall, paged CPU, flat CPU).
+fn paged_vs_flat(dir: &Path) -> (f64, f64, f64, f64) {
+    let (mut pw, mut fw, mut pc, mut fc) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        let p = replay_only(dir, &mut kvtrail::replay::cpu::CpuBackend::new());
+        let f = replay_only(dir, &mut flat_cpu::FlatCpuBackend::new());
+        assert_eq!(p.2, f.2, "both backends replayed the same slot touches");
+        pw = pw.min(p.0);
+        fw = fw.min(f.0);
+        pc = pc.min(p.1);
+        fc = fc.min(f.1);
+    }
+    (pw, fw, pc, fc)
+}
+
 /// Runs the DuckDB lineage query; None when DuckDB is not installed.
 fn duckdb(dir: &Path) -> Option<(f64, u64, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -529,6 +574,15 @@ fn main() {
             "  scope / scan       : {:>8.2}x wall, {:.2}x CPU (target <= 3x)",
             sc.secs / scan_s,
             sc.cpu / scan_cpu.max(0.01)
+        );
+        let (pw, fw, pc, fc) = paged_vs_flat(&dir);
+        println!(
+            "  replay, paged slots: {pw:>8.2} s wall {pc:>7.2} s CPU; flat arrays {fw:.2} s wall {fc:.2} s CPU"
+        );
+        println!(
+            "  paged / flat       : {:>8.3}x wall, {:.3}x CPU (target <= 1.10x)",
+            pw / fw,
+            pc / fc.max(0.01)
         );
         rows.push((n, sc));
     }

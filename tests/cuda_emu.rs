@@ -84,8 +84,8 @@ fn run_script(
     steps: &[Step],
     engine_start: bool,
 ) -> (Vec<ReadRun>, Counters, Vec<Vec<SlotVal>>) {
-    b.add_pool(0, CAPS[0], engine_start).unwrap();
-    b.add_pool(1, CAPS[1], !engine_start).unwrap();
+    b.add_pool(0, CAPS[0] as u64, engine_start).unwrap();
+    b.add_pool(1, CAPS[1] as u64, !engine_start).unwrap();
     let mut seq = [0u64; 2];
     let mut ts = 1_000i64;
     let mut runs = Vec::new();

@@ -83,9 +83,17 @@ impl Counters {
 pub trait Backend {
     /// Short name printed to the user (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
-    /// Declares a pool; every slot starts never-written.
-    /// `from_engine_start` decides whether never-written reads are blank or unknown.
-    fn add_pool(&mut self, pool: u16, capacity: u32, from_engine_start: bool) -> Result<()>;
+    /// Declares a pool of `capacity` slots (1..=2^32); every slot starts
+    /// never-written. `from_engine_start` decides whether never-written
+    /// reads are blank or unknown.
+    fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()>;
+    /// The most slots, summed over the replayed pools' capacities, this
+    /// backend can hold (it allocates every declared slot up front); None
+    /// when its memory follows the slots touched. The scheduler refuses a
+    /// deployment over the limit before declaring any pool.
+    fn slot_limit(&self) -> Option<u64> {
+        None
+    }
     /// Events are missing just before seq `before_seq` of `pool`: every slot
     /// whose content was set before it becomes uncertain.
     fn mark_gap(&mut self, pool: u16, before_seq: u64);

@@ -1,31 +1,82 @@
-//! The CPU replay backend: flat per-slot arrays per pool, reads classified
-//! slice by slice with an own-read fast path.
+//! The CPU replay backend: per-slot state in pages allocated on first
+//! write (`slots`), reads classified slice by slice with an own-read fast
+//! path.
 //!
-//! Memory is proportional to pool capacity (17 bytes a slot) plus the share
-//! grants of requests, never to the number of events.
+//! Memory is proportional to the slots the trace writes (17 bytes a slot,
+//! in pages of `slots::PAGE` slots, or of the whole pool when it is
+//! smaller) plus the share grants of requests, never to the number of
+//! events or to a pool's declared capacity.
 
 use std::collections::HashMap;
 
 use super::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use super::slots::{PAGE, PAGE_BITS, Pages, page_len, segments};
 use crate::error::{Error, Result};
 use crate::schema::{KvEvent, Op};
 
 /// A share grant: slots `start..end`, granted at `seq`.
 #[derive(Debug, Clone, Copy)]
 struct Grant {
-    start: u32,
-    end: u32,
+    start: u64,
+    end: u64,
     seq: u64,
 }
 
+/// The state of the slots of one page (`slots::page_len` of them).
+struct Page {
+    /// Content owner per slot (`NEVER`, `SCRUBBED` or a request id).
+    owner: Box<[u64]>,
+    /// seq + 1 of the event that last set the slot's content; 0 = never.
+    wseq1: Box<[u64]>,
+    /// 1 = content came from an uncertain copy.
+    flags: Box<[u8]>,
+}
+
+impl Page {
+    fn blank(n: usize) -> Box<Page> {
+        Box::new(Page {
+            owner: vec![NEVER; n].into_boxed_slice(),
+            wseq1: vec![0; n].into_boxed_slice(),
+            flags: vec![0; n].into_boxed_slice(),
+        })
+    }
+
+    #[inline]
+    fn view(&self) -> View<'_> {
+        View {
+            owner: &self.owner,
+            wseq1: &self.wseq1,
+            flags: &self.flags,
+        }
+    }
+}
+
+/// A page as reads see it: a written page, or `BLANK`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    owner: &'a [u64],
+    wseq1: &'a [u64],
+    flags: &'a [u8],
+}
+
+static NEVER_OWNERS: [u64; PAGE] = [NEVER; PAGE];
+static ZERO_SEQS: [u64; PAGE] = [0; PAGE];
+static ZERO_FLAGS: [u8; PAGE] = [0; PAGE];
+
+/// What every slot of a page never written holds.
+const BLANK: View<'static> = View {
+    owner: &NEVER_OWNERS,
+    wseq1: &ZERO_SEQS,
+    flags: &ZERO_FLAGS,
+};
+
+/// A classification: None for a clean own/shared read.
+type Class = Option<(ReadKind, u64, bool)>;
+
 struct PoolState {
     id: u16,
-    /// Content owner per slot (`NEVER`, `SCRUBBED` or a request id).
-    owner: Vec<u64>,
-    /// seq + 1 of the event that last set the slot's content; 0 = never.
-    wseq1: Vec<u64>,
-    /// 1 = content came from an uncertain copy.
-    flags: Vec<u8>,
+    capacity: u64,
+    pages: Pages<Page>,
     /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
     gap_mark: u64,
     never_kind: ReadKind,
@@ -37,16 +88,38 @@ struct PoolState {
 
 impl PoolState {
     #[inline]
+    fn page(&self, page: usize) -> View<'_> {
+        self.pages.get(page).map_or(BLANK, Page::view)
+    }
+
+    #[inline]
+    fn page_mut(&mut self, page: usize) -> &mut Page {
+        let n = page_len(self.capacity, page);
+        self.pages.get_or_insert_with(page, || Page::blank(n))
+    }
+
+    /// Sets the content of slots `a..b`.
+    fn set(&mut self, a: u64, b: u64, owner: u64, seq1: u64) {
+        for (pi, lo, hi) in segments(a, b) {
+            let pg = self.page_mut(pi);
+            pg.owner[lo..hi].fill(owner);
+            pg.wseq1[lo..hi].fill(seq1);
+            pg.flags[lo..hi].fill(0);
+        }
+    }
+
     /// Drops grants whose every slot was rewritten since (they can never
     /// make a read shared again), so grants stay bounded by live sharing.
     fn sweep_grants(&mut self) {
-        let wseq1 = &self.wseq1;
+        let pages = &self.pages;
         let mut n = 0;
         self.grants.retain(|_, v| {
             v.retain(|g| {
-                wseq1[g.start as usize..g.end as usize]
-                    .iter()
-                    .any(|&w| w <= g.seq)
+                segments(g.start, g.end).any(|(pi, lo, hi)| {
+                    pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
+                        .iter()
+                        .any(|&w| w <= g.seq)
+                })
             });
             n += v.len();
             !v.is_empty()
@@ -55,28 +128,29 @@ impl PoolState {
         self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
     }
 
-    fn uncertain(&self, s: usize) -> bool {
-        self.flags[s] != 0 || self.wseq1[s] < self.gap_mark
+    #[inline]
+    fn uncertain(&self, pg: View, o: usize) -> bool {
+        pg.flags[o] != 0 || pg.wseq1[o] < self.gap_mark
     }
 
-    /// Classification of slot `s` read by `r`: None for a clean own/shared read.
+    /// Classification of slot `s` (offset `o` of page `pg`) read by `r`.
     #[inline]
-    fn classify(&self, s: usize, r: u64, grants: &[Grant]) -> Option<(ReadKind, u64, bool)> {
-        let o = self.owner[s];
-        let unc = self.uncertain(s);
-        let kind = if o == NEVER {
+    fn classify(&self, pg: View, o: usize, s: u64, r: u64, grants: &[Grant]) -> Class {
+        let own = pg.owner[o];
+        let unc = self.uncertain(pg, o);
+        let kind = if own == NEVER {
             self.never_kind
-        } else if o == SCRUBBED {
+        } else if own == SCRUBBED {
             ReadKind::Blank
-        } else if o == r
+        } else if own == r
             || grants
                 .iter()
-                .any(|g| (g.start as usize) <= s && s < g.end as usize && self.wseq1[s] <= g.seq)
+                .any(|g| g.start <= s && s < g.end && pg.wseq1[o] <= g.seq)
         {
             // own, or shared under a grant the slot was not rewritten since
             return unc.then_some((ReadKind::Uncertain, 0, true));
         } else {
-            return Some((ReadKind::Foreign, o, unc));
+            return Some((ReadKind::Foreign, own, unc));
         };
         match kind {
             ReadKind::Blank if unc => Some((ReadKind::Uncertain, 0, true)),
@@ -108,6 +182,11 @@ impl CpuBackend {
             None => Err(Error::Other(format!("replay: pool {id} was not declared"))),
         }
     }
+
+    /// Slot pages allocated over all pools (each holds `slots::PAGE` slots).
+    pub fn pages_allocated(&self) -> usize {
+        self.pools.iter().map(|p| p.pages.allocated()).sum()
+    }
 }
 
 impl Backend for CpuBackend {
@@ -115,14 +194,12 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn add_pool(&mut self, pool: u16, capacity: u32, from_engine_start: bool) -> Result<()> {
-        let n = capacity as usize;
+    fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
         self.index.insert(pool, self.pools.len());
         self.pools.push(PoolState {
             id: pool,
-            owner: vec![NEVER; n],
-            wseq1: vec![0; n],
-            flags: vec![0; n],
+            capacity,
+            pages: Pages::new(),
             gap_mark: 0,
             never_kind: if from_engine_start {
                 ReadKind::Blank
@@ -152,27 +229,20 @@ impl Backend for CpuBackend {
         let p = self.pool(pool)?;
         debug_assert!(events.iter().all(|e| e.pool == p.id));
         for e in events {
-            let a = e.slot_start as usize;
-            let b = a + e.slot_count as usize;
+            let (a, b) = (e.slot_start as u64, e.slot_end());
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
             match e.op {
                 Op::Alloc | Op::Free => {}
                 Op::Write => {
                     debug_assert!(e.src.is_none(), "copies go through apply_copy");
-                    p.owner[a..b].fill(e.request_id);
-                    p.wseq1[a..b].fill(e.seq + 1);
-                    p.flags[a..b].fill(0);
+                    p.set(a, b, e.request_id, e.seq + 1);
                 }
-                Op::Scrub => {
-                    p.owner[a..b].fill(SCRUBBED);
-                    p.wseq1[a..b].fill(e.seq + 1);
-                    p.flags[a..b].fill(0);
-                }
+                Op::Scrub => p.set(a, b, SCRUBBED, e.seq + 1),
                 Op::Share => {
                     p.grants.entry(e.request_id).or_default().push(Grant {
-                        start: a as u32,
-                        end: b as u32,
+                        start: a,
+                        end: b,
                         seq: e.seq,
                     });
                     p.n_grants += 1;
@@ -198,9 +268,8 @@ impl Backend for CpuBackend {
         c: &mut Counters,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        let a = e.slot_start as usize;
-        let b = a + e.slot_count as usize;
-        if payload.len() != b - a {
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        if payload.len() as u64 != b - a {
             return Err(Error::Other(format!(
                 "replay: copy payload of {} slots for an extent of {}",
                 payload.len(),
@@ -209,11 +278,15 @@ impl Backend for CpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        for (i, v) in payload.iter().enumerate() {
-            p.owner[a + i] = v.owner;
-            p.flags[a + i] = v.uncertain as u8;
+        let mut vals = payload.iter();
+        for (pi, lo, hi) in segments(a, b) {
+            let pg = p.page_mut(pi);
+            for (o, v) in (lo..hi).zip(&mut vals) {
+                pg.owner[o] = v.owner;
+                pg.flags[o] = v.uncertain as u8;
+            }
+            pg.wseq1[lo..hi].fill(e.seq + 1);
         }
-        p.wseq1[a..b].fill(e.seq + 1);
         Ok(())
     }
 
@@ -226,12 +299,15 @@ impl Backend for CpuBackend {
         out: &mut Vec<SlotVal>,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        let a = slot_start as usize;
+        let a = slot_start as u64;
         out.clear();
-        out.extend((a..a + count as usize).map(|s| SlotVal {
-            owner: p.owner[s],
-            uncertain: uncertain || p.uncertain(s),
-        }));
+        for (pi, lo, hi) in segments(a, a + count as u64) {
+            let pg = p.page(pi);
+            out.extend((lo..hi).map(|o| SlotVal {
+                owner: pg.owner[o],
+                uncertain: uncertain || p.uncertain(pg, o),
+            }));
+        }
         Ok(())
     }
 }
@@ -249,58 +325,84 @@ fn all_eq(v: &[u64], r: u64) -> bool {
     chunks.remainder().iter().all(|&o| o == r)
 }
 
+/// Whether slots `lo..hi` of `pg` are all `r`'s own, certain content.
+#[inline]
+fn all_own(pg: View, lo: usize, hi: usize, r: u64, gap_mark: u64) -> bool {
+    all_eq(&pg.owner[lo..hi], r)
+        && pg.flags[lo..hi].iter().fold(0u8, |acc, &f| acc | f) == 0
+        && (gap_mark == 0 || pg.wseq1[lo..hi].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
+}
+
 /// Classifies the slots `a..b` read by `e.request_id`.
 #[inline]
-fn read(p: &PoolState, e: &KvEvent, a: usize, b: usize, out: &mut Vec<ReadRun>, c: &mut Counters) {
+fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &mut Counters) {
     let r = e.request_id;
     let gap_mark = p.gap_mark;
-    let owner = &p.owner[..b];
-    let wseq1 = &p.wseq1[..b];
-    let flags = &p.flags[..b];
     let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
-    if all_eq(&owner[a..b], r)
-        && flags[a..b].iter().fold(0u8, |acc, &f| acc | f) == 0
-        && (gap_mark == 0 || wseq1[a..b].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
-    {
-        c.own_slots += (b - a) as u64;
+    if segments(a, b).all(|(pi, lo, hi)| all_own(p.page(pi), lo, hi, r, gap_mark)) {
+        c.own_slots += b - a;
         return;
     }
-    let mut s = a;
     let mut own = 0u64;
     let mut clean = 0u64;
-    while s < b {
-        // Fast path: a run of own, certain slots.
-        if owner[s] == r && flags[s] == 0 && wseq1[s] >= gap_mark {
-            own += 1;
-            s += 1;
-            continue;
-        }
-        match p.classify(s, r, grants) {
-            None => {
-                clean += 1;
-                s += 1;
+    // The run being built: its first slot and classification.
+    let mut run: Option<(u64, (ReadKind, u64, bool))> = None;
+    let mut emit = |start: u64, end: u64, cls: (ReadKind, u64, bool)| {
+        out.push(ReadRun {
+            reader: r,
+            pool: p.id,
+            slot_start: start as u32,
+            count: (end - start) as u32,
+            kind: cls.0,
+            source: cls.1,
+            uncertain: cls.2,
+            seq: e.seq,
+            ts_ns: e.ts_ns,
+        })
+    };
+    for (pi, lo, hi) in segments(a, b) {
+        let base = (pi as u64) << PAGE_BITS;
+        let Some(pg) = p.pages.get(pi).map(Page::view) else {
+            // Never written: every slot classifies alike (the owner is
+            // NEVER, so grants do not matter), one step for the page.
+            let s = base + lo as u64;
+            let cls = p.classify(BLANK, 0, s, r, grants);
+            if cls.is_none() {
+                clean += (hi - lo) as u64;
             }
-            Some(cls) => {
-                let start = s;
-                s += 1;
-                while s < b && p.classify(s, r, grants) == Some(cls) {
-                    s += 1;
+            if run.map(|(_, k)| k) != cls {
+                if let Some((start, k)) = run.take() {
+                    emit(start, s, k);
                 }
-                out.push(ReadRun {
-                    reader: r,
-                    pool: p.id,
-                    slot_start: start as u32,
-                    count: (s - start) as u32,
-                    kind: cls.0,
-                    source: cls.1,
-                    uncertain: cls.2,
-                    seq: e.seq,
-                    ts_ns: e.ts_ns,
-                });
+                run = cls.map(|k| (s, k));
+            }
+            continue;
+        };
+        for o in lo..hi {
+            let s = base + o as u64;
+            let cls = if pg.owner[o] == r && pg.flags[o] == 0 && pg.wseq1[o] >= gap_mark {
+                // own, certain
+                own += 1;
+                None
+            } else {
+                let cls = p.classify(pg, o, s, r, grants);
+                if cls.is_none() {
+                    clean += 1;
+                }
+                cls
+            };
+            if run.map(|(_, k)| k) != cls {
+                if let Some((start, k)) = run.take() {
+                    emit(start, s, k);
+                }
+                run = cls.map(|k| (s, k));
             }
         }
+    }
+    if let Some((start, k)) = run {
+        emit(start, b, k);
     }
     c.own_slots += own;
     c.shared_slots += clean;

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::backend::{Backend, Counters, ReadRun, SlotVal};
 use super::input::{Ev, Plan, PoolStream, duplicate};
 use super::{Gap, Reporter};
-use crate::error::{Error, Result};
+use crate::error::{Error, Location, Result};
 use crate::trace::read::Trace;
 
 /// Events a pool applies per turn before the next pool gets its turn.
@@ -22,7 +22,9 @@ const TURN_EVENTS: usize = 64 * 1024;
 
 struct PoolRt {
     id: u16,
-    stream: PoolStream,
+    /// Opened when the pool first needs events and closed (its reader
+    /// thread joined) at its end, so only pools in progress hold a reader.
+    stream: Option<PoolStream>,
     /// Current batch: events and, in parallel, where each came from.
     buf: Vec<crate::schema::KvEvent>,
     locs: Vec<(u32, u64)>,
@@ -33,8 +35,23 @@ struct PoolRt {
     caps: super::copies::CopyStream,
 }
 
+/// The refusal of a deployment whose replayed pools declare more slots
+/// than a backend that allocates every declared slot can hold.
+fn over_slot_limit(trace: &Trace, backend: &str, i: usize, total: u64, limit: u64) -> Error {
+    Error::invalid(
+        Location::file(&trace.dir.join("trace.json"))
+            .column(&format!("deployment.pools[{i}].capacity_tokens")),
+        format!(
+            "the replayed pools declare {total} slots up to this pool; the {backend} backend \
+             allocates every declared slot and holds at most {limit}"
+        ),
+        "replay with --backend cpu: its slot table grows only with the slots the trace touches",
+    )
+}
+
 /// Output of the scheduler, before aggregation.
 pub struct Sched<'a> {
+    trace: &'a Trace,
     plan: &'a Plan,
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
@@ -59,23 +76,33 @@ impl<'a> Sched<'a> {
         sink: &'a mut dyn FnMut(&[ReadRun]),
     ) -> Result<Self> {
         let from_start = trace.manifest.from_engine_start();
+        // pool id -> (position in the manifest's list, capacity)
+        let declared: HashMap<u16, (usize, u64)> = trace
+            .deployment()
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id, (i, p.capacity_tokens)))
+            .collect();
+        let capacity = |id: u16| declared.get(&id).copied().unwrap_or((0, 0));
+        if let Some(limit) = backend.slot_limit() {
+            let mut total = 0u64;
+            for &id in &plan.order {
+                let (i, cap) = capacity(id);
+                total = total.saturating_add(cap);
+                if total > limit {
+                    return Err(over_slot_limit(trace, backend.name(), i, total, limit));
+                }
+            }
+        }
         let mut pools = Vec::new();
         let mut index = HashMap::new();
         for &id in &plan.order {
-            let cap = trace
-                .deployment()
-                .pool(id)
-                .map(|p| p.capacity_tokens)
-                .unwrap_or(0);
-            backend.add_pool(id, cap as u32, from_start)?;
+            backend.add_pool(id, capacity(id).1, from_start)?;
             index.insert(id, pools.len());
             pools.push(PoolRt {
                 id,
-                stream: PoolStream::new(
-                    trace,
-                    &plan.files,
-                    plan.runs.get(&id).cloned().unwrap_or_default(),
-                ),
+                stream: None,
                 buf: Vec::new(),
                 locs: Vec::new(),
                 pos: 0,
@@ -85,6 +112,7 @@ impl<'a> Sched<'a> {
             });
         }
         Ok(Sched {
+            trace,
             plan,
             backend,
             pools,
@@ -108,18 +136,13 @@ impl<'a> Sched<'a> {
     /// memory for the whole trace).
     pub fn run(&mut self) -> Result<()> {
         let order: Vec<usize> = (0..self.pools.len()).rev().collect();
-        let consumers: Vec<Vec<usize>> = self
-            .pools
-            .iter()
-            .map(|p| {
-                self.plan
-                    .edges
-                    .iter()
-                    .filter(|e| e.0 == p.id)
-                    .filter_map(|e| self.index.get(&e.1).copied())
-                    .collect()
-            })
-            .collect();
+        // One pass over the copy edges (not one per pool).
+        let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); self.pools.len()];
+        for (src, dst) in &self.plan.edges {
+            if let (Some(&s), Some(&d)) = (self.index.get(src), self.index.get(dst)) {
+                consumers[s].push(d);
+            }
+        }
         loop {
             let mut any = false;
             for &p in &order {
@@ -153,15 +176,24 @@ impl<'a> Sched<'a> {
         if pool.done {
             return Ok(false);
         }
-        let b = pool.stream.next_batch()?;
+        let (trace, plan) = (self.trace, self.plan);
+        let stream = pool.stream.get_or_insert_with(|| {
+            PoolStream::new(
+                trace,
+                &plan.files,
+                plan.runs.get(&pool.id).cloned().unwrap_or_default(),
+            )
+        });
+        let b = stream.next_batch()?;
         let old = super::input::Batch {
             events: std::mem::replace(&mut pool.buf, b.events),
             locs: std::mem::replace(&mut pool.locs, b.locs),
         };
-        pool.stream.recycle(old);
+        stream.recycle(old);
         pool.pos = 0;
         if pool.buf.is_empty() {
             pool.done = true;
+            pool.stream = None;
             self.finish_captures(p, u64::MAX)?;
             return Ok(false);
         }

@@ -16,7 +16,7 @@ pub type PoolSets = BTreeMap<u16, IntervalSet>;
 fn add(sets: &mut PoolSets, r: &ReadRun) {
     sets.entry(r.pool)
         .or_default()
-        .insert(r.slot_start, r.slot_start + r.count);
+        .insert(r.slot_start as u64, r.slot_start as u64 + r.count as u64);
 }
 
 /// Distinct slots over all pools.

@@ -1,11 +1,11 @@
-//! A set of u32 slot numbers kept as sorted, disjoint, non-adjacent
-//! half-open ranges. Repeated reads of the same slots (every decode step
+//! A set of slot numbers (u32, so range ends go up to 2^32) kept as
+//! sorted, disjoint, non-adjacent half-open ranges. Repeated reads of the same slots (every decode step
 //! reads the whole prompt again) cost a binary search, not memory.
 
 /// Sorted disjoint ranges `[start, end)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IntervalSet {
-    ranges: Vec<(u32, u32)>,
+    ranges: Vec<(u64, u64)>,
 }
 
 impl IntervalSet {
@@ -14,7 +14,7 @@ impl IntervalSet {
     }
 
     /// Adds `[a, b)`.
-    pub fn insert(&mut self, a: u32, b: u32) {
+    pub fn insert(&mut self, a: u64, b: u64) {
         if a >= b {
             return;
         }
@@ -45,18 +45,18 @@ impl IntervalSet {
 
     /// Number of slots in the set.
     pub fn len(&self) -> u64 {
-        self.ranges.iter().map(|r| (r.1 - r.0) as u64).sum()
+        self.ranges.iter().map(|r| r.1 - r.0).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
-    pub fn ranges(&self) -> &[(u32, u32)] {
+    pub fn ranges(&self) -> &[(u64, u64)] {
         &self.ranges
     }
 
-    pub fn contains(&self, s: u32) -> bool {
+    pub fn contains(&self, s: u64) -> bool {
         let i = self.ranges.partition_point(|r| r.1 <= s);
         self.ranges.get(i).is_some_and(|r| r.0 <= s)
     }
@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn insert_merges_and_counts_like_a_set() {
-        type Ranges = &'static [(u32, u32)];
+        type Ranges = &'static [(u64, u64)];
         let cases: &[(Ranges, Ranges)] = &[
             (&[(0, 5), (5, 8)], &[(0, 8)]),
             (&[(10, 12), (0, 2), (4, 6)], &[(0, 2), (4, 6), (10, 12)]),
@@ -89,5 +89,16 @@ mod tests {
                 assert_eq!(s.contains(x), naive.contains(&x), "{x}");
             }
         }
+    }
+
+    #[test]
+    fn a_range_may_end_at_two_to_the_32() {
+        let top = 1u64 << 32;
+        let mut s = IntervalSet::new();
+        s.insert(top - 3, top);
+        s.insert(top - 5, top - 3);
+        assert_eq!(s.ranges(), &[(top - 5, top)]);
+        assert_eq!(s.len(), 5);
+        assert!(s.contains(top - 1));
     }
 }

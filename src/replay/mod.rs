@@ -6,12 +6,13 @@
 //! - `input`: plans the per-pool seq-ordered streams (k-way merge of sorted
 //!   runs, external sort of unsorted ones) and the copies.
 //! - `engine`: the scheduler (pool turns, copies pulled across pools, gaps).
-//! - `backend` / `cpu`: the per-slot state behind a batch-shaped trait.
+//! - `backend` / `cpu`: the per-slot state behind a batch-shaped trait;
+//!   `slots`: the paged slot table (pages allocated on first write).
 //! - `exposure`: aggregation of read runs per reader and source.
 //!
-//! Memory: flat slot arrays per pool, copy payloads in flight, one batch per
-//! open run, share grants and the exposure sets. Nothing here holds the
-//! trace's events.
+//! Memory: the slot pages the trace writes, copy payloads in flight, one
+//! batch per open run, share grants and the exposure sets. Nothing here
+//! holds the trace's events or grows with a pool's declared capacity.
 
 pub mod backend;
 pub mod copies;
@@ -22,6 +23,7 @@ pub mod exposure;
 pub mod input;
 pub mod intervals;
 pub mod shard;
+pub mod slots;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -108,6 +110,30 @@ pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
             },
         },
     }
+}
+
+/// Creates the backend for a choice and a trace: as `make_backend`, except
+/// that `Auto` replays on the CPU a deployment whose pools declare more
+/// slots than the GPU backend holds (`cuda::GPU_MAX_SLOTS`).
+pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBackend> {
+    let slots = trace
+        .deployment()
+        .pools
+        .iter()
+        .fold(0u64, |n, p| n.saturating_add(p.capacity_tokens));
+    if choice == BackendChoice::Auto && slots > cuda::GPU_MAX_SLOTS {
+        let why = cuda::unavailable().unwrap_or_else(|| {
+            format!(
+                "the pools declare {slots} slots, more than the GPU backend holds ({})",
+                cuda::GPU_MAX_SLOTS
+            )
+        });
+        return Ok(OpenedBackend {
+            backend: Box::new(cpu::CpuBackend::new()),
+            note: format!("cpu (auto: {why})"),
+        });
+    }
+    make_backend(choice)
 }
 
 #[cfg(feature = "cuda")]
@@ -220,6 +246,6 @@ pub fn replay(
     opts: &ReplayOptions,
     reporter: &dyn Reporter,
 ) -> Result<ReplayOutcome> {
-    let mut b = make_backend(opts.backend)?.backend;
+    let mut b = make_backend_for(opts.backend, trace)?.backend;
     replay_with(trace, b.as_mut(), opts, reporter)
 }

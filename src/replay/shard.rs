@@ -77,8 +77,11 @@ impl Backend for Reported<'_> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    fn add_pool(&mut self, pool: u16, capacity: u32, from_engine_start: bool) -> Result<()> {
+    fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
         self.inner.add_pool(pool, capacity, from_engine_start)
+    }
+    fn slot_limit(&self) -> Option<u64> {
+        self.inner.slot_limit()
     }
     fn mark_gap(&mut self, pool: u16, before_seq: u64) {
         self.inner.mark_gap(pool, before_seq)

@@ -29,6 +29,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 use crate::replay::backend::{Backend, Counters, ReadRun, SlotVal};
+use crate::replay::slots::SlotVec;
 use crate::replay::{ReplayOptions, replay_with};
 use crate::schema::{KvEvent, Op};
 use crate::scope::anomalies::max_req_input_len;
@@ -361,14 +362,16 @@ pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
 const FREE: u64 = u64::MAX;
 
 struct Grant {
-    start: u32,
-    end: u32,
+    start: u64,
+    end: u64,
 }
 
+/// Holder and last writer per slot, paged (memory follows the slots the
+/// trace touches, not the declared capacity).
 struct PoolSt {
     decode: bool,
-    holder: Vec<u64>,
-    writer: Vec<u64>,
+    holder: SlotVec<u64>,
+    writer: SlotVec<u64>,
     grants: HashMap<u64, Vec<Grant>>,
 }
 
@@ -396,11 +399,8 @@ impl AuditBackend {
     }
 }
 
-fn granted(g: Option<&Vec<Grant>>, s: usize) -> bool {
-    g.is_some_and(|v| {
-        v.iter()
-            .any(|g| g.start as usize <= s && s < g.end as usize)
-    })
+fn granted(g: Option<&Vec<Grant>>, s: u64) -> bool {
+    g.is_some_and(|v| v.iter().any(|g| g.start <= s && s < g.end))
 }
 
 impl Backend for AuditBackend {
@@ -408,14 +408,13 @@ impl Backend for AuditBackend {
         "cpu-audit"
     }
 
-    fn add_pool(&mut self, pool: u16, capacity: u32, _f: bool) -> Result<()> {
-        let n = capacity as usize;
+    fn add_pool(&mut self, pool: u16, capacity: u64, _f: bool) -> Result<()> {
         self.pools.insert(
             pool,
             PoolSt {
                 decode: self.roles.get(&pool) == Some(&Role::Decode),
-                holder: vec![FREE; n],
-                writer: vec![FREE; n],
+                holder: SlotVec::new(capacity, FREE),
+                writer: SlotVec::new(capacity, FREE),
                 grants: HashMap::new(),
             },
         );
@@ -435,30 +434,31 @@ impl Backend for AuditBackend {
         let p = self.pool(pool)?;
         for e in events {
             c.events += 1;
-            let a = e.slot_start as usize;
-            let b = a + e.slot_count as usize;
+            let (a, b) = (e.slot_start as u64, e.slot_end());
             let r = e.request_id;
             match e.op {
-                Op::Alloc => p.holder[a..b].fill(r),
+                Op::Alloc => p.holder.fill(a, b, r),
                 Op::Free => {
-                    p.holder[a..b].fill(FREE);
+                    p.holder.fill(a, b, FREE);
                     if let Some(g) = p.grants.get_mut(&r) {
-                        g.retain(|g| (g.end as usize) <= a || (g.start as usize) >= b);
+                        g.retain(|g| g.end <= a || g.start >= b);
                     }
                 }
-                Op::Write => p.writer[a..b].fill(r),
-                Op::Scrub => p.writer[a..b].fill(FREE),
-                Op::Share => p.grants.entry(r).or_default().push(Grant {
-                    start: a as u32,
-                    end: b as u32,
-                }),
+                Op::Write => p.writer.fill(a, b, r),
+                Op::Scrub => p.writer.fill(a, b, FREE),
+                Op::Share => p
+                    .grants
+                    .entry(r)
+                    .or_default()
+                    .push(Grant { start: a, end: b }),
                 Op::Read => {
                     if !p.decode {
                         continue;
                     }
                     let g = p.grants.get(&r);
                     let n = (a..b)
-                        .filter(|&s| p.writer[s] != r && !granted(g, s))
+                        .zip(p.writer.range(a, b))
+                        .filter(|&(s, w)| w != r && !granted(g, s))
                         .count() as u64;
                     if n > 0 {
                         *f.beyond.entry(r).or_default() += n;
@@ -488,7 +488,7 @@ impl Backend for AuditBackend {
                     .filter(|(i, v)| {
                         v.owner != r
                             && !sp.is_some_and(|sp| {
-                                granted(sp.grants.get(&r), src.slot_start as usize + i)
+                                granted(sp.grants.get(&r), src.slot_start as u64 + *i as u64)
                             })
                     })
                     .count() as u64
@@ -496,10 +496,9 @@ impl Backend for AuditBackend {
             None => 0,
         };
         let p = self.pool(pool)?;
-        let a = e.slot_start as usize;
-        let b = a + e.slot_count as usize;
-        let reused = p.holder[a..b].iter().filter(|&&h| h != r).count() as u64;
-        p.writer[a..b].fill(r);
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        let reused = p.holder.range(a, b).filter(|&h| h != r).count() as u64;
+        p.writer.fill(a, b, r);
         if stale > 0 {
             *self.f.stale_src.entry(r).or_default() += stale;
         }
@@ -518,12 +517,13 @@ impl Backend for AuditBackend {
         out: &mut Vec<SlotVal>,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        let a = slot_start as usize;
+        let a = slot_start as u64;
         out.clear();
-        out.extend((a..a + count as usize).map(|s| SlotVal {
-            owner: p.holder[s],
-            uncertain,
-        }));
+        out.extend(
+            p.holder
+                .range(a, a + count as u64)
+                .map(|owner| SlotVal { owner, uncertain }),
+        );
         Ok(())
     }
 }

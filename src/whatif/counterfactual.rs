@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 use crate::replay::backend::{Backend, Counters, NEVER, ReadRun, SCRUBBED, SlotVal};
+use crate::replay::slots::SlotVec;
 use crate::replay::{ReplayOptions, replay_with};
 use crate::schema::{KvEvent, Op, hash_tokens, hex32};
 use crate::scope::scope;
@@ -139,16 +140,18 @@ struct Target {
 }
 
 struct Grant {
-    start: u32,
-    end: u32,
+    start: u64,
+    end: u64,
     seq: u64,
 }
 
+/// Owner, token position and write seq per slot, paged (memory follows
+/// the slots the trace touches, not the declared capacity).
 struct PoolSt {
     decode: bool,
-    owner: Vec<u64>,
-    pos: Vec<u32>,
-    wseq1: Vec<u64>,
+    owner: SlotVec<u64>,
+    pos: SlotVec<u32>,
+    wseq1: SlotVec<u64>,
     grants: HashMap<u64, Vec<Grant>>,
 }
 
@@ -203,16 +206,15 @@ impl Backend for ModelBackend<'_> {
         "cpu-model"
     }
 
-    fn add_pool(&mut self, pool: u16, capacity: u32, _from_engine_start: bool) -> Result<()> {
-        let n = capacity as usize;
+    fn add_pool(&mut self, pool: u16, capacity: u64, _from_engine_start: bool) -> Result<()> {
         let decode = self.roles.get(&pool) == Some(&Role::Decode);
         self.pools.insert(
             pool,
             PoolSt {
                 decode,
-                owner: vec![NEVER; n],
-                pos: vec![0; n],
-                wseq1: vec![0; n],
+                owner: SlotVec::new(capacity, NEVER),
+                pos: SlotVec::new(capacity, 0),
+                wseq1: SlotVec::new(capacity, 0),
                 grants: HashMap::new(),
             },
         );
@@ -233,8 +235,7 @@ impl Backend for ModelBackend<'_> {
         let res = (|| {
             let p = self.pool(pool)?;
             for e in events {
-                let a = e.slot_start as usize;
-                let b = a + e.slot_count as usize;
+                let (a, b) = (e.slot_start as u64, e.slot_end());
                 c.events += 1;
                 match e.op {
                     Op::Alloc | Op::Free => {}
@@ -246,19 +247,19 @@ impl Backend for ModelBackend<'_> {
                             )));
                         }
                         let p0 = need_pos(e)?;
-                        p.owner[a..b].fill(e.request_id);
+                        p.owner.fill(a, b, e.request_id);
                         for (i, s) in (a..b).enumerate() {
-                            p.pos[s] = p0 + i as u32;
+                            p.pos.set(s, p0.wrapping_add(i as u32));
                         }
-                        p.wseq1[a..b].fill(e.seq + 1);
+                        p.wseq1.fill(a, b, e.seq + 1);
                     }
                     Op::Scrub => {
-                        p.owner[a..b].fill(SCRUBBED);
-                        p.wseq1[a..b].fill(e.seq + 1);
+                        p.owner.fill(a, b, SCRUBBED);
+                        p.wseq1.fill(a, b, e.seq + 1);
                     }
                     Op::Share => p.grants.entry(e.request_id).or_default().push(Grant {
-                        start: a as u32,
-                        end: b as u32,
+                        start: a,
+                        end: b,
                         seq: e.seq,
                     }),
                     Op::Read => {
@@ -272,21 +273,21 @@ impl Backend for ModelBackend<'_> {
                         let r = e.request_id;
                         let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
                         for (i, s) in (a..b).enumerate() {
-                            let o = p.owner[s];
+                            let o = p.owner.get(s);
                             let content = if o == NEVER || o == SCRUBBED {
                                 None
                             } else {
                                 match seeds.get(&o) {
-                                    Some(&sd) => Some((sd, p.pos[s])),
+                                    Some(&sd) => Some((sd, p.pos.get(s))),
                                     None => {
                                         t.missing_seed = true;
                                         None
                                     }
                                 }
                             };
-                            let shared = grants.iter().any(|g| {
-                                g.start as usize <= s && s < g.end as usize && p.wseq1[s] <= g.seq
-                            });
+                            let shared = grants
+                                .iter()
+                                .any(|g| g.start <= s && s < g.end && p.wseq1.get(s) <= g.seq);
                             let foreign = o != r && o != NEVER && o != SCRUBBED && !shared;
                             let q = p0 + i;
                             if t.ctx.len() <= q {
@@ -313,14 +314,14 @@ impl Backend for ModelBackend<'_> {
         c: &mut Counters,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        let a = e.slot_start as usize;
+        let a = e.slot_start as u64;
         c.events += 1;
-        for (i, v) in payload.iter().enumerate() {
+        for (s, v) in (a..).zip(payload) {
             let (o, pos) = unpack(v.owner);
-            p.owner[a + i] = o;
-            p.pos[a + i] = pos;
+            p.owner.set(s, o);
+            p.pos.set(s, pos);
         }
-        p.wseq1[a..a + payload.len()].fill(e.seq + 1);
+        p.wseq1.fill(a, a + payload.len() as u64, e.seq + 1);
         Ok(())
     }
 
@@ -333,10 +334,10 @@ impl Backend for ModelBackend<'_> {
         out: &mut Vec<SlotVal>,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        let a = slot_start as usize;
+        let a = slot_start as u64;
         out.clear();
-        out.extend((a..a + count as usize).map(|s| SlotVal {
-            owner: pack(p.owner[s], p.pos[s]),
+        out.extend((a..a + count as u64).map(|s| SlotVal {
+            owner: pack(p.owner.get(s), p.pos.get(s)),
             uncertain,
         }));
         Ok(())

@@ -22,6 +22,7 @@ use std::path::Path;
 
 use crate::error::{Error, Location, Result};
 use crate::sim::{self, EngineVersion, RunLabel, SimConfig};
+use crate::trace::manifest::Role;
 use crate::trace::read::Trace;
 
 pub use workload::Workload;
@@ -68,6 +69,29 @@ pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
         cfg.set(s)?;
     }
     cfg.validate()?;
+    for (role, p) in [(Role::Prefill, &cfg.prefill), (Role::Decode, &cfg.decode)] {
+        if p.capacity_tokens > MAX_SIM_POOL_TOKENS {
+            let key = format!("{}.capacity_tokens", role.as_str());
+            let recorded = spec.config.is_none()
+                && !spec.sets.iter().any(|s| s.trim_start().starts_with(&key));
+            let loc = if recorded {
+                recorded_pool_key(trace, role)
+            } else {
+                Location::default().column(&key)
+            };
+            return Err(Error::invalid(
+                loc,
+                format!(
+                    "the {} pool has {} tokens; the engine model keeps state for every slot and simulates at most {MAX_SIM_POOL_TOKENS} tokens a pool",
+                    role.as_str(),
+                    p.capacity_tokens
+                ),
+                format!(
+                    "replay a smaller pool with --set {key}=N; scope, audit and diff read a trace of any pool size"
+                ),
+            ));
+        }
+    }
     if cfg.prefill.page_size != cfg.decode.page_size {
         return Err(Error::invalid(
             Location::default().column("page_size"),
@@ -79,6 +103,30 @@ pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
         ));
     }
     Ok(cfg)
+}
+
+/// The largest pool a what-if replay simulates: the engine model keeps
+/// state for every slot of its pools (28 bytes a slot plus the free page
+/// list), so 2^26 tokens a pool is about 2 GiB.
+pub const MAX_SIM_POOL_TOKENS: u64 = 1 << 26;
+
+/// Where the recorded size of the `role` pool comes from in trace.json.
+fn recorded_pool_key(trace: &Trace, role: Role) -> Location {
+    let loc = Location::file(&trace.dir.join("trace.json"));
+    let d = trace.deployment();
+    if d.extra.contains_key("simulator") {
+        return loc.column(&format!(
+            "deployment.simulator.{}.capacity_tokens",
+            role.as_str()
+        ));
+    }
+    match d.pools.iter().position(|p| p.role == role) {
+        Some(i) if d.pools[i].extra.contains_key("max_total_num_tokens") => {
+            loc.column(&format!("deployment.pools[{i}].max_total_num_tokens"))
+        }
+        Some(i) => loc.column(&format!("deployment.pools[{i}].capacity_tokens")),
+        None => loc.column("deployment.pools"),
+    }
 }
 
 /// What a what-if replay did.

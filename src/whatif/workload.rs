@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Location, Result};
+use crate::replay::slots::SlotVec;
 use crate::schema::{Op, RequestRecord};
 use crate::sim::config::{EngineVersion, PoolConfig, SimConfig};
 use crate::sim::engine::EPOCH_NS;
@@ -242,9 +243,15 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
     // Per prefill pool: the last writer of each slot. Events must be
     // applied in seq order: collect per pool and sort when a file is out
     // of order (the simulator writes each pool in seq order).
-    let mut writer: HashMap<u16, Vec<u64>> = prefill
+    // (paged: memory follows the slots written, not the declared capacity)
+    let mut writer: HashMap<u16, (u64, SlotVec<u64>)> = prefill
         .iter()
-        .map(|p| (p.id, vec![0u64; p.capacity_tokens as usize]))
+        .map(|p| {
+            (
+                p.id,
+                (p.capacity_tokens, SlotVec::new(p.capacity_tokens, 0)),
+            )
+        })
         .collect();
     // parent: member -> writer whose slots it shared; shared tokens.
     let mut parent: HashMap<u64, u64> = HashMap::new();
@@ -255,7 +262,7 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
     for chunk in trace.kv_chunks() {
         let chunk = chunk?;
         for (i, e) in chunk.events.iter().enumerate() {
-            let Some(w) = writer.get_mut(&e.pool) else {
+            let Some((cap, w)) = writer.get_mut(&e.pool) else {
                 continue;
             };
             if let Some(&prev) = last_seq.get(&e.pool)
@@ -273,15 +280,15 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
                 ));
             }
             last_seq.insert(e.pool, e.seq);
-            let a = e.slot_start as usize;
-            let b = (a + e.slot_count as usize).min(w.len());
+            let a = e.slot_start as u64;
+            let b = e.slot_end().min(*cap);
             match e.op {
-                Op::Write => w[a..b].fill(e.request_id),
-                Op::Scrub => w[a..b].fill(0),
+                Op::Write => w.fill(a, b, e.request_id),
+                Op::Scrub => w.fill(a, b, 0),
                 Op::Alloc => held.entry(e.request_id).or_default().0 += e.slot_count as u64,
                 Op::Free => held.entry(e.request_id).or_default().1 += e.slot_count as u64,
                 Op::Share => {
-                    if let Some(&owner) = w[a..b].iter().find(|&&o| o != 0 && o != e.request_id) {
+                    if let Some(owner) = w.range(a, b).find(|&o| o != 0 && o != e.request_id) {
                         parent.entry(e.request_id).or_insert(owner);
                         let end = e.token_pos.unwrap_or(0) + e.slot_count;
                         let s = shared.entry(e.request_id).or_default();

@@ -71,7 +71,7 @@ pub fn compute_shard(
         BackendArg::Cuda => BackendChoice::Cuda,
         BackendArg::Emu => BackendChoice::Emu,
     };
-    let mut opened = kvtrail::replay::make_backend(choice)?;
+    let mut opened = kvtrail::replay::make_backend_for(choice, &trace)?;
     eprintln!("kvtrail: replay backend: {}", opened.note);
     let opts = ReplayOptions {
         backend: choice,

@@ -39,6 +39,11 @@ const CLS_UNKNOWN: u32 = 3;
 const CLS_UNCERTAIN: u32 = 4;
 const CLS_UNC_BIT: u32 = 0x100;
 
+/// The most slots the GPU backend holds, summed over the replayed pools:
+/// it allocates every declared slot on the device (20 bytes a slot, so
+/// 20 GiB at the limit). `auto` replays larger deployments on the CPU.
+pub const GPU_MAX_SLOTS: u64 = 1 << 30;
+
 /// Sizes of the device work.
 #[derive(Debug, Clone, Copy)]
 pub struct GpuConfig {
@@ -69,7 +74,7 @@ struct Grant {
 
 struct Pool<D: Device> {
     id: u16,
-    capacity: u32,
+    capacity: u64,
     owner: D::Buf,
     wseq1: D::Buf,
     flags: D::Buf,
@@ -353,7 +358,7 @@ impl<D: Device> GpuBackend<D> {
             },
         )?;
         // 2. stable sort by slot
-        let bits = 32 - pool.capacity.saturating_sub(1).leading_zeros();
+        let bits = 64 - pool.capacity.saturating_sub(1).leading_zeros();
         let (skey, sval) = self.prims.radix_sort(dev, n_touch, bits, k0, v0, k1, v1)?;
         // 3. last writer per slot
         let mk = s.mk.ensure(dev, nt * 8)?;
@@ -495,7 +500,7 @@ impl<D: Device> GpuBackend<D> {
     fn copy_params(&mut self, pi: usize, start: u32, count: u32) -> Result<CopyParams> {
         let n = count as usize;
         let pool = &self.pools[pi];
-        if start as u64 + count as u64 > pool.capacity as u64 {
+        if start as u64 + count as u64 > pool.capacity {
             return Err(Error::Other(format!(
                 "replay: slots {start}..{} outside pool {} (capacity {})",
                 start as u64 + count as u64,
@@ -523,7 +528,14 @@ impl<D: Device> Backend for GpuBackend<D> {
         self.name
     }
 
-    fn add_pool(&mut self, pool: u16, capacity: u32, from_engine_start: bool) -> Result<()> {
+    fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
+        let held: u64 = self.pools.iter().map(|p| p.capacity).sum();
+        if held.saturating_add(capacity) > GPU_MAX_SLOTS {
+            return Err(Error::Other(format!(
+                "{} backend: pool {pool} of {capacity} slots would take the device slot state past {GPU_MAX_SLOTS} slots; use --backend cpu",
+                self.name
+            )));
+        }
         let n = capacity as usize;
         let p = Pool {
             id: pool,
@@ -545,6 +557,10 @@ impl<D: Device> Backend for GpuBackend<D> {
         Ok(())
     }
 
+    fn slot_limit(&self) -> Option<u64> {
+        Some(GPU_MAX_SLOTS)
+    }
+
     fn mark_gap(&mut self, pool: u16, before_seq: u64) {
         if let Ok(i) = self.pool_index(pool) {
             let p = &mut self.pools[i];
@@ -560,7 +576,7 @@ impl<D: Device> Backend for GpuBackend<D> {
         c: &mut Counters,
     ) -> Result<()> {
         let pi = self.pool_index(pool)?;
-        let cap = self.pools[pi].capacity as u64;
+        let cap = self.pools[pi].capacity;
         if let Some(e) = events
             .iter()
             .find(|e| e.slot_start as u64 + e.slot_count as u64 > cap)

@@ -24,7 +24,7 @@ pub mod model;
 pub mod nvrtc;
 pub mod prims;
 
-pub use backend::{GpuBackend, GpuConfig};
+pub use backend::{GPU_MAX_SLOTS, GpuBackend, GpuConfig};
 pub use device::Device;
 pub use emu::EmuDevice;
 

@@ -1,0 +1,325 @@
+//! Declared sizes an attacker controls: a pool's `capacity_tokens` (up to
+//! 2^32, which the contract allows). Replay memory must follow the slots
+//! the trace touches and time the events it holds, never the declared
+//! capacity; every command that replays answers (or refuses with exit 2),
+//! never aborts or panics. Each run of the real binary is bounded in address space (so an
+//! allocation per declared slot fails instead of swapping) and measured
+//! (peak RSS from wait4, wall time).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
+use kvtrail::trace::manifest::{Capture, Manifest};
+use kvtrail::trace::write::{kv_batch, requests_batch, write_single_file};
+use kvtrail::trace::{Deployment, Pool, Role};
+
+/// Address space each run may reserve: far below one allocation per
+/// declared slot of a 2^31-slot pool (17 bytes a slot: 36 GB).
+const MAX_AS: u64 = 4 << 30;
+
+struct Bounded {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    /// Peak resident set of the child, in MiB.
+    peak_mib: u64,
+    wall: Duration,
+}
+
+/// Runs the binary under an address-space limit; measures its own peak RSS.
+/// The child is reaped with wait4 (which also gives its own rusage), not
+/// `Child::wait`.
+#[allow(clippy::zombie_processes)]
+fn run_bounded(args: &[&str]) -> Bounded {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtrail"));
+    cmd.args(args)
+        .env("KVTRAIL_NO_PROGRESS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the hook.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: MAX_AS,
+                rlim_max: MAX_AS,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().expect("run kvtrail");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let ho = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        out.read_to_end(&mut v).unwrap();
+        v
+    });
+    let he = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        err.read_to_end(&mut v).unwrap();
+        v
+    });
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: plain wait4 on our own child; rusage is written by the kernel.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid, "wait4");
+    let wall = t0.elapsed();
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -libc::WTERMSIG(status)
+    };
+    Bounded {
+        code,
+        stdout: String::from_utf8_lossy(&ho.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&he.join().unwrap()).into_owned(),
+        peak_mib: ru.ru_maxrss as u64 / 1024,
+        wall,
+    }
+}
+
+fn pool(id: u16, role: Role, cap: u64) -> Pool {
+    Pool {
+        id,
+        name: format!("{}-{id}", role.as_str()),
+        role,
+        capacity_tokens: cap,
+        page_size: 1,
+        extra: Default::default(),
+    }
+}
+
+fn request(id: u64, tenant: &str, prefill: u16, decode: u16) -> RequestRecord {
+    RequestRecord {
+        request_id: id,
+        external_id: None,
+        tenant: tenant.into(),
+        arrival_ns: 1_000 + id as i64,
+        finish_ns: Some(9_000 + id as i64),
+        prompt_tokens: 8,
+        prefilled_tokens: Some(8),
+        output_tokens: 1,
+        http_status: 200,
+        finish_reason: Some("stop".into()),
+        prefill_pool: Some(prefill),
+        decode_pool: Some(decode),
+        prompt_hash: None,
+        output_hash: None,
+    }
+}
+
+/// Writes a trace: one kv file, one requests file, a complete capture that
+/// began with the engine.
+fn write_trace(
+    dir: &Path,
+    pools: Vec<Pool>,
+    events: &[KvEvent],
+    reqs: &[RequestRecord],
+) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    write_single_file(&dir.join("kv/all.parquet"), &[kv_batch(events)]).unwrap();
+    write_single_file(&dir.join("requests/r.parquet"), &[requests_batch(reqs)]).unwrap();
+    let deployment = Deployment {
+        name: "hostile".into(),
+        engine: "sglang-0.5.19".into(),
+        context_window: 4096,
+        pools,
+        extra: Default::default(),
+    };
+    let mut m = Manifest::new(
+        deployment,
+        Capture {
+            writer: "test".into(),
+            started_ns: 0,
+            ended_ns: 0,
+            complete: true,
+            from_engine_start: Some(true),
+            extra: Default::default(),
+        },
+    );
+    m.files = None;
+    m.store(dir).unwrap();
+    dir.to_path_buf()
+}
+
+/// Ten events at the very top of a prefill and a decode pool of `cap`
+/// slots: request 1 writes 8 slots and copies them to decode, reads its
+/// own copy; request 2 reads them (foreign: it sees request 1's KV);
+/// request 3 is granted a share of them first, then reads (shared, clean).
+fn top_of_pool_trace(dir: &Path, cap: u64) -> PathBuf {
+    let top = (cap - 8) as u32;
+    let mut seqs = [0u64; 2];
+    let mut evs = Vec::new();
+    let mut push = |pool: u16, rid: u64, op: Op, src: Option<CopySrc>| {
+        let seq = seqs[pool as usize];
+        seqs[pool as usize] += 1;
+        evs.push(KvEvent {
+            pool,
+            seq,
+            ts_ns: 2_000 + 10 * evs.len() as i64,
+            request_id: rid,
+            op,
+            slot_start: top,
+            slot_count: 8,
+            token_pos: None,
+            src,
+        });
+    };
+    push(0, 1, Op::Alloc, None);
+    push(0, 1, Op::Write, None);
+    push(1, 1, Op::Alloc, None);
+    let src = CopySrc {
+        pool: 0,
+        slot_start: top,
+        seq: 1,
+    };
+    push(1, 1, Op::Write, Some(src));
+    push(1, 1, Op::Read, None);
+    push(1, 2, Op::Read, None);
+    push(1, 3, Op::Share, None);
+    push(1, 3, Op::Read, None);
+    push(0, 1, Op::Free, None);
+    push(1, 1, Op::Free, None);
+    assert_eq!(evs.len(), 10);
+    let reqs = [
+        request(1, "acme", 0, 1),
+        request(2, "globex", 0, 1),
+        request(3, "initech", 0, 1),
+    ];
+    write_trace(
+        dir,
+        vec![pool(0, Role::Prefill, cap), pool(1, Role::Decode, cap)],
+        &evs,
+        &reqs,
+    )
+}
+
+/// Runs `scope --json` bounded and checks the findings of `top_of_pool_trace`.
+fn scope_top_of_pool(cap: u64, backend: &str) -> Bounded {
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), cap);
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--json", "--backend", backend]);
+    assert_eq!(
+        r.code, 0,
+        "capacity {cap}: scope --backend {backend} exited {}\n{}",
+        r.code, r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let affected: Vec<u64> = j["affected_responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["request_id"].as_u64().unwrap())
+        .collect();
+    // Request 2 read request 1's KV; request 3 read it under a share grant.
+    assert_eq!(affected, [2], "capacity {cap}: {}", r.stdout);
+    assert_eq!(
+        j["affected_responses"][0]["foreign_tokens"], 8,
+        "{}",
+        r.stdout
+    );
+    r
+}
+
+#[test]
+fn scope_of_a_two_to_the_31_slot_pool_runs_fast_in_small_memory() {
+    let r = scope_top_of_pool(1 << 31, "cpu");
+    // Before: one slot array entry per declared slot (36 GB, 41 s).
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
+    assert!(r.wall < Duration::from_secs(20), "took {:?}", r.wall);
+}
+
+#[test]
+fn capacity_two_to_the_32_minus_1_does_not_abort() {
+    let r = scope_top_of_pool((1 << 32) - 1, "cpu");
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
+}
+
+#[test]
+fn capacity_two_to_the_32_does_not_panic_and_keeps_the_top_slot() {
+    // The top slot is 2^32 - 1 and the extent ends at 2^32: neither the
+    // share grant nor the exposure set may wrap to 0.
+    let r = scope_top_of_pool(1 << 32, "cpu");
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
+}
+
+#[test]
+fn a_sharded_scope_of_a_two_to_the_31_slot_pool_runs_in_small_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), 1 << 31);
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--json", "--pools", "1"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["affected_responses"][0]["request_id"], 2, "{}", r.stdout);
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
+}
+
+#[test]
+fn the_gpu_backend_refuses_a_pool_past_its_slot_limit_with_exit_2() {
+    // The GPU backend (here on the emulated device) allocates every
+    // declared slot: past its limit it refuses, naming the manifest key,
+    // instead of aborting on the allocation.
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), 1 << 31);
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--backend", "emu"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("trace.json"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("deployment.pools[0].capacity_tokens"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("hint: replay with --backend cpu"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.is_empty());
+}
+
+#[test]
+fn audit_of_a_two_to_the_31_slot_pool_runs_in_small_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), 1 << 31);
+    let r = run_bounded(&["audit", t.to_str().unwrap(), "--json"]);
+    assert!(r.code == 0 || r.code == 1, "exit {}: {}", r.code, r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(j.is_object(), "{}", r.stdout);
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
+}
+
+#[test]
+fn what_if_replay_of_a_two_to_the_31_slot_pool_is_refused_with_exit_2() {
+    // The engine model keeps state for every slot it simulates.
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), 1 << 31);
+    let out = dir.path().join("new");
+    let r = run_bounded(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("trace.json")
+            && r.stderr.contains("deployment.pools[0].capacity_tokens")
+            && r.stderr
+                .contains("hint: replay a smaller pool with --set prefill.capacity_tokens=N"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+}
