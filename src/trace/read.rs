@@ -335,7 +335,7 @@ impl<'a> Col<'a> {
     /// A column filled in from a Hive folder holds the folder's value in
     /// every row, so any error in it is the folder's: it names the folder
     /// and the value instead of a row and the column's type.
-    fn from_folder<T>(&self, res: Result<T>, expected: &str) -> Result<T> {
+    fn blame_folder<T>(&self, res: Result<T>, expected: &str) -> Result<T> {
         match (&res, &self.folder) {
             (Err(_), Some((folder, value))) => {
                 let value = match value {
@@ -378,7 +378,7 @@ impl<'a> Col<'a> {
 
     /// Errors on the first null if the column is declared non-null.
     fn check_no_nulls(&self) -> Result<()> {
-        self.from_folder(
+        self.blame_folder(
             self.check_no_nulls_inner(),
             "value (the column is non-null)",
         )
@@ -410,7 +410,7 @@ impl<'a> Col<'a> {
     where
         T: ArrowNativeTypeExt,
     {
-        self.from_folder(self.ints_inner(expected), expected)
+        self.blame_folder(self.ints_inner(expected), expected)
     }
 
     fn ints_inner<T>(&self, expected: &str) -> Result<Cow<'a, [T]>>
@@ -514,7 +514,7 @@ impl<'a> Col<'a> {
 
     /// String column (Utf8, LargeUtf8, Utf8View or a dictionary of them).
     fn strings(&self) -> Result<Vec<Option<String>>> {
-        self.from_folder(self.strings_inner(), "Utf8")
+        self.blame_folder(self.strings_inner(), "Utf8")
     }
 
     fn strings_inner(&self) -> Result<Vec<Option<String>>> {
@@ -548,7 +548,7 @@ impl<'a> Col<'a> {
 
     /// The op column as codes: dictionary values are parsed once.
     fn ops(&self) -> Result<Vec<Op>> {
-        self.from_folder(self.ops_inner(), "op")
+        self.blame_folder(self.ops_inner(), "op")
     }
 
     fn ops_inner(&self) -> Result<Vec<Op>> {
@@ -620,7 +620,7 @@ impl<'a> Col<'a> {
 
     /// FixedSizeBinary(32) (or Binary of 32-byte values).
     fn hashes(&self) -> Result<Vec<Option<[u8; 32]>>> {
-        self.from_folder(self.hashes_inner(), "FixedSizeBinary(32)")
+        self.blame_folder(self.hashes_inner(), "FixedSizeBinary(32)")
     }
 
     fn hashes_inner(&self) -> Result<Vec<Option<[u8; 32]>>> {
