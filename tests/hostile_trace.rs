@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array};
-use common::{arr, events, write_parquet, write_trace};
+use common::{arr, deployment, events, write_batches, write_parquet, write_trace};
 use kvtrail::schema::KvEvent;
 use parquet::basic::Compression;
 
@@ -619,4 +619,291 @@ fn seq_sort_in_spilled_chunks_matches_the_sort_in_memory() {
     }
     // Spill files are removed with the check.
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Pool ids, Hive folders, deployment files
+
+#[test]
+fn pool_id_65535_is_read_like_any_other_pool() {
+    let d = tempfile::tempdir().unwrap();
+    let dep = d.path().join("dep.json");
+    std::fs::write(
+        &dep,
+        r#"{"name":"x","engine":"e","context_window":4096,"pools":[{"id":65535,"name":"p","role":"mixed","capacity_tokens":64,"page_size":4}]}"#,
+    )
+    .unwrap();
+    let input = d.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"type":"kv","pool":65535,"ts_ns":1,"request_id":1,"op":"write","slot_start":0,"slot_count":4,"token_pos":0}"#,
+            "\n",
+            r#"{"type":"kv","pool":65535,"ts_ns":2,"request_id":1,"op":"free","slot_start":0,"slot_count":4}"#,
+            "\n",
+            r#"{"type":"request","request_id":1,"tenant":"a","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200,"prefill_pool":65535}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let t = d.path().join("t");
+    let r = run(&["ingest", s(&input), "--deployment", s(&dep), "--out", s(&t)]);
+    assert_eq!(r.code, 0, "ingest: {}", r.stderr);
+    let v = Verdicts::of(&t);
+    v.accepted();
+    assert!(
+        v.inspect.stdout.contains("65535"),
+        "inspect does not show pool 65535:\n{}",
+        v.inspect.stdout
+    );
+}
+
+/// Pool 1's events without their `pool` column, at `rel` (a path under
+/// Hive folders that say the pool), in place of pool 1's own file.
+fn pool1_under_folders(t: &Path, rel: &str) {
+    let evs: Vec<KvEvent> = events().into_iter().filter(|e| e.pool == 1).collect();
+    let cols: Vec<(&str, ArrayRef)> = kv_cols(&evs)
+        .into_iter()
+        .filter(|(n, _)| *n != "pool")
+        .collect();
+    std::fs::remove_file(t.join(POOL1)).unwrap();
+    let p = t.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    write_parquet(&p, cols, Compression::SNAPPY);
+    reseal(t);
+}
+
+#[test]
+fn hive_folders_without_the_column_are_read() {
+    let (_d, t) = fresh();
+    // Two folders that agree (one percent-encoded) are one value.
+    pool1_under_folders(&t, "kv/pool=1/pool=%31/part-00000.parquet");
+    Verdicts::of(&t).accepted();
+}
+
+#[test]
+fn contradictory_nested_hive_folders_are_refused() {
+    let (_d, t) = fresh();
+    let rel = "kv/pool=0/pool=1/part-00000.parquet";
+    pool1_under_folders(&t, rel);
+    Verdicts::of(&t).refused(&[rel, "column `pool`", "`pool=0`", "`pool=1`"]);
+}
+
+#[test]
+fn bad_hive_folder_value_names_the_folder_and_the_value() {
+    let (_d, t) = fresh();
+    let rel = "kv/pool=%ZZ/part-00000.parquet";
+    pool1_under_folders(&t, rel);
+    Verdicts::of(&t).refused(&[rel, "column `pool`", "folder `pool=%ZZ`", "\"%ZZ\""]);
+
+    let (_d, t) = fresh();
+    let rel = "kv/pool=70000/part-00000.parquet";
+    pool1_under_folders(&t, rel);
+    Verdicts::of(&t).refused(&[rel, "column `pool`", "folder `pool=70000`", "70000"]);
+}
+
+#[test]
+fn hive_folder_of_a_string_column_with_digits_is_read_as_text() {
+    let (_d, t) = fresh();
+    // requests/tenant=007/ without a tenant column: the tenant is "007",
+    // not the integer 7 and not a type error.
+    let reqs = common::requests();
+    std::fs::remove_file(t.join(REQS)).unwrap();
+    for (tenant, ids) in [
+        ("007", vec![1u64, 3]),
+        ("globex", vec![2]),
+        ("initech", vec![4]),
+    ] {
+        let rs: Vec<_> = reqs
+            .iter()
+            .filter(|r| ids.contains(&r.request_id))
+            .collect();
+        let cols: Vec<(&str, ArrayRef)> = vec![
+            (
+                "request_id",
+                arr(UInt64Array::from_iter_values(
+                    rs.iter().map(|r| r.request_id),
+                )),
+            ),
+            (
+                "arrival_ns",
+                arr(Int64Array::from_iter_values(
+                    rs.iter().map(|r| r.arrival_ns),
+                )),
+            ),
+            (
+                "prompt_tokens",
+                arr(UInt32Array::from_iter_values(
+                    rs.iter().map(|r| r.prompt_tokens),
+                )),
+            ),
+            (
+                "output_tokens",
+                arr(UInt32Array::from_iter_values(
+                    rs.iter().map(|r| r.output_tokens),
+                )),
+            ),
+            (
+                "http_status",
+                arr(UInt16Array::from_iter_values(
+                    rs.iter().map(|r| r.http_status),
+                )),
+            ),
+        ];
+        let p = t.join(format!("requests/tenant={tenant}/part-00000.parquet"));
+        write_parquet(&p, cols, Compression::SNAPPY);
+    }
+    reseal(&t);
+    let v = Verdicts::of(&t);
+    v.accepted();
+    let r = run(&["scope", "--backend", "cpu", "--json", s(&t)]);
+    assert!(r.stdout.contains("\"007\""), "{}", r.stdout);
+}
+
+#[test]
+fn verify_shows_a_problems_hint_on_its_own_line_not_escaped() {
+    let (_d, t) = fresh();
+    pool1_under_folders(&t, "kv/pool=%ZZ/part-00000.parquet");
+    let v = run(&["verify", s(&t)]);
+    assert_eq!(v.code, 1, "{}{}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("\n  hint: "), "{}", v.stdout);
+    assert!(!v.stdout.contains("\\u{a}"), "{}", v.stdout);
+}
+
+fn jsonl_data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/jsonl")
+        .join(name)
+}
+
+fn ingest_with_deployment(dep_bytes: &[u8]) -> Out {
+    let d = tempfile::tempdir().unwrap();
+    let dep = d.path().join("dep.json");
+    std::fs::write(&dep, dep_bytes).unwrap();
+    let out = d.path().join("t");
+    run(&[
+        "ingest",
+        s(&jsonl_data("incident.jsonl")),
+        "--deployment",
+        s(&dep),
+        "--out",
+        s(&out),
+    ])
+}
+
+#[test]
+fn deployment_file_of_trace_format_version_2_is_refused() {
+    let dep: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(jsonl_data("deploy.json")).unwrap()).unwrap();
+    let v2 = serde_json::json!({"format": "kvtrail-trace", "version": 2, "deployment": dep});
+    let r = ingest_with_deployment(v2.to_string().as_bytes());
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("unknown trace format version 2"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("hint:"), "{}", r.stderr);
+    // A version-1 trace.json is still a deployment file.
+    let v1 = serde_json::json!({"format": "kvtrail-trace", "version": 1, "deployment": dep});
+    let r = ingest_with_deployment(v1.to_string().as_bytes());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn deployment_file_with_a_utf8_bom_is_read_like_trace_json() {
+    let mut bytes = b"\xef\xbb\xbf".to_vec();
+    bytes.extend(std::fs::read(jsonl_data("deploy.json")).unwrap());
+    let r = ingest_with_deployment(&bytes);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+// ---------------------------------------------------------------------------
+// Row groups
+
+/// `n` pool-0 events (seq 0..n, alloc and free of slot 0 by request 1).
+fn many_events(n: u64) -> Vec<KvEvent> {
+    (0..n)
+        .map(|i| KvEvent {
+            pool: 0,
+            seq: i,
+            ts_ns: 1_000 + i as i64,
+            request_id: 1,
+            op: if i % 2 == 0 {
+                kvtrail::schema::Op::Alloc
+            } else {
+                kvtrail::schema::Op::Free
+            },
+            slot_start: 0,
+            slot_count: 1,
+            token_pos: None,
+            src: None,
+        })
+        .collect()
+}
+
+#[test]
+fn row_group_amplification_is_refused_at_the_row_group_limit() {
+    let (_d, t) = fresh();
+    // One row per row group: memory and time grow with row groups, not
+    // rows; one more than the limit is refused before any row is read.
+    let n = kvtrail::trace::read::MAX_ROW_GROUPS as u64 + 1;
+    let batch = arrow_array::RecordBatch::try_from_iter(kv_cols(&many_events(n))).unwrap();
+    write_batches(&t.join(POOL0), &[batch], Compression::UNCOMPRESSED, 1);
+    reseal(&t);
+    Verdicts::of(&t).refused(&[POOL0, &format!("has {n} row groups"), "hint:"]);
+}
+
+#[test]
+fn footer_over_the_limit_is_refused_before_it_is_read() {
+    let (_d, t) = fresh();
+    // A footer that claims more than the limit is refused from its length
+    // alone, before it is read or decoded.
+    let p = t.join(POOL0);
+    let mut bytes = std::fs::read(&p).unwrap();
+    let n = bytes.len();
+    let claim = (kvtrail::trace::read::MAX_FOOTER_BYTES + 1) as u32;
+    bytes[n - 8..n - 4].copy_from_slice(&claim.to_le_bytes());
+    std::fs::write(&p, bytes).unwrap();
+    reseal_digests_only(&t);
+    Verdicts::of(&t).refused(&[POOL0, "footer", &claim.to_string()]);
+}
+
+/// Like [`reseal`] for files whose footer cannot be read: digests and
+/// sizes are recomputed, row counts kept.
+fn reseal_digests_only(t: &Path) {
+    let p = t.join("trace.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    for f in m["files"].as_array_mut().unwrap() {
+        let bytes = std::fs::read(t.join(f["path"].as_str().unwrap())).unwrap();
+        f["blake3"] = blake3::hash(&bytes).to_hex().to_string().into();
+    }
+    std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn recorder_starts_a_new_part_before_row_groups_amplify() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("t");
+    let opts = kvtrail::capture::RecorderOptions {
+        started_ns: Some(1_000),
+        row_group_rows: 1,
+        ..Default::default()
+    };
+    let mut rec = kvtrail::capture::Recorder::create(&t, deployment(), opts).unwrap();
+    let n = kvtrail::trace::write::MAX_PART_ROW_GROUPS as u64 + 10;
+    for e in many_events(n) {
+        rec.kv_with_seq(e).unwrap();
+    }
+    rec.close().unwrap();
+    let trace = kvtrail::trace::Trace::open(&t).unwrap();
+    assert_eq!(trace.kv_files.len(), 2, "{:?}", trace.kv_files);
+    for f in &trace.kv_files {
+        let r = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(f).unwrap())
+            .unwrap();
+        use parquet::file::reader::FileReader;
+        assert!(r.metadata().num_row_groups() <= kvtrail::trace::write::MAX_PART_ROW_GROUPS);
+    }
+    let v = Verdicts::of(&t);
+    assert_eq!(v.verify.code, 0, "{}", v.show());
 }

@@ -316,29 +316,10 @@ fn parse_request(o: &Obj) -> Result<JsonlRecord, LineError> {
 }
 
 /// Reads a deployment file: either the `deployment` object of trace.json,
-/// or a whole trace.json manifest (its `deployment` is used).
+/// or a whole trace.json manifest (its `deployment` is used), read by
+/// trace.json's own rules ([`Deployment::load`]).
 pub fn load_deployment(path: &Path) -> Result<Deployment> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let value: Value = serde_json::from_str(&text).map_err(|e| {
-        Error::invalid(
-            Location::file(path),
-            format!("not valid JSON: {e}"),
-            "pass the `deployment` object of trace.json, or a whole trace.json",
-        )
-    })?;
-    let dep_value = match value.get("deployment") {
-        Some(d) => d.clone(),
-        None => value,
-    };
-    let dep: Deployment = serde_json::from_value(dep_value).map_err(|e| {
-        Error::invalid(
-            Location::file(path),
-            format!("not a deployment: {e}"),
-            "a deployment has context_window and pools [{id, role, capacity_tokens, page_size}] (docs/trace-format.md)",
-        )
-    })?;
-    dep.validate(path)?;
-    Ok(dep)
+    Deployment::load(path)
 }
 
 /// How `ingest` treats malformed lines.

@@ -12,7 +12,12 @@
 //! itself, and which of the two is wrong cannot be known, so it is an error
 //! naming the file, the row and the column rather than a silent choice.
 //! Folders whose key is not a column of the table (`date=...`) are ignored.
+//! Two folders of one key on one path (`kv/pool=0/pool=1/`) contradict each
+//! other in the same way unless they say the same value: an error naming
+//! both. A folder value the column's type cannot hold (`pool=%ZZ`) is an
+//! error naming the folder and the value, not the column's type.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,14 +31,32 @@ use crate::error::{Error, Location, Result};
 /// Hive's spelling of a null partition value.
 const HIVE_NULL: &str = "__HIVE_DEFAULT_PARTITION__";
 
+/// One `key=value` folder above a data file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HivePair {
+    pub key: String,
+    /// The decoded value; `None` is Hive's null.
+    pub value: Option<String>,
+    /// The folder's name as it is on disk (`pool=%ZZ`).
+    pub folder: String,
+}
+
 /// The `key=value` folders between the table root (`kv/` or `requests/`)
-/// and the file, outermost first; a value of `None` is Hive's null.
-pub(crate) type HivePairs = Vec<(String, Option<String>)>;
+/// and the file, outermost first, one per key.
+pub(crate) type HivePairs = Vec<HivePair>;
+
+/// Field metadata of a column filled in from a folder: the folder's name.
+pub(crate) const FOLDER_META: &str = "kvtrail.hive_folder";
+/// Field metadata of a column filled in from a folder: its decoded value
+/// (absent for Hive's null).
+pub(crate) const VALUE_META: &str = "kvtrail.hive_value";
 
 /// Hive pairs of `path`: folder names of the form `key=value` below the
 /// nearest ancestor named `kv` or `requests`, keeping only keys in `names`.
-pub(crate) fn pairs(path: &Path, names: &[&str]) -> HivePairs {
-    let mut out = Vec::new();
+/// Two folders of one key that say different values are an error naming
+/// both.
+pub(crate) fn pairs(path: &Path, names: &[&str]) -> Result<HivePairs> {
+    let mut out: HivePairs = Vec::new();
     let mut dir = path.parent();
     while let Some(d) = dir {
         let Some(name) = d.file_name().and_then(|n| n.to_str()) else {
@@ -44,15 +67,34 @@ pub(crate) fn pairs(path: &Path, names: &[&str]) -> HivePairs {
         }
         if let Some((k, v)) = name.split_once('=')
             && names.contains(&k)
-            && !out.iter().any(|(key, _): &(String, _)| key == k)
         {
             let v = percent_decode(v);
-            out.push((k.to_string(), (v != HIVE_NULL).then_some(v)));
+            let pair = HivePair {
+                key: k.to_string(),
+                value: (v != HIVE_NULL).then_some(v),
+                folder: name.to_string(),
+            };
+            match out.iter().find(|p| p.key == k) {
+                None => out.push(pair),
+                Some(inner) if inner.value == pair.value => {}
+                Some(inner) => {
+                    return Err(Error::invalid(
+                        Location::file(path).column(k),
+                        format!(
+                            "the file lies in folders `{}` and `{}`, which give column `{k}` different values",
+                            pair.folder, inner.folder
+                        ),
+                        format!(
+                            "which folder is right cannot be known: keep one `{k}=` folder on the file's path, or write the column into the file"
+                        ),
+                    ));
+                }
+            }
         }
         dir = d.parent();
     }
     out.reverse();
-    out
+    Ok(out)
 }
 
 /// Hive writers escape `/`, `=`, `%` and a few others as `%XX`.
@@ -98,9 +140,9 @@ fn constant(value: &Option<String>, rows: usize) -> ArrayRef {
 /// batch's own row checks, so a row that is wrong in itself (an unknown pool
 /// id) is named for that first.
 pub(crate) fn check(batch: &RecordBatch, path: &Path, row0: u64, hive: &HivePairs) -> Result<()> {
-    for (key, value) in hive {
-        if let Some(col) = batch.column_by_name(key) {
-            check_agrees(col, key, value, path, row0)?;
+    for p in hive {
+        if let Some(col) = batch.column_by_name(&p.key) {
+            check_agrees(col, &p.key, &p.value, path, row0)?;
         }
     }
     Ok(())
@@ -114,10 +156,16 @@ pub(crate) fn fill(batch: RecordBatch, path: &Path, hive: &HivePairs) -> Result<
     let rows = batch.num_rows();
     let mut fields: Vec<Arc<Field>> = batch.schema().fields().iter().cloned().collect();
     let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
-    for (key, value) in hive {
-        if batch.column_by_name(key).is_none() {
-            let c = constant(value, rows);
-            fields.push(Arc::new(Field::new(key, c.data_type().clone(), true)));
+    for p in hive {
+        if batch.column_by_name(&p.key).is_none() {
+            let c = constant(&p.value, rows);
+            let mut meta = HashMap::from([(FOLDER_META.to_string(), p.folder.clone())]);
+            if let Some(v) = &p.value {
+                meta.insert(VALUE_META.to_string(), v.clone());
+            }
+            fields.push(Arc::new(
+                Field::new(&p.key, c.data_type().clone(), true).with_metadata(meta),
+            ));
             cols.push(c);
         }
     }
@@ -191,19 +239,42 @@ fn check_agrees(
 mod tests {
     use super::*;
 
+    fn pair(key: &str, value: Option<&str>, folder: &str) -> HivePair {
+        HivePair {
+            key: key.to_string(),
+            value: value.map(str::to_string),
+            folder: folder.to_string(),
+        }
+    }
+
     #[test]
     fn pairs_below_the_table_root() {
         let p = Path::new("/t/run=3/trace/kv/date=x/pool=1/sub/part=2/f.parquet");
         assert_eq!(
-            pairs(p, &["pool", "seq"]),
-            vec![("pool".to_string(), Some("1".to_string()))]
+            pairs(p, &["pool", "seq"]).unwrap(),
+            vec![pair("pool", Some("1"), "pool=1")]
         );
         let p = Path::new("/t/trace/requests/tenant=a%2Fb/f.parquet");
         assert_eq!(
-            pairs(p, &["tenant"]),
-            vec![("tenant".to_string(), Some("a/b".to_string()))]
+            pairs(p, &["tenant"]).unwrap(),
+            vec![pair("tenant", Some("a/b"), "tenant=a%2Fb")]
         );
         let p = Path::new("/t/trace/kv/pool=__HIVE_DEFAULT_PARTITION__/f.parquet");
-        assert_eq!(pairs(p, &["pool"]), vec![("pool".to_string(), None)]);
+        assert_eq!(
+            pairs(p, &["pool"]).unwrap(),
+            vec![pair("pool", None, "pool=__HIVE_DEFAULT_PARTITION__")]
+        );
+    }
+
+    #[test]
+    fn nested_folders_of_one_key_agree_or_are_refused() {
+        let p = Path::new("/t/kv/pool=1/pool=%31/f.parquet");
+        assert_eq!(
+            pairs(p, &["pool"]).unwrap(),
+            vec![pair("pool", Some("1"), "pool=%31")]
+        );
+        let p = Path::new("/t/kv/pool=0/pool=1/f.parquet");
+        let e = pairs(p, &["pool"]).unwrap_err().to_string();
+        assert!(e.contains("`pool=0`") && e.contains("`pool=1`"), "{e}");
     }
 }

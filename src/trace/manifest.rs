@@ -17,6 +17,33 @@ use crate::trace::files;
 /// 128 levels is refused by the JSON parser.
 pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
+/// The text of trace.json (or a deployment file): UTF-8; a byte-order mark
+/// (Windows editors, PowerShell) is no JSON, but says nothing about the
+/// trace either, so it is skipped.
+fn text(bytes: Vec<u8>, path: &Path) -> Result<String> {
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::invalid(
+            Location::file(path),
+            format!("not valid UTF-8: {e}"),
+            "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
+        )
+    })?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
+}
+
+fn json(text: &str, path: &Path, hint: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| {
+        Error::invalid(
+            Location::file(path),
+            format!("not valid JSON: {e}"),
+            hint.to_string(),
+        )
+    })
+}
+
 /// Role of a KV pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -89,6 +116,33 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// Reads a deployment file (`--deployment` of `ingest` and `record`):
+    /// the `deployment` object of trace.json, or a whole trace.json (an
+    /// object with a `deployment` key). Read by trace.json's rules: a
+    /// regular file of at most [`MAX_MANIFEST_BYTES`], UTF-8 with an
+    /// optional byte-order mark; a whole trace.json is checked as
+    /// [`Manifest::load`] checks it (format, version, shape).
+    pub fn load(path: &Path) -> Result<Deployment> {
+        let bytes = files::read_limited(path, MAX_MANIFEST_BYTES, "a deployment file")?;
+        let value = json(
+            &text(bytes, path)?,
+            path,
+            "pass the `deployment` object of trace.json, or a whole trace.json",
+        )?;
+        if value.get("deployment").is_some() {
+            return Ok(Manifest::from_value(value, path)?.deployment);
+        }
+        let dep: Deployment = serde_json::from_value(value).map_err(|e| {
+            Error::invalid(
+                Location::file(path),
+                format!("not a deployment: {e}"),
+                "a deployment has context_window and pools [{id, role, capacity_tokens, page_size}] (docs/trace-format.md)",
+            )
+        })?;
+        dep.validate(path)?;
+        Ok(dep)
+    }
+
     pub fn pool(&self, id: u16) -> Option<&Pool> {
         self.pools.iter().find(|p| p.id == id)
     }
@@ -200,29 +254,26 @@ impl Manifest {
         }
         files::inside(&files::root(dir)?, &path)?;
         let bytes = files::read_limited(&path, MAX_MANIFEST_BYTES, "trace.json")?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            Error::invalid(
-                Location::file(&path),
-                format!("not valid UTF-8: {e}"),
-                "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
-            )
-        })?;
-        // A byte-order mark (Windows editors, PowerShell) is no JSON, but
-        // says nothing about the trace either.
-        Self::parse(text.strip_prefix('\u{feff}').unwrap_or(&text), &path)
+        Self::parse(&text(bytes, &path)?, &path)
     }
 
     /// Parses manifest text; `path` is used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest> {
+        Self::from_value(
+            json(
+                text,
+                path,
+                "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
+            )?,
+            path,
+        )
+    }
+
+    /// Checks a parsed trace.json: format and version, shape, deployment,
+    /// `files` paths.
+    fn from_value(value: serde_json::Value, path: &Path) -> Result<Manifest> {
         // Check format and version before the full shape, so an unknown
         // version gets the right message even if other keys changed too.
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Error::invalid(
-                Location::file(path),
-                format!("not valid JSON: {e}"),
-                "trace.json must be a UTF-8 JSON object (see docs/trace-format.md)",
-            )
-        })?;
         match value.get("format").and_then(|v| v.as_str()) {
             Some(FORMAT_NAME) => {}
             other => {

@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
     ParquetRecordBatchReaderBuilder,
 };
+use parquet::file::metadata::ParquetStatisticsPolicy;
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
@@ -136,13 +138,82 @@ pub fn list_parquet(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(walk.data_files())
 }
 
+/// The most row groups kvtrail reads in one Parquet file. Each row group
+/// costs its metadata (held while the file is open) and a column reader
+/// per projected column as it is read, so a file of many tiny row groups
+/// costs memory and time with the number of row groups, not of rows: an
+/// 83 MB file of 50,000 one-row row groups took 0.6 GB and 13 s to scope.
+/// Writers cut row groups of thousands to millions of rows (the Recorder
+/// also starts a new part file at [`crate::trace::write::MAX_PART_ROW_GROUPS`]),
+/// so real files stay far below this.
+pub const MAX_ROW_GROUPS: usize = 10_000;
+
+/// The largest Parquet footer (the file's metadata) kvtrail decodes:
+/// 16 MiB, checked from the file's last 8 bytes before decoding. 10,000
+/// row groups of the 11 kv columns take about 9 MiB.
+pub const MAX_FOOTER_BYTES: u64 = 16 << 20;
+
+/// Reader options: the column, encoding and size statistics of the footer
+/// are not decoded (kvtrail checks every row itself and never uses them),
+/// which is most of the metadata's memory.
+fn reader_options() -> ArrowReaderOptions {
+    ArrowReaderOptions::new()
+        .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
+        .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
+        .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll)
+}
+
+fn too_many(path: &Path, what: String) -> Error {
+    Error::invalid(
+        Location::file(path),
+        what,
+        "rewrite the file with fewer, larger row groups (e.g. pyarrow `write_table(..., row_group_size=1_000_000)` or DuckDB `COPY`); see docs/limits.md",
+    )
+}
+
+/// Opens a Parquet data file and decodes its footer, within
+/// [`MAX_FOOTER_BYTES`] and [`MAX_ROW_GROUPS`].
+fn open_parquet(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
+    let mut file = files::open_regular(path)?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len >= 12 {
+        let mut tail = [0u8; 8];
+        file.seek(SeekFrom::End(-8))
+            .and_then(|_| file.read_exact(&mut tail))
+            .and_then(|_| file.seek(SeekFrom::Start(0)))
+            .map_err(|e| Error::io(path, e))?;
+        let footer = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
+        if &tail[4..] == b"PAR1" && footer > MAX_FOOTER_BYTES {
+            return Err(too_many(
+                path,
+                format!(
+                    "its Parquet footer (metadata) is {footer} bytes, more than the {MAX_FOOTER_BYTES} bytes kvtrail decodes"
+                ),
+            ));
+        }
+    }
+    let meta = ArrowReaderMetadata::load(&file, reader_options())
+        .map_err(|e| Error::parquet(Location::file(path), e))?;
+    let groups = meta.metadata().num_row_groups();
+    if groups > MAX_ROW_GROUPS {
+        return Err(too_many(
+            path,
+            format!(
+                "has {groups} row groups, more than the {MAX_ROW_GROUPS} kvtrail reads in one file"
+            ),
+        ));
+    }
+    Ok((file, meta))
+}
+
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = files::open_regular(path)?;
     guard(
         || Location::file(path),
         || {
-            ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| Error::parquet(Location::file(path), e))
+            let (file, meta) = open_parquet(path)?;
+            Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
+                file, meta,
+            ))
         },
     )
 }
@@ -164,9 +235,7 @@ fn open_builder_dict_inner(
     path: &Path,
     dict_col: &str,
 ) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = files::open_regular(path)?;
-    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-        .map_err(|e| Error::parquet(Location::file(path), e))?;
+    let (file, meta) = open_parquet(path)?;
     let schema = meta.schema().clone();
     if let Ok(i) = schema.index_of(dict_col) {
         let f = schema.field(i);
@@ -186,7 +255,7 @@ fn open_builder_dict_inner(
             let supplied = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
             if let Ok(m2) = ArrowReaderMetadata::try_new(
                 meta.metadata().clone(),
-                ArrowReaderOptions::new().with_schema(supplied),
+                reader_options().with_schema(supplied),
             ) {
                 return Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(file, m2));
             }
@@ -211,7 +280,7 @@ fn project(
     for name in required.iter().chain(optional) {
         match schema.fields().iter().position(|f| f.name() == name) {
             Some(i) => roots.push(i),
-            None if required.contains(name) && !hive.iter().any(|(k, _)| k == name) => {
+            None if required.contains(name) && !hive.iter().any(|p| p.key == *name) => {
                 return Err(Error::invalid(
                     Location::file(path).column(name),
                     format!("required column `{name}` is missing"),
@@ -240,15 +309,52 @@ struct Col<'a> {
     name: &'static str,
     row0: u64,
     arr: Option<&'a ArrayRef>,
+    /// For a column the file lacks, filled in from a Hive folder: the
+    /// folder's name and its value (None: Hive's null).
+    folder: Option<(String, Option<String>)>,
 }
 
 impl<'a> Col<'a> {
     fn get(batch: &'a RecordBatch, path: &'a Path, row0: u64, name: &'static str) -> Col<'a> {
+        let folder = batch.schema_ref().field_with_name(name).ok().and_then(|f| {
+            let m = f.metadata();
+            Some((
+                m.get(hive::FOLDER_META)?.clone(),
+                m.get(hive::VALUE_META).cloned(),
+            ))
+        });
         Col {
             path,
             name,
             row0,
             arr: batch.column_by_name(name),
+            folder,
+        }
+    }
+
+    /// A column filled in from a Hive folder holds the folder's value in
+    /// every row, so any error in it is the folder's: it names the folder
+    /// and the value instead of a row and the column's type.
+    fn blame_folder<T>(&self, res: Result<T>, expected: &str) -> Result<T> {
+        match (&res, &self.folder) {
+            (Err(_), Some((folder, value))) => {
+                let value = match value {
+                    Some(v) => format!("{v:?}"),
+                    None => "null".to_string(),
+                };
+                Err(Error::invalid(
+                    Location::file(self.path).column(self.name),
+                    format!(
+                        "the file lies in folder `{folder}`, which gives column `{}` the value {value}: not a {expected}",
+                        self.name
+                    ),
+                    format!(
+                        "rename the folder to `{}=` and a value of the contract's type (docs/trace-format.md), or write the column into the file",
+                        self.name
+                    ),
+                ))
+            }
+            _ => res,
         }
     }
 
@@ -272,6 +378,13 @@ impl<'a> Col<'a> {
 
     /// Errors on the first null if the column is declared non-null.
     fn check_no_nulls(&self) -> Result<()> {
+        self.blame_folder(
+            self.check_no_nulls_inner(),
+            "value (the column is non-null)",
+        )
+    }
+
+    fn check_no_nulls_inner(&self) -> Result<()> {
         if let Some(a) = self.arr
             && let Some(nb) = a.logical_nulls()
             && nb.null_count() > 0
@@ -294,6 +407,13 @@ impl<'a> Col<'a> {
     /// Any integer type is accepted if the values fit (writers differ in
     /// integer widths); other types are an error.
     fn ints<T>(&self, expected: &str) -> Result<Cow<'a, [T]>>
+    where
+        T: ArrowNativeTypeExt,
+    {
+        self.blame_folder(self.ints_inner(expected), expected)
+    }
+
+    fn ints_inner<T>(&self, expected: &str) -> Result<Cow<'a, [T]>>
     where
         T: ArrowNativeTypeExt,
     {
@@ -338,6 +458,7 @@ impl<'a> Col<'a> {
                     name: self.name,
                     row0: self.row0,
                     arr: Some(&plain),
+                    folder: None,
                 };
                 Ok(Cow::Owned(col.ints::<T>(expected)?.into_owned()))
             }
@@ -393,7 +514,16 @@ impl<'a> Col<'a> {
 
     /// String column (Utf8, LargeUtf8, Utf8View or a dictionary of them).
     fn strings(&self) -> Result<Vec<Option<String>>> {
+        self.blame_folder(self.strings_inner(), "Utf8")
+    }
+
+    fn strings_inner(&self) -> Result<Vec<Option<String>>> {
         let a = self.arr.expect("column present");
+        // A folder's value is text as written (`tenant=007/` is "007"),
+        // though the folder column is an integer when it parses as one.
+        if let Some((_, value)) = &self.folder {
+            return Ok(vec![value.clone(); a.len()]);
+        }
         let is_str = |dt: &DataType| {
             matches!(
                 dt,
@@ -418,6 +548,10 @@ impl<'a> Col<'a> {
 
     /// The op column as codes: dictionary values are parsed once.
     fn ops(&self) -> Result<Vec<Op>> {
+        self.blame_folder(self.ops_inner(), "op")
+    }
+
+    fn ops_inner(&self) -> Result<Vec<Op>> {
         let a = self.arr.expect("column present");
         let bad = |row: usize, v: &str| {
             Error::invalid(
@@ -432,6 +566,7 @@ impl<'a> Col<'a> {
                 name: self.name,
                 row0: self.row0,
                 arr: Some(dict.values()),
+                folder: None,
             }
             .strings()?;
             let codes: Vec<Option<Op>> = values
@@ -485,6 +620,10 @@ impl<'a> Col<'a> {
 
     /// FixedSizeBinary(32) (or Binary of 32-byte values).
     fn hashes(&self) -> Result<Vec<Option<[u8; 32]>>> {
+        self.blame_folder(self.hashes_inner(), "FixedSizeBinary(32)")
+    }
+
+    fn hashes_inner(&self) -> Result<Vec<Option<[u8; 32]>>> {
         let a = self.arr.expect("column present");
         let mut out = Vec::with_capacity(a.len());
         let mut push = |i: usize, v: Option<&[u8]>| -> Result<()> {
@@ -592,7 +731,7 @@ const KV_OPTIONAL: [&str; 4] = [
 impl KvFileReader {
     pub fn open(path: &Path, deployment: &Deployment) -> Result<Self> {
         let builder = open_builder_dict(path, kv_col::OP)?;
-        let hive = hive::pairs(path, &[&KV_REQUIRED[..], &KV_OPTIONAL[..]].concat());
+        let hive = hive::pairs(path, &[&KV_REQUIRED[..], &KV_OPTIONAL[..]].concat())?;
         let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL, &hive)?;
         Ok(KvFileReader {
             cur: Cursor::new(path, hive, reader),
@@ -649,13 +788,14 @@ impl KvFileReader {
         let (tpn, spn, ssn, sqn) = (ctp.nulls(), csp.nulls(), css.nulls(), csq.nulls());
         let n = batch.num_rows();
         let mut out = Vec::with_capacity(n);
-        let mut last_pool = (u16::MAX, 0u64);
+        // (pool, capacity) of the previous row: rows of one pool come in
+        // runs. None before the first row (every u16 is a valid pool id).
+        let mut last_pool: Option<(u16, u64)> = None;
         for i in 0..n {
             let loc = |col: &str| Location::file(p).row(r0 + i as u64).column(col);
-            let cap = if pool[i] == last_pool.0 {
-                Some(last_pool.1)
-            } else {
-                self.capacity(pool[i])
+            let cap = match last_pool {
+                Some((id, cap)) if id == pool[i] => Some(cap),
+                _ => self.capacity(pool[i]),
             }
             .ok_or_else(|| {
                 Error::invalid(
@@ -664,7 +804,7 @@ impl KvFileReader {
                     "every pool id must be listed in trace.json deployment.pools",
                 )
             })?;
-            last_pool = (pool[i], cap);
+            last_pool = Some((pool[i], cap));
             check_seq(loc(kv_col::SEQ), seq[i])?;
             if rid[i] > MAX_REQUEST_ID {
                 return Err(reserved_id(loc(kv_col::REQUEST_ID), rid[i]));
@@ -865,7 +1005,7 @@ pub struct RequestFileReader {
 impl RequestFileReader {
     pub fn open(path: &Path) -> Result<Self> {
         let builder = open_builder(path)?;
-        let hive = hive::pairs(path, &[&REQ_REQUIRED[..6], &REQ_OPTIONAL[..]].concat());
+        let hive = hive::pairs(path, &[&REQ_REQUIRED[..6], &REQ_OPTIONAL[..]].concat())?;
         let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL, &hive)?;
         Ok(RequestFileReader {
             cur: Cursor::new(path, hive, reader),
@@ -992,7 +1132,7 @@ impl KvIndexReader {
         let builder = open_builder(path)?;
         let required = [kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT];
         let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
-        let hive = hive::pairs(path, &[&required[..], &optional[..]].concat());
+        let hive = hive::pairs(path, &[&required[..], &optional[..]].concat())?;
         let reader = project(path, builder, &required, &optional, &hive)?;
         Ok(KvIndexReader {
             cur: Cursor::new(path, hive, reader),

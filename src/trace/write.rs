@@ -246,6 +246,13 @@ struct OpenPart {
     rows: u64,
 }
 
+/// Row groups after which a part file is closed even below
+/// `rotate_bytes`: a capture that flushes small batches once a second (the
+/// `record` sidecar on a quiet engine) would otherwise write files of tens
+/// of thousands of tiny row groups, which readers pay for per row group
+/// (see [`crate::trace::read::MAX_ROW_GROUPS`]).
+pub const MAX_PART_ROW_GROUPS: usize = 4_096;
+
 /// Writes one table stream (e.g. `kv/pool=1`) as rotated part files.
 pub struct PartWriter {
     root: PathBuf,
@@ -302,6 +309,7 @@ impl PartWriter {
         if batch.num_rows() == 0 {
             return Ok(None);
         }
+        let rotate_bytes = self.opts.rotate_bytes;
         let part = self.open_part()?;
         part.writer
             .write(batch)
@@ -310,7 +318,9 @@ impl PartWriter {
             .flush()
             .map_err(|e| Error::parquet(Location::file(&part.tmp), e))?;
         part.rows += batch.num_rows() as u64;
-        if part.writer.bytes_written() as u64 >= self.opts.rotate_bytes {
+        if part.writer.bytes_written() as u64 >= rotate_bytes
+            || part.writer.flushed_row_groups().len() >= MAX_PART_ROW_GROUPS
+        {
             return self.finish_part();
         }
         Ok(None)

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
-use kvtrail::report::text::term;
+use kvtrail::report::text::{term, term_message};
 use kvtrail::trace::verify::verify;
 
 #[derive(clap::Args, Debug)]
@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "FAIL {:<12} {}: {}",
                 p.kind,
                 term(&p.path),
-                term(&p.detail)
+                term_message(&p.detail)
             )?;
         }
         writeln!(
