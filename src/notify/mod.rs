@@ -355,10 +355,13 @@ pub fn notify(
         ));
     }
     custody::prepare_out(out, "notify", &[scope_dir], force)?;
-    // Re-checks the whole scope folder against its evidence.json first.
+    // A shard's findings cover some pools only: refused before anything
+    // else, whatever state its folder is in.
+    let (sum, summary_digest) = read_summary(scope_dir)?;
+    crate::scope::merge::refuse_shard(scope_dir, &sum, "notify")?;
+    // Re-checks the whole scope folder against its evidence.json.
     let scope_inputs = custody::folder_inputs(scope_dir, "scope")?;
     let (_, evidence_digest) = custody::load_evidence(scope_dir)?;
-    let (sum, summary_digest) = read_summary(scope_dir)?;
 
     // Per-customer facts.
     let mut received: BTreeMap<String, Vec<ReceivedResponse>> = BTreeMap::new();

@@ -233,6 +233,10 @@ pub struct Coverage {
     /// and `*.parquet` under a name starting with `_` or `.`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_unread: Vec<String>,
+    /// Set only in a shard's report (`scope --pools`): the pools it
+    /// reports. A shard is never complete evidence (`scope::merge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_pools: Option<Vec<u16>>,
     pub notes: Vec<String>,
 }
 
