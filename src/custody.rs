@@ -553,8 +553,7 @@ fn is_digest(s: &str) -> bool {
 /// `..`, `.`, empty or absolute part).
 fn is_inner_path(s: &str) -> bool {
     !s.is_empty()
-        && s.split('/')
-            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'))
+        && s.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
         && Path::new(s)
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)))
@@ -565,9 +564,7 @@ fn is_inner_path(s: &str) -> bool {
 fn is_input_root(s: &str) -> bool {
     let parts: Vec<&str> = s.split('/').collect();
     parts.first() == Some(&"..")
-        && parts
-            .iter()
-            .all(|c| !c.is_empty() && *c != "." && !c.contains('\\'))
+        && parts.iter().all(|c| !c.is_empty() && *c != ".")
         && !Path::new(s).is_absolute()
 }
 

@@ -428,14 +428,14 @@ fn merged_folder_keeps_the_chain_of_custody() {
     put_json(&s1.join("summary.json"), &sum);
     assert_eq!(kvtrail(&["verify", s(&m)]).status.code(), Some(1));
     // lookup and notify accept it and answer as on the single run.
-    for (id, want) in [("ext-2", "\"affected\""), ("ext-1", "\"affected\"")] {
+    for id in ["ext-2", "ext-1"] {
         let a = kvtrail(&["lookup", s(&m), "--json", "--external-id", id]);
         let b = kvtrail(&["lookup", s(&single), "--json", "--external-id", id]);
         ok(&b);
         let (a, b) = (json_of(&a.stdout), json_of(&b.stdout));
         assert_eq!(a["status"], b["status"]);
         assert_eq!(a["matches"], b["matches"]);
-        assert!(a["status"].to_string() == want, "{a}");
+        assert_eq!(a["status"], "affected", "{a}");
     }
     ok(&kvtrail(&[
         "notify",
