@@ -452,6 +452,17 @@ pub fn notify(
 
     let tenants: BTreeSet<String> = received.keys().chain(exposed.keys()).cloned().collect();
     let folders = folder_names(&tenants);
+    // One folder per customer, whatever `folder_names` returns: a pack is
+    // never written over another customer's.
+    let mut taken = BTreeSet::new();
+    if let Some(f) = folders
+        .values()
+        .find(|f| !taken.insert(f.to_ascii_lowercase()))
+    {
+        return Err(Error::Other(format!(
+            "notify: two customers would share the pack folder customers/{f}; nothing was written"
+        )));
+    }
     let packs: Vec<Pack> = tenants
         .iter()
         .map(|t| Pack {
