@@ -578,3 +578,23 @@ fn a_tenant_named_like_another_tenants_hashed_folder_gets_its_own_pack() {
         }
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn an_output_replaced_by_a_symbolic_link_is_reported_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_folder(root);
+    std::fs::write(root.join("secret"), "not evidence").unwrap();
+    let secret = blake3::hash(b"not evidence").to_hex().to_string();
+    std::fs::remove_file(root.join("scope/timeline.json")).unwrap();
+    std::os::unix::fs::symlink("../secret", root.join("scope/timeline.json")).unwrap();
+    let o = kvtrail(root, &["verify", "scope"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("timeline.json") && out.contains("symbolic link"),
+        "{out}"
+    );
+    assert!(!out.contains(&secret[..16]), "the link was followed: {out}");
+}
