@@ -10,6 +10,14 @@
 //! other file in the folder (recursively), so nothing can be added, changed
 //! or removed without `verify_folder` noticing.
 //!
+//! evidence.json is input like any other when it is read back: `load_evidence`
+//! refuses a record whose digests are not blake3 hex, whose file paths are
+//! absolute, contain `..` or name evidence.json itself, or whose input roots
+//! do not lead out of the folder (a root must begin with `..`: an input is
+//! never inside the output). `verify_folder` follows input folders at most
+//! `MAX_NESTING` deep, and refuses a root that names the folder itself, a
+//! folder holding it, or one already being verified (a cycle).
+//!
 //! Output folders: `prepare_out` is the one rule for every command that
 //! writes a folder (never inside its input, never over unrelated files;
 //! an earlier output of the same kind and input only with `--force`);
@@ -28,6 +36,14 @@ use crate::trace::manifest::Manifest;
 
 /// File name of the custody record inside an output folder.
 pub const EVIDENCE_JSON: &str = "evidence.json";
+
+/// How many input folders deep `verify_folder` follows evidence.json
+/// records (a notify folder of a merged scope folder of shards of a trace
+/// is 3 deep).
+pub const MAX_NESTING: usize = 8;
+
+/// The input kinds an evidence record may name.
+const INPUT_KINDS: [&str; 3] = ["trace", "scope", "config"];
 
 /// One hashed file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -405,17 +421,37 @@ pub fn folder_inputs(dir: &Path, kind: &str) -> Result<Inputs> {
             "run `kvtrail verify` on the folder; re-create it from the original input instead of editing it",
         ));
     }
-    let mut files = Vec::new();
-    for r in list_files(dir)? {
-        let (h, b) = hash_file(&dir.join(&r))?;
-        files.push(FileDigest {
-            path: r,
-            bytes: b,
-            blake3: h,
+    // Every file was just re-hashed and matches the record (and nothing
+    // else is there): the record's digests are the files' digests, so
+    // each file is read once, not twice.
+    let (ev, digest) = load_evidence(dir)?;
+    if digest != rep.evidence_blake3 {
+        return Err(Error::invalid(
+            Location::file(&dir.join(EVIDENCE_JSON)),
+            "evidence.json changed while the folder was being checked",
+            "run the command again once nothing writes to the folder",
+        ));
+    }
+    let ev_bytes = std::fs::metadata(dir.join(EVIDENCE_JSON))
+        .map_err(|e| Error::io(&dir.join(EVIDENCE_JSON), e))?
+        .len();
+    let mut files: Vec<FileDigest> = ev
+        .outputs
+        .into_iter()
+        .map(|f| FileDigest {
             manifest_blake3: None,
             matches_manifest: None,
-        });
-    }
+            ..f
+        })
+        .collect();
+    files.push(FileDigest {
+        path: EVIDENCE_JSON.into(),
+        bytes: ev_bytes,
+        blake3: digest,
+        manifest_blake3: None,
+        matches_manifest: None,
+    });
+    files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(Inputs {
         kind: kind.into(),
         root: abs(dir),
@@ -541,7 +577,107 @@ pub fn load_evidence(dir: &Path) -> Result<(Evidence, String)> {
             "use the kvtrail version that wrote the folder",
         ));
     }
+    check_record(&ev, &p)?;
     Ok((ev, blake3::hash(&bytes).to_hex().to_string()))
+}
+
+fn bad_record(p: &Path, key: &str, what: String) -> Error {
+    Error::invalid(
+        Location::file(p).column(key),
+        what,
+        "evidence.json is written by kvtrail and never edited; re-create the folder from its input with the command it records",
+    )
+}
+
+/// Whether `s` is a blake3 digest as kvtrail writes it (64 hex digits).
+fn is_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A file path inside its root: relative, `/`-separated names only (no
+/// `..`, `.`, empty or absolute part).
+fn is_inner_path(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+        && Path::new(s)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// An input root: relative and leading out of the folder (`..` first, then
+/// `..` or names).
+fn is_input_root(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('/').collect();
+    parts.first() == Some(&"..")
+        && parts.iter().all(|c| !c.is_empty() && *c != ".")
+        && !Path::new(s).is_absolute()
+}
+
+/// The shape rules of an evidence record read back from disk; the key of
+/// the first violation is named.
+fn check_record(ev: &Evidence, p: &Path) -> Result<()> {
+    let files = |key: &str, files: &[FileDigest], outputs: bool| -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, f) in files.iter().enumerate() {
+            if !is_inner_path(&f.path) {
+                return Err(bad_record(
+                    p,
+                    &format!("{key}[{i}].path"),
+                    format!(
+                        "{:?} is not a path inside the folder (absolute paths, `..` and `.` are refused; nothing outside the folder is opened)",
+                        f.path
+                    ),
+                ));
+            }
+            if outputs && f.path == EVIDENCE_JSON {
+                return Err(bad_record(
+                    p,
+                    &format!("{key}[{i}].path"),
+                    "evidence.json cannot list itself".into(),
+                ));
+            }
+            if !seen.insert(f.path.as_str()) {
+                return Err(bad_record(
+                    p,
+                    &format!("{key}[{i}].path"),
+                    format!("{:?} is listed twice", f.path),
+                ));
+            }
+            if !is_digest(&f.blake3) {
+                return Err(bad_record(
+                    p,
+                    &format!("{key}[{i}].blake3"),
+                    "not a blake3 digest (64 hex digits)".into(),
+                ));
+            }
+        }
+        Ok(())
+    };
+    files("outputs", &ev.outputs, true)?;
+    for (n, inp) in ev.inputs.iter().enumerate() {
+        if !INPUT_KINDS.contains(&inp.kind.as_str()) {
+            return Err(bad_record(
+                p,
+                &format!("inputs[{n}].kind"),
+                format!(
+                    "unknown input kind {:?} (expected one of {INPUT_KINDS:?})",
+                    inp.kind
+                ),
+            ));
+        }
+        if !is_input_root(&inp.root) {
+            return Err(bad_record(
+                p,
+                &format!("inputs[{n}].root"),
+                format!(
+                    "{:?} does not lead out of the folder (an input root is relative and begins with `..`; an input is never the folder itself or inside it)",
+                    inp.root
+                ),
+            ));
+        }
+        files(&format!("inputs[{n}].files"), &inp.files, false)?;
+    }
+    Ok(())
 }
 
 /// One difference found by `verify_folder`.
@@ -577,9 +713,16 @@ pub struct FolderReport {
 
 /// Checks every output file of a folder against evidence.json and, when
 /// `inputs` is set and the input roots are present, every input file too
-/// (recursing into input folders that have their own evidence.json).
+/// (recursing into input folders that have their own evidence.json, at most
+/// `MAX_NESTING` deep, never twice into one folder).
 pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
+    verify_nested(dir, inputs, &mut Vec::new())
+}
+
+fn verify_nested(dir: &Path, inputs: bool, stack: &mut Vec<PathBuf>) -> Result<FolderReport> {
     let (ev, digest) = load_evidence(dir)?;
+    let ev_path = dir.join(EVIDENCE_JSON);
+    let here = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
     let mut problems = Vec::new();
     let listed: BTreeMap<&str, &FileDigest> =
         ev.outputs.iter().map(|f| (f.path.as_str(), f)).collect();
@@ -600,13 +743,30 @@ pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
     let mut unavailable = Vec::new();
     let mut nested = Vec::new();
     let mut recorded = Vec::new();
-    for inp in &ev.inputs {
+    for (n, inp) in ev.inputs.iter().enumerate() {
         recorded.extend(inp.problems.iter().map(|p| format!("{}: {p}", inp.kind)));
+        let root_buf = dir.join(&inp.root);
+        let root = root_buf.as_path();
+        let key = format!("inputs[{n}].root");
+        let found = std::fs::canonicalize(root).ok();
+        if let Some(c) = &found {
+            // A folder is never its own input, nor inside one of its
+            // inputs' folders (a config file's folder excepted: it may
+            // hold the output folder).
+            if c.starts_with(&here) || (inp.kind != "config" && here.starts_with(c)) {
+                return Err(bad_record(
+                    &ev_path,
+                    &key,
+                    format!(
+                        "{:?} names this folder or a folder that holds it; a folder cannot be its own evidence",
+                        inp.root
+                    ),
+                ));
+            }
+        }
         if !inputs {
             continue;
         }
-        let root_buf = dir.join(&inp.root);
-        let root = root_buf.as_path();
         if !root.is_dir() {
             unavailable.push(inp.root.clone());
             continue;
@@ -616,7 +776,42 @@ pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
             check_file(root, f, "input", &inp.root, &mut problems)?;
         }
         if inp.kind == "scope" && root.join(EVIDENCE_JSON).is_file() {
-            nested.push(verify_folder(root, true)?);
+            // An input folder's record that is no longer one is a failed
+            // check of this folder (its digest is listed above), not an
+            // error: the chain is broken there.
+            if let Err(e) = load_evidence(root) {
+                problems.push(FolderProblem {
+                    side: "input".into(),
+                    path: format!("{}/{EVIDENCE_JSON}", inp.root.trim_end_matches('/')),
+                    kind: "modified".into(),
+                    detail: format!("not a valid evidence record: {e}"),
+                });
+                continue;
+            }
+            let c = found.unwrap_or_else(|| root.to_path_buf());
+            if c == here || stack.contains(&c) {
+                return Err(bad_record(
+                    &ev_path,
+                    &key,
+                    format!(
+                        "{:?} leads back to a folder already being verified: the folder cites itself through its inputs",
+                        inp.root
+                    ),
+                ));
+            }
+            if stack.len() + 1 >= MAX_NESTING {
+                return Err(bad_record(
+                    &ev_path,
+                    &key,
+                    format!(
+                        "input folders nest more than {MAX_NESTING} deep; kvtrail's own folders nest at most 3 deep"
+                    ),
+                ));
+            }
+            stack.push(here.clone());
+            let r = verify_nested(root, true, stack);
+            stack.pop();
+            nested.push(r?);
         }
     }
     problems.sort();
@@ -647,6 +842,16 @@ fn check_file(
     } else {
         format!("{}/{}", prefix.trim_end_matches('/'), f.path)
     };
+    // Outputs are the folder's own files: never followed through a link.
+    if side == "output" && std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "modified".into(),
+            detail: "a symbolic link where evidence.json lists a file (not followed)".into(),
+        });
+        return Ok(());
+    }
     if !p.is_file() {
         out.push(FolderProblem {
             side: side.into(),
@@ -657,7 +862,7 @@ fn check_file(
         return Ok(());
     }
     let (h, b) = hash_file(&p)?;
-    if h != f.blake3 {
+    if h != f.blake3 || b != f.bytes {
         out.push(FolderProblem {
             side: side.into(),
             path: shown,
@@ -666,7 +871,7 @@ fn check_file(
                 "blake3 {} ({} bytes) differs from evidence.json {} ({} bytes)",
                 &h[..16],
                 b,
-                &f.blake3[..16.min(f.blake3.len())],
+                f.blake3.get(..16).unwrap_or(&f.blake3),
                 f.bytes
             ),
         });

@@ -5,6 +5,14 @@
 //! answer names only the asking side's own identifiers (the other side is
 //! counted, never named) and carries the folder's evidence digest and
 //! whether the folder still matches its evidence.json.
+//!
+//! An external id or output hash is not unique across customers (two
+//! customers' clients may send the same id; identical short outputs have
+//! the same hash). A look-up restricted to the asking customer (`tenant`)
+//! sees only that customer's requests; one that is not, and matches
+//! requests of more than one customer, answers with counts only
+//! (`ambiguous`): no tenant name, request id or finding of anybody.
+//! A shard folder is refused (`scope::merge::refuse_shard`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -73,20 +81,31 @@ pub struct Match {
 pub struct Answer {
     pub query: String,
     /// not_found | affected | not_affected | not_affected_incomplete_evidence
+    /// | ambiguous
     pub status: String,
     pub message: String,
     pub requests_in_trace: u64,
     pub matches: Vec<Match>,
     /// Matches left out of `matches` (tenant queries list affected ones only).
     pub unaffected_matches: u64,
+    /// `ambiguous`: requests of more than one customer match; only counted.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ambiguous_matches: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ambiguous_customers: u64,
     pub evidence_blake3: String,
     pub evidence_intact: bool,
     pub evidence_problems: Vec<String>,
     pub evidence_complete: bool,
 }
 
-/// Answers a query from a scope folder.
-pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Answers a query from a scope folder; `only_tenant` restricts an
+/// external-id or output-hash query to the asking customer's requests.
+pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer> {
     if !dir.join(custody::EVIDENCE_JSON).is_file() || !dir.join("summary.json").is_file() {
         return Err(Error::invalid(
             Location::file(dir),
@@ -104,6 +123,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             "re-run `kvtrail scope TRACE --out DIR`",
         )
     })?;
+    crate::scope::merge::refuse_shard(dir, &sum, "lookup")?;
     let hash_q = match q {
         Query::OutputHash(h) => {
             let h = h.trim().to_ascii_lowercase();
@@ -145,6 +165,10 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             }
         }
     }
+    let what = match only_tenant {
+        Some(t) => format!("{} of tenant {t:?}", q.describe()),
+        None => q.describe(),
+    };
     let mut matches = Vec::new();
     let mut unaffected = 0u64;
     let mut n = 0u64;
@@ -154,7 +178,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
             Query::OutputHash(_) => row.output_hash.as_deref() == hash_q.as_deref(),
             Query::Tenant(t) => row.tenant == *t,
-        };
+        } && only_tenant.is_none_or(|t| row.tenant == t);
         if hit {
             let r = recv.get(&row.request_id).cloned();
             let s = src.get(&row.request_id).cloned();
@@ -178,6 +202,35 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
         true
     })?;
     let complete = sum.coverage.complete;
+    // Several customers behind one id or hash, and no asker named: counts
+    // only, so that no answer names one customer to another.
+    let customers: std::collections::BTreeSet<&str> =
+        matches.iter().map(|m| m.tenant.as_str()).collect();
+    if only_tenant.is_none() && !matches!(q, Query::Tenant(_)) && customers.len() > 1 {
+        return Ok(Answer {
+            query: what.clone(),
+            status: "ambiguous".into(),
+            message: format!(
+                "AMBIGUOUS: {} requests of {} different customers match {}; none is shown, so that no customer sees another's. Ask again with --tenant NAME, the asking customer's tenant, to see that customer's requests only.",
+                matches.len(),
+                customers.len(),
+                what
+            ),
+            requests_in_trace: n,
+            matches: Vec::new(),
+            unaffected_matches: 0,
+            ambiguous_matches: matches.len() as u64,
+            ambiguous_customers: customers.len() as u64,
+            evidence_blake3: check.evidence_blake3.clone(),
+            evidence_intact: check.ok,
+            evidence_problems: check
+                .problems
+                .iter()
+                .map(|p| format!("{} {}: {}", p.kind, p.path, p.detail))
+                .collect(),
+            evidence_complete: complete,
+        });
+    }
     let found = !matches.is_empty() || unaffected > 0;
     let any = matches.iter().any(|m| m.affected);
     let (status, message) = if !found {
@@ -185,7 +238,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             "not_found",
             format!(
                 "NOT FOUND: {} does not occur among the {n} requests of this trace. Not found is not 'not affected': the request may predate or postdate the capture, or have been served by a deployment this trace does not cover.",
-                q.describe()
+                what
             ),
         )
     } else if any {
@@ -194,7 +247,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             "affected",
             format!(
                 "AFFECTED: {k} matching request(s) of {} are affected (see each match for the side).",
-                q.describe()
+                what
             ),
         )
     } else if complete {
@@ -202,7 +255,7 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             "not_affected",
             format!(
                 "NOT AFFECTED: {} is in the trace and no exposure touches it; the evidence is complete.",
-                q.describe()
+                what
             ),
         )
     } else {
@@ -210,18 +263,20 @@ pub fn lookup(dir: &Path, q: &Query) -> Result<Answer> {
             "not_affected_incomplete_evidence",
             format!(
                 "NO EXPOSURE RECORDED for {}, but the evidence is INCOMPLETE ({} coverage notes): exposure cannot be ruled out.",
-                q.describe(),
+                what,
                 sum.coverage.notes.len()
             ),
         )
     };
     Ok(Answer {
-        query: q.describe(),
+        query: what.clone(),
         status: status.into(),
         message,
         requests_in_trace: n,
         matches,
         unaffected_matches: unaffected,
+        ambiguous_matches: 0,
+        ambiguous_customers: 0,
         evidence_blake3: check.evidence_blake3.clone(),
         evidence_intact: check.ok,
         evidence_problems: check

@@ -361,6 +361,244 @@ fn outputs_are_owner_only_under_a_permissive_umask() {
     }
 }
 
+fn edit_evidence(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("evidence.json");
+    let mut ev: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut ev);
+    std::fs::write(&p, serde_json::to_string(&ev).unwrap()).unwrap();
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A scope folder of `leak("acme", "globex")` under `root/scope`.
+fn scope_folder(root: &Path) {
+    leak("acme", "globex").record(&root.join("trace"));
+    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+}
+
+#[test]
+fn evidence_json_with_a_non_hex_blake3_is_refused_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_folder(root);
+    edit_evidence(&root.join("scope"), |ev| {
+        ev["outputs"][0]["blake3"] = format!("a{}", "é".repeat(20)).into();
+    });
+    for args in [
+        &["verify", "scope"][..],
+        &["notify", "scope", "--out", "packs"],
+        &["lookup", "scope", "--tenant", "acme"],
+    ] {
+        refused(&kvtrail(root, args), "outputs[0].blake3");
+    }
+}
+
+#[test]
+fn evidence_json_input_root_naming_its_own_folder_is_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_folder(root);
+    for (i, bad) in ["", ".", "./", "../scope-3"].iter().enumerate() {
+        let d = root.join(format!("scope-{i}"));
+        copy_dir(&root.join("scope"), &d);
+        edit_evidence(&d, |ev| {
+            ev["inputs"].as_array_mut().unwrap().push(
+                serde_json::json!({"kind": "scope", "root": bad, "files": [], "problems": []}),
+            );
+        });
+        let name = format!("scope-{i}");
+        let err = refused(&kvtrail(root, &["verify", &name]), "inputs[1].root");
+        assert!(err.len() < 4096, "{} bytes of error", err.len());
+        refused(
+            &kvtrail(root, &["notify", &name, "--out", &format!("packs-{i}")]),
+            "inputs[1].root",
+        );
+    }
+    // Two folders citing each other: a cycle, found and refused.
+    copy_dir(&root.join("scope"), &root.join("a"));
+    copy_dir(&root.join("scope"), &root.join("b"));
+    for (me, other) in [("a", "../b"), ("b", "../a")] {
+        edit_evidence(&root.join(me), |ev| {
+            ev["inputs"].as_array_mut().unwrap().push(
+                serde_json::json!({"kind": "scope", "root": other, "files": [], "problems": []}),
+            );
+        });
+    }
+    refused(&kvtrail(root, &["verify", "a"]), "cites itself");
+}
+
+#[test]
+fn evidence_json_paths_outside_the_folder_are_never_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_folder(root);
+    std::fs::write(root.join("secret"), "not evidence").unwrap();
+    let push = |path: &str| {
+        let path = path.to_string();
+        move |ev: &mut serde_json::Value| {
+            let o = ev["outputs"].as_array_mut().unwrap();
+            o.push(serde_json::json!({"path": path, "bytes": 1, "blake3": "0".repeat(64)}));
+            o.len() - 1
+        }
+    };
+    type Case = Box<dyn Fn(&mut serde_json::Value) -> String>;
+    let cases: Vec<Case> = vec![
+        Box::new(move |ev| format!("outputs[{}].path", push("/etc/hostname")(ev))),
+        Box::new(move |ev| format!("outputs[{}].path", push("../secret")(ev))),
+        Box::new(move |ev| format!("outputs[{}].path", push("evidence.json")(ev))),
+        Box::new(|ev| {
+            ev["inputs"][0]["files"][0]["path"] = "../secret".into();
+            "inputs[0].files[0].path".into()
+        }),
+        Box::new(|ev| {
+            ev["inputs"][0]["root"] = "/etc".into();
+            "inputs[0].root".into()
+        }),
+    ];
+    for (i, f) in cases.into_iter().enumerate() {
+        let name = format!("scope-{i}");
+        let d = root.join(&name);
+        copy_dir(&root.join("scope"), &d);
+        let mut key = String::new();
+        edit_evidence(&d, |ev| key = f(ev));
+        let err = refused(&kvtrail(root, &["verify", &name]), &key);
+        assert!(!err.contains("blake3 "), "{err}");
+    }
+}
+
+#[test]
+fn lookup_never_names_another_customer_sharing_an_external_id_or_output_hash() {
+    let mut tb = leak("acme", "globex");
+    for r in &mut tb.requests[..2] {
+        r.external_id = Some("chatcmpl-1".into());
+        r.output_hash = Some([7; 32]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tb.record(&root.join("trace"));
+    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    let hash = "07".repeat(32);
+    for q in [
+        ["--external-id", "chatcmpl-1"],
+        ["--output-hash", hash.as_str()],
+    ] {
+        for json in [false, true] {
+            let mut args = vec!["lookup", "scope", q[0], q[1]];
+            if json {
+                args.push("--json");
+            }
+            let out = ok(&kvtrail(root, &args));
+            for name in ["acme", "globex", "\"request_id\"", "request 1", "request 2"] {
+                assert!(!out.contains(name), "lookup {args:?} names {name}: {out}");
+            }
+            assert!(out.contains("--tenant"), "{out}");
+            if json {
+                let a: serde_json::Value = serde_json::from_str(&out).unwrap();
+                assert_eq!(a["status"], "ambiguous", "{a}");
+                assert_eq!(a["matches"], serde_json::json!([]));
+            }
+        }
+        // Restricted to one customer: only that customer's request.
+        for (t, id, other) in [("acme", 1, "globex"), ("globex", 2, "acme")] {
+            let out = ok(&kvtrail(
+                root,
+                &["lookup", "scope", "--json", q[0], q[1], "--tenant", t],
+            ));
+            let a: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(a["status"], "affected", "{a}");
+            assert_eq!(a["matches"].as_array().unwrap().len(), 1, "{a}");
+            assert_eq!(a["matches"][0]["request_id"], id, "{a}");
+            assert!(!out.contains(other), "{out}");
+        }
+        // Another customer's id asked for under a tenant is not found.
+        let out = ok(&kvtrail(
+            root,
+            &[
+                "lookup",
+                "scope",
+                "--json",
+                q[0],
+                q[1],
+                "--tenant",
+                "bystander",
+            ],
+        ));
+        assert!(
+            out.contains("\"not_found\"") && !out.contains("acme"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_tenant_named_like_another_tenants_hashed_folder_gets_its_own_pack() {
+    let hashed = |t: &str| {
+        let set = [t.to_string()].into_iter().collect();
+        kvtrail::notify::folder_names(&set)[t].clone()
+    };
+    let victim = "victim~corp";
+    let alias = hashed(victim);
+    for other in [alias.clone(), alias.to_ascii_uppercase()] {
+        let set: std::collections::BTreeSet<String> =
+            [victim.to_string(), other.clone()].into_iter().collect();
+        let names = kvtrail::notify::folder_names(&set);
+        assert_ne!(
+            names[victim].to_ascii_lowercase(),
+            names[&other].to_ascii_lowercase(),
+            "{names:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        leak(victim, &other).record(&root.join("trace"));
+        ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+        let out = ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+        assert!(out.contains("2 notification packs"), "{out}");
+        for (t, folder) in &names {
+            let notice: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(
+                    root.join("packs/customers")
+                        .join(folder)
+                        .join("notice.json"),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(notice["customer"], t.as_str());
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn an_output_replaced_by_a_symbolic_link_is_reported_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_folder(root);
+    std::fs::write(root.join("secret"), "not evidence").unwrap();
+    let secret = blake3::hash(b"not evidence").to_hex().to_string();
+    std::fs::remove_file(root.join("scope/timeline.json")).unwrap();
+    std::os::unix::fs::symlink("../secret", root.join("scope/timeline.json")).unwrap();
+    let o = kvtrail(root, &["verify", "scope"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("timeline.json") && out.contains("symbolic link"),
+        "{out}"
+    );
+    assert!(!out.contains(&secret[..16]), "the link was followed: {out}");
+}
+
 /// `error: ...` then at most one `  hint: ...` line, nothing raw that a
 /// terminal would act on.
 fn one_error_line(o: &Output, what: &str) {

@@ -355,10 +355,13 @@ pub fn notify(
         ));
     }
     custody::prepare_out(out, "notify", &[scope_dir], force)?;
-    // Re-checks the whole scope folder against its evidence.json first.
+    // A shard's findings cover some pools only: refused before anything
+    // else, whatever state its folder is in.
+    let (sum, summary_digest) = read_summary(scope_dir)?;
+    crate::scope::merge::refuse_shard(scope_dir, &sum, "notify")?;
+    // Re-checks the whole scope folder against its evidence.json.
     let scope_inputs = custody::folder_inputs(scope_dir, "scope")?;
     let (_, evidence_digest) = custody::load_evidence(scope_dir)?;
-    let (sum, summary_digest) = read_summary(scope_dir)?;
 
     // Per-customer facts.
     let mut received: BTreeMap<String, Vec<ReceivedResponse>> = BTreeMap::new();
@@ -449,6 +452,17 @@ pub fn notify(
 
     let tenants: BTreeSet<String> = received.keys().chain(exposed.keys()).cloned().collect();
     let folders = folder_names(&tenants);
+    // One folder per customer, whatever `folder_names` returns: a pack is
+    // never written over another customer's.
+    let mut taken = BTreeSet::new();
+    if let Some(f) = folders
+        .values()
+        .find(|f| !taken.insert(f.to_ascii_lowercase()))
+    {
+        return Err(Error::Other(format!(
+            "notify: two customers would share the pack folder customers/{f}; nothing was written"
+        )));
+    }
     let packs: Vec<Pack> = tenants
         .iter()
         .map(|t| Pack {

@@ -2,6 +2,8 @@
 //! the request index and traffic timeline (`index`), the human report
 //! (report.html) and, last, the chain-of-custody record (evidence.json over
 //! every file in the folder, with the trace's input digests re-checked).
+//! `merge --out` writes the same files from its shard folders
+//! (`write_merge_extras`), so a merged folder is a full scope folder.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +11,7 @@ use crate::custody;
 use crate::error::Result;
 use crate::report::{html, index};
 use crate::scope::ScopeReport;
+use crate::scope::merge::ShardFolder;
 use crate::trace::read::Trace;
 
 /// File name of the human report.
@@ -29,6 +32,41 @@ pub fn write_scope_extras(
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &inputs, command))?;
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
+    let written = [
+        index::REQUESTS_CSV,
+        index::TIMELINE_JSON,
+        REPORT_HTML,
+        custody::EVIDENCE_JSON,
+    ]
+    .iter()
+    .map(|n| dir.join(n))
+    .collect();
+    Ok((written, digest))
+}
+
+/// The same files for `merge --out` (after `report::write_out` of the
+/// merged report), from the checked shard folders instead of the trace:
+/// requests.csv and timeline.json as a single run writes them (every shard
+/// holds the trace's whole request index), report.html with the trace
+/// digests the shards recorded, and evidence.json whose inputs are the
+/// shard folders (every file, evidence.json included, so the merged folder
+/// cites each shard's evidence digest). Returns the paths written and the
+/// evidence digest.
+pub fn write_merge_extras(
+    shards: &[ShardFolder],
+    r: &ScopeReport,
+    dir: &Path,
+    command: &[String],
+) -> Result<(Vec<PathBuf>, String)> {
+    let Some(first) = shards.first() else {
+        return Err(crate::error::Error::Other("merge: no shard given".into()));
+    };
+    custody::create_private_dir(dir)?;
+    let tl = index::copy_index(&first.dir, r, dir)?;
+    let p = dir.join(REPORT_HTML);
+    custody::write_private(&p, html::report_html(r, &tl, &first.trace, command))?;
+    let inputs = shards.iter().map(|s| s.files.clone()).collect();
+    let digest = custody::write_evidence(dir, "scope", command, inputs)?;
     let written = [
         index::REQUESTS_CSV,
         index::TIMELINE_JSON,

@@ -76,6 +76,53 @@ pub struct IndexRow {
     pub output_hash: Option<String>,
 }
 
+impl Timeline {
+    /// Empty buckets over `[lo, hi]`, widened to the affected responses'
+    /// arrival (or first read) times.
+    fn spanning(mut lo: i64, mut hi: i64, report: &ScopeReport) -> Self {
+        for a in &report.affected_responses {
+            let t = a.arrival_ns.unwrap_or(a.first_read_ns);
+            lo = lo.min(t);
+            hi = hi.max(t);
+        }
+        if lo > hi {
+            (lo, hi) = (0, 0);
+        }
+        let span = (hi as i128 - lo as i128 + 1).max(1);
+        let width = ((span + BUCKETS as i128 - 1) / BUCKETS as i128).max(1) as i64;
+        Timeline {
+            format: "kvtrail-timeline".into(),
+            version: 1,
+            start_ns: lo,
+            width_ns: width,
+            requests: vec![0; BUCKETS],
+            ok_responses: vec![0; BUCKETS],
+            affected: vec![0; BUCKETS],
+            confirmed: vec![0; BUCKETS],
+        }
+    }
+
+    fn add_request(&mut self, arrival_ns: i64, http_status: u16) {
+        let b = self.bucket(arrival_ns);
+        self.requests[b] += 1;
+        self.ok_responses[b] += (200..300).contains(&http_status) as u64;
+    }
+
+    /// Adds the affected responses and writes timeline.json into `dir`.
+    fn finish(mut self, report: &ScopeReport, dir: &Path) -> Result<Self> {
+        for a in &report.affected_responses {
+            let b = self.bucket(a.arrival_ns.unwrap_or(a.first_read_ns));
+            self.affected[b] += 1;
+            self.confirmed[b] += (a.confidence == crate::scope::Confidence::Confirmed) as u64;
+        }
+        let p = dir.join(TIMELINE_JSON);
+        let mut text = serde_json::to_string_pretty(&self).expect("timeline serializes");
+        text.push('\n');
+        crate::custody::write_private(&p, text)?;
+        Ok(self)
+    }
+}
+
 /// Writes requests.csv and timeline.json into `dir`; returns the timeline.
 pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Timeline> {
     // Pass 1: time range.
@@ -86,26 +133,7 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
             hi = hi.max(r.arrival_ns);
         }
     }
-    for a in &report.affected_responses {
-        let t = a.arrival_ns.unwrap_or(a.first_read_ns);
-        lo = lo.min(t);
-        hi = hi.max(t);
-    }
-    if lo > hi {
-        (lo, hi) = (0, 0);
-    }
-    let span = (hi as i128 - lo as i128 + 1).max(1);
-    let width = ((span + BUCKETS as i128 - 1) / BUCKETS as i128).max(1) as i64;
-    let mut tl = Timeline {
-        format: "kvtrail-timeline".into(),
-        version: 1,
-        start_ns: lo,
-        width_ns: width,
-        requests: vec![0; BUCKETS],
-        ok_responses: vec![0; BUCKETS],
-        affected: vec![0; BUCKETS],
-        confirmed: vec![0; BUCKETS],
-    };
+    let mut tl = Timeline::spanning(lo, hi, report);
     // Pass 2: rows and buckets.
     let path = dir.join(REQUESTS_CSV);
     let file = crate::custody::create_private(&path)?;
@@ -114,9 +142,7 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
     w.write_record(REQUESTS_HEADER.split(',')).map_err(io)?;
     for batch in trace.requests() {
         for r in batch? {
-            let b = tl.bucket(r.arrival_ns);
-            tl.requests[b] += 1;
-            tl.ok_responses[b] += (200..300).contains(&r.http_status) as u64;
+            tl.add_request(r.arrival_ns, r.http_status);
             let opt = |v: Option<String>| v.unwrap_or_default();
             w.write_record([
                 r.request_id.to_string(),
@@ -134,16 +160,31 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
         }
     }
     w.flush().map_err(|e| Error::io(&path, e))?;
-    for a in &report.affected_responses {
-        let b = tl.bucket(a.arrival_ns.unwrap_or(a.first_read_ns));
-        tl.affected[b] += 1;
-        tl.confirmed[b] += (a.confidence == crate::scope::Confidence::Confirmed) as u64;
-    }
-    let p = dir.join(TIMELINE_JSON);
-    let mut text = serde_json::to_string_pretty(&tl).expect("timeline serializes");
-    text.push('\n');
-    crate::custody::write_private(&p, text)?;
-    Ok(tl)
+    tl.finish(report, dir)
+}
+
+/// The same two files from another scope folder's request index instead of
+/// the trace (`merge`: every shard's requests.csv is the trace's whole
+/// requests table): requests.csv copied from `src`, timeline.json built
+/// from its rows exactly as `write_index` builds it from the trace.
+pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeline> {
+    let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+    read_index(src, |r| {
+        lo = lo.min(r.arrival_ns);
+        hi = hi.max(r.arrival_ns);
+        true
+    })?;
+    let mut tl = Timeline::spanning(lo, hi, report);
+    read_index(src, |r| {
+        tl.add_request(r.arrival_ns, r.http_status);
+        true
+    })?;
+    let from = src.join(REQUESTS_CSV);
+    let to = dir.join(REQUESTS_CSV);
+    let mut f = std::fs::File::open(&from).map_err(|e| Error::io(&from, e))?;
+    let mut w = crate::custody::create_private(&to)?;
+    std::io::copy(&mut f, &mut w).map_err(|e| Error::io(&to, e))?;
+    tl.finish(report, dir)
 }
 
 /// Reads requests.csv of a scope folder, calling `f` for every row until it

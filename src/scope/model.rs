@@ -247,6 +247,10 @@ pub struct Coverage {
     /// their events are lost.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_lines: u64,
+    /// Set only in a shard's report (`scope --pools`): the pools it
+    /// reports. A shard is never complete evidence (`scope::merge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_pools: Option<Vec<u16>>,
     pub notes: Vec<String>,
 }
 

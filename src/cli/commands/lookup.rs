@@ -1,5 +1,7 @@
 //! `kvtrail lookup SCOPE_DIR --external-id ID | --output-hash HEX | --tenant NAME`:
 //! was this response affected, on which side, with the evidence digest.
+//! `--tenant` with `--external-id` or `--output-hash` restricts the answer
+//! to that customer's requests.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,17 +10,19 @@ use kvtrail::lookup::{Query, lookup};
 use kvtrail::report::text::{term, utc};
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("query").required(true).args(["external_id", "output_hash", "tenant"])))]
+#[command(group(clap::ArgGroup::new("query").required(true).multiple(true).args(["external_id", "output_hash", "tenant"])))]
 pub struct Args {
     /// Scope folder (written by `kvtrail scope TRACE --out DIR`).
     pub scope_dir: PathBuf,
     /// The request id the customer saw.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", conflicts_with = "output_hash")]
     pub external_id: Option<String>,
     /// blake3 of the response's output token ids (64 hex digits).
     #[arg(long, value_name = "HEX")]
     pub output_hash: Option<String>,
-    /// Every affected request of one customer.
+    /// Every affected request of one customer; with --external-id or
+    /// --output-hash: only that customer's requests (an id or hash that
+    /// several customers share is otherwise answered with counts only).
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
     /// Print the answer as JSON on stdout.
@@ -27,13 +31,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let q = match (args.external_id, args.output_hash, args.tenant) {
-        (Some(x), _, _) => Query::ExternalId(x),
-        (_, Some(h), _) => Query::OutputHash(h),
-        (_, _, Some(t)) => Query::Tenant(t),
+    let (q, only) = match (args.external_id, args.output_hash, args.tenant) {
+        (Some(x), _, t) => (Query::ExternalId(x), t),
+        (_, Some(h), t) => (Query::OutputHash(h), t),
+        (_, _, Some(t)) => (Query::Tenant(t), None),
         _ => anyhow::bail!("give --external-id, --output-hash or --tenant"),
     };
-    let a = lookup(&args.scope_dir, &q)?;
+    let a = lookup(&args.scope_dir, &q, only.as_deref())?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &a)?;

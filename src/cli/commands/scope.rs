@@ -81,8 +81,11 @@ pub fn compute_shard(
     };
     let reporter = BarReporter::default();
     let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
-    let report = kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?;
+    let mut report = kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?;
     let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
+    if let Some(s) = &shard {
+        s.mark(&mut report);
+    }
     Ok((report, shard))
 }
 
