@@ -323,3 +323,83 @@ fn what_if_replay_of_a_two_to_the_31_slot_pool_is_refused_with_exit_2() {
     );
     assert!(!out.exists());
 }
+
+/// One request writes (or scrubs, or copies) every slot of a 2^31-slot
+/// pool: a valid trace whose state alone would take 36 GB. Before, scope
+/// aborted on allocation under the 4 GiB limit (signal 6); the replay now
+/// refuses it with exit 2, naming the kv file, the row and the limit.
+fn whole_pool_store_trace(dir: &Path, op: Op) -> PathBuf {
+    let cap: u64 = 1 << 31;
+    let mk = |pool: u16, seq: u64, op: Op, src: Option<CopySrc>| KvEvent {
+        pool,
+        seq,
+        ts_ns: 1_000 + seq as i64,
+        request_id: 1,
+        op,
+        slot_start: 0,
+        slot_count: (cap - 1) as u32,
+        token_pos: None,
+        src,
+    };
+    let mut evs = vec![mk(0, 0, Op::Alloc, None), mk(0, 1, op, None)];
+    if op == Op::Write {
+        let src = CopySrc {
+            pool: 0,
+            slot_start: 0,
+            seq: 1,
+        };
+        evs.push(mk(1, 0, Op::Write, Some(src)));
+    }
+    write_trace(
+        dir,
+        vec![pool(0, Role::Prefill, cap), pool(1, Role::Decode, cap)],
+        &evs,
+        &[request(1, "acme", 0, 1)],
+    )
+}
+
+#[test]
+fn a_store_to_every_slot_of_a_two_to_the_31_slot_pool_is_refused_not_an_abort() {
+    for op in [Op::Write, Op::Scrub] {
+        let dir = tempfile::tempdir().unwrap();
+        let t = whole_pool_store_trace(&dir.path().join("t"), op);
+        let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
+        assert_eq!(r.code, 2, "{op:?}: exit {}\n{}", r.code, r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        for want in [
+            "kv/all.parquet",
+            "row 1",
+            "slot_count",
+            "KVTRAIL_MAX_TOUCHED_SLOTS",
+        ] {
+            assert!(
+                r.stderr.contains(want),
+                "{op:?}: no {want:?} in\n{}",
+                r.stderr
+            );
+        }
+        assert!(r.peak_mib < 512, "{op:?}: peak RSS {} MiB", r.peak_mib);
+    }
+}
+
+#[test]
+fn the_touched_slot_limit_can_be_raised_and_lowered_for_the_machine() {
+    // The ten-event trace touches 16 slots in two pages: a limit of one
+    // page refuses it, the default accepts it.
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace(&dir.path().join("t"), 1 << 20);
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
+        .args(["scope", t.to_str().unwrap(), "--json"])
+        .env("KVTRAIL_NO_PROGRESS", "1")
+        .env("KVTRAIL_MAX_TOUCHED_SLOTS", "1024")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}

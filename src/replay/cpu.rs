@@ -163,17 +163,96 @@ impl PoolState {
 /// Grants held before the first sweep of dead grants.
 const GRANT_SWEEP_MIN: usize = 1 << 16;
 
+/// The most slots the CPU backend holds state for, summed over pools
+/// (docs/limits.md): 2^27 slots, about 2.2 GB of slot pages (17 bytes a
+/// slot). A trace that writes more distinct slots is refused (exit 2)
+/// before the memory is taken; `KVTRAIL_MAX_TOUCHED_SLOTS` raises or
+/// lowers it for a machine with more or less memory.
+pub const DEFAULT_MAX_TOUCHED_SLOTS: u64 = 1 << 27;
+
+/// The touched-slot limit in force: `KVTRAIL_MAX_TOUCHED_SLOTS` when set to
+/// a number, else `DEFAULT_MAX_TOUCHED_SLOTS`.
+pub fn max_touched_slots() -> u64 {
+    std::env::var("KVTRAIL_MAX_TOUCHED_SLOTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_MAX_TOUCHED_SLOTS)
+}
+
+/// Pages of state the backend has allocated, and the limit in slots.
+struct Budget {
+    used: u64,
+    max: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            used: 0,
+            max: max_touched_slots(),
+        }
+    }
+}
+
+impl Budget {
+    /// Takes the pages a store to slots `a..b` of `p` would allocate, or
+    /// refuses (an `Invalid` error whose `row` is `at`, the event's index
+    /// in its batch: the scheduler puts the file and row there).
+    fn take(&mut self, p: &PoolState, e: &KvEvent, at: usize, a: u64, b: u64) -> Result<()> {
+        let new = segments(a, b)
+            .filter(|&(pi, _, _)| p.pages.get(pi).is_none())
+            .count() as u64;
+        if new == 0 {
+            return Ok(());
+        }
+        let used = self.used.saturating_add(new);
+        if used.saturating_mul(PAGE as u64) > self.max {
+            return Err(over_budget(e, at, self.max));
+        }
+        self.used = used;
+        Ok(())
+    }
+}
+
+/// The refusal of an event whose slots would take the replay past `max`
+/// touched slots.
+pub(crate) fn over_budget(e: &KvEvent, at: usize, max: u64) -> Error {
+    Error::Invalid {
+        loc: crate::error::Location {
+            file: None,
+            row: Some(at as u64),
+            column: Some("slot_count".into()),
+        },
+        what: format!(
+            "pool {} seq {} stores {} slots: the replay would hold state for more than {max} \
+             distinct slots, kvtrail's limit for one run (about 17 bytes a slot)",
+            e.pool, e.seq, e.slot_count
+        ),
+        hint: "check the trace's extents (slot_start, slot_count); on a machine with more memory \
+               raise the limit with KVTRAIL_MAX_TOUCHED_SLOTS=N (docs/limits.md)"
+            .into(),
+    }
+}
+
 /// The CPU backend.
 #[derive(Default)]
 pub struct CpuBackend {
     pools: Vec<PoolState>,
     /// pool id -> index in `pools`.
     index: HashMap<u16, usize>,
+    budget: Budget,
 }
 
 impl CpuBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A backend that holds state for at most `max` touched slots.
+    pub fn with_max_touched_slots(max: u64) -> Self {
+        let mut b = Self::default();
+        b.budget.max = max;
+        b
     }
 
     fn pool(&mut self, id: u16) -> Result<&mut PoolState> {
@@ -226,9 +305,13 @@ impl Backend for CpuBackend {
         out: &mut Vec<ReadRun>,
         c: &mut Counters,
     ) -> Result<()> {
-        let p = self.pool(pool)?;
+        let i = *self
+            .index
+            .get(&pool)
+            .ok_or_else(|| Error::Other(format!("replay: pool {pool} was not declared")))?;
+        let (p, budget) = (&mut self.pools[i], &mut self.budget);
         debug_assert!(events.iter().all(|e| e.pool == p.id));
-        for e in events {
+        for (at, e) in events.iter().enumerate() {
             let (a, b) = (e.slot_start as u64, e.slot_end());
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
@@ -236,9 +319,13 @@ impl Backend for CpuBackend {
                 Op::Alloc | Op::Free => {}
                 Op::Write => {
                     debug_assert!(e.src.is_none(), "copies go through apply_copy");
+                    budget.take(p, e, at, a, b)?;
                     p.set(a, b, e.request_id, e.seq + 1);
                 }
-                Op::Scrub => p.set(a, b, SCRUBBED, e.seq + 1),
+                Op::Scrub => {
+                    budget.take(p, e, at, a, b)?;
+                    p.set(a, b, SCRUBBED, e.seq + 1)
+                }
                 Op::Share => {
                     p.grants.entry(e.request_id).or_default().push(Grant {
                         start: a,
@@ -267,8 +354,13 @@ impl Backend for CpuBackend {
         payload: &[SlotVal],
         c: &mut Counters,
     ) -> Result<()> {
-        let p = self.pool(pool)?;
+        let i = *self
+            .index
+            .get(&pool)
+            .ok_or_else(|| Error::Other(format!("replay: pool {pool} was not declared")))?;
+        let (p, budget) = (&mut self.pools[i], &mut self.budget);
         let (a, b) = (e.slot_start as u64, e.slot_end());
+        budget.take(p, e, 0, a, b)?;
         if payload.len() as u64 != b - a {
             return Err(Error::Other(format!(
                 "replay: copy payload of {} slots for an extent of {}",
@@ -298,6 +390,14 @@ impl Backend for CpuBackend {
         uncertain: bool,
         out: &mut Vec<SlotVal>,
     ) -> Result<()> {
+        if u64::from(count) > self.budget.max {
+            return Err(Error::Other(format!(
+                "replay: a copy reads {count} slots of pool {pool} from slot {slot_start}: more \
+                 than the {} slots one run holds state for (KVTRAIL_MAX_TOUCHED_SLOTS, \
+                 docs/limits.md)",
+                self.budget.max
+            )));
+        }
         let p = self.pool(pool)?;
         let a = slot_start as u64;
         out.clear();

@@ -49,6 +49,26 @@ fn over_slot_limit(trace: &Trace, backend: &str, i: usize, total: u64, limit: u6
     )
 }
 
+/// A backend's refusal of one event of a batch (`Invalid` with no file and
+/// `row` = the event's index in the batch) with the event's file and row.
+fn at_event(err: Error, loc_of: impl FnOnce(usize) -> (std::path::PathBuf, u64)) -> Error {
+    match err {
+        Error::Invalid {
+            mut loc,
+            what,
+            hint,
+        } if loc.file.is_none() => {
+            if let Some(k) = loc.row {
+                let (file, row) = loc_of(k as usize);
+                loc.file = Some(file);
+                loc.row = Some(row);
+            }
+            Error::Invalid { loc, what, hint }
+        }
+        other => other,
+    }
+}
+
 /// Output of the scheduler, before aggregation.
 pub struct Sched<'a> {
     trace: &'a Trace,
@@ -302,7 +322,13 @@ impl<'a> Sched<'a> {
             if i > start {
                 let pool = &mut self.pools[p];
                 self.backend
-                    .apply(id, &pool.buf[start..i], &mut self.runs, &mut self.counters)?;
+                    .apply(id, &pool.buf[start..i], &mut self.runs, &mut self.counters)
+                    .map_err(|err| {
+                        at_event(err, |k| {
+                            let (f, r) = pool.locs[start + k];
+                            (self.plan.files[f as usize].clone(), r)
+                        })
+                    })?;
                 pool.pos = i;
                 pool.last = prev;
                 left -= i - start;
@@ -375,7 +401,10 @@ impl<'a> Sched<'a> {
                 self.backend.mark_gap(id, e.ev.seq);
             }
             self.backend
-                .apply_copy(id, &e.ev, &payload, &mut self.counters)?;
+                .apply_copy(id, &e.ev, &payload, &mut self.counters)
+                .map_err(|err| {
+                    at_event(err, |_| (self.plan.files[e.file as usize].clone(), e.row))
+                })?;
             let pool = &mut self.pools[p];
             pool.pos += 1;
             pool.last = Some((e.ev.seq, e.file, e.row));
