@@ -1021,3 +1021,91 @@ fn tenant_named_like_a_sentinel_is_not_confused_with_unattributed_requests() {
         ["engine \"0\"", "tenant:(unknown) \"2\"", "unknown \"9\"",]
     );
 }
+
+/// The own-read trace with its write (pool 0, seq 1) lost: a hole natively.
+fn own_read_with_a_hole(dir: &Path) -> (PathBuf, kvtrail::schema::KvEvent) {
+    let (_, mut tb) = traces()
+        .into_iter()
+        .find(|(n, _)| *n == "own_read")
+        .unwrap();
+    let i = tb
+        .events
+        .iter()
+        .position(|e| e.pool == 0 && e.seq == 1)
+        .unwrap();
+    let lost = tb.events.remove(i);
+    (tb.by_hand(dir, 1, 7, false), lost)
+}
+
+/// Readers skip `*.parquet` under a name starting with `_` or `.` (a
+/// writer's `_temporary/` attempt copies, staging folders) and part files
+/// left open (`*.parquet.inprogress`), and scope lists them as files that
+/// may hold rows. The DuckDB script read them through its `**` glob: a
+/// stale `_temporary` copy of the one lost event filled the hole, and the
+/// coverage said no gaps. It now reads exactly the native reader's files
+/// and counts the others in `kvtrail_coverage.files_unread`.
+#[test]
+fn sql_reads_hidden_and_temporary_files_that_native_skips() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, lost) = own_read_with_a_hole(&dir.path().join("t"));
+    let kv = kvtrail::trace::write::kv_batch(&[lost]);
+    for f in [
+        "kv/batch=0/_temporary/part-00000.parquet",
+        "kv/batch=0/.staging/part-00001.parquet",
+        "kv/batch=0/.part-00002.parquet",
+    ] {
+        kvtrail::trace::write::write_single_file(&t.join(f), std::slice::from_ref(&kv)).unwrap();
+    }
+    std::fs::copy(
+        t.join("kv/batch=0/_temporary/part-00000.parquet"),
+        t.join("kv/batch=0/part-00003.parquet.inprogress"),
+    )
+    .unwrap();
+    let native = scope(&t);
+    assert_eq!(native.coverage.gaps.len(), 1, "the hole is seen natively");
+    assert_eq!(native.coverage.files_unread.len(), 4);
+    let path = t.to_str().unwrap().to_string();
+    let jobs = [("hidden".to_string(), t.clone(), path)];
+    check_jobs("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA);
+    let Some(got) = run_engine("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA) else {
+        return;
+    };
+    let c = &got["hidden"]["kvtrail_coverage"][0];
+    assert_eq!(c["files_unread"], 4, "{c}");
+    assert_eq!(c["complete"], false, "{c}");
+}
+
+/// Native readers refuse two events with the same (pool, seq), and two
+/// requests with the same id (exit 2). The SQL counted them silently; it
+/// now counts them in `kvtrail_coverage` (`duplicate_events`,
+/// `duplicate_requests`), and the coverage is not complete.
+#[test]
+fn sql_counts_duplicate_pool_seq_rows_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut tb) = traces()
+        .into_iter()
+        .find(|(n, _)| *n == "own_read")
+        .unwrap();
+    let dup = tb.events[2];
+    tb.events.push(dup);
+    let req = tb.requests[0].clone();
+    tb.requests.push(req);
+    let t = tb.by_hand(&dir.path().join("t"), 2, 7, false);
+    for (engine, dialect, path) in [
+        ("duckdb", Dialect::Duckdb, t.to_str().unwrap().to_string()),
+        ("trino-on-duckdb", Dialect::Trino, TRINO_SCHEMA.join(".")),
+    ] {
+        let Some(got) = run_engine(
+            engine,
+            dialect,
+            &[("dup".into(), t.clone(), path)],
+            TRINO_SCHEMA,
+        ) else {
+            return;
+        };
+        let c = &got["dup"]["kvtrail_coverage"][0];
+        assert_eq!(c["duplicate_events"], 1, "{engine}: {c}");
+        assert_eq!(c["duplicate_requests"], 1, "{engine}: {c}");
+        assert_eq!(c["complete"], false, "{engine}: {c}");
+    }
+}
