@@ -609,8 +609,9 @@ fn duckdb_dialect_equals_scope_on_every_rule_trace() {
 /// Spark starts a JVM and plans every statement on two shared cores (tens
 /// of seconds per trace here): a small set keeps CI within minutes. It
 /// covers copies of copies, holes (in a folder whose name holds a quote,
-/// `;` and `--`), and a hand-written trace (shuffled rows over Hive
-/// folders, dictionary strings); every rule runs on DuckDB.
+/// `;` and `--`), a hand-written trace (shuffled rows over Hive folders,
+/// dictionary strings), and files the reader skips; every rule runs on
+/// DuckDB.
 #[test]
 fn spark_dialect_equals_scope_on_local_spark() {
     let dir = tempfile::tempdir().unwrap();
@@ -634,6 +635,10 @@ fn spark_dialect_equals_scope_on_local_spark() {
         }
     }
     assert_eq!(cases.len(), 3);
+    // Spark's file listing skips names starting with `_` or `.` as the
+    // native reader does: the lost event in `_temporary/` stays lost.
+    let hidden = hidden_files_trace(&dir.path().join("hidden_files"));
+    cases.push(("hidden_files".into(), hidden));
     cases.push(("incident_small".into(), simulated_incident(dir.path(), 150)));
     check("spark", Dialect::Spark, &cases);
 }
@@ -1047,7 +1052,25 @@ fn own_read_with_a_hole(dir: &Path) -> (PathBuf, kvtrail::schema::KvEvent) {
 #[test]
 fn sql_reads_hidden_and_temporary_files_that_native_skips() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, lost) = own_read_with_a_hole(&dir.path().join("t"));
+    let t = hidden_files_trace(&dir.path().join("t"));
+    let native = scope(&t);
+    assert_eq!(native.coverage.gaps.len(), 1, "the hole is seen natively");
+    assert_eq!(native.coverage.files_unread.len(), 4);
+    let path = t.to_str().unwrap().to_string();
+    let jobs = [("hidden".to_string(), t.clone(), path)];
+    check_jobs("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA);
+    let Some(got) = run_engine("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA) else {
+        return;
+    };
+    let c = &got["hidden"]["kvtrail_coverage"][0];
+    assert_eq!(c["files_unread"], 4, "{c}");
+    assert_eq!(c["complete"], false, "{c}");
+}
+
+/// [`own_read_with_a_hole`] with the lost event in three files the reader
+/// skips (`_temporary/`, `.staging/`, `.part-*`) and a part file left open.
+fn hidden_files_trace(dir: &Path) -> PathBuf {
+    let (t, lost) = own_read_with_a_hole(dir);
     let kv = kvtrail::trace::write::kv_batch(&[lost]);
     for f in [
         "kv/batch=0/_temporary/part-00000.parquet",
@@ -1061,18 +1084,7 @@ fn sql_reads_hidden_and_temporary_files_that_native_skips() {
         t.join("kv/batch=0/part-00003.parquet.inprogress"),
     )
     .unwrap();
-    let native = scope(&t);
-    assert_eq!(native.coverage.gaps.len(), 1, "the hole is seen natively");
-    assert_eq!(native.coverage.files_unread.len(), 4);
-    let path = t.to_str().unwrap().to_string();
-    let jobs = [("hidden".to_string(), t.clone(), path)];
-    check_jobs("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA);
-    let Some(got) = run_engine("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA) else {
-        return;
-    };
-    let c = &got["hidden"]["kvtrail_coverage"][0];
-    assert_eq!(c["files_unread"], 4, "{c}");
-    assert_eq!(c["complete"], false, "{c}");
+    t
 }
 
 /// Native readers refuse two events with the same (pool, seq), and two
