@@ -609,8 +609,9 @@ fn duckdb_dialect_equals_scope_on_every_rule_trace() {
 /// Spark starts a JVM and plans every statement on two shared cores (tens
 /// of seconds per trace here): a small set keeps CI within minutes. It
 /// covers copies of copies, holes (in a folder whose name holds a quote,
-/// `;` and `--`), and a hand-written trace (shuffled rows over Hive
-/// folders, dictionary strings); every rule runs on DuckDB.
+/// `;` and `--`), a hand-written trace (shuffled rows over Hive folders,
+/// dictionary strings), and files the reader skips; every rule runs on
+/// DuckDB.
 #[test]
 fn spark_dialect_equals_scope_on_local_spark() {
     let dir = tempfile::tempdir().unwrap();
@@ -634,6 +635,10 @@ fn spark_dialect_equals_scope_on_local_spark() {
         }
     }
     assert_eq!(cases.len(), 3);
+    // Spark's file listing skips names starting with `_` or `.` as the
+    // native reader does: the lost event in `_temporary/` stays lost.
+    let hidden = hidden_files_trace(&dir.path().join("hidden_files"));
+    cases.push(("hidden_files".into(), hidden));
     cases.push(("incident_small".into(), simulated_incident(dir.path(), 150)));
     check("spark", Dialect::Spark, &cases);
 }
@@ -1020,4 +1025,99 @@ fn tenant_named_like_a_sentinel_is_not_confused_with_unattributed_requests() {
         rows("kvtrail_sources"),
         ["engine \"0\"", "tenant:(unknown) \"2\"", "unknown \"9\"",]
     );
+}
+
+/// The own-read trace with its write (pool 0, seq 1) lost: a hole natively.
+fn own_read_with_a_hole(dir: &Path) -> (PathBuf, kvtrail::schema::KvEvent) {
+    let (_, mut tb) = traces()
+        .into_iter()
+        .find(|(n, _)| *n == "own_read")
+        .unwrap();
+    let i = tb
+        .events
+        .iter()
+        .position(|e| e.pool == 0 && e.seq == 1)
+        .unwrap();
+    let lost = tb.events.remove(i);
+    (tb.by_hand(dir, 1, 7, false), lost)
+}
+
+/// Readers skip `*.parquet` under a name starting with `_` or `.` (a
+/// writer's `_temporary/` attempt copies, staging folders) and part files
+/// left open (`*.parquet.inprogress`), and scope lists them as files that
+/// may hold rows. The DuckDB script read them through its `**` glob: a
+/// stale `_temporary` copy of the one lost event filled the hole, and the
+/// coverage said no gaps. It now reads exactly the native reader's files
+/// and counts the others in `kvtrail_coverage.files_unread`.
+#[test]
+fn sql_reads_hidden_and_temporary_files_that_native_skips() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = hidden_files_trace(&dir.path().join("t"));
+    let native = scope(&t);
+    assert_eq!(native.coverage.gaps.len(), 1, "the hole is seen natively");
+    assert_eq!(native.coverage.files_unread.len(), 4);
+    let path = t.to_str().unwrap().to_string();
+    let jobs = [("hidden".to_string(), t.clone(), path)];
+    check_jobs("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA);
+    let Some(got) = run_engine("duckdb", Dialect::Duckdb, &jobs, TRINO_SCHEMA) else {
+        return;
+    };
+    let c = &got["hidden"]["kvtrail_coverage"][0];
+    assert_eq!(c["files_unread"], 4, "{c}");
+    assert_eq!(c["complete"], false, "{c}");
+}
+
+/// [`own_read_with_a_hole`] with the lost event in three files the reader
+/// skips (`_temporary/`, `.staging/`, `.part-*`) and a part file left open.
+fn hidden_files_trace(dir: &Path) -> PathBuf {
+    let (t, lost) = own_read_with_a_hole(dir);
+    let kv = kvtrail::trace::write::kv_batch(&[lost]);
+    for f in [
+        "kv/batch=0/_temporary/part-00000.parquet",
+        "kv/batch=0/.staging/part-00001.parquet",
+        "kv/batch=0/.part-00002.parquet",
+    ] {
+        kvtrail::trace::write::write_single_file(&t.join(f), std::slice::from_ref(&kv)).unwrap();
+    }
+    std::fs::copy(
+        t.join("kv/batch=0/_temporary/part-00000.parquet"),
+        t.join("kv/batch=0/part-00003.parquet.inprogress"),
+    )
+    .unwrap();
+    t
+}
+
+/// Native readers refuse two events with the same (pool, seq), and two
+/// requests with the same id (exit 2). The SQL counted them silently; it
+/// now counts them in `kvtrail_coverage` (`duplicate_events`,
+/// `duplicate_requests`), and the coverage is not complete.
+#[test]
+fn sql_counts_duplicate_pool_seq_rows_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut tb) = traces()
+        .into_iter()
+        .find(|(n, _)| *n == "own_read")
+        .unwrap();
+    let dup = tb.events[2];
+    tb.events.push(dup);
+    let req = tb.requests[0].clone();
+    tb.requests.push(req);
+    let t = tb.by_hand(&dir.path().join("t"), 2, 7, false);
+    for (engine, dialect, path) in [
+        ("duckdb", Dialect::Duckdb, t.to_str().unwrap().to_string()),
+        ("trino-on-duckdb", Dialect::Trino, TRINO_SCHEMA.join(".")),
+    ] {
+        let Some(got) = run_engine(
+            engine,
+            dialect,
+            &[("dup".into(), t.clone(), path)],
+            TRINO_SCHEMA,
+        ) else {
+            return;
+        };
+        let c = &got["dup"]["kvtrail_coverage"][0];
+        assert_eq!(c["duplicate_events"], 1, "{engine}: {c}");
+        assert_eq!(c["duplicate_requests"], 1, "{engine}: {c}");
+        assert_eq!(c["complete"], false, "{engine}: {c}");
+    }
 }

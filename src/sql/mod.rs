@@ -23,8 +23,15 @@
 //!
 //! Request ids and seqs are read as signed 64-bit integers (ids below 2^63);
 //! the owner sentinels are -1 (never written) and -2 (scrubbed). What the
-//! native engine reports as an error (duplicate seqs, unknown pools, copy
-//! cycles) is not checked here: run `kvtrail verify` / `kvtrail inspect`.
+//! native engine reports as an error is not refused here: duplicate
+//! (pool, seq) and request ids are counted in `kvtrail_coverage` (which is
+//! then not complete); unknown pools and copy cycles are not checked: run
+//! `kvtrail verify` / `kvtrail inspect`.
+//!
+//! Files: DuckDB reads exactly the native reader's files (`*.parquet`, none
+//! under a name starting with `_` or `.`) and counts the others that may
+//! hold rows in `kvtrail_coverage.files_unread`; Spark's file listing skips
+//! the same names but cannot count them from SQL; Trino reads its tables.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -250,6 +257,13 @@ fn literal(dialect: Dialect, s: &str) -> String {
     }
 }
 
+/// DuckDB: whether `file` (from `glob`) has a name starting with `_` or
+/// `.` below `<p>/<table>/`, the files the native reader skips.
+fn duckdb_hidden(dialect: Dialect, p: &str, table: &str) -> String {
+    let prefix = literal(dialect, &format!("{p}/{table}/"));
+    format!("regexp_matches(substr(file, length({prefix}) + 1), '(^|/)[._]')")
+}
+
 /// A double-quoted identifier (Trino, standard SQL).
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -275,9 +289,8 @@ impl D {
     /// A FROM item for a raw table (`kv` or `requests`).
     fn raw(&self, src: &Source, table: &str) -> String {
         match (self.0, src) {
-            (Dialect::Duckdb, Source::Path(p)) => format!(
-                "read_parquet({}, union_by_name = true, hive_partitioning = true)",
-                literal(self.0, &format!("{p}/{table}/**/*.parquet"))
+            (Dialect::Duckdb, Source::Path(_)) => format!(
+                "read_parquet(getvariable('kvtrail_{table}_files'), union_by_name = true, hive_partitioning = true)"
             ),
             (Dialect::Trino, Source::Schema(parts)) => {
                 let mut q: Vec<String> = parts.iter().map(|p| quote_ident(p)).collect();
@@ -416,6 +429,25 @@ pub fn generate(opts: &SqlOptions) -> Result<String> {
         s.push('\n');
     };
 
+    if let (Dialect::Duckdb, Source::Path(p)) = (opts.dialect, &src) {
+        for t in ["kv", "requests"] {
+            stmt(
+                &mut s,
+                &format!(
+                    "The {t} files the native reader reads: every *.parquet under {t}/ at any depth,
+except under a name (file or folder below {t}/) starting with `_` or `.`
+(a writer's _temporary/ attempt copies, staging folders): see files_unread."
+                ),
+                format!(
+                    "SET VARIABLE kvtrail_{t}_files = (
+  SELECT coalesce(list(file ORDER BY file), []) FROM glob({})
+  WHERE NOT {})",
+                    literal(opts.dialect, &format!("{p}/{t}/**/*.parquet")),
+                    duckdb_hidden(opts.dialect, p, t)
+                ),
+            );
+        }
+    }
     if let (Dialect::Spark, Source::Path(p)) = (opts.dialect, &src) {
         for t in ["kv", "requests"] {
             stmt(
@@ -844,16 +876,38 @@ GROUP BY c.src_pool",
             d.view("kvtrail_copies_past_end")
         ),
     );
+    // Files that may hold rows the script does not read: part files left
+    // open, and the hidden ones. Only DuckDB can list files from SQL.
+    let files_unread = match (opts.dialect, &src) {
+        (Dialect::Duckdb, Source::Path(p)) => ["kv", "requests"]
+            .iter()
+            .map(|t| {
+                format!(
+                    "(SELECT count(*) FROM glob({}) WHERE ends_with(file, '.parquet.inprogress')
+            OR (ends_with(file, '.parquet') AND {}))",
+                    literal(opts.dialect, &format!("{p}/{t}/**")),
+                    duckdb_hidden(opts.dialect, p, t)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n          + "),
+        _ => "CAST(NULL AS BIGINT)".to_string(),
+    };
     stmt(
         &mut s,
         "Result: coverage. complete is true only when nothing lowers confidence. File
 digests and files missing on disk are not checked here: run `kvtrail verify`.
+files_unread: part files left open and hidden *.parquet (DuckDB; NULL elsewhere).
+duplicate_events, duplicate_requests: (pool, seq) and request ids held by more
+than one row, which the native reader refuses; the results count them as read.
 engine_reads: slots request 0 (the engine itself) read that held KV not its own;
 it has no customer response, so they affect none (they are left out above).",
         format!(
             "{}
 SELECT (capture_complete AND gaps = 0 AND copies_past_end = 0 AND NOT unverifiable
-        AND requests_missing = 0 AND unresolved_copy_slots = 0) AS complete,
+        AND requests_missing = 0 AND unresolved_copy_slots = 0
+        AND coalesce(files_unread, 0) = 0 AND duplicate_events = 0
+        AND duplicate_requests = 0) AS complete,
        x.*
 FROM (
   SELECT {} AS capture_complete, {} AS from_engine_start, {} AS unverifiable,
@@ -869,12 +923,18 @@ FROM (
          (SELECT count(*) FROM kvtrail_read_findings WHERE unresolved = 1) AS unresolved_copy_slots,
          (SELECT count(DISTINCT pslot) FROM kvtrail_read_findings
             WHERE reader = 0 AND kind <> 'blank') AS engine_reads,
+         {} AS files_unread,
+         (SELECT count(*) FROM (SELECT pool, seq FROM kvtrail_events
+            GROUP BY pool, seq HAVING count(*) > 1) d) AS duplicate_events,
+         (SELECT count(*) FROM (SELECT request_id FROM kvtrail_requests
+            GROUP BY request_id HAVING count(*) > 1) d) AS duplicate_requests,
          CAST('{}' AS {}) AS dialect
 ) x",
             d.view("kvtrail_coverage"),
             b(opts.complete),
             b(opts.from_engine_start),
             b(opts.unverifiable),
+            files_unread,
             opts.dialect.as_str(),
             d.string()
         ),
