@@ -12,6 +12,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Location, Result};
 use crate::sim::alloc::{FreeListPolicy, max_req_input_len};
 
+/// Largest timeout or delay a config may give (`*_ms` keys): one day.
+pub const MAX_DELAY_MS: u64 = 86_400_000;
+/// Largest fixed cost of one step (`timing.*_us` keys): one hour.
+pub const MAX_STEP_US: u64 = 3_600_000_000;
+/// Largest cost per token or page (`timing.*_ns_per_*` keys): one second.
+pub const MAX_PER_UNIT_NS: u64 = 1_000_000_000;
+
 /// The released SGLang version whose PD request path the engine follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum EngineVersion {
@@ -280,6 +287,68 @@ impl SimConfig {
         max_req_input_len(self.context_window, self.decode.capacity_tokens)
     }
 
+    /// Every time knob with its allowed maximum (one place; docs/simulator.md
+    /// lists the same ranges).
+    fn time_knobs(&self) -> [(&'static str, u64, u64, &'static str); 9] {
+        let t = &self.timing;
+        [
+            (
+                "waiting_timeout_ms",
+                self.waiting_timeout_ms,
+                MAX_DELAY_MS,
+                "one day in ms",
+            ),
+            (
+                "deferred_release_timeout_ms",
+                self.deferred_release_timeout_ms,
+                MAX_DELAY_MS,
+                "one day in ms",
+            ),
+            (
+                "abort_ack_ms",
+                self.abort_ack_ms.unwrap_or(0),
+                MAX_DELAY_MS,
+                "one day in ms",
+            ),
+            (
+                "timing.straggler_delay_ms",
+                t.straggler_delay_ms,
+                MAX_DELAY_MS,
+                "one day in ms",
+            ),
+            (
+                "timing.prefill_base_us",
+                t.prefill_base_us,
+                MAX_STEP_US,
+                "one hour in us",
+            ),
+            (
+                "timing.transfer_base_us",
+                t.transfer_base_us,
+                MAX_STEP_US,
+                "one hour in us",
+            ),
+            (
+                "timing.decode_step_us",
+                t.decode_step_us,
+                MAX_STEP_US,
+                "one hour in us",
+            ),
+            (
+                "timing.prefill_ns_per_token",
+                t.prefill_ns_per_token,
+                MAX_PER_UNIT_NS,
+                "one second in ns",
+            ),
+            (
+                "timing.transfer_ns_per_page",
+                t.transfer_ns_per_page,
+                MAX_PER_UNIT_NS,
+                "one second in ns",
+            ),
+        ]
+    }
+
     /// Checks combinations the modelled versions do not have.
     pub fn validate(&self) -> Result<()> {
         let bad = |col: &str, what: String, hint: &str| {
@@ -343,6 +412,15 @@ impl SimConfig {
                 "decode_block_tokens is 0".into(),
                 "use at least 1",
             );
+        }
+        for (key, value, max, unit) in self.time_knobs() {
+            if value > max {
+                return bad(
+                    key,
+                    format!("{key} = {value} is above {max} ({unit})"),
+                    "give a value from 0 to the maximum (docs/simulator.md, \"Timing ranges\"); the simulated clock is nanoseconds in an i64",
+                );
+            }
         }
         if self.timing.straggler_ppm > 1_000_000 {
             return bad(

@@ -40,6 +40,34 @@ pub const DECODE_POOL: u16 = 1;
 /// Simulated time 0 is 2026-09-01T00:00:00Z.
 pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
 
+/// The latest simulated time (ns since [`EPOCH_NS`]) whose timestamp
+/// still fits the trace's i64 nanoseconds (2262-04-11).
+pub const MAX_CLOCK_NS: i64 = i64::MAX - EPOCH_NS;
+
+/// `value * unit` nanoseconds, saturating at i64::MAX (never wrapping).
+fn span(value: u64, unit: u64) -> i64 {
+    i64::try_from(value.saturating_mul(unit)).unwrap_or(i64::MAX)
+}
+
+/// `now + value * unit`, saturating (an event past [`MAX_CLOCK_NS`] is
+/// refused when the clock reaches it).
+fn later(now: i64, value: u64, unit: u64) -> i64 {
+    now.saturating_add(span(value, unit))
+}
+
+/// Refuses a simulated time whose timestamp would not fit the trace.
+fn clock_checked(t: i64, request_id: Option<u64>) -> Result<i64> {
+    if (0..=MAX_CLOCK_NS).contains(&t) {
+        return Ok(t);
+    }
+    let who = request_id.map_or(String::new(), |r| format!(" (request {r})"));
+    Err(crate::error::Error::invalid(
+        crate::error::Location::default().column("timing"),
+        format!("the simulated clock left the range a trace timestamp can hold{who}"),
+        "lower the timing keys, timeouts and arrival spread so the run ends before 2262-04-11 (docs/simulator.md, \"Timing ranges\")",
+    ))
+}
+
 /// What the simulator did, besides the trace and the truth.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunStats {
@@ -283,12 +311,12 @@ impl<'a> Engine<'a> {
                 (None, None) => break,
                 (Some(ta), te) if te.is_none_or(|te| ta <= te) => {
                     let a = arrivals.next().expect("peeked");
-                    self.now = ta;
+                    self.now = clock_checked(ta, Some(a.request_id))?;
                     self.arrive(a)?;
                 }
                 _ => {
                     let Reverse((t, _, ev, id)) = self.heap.pop().expect("peeked");
-                    self.now = t;
+                    self.now = clock_checked(t, Some(id))?;
                     self.handle(ev, id)?;
                 }
             }
@@ -650,7 +678,7 @@ impl<'a> Engine<'a> {
                     let l = self.live.get_mut(&rid).expect("live");
                     l.dstate = DecState::Waiting;
                     self.at(
-                        now + cfg.waiting_timeout_ms as i64 * 1_000_000,
+                        later(now, cfg.waiting_timeout_ms, 1_000_000),
                         Ev::WaitTimeout,
                         rid,
                     );
@@ -738,7 +766,7 @@ impl<'a> Engine<'a> {
         match policy {
             DecodeAllocation::Early => {
                 self.at(
-                    now + self.cfg.waiting_timeout_ms as i64 * 1_000_000,
+                    later(now, self.cfg.waiting_timeout_ms, 1_000_000),
                     Ev::WaitTimeout,
                     rid,
                 );
@@ -808,14 +836,14 @@ impl<'a> Engine<'a> {
         let mut pf_slots = Self::page_slots(&shared_pages, ps);
         pf_slots.extend_from_slice(&own_slots);
         let t = &self.cfg.timing;
-        let dur = t.prefill_base_us as i64 * 1000
-            + (tokens - shared) as i64 * t.prefill_ns_per_token as i64;
+        let dur = span(t.prefill_base_us, 1000)
+            .saturating_add(span((tokens - shared) as u64, t.prefill_ns_per_token));
         let l = self.live.get_mut(&rid).expect("live");
         l.pf_slots = pf_slots;
         l.pf_own_pages = own_pages;
         l.pf_shared_tokens = shared;
         self.pf_busy = true;
-        self.at(self.now + dur, Ev::PrefillDone, rid);
+        self.at(self.now.saturating_add(dur), Ev::PrefillDone, rid);
         Ok(true)
     }
 
@@ -927,16 +955,17 @@ impl<'a> Engine<'a> {
         let t = &self.cfg.timing;
         let ps = self.pf_alloc.page_size();
         let l = self.live.get_mut(&rid).expect("live");
-        let pages = (l.pf_slots.len() as u32).div_ceil(ps) as i64;
-        let mut dur = t.transfer_base_us as i64 * 1000 + pages * t.transfer_ns_per_page as i64;
+        let pages = (l.pf_slots.len() as u64).div_ceil(ps as u64);
+        let mut dur =
+            span(t.transfer_base_us, 1000).saturating_add(span(pages, t.transfer_ns_per_page));
         if t.straggler_ppm > 0
             && model::mix64(rid ^ 0x57A6_61E5) % 1_000_000 < t.straggler_ppm as u64
         {
-            dur += t.straggler_delay_ms as i64 * 1_000_000;
+            dur = dur.saturating_add(span(t.straggler_delay_ms, 1_000_000));
         }
         l.transfer_in_flight = true;
         let now = self.now;
-        self.at(now + dur, Ev::TransferLand, rid);
+        self.at(now.saturating_add(dur), Ev::TransferLand, rid);
     }
 
     /// Frees prefill's own pages (not those the radix cache took) and drops
@@ -1120,16 +1149,19 @@ impl<'a> Engine<'a> {
         let ctx = self.live[&rid].dec_slots[..(l_len + j1) as usize].to_vec();
         let last = j1 == target;
         let values = self.read(DECODE_POOL, rid, &ctx, 0, last)?;
-        let dur = (j1 - generated) as i64 * self.cfg.timing.decode_step_us as i64 * 1000;
+        let dur = span(
+            (j1 - generated) as u64,
+            self.cfg.timing.decode_step_us.saturating_mul(1000),
+        );
         let l = self.live.get_mut(&rid).expect("live");
         l.generated = j1;
         let now = self.now;
         if last {
             let toks = model::output_tokens(&values, l_len as usize);
             l.output_hash = Some(hash_tokens(&toks));
-            self.at(now + dur, Ev::DecodeFinish, rid);
+            self.at(now.saturating_add(dur), Ev::DecodeFinish, rid);
         } else {
-            self.at(now + dur, Ev::DecodeBlock, rid);
+            self.at(now.saturating_add(dur), Ev::DecodeBlock, rid);
         }
         Ok(())
     }
@@ -1204,7 +1236,7 @@ impl<'a> Engine<'a> {
                 .abort_ack_ms
                 .unwrap_or(cfg.deferred_release_timeout_ms)
                 .min(cfg.deferred_release_timeout_ms);
-            self.at(now + wait as i64 * 1_000_000, Ev::DecodeRelease, rid);
+            self.at(later(now, wait, 1_000_000), Ev::DecodeRelease, rid);
         } else {
             self.decode_release(rid)?;
         }

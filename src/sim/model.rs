@@ -33,7 +33,9 @@
 //! 0..=L+j; the sum is order-independent, so a GPU may reduce it in any
 //! order. Prompt token ids (for prompt_hash) are
 //! `prompt_token(seed, p) = mix64(seed ^ mix64(p) ^ 0x5851F42D4C957F2D) mod 2^16`,
-//! with the prefix group's seed for shared-prefix positions.
+//! with the prefix group's seed for shared-prefix positions (a prompt above
+//! `workload::HASHED_PROMPT_TOKENS` is hashed by its description instead:
+//! see `Arrival::prompt_hash`).
 
 /// Vocabulary size of the reference model (token ids are 16-bit).
 pub const VOCAB: u32 = 1 << 16;

@@ -52,11 +52,24 @@ impl Arrival {
         })
     }
 
-    /// blake3 of the first `len` prompt tokens (the whole prompt for the
-    /// customer's prompt_hash).
+    /// The customer's prompt_hash: blake3 of the prompt token ids (u32
+    /// little-endian). A prompt longer than [`HASHED_PROMPT_TOKENS`] (far
+    /// above any context window: the engine never reads it whole) is
+    /// identified by blake3 of its description instead (a tag, content
+    /// seeds, prefix length and length), so its cost does not grow with a
+    /// recorded `prompt_tokens`.
     pub fn prompt_hash(&self) -> [u8; 32] {
         if let Some(h) = self.recorded_prompt_hash {
             return h;
+        }
+        if self.prompt_tokens > HASHED_PROMPT_TOKENS {
+            let mut h = blake3::Hasher::new();
+            h.update(b"kvtrail-sim long prompt v1");
+            h.update(&self.content_seed().to_le_bytes());
+            h.update(&self.prefix_group.map(group_seed).unwrap_or(0).to_le_bytes());
+            h.update(&self.prefix_tokens.to_le_bytes());
+            h.update(&self.prompt_tokens.to_le_bytes());
+            return *h.finalize().as_bytes();
         }
         let mut h = blake3::Hasher::new();
         let mut buf = Vec::with_capacity(4096);
@@ -71,6 +84,9 @@ impl Arrival {
         *h.finalize().as_bytes()
     }
 }
+
+/// Longest prompt whose prompt_hash covers its token ids (1 Mi tokens).
+pub const HASHED_PROMPT_TOKENS: u32 = 1 << 20;
 
 /// Seed of a prefix group's tokens.
 pub fn group_seed(group: u64) -> u64 {

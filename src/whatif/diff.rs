@@ -10,6 +10,10 @@
 //! held decode slots are summed separately: that is the capacity the fixed
 //! engine's timeout path keeps away from other traffic.
 //!
+//! The two traces must hold the same workload (per request present in
+//! both: tenant, prompt_tokens, prompt_hash where both have one, arrival
+//! offset from the first request); otherwise diff refuses them.
+//!
 //! Slot-seconds per request are order-independent sums (sum of free times
 //! minus sum of alloc times, weighted by slots), so unsorted kv files are
 //! fine. Memory: one small record per request of each trace.
@@ -18,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{Error, Location, Result};
 use crate::progress::Reporter;
 use crate::replay::ReplayOptions;
 use crate::schema::{Op, RequestRecord};
@@ -189,14 +193,93 @@ struct TraceView {
     scope: ScopeReport,
 }
 
-fn view(trace: &Trace, opts: &ReplayOptions, rep: &dyn Reporter) -> Result<TraceView> {
-    let scope = scope(trace, opts, rep)?;
+fn requests(trace: &Trace) -> Result<BTreeMap<u64, RequestRecord>> {
     let mut reqs = BTreeMap::new();
     for b in trace.requests() {
         for r in b? {
             reqs.insert(r.request_id, r);
         }
     }
+    Ok(reqs)
+}
+
+/// Earliest arrival of the replayable requests (request_id 0 is not
+/// replayed), the origin of the arrival offsets compared below.
+fn first_arrival(reqs: &BTreeMap<u64, RequestRecord>) -> i128 {
+    reqs.values()
+        .filter(|r| r.request_id != 0)
+        .map(|r| r.arrival_ns as i128)
+        .min()
+        .unwrap_or(0)
+}
+
+/// Refuses two traces that do not hold the same workload: every request
+/// present in both must have the same tenant, prompt_tokens, prompt_hash
+/// (where both have one) and arrival offset from the trace's first arrival
+/// (a replay keeps these; it may move the clock's origin).
+fn same_workload(
+    before: &Trace,
+    after: &Trace,
+    b: &BTreeMap<u64, RequestRecord>,
+    a: &BTreeMap<u64, RequestRecord>,
+) -> Result<()> {
+    let (b0, a0) = (first_arrival(b), first_arrival(a));
+    for (id, rb) in b {
+        let Some(ra) = a.get(id) else { continue };
+        let hex = |h: &[u8; 32]| {
+            h[..8]
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<String>()
+        };
+        let mismatch = if rb.tenant != ra.tenant {
+            Some(("tenant", "a different tenant".to_string()))
+        } else if rb.prompt_tokens != ra.prompt_tokens {
+            Some((
+                "prompt_tokens",
+                format!("prompt_tokens {} vs {}", rb.prompt_tokens, ra.prompt_tokens),
+            ))
+        } else if let (Some(x), Some(y)) = (&rb.prompt_hash, &ra.prompt_hash)
+            && x != y
+        {
+            Some((
+                "prompt_hash",
+                format!("prompt_hash {}... vs {}...", hex(x), hex(y)),
+            ))
+        } else if rb.arrival_ns as i128 - b0 != ra.arrival_ns as i128 - a0 {
+            Some((
+                "arrival_ns",
+                format!(
+                    "arrival {} ns vs {} ns after the first request",
+                    rb.arrival_ns as i128 - b0,
+                    ra.arrival_ns as i128 - a0
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some((column, what)) = mismatch {
+            return Err(Error::invalid(
+                Location::file(&after.dir.join("requests")).column(column),
+                format!(
+                    "request_id {id} is not the same request in {} and {}: {what}; the traces hold different workloads",
+                    before.dir.display(),
+                    after.dir.display()
+                ),
+                "diff compares a trace with its what-if replay (kvtrail replay TRACE --out NEWTRACE); give the trace the replay was made from",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn view(
+    trace: &Trace,
+    reqs: BTreeMap<u64, RequestRecord>,
+    opts: &ReplayOptions,
+    rep: &dyn Reporter,
+) -> Result<TraceView> {
+    let scope = scope(trace, opts, rep)?;
     let (holds, end) = holds(trace)?;
     let foreign = scope
         .affected_responses
@@ -303,15 +386,18 @@ fn latency(lat: &mut [f64], queue: &[f64]) -> Latency {
     }
 }
 
-/// Compares `before` with `after` (requests matched by request_id).
+/// Compares `before` with `after` (requests matched by request_id; the
+/// same workload, else `Error::Invalid`).
 pub fn diff(
     before: &Trace,
     after: &Trace,
     opts: &ReplayOptions,
     rep: &dyn Reporter,
 ) -> Result<DiffReport> {
-    let b = view(before, opts, rep)?;
-    let a = view(after, opts, rep)?;
+    let (rb, ra) = (requests(before)?, requests(after)?);
+    same_workload(before, after, &rb, &ra)?;
+    let b = view(before, rb, opts, rep)?;
+    let a = view(after, ra, opts, rep)?;
     let mut changed = Vec::new();
     let mut transitions: BTreeMap<String, u64> = BTreeMap::new();
     let (mut lat_b, mut lat_a, mut q_b, mut q_a) = (vec![], vec![], vec![], vec![]);

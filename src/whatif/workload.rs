@@ -208,7 +208,7 @@ pub fn extract(trace: &Trace) -> Result<Workload> {
             request_id: r.id,
             external_id: r.external_id,
             tenant: r.tenant,
-            arrival_ns: r.arrival_ns - time_base_ns,
+            arrival_ns: r.arrival_ns.saturating_sub(time_base_ns),
             prompt_tokens: r.prompt_tokens,
             output_tokens: out,
             prefix_group: if tokens > 0 { group } else { None },
