@@ -323,3 +323,57 @@ fn what_if_replay_of_a_two_to_the_31_slot_pool_is_refused_with_exit_2() {
     );
     assert!(!out.exists());
 }
+
+/// `pools` small pools of one kv file: in each, one request writes 8 slots
+/// and another reads them (every pool has one foreign read).
+fn many_pool_trace(dir: &Path, pools: u16) -> PathBuf {
+    let mut evs = Vec::new();
+    for p in 0..pools {
+        let (owner, reader) = (1 + 2 * (p as u64 % 8), 2 + 2 * (p as u64 % 8));
+        for (seq, (rid, op)) in [
+            (owner, Op::Alloc),
+            (owner, Op::Write),
+            (reader, Op::Read),
+            (owner, Op::Free),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            evs.push(KvEvent {
+                pool: p,
+                seq: seq as u64,
+                ts_ns: 2_000 + seq as i64,
+                request_id: rid,
+                op,
+                slot_start: 0,
+                slot_count: 8,
+                token_pos: None,
+                src: None,
+            });
+        }
+    }
+    let reqs: Vec<RequestRecord> = (1..=16)
+        .map(|id| request(id, &format!("t{id}"), 0, 0))
+        .collect();
+    let decl = (0..pools).map(|p| pool(p, Role::Prefill, 64)).collect();
+    write_trace(dir, decl, &evs, &reqs)
+}
+
+#[test]
+fn sixteen_thousand_pools_in_one_file_scope_in_near_linear_time() {
+    // Before: every pool's stream copied the trace (its 16,000 pools) and
+    // decoded the whole file again (16,000 times): minutes.
+    let dir = tempfile::tempdir().unwrap();
+    let t = many_pool_trace(&dir.path().join("t"), 16_000);
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        8,
+        "{}",
+        r.stdout
+    );
+    assert!(r.wall < Duration::from_secs(60), "took {:?}", r.wall);
+    assert!(r.peak_mib < 1024, "peak RSS {} MiB", r.peak_mib);
+}
