@@ -158,6 +158,11 @@ fn write_trace(
 /// own copy; request 2 reads them (foreign: it sees request 1's KV);
 /// request 3 is granted a share of them first, then reads (shared, clean).
 fn top_of_pool_trace(dir: &Path, cap: u64) -> PathBuf {
+    top_of_pool_trace_at(dir, cap, None)
+}
+
+/// `top_of_pool_trace` with every event at token position `pos`.
+fn top_of_pool_trace_at(dir: &Path, cap: u64, pos: Option<u32>) -> PathBuf {
     let top = (cap - 8) as u32;
     let mut seqs = [0u64; 2];
     let mut evs = Vec::new();
@@ -172,7 +177,7 @@ fn top_of_pool_trace(dir: &Path, cap: u64) -> PathBuf {
             op,
             slot_start: top,
             slot_count: 8,
-            token_pos: None,
+            token_pos: pos,
             src,
         });
     };
@@ -376,4 +381,35 @@ fn sixteen_thousand_pools_in_one_file_scope_in_near_linear_time() {
     );
     assert!(r.wall < Duration::from_secs(60), "took {:?}", r.wall);
     assert!(r.peak_mib < 1024, "peak RSS {} MiB", r.peak_mib);
+}
+
+#[test]
+fn counterfactual_of_a_read_at_token_position_near_2_to_the_32_stays_small() {
+    // The context of an affected response was a vector indexed by token
+    // position: a read at position 2^32 - 9 allocated ~100 GB.
+    let dir = tempfile::tempdir().unwrap();
+    let t = top_of_pool_trace_at(&dir.path().join("t"), 64, Some(u32::MAX - 8));
+    // Claim the reference model wrote it (counterfactual applies).
+    let p = t.join("trace.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    m["capture"]["writer"] = "kvtrail-sim".into();
+    m["deployment"]["simulator"] = serde_json::json!({});
+    let digest = |f: &str| {
+        blake3::hash(&std::fs::read(t.join(f)).unwrap())
+            .to_hex()
+            .to_string()
+    };
+    m["files"] = serde_json::json!([
+        {"path": "kv/all.parquet", "rows": 10, "blake3": digest("kv/all.parquet")},
+        {"path": "requests/r.parquet", "rows": 3, "blake3": digest("requests/r.parquet")},
+    ]);
+    std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let r = run_bounded(&["counterfactual", t.to_str().unwrap(), "--json"]);
+    assert!(r.code == 0 || r.code == 1, "exit {}: {}", r.code, r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["applicable"], true, "{}", r.stdout);
+    assert_eq!(j["affected_responses"], 1, "{}", r.stdout);
+    assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
 }
