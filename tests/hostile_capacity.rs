@@ -413,3 +413,19 @@ fn counterfactual_of_a_read_at_token_position_near_2_to_the_32_stays_small() {
     assert_eq!(j["affected_responses"], 1, "{}", r.stdout);
     assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
 }
+
+#[test]
+fn requests_of_a_sixteen_thousand_pool_trace_are_checked_in_linear_time() {
+    // Each request's pool ids were looked up by a scan of the deployment's
+    // pools: requests x pools (200,000 requests: 74 s in a release build).
+    let dir = tempfile::tempdir().unwrap();
+    let pools: u16 = 16_000;
+    let decl = (0..pools).map(|p| pool(p, Role::Prefill, 64)).collect();
+    let reqs: Vec<RequestRecord> = (1..=200_000)
+        .map(|id| request(id, "acme", pools - 1, pools - 1))
+        .collect();
+    let t = write_trace(&dir.path().join("t"), decl, &[], &reqs);
+    let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.wall < Duration::from_secs(10), "took {:?}", r.wall);
+}
