@@ -459,3 +459,47 @@ fn merged_folder_keeps_the_chain_of_custody() {
 fn json_of(b: &[u8]) -> serde_json::Value {
     serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
 }
+
+#[test]
+fn merge_of_response_token_counts_near_u64_max_saturates_per_tenant() {
+    // Two responses of one tenant, each (forged) with u64::MAX foreign
+    // tokens from one source tenant: the per-tenant and total sums wrapped
+    // (or panicked) before.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = decode_leak();
+    tb.req(3, "globex");
+    tb.read(1, 3, 0, 4);
+    let t = tb.record(&dir.path().join("t"));
+    let s0 = shard(&t, "0", &dir.path().join("s0"));
+    let s1 = shard(&t, "1", &dir.path().join("s1"));
+    let p = s1.join("summary.json");
+    let mut sum = json(&p);
+    let affected = sum["affected_responses"].as_array_mut().unwrap();
+    assert_eq!(affected.len(), 2, "{affected:?}");
+    for a in affected {
+        a["foreign_tokens"] = u64::MAX.into();
+        for s in a["sources"].as_array_mut().unwrap() {
+            s["tokens"] = u64::MAX.into();
+        }
+    }
+    put_json(&p, &sum);
+    reseal(&s1);
+    let m = dir.path().join("m");
+    ok(&merge_args(&[&s0, &s1], &m));
+    let sum = json(&m.join("summary.json"));
+    assert_eq!(sum["counts"]["foreign_tokens"], u64::MAX, "{sum}");
+    let globex = sum["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tenant"] == "globex")
+        .unwrap();
+    assert_eq!(globex["foreign_tokens"], u64::MAX, "{sum}");
+    let acme = sum["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tenant"] == "acme")
+        .unwrap();
+    assert_eq!(acme["tokens"], u64::MAX, "{sum}");
+}

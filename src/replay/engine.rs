@@ -71,7 +71,6 @@ fn at_event(err: Error, loc_of: impl FnOnce(usize) -> (std::path::PathBuf, u64))
 
 /// Output of the scheduler, before aggregation.
 pub struct Sched<'a> {
-    trace: &'a Trace,
     plan: &'a Plan,
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
@@ -132,7 +131,6 @@ impl<'a> Sched<'a> {
             });
         }
         Ok(Sched {
-            trace,
             plan,
             backend,
             pools,
@@ -196,13 +194,9 @@ impl<'a> Sched<'a> {
         if pool.done {
             return Ok(false);
         }
-        let (trace, plan) = (self.trace, self.plan);
+        let plan = self.plan;
         let stream = pool.stream.get_or_insert_with(|| {
-            PoolStream::new(
-                trace,
-                &plan.files,
-                plan.runs.get(&pool.id).cloned().unwrap_or_default(),
-            )
+            PoolStream::new(plan, plan.runs.get(&pool.id).cloned().unwrap_or_default())
         });
         let b = stream.next_batch()?;
         let old = super::input::Batch {

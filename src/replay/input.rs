@@ -8,18 +8,23 @@
 //! are sorted externally: cut into chunks of bounded size, each sorted and
 //! spilled to a temporary directory, then merged like the others. Memory is
 //! bounded by the chunk size and the number of runs open at once, never by
-//! the trace.
+//! the trace. A file that holds many pools is split once (each pool's rows
+//! copied to a file of their own) instead of being decoded once per pool.
+//! The streams share the plan's file list and deployment (no copy per
+//! pool), so thousands of pools cost time linear in their count.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::copies::CopySpiller;
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
+use crate::trace::Deployment;
 use crate::trace::check::{self, FileRuns};
 use crate::trace::read::{KvFileReader, KvIndexBatch, Trace};
 
@@ -27,6 +32,9 @@ use crate::trace::read::{KvFileReader, KvIndexBatch, Trace};
 pub const SPILL_CHUNK_EVENTS: usize = 1 << 20;
 /// Events handed out per merged batch.
 pub const MERGE_BATCH: usize = 16 * 1024;
+/// A kv file holding more pools than this is split once into one file per
+/// pool rather than decoded once per pool.
+pub const SPLIT_POOLS: usize = 4;
 
 /// An event with where it came from (for error messages).
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +60,10 @@ pub enum RunSource {
     File(u32),
     /// A sorted chunk spilled to disk.
     Spill(PathBuf),
+    /// The rows (already sorted) of one pool of a many-pool file, copied
+    /// to a file of their own in the spill format (not counted as spilled:
+    /// nothing was sorted).
+    Split(PathBuf),
 }
 
 /// A copy whose source state must be captured: `count` slots of the source
@@ -68,7 +80,10 @@ pub struct CopyReq {
 
 /// The replay plan.
 pub struct Plan {
-    pub files: Vec<PathBuf>,
+    /// The kv files, shared by every pool's stream.
+    pub files: Arc<[PathBuf]>,
+    /// The deployment the files are checked against, shared likewise.
+    pub deployment: Arc<Deployment>,
     /// Runs per pool, sorted by min_seq.
     pub runs: BTreeMap<u16, Vec<RunSpec>>,
     /// Copies per source pool (streamed in src_seq order).
@@ -123,7 +138,7 @@ impl Plan {
     /// `chunk` bounds the events (external sort) and copies (copy index)
     /// held in memory before spilling.
     pub fn build(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<Plan> {
-        let files = trace.kv_files.clone();
+        let files: Arc<[PathBuf]> = trace.kv_files.clone().into();
         let spiller = std::sync::Mutex::new(CopySpiller::new(
             spill_root,
             chunk.unwrap_or(super::copies::COPY_CHUNK),
@@ -141,12 +156,16 @@ impl Plan {
         let checked = check::finish(trace, &indexes, spill_root, chunk)?;
         let mut runs: BTreeMap<u16, Vec<RunSpec>> = BTreeMap::new();
         let mut total = 0u64;
-        let mut unsorted: Vec<(u32, Vec<u16>)> = Vec::new();
+        // Per file, the pools to read into files of their own: (pool, sorted).
+        let mut unsorted: Vec<(u32, Vec<(u16, bool)>)> = Vec::new();
         for (fi, idx) in indexes.iter().enumerate() {
             let mut uns = Vec::new();
+            let split = idx.pools().count() > SPLIT_POOLS;
             for (pool, st) in idx.pools() {
                 total += st.rows;
-                if st.sorted {
+                if split {
+                    uns.push((pool, st.sorted));
+                } else if st.sorted {
                     runs.entry(pool).or_default().push(RunSpec {
                         pool,
                         min_seq: st.min,
@@ -155,7 +174,7 @@ impl Plan {
                         source: RunSource::File(fi as u32),
                     });
                 } else {
-                    uns.push(pool);
+                    uns.push((pool, false));
                 }
             }
             if !uns.is_empty() {
@@ -187,6 +206,7 @@ impl Plan {
         }
         Ok(Plan {
             files,
+            deployment: Arc::new(trace.manifest.deployment.clone()),
             runs,
             copies,
             order: checked.order,
@@ -251,67 +271,134 @@ fn decode(b: &[u8]) -> Ev {
     }
 }
 
-/// Sorts the rows of `pools` in file `fi` in chunks of at most `limit`
-/// events spilled to `dir`.
+/// One pool's rows of a file being split.
+struct SplitBuf {
+    pool: u16,
+    /// Rows already in seq order: appended to one file (one run).
+    sorted: bool,
+    buf: Vec<Ev>,
+    /// The run file of a sorted pool, once created: (path, min, max, rows).
+    run: Option<(PathBuf, u64, u64, u64)>,
+}
+
+/// Reads file `fi` once and writes the rows of each of `pools` to files
+/// of their own under `dir`: a sorted pool's rows to one file (one run),
+/// an unsorted pool's in sorted chunks (one run each). At most `limit`
+/// events are held at once, over all pools (the largest buffer is written
+/// out first). Returns the events sorted externally (the unsorted pools').
 #[allow(clippy::too_many_arguments)]
 fn spill_file(
     trace: &Trace,
     files: &[PathBuf],
     fi: u32,
-    pools: &[u16],
+    pools: &[(u16, bool)],
     dir: &Path,
     n: &mut usize,
     limit: usize,
     runs: &mut BTreeMap<u16, Vec<RunSpec>>,
 ) -> Result<u64> {
-    let mut bufs: HashMap<u16, Vec<Ev>> = pools.iter().map(|&p| (p, Vec::new())).collect();
+    let mut slot: HashMap<u16, usize> = HashMap::with_capacity(pools.len());
+    let mut bufs: Vec<SplitBuf> = Vec::with_capacity(pools.len());
+    for &(pool, sorted) in pools {
+        slot.insert(pool, bufs.len());
+        bufs.push(SplitBuf {
+            pool,
+            sorted,
+            buf: Vec::new(),
+            run: None,
+        });
+    }
     let mut spilled = 0u64;
-    let mut flush = |pool: u16, buf: &mut Vec<Ev>, n: &mut usize| -> Result<()> {
-        if buf.is_empty() {
+    let mut held = 0usize;
+    let mut flush = |b: &mut SplitBuf, n: &mut usize| -> Result<()> {
+        if b.buf.is_empty() {
             return Ok(());
         }
-        buf.sort_by_key(|e| e.ev.seq);
-        let path = dir.join(format!("run-{:06}.bin", *n));
-        *n += 1;
-        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
+        let (path, append) = match (&b.run, b.sorted) {
+            (Some((p, ..)), true) => (p.clone(), true),
+            _ => {
+                let p = dir.join(format!("run-{:06}.bin", *n));
+                *n += 1;
+                (p, false)
+            }
+        };
+        if !b.sorted {
+            b.buf.sort_by_key(|e| e.ev.seq);
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let mut w = BufWriter::with_capacity(1 << 16, f);
         let mut rec = [0u8; REC];
-        for e in buf.iter() {
+        for e in b.buf.iter() {
             encode(e, &mut rec);
             w.write_all(&rec).map_err(|e| Error::io(&path, e))?;
         }
         w.flush().map_err(|e| Error::io(&path, e))?;
-        runs.entry(pool).or_default().push(RunSpec {
-            pool,
-            min_seq: buf[0].ev.seq,
-            max_seq: buf[buf.len() - 1].ev.seq,
-            rows: buf.len() as u64,
-            source: RunSource::Spill(path),
-        });
-        spilled += buf.len() as u64;
-        buf.clear();
+        let (lo, hi, rows) = (
+            b.buf[0].ev.seq,
+            b.buf[b.buf.len() - 1].ev.seq,
+            b.buf.len() as u64,
+        );
+        if b.sorted {
+            match &mut b.run {
+                Some((_, _, max, r)) => {
+                    *max = hi;
+                    *r += rows;
+                }
+                None => b.run = Some((path, lo, hi, rows)),
+            }
+        } else {
+            runs.entry(b.pool).or_default().push(RunSpec {
+                pool: b.pool,
+                min_seq: lo,
+                max_seq: hi,
+                rows,
+                source: RunSource::Spill(path),
+            });
+            spilled += rows;
+        }
+        b.buf.clear();
         Ok(())
     };
     for chunk in trace.kv_file(&files[fi as usize])? {
         let chunk = chunk?;
         for (i, ev) in chunk.events.iter().enumerate() {
-            if let Some(buf) = bufs.get_mut(&ev.pool) {
-                buf.push(Ev {
+            if let Some(&k) = slot.get(&ev.pool) {
+                bufs[k].buf.push(Ev {
                     ev: *ev,
                     file: fi,
                     row: chunk.first_row + i as u64,
                 });
-                if buf.len() >= limit {
-                    flush(ev.pool, buf, n)?;
+                held += 1;
+                if held >= limit {
+                    let big = (0..bufs.len())
+                        .max_by_key(|&j| bufs[j].buf.len())
+                        .expect("a pool");
+                    held -= bufs[big].buf.len();
+                    flush(&mut bufs[big], n)?;
                 }
             }
         }
     }
-    let mut keys: Vec<u16> = bufs.keys().copied().collect();
-    keys.sort_unstable();
-    for p in keys {
-        let buf = bufs.get_mut(&p).expect("key");
-        flush(p, buf, n)?;
+    bufs.sort_by_key(|b| b.pool);
+    for b in &mut bufs {
+        flush(b, n)?;
+    }
+    for b in bufs {
+        if let Some((path, min_seq, max_seq, rows)) = b.run {
+            runs.entry(b.pool).or_default().push(RunSpec {
+                pool: b.pool,
+                min_seq,
+                max_seq,
+                rows,
+                source: RunSource::Split(path),
+            });
+        }
     }
     Ok(spilled)
 }
@@ -330,14 +417,14 @@ enum OpenRun {
 }
 
 impl OpenRun {
-    fn open(spec: &RunSpec, trace: &Trace, files: &[PathBuf]) -> Result<OpenRun> {
+    fn open(spec: &RunSpec, deployment: &Deployment, files: &[PathBuf]) -> Result<OpenRun> {
         Ok(match &spec.source {
             RunSource::File(fi) => OpenRun::File {
                 pool: spec.pool,
                 fi: *fi,
-                reader: trace.kv_file(&files[*fi as usize])?,
+                reader: KvFileReader::open(&files[*fi as usize], deployment)?,
             },
-            RunSource::Spill(p) => OpenRun::Spill {
+            RunSource::Spill(p) | RunSource::Split(p) => OpenRun::Spill {
                 path: p.clone(),
                 reader: BufReader::with_capacity(
                     1 << 20,
@@ -407,8 +494,8 @@ impl Active {
 
 /// The merge state of one pool: a lazy k-way merge of its runs.
 struct Merge {
-    trace: Trace,
-    files: Vec<PathBuf>,
+    deployment: Arc<Deployment>,
+    files: Arc<[PathBuf]>,
     pending: std::collections::VecDeque<RunSpec>,
     active: Vec<Active>,
 }
@@ -437,10 +524,11 @@ pub struct PoolStream {
 }
 
 impl PoolStream {
-    pub fn new(trace: &Trace, files: &[PathBuf], runs: Vec<RunSpec>) -> PoolStream {
+    /// The stream of `runs` (one pool's, from `plan`).
+    pub fn new(plan: &Plan, runs: Vec<RunSpec>) -> PoolStream {
         let mut m = Merge {
-            trace: trace.clone(),
-            files: files.to_vec(),
+            deployment: Arc::clone(&plan.deployment),
+            files: Arc::clone(&plan.files),
             pending: runs.into(),
             active: Vec::new(),
         };
@@ -519,7 +607,7 @@ impl Merge {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
-                let mut run = OpenRun::open(&spec, &self.trace, &self.files)?;
+                let mut run = OpenRun::open(&spec, &self.deployment, &self.files)?;
                 let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;
                 if !buf.events.is_empty() {

@@ -223,7 +223,9 @@ pub fn scope_outcome(
         spilled_events: outcome.spilled_events,
         ..Counts::of_findings(&affected, &recipients, &sources)
     };
-    let blank_reads = blank_responses.iter().map(|b| b.tokens).sum();
+    let blank_reads = blank_responses
+        .iter()
+        .fold(0u64, |n, b| n.saturating_add(b.tokens));
     let verdict = verdict(&counts, &cov);
     Ok(ScopeReport {
         format: "kvtrail-scope".into(),
@@ -606,8 +608,9 @@ pub(crate) fn tenants(affected: &[Response]) -> (Vec<Recipient>, Vec<SourceTenan
             request_ids: Vec::new(),
         });
         e.responses += 1;
-        e.foreign_tokens += a.foreign_tokens;
-        e.unknown_tokens += a.unknown_tokens;
+        // Saturating: a merged shard's counts are read from its files.
+        e.foreign_tokens = e.foreign_tokens.saturating_add(a.foreign_tokens);
+        e.unknown_tokens = e.unknown_tokens.saturating_add(a.unknown_tokens);
         e.cross_tenant_responses += a.cross_tenant as u64;
         match a.confidence {
             Confidence::Confirmed => e.confirmed += 1,
@@ -618,9 +621,9 @@ pub(crate) fn tenants(affected: &[Response]) -> (Vec<Recipient>, Vec<SourceTenan
             let t = src_t.entry(s.tenant.clone()).or_default();
             t.0.insert(s.request_id);
             t.1.insert(a.tenant.clone());
-            t.2 += s.tokens;
+            t.2 = t.2.saturating_add(s.tokens);
             if s.cross_tenant {
-                t.3 += s.tokens;
+                t.3 = t.3.saturating_add(s.tokens);
             }
             t.4.insert(a.request_id);
         }

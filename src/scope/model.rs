@@ -367,10 +367,15 @@ impl Counts {
             confirmed_responses: with(Confidence::Confirmed),
             possible_responses: with(Confidence::Possible),
             cross_tenant_responses: affected.iter().filter(|a| a.cross_tenant).count() as u64,
-            foreign_tokens: affected.iter().map(|a| a.foreign_tokens).sum(),
+            // Saturating: a merge reads these from the shards' files.
+            foreign_tokens: affected
+                .iter()
+                .fold(0u64, |n, a| n.saturating_add(a.foreign_tokens)),
             recipient_tenants: recipients.len() as u64,
             source_tenants: sources.len() as u64,
-            source_requests: sources.iter().map(|s| s.requests).sum(),
+            source_requests: sources
+                .iter()
+                .fold(0u64, |n, s| n.saturating_add(s.requests)),
             ..Default::default()
         }
     }

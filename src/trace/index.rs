@@ -185,12 +185,18 @@ impl RequestIndex {
 /// duplicate `request_id` (naming both places).
 pub fn load_request_index(trace: &Trace) -> Result<RequestIndex> {
     let mut idx = RequestIndex::default();
+    // Declared pool ids, a flat table: one lookup per row, whatever the
+    // number of pools.
+    let mut known = vec![false; 1 << 16];
+    for p in &trace.deployment().pools {
+        known[p.id as usize] = true;
+    }
     for (fi, path) in trace.request_files.iter().enumerate() {
         idx.files.push(path.clone());
         let mut row = 0u64;
         for batch in RequestFileReader::open(path)? {
             for r in batch? {
-                check_pools(trace, path, row, &r)?;
+                check_pools(&known, path, row, &r)?;
                 idx.insert(r, fi as u32, row)?;
                 row += 1;
             }
@@ -199,13 +205,13 @@ pub fn load_request_index(trace: &Trace) -> Result<RequestIndex> {
     Ok(idx)
 }
 
-fn check_pools(trace: &Trace, path: &Path, row: u64, r: &RequestRecord) -> Result<()> {
+fn check_pools(known: &[bool], path: &Path, row: u64, r: &RequestRecord) -> Result<()> {
     for (col, p) in [
         (req_col::PREFILL_POOL, r.prefill_pool),
         (req_col::DECODE_POOL, r.decode_pool),
     ] {
         if let Some(p) = p
-            && trace.deployment().pool(p).is_none()
+            && !known[p as usize]
         {
             return Err(Error::invalid(
                 Location::file(path).row(row).column(col),

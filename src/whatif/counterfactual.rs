@@ -133,9 +133,9 @@ pub struct CounterfactualReport {
 }
 
 struct Target {
-    /// position -> (content, foreign)
-    ctx: Vec<(SlotContent, bool)>,
-    seen: Vec<bool>,
+    /// position -> (content, foreign), for the positions read: a map, so
+    /// memory follows the reads, not the largest token position.
+    ctx: BTreeMap<usize, (SlotContent, bool)>,
     missing_seed: bool,
 }
 
@@ -290,12 +290,7 @@ impl Backend for ModelBackend<'_> {
                                 .any(|g| g.start <= s && s < g.end && p.wseq1.get(s) <= g.seq);
                             let foreign = o != r && o != NEVER && o != SCRUBBED && !shared;
                             let q = p0 + i;
-                            if t.ctx.len() <= q {
-                                t.ctx.resize(q + 1, (None, false));
-                                t.seen.resize(q + 1, false);
-                            }
-                            t.ctx[q] = (content, foreign);
-                            t.seen[q] = true;
+                            t.ctx.insert(q, (content, foreign));
                         }
                     }
                 }
@@ -408,8 +403,7 @@ pub fn counterfactual(
                 (
                     t,
                     Target {
-                        ctx: Vec::new(),
-                        seen: Vec::new(),
+                        ctx: BTreeMap::new(),
                         missing_seed: false,
                     },
                 )
@@ -424,9 +418,10 @@ pub fn counterfactual(
     for id in ids {
         let t = &backend.targets[&id];
         let Some(r) = recs.get(&id) else { continue };
-        let n = t.ctx.len() as u64;
-        let foreign = t.ctx.iter().filter(|c| c.1).count() as u64;
-        let complete = t.seen.iter().all(|&s| s);
+        // Positions 0..n, where n is one past the last position read.
+        let n = t.ctx.last_key_value().map_or(0, |(&q, _)| q as u64 + 1);
+        let foreign = t.ctx.values().filter(|c| c.1).count() as u64;
+        let complete = t.ctx.len() as u64 == n;
         let out_t = r.output_tokens as u64;
         let own_seed = seeds.get(&id).copied();
         let mut run = Rerun {
@@ -460,15 +455,14 @@ pub fn counterfactual(
         }
         let prompt_len = (n - out_t) as u32;
         let recorded = Context {
-            slots: t.ctx.iter().map(|c| c.0).collect(),
+            slots: t.ctx.values().map(|c| c.0).collect(),
             prompt_len,
         };
         let cf = Context {
             slots: t
                 .ctx
                 .iter()
-                .enumerate()
-                .map(|(q, &(c, f))| {
+                .map(|(&q, &(c, f))| {
                     if f {
                         own_seed.map(|s| (s, q as u32))
                     } else {
