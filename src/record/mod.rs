@@ -136,7 +136,7 @@ impl RecordConfig {
             listen,
             recorder: RecorderOptions::default(),
             max_bytes: None,
-            max_line_bytes: 1 << 20,
+            max_line_bytes: crate::capture::jsonl::MAX_LINE_BYTES,
             queue_batches: 256,
             copy_timeout: Duration::from_secs(10),
             pair_timeout: Duration::from_secs(900),
