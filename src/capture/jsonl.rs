@@ -562,12 +562,9 @@ fn ingest_lines(
     let mut buf = Vec::new();
     let mut input = input;
     let mut lineno = 0u64;
-    loop {
-        let Some(fits) =
-            read_line_bounded(&mut input, &mut buf).map_err(|e| Error::io(input_name, e))?
-        else {
-            break;
-        };
+    while let Some(fits) =
+        read_line_bounded(&mut input, &mut buf).map_err(|e| Error::io(input_name, e))?
+    {
         lineno += 1;
         let mut bytes = &buf[..];
         if lineno == 1 {
