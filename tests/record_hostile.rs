@@ -16,6 +16,7 @@
 //! - unpaired_views_are_bounded_and_overflow_is_counted
 //! - transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer
 //! - writer_failure_is_not_silent
+//! - reconnect_loop_leaves_no_per_connection_state
 
 mod common;
 mod record_common;
@@ -422,4 +423,28 @@ fn writer_failure_is_not_silent() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("record: writer stopped: "), "{err}");
     assert!(err.contains("error: "), "{err}");
+}
+
+#[test]
+fn reconnect_loop_leaves_no_per_connection_state() {
+    // A client that reconnects over and over (each time saying hello and
+    // sending one event) must not grow the sidecar: what a connection holds
+    // is freed when it closes and the writer has its last batch.
+    let rig = start(|_| {});
+    const N: u64 = 1000;
+    for i in 0..N {
+        let mut c = rig.connect(&[(2 + i % 2) as u16]);
+        writeln!(c, "{}", kv((2 + i % 2) as u16, i + 1, "alloc", 0, 1)).unwrap();
+        drop(c);
+    }
+    let stats = rig.sidecar.stats();
+    until("every connection closed and every batch written", || {
+        stats.connections_live.load(Ordering::Relaxed) == 0
+            && stats.queue_depth.load(Ordering::Relaxed) == 0
+            && stats.kv_written.load(Ordering::Relaxed) == N
+    });
+    assert_eq!(rig.sidecar.connection_entries(), 0);
+    let (sum, t, _d, _o) = rig.stop();
+    assert!(sum.complete);
+    assert_eq!(seqs(&t, 2).len() + seqs(&t, 3).len(), N as usize);
 }

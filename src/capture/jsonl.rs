@@ -72,6 +72,11 @@ fn err(field: &str, message: impl Into<String>) -> LineError {
 /// waits for its partner view) small.
 pub const MAX_STRING_BYTES: usize = 256;
 
+/// The longest line, in bytes without its newline, that `kvtrail ingest`
+/// reads (and the record sidecar's default `--max-line-bytes`). A longer
+/// line is a bad line, skipped unread: a line needs a few hundred bytes.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
 const KV_KEYS: [&str; 12] = [
     "type",
     "pool",
@@ -180,6 +185,61 @@ impl Obj<'_> {
     }
 }
 
+/// A line's top-level JSON value: an object (with the first key it names
+/// twice, if any; the first value is kept) or anything else.
+enum Top {
+    Object(Map<String, Value>, Option<String>),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Top {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Top, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Top;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Top, A::Error> {
+                let mut map = Map::new();
+                let mut dup = None;
+                while let Some((k, v)) = a.next_entry::<String, Value>()? {
+                    if map.contains_key(&k) {
+                        dup.get_or_insert(k);
+                    } else {
+                        map.insert(k, v);
+                    }
+                }
+                Ok(Top::Object(map, dup))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Top, A::Error> {
+                while a.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Top::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Top, E> {
+                Ok(Top::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Parses one line of the JSONL import format (see docs/jsonl.md).
 ///
 /// Checks everything that can be checked without the deployment (types,
@@ -187,18 +247,26 @@ impl Obj<'_> {
 /// only, request_id ≠ 0 for requests). Pool ids and extents are checked by
 /// the [`Recorder`].
 pub fn parse_line(line: &str) -> Result<JsonlRecord, LineError> {
-    let value: Value = serde_json::from_str(line).map_err(|e| LineError {
+    let top: Top = serde_json::from_str(line).map_err(|e| LineError {
         field: None,
         message: format!("not valid JSON: {e}"),
         pool: None,
     })?;
-    let Value::Object(map) = &value else {
+    let Top::Object(map, dup) = &top else {
         return Err(LineError {
             field: None,
             message: "expected a JSON object".into(),
             pool: None,
         });
     };
+    if let Some(k) = dup {
+        // Readers disagree on which of two equal keys counts (serde_json:
+        // the last, others the first): a line naming a key twice is refused.
+        return Err(err(
+            k,
+            "duplicate key: the line names it more than once; keep one",
+        ));
+    }
     let o = Obj(map);
     match o.opt_value("type") {
         Some(Value::String(t)) if t == "kv" => {
@@ -271,6 +339,9 @@ fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
             format!("src is set on a `{op}` event; only `write` copies"),
         ));
     }
+    if let Some(s) = seq {
+        reader_rule("seq", crate::trace::read::check_seq(at("seq"), s))?;
+    }
     let event = KvEvent {
         pool,
         seq: seq.unwrap_or(0),
@@ -282,7 +353,44 @@ fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
         token_pos: o.opt_int("token_pos", "UInt32")?,
         src,
     };
+    check_kv(&event)?;
     Ok(JsonlRecord::Kv { event, seq })
+}
+
+/// The reader's rules on a KV event's own values (crate::trace::read): the
+/// reserved request ids and src_seq. Pools and extents need the deployment
+/// and are the [`Recorder`]'s; the record sidecar's fast paths call this
+/// too, so nothing a capture writes is refused by a reader.
+pub fn check_kv(event: &KvEvent) -> Result<(), LineError> {
+    use crate::trace::read::{check_request_id, check_seq};
+    reader_rule(
+        "request_id",
+        check_request_id(at("request_id"), event.request_id),
+    )?;
+    if let Some(src) = event.src {
+        reader_rule("src_seq", check_seq(at("src_seq"), src.seq))?;
+    }
+    Ok(())
+}
+
+/// The reader's request-id rule, for any line naming a request.
+pub fn check_request_id(id: u64) -> Result<(), LineError> {
+    reader_rule(
+        "request_id",
+        crate::trace::read::check_request_id(at("request_id"), id),
+    )
+}
+
+fn at(col: &str) -> Location {
+    Location::default().column(col)
+}
+
+/// A reader rule's error as a line error on `field`.
+fn reader_rule(field: &str, r: Result<()>) -> Result<(), LineError> {
+    r.map_err(|e| match e {
+        Error::Invalid { what, .. } => err(field, what),
+        other => err(field, other.to_string()),
+    })
 }
 
 fn parse_request(o: &Obj) -> Result<JsonlRecord, LineError> {
@@ -294,6 +402,7 @@ fn parse_request(o: &Obj) -> Result<JsonlRecord, LineError> {
             "request_id 0 is reserved for the engine itself",
         ));
     }
+    check_request_id(request_id)?;
     let tenant = o
         .opt_str("tenant")?
         .ok_or_else(|| err("tenant", "required field is missing or null"))?;
@@ -431,25 +540,47 @@ fn ingest_lines(
 ) -> Result<IngestReport> {
     let mut report = IngestReport::default();
     let mut min_ts = i64::MAX;
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut input = input;
     let mut lineno = 0u64;
-    loop {
-        buf.clear();
-        let n = input
-            .read_line(&mut buf)
-            .map_err(|e| Error::io(input_name, e))?;
-        if n == 0 {
-            break;
-        }
+    while let Some(fits) =
+        read_line_bounded(&mut input, &mut buf).map_err(|e| Error::io(input_name, e))?
+    {
         lineno += 1;
-        let line = buf.trim_end_matches(['\n', '\r']);
-        if line.trim().is_empty() {
+        let mut bytes = &buf[..];
+        if lineno == 1 {
+            // A byte-order mark (Windows writers) is tolerated before line 1
+            // only, as trace.json tolerates one before its text.
+            bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+        }
+        let text = if fits {
+            std::str::from_utf8(bytes).map_err(|e| LineError {
+                field: None,
+                message: format!(
+                    "not UTF-8 (an invalid byte at column {})",
+                    e.valid_up_to() + 1
+                ),
+                pool: None,
+            })
+        } else {
+            Err(LineError {
+                field: None,
+                message: format!(
+                    "longer than {MAX_LINE_BYTES} bytes, the longest line read (skipped unread)"
+                ),
+                pool: None,
+            })
+        };
+        let line = match &text {
+            Ok(t) => t.trim_end_matches(['\n', '\r']),
+            Err(_) => "",
+        };
+        if text.is_ok() && line.trim().is_empty() {
             continue;
         }
         report.lines += 1;
         let first = min_ts == i64::MAX;
-        let parsed = parse_line(line).and_then(|r| apply(rec, r, &mut min_ts));
+        let parsed = text.and_then(|_| parse_line(line).and_then(|r| apply(rec, r, &mut min_ts)));
         if first && min_ts != i64::MAX {
             rec.set_started_ns(min_ts);
         }
@@ -483,6 +614,44 @@ fn ingest_lines(
         rec.set_started_ns(0);
     }
     Ok(report)
+}
+
+/// Reads one line (its newline included) into `buf`, keeping at most
+/// [`MAX_LINE_BYTES`] of it: the rest of a longer line is consumed unread.
+/// `None` at the end of input; `Some(false)` for a line over the limit.
+fn read_line_bounded(r: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let mut fits = true;
+    let mut any = false;
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(any.then_some(fits));
+        }
+        any = true;
+        let (chunk, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (&avail[..=i], true),
+            None => (avail, false),
+        };
+        let n = chunk.len();
+        if fits {
+            // The newline does not count.
+            if buf.len() + n - usize::from(done) > MAX_LINE_BYTES {
+                fits = false;
+                *buf = Vec::new();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        r.consume(n);
+        if done {
+            return Ok(Some(fits));
+        }
+    }
 }
 
 /// Whether a (malformed) line still carries an integer `seq`.

@@ -37,9 +37,20 @@ impl NotifyConfig {
     pub fn load(path: &Path) -> Result<NotifyConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         toml::from_str(&text).map_err(|e| {
+            // Where the parser stopped, as a person counts (1-based line and
+            // column in characters).
+            let at = e
+                .span()
+                .and_then(|s| text.get(..s.start))
+                .map(|before| {
+                    let line = before.matches('\n').count() + 1;
+                    let col = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                    format!(" at line {line}, column {col}")
+                })
+                .unwrap_or_default();
             Error::invalid(
                 Location::file(path),
-                format!("bad notify config: {}", e.message()),
+                format!("bad notify config{at}: {}", e.message()),
                 "keys: operator_name, dpo_contact, incident_id, contact_point, became_aware, measures (list), nature; see docs/notify.md",
             )
         })
@@ -66,4 +77,19 @@ impl NotifyConfig {
 /// The marker shown for a missing config field.
 pub fn marker(field: &str) -> String {
     format!("[to fill in: {field} in notify.toml]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notify_config_error_names_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("notify.toml");
+        std::fs::write(&p, "operator_name = \"x\"\n\n\nincident_id = 5\n").unwrap();
+        let e = NotifyConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("line 4, column 15"), "{e}");
+        assert!(e.contains("notify.toml"), "{e}");
+    }
 }

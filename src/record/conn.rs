@@ -50,6 +50,8 @@ struct Conn {
     id: u64,
     name: String,
     pools: Vec<u16>,
+    /// Which side of a PD request this connection reports.
+    view: View,
     shared: Arc<Shared>,
     batch: Vec<Msg>,
     /// Events dropped (queue full) and not yet sent as holes.
@@ -160,13 +162,13 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         id,
         name: hello.worker,
         pools,
+        view,
         shared: shared.clone(),
         batch: Vec::with_capacity(BATCH),
         pending_loss: BTreeMap::new(),
         pending_hook: BTreeMap::new(),
         logged: 0,
     };
-    shared.register_view(id, view);
     loop {
         match read_bounded(&mut reader, max, &shared, None) {
             Got::Line(line) => {
@@ -383,6 +385,7 @@ impl Conn {
         let n = msgs.len() as u64;
         let batch = Batch {
             conn: self.id,
+            view: self.view,
             msgs,
         };
         let must_wait = wait

@@ -136,7 +136,7 @@ impl RecordConfig {
             listen,
             recorder: RecorderOptions::default(),
             max_bytes: None,
-            max_line_bytes: 1 << 20,
+            max_line_bytes: crate::capture::jsonl::MAX_LINE_BYTES,
             queue_batches: 256,
             copy_timeout: Duration::from_secs(10),
             pair_timeout: Duration::from_secs(900),
@@ -330,6 +330,9 @@ pub(crate) enum View {
 /// Messages from one connection, in order.
 pub(crate) struct Batch {
     pub conn: u64,
+    /// The connection's view, carried with each batch (so nothing per
+    /// connection outlives it in a shared table).
+    pub view: View,
     pub msgs: Vec<wire::Msg>,
 }
 
@@ -344,7 +347,6 @@ pub(crate) struct Shared {
     pub stats: Arc<Stats>,
     /// pool -> the live connection holding it.
     pub claims: Mutex<HashMap<u16, String>>,
-    pub views: Mutex<HashMap<u64, View>>,
     pub tx: SyncSender<Batch>,
     pub log: Arc<dyn RecordLog>,
 }
@@ -361,9 +363,6 @@ impl Shared {
                 .stop_at
                 .get()
                 .is_some_and(|t| t.elapsed() >= self.cfg.shutdown_grace)
-    }
-    pub fn register_view(&self, conn: u64, v: View) {
-        self.views.lock().expect("views lock").insert(conn, v);
     }
 }
 
@@ -406,7 +405,6 @@ impl Sidecar {
             writer_failed: AtomicBool::new(false),
             stats,
             claims: Mutex::new(HashMap::new()),
-            views: Mutex::new(HashMap::new()),
             tx,
             log,
         });
@@ -439,6 +437,14 @@ impl Sidecar {
         self.shared.stats.clone()
     }
 
+    /// Entries held in the sidecar's shared per-connection tables (pool
+    /// claims): zero once every connection has closed. For tests that bound
+    /// memory per connection.
+    #[doc(hidden)]
+    pub fn connection_entries(&self) -> usize {
+        self.shared.claims.lock().expect("claims lock").len()
+    }
+
     /// Whether the writer has stopped with an error (already logged; the
     /// error itself is what [`Sidecar::shutdown`] returns).
     pub fn writer_failed(&self) -> bool {
@@ -464,6 +470,7 @@ impl Sidecar {
         // the join returns).
         let _ = self.shared.tx.send(Batch {
             conn: u64::MAX,
+            view: View::Full,
             msgs: Vec::new(),
         });
         match w.join() {

@@ -25,7 +25,7 @@
 
 use serde::Deserialize;
 
-use crate::capture::jsonl::{JsonlRecord, LineError, parse_line};
+use crate::capture::jsonl::{JsonlRecord, LineError, check_kv, check_request_id, parse_line};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord};
 
 /// The first line of every connection.
@@ -184,8 +184,8 @@ fn fast_kv(line: &str) -> Option<Msg> {
         }),
         _ => return None,
     };
-    Some(Msg::Kv {
-        event: KvEvent {
+    checked(
+        KvEvent {
             pool: f.pool,
             seq: f.seq.unwrap_or(0),
             ts_ns: f.ts_ns,
@@ -196,8 +196,15 @@ fn fast_kv(line: &str) -> Option<Msg> {
             token_pos: f.token_pos,
             src,
         },
-        seq: f.seq,
-    })
+        f.seq,
+    )
+}
+
+/// A fast path's event, or `None` when it breaks a reader rule (then
+/// `parse_line` decides and names it).
+fn checked(event: KvEvent, seq: Option<u64>) -> Option<Msg> {
+    check_kv(&event).ok()?;
+    Some(Msg::Kv { event, seq })
 }
 
 /// A cursor over the canonical KV line the hook writes:
@@ -281,8 +288,8 @@ fn canonical_kv(b: &[u8]) -> Option<Msg> {
     if s.i != b.len() || slot_count == 0 {
         return None;
     }
-    Some(Msg::Kv {
-        event: KvEvent {
+    checked(
+        KvEvent {
             pool,
             seq: 0,
             ts_ns,
@@ -293,8 +300,8 @@ fn canonical_kv(b: &[u8]) -> Option<Msg> {
             token_pos,
             src: None,
         },
-        seq: None,
-    })
+        None,
+    )
 }
 
 fn plain(message: String) -> LineError {
@@ -362,6 +369,7 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
             if c.request_id == 0 {
                 return Err(plain("xfer_commit with request_id 0".into()));
             }
+            check_request_id(c.request_id)?;
             Ok(Msg::XferCommit(Box::new(c)))
         }
         Some("hello") => Err(plain("a second hello on one connection".into())),
@@ -476,6 +484,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn wire_refuses_reserved_request_ids_on_every_path() {
+        for rid in [u64::MAX, u64::MAX - 1] {
+            let lines = [
+                // The canonical line (byte scanner).
+                format!(
+                    r#"{{"type":"kv","pool":0,"ts_ns":1,"request_id":{rid},"op":"read","slot_start":0,"slot_count":1,"token_pos":null}}"#
+                ),
+                // Key order changed (typed fast path).
+                format!(
+                    r#"{{"type":"kv","request_id":{rid},"pool":0,"ts_ns":1,"op":"read","slot_start":0,"slot_count":1}}"#
+                ),
+                format!(
+                    r#"{{"type":"request","request_id":{rid},"tenant":"t","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#
+                ),
+                format!(
+                    r#"{{"type":"xfer_commit","room":1,"pool":1,"ts_ns":1,"request_id":{rid},"dst_pages":[[0,1]]}}"#
+                ),
+            ];
+            for l in &lines {
+                let e = parse_msg(l).expect_err(l).to_string();
+                assert!(e.contains("reserves"), "{l}: {e}");
+            }
+        }
+        let src = r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"write","slot_start":0,"slot_count":1,"src_pool":0,"src_slot_start":0,"src_seq":18446744073709551615}"#;
+        let e = parse_msg(src).expect_err(src).to_string();
+        assert!(e.contains("src_seq") && e.contains("reserved"), "{e}");
     }
 
     #[test]

@@ -59,6 +59,8 @@ struct Room {
 
 struct Parked {
     commit: Box<XferCommit>,
+    /// The view of the parked connection's stream.
+    view: View,
     since: Instant,
     queue: VecDeque<Msg>,
     /// Held bytes (estimated), counted in `W::held`.
@@ -210,14 +212,7 @@ impl W<'_> {
             .stats
             .queue_depth
             .fetch_sub(b.msgs.len() as u64, Ordering::Relaxed);
-        let view = self
-            .sh
-            .views
-            .lock()
-            .expect("views lock")
-            .get(&b.conn)
-            .copied()
-            .unwrap_or(View::Full);
+        let view = b.view;
         for m in b.msgs {
             self.msg(b.conn, view, m)?;
         }
@@ -375,6 +370,7 @@ impl W<'_> {
                         conn,
                         Parked {
                             commit: c,
+                            view,
                             since: Instant::now(),
                             queue: VecDeque::new(),
                             bytes,
@@ -401,20 +397,12 @@ impl W<'_> {
             let p = self.parked.remove(&conn).expect("listed above");
             self.held -= p.bytes;
             self.commit(&p.commit)?;
-            self.replay(conn, p.queue)?;
+            self.replay(conn, p.view, p.queue)?;
         }
         Ok(())
     }
 
-    fn replay(&mut self, conn: u64, mut q: VecDeque<Msg>) -> Result<()> {
-        let view = self
-            .sh
-            .views
-            .lock()
-            .expect("views lock")
-            .get(&conn)
-            .copied()
-            .unwrap_or(View::Full);
+    fn replay(&mut self, conn: u64, view: View, mut q: VecDeque<Msg>) -> Result<()> {
         while let Some(m) = q.pop_front() {
             if self.parked.contains_key(&conn) {
                 // Parked again by a later commit: keep the rest in order
@@ -441,7 +429,7 @@ impl W<'_> {
             "transfer into pool {} for request {} (room {}): {why}; recorded as a lost event",
             p.commit.pool, p.commit.request_id, p.commit.room
         ));
-        self.replay(conn, p.queue)
+        self.replay(conn, p.view, p.queue)
     }
 
     fn commit(&mut self, c: &XferCommit) -> Result<()> {

@@ -1212,6 +1212,15 @@ impl Iterator for KvIndexReader {
 /// misread. They are refused, never silently misclassified.
 pub const MAX_REQUEST_ID: u64 = u64::MAX - 2;
 
+/// The reader's request-id rule (shared with the JSONL line parser, so a
+/// capture never writes a row the readers refuse).
+pub fn check_request_id(loc: Location, id: u64) -> Result<()> {
+    if id > MAX_REQUEST_ID {
+        return Err(reserved_id(loc, id));
+    }
+    Ok(())
+}
+
 fn reserved_id(loc: Location, id: u64) -> Error {
     Error::invalid(
         loc,
@@ -1228,7 +1237,7 @@ fn reserved_id(loc: Location, id: u64) -> Error {
 /// misread.
 pub const MAX_SEQ: u64 = u64::MAX - 1;
 
-fn check_seq(loc: Location, seq: u64) -> Result<()> {
+pub fn check_seq(loc: Location, seq: u64) -> Result<()> {
     if seq > MAX_SEQ {
         let col = loc.column.clone().unwrap_or_default();
         return Err(Error::invalid(
