@@ -401,7 +401,9 @@ fn check(spec: &Spec) -> Result<(), TestCaseError> {
         );
         if code == 2 {
             prop_assert!(
-                (o.stderr.contains("trace.json") || o.stderr.contains(".parquet"))
+                (o.stderr.contains("trace.json")
+                    || o.stderr.contains(".parquet")
+                    || o.stderr.contains("KVTRAIL_MAX_TOUCHED_SLOTS"))
                     && o.stderr.contains("hint:"),
                 "`{}` refused without naming the file or a hint: {}\ntrace:\n  {}",
                 name,

@@ -391,12 +391,22 @@ impl Backend for CpuBackend {
         out: &mut Vec<SlotVal>,
     ) -> Result<()> {
         if u64::from(count) > self.budget.max {
-            return Err(Error::Other(format!(
-                "replay: a copy reads {count} slots of pool {pool} from slot {slot_start}: more \
-                 than the {} slots one run holds state for (KVTRAIL_MAX_TOUCHED_SLOTS, \
-                 docs/limits.md)",
-                self.budget.max
-            )));
+            return Err(Error::Invalid {
+                loc: crate::error::Location {
+                    file: None,
+                    row: None,
+                    column: Some("slot_count".into()),
+                },
+                what: format!(
+                    "a copy reads {count} slots of pool {pool} from slot {slot_start}: more than \
+                     the {} slots one replay run holds state for",
+                    self.budget.max
+                ),
+                hint: "check the copy's extent (slot_start, slot_count, src_slot_start); on a \
+                       machine with more memory raise the limit with KVTRAIL_MAX_TOUCHED_SLOTS=N \
+                       (docs/limits.md)"
+                    .into(),
+            });
         }
         let p = self.pool(pool)?;
         let a = slot_start as u64;
