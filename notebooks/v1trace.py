@@ -1,7 +1,7 @@
 """Read any kvtrail trace (format v1) with DuckDB, straight from its Parquet
 files, with no kvtrail code: the notebooks' shared loader.
 
-It follows /work/shared/design/trace-format-v1.md (docs/trace-format.md):
+It follows the trace contract in docs/trace-format.md:
 
 - a trace is a folder with trace.json (the manifest), requests/ and kv/;
 - requests/ and kv/ hold any number of *.parquet files at any depth

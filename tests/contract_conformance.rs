@@ -1,4 +1,4 @@
-//! Conformance to the trace contract (/work/shared/design/trace-format-v1.md)
+//! Conformance to the trace contract (docs/trace-format.md)
 //! on traces kvtrail did not write: tests/conformance/make_traces.py writes
 //! every case with pyarrow (and DuckDB) into a temporary folder, straight
 //! from the contract's sentences, together with an `expected.json` whose

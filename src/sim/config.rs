@@ -3,7 +3,7 @@
 //! read from TOML or JSON (`--config FILE`) and patched by `--set key=value`.
 //!
 //! Every knob is listed in docs/simulator.md with the SGLang flag it models
-//! (../shared/reference/sglang-pd-versions.md §4).
+//! (the per-version table there).
 
 use std::path::Path;
 

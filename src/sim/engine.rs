@@ -3,7 +3,7 @@
 //! decode pool (id 1), captured through `capture::Recorder` exactly as an
 //! engine hook would capture it.
 //!
-//! The request path (../shared/reference/sglang-pd-versions.md §3):
+//! The request path (docs/simulator.md, per SGLang version):
 //! arrival → front-end context check (400) → both roles receive the request
 //! (router dual dispatch) → each role checks `max_req_input_len` of its own
 //! pool → decode preallocates the prompt it saw (`early` policy) → prefill

@@ -1,7 +1,7 @@
 """Conformance traces written the way an independent implementer would.
 
 Every case is a trace written straight from the contract
-(/work/shared/design/trace-format-v1.md, copied in docs/trace-format.md)
+(docs/trace-format.md)
 with pyarrow (and DuckDB for the cases where a converter would use it), NOT
 through kvtrail's writer, plus an `expected.json` whose expectations come
 from the contract's sentences (quoted in `why`), never from running kvtrail.
