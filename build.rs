@@ -1,6 +1,6 @@
 //! Compiles kernels/*.cu as plain C++ (with kernels/cuda_cpu_compat.h) into
 //! a static library that is always linked: the emulated device
-//! (src/replay/cuda/emu.rs) runs these very kernel sources on the CPU, so the
+//! (src/lineage/gpu/emu.rs) runs these very kernel sources on the CPU, so the
 //! normal test suite covers them without a GPU. The CUDA backend compiles the
 //! same files with NVRTC at run time; no CUDA toolkit is needed here.
 

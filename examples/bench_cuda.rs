@@ -17,9 +17,9 @@
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
-use kvtrail::replay::backend::{Backend, Counters, ReadRun};
-use kvtrail::replay::cpu::CpuBackend;
-use kvtrail::replay::cuda::{self, EmuDevice, GpuBackend, GpuConfig};
+use kvtrail::lineage::backend::{Backend, Counters, ReadRun};
+use kvtrail::lineage::cpu::CpuBackend;
+use kvtrail::lineage::gpu::{self, EmuDevice, GpuBackend, GpuConfig};
 use kvtrail::schema::{KvEvent, Op};
 
 /// Modeled device traffic of the GPU pipeline per slot touch, in bytes
@@ -189,7 +189,7 @@ fn main() {
                 GpuConfig::default(),
                 "emu",
             )),
-            "cuda" => match cuda::unavailable() {
+            "cuda" => match gpu::unavailable() {
                 Some(why) => {
                     eprintln!("cuda: {why}");
                     std::process::exit(2);
@@ -258,7 +258,7 @@ fn main() {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(cfg: GpuConfig) -> Box<dyn Backend> {
-    match cuda::open_cuda_with(cfg) {
+    match gpu::open_cuda_with(cfg) {
         Ok(b) => {
             eprintln!("cuda: {}", b.device().description);
             Box::new(b)

@@ -12,8 +12,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::trace::Trace;
 
 fn cpu_s() -> f64 {
@@ -71,7 +71,7 @@ fn main() {
             assert!(c.files_modified.is_empty() && c.files_rows_differ.is_empty());
         });
         let sc = time(reps, || {
-            let r = kvtrail::scope::scope(&trace, &ReplayOptions::default(), &NoReporter)
+            let r = kvtrail::scope::scope(&trace, &LineageOptions::default(), &NoReporter)
                 .expect("scope");
             events = r.counts.kv_events;
         });

@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use kvtrail::capture::{Recorder, RecorderOptions};
-use kvtrail::replay::Backend;
+use kvtrail::lineage::Backend;
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role, Trace};
 
@@ -399,7 +399,7 @@ fn scope_child(dir: &Path) -> ScopeRun {
 /// Prints how long each phase of scope took (stderr of the child).
 struct PhaseTimer(std::sync::Mutex<Option<(String, Instant)>>);
 
-impl kvtrail::replay::Reporter for PhaseTimer {
+impl kvtrail::lineage::Reporter for PhaseTimer {
     fn start(&self, name: &str, _total: u64) {
         *self.0.lock().expect("lock") = Some((name.to_string(), Instant::now()));
     }
@@ -422,7 +422,7 @@ fn child(dir: &Path) {
     let c0 = cpu_secs();
     let r = kvtrail::scope::scope(
         &trace,
-        &kvtrail::replay::ReplayOptions::default(),
+        &kvtrail::lineage::LineageOptions::default(),
         &PhaseTimer(std::sync::Mutex::new(None)),
     )
     .expect("scope");
@@ -449,11 +449,11 @@ fn replay_only(dir: &Path, backend: &mut dyn Backend) -> (f64, f64, u64) {
     let trace = Trace::open(dir).expect("trace");
     let t = Instant::now();
     let c0 = cpu_secs();
-    let out = kvtrail::replay::replay_with(
+    let out = kvtrail::lineage::run_with(
         &trace,
         backend,
-        &kvtrail::replay::ReplayOptions::default(),
-        &kvtrail::replay::NoReporter,
+        &kvtrail::lineage::LineageOptions::default(),
+        &kvtrail::lineage::NoReporter,
     )
     .expect("replay");
     (
@@ -468,7 +468,7 @@ fn replay_only(dir: &Path, backend: &mut dyn Backend) -> (f64, f64, u64) {
 fn paged_vs_flat(dir: &Path) -> (f64, f64, f64, f64) {
     let (mut pw, mut fw, mut pc, mut fc) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     for _ in 0..3 {
-        let p = replay_only(dir, &mut kvtrail::replay::cpu::CpuBackend::new());
+        let p = replay_only(dir, &mut kvtrail::lineage::cpu::CpuBackend::new());
         let f = replay_only(dir, &mut flat_cpu::FlatCpuBackend::new());
         assert_eq!(p.2, f.2, "both backends replayed the same slot touches");
         pw = pw.min(p.0);

@@ -10,11 +10,12 @@
 
 use std::time::Instant;
 
+use kvtrail::audit;
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::sim::{self, RunLabel, scenario};
 use kvtrail::trace::Trace;
-use kvtrail::whatif::{self, ReplaySpec, audit, counterfactual, diff};
+use kvtrail::whatif::{self, ReplaySpec, counterfactual, diff};
 
 fn cpu_secs() -> f64 {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).
@@ -86,7 +87,7 @@ fn main() {
         replay(Some("sglang-0.5.22"), "fix")
     });
     let fix = Trace::open(&dir.path().join("fix")).unwrap();
-    let opts = ReplayOptions::default();
+    let opts = LineageOptions::default();
     timed("diff (scope on both traces)", n, Some(base), || {
         diff::diff(&trace, &fix, &opts, &NoReporter).unwrap()
     });

@@ -11,9 +11,9 @@
 use std::path::Path;
 
 use kvtrail::capture::jsonl::{JsonlRecord, parse_line};
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
 use kvtrail::record::wire::{Msg, parse_hello, parse_msg};
-use kvtrail::replay::ReplayOptions;
 use kvtrail::schema::Op;
 use kvtrail::trace::Trace;
 
@@ -150,7 +150,7 @@ pub fn analyse(dir: &Path, spill: &Path) {
         let _ = e.to_string();
     }
     let _ = std::fs::create_dir_all(spill);
-    let opts = ReplayOptions {
+    let opts = LineageOptions {
         spill_dir: Some(spill.to_path_buf()),
         ..Default::default()
     };

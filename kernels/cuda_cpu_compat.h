@@ -1,6 +1,6 @@
 // cuda_cpu_compat.h: lets kernels/*.cu compile as plain C++ so the normal
 // test suite runs the very kernel sources on the CPU (the "emulated device",
-// src/replay/gpu/emu.rs). It maps the CUDA index built-ins to thread-local
+// src/lineage/gpu/emu.rs). It maps the CUDA index built-ins to thread-local
 // variables the emulator sets before each (block, thread) call, the
 // function qualifiers to nothing, and the atomics to GCC __atomic builtins.
 //

@@ -2,7 +2,7 @@
 // (writes, scrubs, reads; seq order) becomes slot touches, sorted stably by
 // slot; an inclusive max-scan over (slot << 32 | writer + 1) gives every
 // touch the last writer of its slot before it; reads are classified exactly
-// like src/replay/cpu.rs, compacted to runs in (event, slot) order, and each
+// like src/lineage/cpu.rs, compacted to runs in (event, slot) order, and each
 // slot's last writer becomes its new state. Copies between pools are
 // gathers (capture) and scatters (apply_copy).
 //
@@ -149,7 +149,7 @@ struct ClassifyParams {
 
 // Classifies every read touch against the slot state just before it (the
 // batch's last writer, or the state at batch start). Mirrors
-// PoolState::classify and the own fast path of src/replay/cpu.rs.
+// PoolState::classify and the own fast path of src/lineage/cpu.rs.
 extern "C" __global__ void kvt_classify(const ClassifyParams p) {
     u64 own = 0, shared = 0;
     KVT_FOR(i, p.n) {

@@ -3,7 +3,7 @@
 //
 // Reduce-then-scan with one contiguous chunk per thread: `kvt_scan_reduce`
 // writes one partial per chunk, the partials are scanned recursively (host
-// side, src/replay/cuda/prims.rs), `kvt_scan_apply` rescans each chunk from
+// side, src/lineage/gpu/prims.rs), `kvt_scan_apply` rescans each chunk from
 // its carry. `kvt_scan_single` does a whole (small) array on one thread and
 // writes the total. Every kernel is grid-size agnostic (grid-stride loops),
 // so any launch geometry, including one thread after another, is valid.

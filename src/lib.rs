@@ -5,15 +5,16 @@
 //! `schema` → `trace` → `replay` → `scope` → `report`; the binary's `cli`
 //! sits on top and nothing depends on it. See ARCHITECTURE.md.
 
+pub mod audit;
 pub mod capture;
 pub mod custody;
 pub mod error;
 pub mod inspect;
+pub mod lineage;
 pub mod lookup;
 pub mod notify;
 pub mod progress;
 pub mod record;
-pub mod replay;
 pub mod report;
 pub mod schema;
 pub mod scope;

@@ -54,7 +54,7 @@ fn check(scenario: &str, requests: &str) {
         assert!(err.contains("replay backend: "), "{err}");
     }
     let (code, out, err) = scope("cuda");
-    match kvtrail::replay::cuda::unavailable() {
+    match kvtrail::lineage::gpu::unavailable() {
         Some(why) => {
             assert_eq!(code, 2, "{err}");
             assert!(out.is_empty());

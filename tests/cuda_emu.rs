@@ -14,11 +14,11 @@
 //! `kvtrail scope --json`) lives in tests/scope_semantics.rs through
 //! `common::scope`, and in tests/cuda_cli.rs.
 
-use kvtrail::replay::backend::{Backend, Counters, ReadRun, SlotVal};
-use kvtrail::replay::cpu::CpuBackend;
-use kvtrail::replay::cuda::model::{BLANK_POS, DeviceModel};
-use kvtrail::replay::cuda::prims::{Prims, ScanOp};
-use kvtrail::replay::cuda::{Device, EmuDevice, GpuBackend, GpuConfig};
+use kvtrail::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
+use kvtrail::lineage::cpu::CpuBackend;
+use kvtrail::lineage::gpu::model::{BLANK_POS, DeviceModel};
+use kvtrail::lineage::gpu::prims::{Prims, ScanOp};
+use kvtrail::lineage::gpu::{Device, EmuDevice, GpuBackend, GpuConfig};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::sim::model;
 use proptest::prelude::*;
@@ -270,10 +270,10 @@ proptest! {
         let mut prims = Prims::new(chunk, 4);
         let buf = dev.alloc(v.len() * 8, 0).unwrap();
         let a = dev.addr(&buf);
-        dev.upload(a, kvtrail::replay::cuda::device::bytes_of(&v)).unwrap();
+        dev.upload(a, kvtrail::lineage::gpu::device::bytes_of(&v)).unwrap();
         let total = prims.scan(&dev, a, v.len() as u64, op).unwrap();
         let mut got = vec![0u64; v.len()];
-        dev.download(a, kvtrail::replay::cuda::device::bytes_of_mut(&mut got)).unwrap();
+        dev.download(a, kvtrail::lineage::gpu::device::bytes_of_mut(&mut got)).unwrap();
         let (want, wt) = scan_ref(&v, op);
         prop_assert_eq!(got, want);
         if !v.is_empty() {
@@ -292,13 +292,13 @@ proptest! {
         let vals: Vec<u32> = (0..n as u32).collect();
         let bufs: Vec<_> = (0..4).map(|_| dev.alloc(n * 4, 0).unwrap()).collect();
         let ad: Vec<u64> = bufs.iter().map(|b| dev.addr(b)).collect();
-        dev.upload(ad[0], kvtrail::replay::cuda::device::bytes_of(&keys)).unwrap();
-        dev.upload(ad[1], kvtrail::replay::cuda::device::bytes_of(&vals)).unwrap();
+        dev.upload(ad[0], kvtrail::lineage::gpu::device::bytes_of(&keys)).unwrap();
+        dev.upload(ad[1], kvtrail::lineage::gpu::device::bytes_of(&vals)).unwrap();
         let (k, v) = prims.radix_sort(&dev, n as u64, 13, ad[0], ad[1], ad[2], ad[3]).unwrap();
         let mut gk = vec![0u32; n];
         let mut gv = vec![0u32; n];
-        dev.download(k, kvtrail::replay::cuda::device::bytes_of_mut(&mut gk)).unwrap();
-        dev.download(v, kvtrail::replay::cuda::device::bytes_of_mut(&mut gv)).unwrap();
+        dev.download(k, kvtrail::lineage::gpu::device::bytes_of_mut(&mut gk)).unwrap();
+        dev.download(v, kvtrail::lineage::gpu::device::bytes_of_mut(&mut gv)).unwrap();
         let mut want: Vec<(u32, u32)> = keys.iter().copied().zip(vals).collect();
         want.sort_by_key(|&(k, _)| k); // stable
         let got: Vec<(u32, u32)> = gk.into_iter().zip(gv).collect();

@@ -5,8 +5,8 @@
 //! NVRTC from PyPI. In CI (`CI` set) a missing NVRTC fails the test;
 //! elsewhere the test says how to set it up and passes.
 
-use kvtrail::replay::cuda::device::SOURCES;
-use kvtrail::replay::cuda::nvrtc::Nvrtc;
+use kvtrail::lineage::gpu::device::SOURCES;
+use kvtrail::lineage::gpu::nvrtc::Nvrtc;
 
 fn nvrtc() -> Option<&'static Nvrtc> {
     if std::env::var_os("KVTRAIL_NVRTC").is_none() {

@@ -377,7 +377,7 @@ fn check_seed(seed: u64) {
     );
     // Tiny memory chunks: every unsorted file and the copy index spill to
     // disk in many sorted runs; the findings must not change.
-    let tiny = kvtrail::replay::ReplayOptions {
+    let tiny = kvtrail::lineage::LineageOptions {
         chunk: Some(2),
         ..Default::default()
     };

@@ -18,8 +18,8 @@ fn scope(dir: &Path) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
     kvtrail::scope::scope(
         &trace,
-        &kvtrail::replay::ReplayOptions::default(),
-        &kvtrail::replay::NoReporter,
+        &kvtrail::lineage::LineageOptions::default(),
+        &kvtrail::lineage::NoReporter,
     )
     .unwrap()
 }

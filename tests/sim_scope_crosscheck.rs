@@ -7,8 +7,8 @@ mod sim_common;
 
 use std::collections::BTreeMap;
 
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::trace::Trace;
 use sim_common::simulate;
 
@@ -17,7 +17,7 @@ type Findings = BTreeMap<u64, (u64, Vec<(u64, u64)>)>;
 fn check(name: &str, sets: &[&str]) {
     let run = simulate(name, Some(1500), 5, sets);
     let trace = Trace::open(&run.trace).unwrap();
-    let report = kvtrail::scope::scope(&trace, &ReplayOptions::default(), &NoReporter).unwrap();
+    let report = kvtrail::scope::scope(&trace, &LineageOptions::default(), &NoReporter).unwrap();
     let truth: Findings = run
         .truth
         .affected

@@ -4,17 +4,17 @@
 
 mod whatif_common;
 
+use kvtrail::audit::{AuditReport, audit_file, audit_trace};
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::sim::SimConfig;
 use kvtrail::trace::Trace;
-use kvtrail::whatif::audit::{AuditReport, audit_file, audit_trace};
 use whatif_common::*;
 
 fn kinds(r: &AuditReport) -> Vec<String> {
     r.findings
         .iter()
-        .filter(|f| f.severity != kvtrail::whatif::audit::Severity::Note)
+        .filter(|f| f.severity != kvtrail::audit::Severity::Note)
         .map(|f| f.kind.clone())
         .collect()
 }
@@ -107,7 +107,7 @@ fn deployments() {
 fn audit(trace: &std::path::Path) -> AuditReport {
     audit_trace(
         &Trace::open(trace).unwrap(),
-        &ReplayOptions::default(),
+        &LineageOptions::default(),
         &NoReporter,
     )
     .unwrap()

@@ -6,8 +6,8 @@
 
 mod whatif_common;
 
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::trace::Trace;
 use kvtrail::whatif::counterfactual::{
     Context, CounterfactualReport, CpuModel, Fidelity, ModelEval, counterfactual,
@@ -18,7 +18,7 @@ fn run(trace: &std::path::Path, model: &dyn ModelEval) -> CounterfactualReport {
     counterfactual(
         &Trace::open(trace).unwrap(),
         model,
-        &ReplayOptions::default(),
+        &LineageOptions::default(),
         &NoReporter,
     )
     .unwrap()

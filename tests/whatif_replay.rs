@@ -9,8 +9,8 @@ mod whatif_common;
 
 use std::collections::BTreeSet;
 
+use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::replay::ReplayOptions;
 use kvtrail::trace::Trace;
 use kvtrail::whatif::diff::{DiffReport, diff};
 use whatif_common::*;
@@ -21,7 +21,7 @@ fn diff_of(before: &std::path::Path, after: &std::path::Path) -> DiffReport {
     diff(
         &Trace::open(before).unwrap(),
         &Trace::open(after).unwrap(),
-        &ReplayOptions::default(),
+        &LineageOptions::default(),
         &NoReporter,
     )
     .unwrap()

@@ -1,13 +1,13 @@
 //! The baseline of `bench_scope`: the CPU replay backend as it was before
 //! the paged slot table, with flat per-slot arrays allocated for each
 //! pool's whole declared capacity (17 bytes a slot). Only the paging
-//! differs from `kvtrail::replay::cpu`, so replaying the same trace with
+//! differs from `kvtrail::lineage::cpu`, so replaying the same trace with
 //! both measures what paging costs.
 
 use std::collections::HashMap;
 
 use kvtrail::error::{Error, Result};
-use kvtrail::replay::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use kvtrail::lineage::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
 use kvtrail::schema::{KvEvent, Op};
 
 /// A share grant: slots `start..end`, granted at `seq`.

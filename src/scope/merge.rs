@@ -28,7 +28,7 @@ use super::model::*;
 use super::{finish_coverage, lost_events, verdict};
 use crate::custody;
 use crate::error::{Error, Location, Result};
-use crate::replay::ReplayOutcome;
+use crate::lineage::LineageOutcome;
 
 /// The shard file `scope --pools LIST --out DIR` writes next to summary.json.
 pub const SHARD_FILE: &str = "shard.json";
@@ -46,7 +46,7 @@ pub struct ShardInfo {
 impl ShardInfo {
     pub const FORMAT: &'static str = "kvtrail-scope-shard";
 
-    pub fn from_outcome(pools: &[u16], outcome: &ReplayOutcome) -> Self {
+    pub fn from_outcome(pools: &[u16], outcome: &LineageOutcome) -> Self {
         let mut p = pools.to_vec();
         p.sort_unstable();
         p.dedup();

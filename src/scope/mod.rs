@@ -23,15 +23,15 @@ use rayon::prelude::*;
 pub use model::*;
 
 use crate::error::Result;
-use crate::replay::exposure::{PoolSets, count};
-use crate::replay::{ReplayOptions, ReplayOutcome, Reporter, replay};
+use crate::lineage::exposure::{PoolSets, count};
+use crate::lineage::{LineageOptions, LineageOutcome, Reporter, run};
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, footer_rows, rel_path};
 
 /// Replays a trace and scopes the result.
-pub fn scope(trace: &Trace, opts: &ReplayOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
-    let outcome = replay(trace, opts, reporter)?;
+pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
+    let outcome = run(trace, opts, reporter)?;
     scope_outcome(trace, &outcome, reporter)
 }
 
@@ -57,7 +57,7 @@ fn union(sets: &[&PoolSets]) -> u64 {
 /// Builds the report from a replay outcome (reads the requests table once).
 pub fn scope_outcome(
     trace: &Trace,
-    outcome: &ReplayOutcome,
+    outcome: &LineageOutcome,
     reporter: &dyn Reporter,
 ) -> Result<ScopeReport> {
     let m = &trace.manifest;
@@ -327,7 +327,7 @@ pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage
 /// Scope adds the requests of its findings; audit takes it as it is.
 pub fn replay_coverage(
     trace: &Trace,
-    outcome: &ReplayOutcome,
+    outcome: &LineageOutcome,
     reporter: &dyn Reporter,
 ) -> Result<Coverage> {
     let mut cov = trace_evidence(trace, reporter)?;
@@ -394,7 +394,7 @@ fn check_file(rel: &str, path: &Path, entries: &[&FileEntry]) -> Result<FileChec
 /// Events lost in all holes together, saturating: seqs are UInt64, and a
 /// capture that joined a running engine may number from its counter, so
 /// two leading holes can exceed u64 together.
-pub(crate) fn lost_events(gaps: &[crate::replay::Gap]) -> u64 {
+pub(crate) fn lost_events(gaps: &[crate::lineage::Gap]) -> u64 {
     gaps.iter().fold(0u64, |n, g| n.saturating_add(g.missing()))
 }
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::replay::Gap;
+use crate::lineage::Gap;
 use crate::trace::manifest::Manifest;
 
 /// How sure a finding is.

@@ -17,7 +17,7 @@
 //! batches of contexts; [`CpuModel`] is the only place that calls
 //! `sim::model`. A CUDA evaluator implements the same trait.
 //!
-//! Lineage comes from the replay scheduler (`replay::replay_with`) with a
+//! Lineage comes from the replay scheduler (`lineage::run_with`) with a
 //! backend of our own that tracks (content owner, owner position) per slot
 //! and records the values read by the target requests on decode pools.
 
@@ -26,10 +26,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::lineage::backend::{Backend, Counters, NEVER, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::slots::SlotVec;
+use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
-use crate::replay::backend::{Backend, Counters, NEVER, ReadRun, SCRUBBED, SlotVal};
-use crate::replay::slots::SlotVec;
-use crate::replay::{ReplayOptions, replay_with};
 use crate::schema::{KvEvent, Op, hash_tokens, hex32};
 use crate::scope::scope;
 use crate::trace::manifest::Role;
@@ -343,7 +343,7 @@ impl Backend for ModelBackend<'_> {
 pub fn counterfactual(
     trace: &Trace,
     model: &dyn ModelEval,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     rep: &dyn Reporter,
 ) -> Result<CounterfactualReport> {
     let m = &trace.manifest;
@@ -410,7 +410,7 @@ pub fn counterfactual(
             })
             .collect(),
     };
-    replay_with(trace, &mut backend, opts, rep)?;
+    run_with(trace, &mut backend, opts, rep)?;
     let mut ids: Vec<u64> = targets.into_iter().collect();
     ids.sort_unstable();
     let mut batch = Vec::new();

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::error::{Error, Location, Result};
+use crate::lineage::LineageOptions;
 use crate::progress::Reporter;
-use crate::replay::ReplayOptions;
 use crate::schema::{Op, RequestRecord};
 use crate::scope::{ScopeReport, scope};
 use crate::trace::manifest::Role;
@@ -276,7 +276,7 @@ fn same_workload(
 fn view(
     trace: &Trace,
     reqs: BTreeMap<u64, RequestRecord>,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     rep: &dyn Reporter,
 ) -> Result<TraceView> {
     let scope = scope(trace, opts, rep)?;
@@ -391,7 +391,7 @@ fn latency(lat: &mut [f64], queue: &[f64]) -> Latency {
 pub fn diff(
     before: &Trace,
     after: &Trace,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     rep: &dyn Reporter,
 ) -> Result<DiffReport> {
     let (rb, ra) = (requests(before)?, requests(after)?);

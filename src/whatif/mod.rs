@@ -8,12 +8,10 @@
 //! - `diff`: per-request comparison of two traces plus the exposure headline.
 //! - `counterfactual`: reference-model re-runs of affected responses, through
 //!   one swappable [`counterfactual::ModelEval`].
-//! - `audit`: deployment checks (pools vs context window) and trace checks.
 //!
 //! The engine model itself is `crate::sim`; this module only feeds it
 //! recorded arrivals through `sim::run`.
 
-pub mod audit;
 pub mod counterfactual;
 pub mod diff;
 pub mod workload;

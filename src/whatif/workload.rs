@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Location, Result};
-use crate::replay::slots::SlotVec;
+use crate::lineage::slots::SlotVec;
 use crate::schema::{Op, RequestRecord};
 use crate::sim::config::{EngineVersion, PoolConfig, SimConfig};
 use crate::sim::engine::EPOCH_NS;

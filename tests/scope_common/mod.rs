@@ -309,24 +309,24 @@ pub fn dict_column(b: &RecordBatch, name: &str) -> RecordBatch {
 
 /// Runs scope in-process.
 pub fn scope(dir: &Path) -> ScopeReport {
-    scope_with(dir, &kvtrail::replay::ReplayOptions::default())
+    scope_with(dir, &kvtrail::lineage::LineageOptions::default())
 }
 
 /// Runs scope in-process with options (e.g. tiny spill chunks), on the CPU
 /// backend and again on the GPU backend over the emulated device (the
 /// kernels of kernels/*.cu compiled as C++): both reports must be
 /// identical, so every trace of every scope test is a CPU/GPU parity test.
-pub fn scope_with(dir: &Path, opts: &kvtrail::replay::ReplayOptions) -> ScopeReport {
+pub fn scope_with(dir: &Path, opts: &kvtrail::lineage::LineageOptions) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
     let run = |backend| {
-        let o = kvtrail::replay::ReplayOptions {
+        let o = kvtrail::lineage::LineageOptions {
             backend,
             ..opts.clone()
         };
-        kvtrail::scope::scope(&trace, &o, &kvtrail::replay::NoReporter).unwrap()
+        kvtrail::scope::scope(&trace, &o, &kvtrail::lineage::NoReporter).unwrap()
     };
-    let r = run(kvtrail::replay::BackendChoice::Cpu);
-    let g = run(kvtrail::replay::BackendChoice::Emu);
+    let r = run(kvtrail::lineage::BackendChoice::Cpu);
+    let g = run(kvtrail::lineage::BackendChoice::Emu);
     assert_eq!(
         kvtrail::report::to_json(&g),
         kvtrail::report::to_json(&r),

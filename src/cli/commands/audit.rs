@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::replay::ReplayOptions;
+use kvtrail::audit::{AuditReport, audit_file, audit_trace};
+use kvtrail::lineage::LineageOptions;
 use kvtrail::report::text::term;
-use kvtrail::whatif::audit::{AuditReport, audit_file, audit_trace};
 
 use crate::cli::progress::BarReporter;
 
@@ -50,9 +50,9 @@ fn human(r: &AuditReport) -> String {
     }
     for f in &r.findings {
         let sev = match f.severity {
-            kvtrail::whatif::audit::Severity::Error => "ERROR",
-            kvtrail::whatif::audit::Severity::Warning => "WARNING",
-            kvtrail::whatif::audit::Severity::Note => "note",
+            kvtrail::audit::Severity::Error => "ERROR",
+            kvtrail::audit::Severity::Warning => "WARNING",
+            kvtrail::audit::Severity::Note => "note",
         };
         let _ = writeln!(
             s,
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (Some(path), None) => audit_file(path)?,
         (None, Some(dir)) => {
             let trace = kvtrail::trace::Trace::open(dir)?;
-            audit_trace(&trace, &ReplayOptions::default(), &BarReporter::default())?
+            audit_trace(&trace, &LineageOptions::default(), &BarReporter::default())?
         }
         _ => anyhow::bail!("give either a TRACE or --deployment FILE, not both"),
     };

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::replay::ReplayOptions;
+use kvtrail::lineage::LineageOptions;
 use kvtrail::report::text::term;
 use kvtrail::whatif::counterfactual::{CounterfactualReport, CpuModel, Fidelity, counterfactual};
 
@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let r = counterfactual(
         &trace,
         &CpuModel,
-        &ReplayOptions::default(),
+        &LineageOptions::default(),
         &BarReporter::default(),
     )?;
     let mut out = std::io::stdout().lock();

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::replay::ReplayOptions;
+use kvtrail::lineage::LineageOptions;
 use kvtrail::report::text::term;
 use kvtrail::whatif::diff::{DiffReport, Side, diff};
 
@@ -122,7 +122,7 @@ pub fn human(r: &DiffReport) -> String {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let b = kvtrail::trace::Trace::open(&args.before)?;
     let a = kvtrail::trace::Trace::open(&args.after)?;
-    let r = diff(&b, &a, &ReplayOptions::default(), &BarReporter::default())?;
+    let r = diff(&b, &a, &LineageOptions::default(), &BarReporter::default())?;
     let mut out = std::io::stdout().lock();
     out.write_all(if args.json { json(&r) } else { human(&r) }.as_bytes())?;
     out.flush()?;

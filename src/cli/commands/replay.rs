@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::replay::ReplayOptions;
+use kvtrail::lineage::LineageOptions;
 use kvtrail::report::text::term;
 use kvtrail::sim::SimConfig;
 use kvtrail::whatif::{self, ReplaySpec};
@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let r = whatif::diff::diff(
             &trace,
             &new,
-            &ReplayOptions::default(),
+            &LineageOptions::default(),
             &BarReporter::default(),
         )?;
         let mut out = std::io::stdout().lock();

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::replay::{BackendChoice, ReplayOptions};
+use kvtrail::lineage::{BackendChoice, LineageOptions};
 use kvtrail::report;
 use kvtrail::report::text::term;
 use kvtrail::scope::ScopeReport;
@@ -71,16 +71,16 @@ pub fn compute_shard(
         BackendArg::Cuda => BackendChoice::Cuda,
         BackendArg::Emu => BackendChoice::Emu,
     };
-    let mut opened = kvtrail::replay::make_backend_for(choice, &trace)?;
+    let mut opened = kvtrail::lineage::make_backend_for(choice, &trace)?;
     eprintln!("kvtrail: replay backend: {}", opened.note);
-    let opts = ReplayOptions {
+    let opts = LineageOptions {
         backend: choice,
         spill_dir: None,
         chunk: None,
         pools: pools.clone(),
     };
     let reporter = BarReporter::default();
-    let outcome = kvtrail::replay::replay_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
+    let outcome = kvtrail::lineage::run_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
     let mut report = kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?;
     let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
     if let Some(s) = &shard {

@@ -17,9 +17,9 @@
 pub mod backend;
 pub mod copies;
 pub mod cpu;
-pub mod cuda;
 pub mod engine;
 pub mod exposure;
+pub mod gpu;
 pub mod input;
 pub mod intervals;
 pub mod shard;
@@ -86,20 +86,20 @@ pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
     match choice {
         BackendChoice::Cpu => Ok(cpu("cpu".into())),
         BackendChoice::Emu => Ok(OpenedBackend {
-            backend: Box::new(cuda::GpuBackend::named(
-                cuda::EmuDevice::new(),
-                cuda::GpuConfig::default(),
+            backend: Box::new(gpu::GpuBackend::named(
+                gpu::EmuDevice::new(),
+                gpu::GpuConfig::default(),
                 "emu",
             )),
             note: "emu (GPU kernels emulated on the CPU)".into(),
         }),
-        BackendChoice::Cuda => match cuda::unavailable() {
+        BackendChoice::Cuda => match gpu::unavailable() {
             Some(why) => Err(crate::error::Error::Other(format!(
                 "--backend cuda: {why}; use --backend cpu or auto"
             ))),
             None => open_cuda(),
         },
-        BackendChoice::Auto => match cuda::unavailable() {
+        BackendChoice::Auto => match gpu::unavailable() {
             Some(why) => Ok(cpu(format!("cpu (auto: {why})"))),
             None => match open_cuda() {
                 Ok(b) => Ok(OpenedBackend {
@@ -114,18 +114,18 @@ pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
 
 /// Creates the backend for a choice and a trace: as `make_backend`, except
 /// that `Auto` replays on the CPU a deployment whose pools declare more
-/// slots than the GPU backend holds (`cuda::GPU_MAX_SLOTS`).
+/// slots than the GPU backend holds (`gpu::GPU_MAX_SLOTS`).
 pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBackend> {
     let slots = trace
         .deployment()
         .pools
         .iter()
         .fold(0u64, |n, p| n.saturating_add(p.capacity_tokens));
-    if choice == BackendChoice::Auto && slots > cuda::GPU_MAX_SLOTS {
-        let why = cuda::unavailable().unwrap_or_else(|| {
+    if choice == BackendChoice::Auto && slots > gpu::GPU_MAX_SLOTS {
+        let why = gpu::unavailable().unwrap_or_else(|| {
             format!(
                 "the pools declare {slots} slots, more than the GPU backend holds ({})",
-                cuda::GPU_MAX_SLOTS
+                gpu::GPU_MAX_SLOTS
             )
         });
         return Ok(OpenedBackend {
@@ -138,7 +138,7 @@ pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBa
 
 #[cfg(feature = "cuda")]
 fn open_cuda() -> Result<OpenedBackend> {
-    let b = cuda::open_cuda()?;
+    let b = gpu::open_cuda()?;
     let note = format!("cuda on {}", b.device().description);
     Ok(OpenedBackend {
         backend: Box::new(b),
@@ -149,13 +149,13 @@ fn open_cuda() -> Result<OpenedBackend> {
 #[cfg(not(feature = "cuda"))]
 fn open_cuda() -> Result<OpenedBackend> {
     Err(crate::error::Error::Other(
-        cuda::unavailable().unwrap_or_default(),
+        gpu::unavailable().unwrap_or_default(),
     ))
 }
 
 /// Options of a replay.
 #[derive(Debug, Clone, Default)]
-pub struct ReplayOptions {
+pub struct LineageOptions {
     pub backend: BackendChoice,
     /// Where unsorted files and large copy indexes are spilled (default:
     /// the system temp dir).
@@ -171,7 +171,7 @@ pub struct ReplayOptions {
 
 /// Everything replay found.
 #[derive(Debug, Clone)]
-pub struct ReplayOutcome {
+pub struct LineageOutcome {
     pub backend: &'static str,
     pub exposures: Exposures,
     pub counters: Counters,
@@ -187,12 +187,12 @@ pub struct ReplayOutcome {
 }
 
 /// Replays a trace with a backend.
-pub fn replay_with(
+pub fn run_with(
     trace: &Trace,
     backend: &mut dyn Backend,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     reporter: &dyn Reporter,
-) -> Result<ReplayOutcome> {
+) -> Result<LineageOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
     let mut plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
     reporter.advance(trace.kv_files.len() as u64);
@@ -228,7 +228,7 @@ pub fn replay_with(
         ),
         None => (gaps, plan.spilled_events),
     };
-    Ok(ReplayOutcome {
+    Ok(LineageOutcome {
         backend: backend.name(),
         exposures,
         counters,
@@ -241,11 +241,11 @@ pub fn replay_with(
 }
 
 /// Replays a trace with the chosen backend.
-pub fn replay(
+pub fn run(
     trace: &Trace,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     reporter: &dyn Reporter,
-) -> Result<ReplayOutcome> {
+) -> Result<LineageOutcome> {
     let mut b = make_backend_for(opts.backend, trace)?.backend;
-    replay_with(trace, b.as_mut(), opts, reporter)
+    run_with(trace, b.as_mut(), opts, reporter)
 }

@@ -27,7 +27,7 @@ use super::device::{
 };
 use super::prims::{Prims, ScanOp};
 use crate::error::{Error, Result};
-use crate::replay::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
 use crate::schema::{KvEvent, Op};
 
 const EV_WRITE: u32 = 1;

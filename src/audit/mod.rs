@@ -27,17 +27,17 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
+use crate::lineage::slots::SlotVec;
+use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
-use crate::replay::backend::{Backend, Counters, ReadRun, SlotVal};
-use crate::replay::slots::SlotVec;
-use crate::replay::{ReplayOptions, replay_with};
 use crate::schema::{KvEvent, Op};
 use crate::scope::anomalies::max_req_input_len;
 use crate::sim::config::{EngineVersion, SimConfig};
 use crate::trace::manifest::{Manifest, Role};
 use crate::trace::read::Trace;
 
-use super::workload::{parse_engine, pool_tokens};
+use crate::whatif::workload::{parse_engine, pool_tokens};
 
 /// How serious a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -536,7 +536,7 @@ fn listed(ids: &[u64]) -> Vec<u64> {
 pub fn audit_trace_events(
     trace: &Trace,
     d: &DeploymentView,
-    opts: &ReplayOptions,
+    opts: &LineageOptions,
     rep: &dyn Reporter,
 ) -> Result<Vec<Finding>> {
     let mut out = Vec::new();
@@ -607,7 +607,7 @@ pub fn audit_trace_events(
             .collect(),
         f: KvFindings::default(),
     };
-    let outcome = replay_with(trace, &mut backend, opts, rep)?;
+    let outcome = run_with(trace, &mut backend, opts, rep)?;
     let kinds: [(&BTreeMap<u64, u64>, &str, &str, &str); 3] = [
         (
             &backend.f.beyond,
@@ -698,7 +698,11 @@ pub fn audit_file(path: &Path) -> Result<AuditReport> {
 }
 
 /// Audits a trace: its manifest's deployment, its requests and its events.
-pub fn audit_trace(trace: &Trace, opts: &ReplayOptions, rep: &dyn Reporter) -> Result<AuditReport> {
+pub fn audit_trace(
+    trace: &Trace,
+    opts: &LineageOptions,
+    rep: &dyn Reporter,
+) -> Result<AuditReport> {
     let d = DeploymentView::from_manifest(&trace.manifest, &trace.dir.display().to_string());
     let mut f = audit_deployment(&d);
     f.extend(audit_trace_events(trace, &d, opts, rep)?);
