@@ -28,6 +28,7 @@ typedef unsigned int u32;
 #define KVT_CLS_BLANK 2u
 #define KVT_CLS_UNKNOWN 3u
 #define KVT_CLS_UNCERTAIN 4u
+#define KVT_CLS_SHARED 5u
 #define KVT_CLS_UNC_BIT 0x100u
 
 #define KVT_FOR(i, n)                                                          \
@@ -149,7 +150,8 @@ struct ClassifyParams {
 
 // Classifies every read touch against the slot state just before it (the
 // batch's last writer, or the state at batch start). Mirrors
-// PoolState::classify and the own fast path of src/lineage/cpu.rs.
+// state::classify (src/lineage/state.rs) and the own fast path of
+// src/lineage/cpu.rs.
 extern "C" __global__ void kvt_classify(const ClassifyParams p) {
     u64 own = 0, shared = 0;
     KVT_FOR(i, p.n) {
@@ -190,9 +192,16 @@ extern "C" __global__ void kvt_classify(const ClassifyParams p) {
                 for (u32 g = g0; g < g1 && !granted; ++g) {
                     granted = p.g_start[g] <= s && s < p.g_end[g] && w1 <= p.g_seq[g];
                 }
-                if (granted) {
-                    if (unc) cls = KVT_CLS_UNCERTAIN | KVT_CLS_UNC_BIT;
-                    else shared += 1;
+                if (granted && unc) {
+                    cls = KVT_CLS_UNCERTAIN | KVT_CLS_UNC_BIT;
+                } else if (granted && o != r) {
+                    // another request's content under a grant: clean, but
+                    // reported with its source (src/lineage/state.rs)
+                    shared += 1;
+                    cls = KVT_CLS_SHARED;
+                    src = o;
+                } else if (granted) {
+                    shared += 1;
                 } else {
                     cls = KVT_CLS_FOREIGN | (unc ? KVT_CLS_UNC_BIT : 0u);
                     src = o;

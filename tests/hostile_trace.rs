@@ -536,10 +536,13 @@ fn duplicate_seq_in_order_gets_one_verdict() {
     Verdicts::of(&t).refused(&[POOL0, "row 5", "column `seq`", "two events with seq 4"]);
 }
 
+/// Copies both ways between two pools are a tier offload and load under
+/// revision 2 of the trace contract (they were refused as a cycle before):
+/// accepted when causal. Pool 0 copies from pool 1 as of seq 0 while pool 1
+/// copies from pool 0: each copy's source event precedes it.
 #[test]
-fn copy_cycle_between_pools_gets_one_verdict() {
+fn copies_both_ways_between_pools_are_accepted_when_causal() {
     let (_d, t) = fresh();
-    // Pool 0 copies from pool 1 while pool 1 copies from pool 0.
     edit_pool(&t, POOL0, 0, |evs| {
         evs[1].src = Some(kvtrail::schema::CopySrc {
             pool: 1,
@@ -547,7 +550,34 @@ fn copy_cycle_between_pools_gets_one_verdict() {
             seq: 0,
         });
     });
-    Verdicts::of(&t).refused(&["column `src_pool`", "cycle"]);
+    Verdicts::of(&t).accepted();
+}
+
+/// Two copies that wait on each other have no order: pool 0's seq 1 reads
+/// pool 1 as of seq 1, and pool 1's seq 1 reads pool 0 as of seq 1. verify
+/// and inspect check structure only; the replay refuses it, naming both
+/// rows, and never blocks.
+#[test]
+fn copies_that_wait_on_each_other_are_refused_naming_both_rows() {
+    let (_d, t) = fresh();
+    edit_pool(&t, POOL0, 0, |evs| {
+        evs[1].src = Some(kvtrail::schema::CopySrc {
+            pool: 1,
+            slot_start: 0,
+            seq: 1,
+        });
+    });
+    let v = Verdicts::of(&t);
+    let all = v.show();
+    assert_eq!(
+        (v.verify.code, v.inspect.code, v.scope.code),
+        (0, 0, 2),
+        "{all}"
+    );
+    for f in [POOL0, POOL1, "row 1", "wait on each other", "hint:"] {
+        assert!(v.scope.stderr.contains(f), "scope lacks {f:?}:\n{all}");
+    }
+    assert!(!all.contains("panicked"), "{all}");
 }
 
 // ---------------------------------------------------------------------------

@@ -227,6 +227,8 @@ fn bad_input_exits_2_with_a_clear_message() {
         slot_start: 0,
         seq: 0,
     });
+    // Each copy reads the other pool as of the other copy itself: no order
+    // applies both (copies both ways are fine only when causal).
     let cycle = hand(
         &d.join("cycle"),
         &[("a.parquet", vec![c1]), ("b.parquet", vec![c0])],
@@ -251,7 +253,10 @@ fn bad_input_exits_2_with_a_clear_message() {
                 "b.parquet row 0",
             ],
         ),
-        (&cycle, &["cycle", "pools [0, 1]"]),
+        (
+            &cycle,
+            &["wait on each other", "a.parquet row 0", "b.parquet, row 0"],
+        ),
         (&corrupt, &["a.parquet", "cannot read Parquet"]),
         (
             &outside,

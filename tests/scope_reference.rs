@@ -30,6 +30,8 @@ struct Slot {
     /// seq of the event that set the content
     wseq: Option<u64>,
     copied_uncertain: bool,
+    /// Revision 2: the content predates the slot's latest alloc.
+    stale: bool,
 }
 
 /// Per reader: foreign slots per source (certain flag), blank, unknown, uncertain.
@@ -79,7 +81,7 @@ fn reference(tb: &TraceBuilder) -> Reference {
         }
     }
     // (pool, seq) -> state just after that event, plus uncertainty per slot
-    let mut snaps: HashMap<(u16, u64), Vec<(Content, bool)>> = HashMap::new();
+    let mut snaps: HashMap<(u16, u64), Vec<(Content, bool, bool)>> = HashMap::new();
     let mut first_seq: HashMap<u16, u64> = HashMap::new();
     let mut readers: BTreeMap<u64, Reader> = BTreeMap::new();
     let mut gaps = Vec::new();
@@ -90,6 +92,7 @@ fn reference(tb: &TraceBuilder) -> Reference {
                 content: Content::Never,
                 wseq: None,
                 copied_uncertain: false,
+                stale: false,
             };
             cap
         ];
@@ -118,7 +121,13 @@ fn reference(tb: &TraceBuilder) -> Reference {
             prev = Some(e.seq);
             let range = e.slot_start..e.slot_start + e.slot_count;
             match e.op {
-                Op::Alloc | Op::Free => {}
+                // Revision 2: the content predates the new holding.
+                Op::Alloc => {
+                    for s in range {
+                        slots[s as usize].stale = true;
+                    }
+                }
+                Op::Free => {}
                 Op::Write => {
                     for (i, s) in range.enumerate() {
                         let slot = &mut slots[s as usize];
@@ -128,6 +137,7 @@ fn reference(tb: &TraceBuilder) -> Reference {
                                     content: Content::Owner(e.request_id),
                                     wseq: Some(e.seq),
                                     copied_uncertain: false,
+                                    stale: false,
                                 };
                             }
                             Some(src) => {
@@ -136,16 +146,17 @@ fn reference(tb: &TraceBuilder) -> Reference {
                                 let sp = &by_pool.get(&src.pool).cloned().unwrap_or_default();
                                 let at = sp.iter().rev().find(|x| x.seq <= src.seq).map(|x| x.seq);
                                 let lost = at != Some(src.seq);
-                                let (c, u) = match at {
+                                let (c, u, st) = match at {
                                     Some(a) => {
                                         snaps[&(src.pool, a)][(src.slot_start + i as u32) as usize]
                                     }
-                                    None => (Content::Never, true),
+                                    None => (Content::Never, true, false),
                                 };
                                 *slot = Slot {
                                     content: c,
                                     wseq: Some(e.seq),
                                     copied_uncertain: u || lost,
+                                    stale: st,
                                 };
                             }
                         }
@@ -157,12 +168,16 @@ fn reference(tb: &TraceBuilder) -> Reference {
                             content: Content::Scrubbed,
                             wseq: Some(e.seq),
                             copied_uncertain: false,
+                            stale: false,
                         };
                     }
                 }
                 Op::Share => {
+                    // Revision 2: a grant covers only current content.
                     for s in range {
-                        grants.push((e.request_id, s, e.seq));
+                        if !slots[s as usize].stale {
+                            grants.push((e.request_id, s, e.seq));
+                        }
                     }
                 }
                 Op::Read => {
@@ -201,7 +216,7 @@ fn reference(tb: &TraceBuilder) -> Reference {
             }
             let snap = slots
                 .iter()
-                .map(|s| (s.content, uncertain(s, gap_before)))
+                .map(|s| (s.content, uncertain(s, gap_before), s.stale))
                 .collect();
             snaps.insert((p, e.seq), snap);
         }

@@ -29,6 +29,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
 use crate::lineage::slots::SlotVec;
+use crate::lineage::state::{Grants, StaleBits};
 use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
 use crate::schema::{KvEvent, Op};
@@ -361,18 +362,16 @@ pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
 
 const FREE: u64 = u64::MAX;
 
-struct Grant {
-    start: u64,
-    end: u64,
-}
-
 /// Holder and last writer per slot, paged (memory follows the slots the
 /// trace touches, not the declared capacity).
 struct PoolSt {
     decode: bool,
     holder: SlotVec<u64>,
     writer: SlotVec<u64>,
-    grants: HashMap<u64, Vec<Grant>>,
+    /// seq + 1 of the event that last set each slot's content.
+    wseq1: SlotVec<u64>,
+    stale: StaleBits,
+    grants: Grants,
 }
 
 #[derive(Default)]
@@ -399,8 +398,10 @@ impl AuditBackend {
     }
 }
 
-fn granted(g: Option<&Vec<Grant>>, s: u64) -> bool {
-    g.is_some_and(|v| v.iter().any(|g| g.start <= s && s < g.end))
+/// Whether `r` held a share grant on slot `s` of `p` (whatever happened to
+/// the slot since).
+fn granted(p: &PoolSt, r: u64, s: u64) -> bool {
+    p.grants.of(r).iter().any(|g| g.start <= s && s < g.end)
 }
 
 impl Backend for AuditBackend {
@@ -415,7 +416,9 @@ impl Backend for AuditBackend {
                 decode: self.roles.get(&pool) == Some(&Role::Decode),
                 holder: SlotVec::new(capacity, FREE),
                 writer: SlotVec::new(capacity, FREE),
-                grants: HashMap::new(),
+                wseq1: SlotVec::new(capacity, 0),
+                stale: StaleBits::new(capacity),
+                grants: Grants::default(),
             },
         );
         Ok(())
@@ -437,28 +440,30 @@ impl Backend for AuditBackend {
             let (a, b) = (e.slot_start as u64, e.slot_end());
             let r = e.request_id;
             match e.op {
-                Op::Alloc => p.holder.fill(a, b, r),
+                Op::Alloc => {
+                    p.holder.fill(a, b, r);
+                    p.stale.alloc(a, b);
+                }
                 Op::Free => {
                     p.holder.fill(a, b, FREE);
-                    if let Some(g) = p.grants.get_mut(&r) {
-                        g.retain(|g| g.end <= a || g.start >= b);
-                    }
+                    p.grants.release(r, a, b);
                 }
-                Op::Write => p.writer.fill(a, b, r),
-                Op::Scrub => p.writer.fill(a, b, FREE),
-                Op::Share => p
-                    .grants
-                    .entry(r)
-                    .or_default()
-                    .push(Grant { start: a, end: b }),
+                Op::Write | Op::Scrub => {
+                    let w = if e.op == Op::Write { r } else { FREE };
+                    p.writer.fill(a, b, w);
+                    p.wseq1.fill(a, b, e.seq + 1);
+                    p.stale.set_current(a, b);
+                }
+                Op::Share => {
+                    p.grants.share(&p.stale, r, a, b, e.seq);
+                }
                 Op::Read => {
                     if !p.decode {
                         continue;
                     }
-                    let g = p.grants.get(&r);
                     let n = (a..b)
                         .zip(p.writer.range(a, b))
-                        .filter(|&(s, w)| w != r && !granted(g, s))
+                        .filter(|&(s, w)| w != r && !p.grants.covered(r, s, p.wseq1.get(s)))
                         .count() as u64;
                     if n > 0 {
                         *f.beyond.entry(r).or_default() += n;
@@ -487,9 +492,8 @@ impl Backend for AuditBackend {
                     .enumerate()
                     .filter(|(i, v)| {
                         v.owner != r
-                            && !sp.is_some_and(|sp| {
-                                granted(sp.grants.get(&r), src.slot_start as u64 + *i as u64)
-                            })
+                            && !sp
+                                .is_some_and(|sp| granted(sp, r, src.slot_start as u64 + *i as u64))
                     })
                     .count() as u64
             }
@@ -499,6 +503,8 @@ impl Backend for AuditBackend {
         let (a, b) = (e.slot_start as u64, e.slot_end());
         let reused = p.holder.range(a, b).filter(|&h| h != r).count() as u64;
         p.writer.fill(a, b, r);
+        p.wseq1.fill(a, b, e.seq + 1);
+        p.stale.copy(a, b, |i| payload[i].stale);
         if stale > 0 {
             *self.f.stale_src.entry(r).or_default() += stale;
         }
@@ -522,7 +528,12 @@ impl Backend for AuditBackend {
         out.extend(
             p.holder
                 .range(a, a + count as u64)
-                .map(|owner| SlotVal { owner, uncertain }),
+                .zip(a..)
+                .map(|(owner, s)| SlotVal {
+                    owner,
+                    uncertain,
+                    stale: p.stale.is_stale(s),
+                }),
         );
         Ok(())
     }

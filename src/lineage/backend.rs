@@ -9,34 +9,7 @@
 use crate::error::Result;
 use crate::schema::KvEvent;
 
-/// Owner value of a slot never written during the capture.
-pub const NEVER: u64 = u64::MAX;
-/// Owner value of a scrubbed slot (zeroed: no owner).
-pub const SCRUBBED: u64 = u64::MAX - 1;
-
-/// The content of one source slot as a copy sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotVal {
-    /// Content owner, or `NEVER` / `SCRUBBED`.
-    pub owner: u64,
-    /// The value depends on state after a hole (or on an uncertain copy).
-    pub uncertain: bool,
-}
-
-/// What a read of a run of slots found, when it is not a clean own or
-/// shared read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ReadKind {
-    /// The content owner is another request without a valid share grant.
-    Foreign,
-    /// Scrubbed, or never written in a capture that began with the engine.
-    Blank,
-    /// Never written in a capture that did not begin with the engine.
-    Unknown,
-    /// Would be own, shared or blank, but the slot's state depends on a
-    /// hole in the seq stream: lost events may have changed it.
-    Uncertain,
-}
+pub use super::state::{NEVER, ReadKind, SCRUBBED, SlotVal};
 
 /// A maximal run of slots of one read event with one classification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

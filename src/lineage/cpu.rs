@@ -9,18 +9,11 @@
 
 use std::collections::HashMap;
 
-use super::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use super::backend::{Backend, Counters, ReadKind, ReadRun, SlotVal};
 use super::slots::{PAGE, PAGE_BITS, Pages, page_len, segments};
+use super::state::{self, Class, Grant, Grants, NEVER, SCRUBBED, StaleBits};
 use crate::error::{Error, Result};
 use crate::schema::{KvEvent, Op};
-
-/// A share grant: slots `start..end`, granted at `seq`.
-#[derive(Debug, Clone, Copy)]
-struct Grant {
-    start: u64,
-    end: u64,
-    seq: u64,
-}
 
 /// The state of the slots of one page (`slots::page_len` of them).
 struct Page {
@@ -70,9 +63,6 @@ const BLANK: View<'static> = View {
     flags: &ZERO_FLAGS,
 };
 
-/// A classification: None for a clean own/shared read.
-type Class = Option<(ReadKind, u64, bool)>;
-
 struct PoolState {
     id: u16,
     capacity: u64,
@@ -80,10 +70,9 @@ struct PoolState {
     /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
     gap_mark: u64,
     never_kind: ReadKind,
-    grants: HashMap<u64, Vec<Grant>>,
-    /// Number of grants held, and the count at which to sweep dead ones.
-    n_grants: usize,
-    sweep_at: usize,
+    /// Which written slots hold content that predates their latest alloc.
+    stale: StaleBits,
+    grants: Grants,
 }
 
 impl PoolState {
@@ -106,26 +95,20 @@ impl PoolState {
             pg.wseq1[lo..hi].fill(seq1);
             pg.flags[lo..hi].fill(0);
         }
+        self.stale.set_current(a, b);
     }
 
     /// Drops grants whose every slot was rewritten since (they can never
     /// make a read shared again), so grants stay bounded by live sharing.
     fn sweep_grants(&mut self) {
         let pages = &self.pages;
-        let mut n = 0;
-        self.grants.retain(|_, v| {
-            v.retain(|g| {
-                segments(g.start, g.end).any(|(pi, lo, hi)| {
-                    pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
-                        .iter()
-                        .any(|&w| w <= g.seq)
-                })
-            });
-            n += v.len();
-            !v.is_empty()
+        self.grants.sweep(|g| {
+            segments(g.start, g.end).any(|(pi, lo, hi)| {
+                pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
+                    .iter()
+                    .any(|&w| w <= g.seq)
+            })
         });
-        self.n_grants = n;
-        self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
     }
 
     #[inline]
@@ -136,32 +119,10 @@ impl PoolState {
     /// Classification of slot `s` (offset `o` of page `pg`) read by `r`.
     #[inline]
     fn classify(&self, pg: View, o: usize, s: u64, r: u64, grants: &[Grant]) -> Class {
-        let own = pg.owner[o];
         let unc = self.uncertain(pg, o);
-        let kind = if own == NEVER {
-            self.never_kind
-        } else if own == SCRUBBED {
-            ReadKind::Blank
-        } else if own == r
-            || grants
-                .iter()
-                .any(|g| g.start <= s && s < g.end && pg.wseq1[o] <= g.seq)
-        {
-            // own, or shared under a grant the slot was not rewritten since
-            return unc.then_some((ReadKind::Uncertain, 0, true));
-        } else {
-            return Some((ReadKind::Foreign, own, unc));
-        };
-        match kind {
-            ReadKind::Blank if unc => Some((ReadKind::Uncertain, 0, true)),
-            ReadKind::Unknown => Some((ReadKind::Unknown, 0, unc)),
-            k => Some((k, 0, false)),
-        }
+        state::classify(pg.owner[o], pg.wseq1[o], unc, s, r, grants, self.never_kind)
     }
 }
-
-/// Grants held before the first sweep of dead grants.
-const GRANT_SWEEP_MIN: usize = 1 << 16;
 
 /// The most slots the CPU backend holds state for, summed over pools
 /// (docs/limits.md): 2^27 slots, about 2.2 GB of slot pages (17 bytes a
@@ -285,9 +246,8 @@ impl Backend for CpuBackend {
             } else {
                 ReadKind::Unknown
             },
-            grants: HashMap::new(),
-            n_grants: 0,
-            sweep_at: GRANT_SWEEP_MIN,
+            stale: StaleBits::new(capacity),
+            grants: Grants::default(),
         });
         Ok(())
     }
@@ -316,7 +276,8 @@ impl Backend for CpuBackend {
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
             match e.op {
-                Op::Alloc | Op::Free => {}
+                Op::Alloc => p.stale.alloc(a, b),
+                Op::Free => {}
                 Op::Write => {
                     debug_assert!(e.src.is_none(), "copies go through apply_copy");
                     budget.take(p, e, at, a, b)?;
@@ -327,13 +288,7 @@ impl Backend for CpuBackend {
                     p.set(a, b, SCRUBBED, e.seq + 1)
                 }
                 Op::Share => {
-                    p.grants.entry(e.request_id).or_default().push(Grant {
-                        start: a,
-                        end: b,
-                        seq: e.seq,
-                    });
-                    p.n_grants += 1;
-                    if p.n_grants >= p.sweep_at {
+                    if p.grants.share(&p.stale, e.request_id, a, b, e.seq) {
                         p.sweep_grants();
                     }
                 }
@@ -379,6 +334,7 @@ impl Backend for CpuBackend {
             }
             pg.wseq1[lo..hi].fill(e.seq + 1);
         }
+        p.stale.copy(a, b, |i| payload[i].stale);
         Ok(())
     }
 
@@ -413,9 +369,11 @@ impl Backend for CpuBackend {
         out.clear();
         for (pi, lo, hi) in segments(a, a + count as u64) {
             let pg = p.page(pi);
+            let base = (pi as u64) << PAGE_BITS;
             out.extend((lo..hi).map(|o| SlotVal {
                 owner: pg.owner[o],
                 uncertain: uncertain || p.uncertain(pg, o),
+                stale: p.stale.is_stale(base + o as u64),
             }));
         }
         Ok(())
@@ -448,7 +406,7 @@ fn all_own(pg: View, lo: usize, hi: usize, r: u64, gap_mark: u64) -> bool {
 fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &mut Counters) {
     let r = e.request_id;
     let gap_mark = p.gap_mark;
-    let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
+    let grants: &[Grant] = p.grants.of(r);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
     if segments(a, b).all(|(pi, lo, hi)| all_own(p.page(pi), lo, hi, r, gap_mark)) {
@@ -456,7 +414,7 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
         return;
     }
     let mut own = 0u64;
-    let mut clean = 0u64;
+    let mut shared = 0u64;
     // The run being built: its first slot and classification.
     let mut run: Option<(u64, (ReadKind, u64, bool))> = None;
     let mut emit = |start: u64, end: u64, cls: (ReadKind, u64, bool)| {
@@ -479,9 +437,6 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
             // NEVER, so grants do not matter), one step for the page.
             let s = base + lo as u64;
             let cls = p.classify(BLANK, 0, s, r, grants);
-            if cls.is_none() {
-                clean += (hi - lo) as u64;
-            }
             if run.map(|(_, k)| k) != cls {
                 if let Some((start, k)) = run.take() {
                     emit(start, s, k);
@@ -498,8 +453,8 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
                 None
             } else {
                 let cls = p.classify(pg, o, s, r, grants);
-                if cls.is_none() {
-                    clean += 1;
+                if matches!(cls, Some((ReadKind::Shared, ..))) {
+                    shared += 1;
                 }
                 cls
             };
@@ -515,5 +470,5 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
         emit(start, b, k);
     }
     c.own_slots += own;
-    c.shared_slots += clean;
+    c.shared_slots += shared;
 }

@@ -8,6 +8,12 @@
 //! captured content waits in `payloads` until D applies the copy. Memory is
 //! the slot state plus the captured payloads in flight (bounded by how far
 //! the streams drift apart), never the trace.
+//!
+//! Pools may copy to each other in both directions (a device pool offloads
+//! to a `cache` tier and loads back): the merge is causal, a pool waits
+//! only while its next event is a copy whose source has not reached
+//! src_seq. Two copies that wait on each other (each one's source lies at
+//! or after the other) have no possible order: an error naming both rows.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -32,6 +38,8 @@ struct PoolRt {
     /// Last applied event (seq, file, row).
     last: Option<(u64, u32, u64)>,
     done: bool,
+    /// The pool's next event is a copy whose source is being pulled forward.
+    waiting: bool,
     caps: super::copies::CopyStream,
 }
 
@@ -82,6 +90,8 @@ pub struct Sched<'a> {
     pub gaps: Vec<Gap>,
     /// Copies whose source seq lies beyond the end of the source stream.
     pub late_sources: BTreeMap<u16, (u64, u64)>,
+    /// Events applied so far (to see whether a round of turns moved).
+    applied: u64,
     reporter: &'a dyn Reporter,
     sink: &'a mut dyn FnMut(&[ReadRun]),
 }
@@ -127,6 +137,7 @@ impl<'a> Sched<'a> {
                 pos: 0,
                 last: None,
                 done: false,
+                waiting: false,
                 caps: plan.copies.stream(id)?,
             });
         }
@@ -141,6 +152,7 @@ impl<'a> Sched<'a> {
             counters: Counters::default(),
             gaps: Vec::new(),
             late_sources: BTreeMap::new(),
+            applied: 0,
             reporter,
             sink,
         })
@@ -163,6 +175,7 @@ impl<'a> Sched<'a> {
         }
         loop {
             let mut any = false;
+            let (before, done_before) = (self.applied, self.done_pools());
             for &p in &order {
                 if !self.pools[p].done {
                     any = true;
@@ -174,6 +187,14 @@ impl<'a> Sched<'a> {
             if !any {
                 break;
             }
+            if self.applied == before && self.done_pools() == done_before {
+                // Pools that copy to each other both consume the other: the
+                // first one left (sinks first) takes a turn; its copies pull
+                // their sources forward as far as they need.
+                if let Some(&p) = order.iter().find(|&&p| !self.pools[p].done) {
+                    self.advance(p, None, TURN_EVENTS)?;
+                }
+            }
         }
         if let Some(((pool, seq), _)) = self.payloads.iter().next() {
             return Err(Error::Other(format!(
@@ -183,6 +204,42 @@ impl<'a> Sched<'a> {
         self.gaps
             .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
         Ok(())
+    }
+
+    fn done_pools(&self) -> usize {
+        self.pools.iter().filter(|p| p.done).count()
+    }
+
+    /// The refusal of two copies that wait on each other: pool `p`'s next
+    /// event copies from pool `q`, whose next event copies from `p`.
+    fn deadlock(&self, p: usize, q: usize) -> Error {
+        let row = |i: usize| {
+            let pool = &self.pools[i];
+            let (f, r) = pool.locs[pool.pos];
+            let e = &pool.buf[pool.pos];
+            let src = e.src.expect("a waiting pool's head is a copy");
+            (
+                self.plan.files[f as usize].clone(),
+                r,
+                e.pool,
+                e.seq,
+                src.pool,
+                src.seq,
+            )
+        };
+        let (fq, rq, pq, sq, qsp, qss) = row(q);
+        let (fp, rp, pp, sp, psp, pss) = row(p);
+        Error::invalid(
+            Location::file(&fp).row(rp).column("src_seq"),
+            format!(
+                "copies wait on each other: this copy (pool {pp} seq {sp}) reads pool {psp} as of \
+                 seq {pss}, but pool {qsp}'s copy at seq {sq} ({} row {rq}) reads pool {pq} as of \
+                 seq {qss}, which is not before this copy; no order applies both",
+                fq.display()
+            ),
+            "a copy's source event must precede it: check src_seq of both rows (the source \
+             state a tier load or transfer read)",
+        )
     }
 
     /// Ensures pool `p` has a current batch; false at the end of its stream.
@@ -326,6 +383,7 @@ impl<'a> Sched<'a> {
                 pool.pos = i;
                 pool.last = prev;
                 left -= i - start;
+                self.applied += (i - start) as u64;
                 self.reporter.advance((i - start) as u64);
                 self.flush_runs();
                 continue;
@@ -352,7 +410,13 @@ impl<'a> Sched<'a> {
                 let q = *self.index.get(&src.pool).ok_or_else(|| {
                     Error::Other(format!("replay: unknown source pool {}", src.pool))
                 })?;
-                self.advance(q, Some(src.seq), usize::MAX)?;
+                if self.pools[q].waiting {
+                    return Err(self.deadlock(p, q));
+                }
+                self.pools[p].waiting = true;
+                let pulled = self.advance(q, Some(src.seq), usize::MAX);
+                self.pools[p].waiting = false;
+                pulled?;
                 // q has applied everything <= src.seq; capture what waits on it.
                 let ready_before = src.seq.saturating_add(1);
                 if !self.fill(q)? || self.pools[q].buf[self.pools[q].pos].seq >= ready_before {
@@ -403,6 +467,7 @@ impl<'a> Sched<'a> {
             pool.pos += 1;
             pool.last = Some((e.ev.seq, e.file, e.row));
             left -= 1;
+            self.applied += 1;
             self.reporter.advance(1);
         }
         Ok(())

@@ -52,11 +52,20 @@ pub struct ReaderAgg {
 #[derive(Debug, Clone, Default)]
 pub struct Exposures {
     pub readers: HashMap<u64, ReaderAgg>,
+    /// Clean shared reads of another request's KV (prefix-cache hits):
+    /// reader -> source -> slots. Kept apart from `readers`, which holds
+    /// only what is not clean.
+    pub shared: HashMap<u64, HashMap<u64, PoolSets>>,
 }
 
 impl Exposures {
     pub fn add_runs(&mut self, runs: &[ReadRun]) {
         for r in runs {
+            if r.kind == ReadKind::Shared {
+                let by_source = self.shared.entry(r.reader).or_default();
+                add(by_source.entry(r.source).or_default(), r);
+                continue;
+            }
             let ra = self.readers.entry(r.reader).or_insert_with(|| ReaderAgg {
                 first_ts_ns: r.ts_ns,
                 last_ts_ns: r.ts_ns,
@@ -86,6 +95,7 @@ impl Exposures {
                 ReadKind::Blank => add(&mut ra.blank, r),
                 ReadKind::Unknown => add(&mut ra.unknown, r),
                 ReadKind::Uncertain => add(&mut ra.uncertain, r),
+                ReadKind::Shared => {} // kept apart above
             }
         }
     }

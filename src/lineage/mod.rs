@@ -24,6 +24,7 @@ pub mod input;
 pub mod intervals;
 pub mod shard;
 pub mod slots;
+pub mod state;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -19,7 +19,7 @@
 //! (up to 2^64) is fine.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -301,14 +301,14 @@ pub fn finish(
                 return Err(Error::invalid(
                     loc(),
                     format!("copy from pool {src} into itself"),
-                    "copies go between pools (a DAG: prefill pools before decode pools)",
+                    "copies go between pools (a transfer, or a tier load or offload); src_pool must differ from pool",
                 ));
             }
             edges.entry((src, dst)).or_insert((fi as u32, row));
         }
     }
     let files: Vec<PathBuf> = runs.iter().map(|r| r.path.clone()).collect();
-    let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges, &files)?;
+    let order = topo_order(dep.pools.iter().map(|p| p.id).collect(), &edges);
     let mut pools = Vec::with_capacity(dep.pools.len());
     for p in &dep.pools {
         let mut rs = per_pool.remove(&p.id).unwrap_or_default();
@@ -536,61 +536,37 @@ fn temp_dir(root: Option<&Path>) -> Result<tempfile::TempDir> {
     .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
-/// Pools sorted so every copy's source comes before its destination; a
-/// cycle is an error naming the pools and a copy on it.
-pub fn topo_order(
-    mut pools: Vec<u16>,
-    edges: &BTreeMap<(u16, u16), (u32, u64)>,
-    files: &[PathBuf],
-) -> Result<Vec<u16>> {
+/// Pools sorted so every copy's source comes before its destination where
+/// copies go one way. Pools that copy to each other in both directions (a
+/// device pool and its host `cache` tier) cannot be sorted: among those the
+/// lowest id goes first. Whether such copies are causal (each copy's source
+/// event precedes it) is decided by the replay, which merges the pools'
+/// streams and refuses copies that wait on each other, naming both rows.
+pub fn topo_order(mut pools: Vec<u16>, edges: &BTreeMap<(u16, u16), (u32, u64)>) -> Vec<u16> {
     pools.sort_unstable();
+    pools.dedup();
     let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
     for &(_, d) in edges.keys() {
         *indeg.entry(d).or_default() += 1;
     }
-    let mut ready: Vec<u16> = indeg
-        .iter()
-        .filter(|(_, d)| **d == 0)
-        .map(|(p, _)| *p)
-        .collect();
-    ready.reverse();
+    let mut placed: BTreeSet<u16> = BTreeSet::new();
     let mut order = Vec::new();
-    while let Some(p) = ready.pop() {
+    while order.len() < indeg.len() {
+        // the lowest ready pool, else (a cycle) the lowest pool left
+        let p = indeg
+            .iter()
+            .find(|(p, d)| **d == 0 && !placed.contains(p))
+            .or_else(|| indeg.iter().find(|(p, _)| !placed.contains(p)))
+            .map(|(p, _)| *p)
+            .expect("a pool is left");
+        placed.insert(p);
         order.push(p);
-        let mut next = Vec::new();
         for &(s, d) in edges.keys() {
-            if s == p {
+            if s == p && !placed.contains(&d) {
                 let e = indeg.get_mut(&d).expect("pool known");
-                *e -= 1;
-                if *e == 0 {
-                    next.push(d);
-                }
+                *e = e.saturating_sub(1);
             }
         }
-        next.sort_unstable_by(|a, b| b.cmp(a));
-        ready.extend(next);
-        ready.sort_unstable_by(|a, b| b.cmp(a));
     }
-    if order.len() < indeg.len() {
-        let stuck: Vec<u16> = indeg
-            .iter()
-            .filter(|(p, _)| !order.contains(p))
-            .map(|(p, _)| *p)
-            .collect();
-        let ((s, d), (fi, row)) = edges
-            .iter()
-            .find(|((s, d), _)| stuck.contains(s) && stuck.contains(d))
-            .map(|(k, v)| (*k, *v))
-            .expect("a cycle has an edge");
-        return Err(Error::invalid(
-            Location::file(&files[fi as usize])
-                .row(row)
-                .column(kv_col::SRC_POOL),
-            format!(
-                "copies between pools form a cycle (pools {stuck:?}); e.g. this row copies pool {s} into pool {d}"
-            ),
-            "copies must form a DAG (prefill pools before decode pools); check src_pool of the copies",
-        ));
-    }
-    Ok(order)
+    order
 }

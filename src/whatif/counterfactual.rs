@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, NEVER, ReadRun, SCRUBBED, SlotVal};
 use crate::lineage::slots::SlotVec;
+use crate::lineage::state::{Grants, StaleBits};
 use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
 use crate::schema::{KvEvent, Op, hash_tokens, hex32};
@@ -139,12 +140,6 @@ struct Target {
     missing_seed: bool,
 }
 
-struct Grant {
-    start: u64,
-    end: u64,
-    seq: u64,
-}
-
 /// Owner, token position and write seq per slot, paged (memory follows
 /// the slots the trace touches, not the declared capacity).
 struct PoolSt {
@@ -152,7 +147,8 @@ struct PoolSt {
     owner: SlotVec<u64>,
     pos: SlotVec<u32>,
     wseq1: SlotVec<u64>,
-    grants: HashMap<u64, Vec<Grant>>,
+    stale: StaleBits,
+    grants: Grants,
 }
 
 /// Replay backend that keeps (owner, position) per slot and the decode
@@ -215,7 +211,8 @@ impl Backend for ModelBackend<'_> {
                 owner: SlotVec::new(capacity, NEVER),
                 pos: SlotVec::new(capacity, 0),
                 wseq1: SlotVec::new(capacity, 0),
-                grants: HashMap::new(),
+                stale: StaleBits::new(capacity),
+                grants: Grants::default(),
             },
         );
         Ok(())
@@ -238,7 +235,8 @@ impl Backend for ModelBackend<'_> {
                 let (a, b) = (e.slot_start as u64, e.slot_end());
                 c.events += 1;
                 match e.op {
-                    Op::Alloc | Op::Free => {}
+                    Op::Alloc => p.stale.alloc(a, b),
+                    Op::Free => {}
                     Op::Write => {
                         if e.request_id >= u32::MAX as u64 - 2 {
                             return Err(Error::Other(format!(
@@ -252,16 +250,16 @@ impl Backend for ModelBackend<'_> {
                             p.pos.set(s, p0.wrapping_add(i as u32));
                         }
                         p.wseq1.fill(a, b, e.seq + 1);
+                        p.stale.set_current(a, b);
                     }
                     Op::Scrub => {
                         p.owner.fill(a, b, SCRUBBED);
                         p.wseq1.fill(a, b, e.seq + 1);
+                        p.stale.set_current(a, b);
                     }
-                    Op::Share => p.grants.entry(e.request_id).or_default().push(Grant {
-                        start: a,
-                        end: b,
-                        seq: e.seq,
-                    }),
+                    Op::Share => {
+                        p.grants.share(&p.stale, e.request_id, a, b, e.seq);
+                    }
                     Op::Read => {
                         if !p.decode {
                             continue;
@@ -271,7 +269,6 @@ impl Backend for ModelBackend<'_> {
                         };
                         let p0 = need_pos(e)? as usize;
                         let r = e.request_id;
-                        let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
                         for (i, s) in (a..b).enumerate() {
                             let o = p.owner.get(s);
                             let content = if o == NEVER || o == SCRUBBED {
@@ -285,9 +282,7 @@ impl Backend for ModelBackend<'_> {
                                     }
                                 }
                             };
-                            let shared = grants
-                                .iter()
-                                .any(|g| g.start <= s && s < g.end && p.wseq1.get(s) <= g.seq);
+                            let shared = p.grants.covered(r, s, p.wseq1.get(s));
                             let foreign = o != r && o != NEVER && o != SCRUBBED && !shared;
                             let q = p0 + i;
                             t.ctx.insert(q, (content, foreign));
@@ -317,6 +312,8 @@ impl Backend for ModelBackend<'_> {
             p.pos.set(s, pos);
         }
         p.wseq1.fill(a, a + payload.len() as u64, e.seq + 1);
+        p.stale
+            .copy(a, a + payload.len() as u64, |i| payload[i].stale);
         Ok(())
     }
 
@@ -334,6 +331,7 @@ impl Backend for ModelBackend<'_> {
         out.extend((a..a + count as u64).map(|s| SlotVal {
             owner: pack(p.owner.get(s), p.pos.get(s)),
             uncertain,
+            stale: p.stale.is_stale(s),
         }));
         Ok(())
     }

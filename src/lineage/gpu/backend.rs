@@ -28,6 +28,7 @@ use super::device::{
 use super::prims::{Prims, ScanOp};
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::state::{Grants, StaleBits};
 use crate::schema::{KvEvent, Op};
 
 const EV_WRITE: u32 = 1;
@@ -37,6 +38,7 @@ const CLS_FOREIGN: u32 = 1;
 const CLS_BLANK: u32 = 2;
 const CLS_UNKNOWN: u32 = 3;
 const CLS_UNCERTAIN: u32 = 4;
+const CLS_SHARED: u32 = 5;
 const CLS_UNC_BIT: u32 = 0x100;
 
 /// The most slots the GPU backend holds, summed over the replayed pools:
@@ -65,13 +67,6 @@ impl Default for GpuConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Grant {
-    start: u32,
-    end: u32,
-    seq: u64,
-}
-
 struct Pool<D: Device> {
     id: u16,
     capacity: u64,
@@ -80,7 +75,10 @@ struct Pool<D: Device> {
     flags: D::Buf,
     gap_mark: u64,
     never_kind: u32,
-    grants: HashMap<u64, Vec<Grant>>,
+    /// Host side, as on the CPU backend: which slots hold stale content,
+    /// and the share grants (only shares consult the stale bits).
+    stale: StaleBits,
+    grants: Grants,
 }
 
 /// Device buffers of one sub-batch, grown on demand.
@@ -254,18 +252,26 @@ impl<D: Device> GpuBackend<D> {
         for (i, e) in events.iter().enumerate() {
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
+            let (a, b) = (e.slot_start as u64, e.slot_end());
             let (kind, val) = match e.op {
-                Op::Alloc | Op::Free => continue,
-                Op::Share => {
-                    pool.grants.entry(e.request_id).or_default().push(Grant {
-                        start: e.slot_start,
-                        end: e.slot_start + e.slot_count,
-                        seq: e.seq,
-                    });
+                Op::Alloc => {
+                    pool.stale.alloc(a, b);
                     continue;
                 }
-                Op::Write => (EV_WRITE, e.request_id),
-                Op::Scrub => (EV_SCRUB, SCRUBBED),
+                Op::Free => continue,
+                Op::Share => {
+                    // Device slot state is not swept for dead grants here.
+                    let _ = pool.grants.share(&pool.stale, e.request_id, a, b, e.seq);
+                    continue;
+                }
+                Op::Write => {
+                    pool.stale.set_current(a, b);
+                    (EV_WRITE, e.request_id)
+                }
+                Op::Scrub => {
+                    pool.stale.set_current(a, b);
+                    (EV_SCRUB, SCRUBBED)
+                }
                 Op::Read => {
                     c.read_events += 1;
                     c.read_slots += e.slot_count as u64;
@@ -277,16 +283,12 @@ impl<D: Device> GpuBackend<D> {
             }
             let gofs = st.g_start.len() as u32;
             if kind == EV_READ {
-                let (a, b) = (e.slot_start, e.slot_start + e.slot_count);
-                for g in pool
-                    .grants
-                    .get(&e.request_id)
-                    .map(|v| &v[..])
-                    .unwrap_or(&[])
-                {
+                for g in pool.grants.of(e.request_id) {
                     if g.start < b && a < g.end {
-                        st.g_start.push(g.start);
-                        st.g_end.push(g.end);
+                        // device slot numbers are u32: pools hold at most
+                        // GPU_MAX_SLOTS slots
+                        st.g_start.push(g.start as u32);
+                        st.g_end.push(g.end as u32);
                         st.g_seq.push(g.seq);
                     }
                 }
@@ -475,6 +477,7 @@ impl<D: Device> GpuBackend<D> {
                 CLS_BLANK => ReadKind::Blank,
                 CLS_UNKNOWN => ReadKind::Unknown,
                 CLS_UNCERTAIN => ReadKind::Uncertain,
+                CLS_SHARED => ReadKind::Shared,
                 other => {
                     return Err(Error::Other(format!(
                         "{} backend: read class {other} from the device",
@@ -549,7 +552,8 @@ impl<D: Device> Backend for GpuBackend<D> {
             } else {
                 CLS_UNKNOWN
             },
-            grants: HashMap::new(),
+            stale: StaleBits::new(capacity),
+            grants: Grants::default(),
         };
         debug_assert_eq!(NEVER, u64::MAX);
         self.index.insert(pool, self.pools.len());
@@ -628,6 +632,8 @@ impl<D: Device> Backend for GpuBackend<D> {
         let flags: Vec<u32> = payload.iter().map(|v| v.uncertain as u32).collect();
         self.dev.upload(p.pay_owner, bytes_of(&owners))?;
         self.dev.upload(p.pay_flag, bytes_of(&flags))?;
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        self.pools[pi].stale.copy(a, b, |i| payload[i].stale);
         self.dev.launch(&COPY_SCATTER, p.count, p)
     }
 
@@ -649,10 +655,19 @@ impl<D: Device> Backend for GpuBackend<D> {
         self.dev.launch(&COPY_GATHER, p.count, p)?;
         let owners: Vec<u64> = Self::down(&self.dev, p.pay_owner, count as usize)?;
         let flags: Vec<u32> = Self::down(&self.dev, p.pay_flag, count as usize)?;
-        out.extend(owners.iter().zip(&flags).map(|(&owner, &f)| SlotVal {
-            owner,
-            uncertain: f != 0,
-        }));
+        let stale = &self.pools[pi].stale;
+        let a = slot_start as u64;
+        out.extend(
+            owners
+                .iter()
+                .zip(&flags)
+                .zip(a..)
+                .map(|((&owner, &f), s)| SlotVal {
+                    owner,
+                    uncertain: f != 0,
+                    stale: stale.is_stale(s),
+                }),
+        );
         Ok(())
     }
 }
