@@ -238,26 +238,6 @@ pub mod params {
 
 use params::*;
 
-// The C++ build of kernels/*.cu (build.rs), always linked.
-unsafe extern "C" {
-    fn kvt_scan_reduce(p: ScanParams);
-    fn kvt_scan_apply(p: ScanParams);
-    fn kvt_scan_single(p: ScanParams);
-    fn kvt_expand(p: ExpandParams);
-    fn kvt_radix_hist(p: RadixParams);
-    fn kvt_radix_scatter(p: RadixParams);
-    fn kvt_mark_writers(p: MarkParams);
-    fn kvt_classify(p: ClassifyParams);
-    fn kvt_update_state(p: UpdateParams);
-    fn kvt_run_flags(p: RunParams);
-    fn kvt_run_scatter(p: RunParams);
-    fn kvt_copy_scatter(p: CopyParams);
-    fn kvt_copy_gather(p: CopyParams);
-    fn kvt_model_slot_values(p: KvParams);
-    fn kvt_model_terms(p: TermsParams);
-    fn kvt_model_tokens(p: TokensParams);
-}
-
 macro_rules! kernel {
     ($konst:ident, $f:ident, $p:ty) => {
         pub const $konst: Kernel<$p> = Kernel {
@@ -267,54 +247,7 @@ macro_rules! kernel {
     };
 }
 
-kernel!(SCAN_REDUCE, kvt_scan_reduce, ScanParams);
-kernel!(SCAN_APPLY, kvt_scan_apply, ScanParams);
-kernel!(SCAN_SINGLE, kvt_scan_single, ScanParams);
-kernel!(EXPAND, kvt_expand, ExpandParams);
-kernel!(RADIX_HIST, kvt_radix_hist, RadixParams);
-kernel!(RADIX_SCATTER, kvt_radix_scatter, RadixParams);
-kernel!(MARK_WRITERS, kvt_mark_writers, MarkParams);
-kernel!(CLASSIFY, kvt_classify, ClassifyParams);
-kernel!(UPDATE_STATE, kvt_update_state, UpdateParams);
-kernel!(RUN_FLAGS, kvt_run_flags, RunParams);
-kernel!(RUN_SCATTER, kvt_run_scatter, RunParams);
-kernel!(COPY_SCATTER, kvt_copy_scatter, CopyParams);
-kernel!(COPY_GATHER, kvt_copy_gather, CopyParams);
-kernel!(MODEL_SLOT_VALUES, kvt_model_slot_values, KvParams);
-kernel!(MODEL_TERMS, kvt_model_terms, TermsParams);
-kernel!(MODEL_TOKENS, kvt_model_tokens, TokensParams);
-
-/// The kernel sources, compiled by NVRTC as one module each, and the
-/// kernels each one holds.
-pub const SOURCES: &[(&str, &str, &[&str])] = &[
-    (
-        "scan.cu",
-        include_str!("../../../kernels/scan.cu"),
-        &["kvt_scan_reduce", "kvt_scan_apply", "kvt_scan_single"],
-    ),
-    (
-        "lineage.cu",
-        include_str!("../../../kernels/lineage.cu"),
-        &[
-            "kvt_expand",
-            "kvt_radix_hist",
-            "kvt_radix_scatter",
-            "kvt_mark_writers",
-            "kvt_classify",
-            "kvt_update_state",
-            "kvt_run_flags",
-            "kvt_run_scatter",
-            "kvt_copy_scatter",
-            "kvt_copy_gather",
-        ],
-    ),
-    (
-        "model.cu",
-        include_str!("../../../kernels/model.cu"),
-        &[
-            "kvt_model_slot_values",
-            "kvt_model_terms",
-            "kvt_model_tokens",
-        ],
-    ),
-];
+// The kernels of kernels/*.cu: `extern` declarations of their C++ build,
+// one `Kernel` constant each and `SOURCES` (build.rs writes this list from
+// the kernel files, the one list of kernels).
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
