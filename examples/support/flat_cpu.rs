@@ -2,7 +2,9 @@
 //! the paged slot table, with flat per-slot arrays allocated for each
 //! pool's whole declared capacity (17 bytes a slot). Only the paging
 //! differs from `kvtrail::lineage::cpu`, so replaying the same trace with
-//! both measures what paging costs.
+//! both measures what paging costs. It keeps revision 1's rule (no stale
+//! bits, shared reads not reported): on traces without `alloc` events and
+//! shares of another request's KV, as bench_scope's, the findings agree.
 
 use std::collections::HashMap;
 
@@ -231,6 +233,7 @@ impl Backend for FlatCpuBackend {
         out.extend((a..a + count as usize).map(|s| SlotVal {
             owner: p.owner[s],
             uncertain: uncertain || p.uncertain(s),
+            stale: false,
         }));
         Ok(())
     }
