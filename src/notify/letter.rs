@@ -11,8 +11,8 @@ use super::{
     Contact, EvidenceRef, ExposedRequest, IncidentTotals, Notice, ReceivedResponse, Records,
     RegisterEntry, Summary, Window,
 };
-use crate::report::sheet;
-use crate::report::text::{code, md, utc_opt};
+use crate::report::csv;
+use crate::report::fmt::{code, md, utc_opt};
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -423,7 +423,7 @@ pub(super) fn processor_md(n: &Notice) -> String {
 }
 
 /// register.csv: header and one row for the incident. Every cell goes
-/// through the spreadsheet rule (`sheet::text`): numbers here never start
+/// through the spreadsheet rule (`csv::text`): numbers here never start
 /// with a sign, so only operator and trace text can change.
 pub(super) fn register_csv(r: &RegisterEntry) -> String {
     let cols: [(&str, String); 23] = [
@@ -473,9 +473,6 @@ pub(super) fn register_csv(r: &RegisterEntry) -> String {
         ("measures_taken", r.measures_taken.join(" / ")),
     ];
     let head: Vec<&str> = cols.iter().map(|c| c.0).collect();
-    let row: Vec<String> = cols
-        .iter()
-        .map(|c| sheet::text(&c.1).into_owned())
-        .collect();
-    sheet::to_string(&head, [row])
+    let row: Vec<String> = cols.iter().map(|c| csv::text(&c.1).into_owned()).collect();
+    csv::to_string(&head, [row])
 }

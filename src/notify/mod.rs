@@ -29,9 +29,9 @@ pub use config::NotifyConfig;
 
 use crate::custody;
 use crate::error::{Error, Location, Result};
+use crate::report::csv;
+use crate::report::fmt::utc;
 use crate::report::index;
-use crate::report::sheet;
-use crate::report::text::utc;
 use crate::schema::ENGINE_REQUEST;
 
 /// summary.json, as `scope` (or `merge`) wrote it.
@@ -432,7 +432,7 @@ pub fn notify(
     let mut want: HashMap<u64, (String, String)> = HashMap::new();
     for (t, m) in &exposed {
         for id in m.keys() {
-            let in_csv = sheet::untext(&sheet::text(t)).to_string();
+            let in_csv = csv::untext(&csv::text(t)).to_string();
             want.insert(*id, (t.clone(), in_csv));
         }
     }

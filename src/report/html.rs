@@ -6,15 +6,15 @@
 //! (prompt_tokens vs prefilled_tokens vs HTTP status), coverage and
 //! confidence, and the evidence (command, tool version, input digests).
 //!
-//! Every string that comes from a trace goes through `text::html`. Pure
+//! Every string that comes from a trace goes through `fmt::html`. Pure
 //! function of its inputs: no clock, no absolute paths, same bytes for the
 //! same trace and command.
 
 use std::fmt::Write as _;
 
 use crate::custody::Inputs;
+use crate::report::fmt::{duration, html as h, utc, utc_opt};
 use crate::report::index::Timeline;
-use crate::report::text::{duration, html as h, utc, utc_opt};
 use crate::scope::{Confidence, ScopeReport, anomalies::max_req_input_len};
 
 /// Most rows shown per table; the CSV files hold all of them.

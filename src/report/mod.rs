@@ -4,10 +4,10 @@
 //! `ScopeReport` to bytes: deterministic, no clocks, no absolute paths.
 
 pub mod bundle;
+pub mod csv;
+pub mod fmt;
 pub mod html;
 pub mod index;
-pub mod sheet;
-pub mod text;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -39,15 +39,15 @@ fn source_labels(a: &crate::scope::Response) -> Vec<String> {
 }
 
 /// responses.csv: one row per affected response (text cells made safe for
-/// spreadsheets by `sheet::text`).
+/// spreadsheets by `csv::text`).
 pub fn responses_csv(r: &ScopeReport) -> String {
     let rows = r.affected_responses.iter().map(|a| {
         let st = source_labels(a);
         let ids: Vec<String> = a.sources.iter().map(|x| x.request_id.to_string()).collect();
         [
             a.request_id.to_string(),
-            sheet::text(a.external_id.as_deref().unwrap_or("")).into_owned(),
-            sheet::text(&a.tenant.to_string()).into_owned(),
+            csv::text(a.external_id.as_deref().unwrap_or("")).into_owned(),
+            csv::text(&a.tenant.to_string()).into_owned(),
             opt(&a.arrival_ns),
             opt(&a.http_status),
             opt(&a.output_hash),
@@ -56,12 +56,12 @@ pub fn responses_csv(r: &ScopeReport) -> String {
             a.uncertain_tokens.to_string(),
             a.cross_tenant.to_string(),
             a.confidence.as_str().to_string(),
-            sheet::text_list(a.reasons.iter().map(String::as_str)),
-            sheet::text_list(st.iter().map(String::as_str)),
+            csv::text_list(a.reasons.iter().map(String::as_str)),
+            csv::text_list(st.iter().map(String::as_str)),
             ids.join(";"),
         ]
     });
-    sheet::to_string(
+    csv::to_string(
         &[
             "request_id",
             "external_id",
@@ -87,7 +87,7 @@ pub fn tenants_csv(r: &ScopeReport) -> String {
     let rec = r.recipients.iter().map(|t| {
         [
             "recipient".to_string(),
-            sheet::text(&t.tenant.to_string()).into_owned(),
+            csv::text(&t.tenant.to_string()).into_owned(),
             t.responses.to_string(),
             t.responses.to_string(),
             t.foreign_tokens.to_string(),
@@ -97,14 +97,14 @@ pub fn tenants_csv(r: &ScopeReport) -> String {
     let src = r.sources.iter().map(|t| {
         [
             "source".to_string(),
-            sheet::text(&t.tenant.to_string()).into_owned(),
+            csv::text(&t.tenant.to_string()).into_owned(),
             t.recipient_responses.to_string(),
             t.requests.to_string(),
             t.tokens.to_string(),
             t.cross_tenant_tokens.to_string(),
         ]
     });
-    sheet::to_string(
+    csv::to_string(
         &[
             "role",
             "tenant",
@@ -211,10 +211,10 @@ pub fn write_out(r: &ScopeReport, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-use text::term;
+use fmt::term;
 
 fn ns(v: Option<i64>) -> String {
-    text::utc_opt(v)
+    fmt::utc_opt(v)
 }
 
 /// The one-screen human summary.

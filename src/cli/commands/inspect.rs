@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::trace::Trace;
 
 use crate::cli::progress::BarReporter;

@@ -3,7 +3,7 @@
 //! nanoseconds without a clock or time-zone database, HTML and Markdown
 //! escaping of strings that come from a trace, and `term` / `term_message`,
 //! the escaping of such strings (and of error messages quoting them) for
-//! terminals. CSV is `report::sheet`.
+//! terminals. CSV is `report::csv`.
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
 /// Gregorian; Howard Hinnant's civil-from-days).
