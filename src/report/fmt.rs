@@ -1,9 +1,12 @@
-//! Small text helpers shared by the human-facing writers (report.html,
-//! notification letters, look-up answers): UTC time formatting from Unix
-//! nanoseconds without a clock or time-zone database, HTML and Markdown
-//! escaping of strings that come from a trace, and `term` / `term_message`,
-//! the escaping of such strings (and of error messages quoting them) for
-//! terminals. CSV is `report::csv`.
+//! Text for people, shared by the human-facing writers (the summary,
+//! report.html, notification letters, look-up answers, every CLI message):
+//! UTC time formatting from Unix nanoseconds (no clock, no time-zone
+//! database), durations, HTML and Markdown escaping of strings that come
+//! from a trace, how a response's sources are named, and `term` /
+//! `term_message`, the escaping of such strings (and of error messages
+//! quoting them) for terminals. CSV cells are `report::csv`.
+
+use crate::scope::Response;
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
 /// Gregorian; Howard Hinnant's civil-from-days).
@@ -53,6 +56,15 @@ pub fn duration(ns: i64) -> String {
         7200..=172_799 => format!("{} h", s / 3600),
         _ => format!("{} days {} h", s / 86_400, (s % 86_400) / 3600),
     }
+}
+
+/// The distinct tenants of a response's sources as shown to people, sorted
+/// (the summary's and responses.csv's `sources`).
+pub fn source_tenants(a: &Response) -> Vec<String> {
+    let mut st: Vec<String> = a.sources.iter().map(|x| x.tenant.to_string()).collect();
+    st.sort_unstable();
+    st.dedup();
+    st
 }
 
 /// Escapes text for HTML element content and quoted attribute values.

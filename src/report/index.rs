@@ -211,10 +211,7 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
             "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
         )
     };
-    let mut rd = ::csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(std::io::BufReader::new(file));
+    let mut rd = csv::reader(std::io::BufReader::new(file));
     let mut rec = ::csv::StringRecord::new();
     let mut header = true;
     loop {
