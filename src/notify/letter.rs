@@ -9,10 +9,11 @@ use std::fmt::Write as _;
 use super::config::{NotifyConfig, marker};
 use super::{
     Contact, EvidenceRef, ExposedRequest, IncidentTotals, Notice, ReceivedResponse, Records,
-    RegisterEntry, Summary, Window,
+    RegisterEntry, Window,
 };
 use crate::report::csv;
 use crate::report::fmt::{code, md, utc_opt};
+use crate::scope::ScopeReport;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -35,7 +36,7 @@ const RECORD_CATEGORIES: [&str; 3] = [
 ];
 
 impl Ctx {
-    pub(super) fn new(cfg: &NotifyConfig, sum: &Summary, packs: u64) -> Self {
+    pub(super) fn new(cfg: &NotifyConfig, sum: &ScopeReport, packs: u64) -> Self {
         let get = |v: &Option<String>, f: &str| v.clone().unwrap_or_else(|| marker(f));
         let dpo = get(&cfg.dpo_contact, "dpo_contact");
         let w = &sum.time_window;
@@ -180,7 +181,7 @@ impl Ctx {
 
     pub(super) fn register(
         &self,
-        sum: &Summary,
+        sum: &ScopeReport,
         ev: &EvidenceRef,
         packs: Vec<String>,
         unattributed_responses: u64,
