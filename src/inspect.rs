@@ -158,14 +158,6 @@ struct PoolAcc {
     by_op: [u64; 6],
 }
 
-/// The SGLang prompt limit of a prefill pool (see [`PoolSummary`]).
-pub fn max_req_input_len(context_window: u64, capacity_tokens: u64) -> u64 {
-    context_window
-        .saturating_sub(1)
-        .min(capacity_tokens.saturating_sub(1))
-        .saturating_sub(5)
-}
-
 /// Inspects a trace. Errors (exit 2) when any file cannot be read or breaks
 /// the contract, on duplicate request ids, duplicate seqs and copy cycles
 /// (the checks `verify` and `scope` make, see `trace::check`).
@@ -324,7 +316,7 @@ fn summarize_deployment(dep: &Deployment) -> DeploymentSummary {
                 capacity_tokens: p.capacity_tokens,
                 page_size: p.page_size,
                 max_req_input_len: (p.role != Role::Decode)
-                    .then(|| max_req_input_len(dep.context_window, p.capacity_tokens)),
+                    .then(|| p.max_req_input_len(dep.context_window)),
             })
             .collect(),
     }
@@ -371,16 +363,15 @@ fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary 
     // Prompt limit of a request without prefill_pool: the smallest of the
     // prefill-capable pools (the strictest one it could have landed on).
     let limit_of = |pool: Option<u16>| -> Option<u64> {
-        let cap = match pool.and_then(|id| dep.pool(id)) {
-            Some(p) => Some(p.capacity_tokens),
+        match pool.and_then(|id| dep.pool(id)) {
+            Some(p) => Some(p.max_req_input_len(dep.context_window)),
             None => dep
                 .pools
                 .iter()
                 .filter(|p| p.role != Role::Decode)
-                .map(|p| p.capacity_tokens)
+                .map(|p| p.max_req_input_len(dep.context_window))
                 .min(),
-        }?;
-        Some(max_req_input_len(dep.context_window, cap))
+        }
     };
     for r in index.rows() {
         per_tenant[r.tenant as usize] += 1;

@@ -15,7 +15,8 @@ use std::fmt::Write as _;
 use crate::custody::Inputs;
 use crate::report::fmt::{duration, html as h, utc, utc_opt};
 use crate::report::index::Timeline;
-use crate::scope::{Confidence, ScopeReport, anomalies::max_req_input_len};
+use crate::scope::{Confidence, ScopeReport};
+use crate::trace::manifest::max_req_input_len;
 
 /// Most rows shown per table; the CSV files hold all of them.
 pub const MAX_ROWS: usize = 500;

@@ -17,20 +17,12 @@ pub struct Checker {
     default_pool: Option<u16>,
 }
 
-/// SGLang's max_req_input_len for a pool.
-pub fn max_req_input_len(context_window: u64, capacity: u64) -> u64 {
-    context_window
-        .saturating_sub(1)
-        .min(capacity.saturating_sub(1))
-        .saturating_sub(5)
-}
-
 impl Checker {
     pub fn new(d: &Deployment) -> Self {
         let limits = d
             .pools
             .iter()
-            .map(|p| (p.id, max_req_input_len(d.context_window, p.capacity_tokens)))
+            .map(|p| (p.id, p.max_req_input_len(d.context_window)))
             .collect();
         let prefill: Vec<u16> = d
             .pools
