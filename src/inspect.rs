@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, Op};
+use crate::scope::anomalies::{answered_ok, short_prefill};
 use crate::trace::check::{self, FileRuns};
 use crate::trace::index::{RequestIndex, load_request_index};
 use crate::trace::manifest::{Deployment, Role};
@@ -333,7 +334,7 @@ struct FindingAcc {
 impl FindingAcc {
     fn add(&mut self, id: u64, status: u16) {
         self.count += 1;
-        if (200..300).contains(&status) {
+        if answered_ok(status) {
             self.with_2xx += 1;
         }
         self.ids.push(id);
@@ -376,9 +377,7 @@ fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary 
     for r in index.rows() {
         per_tenant[r.tenant as usize] += 1;
         *statuses.entry(r.http_status).or_default() += 1;
-        if let Some(pf) = r.prefilled_tokens
-            && pf < r.prompt_tokens
-        {
+        if short_prefill(r.prompt_tokens, r.prefilled_tokens) {
             short.add(r.request_id, r.http_status);
         }
         if let Some(limit) = limit_of(r.prefill_pool)

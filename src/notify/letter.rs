@@ -14,6 +14,7 @@ use super::{
 use crate::report::csv;
 use crate::report::fmt::{code, md, utc_opt};
 use crate::scope::ScopeReport;
+use crate::scope::anomalies::error_looks_like_success;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -44,9 +45,9 @@ impl Ctx {
         let short_ok = sum
             .affected_responses
             .iter()
-            .filter(|a| {
-                matches!((a.prompt_tokens, a.prefilled_tokens, a.http_status),
-                    (Some(p), Some(f), Some(s)) if f < p && (200..300).contains(&s))
+            .filter(|a| match (a.prompt_tokens, a.http_status) {
+                (Some(p), Some(st)) => error_looks_like_success(p, a.prefilled_tokens, st),
+                _ => false,
             })
             .count();
         let mut nature = format!(

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::report::csv;
 use crate::schema::hex32;
 use crate::scope::ScopeReport;
+use crate::scope::anomalies::answered_ok;
 use crate::trace::read::Trace;
 
 /// File names inside a scope output folder.
@@ -105,7 +106,7 @@ impl Timeline {
     fn add_request(&mut self, arrival_ns: i64, http_status: u16) {
         let b = self.bucket(arrival_ns);
         self.requests[b] += 1;
-        self.ok_responses[b] += (200..300).contains(&http_status) as u64;
+        self.ok_responses[b] += answered_ok(http_status) as u64;
     }
 
     /// Adds the affected responses and writes timeline.json into `dir`.
