@@ -399,7 +399,7 @@ fn scope_child(dir: &Path) -> ScopeRun {
 /// Prints how long each phase of scope took (stderr of the child).
 struct PhaseTimer(std::sync::Mutex<Option<(String, Instant)>>);
 
-impl kvtrail::lineage::Reporter for PhaseTimer {
+impl kvtrail::progress::Reporter for PhaseTimer {
     fn start(&self, name: &str, _total: u64) {
         *self.0.lock().expect("lock") = Some((name.to_string(), Instant::now()));
     }
@@ -453,7 +453,7 @@ fn replay_only(dir: &Path, backend: &mut dyn Backend) -> (f64, f64, u64) {
         &trace,
         backend,
         &kvtrail::lineage::LineageOptions::default(),
-        &kvtrail::lineage::NoReporter,
+        &kvtrail::progress::NoReporter,
     )
     .expect("replay");
     (

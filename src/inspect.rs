@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, Op};
+use crate::scope::anomalies::{answered_ok, short_prefill};
 use crate::trace::check::{self, FileRuns};
 use crate::trace::index::{RequestIndex, load_request_index};
 use crate::trace::manifest::{Deployment, Role};
@@ -156,14 +157,6 @@ pub struct PoolKv {
 #[derive(Default)]
 struct PoolAcc {
     by_op: [u64; 6],
-}
-
-/// The SGLang prompt limit of a prefill pool (see [`PoolSummary`]).
-pub fn max_req_input_len(context_window: u64, capacity_tokens: u64) -> u64 {
-    context_window
-        .saturating_sub(1)
-        .min(capacity_tokens.saturating_sub(1))
-        .saturating_sub(5)
 }
 
 /// Inspects a trace. Errors (exit 2) when any file cannot be read or breaks
@@ -324,7 +317,7 @@ fn summarize_deployment(dep: &Deployment) -> DeploymentSummary {
                 capacity_tokens: p.capacity_tokens,
                 page_size: p.page_size,
                 max_req_input_len: (p.role != Role::Decode)
-                    .then(|| max_req_input_len(dep.context_window, p.capacity_tokens)),
+                    .then(|| p.max_req_input_len(dep.context_window)),
             })
             .collect(),
     }
@@ -341,7 +334,7 @@ struct FindingAcc {
 impl FindingAcc {
     fn add(&mut self, id: u64, status: u16) {
         self.count += 1;
-        if (200..300).contains(&status) {
+        if answered_ok(status) {
             self.with_2xx += 1;
         }
         self.ids.push(id);
@@ -371,23 +364,20 @@ fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary 
     // Prompt limit of a request without prefill_pool: the smallest of the
     // prefill-capable pools (the strictest one it could have landed on).
     let limit_of = |pool: Option<u16>| -> Option<u64> {
-        let cap = match pool.and_then(|id| dep.pool(id)) {
-            Some(p) => Some(p.capacity_tokens),
+        match pool.and_then(|id| dep.pool(id)) {
+            Some(p) => Some(p.max_req_input_len(dep.context_window)),
             None => dep
                 .pools
                 .iter()
                 .filter(|p| p.role != Role::Decode)
-                .map(|p| p.capacity_tokens)
+                .map(|p| p.max_req_input_len(dep.context_window))
                 .min(),
-        }?;
-        Some(max_req_input_len(dep.context_window, cap))
+        }
     };
     for r in index.rows() {
         per_tenant[r.tenant as usize] += 1;
         *statuses.entry(r.http_status).or_default() += 1;
-        if let Some(pf) = r.prefilled_tokens
-            && pf < r.prompt_tokens
-        {
+        if short_prefill(r.prompt_tokens, r.prefilled_tokens) {
             short.add(r.request_id, r.http_status);
         }
         if let Some(limit) = limit_of(r.prefill_pool)

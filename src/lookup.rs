@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use crate::custody;
 use crate::error::{Error, Location, Result};
-use crate::notify::Summary;
 use crate::report::index::{self, IndexRow};
+use crate::scope::ScopeReport;
 
 /// What to look up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
     let check = custody::verify_folder(dir, false)?;
     let p = dir.join("summary.json");
     let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let sum = Summary::from_json(&bytes).map_err(|e| {
+    let sum = ScopeReport::from_json(&bytes).map_err(|e| {
         Error::invalid(
             Location::file(&p),
             format!("not a kvtrail scope summary: {e}"),

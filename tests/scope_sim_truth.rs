@@ -19,7 +19,7 @@ fn scope(dir: &Path) -> ScopeReport {
     kvtrail::scope::scope(
         &trace,
         &kvtrail::lineage::LineageOptions::default(),
-        &kvtrail::lineage::NoReporter,
+        &kvtrail::progress::NoReporter,
     )
     .unwrap()
 }

@@ -18,10 +18,10 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use kvtrail::sim::alloc::{
-    Allocator, FreeListPolicy, PLACEHOLDER_TOKENS, Verdict, max_req_input_len,
-    validate_input_length,
+    Allocator, FreeListPolicy, PLACEHOLDER_TOKENS, Verdict, validate_input_length,
 };
 use kvtrail::sim::workload::Rng;
+use kvtrail::trace::manifest::max_req_input_len;
 use serde_json::{Value, json};
 
 /// Runs the driver under one sglang version; None when the venv is absent

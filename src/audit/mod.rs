@@ -33,9 +33,8 @@ use crate::lineage::state::{Grants, StaleBits};
 use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
 use crate::schema::{KvEvent, Op};
-use crate::scope::anomalies::max_req_input_len;
 use crate::sim::config::{EngineVersion, SimConfig};
-use crate::trace::manifest::{Manifest, Role};
+use crate::trace::manifest::{Manifest, Role, max_req_input_len};
 use crate::trace::read::Trace;
 
 use crate::whatif::workload::{parse_engine, pool_tokens};

@@ -92,7 +92,7 @@ pub fn run() -> Exit {
             // only line breaks are the messages' own `hint:` lines.
             eprintln!(
                 "error: {}",
-                kvtrail::report::text::term_message(&format!("{e:#}"))
+                kvtrail::report::fmt::term_message(&format!("{e:#}"))
             );
             2
         }

@@ -17,10 +17,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::Gap;
 use super::backend::{Backend, Counters, ReadRun, SlotVal};
 use super::input::{Ev, Plan, PoolStream, duplicate};
-use super::{Gap, Reporter};
 use crate::error::{Error, Location, Result};
+use crate::progress::Reporter;
 use crate::trace::read::Trace;
 
 /// Events a pool applies per turn before the next pool gets its turn.

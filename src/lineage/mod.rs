@@ -35,6 +35,7 @@ pub use backend::{Backend, Counters, ReadKind, ReadRun, SlotVal};
 pub use exposure::Exposures;
 
 use crate::error::Result;
+use crate::progress::Reporter;
 use crate::trace::read::Trace;
 
 /// A hole in one pool's seq stream: the events strictly between
@@ -53,8 +54,6 @@ impl Gap {
         self.before_seq - self.after_seq.map(|a| a + 1).unwrap_or(0)
     }
 }
-
-pub use crate::progress::{NoReporter, Reporter};
 
 /// Which backend to replay with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

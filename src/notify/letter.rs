@@ -9,10 +9,12 @@ use std::fmt::Write as _;
 use super::config::{NotifyConfig, marker};
 use super::{
     Contact, EvidenceRef, ExposedRequest, IncidentTotals, Notice, ReceivedResponse, Records,
-    RegisterEntry, Summary, Window,
+    RegisterEntry, Window,
 };
-use crate::report::sheet;
-use crate::report::text::{code, md, utc_opt};
+use crate::report::csv;
+use crate::report::fmt::{code, md, utc_opt};
+use crate::scope::ScopeReport;
+use crate::scope::anomalies::error_looks_like_success;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -35,7 +37,7 @@ const RECORD_CATEGORIES: [&str; 3] = [
 ];
 
 impl Ctx {
-    pub(super) fn new(cfg: &NotifyConfig, sum: &Summary, packs: u64) -> Self {
+    pub(super) fn new(cfg: &NotifyConfig, sum: &ScopeReport, packs: u64) -> Self {
         let get = |v: &Option<String>, f: &str| v.clone().unwrap_or_else(|| marker(f));
         let dpo = get(&cfg.dpo_contact, "dpo_contact");
         let w = &sum.time_window;
@@ -43,9 +45,9 @@ impl Ctx {
         let short_ok = sum
             .affected_responses
             .iter()
-            .filter(|a| {
-                matches!((a.prompt_tokens, a.prefilled_tokens, a.http_status),
-                    (Some(p), Some(f), Some(s)) if f < p && (200..300).contains(&s))
+            .filter(|a| match (a.prompt_tokens, a.http_status) {
+                (Some(p), Some(st)) => error_looks_like_success(p, a.prefilled_tokens, st),
+                _ => false,
             })
             .count();
         let mut nature = format!(
@@ -180,7 +182,7 @@ impl Ctx {
 
     pub(super) fn register(
         &self,
-        sum: &Summary,
+        sum: &ScopeReport,
         ev: &EvidenceRef,
         packs: Vec<String>,
         unattributed_responses: u64,
@@ -423,7 +425,7 @@ pub(super) fn processor_md(n: &Notice) -> String {
 }
 
 /// register.csv: header and one row for the incident. Every cell goes
-/// through the spreadsheet rule (`sheet::text`): numbers here never start
+/// through the spreadsheet rule (`csv::text`): numbers here never start
 /// with a sign, so only operator and trace text can change.
 pub(super) fn register_csv(r: &RegisterEntry) -> String {
     let cols: [(&str, String); 23] = [
@@ -473,9 +475,6 @@ pub(super) fn register_csv(r: &RegisterEntry) -> String {
         ("measures_taken", r.measures_taken.join(" / ")),
     ];
     let head: Vec<&str> = cols.iter().map(|c| c.0).collect();
-    let row: Vec<String> = cols
-        .iter()
-        .map(|c| sheet::text(&c.1).into_owned())
-        .collect();
-    sheet::to_string(&head, [row])
+    let row: Vec<String> = cols.iter().map(|c| csv::text(&c.1).into_owned()).collect();
+    csv::to_string(&head, [row])
 }

@@ -29,13 +29,11 @@ pub use config::NotifyConfig;
 
 use crate::custody;
 use crate::error::{Error, Location, Result};
+use crate::report::csv;
+use crate::report::fmt::utc;
 use crate::report::index;
-use crate::report::sheet;
-use crate::report::text::utc;
 use crate::schema::ENGINE_REQUEST;
-
-/// summary.json, as `scope` (or `merge`) wrote it.
-pub use crate::scope::model::ScopeReport as Summary;
+use crate::scope::ScopeReport;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -303,10 +301,10 @@ pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn read_summary(dir: &Path) -> Result<(Summary, String)> {
+fn read_summary(dir: &Path) -> Result<(ScopeReport, String)> {
     let p = dir.join("summary.json");
     let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let s = Summary::from_json(&bytes).map_err(|e| {
+    let s = ScopeReport::from_json(&bytes).map_err(|e| {
         Error::invalid(
             Location::file(&p),
             format!("not a kvtrail scope summary: {e}"),
@@ -432,7 +430,7 @@ pub fn notify(
     let mut want: HashMap<u64, (String, String)> = HashMap::new();
     for (t, m) in &exposed {
         for id in m.keys() {
-            let in_csv = sheet::untext(&sheet::text(t)).to_string();
+            let in_csv = csv::untext(&csv::text(t)).to_string();
             want.insert(*id, (t.clone(), in_csv));
         }
     }

@@ -6,16 +6,20 @@
 //! (prompt_tokens vs prefilled_tokens vs HTTP status), coverage and
 //! confidence, and the evidence (command, tool version, input digests).
 //!
-//! Every string that comes from a trace goes through `text::html`. Pure
+//! Every string that comes from a trace goes through `fmt::html`. Pure
 //! function of its inputs: no clock, no absolute paths, same bytes for the
 //! same trace and command.
 
 use std::fmt::Write as _;
 
 use crate::custody::Inputs;
+use crate::report::fmt::{duration, html as h, utc, utc_opt};
 use crate::report::index::Timeline;
-use crate::report::text::{duration, html as h, utc, utc_opt};
-use crate::scope::{Confidence, ScopeReport, anomalies::max_req_input_len};
+use crate::scope::anomalies::{
+    ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
+};
+use crate::scope::{Confidence, ScopeReport};
+use crate::trace::manifest::max_req_input_len;
 
 /// Most rows shown per table; the CSV files hold all of them.
 pub const MAX_ROWS: usize = 500;
@@ -370,9 +374,9 @@ fn mechanism(s: &mut String, r: &ScopeReport) {
     let short_ok = r
         .affected_responses
         .iter()
-        .filter(|a| {
-            matches!((a.prompt_tokens, a.prefilled_tokens, a.http_status),
-                (Some(p), Some(f), Some(st)) if f < p && (200..300).contains(&st))
+        .filter(|a| match (a.prompt_tokens, a.http_status) {
+            (Some(p), Some(st)) => error_looks_like_success(p, a.prefilled_tokens, st),
+            _ => false,
         })
         .count();
     let _ = write!(
@@ -430,10 +434,10 @@ fn mechanism(s: &mut String, r: &ScopeReport) {
         s.push_str("<p>Request-level anomalies across the whole trace, affected or not:</p><ul>");
         for (k, n) in kinds {
             let what = match k {
-                "error_looks_like_success" => {
+                ERROR_LOOKS_LIKE_SUCCESS => {
                     "fewer tokens prefilled than sent, answered with a 2xx status"
                 }
-                "prompt_exceeds_prefill_pool" => {
+                PROMPT_EXCEEDS_PREFILL_POOL => {
                     "prompt at or over the prefill pool's max_req_input_len"
                 }
                 _ => "",

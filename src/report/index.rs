@@ -10,7 +10,7 @@
 //! order): the same trace gives the same bytes.
 //!
 //! requests.csv is for people and for `lookup`: its text cells (external_id,
-//! tenant) follow the spreadsheet rule of `report::sheet` and `read_index`
+//! tenant) follow the spreadsheet rule of `report::csv` and `read_index`
 //! undoes it exactly, so an external id that begins with `=` is found.
 
 use std::path::Path;
@@ -18,9 +18,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::report::sheet;
+use crate::report::csv;
 use crate::schema::hex32;
 use crate::scope::ScopeReport;
+use crate::scope::anomalies::answered_ok;
 use crate::trace::read::Trace;
 
 /// File names inside a scope output folder.
@@ -105,7 +106,7 @@ impl Timeline {
     fn add_request(&mut self, arrival_ns: i64, http_status: u16) {
         let b = self.bucket(arrival_ns);
         self.requests[b] += 1;
-        self.ok_responses[b] += (200..300).contains(&http_status) as u64;
+        self.ok_responses[b] += answered_ok(http_status) as u64;
     }
 
     /// Adds the affected responses and writes timeline.json into `dir`.
@@ -137,8 +138,8 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
     // Pass 2: rows and buckets.
     let path = dir.join(REQUESTS_CSV);
     let file = crate::custody::create_private(&path)?;
-    let mut w = sheet::writer(std::io::BufWriter::new(file));
-    let io = |e: csv::Error| Error::io(&path, e.into());
+    let mut w = csv::writer(std::io::BufWriter::new(file));
+    let io = |e: ::csv::Error| Error::io(&path, e.into());
     w.write_record(REQUESTS_HEADER.split(',')).map_err(io)?;
     for batch in trace.requests() {
         for r in batch? {
@@ -146,8 +147,8 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
             let opt = |v: Option<String>| v.unwrap_or_default();
             w.write_record([
                 r.request_id.to_string(),
-                sheet::text(r.external_id.as_deref().unwrap_or("")).into_owned(),
-                sheet::text(&r.tenant).into_owned(),
+                csv::text(r.external_id.as_deref().unwrap_or("")).into_owned(),
+                csv::text(&r.tenant).into_owned(),
                 r.arrival_ns.to_string(),
                 opt(r.finish_ns.map(|v| v.to_string())),
                 r.http_status.to_string(),
@@ -190,7 +191,7 @@ pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeli
 /// Reads requests.csv of a scope folder, calling `f` for every row until it
 /// returns false. Streams record by record (a quoted field may span lines),
 /// so memory does not grow with the trace. Text cells are returned as they
-/// were in the trace (`sheet::untext`). Errors name the file and row.
+/// were in the trace (`csv::untext`). Errors name the file and row.
 pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
     let path = dir.join(REQUESTS_CSV);
     let file = match std::fs::File::open(&path) {
@@ -211,11 +212,8 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
             "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
         )
     };
-    let mut rd = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(std::io::BufReader::new(file));
-    let mut rec = csv::StringRecord::new();
+    let mut rd = csv::reader(std::io::BufReader::new(file));
+    let mut rec = ::csv::StringRecord::new();
     let mut header = true;
     loop {
         // Row numbers count lines before the record: the header is row 0.
@@ -253,8 +251,8 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
         };
         let row = IndexRow {
             request_id: need(0)? as u64,
-            external_id: (!r[1].is_empty()).then(|| sheet::untext(r[1]).to_string()),
-            tenant: sheet::untext(r[2]).to_string(),
+            external_id: (!r[1].is_empty()).then(|| csv::untext(r[1]).to_string()),
+            tenant: csv::untext(r[2]).to_string(),
             arrival_ns: need(3)? as i64,
             finish_ns: num(4)?.map(|v| v as i64),
             http_status: need(5)? as u16,

@@ -8,6 +8,32 @@ use super::model::Anomaly;
 use crate::schema::RequestRecord;
 use crate::trace::manifest::{Deployment, Role};
 
+/// `kind` of a request that prefilled fewer tokens than its prompt yet was
+/// answered 2xx ([`error_looks_like_success`]).
+pub const ERROR_LOOKS_LIKE_SUCCESS: &str = "error_looks_like_success";
+/// `kind` of a prompt at or over its prefill pool's `max_req_input_len`.
+pub const PROMPT_EXCEEDS_PREFILL_POOL: &str = "prompt_exceeds_prefill_pool";
+
+/// A 2xx status: the customer was told the request succeeded.
+pub fn answered_ok(http_status: u16) -> bool {
+    (200..300).contains(&http_status)
+}
+
+/// The prefill computed fewer tokens than the prompt held.
+pub fn short_prefill(prompt_tokens: u32, prefilled_tokens: Option<u32>) -> bool {
+    prefilled_tokens.is_some_and(|pf| pf < prompt_tokens)
+}
+
+/// The error that looked like success: a short prefill answered 2xx (the
+/// one rule for scope's anomaly, report.html and the letters).
+pub fn error_looks_like_success(
+    prompt_tokens: u32,
+    prefilled_tokens: Option<u32>,
+    http_status: u16,
+) -> bool {
+    short_prefill(prompt_tokens, prefilled_tokens) && answered_ok(http_status)
+}
+
 /// Checks requests against the deployment.
 pub struct Checker {
     /// (pool id, max_req_input_len)
@@ -17,20 +43,12 @@ pub struct Checker {
     default_pool: Option<u16>,
 }
 
-/// SGLang's max_req_input_len for a pool.
-pub fn max_req_input_len(context_window: u64, capacity: u64) -> u64 {
-    context_window
-        .saturating_sub(1)
-        .min(capacity.saturating_sub(1))
-        .saturating_sub(5)
-}
-
 impl Checker {
     pub fn new(d: &Deployment) -> Self {
         let limits = d
             .pools
             .iter()
-            .map(|p| (p.id, max_req_input_len(d.context_window, p.capacity_tokens)))
+            .map(|p| (p.id, p.max_req_input_len(d.context_window)))
             .collect();
         let prefill: Vec<u16> = d
             .pools
@@ -45,7 +63,6 @@ impl Checker {
     }
 
     pub fn check(&self, r: &RequestRecord, out: &mut Vec<Anomaly>) {
-        let ok = (200..300).contains(&r.http_status);
         let base = |kind: &str, pool: Option<u16>, limit: Option<u64>, detail: String| Anomaly {
             request_id: r.request_id,
             external_id: r.external_id.clone(),
@@ -59,11 +76,10 @@ impl Checker {
             detail,
         };
         if let Some(pf) = r.prefilled_tokens
-            && ok
-            && pf < r.prompt_tokens
+            && error_looks_like_success(r.prompt_tokens, r.prefilled_tokens, r.http_status)
         {
             out.push(base(
-                "error_looks_like_success",
+                ERROR_LOOKS_LIKE_SUCCESS,
                 r.prefill_pool,
                 None,
                 format!(
@@ -78,7 +94,7 @@ impl Checker {
             && r.prompt_tokens as u64 >= limit
         {
             out.push(base(
-                "prompt_exceeds_prefill_pool",
+                PROMPT_EXCEEDS_PREFILL_POOL,
                 Some(p),
                 Some(limit),
                 format!(
@@ -86,6 +102,36 @@ impl Checker {
                     r.prompt_tokens, r.http_status
                 ),
             ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_looks_like_success_needs_a_short_prefill_and_a_2xx() {
+        for (prompt, prefilled, status, short, want) in [
+            (100, Some(1), 200, true, true),
+            (100, Some(99), 299, true, true),
+            (100, Some(100), 200, false, false),
+            (100, Some(1), 500, true, false),
+            (100, Some(1), 199, true, false),
+            (100, Some(1), 300, true, false),
+            (100, None, 200, false, false),
+            (0, Some(0), 200, false, false),
+        ] {
+            assert_eq!(
+                short_prefill(prompt, prefilled),
+                short,
+                "{prompt} {prefilled:?}"
+            );
+            assert_eq!(
+                error_looks_like_success(prompt, prefilled, status),
+                want,
+                "{prompt} {prefilled:?} {status}"
+            );
         }
     }
 }

@@ -24,7 +24,8 @@ pub use model::*;
 
 use crate::error::Result;
 use crate::lineage::exposure::{PoolSets, count};
-use crate::lineage::{LineageOptions, LineageOutcome, Reporter, run};
+use crate::lineage::{LineageOptions, LineageOutcome, run};
+use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, footer_rows, rel_path};

@@ -189,15 +189,6 @@ impl Allocator {
     }
 }
 
-/// `max_req_input_len` of an SGLang role: `min(context - 1, pool - 1) - 5`
-/// (`tp_worker.get_worker_info`). A prompt is rejected when
-/// `prompt_tokens >= max_req_input_len` (`validate_input_length`).
-pub fn max_req_input_len(context_window: u64, pool_tokens: u64) -> u64 {
-    (context_window.saturating_sub(1))
-        .min(pool_tokens.saturating_sub(1))
-        .saturating_sub(5)
-}
-
 /// What `validate_input_length` decides for a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -232,12 +223,6 @@ pub fn validate_input_length(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn admission_threshold_of_the_incident() {
-        assert_eq!(max_req_input_len(1_048_576, 681_280), 681_274);
-        assert_eq!(max_req_input_len(1_048_576, 2_097_152), 1_048_570);
-    }
 
     #[test]
     fn page_zero_is_reserved_and_pages_are_whole() {

@@ -10,7 +10,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Location, Result};
-use crate::sim::alloc::{FreeListPolicy, max_req_input_len};
+use crate::sim::alloc::FreeListPolicy;
+use crate::trace::manifest::max_req_input_len;
 
 /// Largest timeout or delay a config may give (`*_ms` keys): one day.
 pub const MAX_DELAY_MS: u64 = 86_400_000;

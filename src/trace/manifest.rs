@@ -82,6 +82,27 @@ fn one() -> u32 {
     1
 }
 
+impl Pool {
+    /// SGLang's admission limit for this pool under `context_window`:
+    /// [`max_req_input_len`] of its `capacity_tokens`.
+    pub fn max_req_input_len(&self, context_window: u64) -> u64 {
+        max_req_input_len(context_window, self.capacity_tokens)
+    }
+}
+
+/// SGLang's `max_req_input_len` of a pool of `pool_tokens` tokens:
+/// `min(context_window - 1, pool_tokens - 1) - 5`, saturating at 0
+/// (`tp_worker.get_worker_info`, 0.5.19-0.5.23). A prompt of this many
+/// tokens or more is rejected (`validate_input_length`), or truncated to it
+/// under `--allow-auto-truncate`. The one home of the formula: inspect,
+/// scope's anomalies, report.html, audit and the simulator all call it.
+pub fn max_req_input_len(context_window: u64, pool_tokens: u64) -> u64 {
+    context_window
+        .saturating_sub(1)
+        .min(pool_tokens.saturating_sub(1))
+        .saturating_sub(5)
+}
+
 /// A `files` path as the readers spell it: `/` separators, no `.` or empty
 /// components (`./kv//pool=0\\a.parquet` is `kv/pool=0/a.parquet`).
 fn normalize_rel(p: &str) -> String {
@@ -348,5 +369,35 @@ impl Manifest {
     /// Whether a slot never written in the trace is known to be blank.
     pub fn from_engine_start(&self) -> bool {
         self.capture.from_engine_start == Some(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_req_input_len_of_the_incident_and_at_the_edges() {
+        for (ctx, pool, want) in [
+            (1_048_576, 681_280, 681_274),
+            (1_048_576, 2_097_152, 1_048_570),
+            (1024, 64, 58),
+            (2000, 1000, 994),
+            (6, 1_000, 0),
+            (1_000, 1, 0),
+            (0, 0, 0),
+            (u64::MAX, u64::MAX, u64::MAX - 6),
+        ] {
+            assert_eq!(max_req_input_len(ctx, pool), want, "{ctx} {pool}");
+        }
+        let pool = Pool {
+            id: 0,
+            name: String::new(),
+            role: Role::Prefill,
+            capacity_tokens: 681_280,
+            page_size: 1,
+            extra: Default::default(),
+        };
+        assert_eq!(pool.max_req_input_len(1_048_576), 681_274);
     }
 }

@@ -323,7 +323,7 @@ pub fn scope_with(dir: &Path, opts: &kvtrail::lineage::LineageOptions) -> ScopeR
             backend,
             ..opts.clone()
         };
-        kvtrail::scope::scope(&trace, &o, &kvtrail::lineage::NoReporter).unwrap()
+        kvtrail::scope::scope(&trace, &o, &kvtrail::progress::NoReporter).unwrap()
     };
     let r = run(kvtrail::lineage::BackendChoice::Cpu);
     let g = run(kvtrail::lineage::BackendChoice::Emu);

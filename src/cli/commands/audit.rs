@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use kvtrail::audit::{AuditReport, audit_file, audit_trace};
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 
 use crate::cli::progress::BarReporter;
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::whatif::counterfactual::{CounterfactualReport, CpuModel, Fidelity, counterfactual};
 
 use crate::cli::progress::BarReporter;

@@ -6,7 +6,7 @@ use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use kvtrail::capture::jsonl::{IngestOptions, ingest, load_deployment};
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::{rfc3339, term};
 use kvtrail::trace::Trace;
 
 use crate::cli::progress::BarReporter;
@@ -58,31 +58,7 @@ fn finding(f: &Finding) -> String {
 }
 
 fn ns(t: Option<i64>) -> String {
-    t.map_or("-".into(), utc)
-}
-
-/// Unix epoch nanoseconds as an RFC 3339 UTC time (civil calendar from
-/// days, Howard Hinnant's algorithm), so responders read dates, not ns.
-fn utc(t: i64) -> String {
-    let secs = t.div_euclid(1_000_000_000);
-    let nanos = t.rem_euclid(1_000_000_000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    t.map_or("-".into(), rfc3339)
 }
 
 fn print_text(
@@ -118,7 +94,7 @@ fn print_text(
         out,
         "capture     {} | {} | from engine start: {} | writer {}",
         if c.complete { "complete" } else { "INCOMPLETE" },
-        format_args!("{} .. {}", utc(c.started_ns), utc(c.ended_ns)),
+        format_args!("{} .. {}", rfc3339(c.started_ns), rfc3339(c.ended_ns)),
         match c.from_engine_start {
             Some(true) => "yes",
             Some(false) => "no",
@@ -213,19 +189,4 @@ fn print_text(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc() {
-        for (ns, want) in [
-            (0, "1970-01-01T00:00:00.000000000Z"),
-            (1_764_460_800_000_000_050, "2025-11-30T00:00:00.000000050Z"),
-            (951_782_400_123_456_789, "2000-02-29T00:00:00.123456789Z"),
-            (-1, "1969-12-31T23:59:59.999999999Z"),
-        ] {
-            assert_eq!(super::utc(ns), want);
-        }
-    }
 }

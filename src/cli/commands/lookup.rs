@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lookup::{Query, lookup};
-use kvtrail::report::text::{term, utc};
+use kvtrail::report::fmt::{term, utc};
 
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("query").required(true).multiple(true).args(["external_id", "output_hash", "tenant"])))]

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::report;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::scope::merge::{load_shards, merge};
 
 #[derive(clap::Args, Debug)]

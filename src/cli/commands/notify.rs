@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::notify::{NotifyConfig, notify};
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

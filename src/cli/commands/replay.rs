@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::sim::SimConfig;
 use kvtrail::whatif::{self, ReplaySpec};
 

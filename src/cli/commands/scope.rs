@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use kvtrail::lineage::{BackendChoice, LineageOptions};
 use kvtrail::report;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::merge::ShardInfo;
 

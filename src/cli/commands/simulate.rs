@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kvtrail::report::text::term;
+use kvtrail::report::fmt::term;
 use kvtrail::sim::{self, EngineVersion, RunLabel, SimConfig, scenario};
 
 use crate::cli::progress::BarReporter;

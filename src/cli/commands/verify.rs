@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
-use kvtrail::report::text::{term, term_message};
+use kvtrail::report::fmt::{term, term_message};
 use kvtrail::trace::verify::verify;
 
 #[derive(clap::Args, Debug)]

@@ -11,9 +11,14 @@
 //! the file, and which no command line can carry) becomes U+FFFD. Only text
 //! cells (tenants, external ids, lists of them, operator text) go through
 //! the rule: numeric cells, negative ones included, stay numbers.
+//!
+//! `responses_csv` and `tenants_csv` are a scope report's two tables.
 
 use std::borrow::Cow;
-use std::io::Write;
+use std::io::{Read, Write};
+
+use crate::report::fmt::source_tenants;
+use crate::scope::ScopeReport;
 
 /// Characters that make a spreadsheet read a cell as a formula, plus `'`.
 const LEADING: [char; 7] = ['=', '+', '-', '@', '\t', '\r', '\''];
@@ -51,6 +56,16 @@ pub fn writer<W: Write>(w: W) -> csv::Writer<W> {
         .from_writer(w)
 }
 
+/// A CSV reader for the files kvtrail reads back (requests.csv): no header
+/// handling (the caller checks it), rows of any length (the caller counts
+/// fields and names the row).
+pub fn reader<R: Read>(r: R) -> ::csv::Reader<R> {
+    ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(r)
+}
+
 /// Header plus rows as CSV text (cells already made safe by the caller).
 pub fn to_string<I, R, C>(header: &[&str], rows: I) -> String
 where
@@ -65,6 +80,89 @@ where
     }
     let bytes = w.into_inner().expect("writing to memory");
     String::from_utf8(bytes).expect("CSV of UTF-8 cells is UTF-8")
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map(|x| x.to_string()).unwrap_or_default()
+}
+
+/// responses.csv: one row per affected response (text cells made safe for
+/// spreadsheets by `text`).
+pub fn responses_csv(r: &ScopeReport) -> String {
+    let rows = r.affected_responses.iter().map(|a| {
+        let st = source_tenants(a);
+        let ids: Vec<String> = a.sources.iter().map(|x| x.request_id.to_string()).collect();
+        [
+            a.request_id.to_string(),
+            text(a.external_id.as_deref().unwrap_or("")).into_owned(),
+            text(&a.tenant.to_string()).into_owned(),
+            opt(&a.arrival_ns),
+            opt(&a.http_status),
+            opt(&a.output_hash),
+            a.foreign_tokens.to_string(),
+            a.unknown_tokens.to_string(),
+            a.uncertain_tokens.to_string(),
+            a.cross_tenant.to_string(),
+            a.confidence.as_str().to_string(),
+            text_list(a.reasons.iter().map(String::as_str)),
+            text_list(st.iter().map(String::as_str)),
+            ids.join(";"),
+        ]
+    });
+    to_string(
+        &[
+            "request_id",
+            "external_id",
+            "tenant",
+            "arrival_ns",
+            "http_status",
+            "output_hash",
+            "foreign_tokens",
+            "unknown_tokens",
+            "uncertain_tokens",
+            "cross_tenant",
+            "confidence",
+            "reasons",
+            "source_tenants",
+            "source_request_ids",
+        ],
+        rows,
+    )
+}
+
+/// tenants.csv: one row per (role, tenant); role is recipient or source.
+pub fn tenants_csv(r: &ScopeReport) -> String {
+    let rec = r.recipients.iter().map(|t| {
+        [
+            "recipient".to_string(),
+            text(&t.tenant.to_string()).into_owned(),
+            t.responses.to_string(),
+            t.responses.to_string(),
+            t.foreign_tokens.to_string(),
+            String::new(),
+        ]
+    });
+    let src = r.sources.iter().map(|t| {
+        [
+            "source".to_string(),
+            text(&t.tenant.to_string()).into_owned(),
+            t.recipient_responses.to_string(),
+            t.requests.to_string(),
+            t.tokens.to_string(),
+            t.cross_tenant_tokens.to_string(),
+        ]
+    });
+    to_string(
+        &[
+            "role",
+            "tenant",
+            "responses",
+            "requests",
+            "tokens",
+            "cross_tenant_tokens",
+        ],
+        rec.chain(src),
+    )
 }
 
 #[cfg(test)]

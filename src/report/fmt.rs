@@ -1,24 +1,22 @@
-//! Small text helpers shared by the human-facing writers (report.html,
-//! notification letters, look-up answers): UTC time formatting from Unix
-//! nanoseconds without a clock or time-zone database, HTML and Markdown
-//! escaping of strings that come from a trace, and `term` / `term_message`,
-//! the escaping of such strings (and of error messages quoting them) for
-//! terminals. CSV is `report::sheet`.
+//! Text for people, shared by the human-facing writers (the summary,
+//! report.html, notification letters, look-up answers, every CLI message):
+//! UTC times of Unix nanoseconds (`chrono`'s civil calendar; no clock, no
+//! time-zone database), durations, HTML and Markdown escaping of strings that come
+//! from a trace, how a response's sources are named, and `term` /
+//! `term_message`, the escaping of such strings (and of error messages
+//! quoting them) for terminals. CSV cells are `report::csv`.
+
+use chrono::{DateTime, SecondsFormat};
+
+use crate::scope::Response;
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
-/// Gregorian; Howard Hinnant's civil-from-days).
+/// Gregorian, milliseconds truncated): what people read in summaries,
+/// report.html, letters and look-up answers.
 pub fn utc(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03} UTC",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    )
+    DateTime::from_timestamp_nanos(ns)
+        .format("%Y-%m-%d %H:%M:%S%.3f UTC")
+        .to_string()
 }
 
 /// An optional time; `-` when absent.
@@ -26,17 +24,11 @@ pub fn utc_opt(ns: Option<i64>) -> String {
     ns.map(utc).unwrap_or_else(|| "-".into())
 }
 
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// Unix epoch nanoseconds as RFC 3339 in UTC with all nine digits
+/// (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`): `inspect`, where the exact time of an
+/// event matters.
+pub fn rfc3339(ns: i64) -> String {
+    DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(SecondsFormat::Nanos, true)
 }
 
 /// A duration in nanoseconds for people (`3 days 4 h`, `12 min`, `850 ms`).
@@ -53,6 +45,15 @@ pub fn duration(ns: i64) -> String {
         7200..=172_799 => format!("{} h", s / 3600),
         _ => format!("{} days {} h", s / 86_400, (s % 86_400) / 3600),
     }
+}
+
+/// The distinct tenants of a response's sources as shown to people, sorted
+/// (the summary's and responses.csv's `sources`).
+pub fn source_tenants(a: &Response) -> Vec<String> {
+    let mut st: Vec<String> = a.sources.iter().map(|x| x.tenant.to_string()).collect();
+    st.sort_unstable();
+    st.dedup();
+    st
 }
 
 /// Escapes text for HTML element content and quoted attribute values.
@@ -181,6 +182,51 @@ mod tests {
         ] {
             assert_eq!(utc(ns), want, "{ns}");
         }
+    }
+
+    #[test]
+    fn times_at_the_ends_of_i64() {
+        for (ns, want_utc, want_rfc) in [
+            (
+                0,
+                "1970-01-01 00:00:00.000 UTC",
+                "1970-01-01T00:00:00.000000000Z",
+            ),
+            (
+                1_764_460_800_000_000_050,
+                "2025-11-30 00:00:00.000 UTC",
+                "2025-11-30T00:00:00.000000050Z",
+            ),
+            (
+                951_782_400_123_456_789,
+                "2000-02-29 00:00:00.123 UTC",
+                "2000-02-29T00:00:00.123456789Z",
+            ),
+            (
+                1_788_480_000_123_999_999,
+                "2026-09-04 00:00:00.123 UTC",
+                "2026-09-04T00:00:00.123999999Z",
+            ),
+            (
+                -1,
+                "1969-12-31 23:59:59.999 UTC",
+                "1969-12-31T23:59:59.999999999Z",
+            ),
+            (
+                i64::MIN,
+                "1677-09-21 00:12:43.145 UTC",
+                "1677-09-21T00:12:43.145224192Z",
+            ),
+            (
+                i64::MAX,
+                "2262-04-11 23:47:16.854 UTC",
+                "2262-04-11T23:47:16.854775807Z",
+            ),
+        ] {
+            assert_eq!(utc(ns), want_utc, "{ns}");
+            assert_eq!(rfc3339(ns), want_rfc, "{ns}");
+        }
+        assert_eq!(utc_opt(None), "-");
     }
 
     #[test]

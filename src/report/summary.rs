@@ -1,0 +1,148 @@
+//! The one-screen human summary of a scope report (`scope` and `merge`
+//! without `--json`): verdict, affected responses (the first ten), the
+//! customers on both sides, blank reads, request anomalies and how complete
+//! the evidence is. Every string from the trace goes through `fmt::term`.
+
+use std::fmt::Write as _;
+
+use crate::report::fmt::{source_tenants, term, utc_opt};
+use crate::scope::ScopeReport;
+
+/// The one-screen human summary.
+pub fn human(r: &ScopeReport) -> String {
+    let mut s = String::new();
+    let d = &r.deployment;
+    let c = &r.counts;
+    let cov = &r.coverage;
+    let _ = writeln!(s, "kvtrail scope: {} ({})", term(&d.name), term(&d.engine));
+    let _ = writeln!(
+        s,
+        "  replayed {} kv events ({} slot touches, {} read slots) over {} pools; {} requests",
+        c.kv_events,
+        c.slot_touches,
+        c.read_slots,
+        d.pools.len(),
+        c.requests
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(s, "VERDICT: {}", r.verdict);
+    let _ = writeln!(s);
+    if !r.affected_responses.is_empty() {
+        let _ = writeln!(
+            s,
+            "affected responses: {} ({} confirmed, {} possible), {} cross-tenant, {} foreign tokens",
+            c.affected_responses,
+            c.confirmed_responses,
+            c.possible_responses,
+            c.cross_tenant_responses,
+            c.foreign_tokens
+        );
+        let _ = writeln!(
+            s,
+            "  window: foreign reads {} .. {}; affected arrivals {} .. {}",
+            utc_opt(r.time_window.first_exposure_ns),
+            utc_opt(r.time_window.last_exposure_ns),
+            utc_opt(r.time_window.first_arrival_ns),
+            utc_opt(r.time_window.last_arrival_ns)
+        );
+        let _ = writeln!(
+            s,
+            "  {:>10}  {:<16} {:>6} {:>9} {:>5}  {:<10} sources",
+            "request", "tenant", "status", "foreign", "cross", "confidence"
+        );
+        const SHOW: usize = 10;
+        for a in r.affected_responses.iter().take(SHOW) {
+            let st: Vec<String> = source_tenants(a)
+                .iter()
+                .map(|t| term(t).into_owned())
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:>10}  {:<16} {:>6} {:>9} {:>5}  {:<10} {}",
+                a.request_id,
+                term(&a.tenant.to_string()),
+                a.http_status.map(|x| x.to_string()).unwrap_or("-".into()),
+                a.foreign_tokens,
+                if a.cross_tenant { "yes" } else { "no" },
+                a.confidence.as_str(),
+                if st.is_empty() {
+                    a.reasons.join(",")
+                } else {
+                    st.join(",")
+                }
+            );
+        }
+        if r.affected_responses.len() > SHOW {
+            let _ = writeln!(
+                s,
+                "  ... {} more (use --json or --out DIR for all)",
+                r.affected_responses.len() - SHOW
+            );
+        }
+        let list = |v: Vec<String>| {
+            let n = v.len();
+            let mut t = v.into_iter().take(8).collect::<Vec<_>>().join(", ");
+            if n > 8 {
+                let _ = write!(t, ", ... ({n} in all)");
+            }
+            t
+        };
+        let _ = writeln!(
+            s,
+            "recipients ({}): {}",
+            r.recipients.len(),
+            list(
+                r.recipients
+                    .iter()
+                    .map(|t| format!("{} ({} resp)", term(&t.tenant.to_string()), t.responses))
+                    .collect()
+            )
+        );
+        let _ = writeln!(
+            s,
+            "sources ({}): {}",
+            r.sources.len(),
+            list(
+                r.sources
+                    .iter()
+                    .map(|t| format!(
+                        "{} ({} req, {} tok)",
+                        term(&t.tenant.to_string()),
+                        t.requests,
+                        t.tokens
+                    ))
+                    .collect()
+            )
+        );
+    }
+    let _ = writeln!(
+        s,
+        "blank reads (integrity defects): {} slots in {} responses",
+        r.blank_reads,
+        r.blank_read_responses.len()
+    );
+    if !r.anomalies.is_empty() {
+        let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+        for a in &r.anomalies {
+            *kinds.entry(a.kind.as_str()).or_default() += 1;
+        }
+        let k: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        let _ = writeln!(s, "request anomalies: {}", k.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "evidence: {}",
+        if cov.complete {
+            "complete"
+        } else {
+            "INCOMPLETE"
+        }
+    );
+    for n in cov.notes.iter().take(8) {
+        let _ = writeln!(s, "  - {}", term(n));
+    }
+    if cov.notes.len() > 8 {
+        let _ = writeln!(s, "  - ... {} more notes in --json", cov.notes.len() - 8);
+    }
+    s
+}
