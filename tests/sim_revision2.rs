@@ -31,8 +31,8 @@ use std::process::Command;
 use kvtrail::progress::NoReporter;
 use kvtrail::schema::Op;
 use kvtrail::sim::{self, Arrival, RunLabel, SimConfig, Truth};
-use kvtrail::trace::manifest::Role;
 use kvtrail::trace::Trace;
+use kvtrail::trace::manifest::Role;
 use sim_common::{Run, assert_truth_matches_trace, events, simulate};
 
 const SECOND: i64 = 1_000_000_000;
@@ -135,7 +135,9 @@ fn copies(trace: &Path) -> BTreeMap<(u16, u16), BTreeSet<u64>> {
     for (pool, evs) in events(trace) {
         for e in evs {
             if let Some(src) = e.src {
-                out.entry((src.pool, pool)).or_default().insert(e.request_id);
+                out.entry((src.pool, pool))
+                    .or_default()
+                    .insert(e.request_id);
             }
         }
     }
@@ -201,7 +203,10 @@ fn hicache_carries_stale_and_current_pages_out_and_back() {
         .iter()
         .filter(|e| e.op == Op::Write && e.src.is_some_and(|s| s.pool == 2))
         .count();
-    assert!(out_rows >= 2 && in_rows >= 2, "{out_rows} out, {in_rows} in");
+    assert!(
+        out_rows >= 2 && in_rows >= 2,
+        "{out_rows} out, {in_rows} in"
+    );
     assert!(
         ev[&1]
             .iter()

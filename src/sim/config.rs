@@ -490,7 +490,11 @@ mod tests {
         c.set("decode_radix_cache=true").unwrap();
         c.set("hicache=true").unwrap();
         assert!(c.hicache);
-        for bad in ["hicache_host_tokens=1000", "hicache_host_tokens=16", "hicache_host_tokens=\"x\""] {
+        for bad in [
+            "hicache_host_tokens=1000",
+            "hicache_host_tokens=16",
+            "hicache_host_tokens=\"x\"",
+        ] {
             let err = c.set(bad).unwrap_err().to_string();
             assert!(err.contains("hicache_host_tokens"), "{bad}: {err}");
         }

@@ -1,7 +1,8 @@
 //! The engine model: a discrete-event simulation of an SGLang-style
-//! prefill/decode-disaggregated server with one prefill pool (id 0) and one
-//! decode pool (id 1), captured through `capture::Recorder` exactly as an
-//! engine hook would capture it.
+//! prefill/decode-disaggregated server with one prefill pool (id 0), one
+//! decode pool (id 1) and, with `hicache`, a host pool (id 2, role `cache`)
+//! backing the decode radix tree, captured through `capture::Recorder`
+//! exactly as an engine hook would capture it.
 //!
 //! The request path (docs/simulator.md, per SGLang version):
 //! arrival → front-end context check (400) → both roles receive the request
@@ -324,9 +325,9 @@ impl<'a> Engine<'a> {
             cfg.decode.page_size,
             cfg.free_list,
         );
-        let host_alloc = cfg.hicache.then(|| {
-            Allocator::new(cfg.hicache_host_tokens, cfg.decode.page_size, cfg.free_list)
-        });
+        let host_alloc = cfg
+            .hicache
+            .then(|| Allocator::new(cfg.hicache_host_tokens, cfg.decode.page_size, cfg.free_list));
         Engine {
             pf_state: Slots::new(pf_alloc.slot_space() as usize),
             dec_state: Slots::new(dec_alloc.slot_space() as usize),

@@ -152,7 +152,15 @@ pub fn naive(trace: &Path) -> Naive {
                 if blocked {
                     break;
                 }
-                apply(e, &mut st, &mut grants, &mut foreign, &mut blank, &mut cross, &tenant);
+                apply(
+                    e,
+                    &mut st,
+                    &mut grants,
+                    &mut foreign,
+                    &mut blank,
+                    &mut cross,
+                    &tenant,
+                );
                 if let Some(src) = e.src {
                     pending.get_mut(&(src.pool, p)).unwrap().1 += 1;
                 }
