@@ -358,3 +358,32 @@ fn scope_follows_content_through_the_host_pool() {
         &simulate("incident", Some(1500), 5, &HICACHE),
     );
 }
+
+#[test]
+fn bad_hicache_values_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    for (sets, key) in [
+        (vec!["hicache=true"], "decode_radix_cache"),
+        (
+            vec!["decode_radix_cache=true", "hicache_host_tokens=1000"],
+            "hicache_host_tokens",
+        ),
+        (vec!["decode_radix_cache=true", "hicache=yes"], "hicache"),
+    ] {
+        let mut args = vec!["simulate", "--scenario", "incident", "--requests", "10"];
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        args.extend(["--out", out.to_str().unwrap()]);
+        let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
+            .args(&args)
+            .env("KVTRAIL_NO_PROGRESS", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {err}");
+        assert!(err.contains(key) && err.contains("hint"), "{sets:?}: {err}");
+        assert!(!out.exists(), "{sets:?}: nothing written");
+    }
+}

@@ -19,6 +19,11 @@ pub const MAX_STEP_US: u64 = 3_600_000_000;
 /// Largest cost per token or page (`timing.*_ns_per_*` keys): one second.
 pub const MAX_PER_UNIT_NS: u64 = 1_000_000_000;
 
+/// Largest HiCache host pool (`hicache_host_tokens`): the model keeps
+/// state for every slot it simulates (2^26 tokens, the what-if limit for
+/// a pool).
+pub const MAX_HOST_TOKENS: u64 = 1 << 26;
+
 /// The released SGLang version whose PD request path the engine follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum EngineVersion {
@@ -398,14 +403,14 @@ impl SimConfig {
         }
         let host = self.hicache_host_tokens;
         let dps = self.decode.page_size as u64;
-        if host < 2 * dps || host % dps != 0 || (host / dps + 1) * dps > u32::MAX as u64 {
+        if host < 2 * dps || host % dps != 0 || host > MAX_HOST_TOKENS {
             return bad(
                 "hicache_host_tokens",
                 format!(
                     "hicache_host_tokens = {host} with a decode page_size of {}",
                     self.decode.page_size
                 ),
-                "give a multiple of the decode page_size that holds at least two pages and keeps slot ids within u32",
+                "give a multiple of the decode page_size that holds at least two pages, at most 67108864 (the model keeps state for every host slot)",
             );
         }
         if self.hicache && !self.decode_radix_cache {
@@ -493,6 +498,7 @@ mod tests {
         for bad in [
             "hicache_host_tokens=1000",
             "hicache_host_tokens=16",
+            "hicache_host_tokens=4294967296",
             "hicache_host_tokens=\"x\"",
         ] {
             let err = c.set(bad).unwrap_err().to_string();
