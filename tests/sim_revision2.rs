@@ -98,8 +98,11 @@ fn run_arrivals(cfg: &SimConfig, arrivals: Vec<Arrival>) -> Run {
     }
 }
 
-/// request -> (foreign tokens, [(source, tenant, tokens)]).
-fn affected(t: &Truth) -> BTreeMap<u64, (u64, Vec<(u64, String, u64)>)> {
+/// request -> (tokens, [(source, tenant, tokens)]).
+type Findings = BTreeMap<u64, (u64, Vec<(u64, String, u64)>)>;
+
+/// Affected responses: request -> (foreign tokens, sources).
+fn affected(t: &Truth) -> Findings {
     t.affected
         .iter()
         .map(|a| {
@@ -113,8 +116,8 @@ fn affected(t: &Truth) -> BTreeMap<u64, (u64, Vec<(u64, String, u64)>)> {
         .collect()
 }
 
-/// request -> (tokens, [(source, tenant, tokens)]).
-fn cross_shared(t: &Truth) -> BTreeMap<u64, (u64, Vec<(u64, String, u64)>)> {
+/// Cross-tenant shared reads: request -> (tokens, sources).
+fn cross_shared(t: &Truth) -> Findings {
     t.cross_tenant_shared
         .iter()
         .map(|c| {
@@ -306,7 +309,7 @@ fn check_scope(what: &str, run: &Run) {
         &NoReporter,
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let found: BTreeMap<u64, (u64, Vec<(u64, String, u64)>)> = report
+    let found: Findings = report
         .affected_responses
         .iter()
         .filter(|r| r.foreign_tokens > 0)
