@@ -20,6 +20,11 @@ pub const MAX_STEP_US: u64 = 3_600_000_000;
 /// Largest cost per token or page (`timing.*_ns_per_*` keys): one second.
 pub const MAX_PER_UNIT_NS: u64 = 1_000_000_000;
 
+/// Largest HiCache host pool (`hicache_host_tokens`): the model keeps
+/// state for every slot it simulates (2^26 tokens, the what-if limit for
+/// a pool).
+pub const MAX_HOST_TOKENS: u64 = 1 << 26;
+
 /// The released SGLang version whose PD request path the engine follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum EngineVersion {
@@ -122,6 +127,17 @@ pub struct SimConfig {
     /// sends only the pages past the decode-side prefix. With 0.5.19, a
     /// placeholder request's stale pages are inserted too (poisoning).
     pub decode_radix_cache: bool,
+    /// HiCache (`--enable-hierarchical-cache`, write-back) on the decode
+    /// radix tree: a tree entry evicted from the device pool is first
+    /// offloaded to a host pool (role `cache`, pool id 2) by the engine,
+    /// and a later prefix hit on it loads it back into fresh device pages.
+    /// Needs `decode_radix_cache`.
+    pub hicache: bool,
+    /// Host pool capacity in tokens (`--hicache-size`; the default is twice
+    /// the default decode pool, SGLang's `--hicache-ratio 2`); a multiple of
+    /// the decode page size. The host pool evicts its least recently used
+    /// entries when full.
+    pub hicache_host_tokens: u64,
     /// `--allow-auto-truncate`.
     pub allow_auto_truncate: bool,
     /// `--disaggregation-enable-kv-checksum` (0.5.21+).
@@ -202,6 +218,8 @@ impl Default for SimConfig {
             free_list: FreeListPolicy::SortedStaged,
             prefix_cache: true,
             decode_radix_cache: false,
+            hicache: false,
+            hicache_host_tokens: 65_536,
             allow_auto_truncate: false,
             kv_checksum: false,
             decode_allocation: DecodeAllocation::Early,
@@ -384,6 +402,25 @@ impl SimConfig {
                 );
             }
         }
+        let host = self.hicache_host_tokens;
+        let dps = self.decode.page_size as u64;
+        if host < 2 * dps || host % dps != 0 || host > MAX_HOST_TOKENS {
+            return bad(
+                "hicache_host_tokens",
+                format!(
+                    "hicache_host_tokens = {host} with a decode page_size of {}",
+                    self.decode.page_size
+                ),
+                "give a multiple of the decode page_size that holds at least two pages, at most 67108864 (the model keeps state for every host slot)",
+            );
+        }
+        if self.hicache && !self.decode_radix_cache {
+            return bad(
+                "hicache",
+                "hicache is on but decode_radix_cache is off".into(),
+                "the model's HiCache tier backs the decode radix tree: set decode_radix_cache = true too, or turn hicache off",
+            );
+        }
         if self.context_window < 8 {
             return bad(
                 "context_window",
@@ -449,6 +486,27 @@ mod tests {
         assert!(c.set("engine=sglang-0.5.19").is_err()); // prefill-complete needs 0.5.22
         assert!(c.set("no_such=1").is_err());
         assert!(c.set("prefill.capacity_tokens=1000").is_err()); // not whole pages
+    }
+
+    #[test]
+    fn hicache_needs_the_decode_tree_and_a_whole_page_host_pool() {
+        let mut c = SimConfig::default();
+        let err = c.set("hicache=true").unwrap_err().to_string();
+        assert!(err.contains("hicache"), "{err}");
+        c.set("decode_radix_cache=true").unwrap();
+        c.set("hicache=true").unwrap();
+        assert!(c.hicache);
+        for bad in [
+            "hicache_host_tokens=1000",
+            "hicache_host_tokens=16",
+            "hicache_host_tokens=4294967296",
+            "hicache_host_tokens=\"x\"",
+        ] {
+            let err = c.set(bad).unwrap_err().to_string();
+            assert!(err.contains("hicache_host_tokens"), "{bad}: {err}");
+        }
+        c.set("hicache_host_tokens=4096").unwrap();
+        assert_eq!(c.hicache_host_tokens, 4096);
     }
 
     #[test]

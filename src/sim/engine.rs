@@ -1,7 +1,8 @@
 //! The engine model: a discrete-event simulation of an SGLang-style
-//! prefill/decode-disaggregated server with one prefill pool (id 0) and one
-//! decode pool (id 1), captured through `capture::Recorder` exactly as an
-//! engine hook would capture it.
+//! prefill/decode-disaggregated server with one prefill pool (id 0), one
+//! decode pool (id 1) and, with `hicache`, a host pool (id 2, role `cache`)
+//! backing the decode radix tree, captured through `capture::Recorder`
+//! exactly as an engine hook would capture it.
 //!
 //! The request path (docs/simulator.md, per SGLang version):
 //! arrival → front-end context check (400) → both roles receive the request
@@ -37,6 +38,8 @@ use crate::trace::manifest::{Deployment, Pool, Role};
 pub const PREFILL_POOL: u16 = 0;
 /// Pool id of the decode pool in simulated traces.
 pub const DECODE_POOL: u16 = 1;
+/// Pool id of the HiCache host pool (role `cache`; only with `hicache`).
+pub const HOST_POOL: u16 = 2;
 /// Simulated time 0 is 2026-09-01T00:00:00Z.
 pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
 
@@ -78,6 +81,11 @@ pub struct RunStats {
     pub sim_end_ns: i64,
 }
 
+/// Config keys written into trace.json only when `hicache` is on, so that
+/// traces of runs without it stay byte-identical to those written before
+/// the knob existed (a reader fills in the defaults).
+const HICACHE_KEYS: [&str; 2] = ["hicache", "hicache_host_tokens"];
+
 /// The trace.json deployment of a simulated run.
 pub fn deployment(cfg: &SimConfig) -> Deployment {
     let pool = |id: u16, name: &str, role: Role, p: &crate::sim::config::PoolConfig| {
@@ -96,18 +104,31 @@ pub fn deployment(cfg: &SimConfig) -> Deployment {
         }
     };
     let mut extra = serde_json::Map::new();
-    extra.insert(
-        "simulator".into(),
-        serde_json::to_value(cfg).expect("config serializes"),
-    );
+    let mut sim = serde_json::to_value(cfg).expect("config serializes");
+    if !cfg.hicache
+        && let Some(m) = sim.as_object_mut()
+    {
+        for k in HICACHE_KEYS {
+            m.remove(k);
+        }
+    }
+    extra.insert("simulator".into(), sim);
+    let mut pools = vec![
+        pool(PREFILL_POOL, "prefill-0", Role::Prefill, &cfg.prefill),
+        pool(DECODE_POOL, "decode-0", Role::Decode, &cfg.decode),
+    ];
+    if cfg.hicache {
+        let host = crate::sim::config::PoolConfig {
+            capacity_tokens: cfg.hicache_host_tokens,
+            page_size: cfg.decode.page_size,
+        };
+        pools.push(pool(HOST_POOL, "host-0", Role::Cache, &host));
+    }
     Deployment {
         name: cfg.name.clone(),
         engine: cfg.engine.name().into(),
         context_window: cfg.context_window,
-        pools: vec![
-            pool(PREFILL_POOL, "prefill-0", Role::Prefill, &cfg.prefill),
-            pool(DECODE_POOL, "decode-0", Role::Decode, &cfg.decode),
-        ],
+        pools,
         extra,
     }
 }
@@ -185,8 +206,9 @@ struct Live {
     transfer_in_flight: bool,
     release_on_land: bool,
     dec_released: bool,
-    /// (pool, slot) -> write generation at the grant
-    grants: HashMap<(u16, u32), u32>,
+    /// (pool, slot) -> (write generation at the grant, whether the content
+    /// was current then: a grant on stale content covers nothing)
+    grants: HashMap<(u16, u32), (u32, bool)>,
     front_reject: bool,
     status: u16,
     // answers: (status, time)
@@ -214,6 +236,10 @@ struct Slots {
     pos: Vec<u32>,
     tenant: Vec<u32>,
     wgen: Vec<u32>,
+    /// The content was put there after the slot's latest alloc (a write, a
+    /// scrub, or a copy of current content); false: it is stale, left over
+    /// from an earlier holder.
+    current: Vec<bool>,
 }
 
 impl Slots {
@@ -224,7 +250,19 @@ impl Slots {
             pos: vec![0; n],
             tenant: vec![0; n],
             wgen: vec![0; n],
+            current: vec![true; n],
         }
+    }
+
+    /// Copies slot `s` of `from` into slot `d` of `self`: content owner,
+    /// model value and current/stale bit; the destination is written.
+    fn copy_from(&mut self, d: usize, from: &Slots, s: usize) {
+        self.owner[d] = from.owner[s];
+        self.seed[d] = from.seed[s];
+        self.pos[d] = from.pos[s];
+        self.tenant[d] = from.tenant[s];
+        self.current[d] = from.current[s];
+        self.wgen[d] = self.wgen[d].wrapping_add(1);
     }
 }
 
@@ -232,6 +270,14 @@ struct CacheEntry {
     pages: Vec<u32>,
     owner: u64,
     locks: u32,
+    last_use: i64,
+}
+
+/// A decode-tree entry backed up in the HiCache host pool (held by the
+/// engine; kept after a load back, as SGLang keeps a node's host value).
+struct HostEntry {
+    pages: Vec<u32>,
+    owner: u64,
     last_use: i64,
 }
 
@@ -248,6 +294,10 @@ pub(crate) struct Engine<'a> {
     dec_alloc: Allocator,
     pf_state: Slots,
     dec_state: Slots,
+    /// The HiCache host pool (only with `hicache`).
+    host_alloc: Option<Allocator>,
+    host_state: Slots,
+    hcache: BTreeMap<u64, HostEntry>,
     dec_reserved: u64,
     live: HashMap<u64, Live>,
     heap: BinaryHeap<Reverse<(i64, u64, Ev, u64)>>,
@@ -275,9 +325,15 @@ impl<'a> Engine<'a> {
             cfg.decode.page_size,
             cfg.free_list,
         );
+        let host_alloc = cfg
+            .hicache
+            .then(|| Allocator::new(cfg.hicache_host_tokens, cfg.decode.page_size, cfg.free_list));
         Engine {
             pf_state: Slots::new(pf_alloc.slot_space() as usize),
             dec_state: Slots::new(dec_alloc.slot_space() as usize),
+            host_state: Slots::new(host_alloc.as_ref().map_or(0, |a| a.slot_space() as usize)),
+            host_alloc,
+            hcache: BTreeMap::new(),
             pf_alloc,
             dec_alloc,
             cfg,
@@ -407,11 +463,80 @@ impl<'a> Engine<'a> {
     }
 
     fn slots_of(&mut self, pool: u16) -> &mut Slots {
-        if pool == PREFILL_POOL {
-            &mut self.pf_state
-        } else {
-            &mut self.dec_state
+        match pool {
+            PREFILL_POOL => &mut self.pf_state,
+            DECODE_POOL => &mut self.dec_state,
+            _ => &mut self.host_state,
         }
+    }
+
+    fn state(&self, pool: u16) -> &Slots {
+        match pool {
+            PREFILL_POOL => &self.pf_state,
+            DECODE_POOL => &self.dec_state,
+            _ => &self.host_state,
+        }
+    }
+
+    fn allocator(&mut self, pool: u16) -> &mut Allocator {
+        match pool {
+            PREFILL_POOL => &mut self.pf_alloc,
+            DECODE_POOL => &mut self.dec_alloc,
+            _ => self.host_alloc.as_mut().expect("a host pool with hicache"),
+        }
+    }
+
+    /// Records `alloc` of `slots` for `rid`: their content, whatever it
+    /// is, is stale for the new holder until written.
+    fn alloc(&mut self, pool: u16, rid: u64, slots: &[u32]) -> Result<()> {
+        self.emit_runs(pool, rid, Op::Alloc, slots, None)?;
+        let st = self.slots_of(pool);
+        for &s in slots {
+            st.current[s as usize] = false;
+        }
+        Ok(())
+    }
+
+    /// The engine (request 0) copies whole pages `src` of `src_pool` into
+    /// pages `dst` of `dst_pool` (a HiCache offload or load back): one
+    /// `write` with src per run contiguous on both sides; token positions
+    /// are those of a tree prefix (page i holds positions i * page_size..).
+    fn copy_pages(&mut self, src_pool: u16, src: &[u32], dst_pool: u16, dst: &[u32]) -> Result<()> {
+        let ps = self.allocator(dst_pool).page_size();
+        debug_assert_eq!(ps, self.allocator(src_pool).page_size());
+        let src_seq = self.rec.next_seq(src_pool)?.saturating_sub(1);
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i < n {
+            let mut j = i + 1;
+            while j < n && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1 {
+                j += 1;
+            }
+            let count = (j - i) as u32 * ps;
+            self.emit_event(
+                dst_pool,
+                crate::schema::ENGINE_REQUEST,
+                Op::Write,
+                (dst[i] * ps, count),
+                Some(i as u32 * ps),
+                Some(CopySrc {
+                    pool: src_pool,
+                    slot_start: src[i] * ps,
+                    seq: src_seq,
+                }),
+            )?;
+            // The pools are distinct: move the destination out to borrow
+            // the source beside it.
+            let mut to = std::mem::replace(self.slots_of(dst_pool), Slots::new(0));
+            for k in 0..count {
+                let s = (src[i] * ps + k) as usize;
+                let d = (dst[i] * ps + k) as usize;
+                to.copy_from(d, self.state(src_pool), s);
+            }
+            *self.slots_of(dst_pool) = to;
+            i = j;
+        }
+        Ok(())
     }
 
     fn write(&mut self, pool: u16, rid: u64, slots: &[u32], pos0: u32) -> Result<()> {
@@ -428,6 +553,7 @@ impl<'a> Engine<'a> {
             st.pos[s] = pos0 + i as u32;
             st.tenant[s] = tenant;
             st.wgen[s] = st.wgen[s].wrapping_add(1);
+            st.current[s] = true;
         }
         Ok(())
     }
@@ -436,11 +562,7 @@ impl<'a> Engine<'a> {
         if pages.is_empty() {
             return Ok(());
         }
-        let ps = if pool == PREFILL_POOL {
-            self.pf_alloc.page_size()
-        } else {
-            self.dec_alloc.page_size()
-        };
+        let ps = self.allocator(pool).page_size();
         let mut sorted = pages.to_vec();
         sorted.sort_unstable();
         let slots = Self::page_slots(&sorted, ps);
@@ -450,14 +572,11 @@ impl<'a> Engine<'a> {
             for &s in &slots {
                 st.owner[s as usize] = 0;
                 st.wgen[s as usize] = st.wgen[s as usize].wrapping_add(1);
+                st.current[s as usize] = true;
             }
         }
         self.emit_runs(pool, rid, Op::Free, &slots, None)?;
-        if pool == PREFILL_POOL {
-            self.pf_alloc.free_pages(&sorted);
-        } else {
-            self.dec_alloc.free_pages(&sorted);
-        }
+        self.allocator(pool).free_pages(&sorted);
         Ok(())
     }
 
@@ -472,10 +591,10 @@ impl<'a> Engine<'a> {
         want_values: bool,
     ) -> Result<Vec<u64>> {
         self.emit_runs(pool, rid, Op::Read, slots, Some(pos0))?;
-        let st = if pool == PREFILL_POOL {
-            &self.pf_state
-        } else {
-            &self.dec_state
+        let st = match pool {
+            PREFILL_POOL => &self.pf_state,
+            DECODE_POOL => &self.dec_state,
+            _ => &self.host_state,
         };
         let live = self.live.get_mut(&rid).expect("live reader");
         let mut values = Vec::with_capacity(if want_values { slots.len() } else { 0 });
@@ -483,10 +602,17 @@ impl<'a> Engine<'a> {
             let su = s as usize;
             let owner = st.owner[su];
             if owner != rid {
+                // A grant covers the content it saw, and only when that
+                // content was current.
                 let shared = live
                     .grants
                     .get(&(pool, s))
-                    .is_some_and(|&g| g == st.wgen[su]);
+                    .is_some_and(|&(g, current)| current && g == st.wgen[su]);
+                if shared && owner != 0 && st.tenant[su] != live.tenant {
+                    let key = (pool as u64) << 32 | s as u64;
+                    live.log.cross_shared.insert((owner, key));
+                    live.log.src_tenant.insert(owner, st.tenant[su]);
+                }
                 if !shared {
                     let key = (pool as u64) << 32 | s as u64;
                     if owner == 0 {
@@ -510,14 +636,10 @@ impl<'a> Engine<'a> {
 
     fn grant(&mut self, pool: u16, rid: u64, slots: &[u32], pos0: u32) -> Result<()> {
         self.emit_runs(pool, rid, Op::Share, slots, Some(pos0))?;
-        let st = if pool == PREFILL_POOL {
-            &self.pf_state
-        } else {
-            &self.dec_state
-        };
-        let gens: Vec<((u16, u32), u32)> = slots
+        let st = self.state(pool);
+        let gens: Vec<((u16, u32), (u32, bool))> = slots
             .iter()
-            .map(|&s| ((pool, s), st.wgen[s as usize]))
+            .map(|&s| ((pool, s), (st.wgen[s as usize], st.current[s as usize])))
             .collect();
         let live = self.live.get_mut(&rid).expect("live");
         live.grants.extend(gens);
@@ -715,6 +837,19 @@ impl<'a> Engine<'a> {
             let l = &self.live[&rid];
             (l.dec_len, l.out_target, l.dmode, l.a.prefix_group)
         };
+        // A miss that the host pool holds is loaded back first (HiCache).
+        if self.cfg.hicache
+            && matches!(dmode, DecodeMode::Full { .. })
+            && let Some(g) = group
+            && !self.dcache.contains_key(&g)
+            && let Some(h) = self.hcache.get(&g)
+        {
+            let k = ((dec_len - 1) / ps).min(h.pages.len() as u32);
+            let need = ((dec_len + out).div_ceil(ps) - k) as u64;
+            if k > 0 && !self.load_back(g, k, need)? {
+                return Ok(false);
+            }
+        }
         // Decode radix tree match: whole pages, at most dec_len - 1 tokens.
         let mut tree: Vec<u32> = Vec::new();
         if self.cfg.decode_radix_cache
@@ -752,7 +887,7 @@ impl<'a> Engine<'a> {
         let mut all_pages = tree;
         all_pages.extend_from_slice(&pages);
         let all = Self::page_slots(&pages, ps);
-        self.emit_runs(DECODE_POOL, rid, Op::Alloc, &all, None)?;
+        self.alloc(DECODE_POOL, rid, &all)?;
         let pages = all_pages;
         let now = self.now;
         let (pmode, policy) = (self.live[&rid].pmode, self.cfg.decode_allocation);
@@ -832,7 +967,7 @@ impl<'a> Engine<'a> {
             self.grant(PREFILL_POOL, rid, &sslots, 0)?;
         }
         let own_all = Self::page_slots(&own_pages, ps);
-        self.emit_runs(PREFILL_POOL, rid, Op::Alloc, &own_all, None)?;
+        self.alloc(PREFILL_POOL, rid, &own_all)?;
         let mut pf_slots = Self::page_slots(&shared_pages, ps);
         pf_slots.extend_from_slice(&own_slots);
         let t = &self.cfg.timing;
@@ -873,7 +1008,107 @@ impl<'a> Engine<'a> {
             .map(|(g, _)| *g);
         let Some(g) = victim else { return Ok(false) };
         let e = self.dcache.remove(&g).expect("victim");
+        if self.cfg.hicache {
+            self.offload(g, &e, keep)?;
+        }
         self.free(DECODE_POOL, crate::schema::ENGINE_REQUEST, &e.pages)?;
+        Ok(true)
+    }
+
+    /// HiCache write-back: the engine backs an evicted decode-tree entry
+    /// up in the host pool (alloc, then a copy from the decode pool),
+    /// evicting the host pool's least recently used entries (never
+    /// `keep`) to make room. An entry already backed up is not copied
+    /// again; one larger than the host pool, or that finds no room, is
+    /// dropped.
+    fn offload(&mut self, g: u64, e: &CacheEntry, keep: Option<u64>) -> Result<()> {
+        let now = self.now;
+        if let Some(h) = self.hcache.get_mut(&g) {
+            h.last_use = now;
+            return Ok(());
+        }
+        let n = e.pages.len() as u32;
+        let host = self.allocator(HOST_POOL);
+        if n == 0 || n > host.num_pages() {
+            return Ok(());
+        }
+        while self.allocator(HOST_POOL).available_pages() < n {
+            if !self.evict_host_one(keep)? {
+                return Ok(());
+            }
+        }
+        let pages = self
+            .allocator(HOST_POOL)
+            .alloc_pages(n)
+            .expect("room was made");
+        let ps = self.allocator(HOST_POOL).page_size();
+        self.alloc(
+            HOST_POOL,
+            crate::schema::ENGINE_REQUEST,
+            &Self::page_slots(&pages, ps),
+        )?;
+        self.copy_pages(DECODE_POOL, &e.pages, HOST_POOL, &pages)?;
+        self.hcache.insert(
+            g,
+            HostEntry {
+                pages,
+                owner: e.owner,
+                last_use: now,
+            },
+        );
+        Ok(())
+    }
+
+    /// Evicts the host pool's least recently used entry (never `keep`);
+    /// false when there is none.
+    fn evict_host_one(&mut self, keep: Option<u64>) -> Result<bool> {
+        let victim = self
+            .hcache
+            .iter()
+            .filter(|(g, _)| Some(**g) != keep)
+            .min_by_key(|(g, h)| (h.last_use, **g))
+            .map(|(g, _)| *g);
+        let Some(g) = victim else { return Ok(false) };
+        let h = self.hcache.remove(&g).expect("victim");
+        self.free(HOST_POOL, crate::schema::ENGINE_REQUEST, &h.pages)?;
+        Ok(true)
+    }
+
+    /// HiCache load back: a decode-tree miss on `g` whose entry is in the
+    /// host pool. The engine allocates fresh device pages for the `k`
+    /// leading pages the request can use and copies them in from the host
+    /// pool; they become the tree entry (owner: the entry's writer), which
+    /// the request then hits. False (nothing loaded) when the device pool
+    /// cannot make room for them and the request's own `need` pages.
+    fn load_back(&mut self, g: u64, k: u32, need: u64) -> Result<bool> {
+        while (self.dec_alloc.available_pages() as u64) < self.dec_reserved + k as u64 + need {
+            if !self.evict_decode_one(Some(g))? {
+                return Ok(false);
+            }
+        }
+        let now = self.now;
+        let (src, owner) = {
+            let h = self.hcache.get_mut(&g).expect("host entry");
+            h.last_use = now;
+            (h.pages[..k as usize].to_vec(), h.owner)
+        };
+        let dev = self.dec_alloc.alloc_pages(k).expect("room was made");
+        let ps = self.dec_alloc.page_size();
+        self.alloc(
+            DECODE_POOL,
+            crate::schema::ENGINE_REQUEST,
+            &Self::page_slots(&dev, ps),
+        )?;
+        self.copy_pages(HOST_POOL, &src, DECODE_POOL, &dev)?;
+        self.dcache.insert(
+            g,
+            CacheEntry {
+                pages: dev,
+                owner,
+                locks: 0,
+                last_use: now,
+            },
+        );
         Ok(true)
     }
 
@@ -1033,18 +1268,7 @@ impl<'a> Engine<'a> {
             for k in 0..count {
                 let s = (src_pages[i] * pps + k) as usize;
                 let d = (dst_pages[i] * dps + k) as usize;
-                let (o, se, p, te) = (
-                    self.pf_state.owner[s],
-                    self.pf_state.seed[s],
-                    self.pf_state.pos[s],
-                    self.pf_state.tenant[s],
-                );
-                let st = &mut self.dec_state;
-                st.owner[d] = o;
-                st.seed[d] = se;
-                st.pos[d] = p;
-                st.tenant[d] = te;
-                st.wgen[d] = st.wgen[d].wrapping_add(1);
+                self.dec_state.copy_from(d, &self.pf_state, s);
             }
             i = j;
         }
@@ -1141,7 +1365,7 @@ impl<'a> Engine<'a> {
         }
         if !new_pages.is_empty() {
             let all = Self::page_slots(&new_pages, ps);
-            self.emit_runs(DECODE_POOL, rid, Op::Alloc, &all, None)?;
+            self.alloc(DECODE_POOL, rid, &all)?;
         }
         let wslots =
             self.live[&rid].dec_slots[(l_len + generated) as usize..(l_len + j1) as usize].to_vec();

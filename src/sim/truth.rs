@@ -1,16 +1,27 @@
 //! Ground truth of a simulated run, from the simulator's own bookkeeping at
 //! the moment of each read (never from the trace): which responses read
-//! foreign KV, whose, and how much; which read blank slots.
+//! foreign KV, whose, and how much; which read blank slots; which read
+//! another tenant's KV through a prefix-cache hit.
 //!
-//! Semantics are those of docs/trace-format.md "Semantics" (trace format
-//! v1): a read of slot s by request R is own (s's content owner is R),
-//! shared (R holds a share grant on s and s was not written since), blank
-//! (s never written or scrubbed; simulated captures begin with the engine)
-//! or foreign (anything else; the content owner is the source).
+//! The truth follows content, as docs/trace-format.md "Semantics"
+//! (revision 2) does: each slot carries its content owner and whether that
+//! content is current (put there after the slot's latest `alloc`: by a
+//! write, a scrub, or a copy of current content) or stale (left over from
+//! an earlier holder; a copy carries the source's bit). A read of slot s by
+//! request R is own (s's content owner is R), shared (R holds a share
+//! grant on s, given while s's content was current, and s was not written
+//! since), blank (s never written or scrubbed; simulated captures begin
+//! with the engine) or foreign (anything else; the content owner is the
+//! source). A grant on stale content covers nothing: a decode radix tree
+//! that hands out a placeholder's never-written pages hands out an earlier
+//! customer's KV, and the truth names that customer.
 //! `foreign_tokens` counts distinct (pool, slot) pairs read as foreign; a
 //! source's `tokens` counts distinct (pool, slot) pairs read as foreign while
 //! that source was the content owner (a slot read twice under different
 //! owners counts once in the total and once for each source).
+//! `cross_tenant_shared` lists responses with shared reads of another
+//! tenant's content (the prefix-cache side channel), counted the same way;
+//! it and its summary count are left out of the file when there are none.
 //!
 //! Written as JSON to the file given by `--truth`; the replay never reads it.
 
@@ -45,6 +56,19 @@ pub struct Affected {
     pub sources: Vec<Source>,
 }
 
+/// A response with shared reads of another tenant's KV (a prefix-cache hit
+/// on content another tenant's request wrote).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrossTenantShared {
+    pub request_id: u64,
+    pub tenant: String,
+    /// Distinct (pool, slot) pairs read as shared with another tenant's
+    /// content.
+    pub tokens: u64,
+    /// Sorted by request_id.
+    pub sources: Vec<Source>,
+}
+
 /// A request that read blank slots (an integrity defect, not a leak).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlankReads {
@@ -60,6 +84,9 @@ pub struct Summary {
     pub cross_tenant_responses: u64,
     pub foreign_tokens: u64,
     pub blank_reads: u64,
+    /// Responses listed in `cross_tenant_shared`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cross_tenant_shared_responses: u64,
     /// Customer HTTP status -> number of requests.
     pub status_counts: BTreeMap<u16, u64>,
     pub kv_events: u64,
@@ -78,6 +105,13 @@ pub struct Truth {
     pub affected: Vec<Affected>,
     /// Sorted by request_id.
     pub blank: Vec<BlankReads>,
+    /// Sorted by request_id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cross_tenant_shared: Vec<CrossTenantShared>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Truth {
@@ -109,6 +143,9 @@ pub(crate) struct ReadLog {
     /// (source request, pool<<32|slot)
     pub foreign: BTreeSet<(u64, u64)>,
     pub blank: BTreeSet<u64>,
+    /// (source request, pool<<32|slot) read as shared with content of
+    /// another tenant
+    pub cross_shared: BTreeSet<(u64, u64)>,
     /// source request -> tenant index (the engine's tenant table)
     pub src_tenant: BTreeMap<u64, u32>,
 }
@@ -119,6 +156,27 @@ pub(crate) struct TruthBuilder {
     pub summary: Summary,
     pub affected: Vec<Affected>,
     pub blank: Vec<BlankReads>,
+    pub cross_tenant_shared: Vec<CrossTenantShared>,
+}
+
+/// Distinct keys and per-source counts of (source, pool<<32|slot) pairs.
+fn by_source(
+    reads: &BTreeSet<(u64, u64)>,
+    tenant_of: &impl Fn(u64) -> String,
+) -> (u64, Vec<Source>) {
+    let distinct: BTreeSet<u64> = reads.iter().map(|&(_, k)| k).collect();
+    let mut sources: Vec<Source> = Vec::new();
+    for &(src, _) in reads {
+        match sources.last_mut() {
+            Some(s) if s.request_id == src => s.tokens += 1,
+            _ => sources.push(Source {
+                request_id: src,
+                tenant: tenant_of(src),
+                tokens: 1,
+            }),
+        }
+    }
+    (distinct.len() as u64, sources)
 }
 
 impl TruthBuilder {
@@ -140,30 +198,29 @@ impl TruthBuilder {
                 blank_tokens: log.blank.len() as u64,
             });
         }
+        if !log.cross_shared.is_empty() {
+            let (tokens, sources) = by_source(&log.cross_shared, &tenant_of);
+            self.summary.cross_tenant_shared_responses += 1;
+            self.cross_tenant_shared.push(CrossTenantShared {
+                request_id,
+                tenant: tenant.to_string(),
+                tokens,
+                sources,
+            });
+        }
         if log.foreign.is_empty() {
             return;
         }
-        let distinct: BTreeSet<u64> = log.foreign.iter().map(|&(_, k)| k).collect();
-        let mut sources: Vec<Source> = Vec::new();
-        for &(src, _) in &log.foreign {
-            match sources.last_mut() {
-                Some(s) if s.request_id == src => s.tokens += 1,
-                _ => sources.push(Source {
-                    request_id: src,
-                    tenant: tenant_of(src),
-                    tokens: 1,
-                }),
-            }
-        }
+        let (distinct, sources) = by_source(&log.foreign, &tenant_of);
         let cross = sources.iter().any(|s| s.tenant != tenant);
         self.summary.affected_responses += 1;
         self.summary.cross_tenant_responses += cross as u64;
-        self.summary.foreign_tokens += distinct.len() as u64;
+        self.summary.foreign_tokens += distinct;
         self.affected.push(Affected {
             request_id,
             tenant: tenant.to_string(),
             http_status,
-            foreign_tokens: distinct.len() as u64,
+            foreign_tokens: distinct,
             cross_tenant: cross,
             sources,
         });
@@ -172,6 +229,7 @@ impl TruthBuilder {
     pub fn build(mut self, scenario: &str, engine: &str, seed: u64, kv_events: u64) -> Truth {
         self.affected.sort_by_key(|a| a.request_id);
         self.blank.sort_by_key(|b| b.request_id);
+        self.cross_tenant_shared.sort_by_key(|c| c.request_id);
         self.summary.kv_events = kv_events;
         Truth {
             format: TRUTH_FORMAT.into(),
@@ -182,6 +240,7 @@ impl TruthBuilder {
             summary: self.summary,
             affected: self.affected,
             blank: self.blank,
+            cross_tenant_shared: self.cross_tenant_shared,
         }
     }
 }

@@ -51,6 +51,9 @@ pub enum Role {
     Prefill,
     Decode,
     Mixed,
+    /// A tier that only holds copies (host memory, local disk, a remote KV
+    /// store); the engine (request 0) moves KV in and out of it.
+    Cache,
 }
 
 impl Role {
@@ -59,6 +62,7 @@ impl Role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
             Role::Mixed => "mixed",
+            Role::Cache => "cache",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Shared helpers of the simulator tests: run a scenario into a temporary
 //! trace, load a trace back, and an independent, deliberately naive
-//! evaluation of trace-format-v1 semantics over a whole (small) trace, to
-//! check the simulator's ground truth against the trace it wrote.
+//! evaluation of the trace-format semantics (revision 2) over a whole
+//! (small) trace, to check the simulator's ground truth against the trace
+//! it wrote.
 
 #![allow(dead_code)]
 
@@ -71,114 +72,208 @@ pub fn events(trace: &Path) -> BTreeMap<u16, Vec<KvEvent>> {
 }
 
 /// Per request: distinct foreign (pool, slot), per source distinct slots;
-/// plus distinct blank slots per request.
+/// distinct blank slots per request; shared reads of another tenant's
+/// content in the same shape as the foreign ones.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Naive {
     pub foreign: BTreeMap<u64, (u64, BTreeMap<u64, u64>)>,
     pub blank: BTreeMap<u64, u64>,
+    pub cross_shared: BTreeMap<u64, (u64, BTreeMap<u64, u64>)>,
 }
 
-/// Evaluates the v1 semantics over a simulated trace (prefill pool 0,
-/// decode pool 1; copies go 0 -> 1).
+/// Per-slot state of one pool: content owner, write generation, current.
+struct PoolState {
+    owner: Vec<u64>,
+    wgen: Vec<u64>,
+    current: Vec<bool>,
+}
+
+/// Evaluates the trace-format semantics (revision 2: `alloc` makes the
+/// content stale for its new holder, a copy carries the source's bit, a
+/// grant covers only current content) over a simulated trace, merging the
+/// pools' streams causally: a copy is applied when its source pool has
+/// applied exactly event `src_seq`, and a pool does not move past an event
+/// another pool's pending copy still has to read.
 pub fn naive(trace: &Path) -> Naive {
     let ev = events(trace);
     let t = Trace::open(trace).unwrap();
-    let cap = |id: u16| t.deployment().pool(id).unwrap().capacity_tokens as usize;
-    let mut owner: HashMap<u16, Vec<u64>> = HashMap::new();
-    let mut wgen: HashMap<u16, Vec<u64>> = HashMap::new();
-    for p in ev.keys() {
-        owner.insert(*p, vec![0; cap(*p)]);
-        wgen.insert(*p, vec![0; cap(*p)]);
+    let tenant: HashMap<u64, String> = requests(trace)
+        .into_iter()
+        .map(|r| (r.request_id, r.tenant))
+        .collect();
+    let mut st: BTreeMap<u16, PoolState> = BTreeMap::new();
+    for p in &t.deployment().pools {
+        let n = p.capacity_tokens as usize;
+        st.insert(
+            p.id,
+            PoolState {
+                owner: vec![0; n],
+                wgen: vec![0; n],
+                current: vec![true; n],
+            },
+        );
     }
-    let mut grants: HashMap<(u64, u16, u32), u64> = HashMap::new();
+    let mut grants: HashMap<(u64, u16, u32), (u64, bool)> = HashMap::new();
     let mut foreign: BTreeMap<u64, BTreeSet<(u64, u64)>> = BTreeMap::new();
     let mut blank: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    let empty = Vec::new();
-    let pre = ev.get(&0).unwrap_or(&empty);
-    let dec = ev.get(&1).unwrap_or(&empty);
-    let mut pi = 0;
-    let mut apply = |e: &KvEvent,
-                     owner: &mut HashMap<u16, Vec<u64>>,
-                     wgen: &mut HashMap<u16, Vec<u64>>| {
-        let (s0, n) = (e.slot_start as usize, e.slot_count as usize);
-        match e.op {
-            Op::Write => {
-                let src_owner: Option<Vec<u64>> = e.src.map(|src| {
-                    owner[&src.pool][src.slot_start as usize..src.slot_start as usize + n].to_vec()
+    let mut cross: BTreeMap<u64, BTreeSet<(u64, u64)>> = BTreeMap::new();
+    let pools: Vec<u16> = ev.keys().copied().collect();
+    // Next event index per pool; per (source, destination) the src_seq of
+    // the destination's copies in order, and how many were applied.
+    let mut next: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
+    let mut pending: BTreeMap<(u16, u16), (Vec<u64>, usize)> = BTreeMap::new();
+    for (&p, v) in &ev {
+        for e in v {
+            if let Some(src) = e.src {
+                pending.entry((src.pool, p)).or_default().0.push(src.seq);
+            }
+        }
+    }
+    let total: usize = ev.values().map(Vec::len).sum();
+    let mut done = 0;
+    while done < total {
+        let mut moved = false;
+        for &p in &pools {
+            loop {
+                let i = next[&p];
+                let Some(e) = ev[&p].get(i) else { break };
+                // Source state: exactly after src_seq.
+                if let Some(src) = e.src {
+                    let at = next.get(&src.pool).copied().unwrap_or(0);
+                    let applied_last = at.checked_sub(1).map(|j| ev[&src.pool][j].seq);
+                    if applied_last != Some(src.seq) {
+                        break;
+                    }
+                }
+                // No pending copy from p may need an earlier state.
+                let blocked = pending.iter().any(|(&(s, d), (seqs, k))| {
+                    s == p && d != p && seqs.get(*k).is_some_and(|&q| q < e.seq)
                 });
-                let o = owner.get_mut(&e.pool).unwrap();
-                let g = wgen.get_mut(&e.pool).unwrap();
-                for i in 0..n {
-                    o[s0 + i] = match &src_owner {
-                        Some(v) => v[i],
-                        None => e.request_id,
-                    };
-                    g[s0 + i] += 1;
+                if blocked {
+                    break;
                 }
-            }
-            Op::Scrub => {
-                let o = owner.get_mut(&e.pool).unwrap();
-                let g = wgen.get_mut(&e.pool).unwrap();
-                for i in 0..n {
-                    o[s0 + i] = 0;
-                    g[s0 + i] += 1;
+                apply(
+                    e,
+                    &mut st,
+                    &mut grants,
+                    &mut foreign,
+                    &mut blank,
+                    &mut cross,
+                    &tenant,
+                );
+                if let Some(src) = e.src {
+                    pending.get_mut(&(src.pool, p)).unwrap().1 += 1;
                 }
+                *next.get_mut(&p).unwrap() += 1;
+                done += 1;
+                moved = true;
             }
-            Op::Share => {
-                for i in 0..n {
-                    grants.insert(
-                        (e.request_id, e.pool, (s0 + i) as u32),
-                        wgen[&e.pool][s0 + i],
-                    );
-                }
-            }
-            Op::Read => {
-                for i in 0..n {
-                    let s = s0 + i;
-                    let o = owner[&e.pool][s];
-                    if o == e.request_id {
-                        continue;
-                    }
-                    if grants.get(&(e.request_id, e.pool, s as u32)) == Some(&wgen[&e.pool][s]) {
-                        continue;
-                    }
-                    let key = (e.pool as u64) << 32 | s as u64;
-                    if o == 0 {
-                        blank.entry(e.request_id).or_default().insert(key);
-                    } else {
-                        foreign.entry(e.request_id).or_default().insert((o, key));
-                    }
-                }
-            }
-            Op::Alloc | Op::Free => {}
         }
+        assert!(moved, "no causal order of the copies");
+    }
+    let fold = |m: BTreeMap<u64, BTreeSet<(u64, u64)>>| {
+        let mut out = BTreeMap::new();
+        for (rid, set) in m {
+            let distinct: BTreeSet<u64> = set.iter().map(|x| x.1).collect();
+            let mut per: BTreeMap<u64, u64> = BTreeMap::new();
+            for (src, _) in &set {
+                *per.entry(*src).or_default() += 1;
+            }
+            out.insert(rid, (distinct.len() as u64, per));
+        }
+        out
     };
-    for e in dec {
-        if let Some(src) = e.src {
-            while pi < pre.len() && pre[pi].seq <= src.seq {
-                apply(&pre[pi], &mut owner, &mut wgen);
-                pi += 1;
+    Naive {
+        foreign: fold(foreign),
+        blank: blank
+            .into_iter()
+            .map(|(rid, set)| (rid, set.len() as u64))
+            .collect(),
+        cross_shared: fold(cross),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    e: &KvEvent,
+    st: &mut BTreeMap<u16, PoolState>,
+    grants: &mut HashMap<(u64, u16, u32), (u64, bool)>,
+    foreign: &mut BTreeMap<u64, BTreeSet<(u64, u64)>>,
+    blank: &mut BTreeMap<u64, BTreeSet<u64>>,
+    cross: &mut BTreeMap<u64, BTreeSet<(u64, u64)>>,
+    tenant: &HashMap<u64, String>,
+) {
+    let (s0, n) = (e.slot_start as usize, e.slot_count as usize);
+    match e.op {
+        Op::Write => {
+            let src: Option<(Vec<u64>, Vec<bool>)> = e.src.map(|src| {
+                let (a, b) = (src.slot_start as usize, src.slot_start as usize + n);
+                let from = &st[&src.pool];
+                (from.owner[a..b].to_vec(), from.current[a..b].to_vec())
+            });
+            let ps = st.get_mut(&e.pool).unwrap();
+            for i in 0..n {
+                let (o, c) = match &src {
+                    Some((o, c)) => (o[i], c[i]),
+                    None => (e.request_id, true),
+                };
+                ps.owner[s0 + i] = o;
+                ps.current[s0 + i] = c;
+                ps.wgen[s0 + i] += 1;
             }
         }
-        apply(e, &mut owner, &mut wgen);
-    }
-    while pi < pre.len() {
-        apply(&pre[pi], &mut owner, &mut wgen);
-        pi += 1;
-    }
-    let mut out = Naive::default();
-    for (rid, set) in foreign {
-        let distinct: BTreeSet<u64> = set.iter().map(|x| x.1).collect();
-        let mut per: BTreeMap<u64, u64> = BTreeMap::new();
-        for (src, _) in &set {
-            *per.entry(*src).or_default() += 1;
+        Op::Scrub => {
+            let ps = st.get_mut(&e.pool).unwrap();
+            for i in s0..s0 + n {
+                ps.owner[i] = 0;
+                ps.current[i] = true;
+                ps.wgen[i] += 1;
+            }
         }
-        out.foreign.insert(rid, (distinct.len() as u64, per));
+        Op::Alloc => {
+            let ps = st.get_mut(&e.pool).unwrap();
+            for i in s0..s0 + n {
+                ps.current[i] = false;
+            }
+        }
+        Op::Share => {
+            let ps = &st[&e.pool];
+            for i in s0..s0 + n {
+                grants.insert(
+                    (e.request_id, e.pool, i as u32),
+                    (ps.wgen[i], ps.current[i]),
+                );
+            }
+        }
+        Op::Read => {
+            if e.request_id == 0 {
+                return;
+            }
+            let ps = &st[&e.pool];
+            for s in s0..s0 + n {
+                let o = ps.owner[s];
+                if o == e.request_id {
+                    continue;
+                }
+                let key = (e.pool as u64) << 32 | s as u64;
+                let shared = grants
+                    .get(&(e.request_id, e.pool, s as u32))
+                    .is_some_and(|&(g, cur)| cur && g == ps.wgen[s]);
+                if shared {
+                    if o != 0 && tenant.get(&o) != tenant.get(&e.request_id) {
+                        cross.entry(e.request_id).or_default().insert((o, key));
+                    }
+                    continue;
+                }
+                if o == 0 {
+                    blank.entry(e.request_id).or_default().insert(key);
+                } else {
+                    foreign.entry(e.request_id).or_default().insert((o, key));
+                }
+            }
+        }
+        Op::Free => {}
     }
-    for (rid, set) in blank {
-        out.blank.insert(rid, set.len() as u64);
-    }
-    out
 }
 
 /// The truth in the same shape as [`naive`].
@@ -191,6 +286,10 @@ pub fn truth_as_naive(t: &Truth) -> Naive {
     for b in &t.blank {
         out.blank.insert(b.request_id, b.blank_tokens);
     }
+    for c in &t.cross_tenant_shared {
+        let per = c.sources.iter().map(|s| (s.request_id, s.tokens)).collect();
+        out.cross_shared.insert(c.request_id, (c.tokens, per));
+    }
     out
 }
 
@@ -200,4 +299,8 @@ pub fn assert_truth_matches_trace(run: &Run) {
     let t = truth_as_naive(&run.truth);
     assert_eq!(t.foreign, n.foreign, "foreign reads: truth vs trace");
     assert_eq!(t.blank, n.blank, "blank reads: truth vs trace");
+    assert_eq!(
+        t.cross_shared, n.cross_shared,
+        "cross-tenant shared reads: truth vs trace"
+    );
 }
