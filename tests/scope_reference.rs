@@ -34,6 +34,9 @@ struct Slot {
     stale: bool,
 }
 
+/// A slot just after an event: content, uncertain, stale.
+type SlotSnap = (Content, bool, bool);
+
 /// Per reader: foreign slots per source (certain flag), blank, unknown, uncertain.
 #[derive(Default, Debug)]
 struct Reader {
@@ -81,7 +84,7 @@ fn reference(tb: &TraceBuilder) -> Reference {
         }
     }
     // (pool, seq) -> state just after that event, plus uncertainty per slot
-    let mut snaps: HashMap<(u16, u64), Vec<(Content, bool, bool)>> = HashMap::new();
+    let mut snaps: HashMap<(u16, u64), Vec<SlotSnap>> = HashMap::new();
     let mut first_seq: HashMap<u16, u64> = HashMap::new();
     let mut readers: BTreeMap<u64, Reader> = BTreeMap::new();
     let mut gaps = Vec::new();
