@@ -546,25 +546,26 @@ pub fn topo_order(mut pools: Vec<u16>, edges: &BTreeMap<(u16, u16), (u32, u64)>)
     pools.sort_unstable();
     pools.dedup();
     let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
-    for &(_, d) in edges.keys() {
+    let mut out: BTreeMap<u16, Vec<u16>> = BTreeMap::new();
+    for &(s, d) in edges.keys() {
         *indeg.entry(d).or_default() += 1;
+        indeg.entry(s).or_default();
+        out.entry(s).or_default().push(d);
     }
-    let mut placed: BTreeSet<u16> = BTreeSet::new();
-    let mut order = Vec::new();
-    while order.len() < indeg.len() {
-        // the lowest ready pool, else (a cycle) the lowest pool left
-        let p = indeg
-            .iter()
-            .find(|(p, d)| **d == 0 && !placed.contains(p))
-            .or_else(|| indeg.iter().find(|(p, _)| !placed.contains(p)))
-            .map(|(p, _)| *p)
-            .expect("a pool is left");
-        placed.insert(p);
+    let mut left: BTreeSet<u16> = indeg.keys().copied().collect();
+    let mut ready: BTreeSet<u16> = indeg.iter().filter(|(_, d)| **d == 0).map(|(p, _)| *p).collect();
+    let mut order = Vec::with_capacity(left.len());
+    // the lowest ready pool, else (a cycle) the lowest pool left
+    while let Some(p) = ready.pop_first().or_else(|| left.first().copied()) {
+        left.remove(&p);
         order.push(p);
-        for &(s, d) in edges.keys() {
-            if s == p && !placed.contains(&d) {
-                let e = indeg.get_mut(&d).expect("pool known");
+        for d in out.get(&p).into_iter().flatten() {
+            if left.contains(d) {
+                let e = indeg.get_mut(d).expect("pool known");
                 *e = e.saturating_sub(1);
+                if *e == 0 {
+                    ready.insert(*d);
+                }
             }
         }
     }
