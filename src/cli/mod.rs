@@ -6,6 +6,7 @@
 //! stdout is success.
 
 pub mod commands;
+pub mod output;
 pub mod progress;
 
 use clap::{Parser, Subcommand};
@@ -85,7 +86,7 @@ pub fn run() -> Exit {
     match res {
         Ok(code) => code,
         Err(e) => {
-            if is_broken_pipe(&e) {
+            if output::is_broken_pipe(&e) {
                 return 0;
             }
             // Errors quote paths and trace strings: escaped, so that the
@@ -113,11 +114,4 @@ pub fn command_line() -> Vec<String> {
         })
         .unwrap_or_else(|| "kvtrail".into());
     std::iter::once(prog).chain(args).collect()
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

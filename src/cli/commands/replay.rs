@@ -2,7 +2,6 @@
 //! re-run a recorded workload through the engine model under another
 //! engine behaviour or configuration and capture a new trace.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
@@ -10,6 +9,7 @@ use kvtrail::report::text::term;
 use kvtrail::sim::SimConfig;
 use kvtrail::whatif::{self, ReplaySpec};
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
@@ -77,13 +77,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             &LineageOptions::default(),
             &BarReporter::default(),
         )?;
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            out.write_all(super::diff::json(&r).as_bytes())?;
-        } else {
-            out.write_all(super::diff::human(&r).as_bytes())?;
-        }
-        out.flush()?;
+        output::print(args.json, &r, |out| {
+            out.write_all(super::diff::human(&r).as_bytes())
+        })?;
     }
     Ok(0)
 }

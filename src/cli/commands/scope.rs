@@ -1,7 +1,6 @@
 //! `kvtrail scope TRACE`: replay a trace and report every affected
 //! response, its sources, the tenants on both sides and the coverage.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::{BackendChoice, LineageOptions};
@@ -10,6 +9,7 @@ use kvtrail::report::text::term;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::merge::ShardInfo;
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 /// Replay backend on the command line.
@@ -113,13 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
     }
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        out.write_all(report::to_json(&r).as_bytes())?;
-    } else {
-        out.write_all(report::human(&r).as_bytes())?;
-    }
-    out.flush()?;
+    output::print(args.json, &r, |out| {
+        out.write_all(report::human(&r).as_bytes())
+    })?;
     Ok(if args.fail_on_exposure && r.any_exposure() {
         1
     } else {
