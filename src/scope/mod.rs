@@ -14,6 +14,7 @@
 pub mod anomalies;
 pub mod merge;
 pub mod model;
+pub mod shard;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
