@@ -12,6 +12,7 @@
 //! one rule every command uses).
 
 pub mod anomalies;
+pub mod folder;
 pub mod merge;
 pub mod model;
 pub mod shard;
