@@ -743,6 +743,12 @@ pub struct FolderReport {
     pub nested: Vec<FolderReport>,
 }
 
+/// Whether `dir` is an output folder of kvtrail (scope, merge, notify): it
+/// holds evidence.json, and is not a trace (no trace.json).
+pub fn is_output_folder(dir: &Path) -> bool {
+    dir.join(EVIDENCE_JSON).is_file() && !dir.join("trace.json").is_file()
+}
+
 /// Checks every output file of a folder against evidence.json and, when
 /// `inputs` is set and the input roots are present, every input file too
 /// (recursing into input folders that have their own evidence.json, at most

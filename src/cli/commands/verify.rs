@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
+use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
 use kvtrail::report::text::{term, term_message};
 use kvtrail::trace::verify::verify;
 
@@ -21,7 +21,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    if args.trace.join(EVIDENCE_JSON).is_file() && !args.trace.join("trace.json").is_file() {
+    if is_output_folder(&args.trace) {
         return run_folder(args);
     }
     let report = verify(&args.trace)?;
