@@ -403,61 +403,84 @@ pub fn trace_inputs(trace_dir: &Path) -> Result<Inputs> {
 /// each against that record (a folder used as the input of another run).
 /// A difference is an error: the chain of custody would be broken.
 pub fn folder_inputs(dir: &Path, kind: &str) -> Result<Inputs> {
-    let rep = verify_folder(dir, false)?;
-    if !rep.ok {
-        let first = rep
-            .problems
+    check_folder(dir)?.as_input(dir, kind)
+}
+
+/// An output folder checked once against its evidence.json (its own files,
+/// not its inputs): the record as it was read and what the check found.
+#[derive(Debug, Clone)]
+pub struct CheckedFolder {
+    pub evidence: Evidence,
+    /// Size of evidence.json as read.
+    pub evidence_bytes: u64,
+    pub report: FolderReport,
+}
+
+/// Reads a folder's evidence.json once and checks every file of the folder
+/// against it (`verify_folder` without the inputs). A difference is in the
+/// report, not an error; a record that is not one is an error.
+pub fn check_folder(dir: &Path) -> Result<CheckedFolder> {
+    let (evidence, digest, evidence_bytes) = read_evidence(dir)?;
+    let report = verify_record(dir, &evidence, digest, false, &mut Vec::new())?;
+    Ok(CheckedFolder {
+        evidence,
+        evidence_bytes,
+        report,
+    })
+}
+
+impl CheckedFolder {
+    /// The folder as the input of another run (`kind`: what that run's
+    /// evidence.json calls it): every file with the digest the check
+    /// confirmed, evidence.json included. A folder that does not match its
+    /// evidence.json is refused: the chain of custody would be broken.
+    pub fn as_input(&self, dir: &Path, kind: &str) -> Result<Inputs> {
+        let rep = &self.report;
+        if !rep.ok {
+            let first = rep
+                .problems
+                .iter()
+                .find(|p| p.side == "output")
+                .or(rep.problems.first())
+                .map(|p| format!("{}: {}", p.path, p.detail))
+                .unwrap_or_default();
+            return Err(Error::invalid(
+                Location::file(&dir.join(EVIDENCE_JSON)),
+                format!(
+                    "the folder does not match its evidence.json ({} problems; first: {first})",
+                    rep.problems.len()
+                ),
+                "run `kvtrail verify` on the folder; re-create it from the original input instead of editing it",
+            ));
+        }
+        // Every file was re-hashed against this very record and matches it
+        // (and nothing else is there): the record's digests are the files'
+        // digests, so each file is read once, not twice.
+        let mut files: Vec<FileDigest> = self
+            .evidence
+            .outputs
             .iter()
-            .find(|p| p.side == "output")
-            .or(rep.problems.first())
-            .map(|p| format!("{}: {}", p.path, p.detail))
-            .unwrap_or_default();
-        return Err(Error::invalid(
-            Location::file(&dir.join(EVIDENCE_JSON)),
-            format!(
-                "the folder does not match its evidence.json ({} problems; first: {first})",
-                rep.problems.len()
-            ),
-            "run `kvtrail verify` on the folder; re-create it from the original input instead of editing it",
-        ));
-    }
-    // Every file was just re-hashed and matches the record (and nothing
-    // else is there): the record's digests are the files' digests, so
-    // each file is read once, not twice.
-    let (ev, digest) = load_evidence(dir)?;
-    if digest != rep.evidence_blake3 {
-        return Err(Error::invalid(
-            Location::file(&dir.join(EVIDENCE_JSON)),
-            "evidence.json changed while the folder was being checked",
-            "run the command again once nothing writes to the folder",
-        ));
-    }
-    let ev_bytes = std::fs::metadata(dir.join(EVIDENCE_JSON))
-        .map_err(|e| Error::io(&dir.join(EVIDENCE_JSON), e))?
-        .len();
-    let mut files: Vec<FileDigest> = ev
-        .outputs
-        .into_iter()
-        .map(|f| FileDigest {
+            .map(|f| FileDigest {
+                manifest_blake3: None,
+                matches_manifest: None,
+                ..f.clone()
+            })
+            .collect();
+        files.push(FileDigest {
+            path: EVIDENCE_JSON.into(),
+            bytes: self.evidence_bytes,
+            blake3: rep.evidence_blake3.clone(),
             manifest_blake3: None,
             matches_manifest: None,
-            ..f
+        });
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Inputs {
+            kind: kind.into(),
+            root: abs(dir),
+            files,
+            problems: Vec::new(),
         })
-        .collect();
-    files.push(FileDigest {
-        path: EVIDENCE_JSON.into(),
-        bytes: ev_bytes,
-        blake3: digest,
-        manifest_blake3: None,
-        matches_manifest: None,
-    });
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(Inputs {
-        kind: kind.into(),
-        root: abs(dir),
-        files,
-        problems: Vec::new(),
-    })
+    }
 }
 
 /// Hashes one file given on the command line (e.g. notify.toml).
@@ -558,6 +581,11 @@ fn relative_to(from: &Path, to: &Path) -> String {
 
 /// Reads a folder's evidence.json; returns it and its digest.
 pub fn load_evidence(dir: &Path) -> Result<(Evidence, String)> {
+    read_evidence(dir).map(|(ev, digest, _)| (ev, digest))
+}
+
+/// `load_evidence`, plus the size of the bytes read.
+fn read_evidence(dir: &Path) -> Result<(Evidence, String, u64)> {
     let p = dir.join(EVIDENCE_JSON);
     let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
     let ev: Evidence = serde_json::from_slice(&bytes).map_err(|e| {
@@ -578,7 +606,11 @@ pub fn load_evidence(dir: &Path) -> Result<(Evidence, String)> {
         ));
     }
     check_record(&ev, &p)?;
-    Ok((ev, blake3::hash(&bytes).to_hex().to_string()))
+    Ok((
+        ev,
+        blake3::hash(&bytes).to_hex().to_string(),
+        bytes.len() as u64,
+    ))
 }
 
 fn bad_record(p: &Path, key: &str, what: String) -> Error {
@@ -711,6 +743,12 @@ pub struct FolderReport {
     pub nested: Vec<FolderReport>,
 }
 
+/// Whether `dir` is an output folder of kvtrail (scope, merge, notify): it
+/// holds evidence.json, and is not a trace (no trace.json).
+pub fn is_output_folder(dir: &Path) -> bool {
+    dir.join(EVIDENCE_JSON).is_file() && !dir.join("trace.json").is_file()
+}
+
 /// Checks every output file of a folder against evidence.json and, when
 /// `inputs` is set and the input roots are present, every input file too
 /// (recursing into input folders that have their own evidence.json, at most
@@ -721,6 +759,17 @@ pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
 
 fn verify_nested(dir: &Path, inputs: bool, stack: &mut Vec<PathBuf>) -> Result<FolderReport> {
     let (ev, digest) = load_evidence(dir)?;
+    verify_record(dir, &ev, digest, inputs, stack)
+}
+
+/// `verify_nested` against a record already read (`digest`: its blake3).
+fn verify_record(
+    dir: &Path,
+    ev: &Evidence,
+    digest: String,
+    inputs: bool,
+    stack: &mut Vec<PathBuf>,
+) -> Result<FolderReport> {
     let ev_path = dir.join(EVIDENCE_JSON);
     let here = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
     let mut problems = Vec::new();

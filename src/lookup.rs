@@ -12,17 +12,17 @@
 //! sees only that customer's requests; one that is not, and matches
 //! requests of more than one customer, answers with counts only
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
-//! A shard folder is refused (`scope::merge::refuse_shard`).
+//! The folder is read through `scope::folder::ScopeFolder`; a shard folder
+//! is refused (`scope::merge::refuse_shard`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::custody;
-use crate::error::{Error, Location, Result};
-use crate::report::index::{self, IndexRow};
-use crate::scope::ScopeReport;
+use crate::error::{Error, Result};
+use crate::report::index::IndexRow;
+use crate::scope::folder::ScopeFolder;
 
 /// What to look up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,24 +106,9 @@ fn is_zero(n: &u64) -> bool {
 /// Answers a query from a scope folder; `only_tenant` restricts an
 /// external-id or output-hash query to the asking customer's requests.
 pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer> {
-    if !dir.join(custody::EVIDENCE_JSON).is_file() || !dir.join("summary.json").is_file() {
-        return Err(Error::invalid(
-            Location::file(dir),
-            "not a scope folder (no evidence.json or summary.json)",
-            "pass the folder written by `kvtrail scope TRACE --out DIR`",
-        ));
-    }
-    let check = custody::verify_folder(dir, false)?;
-    let p = dir.join("summary.json");
-    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let sum = ScopeReport::from_json(&bytes).map_err(|e| {
-        Error::invalid(
-            Location::file(&p),
-            format!("not a kvtrail scope summary: {e}"),
-            "re-run `kvtrail scope TRACE --out DIR`",
-        )
-    })?;
-    crate::scope::merge::refuse_shard(dir, &sum, "lookup")?;
+    let folder = ScopeFolder::open(dir)?;
+    folder.refuse_shard("lookup")?;
+    let sum = folder.summary();
     let hash_q = match q {
         Query::OutputHash(h) => {
             let h = h.trim().to_ascii_lowercase();
@@ -172,7 +157,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
     let mut matches = Vec::new();
     let mut unaffected = 0u64;
     let mut n = 0u64;
-    index::read_index(dir, |row: IndexRow| {
+    folder.requests(|row: IndexRow| {
         n += 1;
         let hit = match q {
             Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
@@ -201,7 +186,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         }
         true
     })?;
-    let complete = sum.coverage.complete;
+    let complete = folder.coverage().complete;
     // Several customers behind one id or hash, and no asker named: counts
     // only, so that no answer names one customer to another.
     let customers: std::collections::BTreeSet<&str> =
@@ -221,13 +206,9 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
             unaffected_matches: 0,
             ambiguous_matches: matches.len() as u64,
             ambiguous_customers: customers.len() as u64,
-            evidence_blake3: check.evidence_blake3.clone(),
-            evidence_intact: check.ok,
-            evidence_problems: check
-                .problems
-                .iter()
-                .map(|p| format!("{} {}: {}", p.kind, p.path, p.detail))
-                .collect(),
+            evidence_blake3: folder.evidence_blake3().into(),
+            evidence_intact: folder.intact(),
+            evidence_problems: folder.evidence_problems(),
             evidence_complete: complete,
         });
     }
@@ -277,13 +258,9 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         unaffected_matches: unaffected,
         ambiguous_matches: 0,
         ambiguous_customers: 0,
-        evidence_blake3: check.evidence_blake3.clone(),
-        evidence_intact: check.ok,
-        evidence_problems: check
-            .problems
-            .iter()
-            .map(|p| format!("{} {}: {}", p.kind, p.path, p.detail))
-            .collect(),
+        evidence_blake3: folder.evidence_blake3().into(),
+        evidence_intact: folder.intact(),
+        evidence_problems: folder.evidence_problems(),
         evidence_complete: complete,
     })
 }

@@ -6,6 +6,7 @@
 //! stdout is success.
 
 pub mod commands;
+pub mod output;
 pub mod progress;
 
 use clap::{Parser, Subcommand};
@@ -19,38 +20,48 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Subcommands in `kvtrail --help` order: the workflow (capture, check,
+/// analyse, act). clap has no headings for groups of subcommands, so the
+/// groups are this order and the comments below.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Check a trace against its manifest digests, or a scope/notify folder against its evidence.json.
-    Verify(commands::verify::Args),
-    /// Turn a JSON-lines event stream from an engine hook into a trace.
-    Ingest(commands::ingest::Args),
-    /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
-    Inspect(commands::inspect::Args),
+    // Capture: get a trace.
     /// Capture sidecar: receive engine hook event streams and write a trace.
     Record(commands::record::Args),
+    /// Turn a JSON-lines event stream from an engine hook into a trace.
+    Ingest(commands::ingest::Args),
     /// Simulate a PD-disaggregated engine and write a trace (and its ground truth).
     Simulate(commands::simulate::Args),
+
+    // Check: is the trace (or a folder) sound, and the deployment safe?
+    /// Check a trace against its manifest digests, or a scope/notify folder against its evidence.json.
+    Verify(commands::verify::Args),
+    /// Summarise a trace on one screen: pools, counts, tenants, seq holes.
+    Inspect(commands::inspect::Args),
+    /// Deploy gate: pools vs context window, page sizes, scrub policy; trace checks.
+    Audit(commands::audit::Args),
+
+    // Analyse: who read whose KV, and what if.
     /// Replay a trace: every response that read foreign KV, whose it was, who must be told.
     Scope(commands::scope::Args),
     /// Run scope on the built-in incident-mini trace and print the summary.
     Demo(commands::demo::Args),
-    /// Write per-customer breach notification packs and the register entry from a scope folder.
-    Notify(commands::notify::Args),
     /// Answer "was this response affected?" from a scope folder.
     Lookup(commands::lookup::Args),
+    /// Combine `scope --pools` shard outputs into the report of a single run.
+    Merge(commands::merge::Args),
+    /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
+    Sql(commands::sql::Args),
     /// Re-run a trace's workload under another engine or config and capture a new trace.
     Replay(commands::replay::Args),
     /// Compare a trace with its what-if replay: per-request changes and exposure before/after.
     Diff(commands::diff::Args),
     /// Re-run affected responses with the reference model, with and without their foreign KV.
     Counterfactual(commands::counterfactual::Args),
-    /// Deploy gate: pools vs context window, page sizes, scrub policy; trace checks.
-    Audit(commands::audit::Args),
-    /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
-    Sql(commands::sql::Args),
-    /// Combine `scope --pools` shard outputs into the report of a single run.
-    Merge(commands::merge::Args),
+
+    // Act: tell the customers.
+    /// Write per-customer breach notification packs and the register entry from a scope folder.
+    Notify(commands::notify::Args),
 }
 
 /// What a command asks the process to exit with.
@@ -66,26 +77,26 @@ pub fn run() -> Exit {
         }
     };
     let res = match cli.command {
-        Command::Verify(a) => commands::verify::run(a),
-        Command::Ingest(a) => commands::ingest::run(a),
-        Command::Inspect(a) => commands::inspect::run(a),
         Command::Record(a) => commands::record::run(a),
+        Command::Ingest(a) => commands::ingest::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::Verify(a) => commands::verify::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Audit(a) => commands::audit::run(a),
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
-        Command::Notify(a) => commands::notify::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
+        Command::Merge(a) => commands::merge::run(a),
+        Command::Sql(a) => commands::sql::run(a),
         Command::Replay(a) => commands::replay::run(a),
         Command::Diff(a) => commands::diff::run(a),
         Command::Counterfactual(a) => commands::counterfactual::run(a),
-        Command::Audit(a) => commands::audit::run(a),
-        Command::Sql(a) => commands::sql::run(a),
-        Command::Merge(a) => commands::merge::run(a),
+        Command::Notify(a) => commands::notify::run(a),
     };
     match res {
         Ok(code) => code,
         Err(e) => {
-            if is_broken_pipe(&e) {
+            if output::is_broken_pipe(&e) {
                 return 0;
             }
             // Errors quote paths and trace strings: escaped, so that the
@@ -113,11 +124,4 @@ pub fn command_line() -> Vec<String> {
         })
         .unwrap_or_else(|| "kvtrail".into());
     std::iter::once(prog).chain(args).collect()
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

@@ -12,9 +12,9 @@
 //! Other customers appear only as counts, never by name or id. The folder
 //! name is derived from the customer's own name.
 //!
-//! The scope folder is checked against its evidence.json before anything is
-//! read (a modified scope folder is refused), and every notice cites that
-//! evidence digest. Pure function of the scope folder and the config: the
+//! The scope folder is read through `scope::folder::ScopeFolder`, checked
+//! against its evidence.json (a modified scope folder is refused), and every
+//! notice cites that evidence digest. Pure function of the scope folder and the config: the
 //! same inputs give the same bytes.
 
 pub mod config;
@@ -28,12 +28,11 @@ use serde::Serialize;
 pub use config::NotifyConfig;
 
 use crate::custody;
-use crate::error::{Error, Location, Result};
+use crate::error::{Error, Result};
 use crate::report::csv;
 use crate::report::fmt::utc;
-use crate::report::index;
 use crate::schema::ENGINE_REQUEST;
-use crate::scope::ScopeReport;
+use crate::scope::folder::ScopeFolder;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -301,29 +300,6 @@ pub fn folder_names(tenants: &BTreeSet<String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn read_summary(dir: &Path) -> Result<(ScopeReport, String)> {
-    let p = dir.join("summary.json");
-    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-    let s = ScopeReport::from_json(&bytes).map_err(|e| {
-        Error::invalid(
-            Location::file(&p),
-            format!("not a kvtrail scope summary: {e}"),
-            "pass the folder written by `kvtrail scope TRACE --out DIR`",
-        )
-    })?;
-    if s.format != "kvtrail-scope" || s.version != 1 {
-        return Err(Error::invalid(
-            Location::file(&p),
-            format!(
-                "unsupported scope format {:?} version {}",
-                s.format, s.version
-            ),
-            "re-run `kvtrail scope --out` with this kvtrail",
-        ));
-    }
-    Ok((s, blake3::hash(&bytes).to_hex().to_string()))
-}
-
 fn conf_min(a: &str, b: &str) -> String {
     if a == "confirmed" || b == "confirmed" {
         "confirmed".into()
@@ -345,21 +321,16 @@ pub fn notify(
     command: &[String],
     force: bool,
 ) -> Result<NotifyOutcome> {
-    if !scope_dir.join(custody::EVIDENCE_JSON).is_file() {
-        return Err(Error::invalid(
-            Location::file(scope_dir),
-            "not a scope folder with a chain of custody (no evidence.json)",
-            "pass the folder written by `kvtrail scope TRACE --out DIR` (kvtrail 0.1 or later)",
-        ));
-    }
     custody::prepare_out(out, "notify", &[scope_dir], force)?;
-    // A shard's findings cover some pools only: refused before anything
-    // else, whatever state its folder is in.
-    let (sum, summary_digest) = read_summary(scope_dir)?;
-    crate::scope::merge::refuse_shard(scope_dir, &sum, "notify")?;
-    // Re-checks the whole scope folder against its evidence.json.
-    let scope_inputs = custody::folder_inputs(scope_dir, "scope")?;
-    let (_, evidence_digest) = custody::load_evidence(scope_dir)?;
+    let folder = ScopeFolder::open(scope_dir)?;
+    // A shard's findings cover some pools only: refused before the check
+    // of the folder, whatever state it is in.
+    folder.refuse_shard("notify")?;
+    // The whole scope folder matches its evidence.json, or nothing is written.
+    let scope_inputs = folder.as_input()?;
+    let evidence_digest = folder.evidence_blake3().to_string();
+    let summary_digest = folder.summary_blake3().to_string();
+    let sum = folder.summary();
 
     // Per-customer facts.
     let mut received: BTreeMap<String, Vec<ReceivedResponse>> = BTreeMap::new();
@@ -435,7 +406,7 @@ pub fn notify(
         }
     }
     if !want.is_empty() {
-        index::read_index(scope_dir, |row| {
+        folder.requests(|row| {
             if let Some((t, in_csv)) = want.get(&row.request_id)
                 && *in_csv == row.tenant
                 && let Some(e) = exposed.get_mut(t).and_then(|m| m.get_mut(&row.request_id))
@@ -483,7 +454,7 @@ pub fn notify(
         // customers' names.
         coverage_notes: crate::scope::customer_notes(&sum.coverage),
     };
-    let ctx = letter::Ctx::new(cfg, &sum, packs.len() as u64);
+    let ctx = letter::Ctx::new(cfg, sum, packs.len() as u64);
 
     custody::create_private_dir(out)?;
     let mut files = Vec::new();
@@ -511,7 +482,7 @@ pub fn notify(
         )?;
     }
     let reg = ctx.register(
-        &sum,
+        sum,
         &ev,
         packs.iter().map(|p| p.folder.clone()).collect(),
         unattributed_responses,

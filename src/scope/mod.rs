@@ -12,8 +12,10 @@
 //! one rule every command uses).
 
 pub mod anomalies;
+pub mod folder;
 pub mod merge;
 pub mod model;
+pub mod shard;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

@@ -553,7 +553,11 @@ pub fn topo_order(mut pools: Vec<u16>, edges: &BTreeMap<(u16, u16), (u32, u64)>)
         out.entry(s).or_default().push(d);
     }
     let mut left: BTreeSet<u16> = indeg.keys().copied().collect();
-    let mut ready: BTreeSet<u16> = indeg.iter().filter(|(_, d)| **d == 0).map(|(p, _)| *p).collect();
+    let mut ready: BTreeSet<u16> = indeg
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(p, _)| *p)
+        .collect();
     let mut order = Vec::with_capacity(left.len());
     // the lowest ready pool, else (a cycle) the lowest pool left
     while let Some(p) = ready.pop_first().or_else(|| left.first().copied()) {

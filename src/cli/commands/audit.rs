@@ -4,13 +4,13 @@
 //! Exit 1 on errors or warnings, 0 when clean, 2 on bad input.
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::audit::{AuditReport, audit_file, audit_trace};
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
@@ -85,14 +85,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => anyhow::bail!("give either a TRACE or --deployment FILE, not both"),
     };
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let mut j = serde_json::to_string_pretty(&r)?;
-        j.push('\n');
-        out.write_all(j.as_bytes())?;
-    } else {
-        out.write_all(human(&r).as_bytes())?;
-    }
-    out.flush()?;
+    output::print(args.json, &r, |out| out.write_all(human(&r).as_bytes()))?;
     Ok(r.exit_code())
 }

@@ -5,13 +5,13 @@
 //! faithful); a trace from another engine is skipped with exit 0.
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
 use kvtrail::whatif::counterfactual::{CounterfactualReport, CpuModel, Fidelity, counterfactual};
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
@@ -77,14 +77,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &LineageOptions::default(),
         &BarReporter::default(),
     )?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let mut j = serde_json::to_string_pretty(&r)?;
-        j.push('\n');
-        out.write_all(j.as_bytes())?;
-    } else {
-        out.write_all(human(&r).as_bytes())?;
-    }
-    out.flush()?;
+    output::print(args.json, &r, |out| out.write_all(human(&r).as_bytes()))?;
     Ok(if r.fidelity_mismatch > 0 { 1 } else { 0 })
 }

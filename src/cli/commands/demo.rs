@@ -1,10 +1,10 @@
 //! `kvtrail demo`: the README's "run the main job": scope on the built-in
 //! `traces/incident-mini` trace, human summary on stdout.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::scope::{BackendArg, compute};
+use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -87,8 +87,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let dir = demo_trace()?;
     eprintln!("kvtrail demo: scope {}", dir.display());
     let r = compute(&dir, args.backend)?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(kvtrail::report::human(&r).as_bytes())?;
-    out.flush()?;
+    output::print_human(|out| out.write_all(kvtrail::report::human(&r).as_bytes()))?;
     Ok(0)
 }

@@ -2,13 +2,13 @@
 //! a trace and its what-if replay, and the exposure before vs after.
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
 use kvtrail::whatif::diff::{DiffReport, Side, diff};
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
@@ -20,12 +20,6 @@ pub struct Args {
     /// Print the full report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-pub fn json(r: &DiffReport) -> String {
-    let mut s = serde_json::to_string_pretty(r).expect("diff serializes");
-    s.push('\n');
-    s
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
@@ -123,8 +117,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let b = kvtrail::trace::Trace::open(&args.before)?;
     let a = kvtrail::trace::Trace::open(&args.after)?;
     let r = diff(&b, &a, &LineageOptions::default(), &BarReporter::default())?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(if args.json { json(&r) } else { human(&r) }.as_bytes())?;
-    out.flush()?;
+    output::print(args.json, &r, |out| out.write_all(human(&r).as_bytes()))?;
     Ok(0)
 }

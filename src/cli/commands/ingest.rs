@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use kvtrail::capture::jsonl::{IngestOptions, ingest, load_deployment};
 use kvtrail::report::fmt::term;
 
+use crate::cli::output;
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// JSON-lines file, one KV event or request per line (`-` for stdin).
@@ -80,23 +82,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report.skipped_lines - report.skipped.len() as u64
         )?;
     }
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{}: {} lines, {} kv events, {} requests, {} files{}",
-        term(&args.out.display().to_string()),
-        report.lines,
-        report.kv_events,
-        report.requests,
-        report.files,
-        if report.skipped_lines > 0 {
-            format!(
-                "; {} bad lines SKIPPED: capture marked incomplete (capture.skipped_lines)",
-                report.skipped_lines
-            )
-        } else {
-            String::new()
-        }
-    )?;
+    output::print_human(|out| {
+        writeln!(
+            out,
+            "{}: {} lines, {} kv events, {} requests, {} files{}",
+            term(&args.out.display().to_string()),
+            report.lines,
+            report.kv_events,
+            report.requests,
+            report.files,
+            if report.skipped_lines > 0 {
+                format!(
+                    "; {} bad lines SKIPPED: capture marked incomplete (capture.skipped_lines)",
+                    report.skipped_lines
+                )
+            } else {
+                String::new()
+            }
+        )
+    })?;
     Ok(0)
 }

@@ -7,6 +7,7 @@ use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
 use kvtrail::report::fmt::{rfc3339, term};
 use kvtrail::trace::Trace;
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
@@ -21,13 +22,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let trace = Trace::open(&args.trace)?;
     let report = inspect(&trace, &BarReporter::default())?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print_text(&mut out, &args.trace, &report)?;
-    }
+    output::print(args.json, &report, |out| {
+        print_text(out, &args.trace, &report)
+    })?;
     Ok(0)
 }
 
@@ -62,7 +59,7 @@ fn ns(t: Option<i64>) -> String {
 }
 
 fn print_text(
-    out: &mut impl Write,
+    out: &mut dyn Write,
     path: &std::path::Path,
     r: &InspectReport,
 ) -> std::io::Result<()> {

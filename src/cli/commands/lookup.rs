@@ -3,11 +3,12 @@
 //! `--tenant` with `--external-id` or `--output-hash` restricts the answer
 //! to that customer's requests.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lookup::{Query, lookup};
 use kvtrail::report::fmt::{term, utc};
+
+use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("query").required(true).multiple(true).args(["external_id", "output_hash", "tenant"])))]
@@ -38,11 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         _ => anyhow::bail!("give --external-id, --output-hash or --tenant"),
     };
     let a = lookup(&args.scope_dir, &q, only.as_deref())?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &a)?;
-        writeln!(out)?;
-    } else {
+    output::print(args.json, &a, |out| {
         writeln!(out, "{}", term(&a.message))?;
         for m in &a.matches {
             let side = match (&m.as_recipient, &m.as_source) {
@@ -110,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         for p in &a.evidence_problems {
             writeln!(out, "  FAIL {}", term(p))?;
         }
-    }
+        Ok(())
+    })?;
     Ok(if a.evidence_intact { 0 } else { 1 })
 }

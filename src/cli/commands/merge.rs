@@ -6,12 +6,13 @@
 //! whose inputs are the shard folders. Each shard is checked against its
 //! evidence.json, and all against one trace, before anything is merged.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::report;
 use kvtrail::report::fmt::term;
 use kvtrail::scope::merge::{load_shards, merge};
+
+use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -43,12 +44,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
     }
     eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        out.write_all(report::to_json(&r).as_bytes())?;
-    } else {
-        out.write_all(report::human(&r).as_bytes())?;
-    }
-    out.flush()?;
+    output::print(args.json, &r, |out| {
+        out.write_all(report::human(&r).as_bytes())
+    })?;
     Ok(0)
 }

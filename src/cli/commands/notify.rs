@@ -1,11 +1,12 @@
 //! `kvtrail notify SCOPE_DIR --out DIR`: per-customer notification packs,
 //! the processor notice and the breach-register entry from a scope folder.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::notify::{NotifyConfig, notify};
 use kvtrail::report::fmt::term;
+
+use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -41,16 +42,17 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             o.unfilled.join(", ")
         );
     }
-    let mut out = std::io::stdout().lock();
-    for p in &o.packs {
-        writeln!(out, "pack {}", term(p))?;
-    }
-    writeln!(
-        out,
-        "{} notification packs, register entry and evidence.json written to {}; evidence digest {}",
-        o.packs.len(),
-        term(&args.out.display().to_string()),
-        o.evidence_digest
-    )?;
+    output::print_human(|out| {
+        for p in &o.packs {
+            writeln!(out, "pack {}", term(p))?;
+        }
+        writeln!(
+            out,
+            "{} notification packs, register entry and evidence.json written to {}; evidence digest {}",
+            o.packs.len(),
+            term(&args.out.display().to_string()),
+            o.evidence_digest
+        )
+    })?;
     Ok(0)
 }

@@ -13,6 +13,8 @@ use kvtrail::capture::jsonl::load_deployment;
 use kvtrail::record::{Listen, RecordConfig, RecordLog, Sidecar};
 use kvtrail::report::fmt::term;
 
+use crate::cli::output;
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Unix socket path (`unix:PATH` or a path; created 0600) or loopback TCP (`tcp:127.0.0.1:PORT`).
@@ -140,32 +142,35 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     eprintln!("record: stopping: draining connections and closing the trace");
     let sum = sidecar.shutdown()?;
     let s = &sum.stats;
-    println!(
-        "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
-        term(&args.out.display().to_string()),
-        s.kv_written,
-        s.requests_written,
-        sum.files,
-        s.connections_total,
-        s.lost_events(),
-        s.lost_queue,
-        s.lost_hook,
-        s.lost_max_bytes,
-        s.copies_unresolved,
-        s.lost_unrecorded,
-        s.rejected_malformed,
-        s.rejected_forged,
-        s.rejected_contract,
-        s.rejected_unattributed,
-        s.refused_connections,
-        s.dropped_before_hello,
-        s.connections_cut,
-        s.lost_requests,
-        if sum.complete {
-            "complete"
-        } else {
-            "INCOMPLETE"
-        }
-    );
+    output::print_human(|out| {
+        writeln!(
+            out,
+            "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
+            term(&args.out.display().to_string()),
+            s.kv_written,
+            s.requests_written,
+            sum.files,
+            s.connections_total,
+            s.lost_events(),
+            s.lost_queue,
+            s.lost_hook,
+            s.lost_max_bytes,
+            s.copies_unresolved,
+            s.lost_unrecorded,
+            s.rejected_malformed,
+            s.rejected_forged,
+            s.rejected_contract,
+            s.rejected_unattributed,
+            s.refused_connections,
+            s.dropped_before_hello,
+            s.connections_cut,
+            s.lost_requests,
+            if sum.complete {
+                "complete"
+            } else {
+                "INCOMPLETE"
+            }
+        )
+    })?;
     Ok(0)
 }

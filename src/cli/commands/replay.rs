@@ -2,29 +2,27 @@
 //! re-run a recorded workload through the engine model under another
 //! engine behaviour or configuration and capture a new trace.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
-use kvtrail::sim::SimConfig;
-use kvtrail::whatif::{self, ReplaySpec};
+use kvtrail::whatif;
 
+use super::simulate::EngineArgs;
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("engine", |a| a.help("Engine behaviour: sglang-0.5.19 ... sglang-0.5.23 (default: the recorded one)")),
+    mut_arg("config", |a| a.help("Deployment config (TOML or JSON) replacing the recorded deployment")),
+    mut_arg("set", |a| a.help("Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable)")),
+)]
 pub struct Args {
     /// Recorded trace directory (holds trace.json).
     pub trace: PathBuf,
-    /// Engine behaviour: sglang-0.5.19 ... sglang-0.5.23 (default: the recorded one).
-    #[arg(long)]
-    pub engine: Option<String>,
-    /// Deployment config (TOML or JSON) replacing the recorded deployment.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub set: Vec<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// New trace directory to create.
     #[arg(long)]
     pub out: PathBuf,
@@ -39,14 +37,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let trace = kvtrail::trace::Trace::open(&args.trace)?;
     kvtrail::custody::prepare_trace_out(&args.out, &[args.trace.as_path()])?;
-    let spec = ReplaySpec {
-        config: match &args.config {
-            Some(p) => Some(SimConfig::load(p)?),
-            None => None,
-        },
-        engine: args.engine.clone(),
-        sets: args.set.clone(),
-    };
+    let spec = args.engine.spec()?;
     let rep = BarReporter::default();
     let started = std::time::Instant::now();
     let run = whatif::replay_trace(&trace, &spec, &args.out, &rep)?;
@@ -77,13 +68,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             &LineageOptions::default(),
             &BarReporter::default(),
         )?;
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            out.write_all(super::diff::json(&r).as_bytes())?;
-        } else {
-            out.write_all(super::diff::human(&r).as_bytes())?;
-        }
-        out.flush()?;
+        output::print(args.json, &r, |out| {
+            out.write_all(super::diff::human(&r).as_bytes())
+        })?;
     }
     Ok(0)
 }

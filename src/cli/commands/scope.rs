@@ -1,15 +1,15 @@
 //! `kvtrail scope TRACE`: replay a trace and report every affected
 //! response, its sources, the tenants on both sides and the coverage.
 
-use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::lineage::{BackendChoice, LineageOptions};
+use kvtrail::lineage::BackendChoice;
 use kvtrail::report;
 use kvtrail::report::fmt::term;
 use kvtrail::scope::ScopeReport;
-use kvtrail::scope::merge::ShardInfo;
+use kvtrail::scope::shard::{ScopeRun, Scoped};
 
+use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
 /// Replay backend on the command line.
@@ -53,40 +53,32 @@ pub struct Args {
     pub pools: Option<Vec<u16>>,
 }
 
-/// Runs scope on a trace and returns the report (shared with `demo`).
-pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
-    Ok(compute_shard(trace_dir, backend, None)?.0)
+impl From<BackendArg> for BackendChoice {
+    fn from(b: BackendArg) -> Self {
+        match b {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Cpu => BackendChoice::Cpu,
+            BackendArg::Cuda => BackendChoice::Cuda,
+            BackendArg::Emu => BackendChoice::Emu,
+        }
+    }
 }
 
-/// Runs scope on a trace, or on a shard of its pools (then with its shard.json).
-pub fn compute_shard(
+/// Runs scope on a trace and returns the report (shared with `demo`).
+pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
+    Ok(compute_shard(trace_dir, backend, None)?.report)
+}
+
+/// Runs scope on a trace, or on a shard of its pools, saying which backend
+/// replays it.
+fn compute_shard(
     trace_dir: &std::path::Path,
     backend: BackendArg,
     pools: Option<Vec<u16>>,
-) -> anyhow::Result<(ScopeReport, Option<ShardInfo>)> {
-    let trace = kvtrail::trace::Trace::open(trace_dir)?;
-    let choice = match backend {
-        BackendArg::Auto => BackendChoice::Auto,
-        BackendArg::Cpu => BackendChoice::Cpu,
-        BackendArg::Cuda => BackendChoice::Cuda,
-        BackendArg::Emu => BackendChoice::Emu,
-    };
-    let mut opened = kvtrail::lineage::make_backend_for(choice, &trace)?;
-    eprintln!("kvtrail: replay backend: {}", opened.note);
-    let opts = LineageOptions {
-        backend: choice,
-        spill_dir: None,
-        chunk: None,
-        pools: pools.clone(),
-    };
-    let reporter = BarReporter::default();
-    let outcome = kvtrail::lineage::run_with(&trace, opened.backend.as_mut(), &opts, &reporter)?;
-    let mut report = kvtrail::scope::scope_outcome(&trace, &outcome, &reporter)?;
-    let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
-    if let Some(s) = &shard {
-        s.mark(&mut report);
-    }
-    Ok((report, shard))
+) -> anyhow::Result<Scoped> {
+    let run = ScopeRun::open(trace_dir, backend.into())?;
+    eprintln!("kvtrail: replay backend: {}", run.backend_note());
+    Ok(run.run(pools, &BarReporter::default())?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -94,17 +86,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         // Before the replay: a refused folder should not cost a replay.
         kvtrail::custody::prepare_out(dir, "scope", &[args.trace.as_path()], args.force)?;
     }
-    let (r, shard) = compute_shard(&args.trace, args.backend, args.pools.clone())?;
+    let Scoped {
+        trace,
+        report: r,
+        shard,
+    } = compute_shard(&args.trace, args.backend, args.pools.clone())?;
     if let Some(dir) = &args.out {
         let mut files = report::write_out(&r, dir)?;
         // shard.json before evidence.json, so the evidence lists it.
         if let Some(s) = &shard {
-            let p = dir.join(kvtrail::scope::merge::SHARD_FILE);
-            kvtrail::custody::write_private(&p, serde_json::to_string_pretty(s)? + "\n")?;
-            files.push(p);
+            files.push(s.write(dir)?);
         }
-        // report.html, the request index and evidence.json (notify branch).
-        let trace = kvtrail::trace::Trace::open(&args.trace)?;
+        // report.html, the request index and evidence.json.
         let (extra, digest) =
             report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
         files.extend(extra);
@@ -113,13 +106,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
     }
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        out.write_all(report::to_json(&r).as_bytes())?;
-    } else {
-        out.write_all(report::human(&r).as_bytes())?;
-    }
-    out.flush()?;
+    output::print(args.json, &r, |out| {
+        out.write_all(report::human(&r).as_bytes())
+    })?;
     Ok(if args.fail_on_exposure && r.any_exposure() {
         1
     } else {

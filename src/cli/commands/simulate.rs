@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kvtrail::report::fmt::term;
 use kvtrail::sim::{self, EngineVersion, RunLabel, SimConfig, scenario};
+use kvtrail::whatif::ReplaySpec;
 
 use crate::cli::progress::BarReporter;
 
@@ -21,6 +22,21 @@ pub struct Args {
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Trace directory to create.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Write the ground truth (JSON) here.
+    #[arg(long)]
+    pub truth: Option<PathBuf>,
+}
+
+/// The engine flags of `simulate` and `replay`: which engine behaviour and
+/// deployment config the model runs. `replay` words their help for a
+/// recorded trace (`mut_arg` there); the flags and their order are one.
+#[derive(clap::Args, Debug)]
+pub struct EngineArgs {
     /// Engine behaviour: sglang-0.5.19 ... sglang-0.5.23.
     #[arg(long)]
     pub engine: Option<String>,
@@ -30,20 +46,30 @@ pub struct Args {
     /// Override one config key, e.g. --set allow_auto_truncate=true (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Trace directory to create.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Write the ground truth (JSON) here.
-    #[arg(long)]
-    pub truth: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    /// The flags as the engine model takes them: `--config` loaded, then
+    /// `--engine`, then every `--set` in order.
+    pub fn spec(&self) -> anyhow::Result<ReplaySpec> {
+        Ok(ReplaySpec {
+            config: match &self.config {
+                Some(p) => Some(SimConfig::load(p)?),
+                None => None,
+            },
+            engine: self.engine.clone(),
+            sets: self.set.clone(),
+        })
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut sc = scenario::scenario(&args.scenario, args.requests, args.seed)?;
-    if let Some(path) = &args.config {
-        sc.config = SimConfig::load(path)?;
+    let spec = args.engine.spec()?;
+    if let Some(c) = spec.config {
+        sc.config = c;
     }
-    if let Some(e) = &args.engine {
+    if let Some(e) = &spec.engine {
         sc.config.engine = EngineVersion::parse(e).ok_or_else(|| {
             kvtrail::Error::invalid(
                 kvtrail::error::Location::default().column("--engine"),
@@ -52,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             )
         })?;
     }
-    for s in &args.set {
+    for s in &spec.sets {
         sc.config.set(s)?;
     }
     sc.config.validate()?;

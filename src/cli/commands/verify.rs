@@ -5,9 +5,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::custody::{EVIDENCE_JSON, FolderReport, verify_folder};
+use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
 use kvtrail::report::fmt::{term, term_message};
 use kvtrail::trace::verify::verify;
+
+use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -19,15 +21,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    if args.trace.join(EVIDENCE_JSON).is_file() && !args.trace.join("trace.json").is_file() {
+    if is_output_folder(&args.trace) {
         return run_folder(args);
     }
     let report = verify(&args.trace)?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
+    output::print(args.json, &report, |out| {
         for p in &report.problems {
             writeln!(
                 out,
@@ -49,12 +47,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             } else {
                 "INCOMPLETE"
             },
-        )?;
-    }
+        )
+    })?;
     Ok(if report.ok { 0 } else { 1 })
 }
 
-fn print_folder(out: &mut impl Write, r: &FolderReport, depth: usize) -> std::io::Result<()> {
+fn print_folder(out: &mut dyn Write, r: &FolderReport, depth: usize) -> std::io::Result<()> {
     let pad = "  ".repeat(depth);
     for p in &r.problems {
         writeln!(
@@ -101,12 +99,6 @@ fn print_folder(out: &mut impl Write, r: &FolderReport, depth: usize) -> std::io
 
 fn run_folder(args: Args) -> anyhow::Result<i32> {
     let r = verify_folder(&args.trace, true)?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &r)?;
-        writeln!(out)?;
-    } else {
-        print_folder(&mut out, &r, 0)?;
-    }
+    output::print(args.json, &r, |out| print_folder(out, &r, 0))?;
     Ok(if r.ok { 0 } else { 1 })
 }

@@ -1,0 +1,88 @@
+//! One scope run as `kvtrail scope` (and `demo`) does it: a trace and a
+//! backend choice in, the lineage replayed over every pool or over a shard
+//! of them (`--pools`), and the report out, with the shard's `ShardInfo`
+//! (shard.json) and the shard marking of its report (`ShardInfo::mark`).
+//!
+//! Two steps, `ScopeRun::open` then `ScopeRun::run`, so that the caller can
+//! tell the user which backend was opened before the replay starts: the
+//! library never prints. How shards are combined is `merge`'s.
+
+use std::path::{Path, PathBuf};
+
+use super::merge::{SHARD_FILE, ShardInfo};
+use super::model::ScopeReport;
+use crate::custody;
+use crate::error::Result;
+use crate::lineage::{BackendChoice, LineageOptions, OpenedBackend};
+use crate::progress::Reporter;
+use crate::trace::read::Trace;
+
+/// A trace opened with its replay backend, ready to run.
+pub struct ScopeRun {
+    trace: Trace,
+    choice: BackendChoice,
+    opened: OpenedBackend,
+}
+
+/// What a scope run gives: the trace it read, its report and, for a shard,
+/// its shard.json.
+pub struct Scoped {
+    pub trace: Trace,
+    pub report: ScopeReport,
+    pub shard: Option<ShardInfo>,
+}
+
+impl ScopeRun {
+    /// Opens the trace and the backend `choice` asks for (`Cuda` fails
+    /// with what is missing).
+    pub fn open(trace_dir: &Path, choice: BackendChoice) -> Result<Self> {
+        let trace = Trace::open(trace_dir)?;
+        let opened = crate::lineage::make_backend_for(choice, &trace)?;
+        Ok(ScopeRun {
+            trace,
+            choice,
+            opened,
+        })
+    }
+
+    /// Which backend runs, and why (e.g. CPU because no GPU was found).
+    pub fn backend_note(&self) -> &str {
+        &self.opened.note
+    }
+
+    /// Replays the trace and scopes it: every pool, or only `pools` (the
+    /// pools their copies read from are replayed but not reported); a
+    /// shard's report is marked as one.
+    pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
+        let opts = LineageOptions {
+            backend: self.choice,
+            spill_dir: None,
+            chunk: None,
+            pools: pools.clone(),
+        };
+        let outcome =
+            crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
+        let mut report = super::scope_outcome(&self.trace, &outcome, reporter)?;
+        let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
+        if let Some(s) = &shard {
+            s.mark(&mut report);
+        }
+        Ok(Scoped {
+            trace: self.trace,
+            report,
+            shard,
+        })
+    }
+}
+
+impl ShardInfo {
+    /// Writes shard.json into a scope folder (owner-only); returns its path.
+    /// Written before evidence.json, so that the evidence lists it.
+    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let p = dir.join(SHARD_FILE);
+        let mut text = serde_json::to_string_pretty(self).expect("shard info serializes");
+        text.push('\n');
+        custody::write_private(&p, text)?;
+        Ok(p)
+    }
+}
