@@ -41,7 +41,12 @@ fn main() {
     let dir = Path::new(&root).join("kernels");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .expect("kernels/ is readable")
-        .map(|e| e.expect("kernels/ entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("kernels/ entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|n| n.ends_with(".cu"))
         .collect();
     files.sort();
