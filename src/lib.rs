@@ -2,7 +2,7 @@
 //! LLM serving engines.
 //!
 //! Data flows one way: capture (engine hooks, simulator, JSONL import) →
-//! `schema` → `trace` → `replay` → `scope` → `report`; the binary's `cli`
+//! `schema` → `trace` → `lineage` → `scope` → `report`; the binary's `cli`
 //! sits on top and nothing depends on it. See ARCHITECTURE.md.
 
 pub mod audit;

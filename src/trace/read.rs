@@ -1208,7 +1208,7 @@ impl Iterator for KvIndexReader {
 
 /// The highest request id this version replays: the two ids above it are
 /// the replay's per-slot markers for never-written and scrubbed content
-/// (`replay::backend::NEVER`, `SCRUBBED`), so a trace using them would be
+/// (`lineage::state::NEVER`, `SCRUBBED`), so a trace using them would be
 /// misread. They are refused, never silently misclassified.
 pub const MAX_REQUEST_ID: u64 = u64::MAX - 2;
 

@@ -1,4 +1,4 @@
-//! What-if replay (issue 7): re-run a recorded workload through the engine
+//! What-if replay: re-run a recorded workload through the engine
 //! model under another engine behaviour or configuration, compare the two
 //! traces, re-run suspect responses with the reference model
 //! (counterfactual), and audit deployments and traces for the incident's
