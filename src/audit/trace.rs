@@ -1,0 +1,335 @@
+//! `kvtrail audit`'s trace checks: internally rejected yet 2xx, prefilled
+//! < prompt with 2xx, decode reads beyond what was transferred, transfers
+//! landing in slots another request holds and transfers copying source
+//! slots the request no longer held. The KV checks run through the lineage
+//! scheduler with a backend of their own (slot holder and last writer per
+//! slot, grants and stale bits from `lineage::state`).
+
+use super::{DeploymentView, Finding, Severity, finding};
+use crate::error::{Error, Result};
+use crate::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
+use crate::lineage::slots::SlotVec;
+use crate::lineage::state::{Grants, StaleBits};
+use crate::lineage::{LineageOptions, run_with};
+use crate::progress::Reporter;
+use crate::schema::{KvEvent, Op};
+use crate::trace::manifest::Role;
+use crate::trace::read::Trace;
+use std::collections::{BTreeMap, HashMap};
+
+const FREE: u64 = u64::MAX;
+
+/// Holder and last writer per slot, paged (memory follows the slots the
+/// trace touches, not the declared capacity).
+struct PoolSt {
+    decode: bool,
+    holder: SlotVec<u64>,
+    writer: SlotVec<u64>,
+    /// seq + 1 of the event that last set each slot's content.
+    wseq1: SlotVec<u64>,
+    stale: StaleBits,
+    grants: Grants,
+}
+
+#[derive(Default)]
+struct KvFindings {
+    /// request -> slots read beyond what was written for it
+    beyond: BTreeMap<u64, u64>,
+    /// request -> slots of its transfer that landed in another's slots
+    reused: BTreeMap<u64, u64>,
+    /// request -> source slots it did not hold when copied
+    stale_src: BTreeMap<u64, u64>,
+}
+
+struct AuditBackend {
+    pools: HashMap<u16, PoolSt>,
+    roles: HashMap<u16, Role>,
+    f: KvFindings,
+}
+
+impl AuditBackend {
+    fn pool(&mut self, id: u16) -> Result<&mut PoolSt> {
+        self.pools
+            .get_mut(&id)
+            .ok_or_else(|| Error::Other(format!("audit: pool {id} was not declared")))
+    }
+}
+
+/// Whether `r` held a share grant on slot `s` of `p` (whatever happened to
+/// the slot since).
+fn granted(p: &PoolSt, r: u64, s: u64) -> bool {
+    p.grants.of(r).iter().any(|g| g.start <= s && s < g.end)
+}
+
+impl Backend for AuditBackend {
+    fn name(&self) -> &'static str {
+        "cpu-audit"
+    }
+
+    fn add_pool(&mut self, pool: u16, capacity: u64, _f: bool) -> Result<()> {
+        self.pools.insert(
+            pool,
+            PoolSt {
+                decode: self.roles.get(&pool) == Some(&Role::Decode),
+                holder: SlotVec::new(capacity, FREE),
+                writer: SlotVec::new(capacity, FREE),
+                wseq1: SlotVec::new(capacity, 0),
+                stale: StaleBits::new(capacity),
+                grants: Grants::default(),
+            },
+        );
+        Ok(())
+    }
+
+    fn mark_gap(&mut self, _pool: u16, _before_seq: u64) {}
+
+    fn apply(
+        &mut self,
+        pool: u16,
+        events: &[KvEvent],
+        _out: &mut Vec<ReadRun>,
+        c: &mut Counters,
+    ) -> Result<()> {
+        let mut f = std::mem::take(&mut self.f);
+        let p = self.pool(pool)?;
+        for e in events {
+            c.events += 1;
+            let (a, b) = (e.slot_start as u64, e.slot_end());
+            let r = e.request_id;
+            match e.op {
+                Op::Alloc => {
+                    p.holder.fill(a, b, r);
+                    p.stale.alloc(a, b);
+                }
+                Op::Free => {
+                    p.holder.fill(a, b, FREE);
+                    p.grants.release(r, a, b);
+                }
+                Op::Write | Op::Scrub => {
+                    let w = if e.op == Op::Write { r } else { FREE };
+                    p.writer.fill(a, b, w);
+                    p.wseq1.fill(a, b, e.seq + 1);
+                    p.stale.set_current(a, b);
+                }
+                Op::Share => {
+                    p.grants.share(&p.stale, r, a, b, e.seq);
+                }
+                Op::Read => {
+                    if !p.decode {
+                        continue;
+                    }
+                    let n = (a..b)
+                        .zip(p.writer.range(a, b))
+                        .filter(|&(s, w)| w != r && !p.grants.covered(r, s, p.wseq1.get(s)))
+                        .count() as u64;
+                    if n > 0 {
+                        *f.beyond.entry(r).or_default() += n;
+                    }
+                }
+            }
+        }
+        self.f = f;
+        Ok(())
+    }
+
+    fn apply_copy(
+        &mut self,
+        pool: u16,
+        e: &KvEvent,
+        payload: &[SlotVal],
+        c: &mut Counters,
+    ) -> Result<()> {
+        c.events += 1;
+        let r = e.request_id;
+        let stale = match &e.src {
+            Some(src) => {
+                let sp = self.pools.get(&src.pool);
+                payload
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, v)| {
+                        v.owner != r
+                            && !sp
+                                .is_some_and(|sp| granted(sp, r, src.slot_start as u64 + *i as u64))
+                    })
+                    .count() as u64
+            }
+            None => 0,
+        };
+        let p = self.pool(pool)?;
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        let reused = p.holder.range(a, b).filter(|&h| h != r).count() as u64;
+        p.writer.fill(a, b, r);
+        p.wseq1.fill(a, b, e.seq + 1);
+        p.stale.copy(a, b, |i| payload[i].stale);
+        if stale > 0 {
+            *self.f.stale_src.entry(r).or_default() += stale;
+        }
+        if reused > 0 {
+            *self.f.reused.entry(r).or_default() += reused;
+        }
+        Ok(())
+    }
+
+    fn capture(
+        &mut self,
+        pool: u16,
+        slot_start: u32,
+        count: u32,
+        uncertain: bool,
+        out: &mut Vec<SlotVal>,
+    ) -> Result<()> {
+        let p = self.pool(pool)?;
+        let a = slot_start as u64;
+        out.clear();
+        out.extend(
+            p.holder
+                .range(a, a + count as u64)
+                .zip(a..)
+                .map(|(owner, s)| SlotVal {
+                    owner,
+                    uncertain,
+                    stale: p.stale.is_stale(s),
+                }),
+        );
+        Ok(())
+    }
+}
+
+fn listed(ids: &[u64]) -> Vec<u64> {
+    ids.iter().take(100).copied().collect()
+}
+
+/// Trace checks (requests table and KV events).
+pub fn audit_trace_events(
+    trace: &Trace,
+    d: &DeploymentView,
+    opts: &LineageOptions,
+    rep: &dyn Reporter,
+) -> Result<Vec<Finding>> {
+    let mut out = Vec::new();
+    let prefill_limits: HashMap<u16, u64> = d
+        .pools
+        .iter()
+        .filter(|p| p.role == "prefill" || p.role == "mixed")
+        .map(|p| (p.id, p.max_req_input_len))
+        .collect();
+    let only_prefill =
+        (prefill_limits.len() == 1).then(|| *prefill_limits.keys().next().expect("one"));
+    let (mut rejected_ok, mut short_ok) = (Vec::new(), Vec::new());
+    for b in trace.requests() {
+        for r in b? {
+            if !(200..300).contains(&r.http_status) {
+                continue;
+            }
+            if let Some(pool) = r.prefill_pool.or(only_prefill)
+                && let Some(&lim) = prefill_limits.get(&pool)
+                && r.prompt_tokens as u64 >= lim
+                && r.prompt_tokens as u64 + 1 < d.context_window
+            {
+                rejected_ok.push(r.request_id);
+            }
+            if let Some(pf) = r.prefilled_tokens
+                && pf < r.prompt_tokens
+            {
+                short_ok.push(r.request_id);
+            }
+        }
+    }
+    rejected_ok.sort_unstable();
+    short_ok.sort_unstable();
+    if !rejected_ok.is_empty() {
+        let mut f = finding(
+            Severity::Error,
+            "rejected_yet_2xx",
+            None,
+            format!(
+                "{} requests had prompts at or above their prefill pool's max_req_input_len (prefill must reject them) yet were answered 2xx",
+                rejected_ok.len()
+            ),
+            Some("run `kvtrail scope` on this trace and fix the pool sizes (see the deployment findings)".into()),
+        );
+        f.count = rejected_ok.len() as u64;
+        f.request_ids = listed(&rejected_ok);
+        out.push(f);
+    }
+    if !short_ok.is_empty() {
+        let mut f = finding(
+            Severity::Error,
+            "prefilled_less_than_prompt_2xx",
+            None,
+            format!("{} requests were answered 2xx although prefill computed fewer tokens than their prompt", short_ok.len()),
+            Some("an error that looked like success: run `kvtrail scope` to see what decode read instead".into()),
+        );
+        f.count = short_ok.len() as u64;
+        f.request_ids = listed(&short_ok);
+        out.push(f);
+    }
+    let mut backend = AuditBackend {
+        pools: HashMap::new(),
+        roles: trace
+            .deployment()
+            .pools
+            .iter()
+            .map(|p| (p.id, p.role))
+            .collect(),
+        f: KvFindings::default(),
+    };
+    let outcome = run_with(trace, &mut backend, opts, rep)?;
+    let kinds: [(&BTreeMap<u64, u64>, &str, &str, &str); 3] = [
+        (
+            &backend.f.beyond,
+            "decode_read_beyond_transfer",
+            "decode read slots that were neither written for the request nor transferred to it nor shared with it",
+            "the transfer was shorter than what decode attends over: upgrade past 0.5.19, keep allow_auto_truncate off, or turn the KV checksum on",
+        ),
+        (
+            &backend.f.reused,
+            "transfer_into_reused_slots",
+            "a transfer landed in decode slots that another request held at that moment (slots reused while the transfer was in flight, #24527 class)",
+            "decode must not free slots while a transfer into them is in flight",
+        ),
+        (
+            &backend.f.stale_src,
+            "transfer_from_released_slots",
+            "a transfer copied source slots the request no longer held (freed and possibly rewritten before the copy, vLLM #52234 class)",
+            "prefill must keep its slots until the transfer has read them",
+        ),
+    ];
+    for (m, kind, what, rec) in kinds {
+        if m.is_empty() {
+            continue;
+        }
+        let ids: Vec<u64> = m.keys().copied().collect();
+        let slots: u64 = m.values().sum();
+        let mut f = finding(
+            Severity::Error,
+            kind,
+            None,
+            format!("{}: {} requests, {} slots", what, ids.len(), slots),
+            Some(rec.into()),
+        );
+        f.count = ids.len() as u64;
+        f.request_ids = listed(&ids);
+        out.push(f);
+    }
+    // The same rule as scope's coverage: files, capture, holes.
+    let cov = crate::scope::replay_coverage(trace, &outcome, rep)?;
+    if !cov.complete {
+        // Worded without paths, like a notification pack: audit's output
+        // is a gate's log; `kvtrail scope` and `verify` name the files.
+        let notes = crate::scope::customer_notes(&cov);
+        out.push(finding(
+            Severity::Warning,
+            "evidence_incomplete",
+            None,
+            format!(
+                "the evidence is incomplete ({} coverage notes: {}): the checks above cover only the recorded events",
+                notes.len(),
+                notes.join("; ")
+            ),
+            Some("a clean audit needs complete evidence: run `kvtrail verify` and `kvtrail scope` on the trace for the files and holes".into()),
+        ));
+    }
+    Ok(out)
+}
