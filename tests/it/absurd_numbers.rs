@@ -18,15 +18,16 @@
 //!
 //! `PROPTEST_CASES` raises the case count (default 24, well under a minute).
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role};
 use proptest::prelude::*;
+
+use crate::support::cli::kvtrail;
+use crate::support::regressions_beside_source;
 
 /// Wall-clock limit per command.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -303,76 +304,6 @@ fn write(spec: &Spec, dir: &Path) -> Option<Vec<String>> {
     Some(written)
 }
 
-struct Outcome {
-    code: Option<i32>,
-    stderr: String,
-    secs: f64,
-}
-
-/// Runs the binary with a time limit and an address-space cap.
-fn run(args: &[&str], dir: &Path) -> Outcome {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtrail"));
-    cmd.args(args)
-        .arg(dir)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MEMORY,
-                rlim_max: MEMORY,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("spawn kvtrail");
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let stderr = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
-    let secs = start.elapsed().as_secs_f64();
-    match status {
-        Some(st) => {
-            use std::os::unix::process::ExitStatusExt;
-            Outcome {
-                code: st.code(),
-                stderr: match st.signal() {
-                    Some(sig) => format!("killed by signal {sig}\n{stderr}"),
-                    None => stderr,
-                },
-                secs,
-            }
-        }
-        None => Outcome {
-            code: None,
-            stderr: format!("no exit within {LIMIT:?}\n{stderr}"),
-            secs,
-        },
-    }
-}
-
 fn check(spec: &Spec) -> Result<(), TestCaseError> {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("trace");
@@ -383,14 +314,24 @@ fn check(spec: &Spec) -> Result<(), TestCaseError> {
     let cmds: [&[&str]; 3] = [&["verify"], &["inspect", "--json"], &["scope", "--json"]];
     let mut verdicts = Vec::new();
     for args in cmds {
-        let o = run(args, &dir);
+        let o = kvtrail(args)
+            .arg(&dir)
+            .timeout(LIMIT)
+            .memory_limit(MEMORY)
+            .run();
         let name = args.join(" ");
-        let code = o.code.ok_or_else(|| {
-            TestCaseError::fail(format!(
-                "`{name}` crashed or hung ({:.1} s): {}\ntrace:\n  {trace}",
-                o.secs, o.stderr
-            ))
-        })?;
+        if o.timed_out || o.signal.is_some() {
+            let why = match o.signal {
+                Some(sig) if !o.timed_out => format!("killed by signal {sig}"),
+                _ => format!("no exit within {LIMIT:?}"),
+            };
+            return Err(TestCaseError::fail(format!(
+                "`{name}` crashed or hung ({:.1} s): {why}\n{}\ntrace:\n  {trace}",
+                o.wall.as_secs_f64(),
+                o.stderr
+            )));
+        }
+        let code = o.code;
         prop_assert!(
             matches!(code, 0..=2),
             "`{}` exited {} (a panic is 101): {}\ntrace:\n  {}",
@@ -442,6 +383,7 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
         max_shrink_iters: 32,
+        failure_persistence: regressions_beside_source(),
         ..ProptestConfig::default()
     })]
 

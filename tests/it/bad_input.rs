@@ -7,15 +7,15 @@
 //! - one `#[test]` per bad input, each through `check_bad`
 //! - `corrupted_bytes_never_panic` (proptest)
 
-use crate::support::small_trace as common;
-
 use std::path::{Path, PathBuf};
 
 use arrow_array::{ArrayRef, Int32Array, StringArray, UInt16Array, UInt32Array, UInt64Array};
-use common::*;
 use kvtrail::schema::KvEvent;
 use parquet::basic::Compression;
 use proptest::prelude::*;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::small_trace::*;
 
 const POOL0: &str = "kv/pool=0/part-00000.parquet";
 const REQS: &str = "requests/part-00000.parquet";
@@ -24,7 +24,7 @@ const REQS: &str = "requests/part-00000.parquet";
 /// message contains every fragment; verify exits 1 or 2 naming the file;
 /// neither panics.
 fn check_bad(trace: &Path, fragments: &[&str], verify_code: i32) {
-    let r = kvtrail(&["inspect", s(trace)]);
+    let r = kvtrail(["inspect", s(trace)]).run();
     assert_eq!(r.code, 2, "inspect exit code; stderr:\n{}", r.stderr);
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
     for f in fragments {
@@ -35,7 +35,7 @@ fn check_bad(trace: &Path, fragments: &[&str], verify_code: i32) {
         );
     }
     assert!(r.stderr.contains("hint:"), "no hint:\n{}", r.stderr);
-    let v = kvtrail(&["verify", s(trace)]);
+    let v = kvtrail(["verify", s(trace)]).run();
     assert_eq!(
         v.code, verify_code,
         "verify exit; out:\n{}{}",
@@ -308,7 +308,7 @@ fn duplicate_request_id() {
     let extra = "requests/part-00001.parquet";
     write_parquet(&t.join(extra), cols, Compression::UNCOMPRESSED);
     // request 3 is row 2 of the Recorder's file, and row 1 of the new one.
-    let r = kvtrail(&["inspect", s(&t)]);
+    let r = kvtrail(["inspect", s(&t)]).run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     for f in [
         extra,
@@ -322,7 +322,7 @@ fn duplicate_request_id() {
     }
     // verify reports the unlisted file (exit 1); inspect is the reader that
     // joins requests by id.
-    let v = kvtrail(&["verify", s(&t)]);
+    let v = kvtrail(["verify", s(&t)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
     assert!(v.stdout.contains(extra), "{}", v.stdout);
 }
@@ -331,7 +331,7 @@ fn duplicate_request_id() {
 fn valid_trace_inspects_and_verifies() {
     // The baseline the bad cases are made from is itself fine.
     let (_d, t) = fresh();
-    let r = kvtrail(&["inspect", s(&t)]);
+    let r = kvtrail(["inspect", s(&t)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
         r.stdout
@@ -339,7 +339,7 @@ fn valid_trace_inspects_and_verifies() {
         "{}",
         r.stdout
     );
-    let v = kvtrail(&["verify", s(&t)]);
+    let v = kvtrail(["verify", s(&t)]).run();
     assert_eq!(v.code, 0, "{}", v.stdout);
 }
 
@@ -414,7 +414,7 @@ proptest! {
         }
         std::fs::write(&p, &bytes).unwrap();
         for cmd in ["inspect", "verify"] {
-            let r = kvtrail(&[cmd, s(&t)]);
+            let r = kvtrail([cmd, s(&t)]).run();
             prop_assert!(!r.stderr.contains("panicked"), "{cmd} {:?} on {}: {}", dmg, files[file], r.stderr);
             prop_assert!([0, 1, 2].contains(&r.code), "{cmd} exit {} {:?} on {}: {}", r.code, dmg, files[file], r.stderr);
             if r.code == 2 {

@@ -21,34 +21,24 @@
 //! - `contract_conformance`: every case of make_traces.py, all failures
 //!   reported together.
 
-use crate::support::venv;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
+use crate::support::cli::{self, Ran};
+use crate::support::venv;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn kvtrail(args: &[&str]) -> Out {
-    // KVTRAIL_CONFORMANCE_BIN checks another build (an older release).
-    let bin = std::env::var_os("KVTRAIL_CONFORMANCE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kvtrail")));
-    let out = Command::new(bin).args(args).output().expect("run kvtrail");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+/// `kvtrail ARGS`; KVTRAIL_CONFORMANCE_BIN checks another build (an older
+/// release).
+fn kvtrail(args: &[&str]) -> Ran {
+    cli::kvtrail(args)
+        .bin_from_env("KVTRAIL_CONFORMANCE_BIN")
+        .run()
 }
 
 /// Replaces the manifest's "__BLAKE3__" placeholders with the real digest

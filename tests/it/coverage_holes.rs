@@ -6,50 +6,17 @@
 //! binary on a simulated trace damaged the way a responder could find it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::Trace;
 use kvtrail::trace::write::{kv_batch, write_single_file};
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn kvtrail(args: &[&str]) -> Run {
-    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .expect("run kvtrail");
-    Run {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// `kvtrail simulate` into `dir/name`.
-fn simulate(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let t = dir.join(name);
-    let mut a = vec!["simulate", "--out", s(&t)];
-    a.extend_from_slice(args);
-    let r = kvtrail(&a);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    t
-}
+use crate::support::cli::{kvtrail, s, simulate};
 
 /// The repros' clean trace: steady traffic, pools at 2x the context.
 fn steady(dir: &Path, name: &str) -> PathBuf {
     simulate(
-        dir,
-        name,
+        &dir.join(name),
         &[
             "--scenario",
             "steady",
@@ -64,7 +31,7 @@ fn steady(dir: &Path, name: &str) -> PathBuf {
 }
 
 fn scope_json(t: &Path) -> serde_json::Value {
-    let r = kvtrail(&["scope", s(t), "--json"]);
+    let r = kvtrail(["scope", s(t), "--json"]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     serde_json::from_str(&r.stdout).unwrap()
 }
@@ -113,13 +80,13 @@ fn assert_incomplete(v: &serde_json::Value, why: &str) {
 }
 
 fn inspect_says_complete(t: &Path) -> bool {
-    let r = kvtrail(&["inspect", s(t)]);
+    let r = kvtrail(["inspect", s(t)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     r.stdout.contains("evidence    complete")
 }
 
 fn audit_warnings(t: &Path) -> (i32, Vec<String>) {
-    let r = kvtrail(&["audit", s(t), "--json"]);
+    let r = kvtrail(["audit", s(t), "--json"]).run();
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}{}", r.stdout, r.stderr);
     });
@@ -137,12 +104,11 @@ fn audit_warnings(t: &Path) -> (i32, Vec<String>) {
 fn data_files_that_fail_their_digests_are_not_complete_evidence() {
     let dir = tempfile::tempdir().unwrap();
     let t = simulate(
-        dir.path(),
-        "t",
+        &dir.path().join("t"),
         &["--scenario", "incident", "--requests", "30"],
     );
     let before = dir.path().join("before");
-    let r = kvtrail(&["scope", s(&t), "--out", s(&before), "--json"]);
+    let r = kvtrail(["scope", s(&t), "--out", s(&before), "--json"]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["coverage"]["complete"], true, "{:#}", v["coverage"]);
@@ -152,9 +118,9 @@ fn data_files_that_fail_their_digests_are_not_complete_evidence() {
         .to_string();
 
     reads_to_allocs(&t);
-    assert_eq!(kvtrail(&["verify", s(&t)]).code, 1);
+    assert_eq!(kvtrail(["verify", s(&t)]).run().code, 1);
     let after = dir.path().join("after");
-    let r = kvtrail(&["scope", s(&t), "--out", s(&after), "--json"]);
+    let r = kvtrail(["scope", s(&t), "--out", s(&after), "--json"]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_incomplete(&v, "do not match their blake3 digest");
@@ -167,13 +133,13 @@ fn data_files_that_fail_their_digests_are_not_complete_evidence() {
         "{modified:?}"
     );
     // The human verdict says so too.
-    let r = kvtrail(&["scope", s(&t)]);
+    let r = kvtrail(["scope", s(&t)]).run();
     assert!(r.stdout.contains("INCOMPLETE"), "{}", r.stdout);
     assert!(r.stdout.contains("blake3 digest"), "{}", r.stdout);
 
     // inspect checks the digests before it calls the evidence complete.
     assert!(!inspect_says_complete(&t));
-    let r = kvtrail(&["inspect", s(&t), "--json"]);
+    let r = kvtrail(["inspect", s(&t), "--json"]).run();
     let iv: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert!(
         iv["evidence_warnings"]
@@ -187,14 +153,14 @@ fn data_files_that_fail_their_digests_are_not_complete_evidence() {
 
     // A response the original evidence shows affected is never "not
     // affected" on complete evidence.
-    let r = kvtrail(&["lookup", s(&after), "--external-id", &affected, "--json"]);
+    let r = kvtrail(["lookup", s(&after), "--external-id", &affected, "--json"]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let a: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(a["status"], "not_affected_incomplete_evidence", "{a:#}");
 
     // Notification packs get the note worded without file paths.
     let packs = dir.path().join("packs");
-    let r = kvtrail(&["notify", s(&after), "--out", s(&packs)]);
+    let r = kvtrail(["notify", s(&after), "--out", s(&packs)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let summary: kvtrail::scope::ScopeReport =
         kvtrail::scope::ScopeReport::from_json(&std::fs::read(after.join("summary.json")).unwrap())
@@ -214,7 +180,7 @@ fn manifest_rows_the_files_do_not_hold_are_not_complete_evidence() {
         listed = f["path"].as_str().unwrap().to_string();
         f["rows"] = (f["rows"].as_u64().unwrap() + 1000).into();
     });
-    assert_eq!(kvtrail(&["verify", s(&t)]).code, 1);
+    assert_eq!(kvtrail(["verify", s(&t)]).run().code, 1);
     let v = scope_json(&t);
     assert_incomplete(&v, "another number of rows than trace.json lists");
     let d = &v["coverage"]["files_rows_differ"][0];
@@ -237,7 +203,7 @@ fn skipped_import_lines_under_complete_true_are_not_complete_evidence() {
         m["capture"]["skipped_lines"] = 3.into();
         m["capture"]["complete"] = true.into();
     });
-    assert_eq!(kvtrail(&["verify", s(&t)]).code, 1);
+    assert_eq!(kvtrail(["verify", s(&t)]).run().code, 1);
     let v = scope_json(&t);
     assert_incomplete(&v, "3 malformed input lines were skipped");
     assert_eq!(v["coverage"]["skipped_lines"], 3);
@@ -257,7 +223,7 @@ fn audit_with_a_pool_s_kv_files_deleted_is_not_a_pass() {
     let (code, warnings) = audit_warnings(&t);
     assert_eq!(code, 1);
     assert_eq!(warnings, ["evidence_incomplete"]);
-    let r = kvtrail(&["audit", s(&t)]);
+    let r = kvtrail(["audit", s(&t)]).run();
     assert!(
         r.stdout
             .contains("files listed in trace.json are missing on disk"),
@@ -288,14 +254,14 @@ fn a_clean_trace_is_still_complete_everywhere() {
 fn a_file_listed_twice_is_verified_and_counted_once() {
     let dir = tempfile::tempdir().unwrap();
     let t = steady(dir.path(), "dup");
-    let once = kvtrail(&["verify", s(&t), "--json"]);
+    let once = kvtrail(["verify", s(&t), "--json"]).run();
     assert_eq!(once.code, 0, "{}", once.stdout);
     let once: serde_json::Value = serde_json::from_str(&once.stdout).unwrap();
     edit_manifest(&t, |m| {
         let first = m["files"][0].clone();
         m["files"].as_array_mut().unwrap().push(first);
     });
-    let twice = kvtrail(&["verify", s(&t), "--json"]);
+    let twice = kvtrail(["verify", s(&t), "--json"]).run();
     assert_eq!(twice.code, 0, "{}", twice.stdout);
     let twice: serde_json::Value = serde_json::from_str(&twice.stdout).unwrap();
     for k in ["files_checked", "bytes_hashed", "rows_checked"] {
@@ -309,7 +275,7 @@ fn a_file_listed_twice_is_verified_and_counted_once() {
         let r = m["files"][n - 1]["rows"].as_u64().unwrap();
         m["files"][n - 1]["rows"] = (r + 1).into();
     });
-    assert_eq!(kvtrail(&["verify", s(&t)]).code, 1);
+    assert_eq!(kvtrail(["verify", s(&t)]).run().code, 1);
     assert_incomplete(&scope_json(&t), "another number of rows");
 }
 
@@ -325,7 +291,7 @@ fn inspect_with_files_missing_or_left_open_does_not_say_complete() {
     let part = Trace::open(&open).unwrap().kv_files[0].clone();
     std::fs::copy(&part, part.with_extension("parquet.inprogress")).unwrap();
     assert!(!inspect_says_complete(&open));
-    let r = kvtrail(&["inspect", s(&open)]);
+    let r = kvtrail(["inspect", s(&open)]).run();
     assert!(
         r.stdout.contains("may hold rows that were not read"),
         "{}",

@@ -1,12 +1,12 @@
 //! A capture that dies mid-way: every completed part file stays readable,
 //! the trace is still inspectable, and it says it is incomplete.
 
-use crate::support::small_trace as common;
-
-use common::*;
 use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::trace::write::PartOptions;
 use kvtrail::trace::{Manifest, Trace};
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::small_trace::*;
 
 #[test]
 fn killed_recorder_leaves_an_inspectable_incomplete_trace() {
@@ -47,10 +47,10 @@ fn killed_recorder_leaves_an_inspectable_incomplete_trace() {
     let read: usize = trace.kv_chunks().map(|c| c.unwrap().events.len()).sum();
     assert_eq!(read as u64 + requests().len() as u64, rows);
 
-    let r = kvtrail(&["inspect", s(&t)]);
+    let r = kvtrail(["inspect", s(&t)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("capture     INCOMPLETE"), "{}", r.stdout);
-    let v = kvtrail(&["verify", s(&t)]);
+    let v = kvtrail(["verify", s(&t)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
     assert!(v.stdout.contains("unclean"), "{}", v.stdout);
 }

@@ -5,41 +5,18 @@
 //! message naming what is missing (no feature, no libcuda, no NVRTC, no
 //! device) and print nothing on stdout.
 
-use std::path::Path;
-use std::process::Command;
-
-fn kvtrail(args: &[&str]) -> (i32, Vec<u8>, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .output()
-        .expect("kvtrail runs");
-    (
-        o.status.code().unwrap_or(-1),
-        o.stdout,
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn simulate(dir: &Path, scenario: &str, requests: &str) -> String {
-    let out = dir.join(scenario);
-    let out_s = out.to_str().unwrap().to_string();
-    let (code, _, err) = kvtrail(&[
-        "simulate",
-        "--scenario",
-        scenario,
-        "--requests",
-        requests,
-        "--out",
-        &out_s,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    out_s
-}
+use crate::support::cli::{kvtrail, s, simulate};
 
 fn check(scenario: &str, requests: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    let trace = simulate(tmp.path(), scenario, requests);
-    let scope = |backend: &str| kvtrail(&["scope", &trace, "--json", "--backend", backend]);
+    let trace = simulate(
+        &tmp.path().join(scenario),
+        &["--scenario", scenario, "--requests", requests],
+    );
+    let scope = |backend: &str| {
+        let r = kvtrail(["scope", s(&trace), "--json", "--backend", backend]).run();
+        (r.code, r.stdout_bytes, r.stderr)
+    };
     let (code, cpu, err) = scope("cpu");
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("replay backend: cpu"), "{err}");

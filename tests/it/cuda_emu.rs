@@ -11,8 +11,8 @@
 //! - `model_*`: the model kernels against the CPU model, bit for bit.
 //!
 //! Trace-level parity (every semantic-rule trace, random recorded traces and
-//! `kvtrail scope --json`) lives in tests/scope_semantics.rs through
-//! `common::scope`, and in tests/cuda_cli.rs.
+//! `kvtrail scope --json`) lives in scope_semantics.rs through
+//! `support::trace_builder::scope`, and in cuda_cli.rs.
 
 use kvtrail::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
 use kvtrail::lineage::cpu::CpuBackend;
@@ -22,6 +22,8 @@ use kvtrail::lineage::gpu::{Device, EmuDevice, GpuBackend, GpuConfig};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::sim::model;
 use proptest::prelude::*;
+
+use crate::support::regressions_beside_source;
 
 /// One step of a random backend script.
 #[derive(Debug, Clone)]
@@ -168,7 +170,10 @@ fn check_script(steps: &[Step], engine_start: bool, cfg: GpuConfig, grid: u32, b
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig {
+        failure_persistence: regressions_beside_source(),
+        ..ProptestConfig::with_cases(96)
+    })]
 
     #[test]
     fn backend_random_scripts_match_cpu(
@@ -258,7 +263,10 @@ fn scan_ref(v: &[u64], op: ScanOp) -> (Vec<u64>, u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig {
+        failure_persistence: regressions_beside_source(),
+        ..ProptestConfig::with_cases(64)
+    })]
 
     #[test]
     fn prims_scan_matches_rust(

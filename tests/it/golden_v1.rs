@@ -2,23 +2,23 @@
 //! tests/data/golden-v1/ with exactly the contents below, and keep importing
 //! tests/data/jsonl/incident.jsonl to the same contents.
 //!
-//! The files were written once by this test with `KVTRAIL_BLESS_GOLDEN=1`
-//! (never re-bless to make a failure go away: a failure here means old
+//! The files were written once by this test with `KVTRAIL_UPDATE_GOLDEN=1`
+//! (never rewrite them to make a failure go away: a failure here means old
 //! traces no longer read the same).
 //!
 //! The trace is incident-shaped: request 2 (globex) sent a prompt over the
 //! prefill limit, got a 1-token placeholder, and its decode read slots that
 //! still held request 1's (acme) KV; pool 1 has a lost event (seq 5).
 
-use crate::support::small_trace as common;
-
 use std::path::{Path, PathBuf};
 
-use common::{kvtrail, s};
 use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord, hash_tokens, hex32};
 use kvtrail::trace::verify::verify;
 use kvtrail::trace::{Deployment, Manifest, Pool, Role, Trace};
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::updating_goldens;
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
@@ -222,7 +222,7 @@ fn check_contents(t: &Trace) {
 fn golden_v1_trace_reads_exactly() {
     let golden = data().join("golden-v1");
     let jsonl = data().join("jsonl");
-    if std::env::var_os("KVTRAIL_BLESS_GOLDEN").is_some() {
+    if updating_goldens() {
         bless(&golden, &jsonl);
     }
     let t = Trace::open(&golden).unwrap();
@@ -251,7 +251,7 @@ fn golden_v1_trace_reads_exactly() {
     assert!(report.ok, "{:?}", report.problems);
 
     // The analysis a responder sees first.
-    let r = kvtrail(&["inspect", "--json", s(&golden)]);
+    let r = kvtrail(["inspect", "--json", s(&golden)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(
@@ -273,14 +273,15 @@ fn golden_v1_jsonl_imports_to_the_same_contents() {
     let jsonl = data().join("jsonl");
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("t");
-    let r = kvtrail(&[
+    let r = kvtrail([
         "ingest",
         s(&jsonl.join("incident.jsonl")),
         "--deployment",
         s(&jsonl.join("deploy.json")),
         "--out",
         s(&out),
-    ]);
+    ])
+    .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     check_contents(&Trace::open(&out).unwrap());
 }

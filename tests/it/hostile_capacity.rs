@@ -6,87 +6,24 @@
 //! allocation per declared slot fails instead of swapping) and measured
 //! (peak RSS from wait4, wall time).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::manifest::{Capture, Manifest};
 use kvtrail::trace::write::{kv_batch, requests_batch, write_single_file};
 use kvtrail::trace::{Deployment, Pool, Role};
 
+use crate::support::cli::{Ran, kvtrail};
+
 /// Address space each run may reserve: far below one allocation per
 /// declared slot of a 2^31-slot pool (17 bytes a slot: 36 GB).
 const MAX_AS: u64 = 4 << 30;
 
-struct Bounded {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    /// Peak resident set of the child, in MiB.
-    peak_mib: u64,
-    wall: Duration,
-}
-
-/// Runs the binary under an address-space limit; measures its own peak RSS.
-/// The child is reaped with wait4 (which also gives its own rusage), not
-/// `Child::wait`.
-#[allow(clippy::zombie_processes)]
-fn run_bounded(args: &[&str]) -> Bounded {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtrail"));
-    cmd.args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the hook.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MAX_AS,
-                rlim_max: MAX_AS,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().expect("run kvtrail");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let ho = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        out.read_to_end(&mut v).unwrap();
-        v
-    });
-    let he = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        err.read_to_end(&mut v).unwrap();
-        v
-    });
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: plain wait4 on our own child; rusage is written by the kernel.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert_eq!(r, pid, "wait4");
-    let wall = t0.elapsed();
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -libc::WTERMSIG(status)
-    };
-    Bounded {
-        code,
-        stdout: String::from_utf8_lossy(&ho.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&he.join().unwrap()).into_owned(),
-        peak_mib: ru.ru_maxrss as u64 / 1024,
-        wall,
-    }
+/// Runs the binary under the address-space limit (peak RSS and wall time
+/// measured).
+fn run_bounded(args: &[&str]) -> Ran {
+    kvtrail(args).memory_limit(MAX_AS).run()
 }
 
 fn pool(id: u16, role: Role, cap: u64) -> Pool {
@@ -211,7 +148,7 @@ fn top_of_pool_trace_at(dir: &Path, cap: u64, pos: Option<u32>) -> PathBuf {
 }
 
 /// Runs `scope --json` bounded and checks the findings of `top_of_pool_trace`.
-fn scope_top_of_pool(cap: u64, backend: &str) -> Bounded {
+fn scope_top_of_pool(cap: u64, backend: &str) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let t = top_of_pool_trace(&dir.path().join("t"), cap);
     let r = run_bounded(&["scope", t.to_str().unwrap(), "--json", "--backend", backend]);
@@ -494,18 +431,10 @@ fn the_touched_slot_limit_can_be_raised_and_lowered_for_the_machine() {
     // page refuses it, the default accepts it.
     let dir = tempfile::tempdir().unwrap();
     let t = top_of_pool_trace(&dir.path().join("t"), 1 << 20);
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(["scope", t.to_str().unwrap(), "--json"])
-        .env("KVTRAIL_NO_PROGRESS", "1")
+    let out = kvtrail(["scope", t.to_str().unwrap(), "--json"])
         .env("KVTRAIL_MAX_TOUCHED_SLOTS", "1024")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .run();
+    assert_eq!(out.code, 2, "{}", out.stderr);
     let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
 }

@@ -13,16 +13,17 @@
 //! - trace.json size: `huge_trace_json_*`, `deeply_nested_trace_json_*`
 //! - one verdict: `*_gets_one_verdict`, through `Verdicts`
 
-use crate::support::small_trace as common;
-
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_array::{ArrayRef, Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array};
-use common::{arr, deployment, events, write_batches, write_parquet, write_trace};
 use kvtrail::schema::KvEvent;
 use parquet::basic::Compression;
+
+use crate::support::cli::{Ran, kvtrail, s};
+use crate::support::small_trace::{
+    self, arr, deployment, events, write_batches, write_parquet, write_trace,
+};
 
 const POOL0: &str = "kv/pool=0/part-00000.parquet";
 const POOL1: &str = "kv/pool=1/part-00000.parquet";
@@ -31,53 +32,20 @@ const REQS: &str = "requests/part-00000.parquet";
 /// Longest a command may take on these tiny traces.
 const LIMIT: Duration = Duration::from_secs(30);
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs kvtrail with `args`, killing it after [`LIMIT`] (then the test
-/// fails: a command must never block). Output goes to files, so a full
-/// pipe cannot stall the child.
-fn run(args: &[&str]) -> Out {
-    let bin = std::env::var_os("KVTRAIL_TEST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kvtrail")));
-    let d = tempfile::tempdir().unwrap();
-    let (o, e) = (d.path().join("out"), d.path().join("err"));
-    let mut child = Command::new(bin)
-        .args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&o).unwrap())
-        .stderr(std::fs::File::create(&e).unwrap())
-        .spawn()
-        .expect("run kvtrail");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "kvtrail {args:?} did not finish within {LIMIT:?} (blocked?)\nstderr so far:\n{}",
-                std::fs::read_to_string(&e).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        code: status.code().unwrap_or(-1),
-        stdout: std::fs::read_to_string(&o).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&e).unwrap_or_default(),
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+/// Runs kvtrail with `args` (the build `KVTRAIL_TEST_BIN` names, when set),
+/// killing it after [`LIMIT`] (then the test fails: a command must never
+/// block).
+fn run(args: &[&str]) -> Ran {
+    let r = kvtrail(args)
+        .bin_from_env("KVTRAIL_TEST_BIN")
+        .timeout(LIMIT)
+        .run();
+    assert!(
+        !r.timed_out,
+        "kvtrail {args:?} did not finish within {LIMIT:?} (blocked?)\nstderr so far:\n{}",
+        r.stderr
+    );
+    r
 }
 
 fn fresh() -> (tempfile::TempDir, PathBuf) {
@@ -95,9 +63,9 @@ fn mkfifo(p: &Path) {
 
 /// The three verdicts on one trace.
 struct Verdicts {
-    verify: Out,
-    inspect: Out,
-    scope: Out,
+    verify: Ran,
+    inspect: Ran,
+    scope: Ran,
 }
 
 impl Verdicts {
@@ -573,7 +541,7 @@ fn trace_with_seqs(dir: &Path, files: &[&[u64]]) -> kvtrail::trace::Trace {
         );
     }
     let m = serde_json::json!({"format": "kvtrail-trace", "version": 1,
-        "deployment": serde_json::to_value(common::deployment()).unwrap()});
+        "deployment": serde_json::to_value(small_trace::deployment()).unwrap()});
     std::fs::write(dir.join("trace.json"), m.to_string()).unwrap();
     kvtrail::trace::Trace::open(dir).unwrap()
 }
@@ -707,7 +675,7 @@ fn hive_folder_of_a_string_column_with_digits_is_read_as_text() {
     let (_d, t) = fresh();
     // requests/tenant=007/ without a tenant column: the tenant is "007",
     // not the integer 7 and not a type error.
-    let reqs = common::requests();
+    let reqs = small_trace::requests();
     std::fs::remove_file(t.join(REQS)).unwrap();
     for (tenant, ids) in [
         ("007", vec![1u64, 3]),
@@ -776,7 +744,7 @@ fn jsonl_data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn ingest_with_deployment(dep_bytes: &[u8]) -> Out {
+fn ingest_with_deployment(dep_bytes: &[u8]) -> Ran {
     let d = tempfile::tempdir().unwrap();
     let dep = d.path().join("dep.json");
     std::fs::write(&dep, dep_bytes).unwrap();

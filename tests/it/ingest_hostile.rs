@@ -16,7 +16,10 @@ const KV1: &str = r#"{"type":"kv","pool":0,"ts_ns":2,"request_id":1,"op":"write"
 
 fn run(input: &[u8], skip: bool) -> (tempfile::TempDir, kvtrail::Result<IngestReport>) {
     let dir = tempfile::tempdir().unwrap();
-    let dep = load_deployment(Path::new("tests/data/jsonl/deploy.json")).unwrap();
+    let dep = load_deployment(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jsonl/deploy.json"),
+    )
+    .unwrap();
     let out = dir.path().join("t");
     let r = ingest(
         Cursor::new(input.to_vec()),

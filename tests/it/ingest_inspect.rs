@@ -6,18 +6,18 @@
 //! - seq_holes: data-driven over how a pool's seqs are split into files
 //! - inspect_*: text and JSON output
 
-use crate::support::small_trace as common;
-
 use std::path::Path;
 
 use arrow_array::{Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array};
-use common::*;
 use kvtrail::inspect::{Hole, inspect};
 use kvtrail::progress::NoReporter;
 use kvtrail::schema::{KvEvent, RequestRecord, hex32};
 use kvtrail::trace::{Manifest, Trace};
 use parquet::basic::Compression;
 use serde_json::json;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::small_trace::*;
 
 fn kv_line(e: &KvEvent, with_seq: bool) -> String {
     let mut v = json!({
@@ -83,7 +83,7 @@ fn ingest_round_trip_matches_the_recorder_and_is_deterministic() {
     let dep = write_deploy(d.path());
     let (a, b) = (d.path().join("a"), d.path().join("b"));
     for out in [&a, &b] {
-        let r = kvtrail(&["ingest", s(&input), "--deployment", &dep, "--out", s(out)]);
+        let r = kvtrail(["ingest", s(&input), "--deployment", &dep, "--out", s(out)]).run();
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert!(
             r.stdout.contains("28 kv events, 4 requests"),
@@ -107,18 +107,54 @@ fn ingest_round_trip_matches_the_recorder_and_is_deterministic() {
     let m = Manifest::load(&a).unwrap();
     assert!(m.capture.complete);
     assert_eq!((m.capture.started_ns, m.capture.ended_ns), (1000, 2004));
-    assert_eq!(kvtrail(&["verify", s(&a)]).code, 0);
+    assert_eq!(kvtrail(["verify", s(&a)]).run().code, 0);
     // A whole trace.json is accepted as the deployment.
     let c = d.path().join("c");
-    let r = kvtrail(&[
+    let r = kvtrail([
         "ingest",
         s(&input),
         "--deployment",
         s(&a.join("trace.json")),
         "--out",
         s(&c),
-    ]);
+    ])
+    .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn ingest_from_stdin_writes_the_same_trace_as_from_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("events.jsonl");
+    std::fs::write(&input, jsonl()).unwrap();
+    let dep = write_deploy(d.path());
+    let (file, piped) = (d.path().join("file"), d.path().join("piped"));
+    let r = kvtrail(["ingest", s(&input), "--deployment", &dep, "--out", s(&file)]).run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = kvtrail(["ingest", "-", "--deployment", &dep, "--out", s(&piped)])
+        .stdin(jsonl())
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("28 kv events, 4 requests"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        contents(&Trace::open(&piped).unwrap()),
+        contents(&Trace::open(&file).unwrap())
+    );
+    for f in [
+        "kv/pool=0/part-00000.parquet",
+        "requests/part-00000.parquet",
+    ] {
+        assert_eq!(
+            std::fs::read(piped.join(f)).unwrap(),
+            std::fs::read(file.join(f)).unwrap(),
+            "{f} differs between the ingest of the file and of stdin"
+        );
+    }
+    assert_eq!(kvtrail(["verify", s(&piped)]).run().code, 0);
 }
 
 #[test]
@@ -131,7 +167,7 @@ fn ingest_bad_line_names_line_and_field_and_leaves_nothing() {
     let line = text.lines().position(|l| l.contains("peek")).unwrap() + 1;
     let dep = write_deploy(d.path());
     let out = d.path().join("t");
-    let r = kvtrail(&["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]);
+    let r = kvtrail(["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]).run();
     assert_eq!(r.code, 2);
     let want = format!("events.jsonl:{line}: field `op`: unknown op \"peek\"");
     assert!(r.stderr.contains(&want), "{}\nwants {want}", r.stderr);
@@ -140,7 +176,7 @@ fn ingest_bad_line_names_line_and_field_and_leaves_nothing() {
     // Into a directory that exists already: it is left as it was.
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("notes.txt"), "mine").unwrap();
-    let r = kvtrail(&["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]);
+    let r = kvtrail(["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]).run();
     assert_eq!(r.code, 2);
     let left: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
@@ -159,14 +195,15 @@ fn ingest_unknown_pool_is_a_bad_line() {
     )
     .unwrap();
     let dep = write_deploy(d.path());
-    let r = kvtrail(&[
+    let r = kvtrail([
         "ingest",
         s(&input),
         "--deployment",
         &dep,
         "--out",
         s(&d.path().join("t")),
-    ]);
+    ])
+    .run();
     assert_eq!(r.code, 2);
     assert!(
         r.stderr
@@ -197,7 +234,7 @@ fn ingest_skip_bad_lines_marks_the_loss() {
     std::fs::write(&input, lines.join("\n")).unwrap();
     let dep = write_deploy(d.path());
     let out = d.path().join("t");
-    let r = kvtrail(&[
+    let r = kvtrail([
         "ingest",
         s(&input),
         "--deployment",
@@ -205,7 +242,8 @@ fn ingest_skip_bad_lines_marks_the_loss() {
         "--out",
         s(&out),
         "--skip-bad-lines",
-    ]);
+    ])
+    .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("3 bad lines SKIPPED"), "{}", r.stdout);
     assert!(
@@ -226,7 +264,7 @@ fn ingest_skip_bad_lines_marks_the_loss() {
         .map(|p| (p.pool, p.missing_events))
         .collect();
     assert_eq!(holes, [(0, 1), (1, 1)]);
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 1);
     assert!(
         v.stdout.contains("3 malformed input lines were skipped"),
@@ -346,7 +384,7 @@ fn seq_holes() {
 fn inspect_text_and_json() {
     let d = tempfile::tempdir().unwrap();
     let t = write_trace(d.path());
-    let r = kvtrail(&["inspect", s(&t)]);
+    let r = kvtrail(["inspect", s(&t)]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     for want in [
         "pool 0   prefill-0        prefill capacity 64 tokens, page 4, prompts >= 58 tokens exceed it",
@@ -360,8 +398,8 @@ fn inspect_text_and_json() {
     ] {
         assert!(r.stdout.contains(want), "lacks {want:?}:\n{}", r.stdout);
     }
-    let j1 = kvtrail(&["inspect", "--json", s(&t)]);
-    let j2 = kvtrail(&["inspect", "--json", s(&t)]);
+    let j1 = kvtrail(["inspect", "--json", s(&t)]).run();
+    let j2 = kvtrail(["inspect", "--json", s(&t)]).run();
     assert_eq!(j1.stdout, j2.stdout, "inspect --json is deterministic");
     let v: serde_json::Value = serde_json::from_str(&j1.stdout).unwrap();
     assert_eq!(v["requests"]["over_long_prompts"]["examples"], json!([3]));
@@ -400,7 +438,7 @@ fn duplicate_seqs_are_refused() {
 fn seqs_out_of_order_over_a_huge_range_are_sorted_not_allocated() {
     let d = tempfile::tempdir().unwrap();
     trace_with_seq_files(d.path(), &[&[u64::MAX - 1, 0]]);
-    let r = kvtrail(&["inspect", "--json", s(d.path())]);
+    let r = kvtrail(["inspect", "--json", s(d.path())]).run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     let p = &v["kv"]["pools"][0];

@@ -25,12 +25,14 @@
 //! otherwise. The check that notebooks are committed without outputs needs
 //! no venv.
 
-use crate::support::venv;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+use crate::support::cli::{bin, kvtrail, s};
+use crate::support::files;
+use crate::support::venv;
 
 const NOTEBOOKS: [&str; 3] = [
     "01-trace-tour.ipynb",
@@ -43,10 +45,6 @@ const CELL_TIMEOUT_S: &str = "180";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_kvtrail")
 }
 
 /// Runs a command; panics with its output unless its exit code is in `ok`.
@@ -64,39 +62,31 @@ fn run(cmd: &mut Command, ok: &[i32]) -> String {
     stdout
 }
 
-fn kvtrail(args: &[&str], ok: &[i32]) -> String {
-    run(Command::new(bin()).args(args), ok)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
-
 /// A what-if folder as notebook 03 reads it: after/, scope-before/,
 /// scope-after/, diff.json.
 fn whatif_folder(trace: &Path, dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let after = dir.join("after");
-    kvtrail(
-        &[
-            "replay",
-            s(trace),
-            "--engine",
-            "sglang-0.5.22",
-            "--out",
-            s(&after),
-        ],
-        &[0],
-    );
-    kvtrail(
-        &["scope", s(trace), "--out", s(&dir.join("scope-before"))],
-        &[0],
-    );
-    kvtrail(
-        &["scope", s(&after), "--out", s(&dir.join("scope-after"))],
-        &[0],
-    );
-    let diff = kvtrail(&["diff", s(trace), s(&after), "--json"], &[0]);
+    kvtrail([
+        "replay",
+        s(trace),
+        "--engine",
+        "sglang-0.5.22",
+        "--out",
+        s(&after),
+    ])
+    .expect(&[0])
+    .run();
+    kvtrail(["scope", s(trace), "--out", s(&dir.join("scope-before"))])
+        .expect(&[0])
+        .run();
+    kvtrail(["scope", s(&after), "--out", s(&dir.join("scope-after"))])
+        .expect(&[0])
+        .run();
+    let diff = kvtrail(["diff", s(trace), s(&after), "--json"])
+        .expect(&[0])
+        .run()
+        .stdout;
     std::fs::write(dir.join("diff.json"), diff).unwrap();
 }
 
@@ -225,20 +215,22 @@ fn notebooks_run_on_a_simulated_incident() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("incident");
-    kvtrail(
-        &[
-            "simulate",
-            "--scenario",
-            "incident",
-            "--requests",
-            "600",
-            "--out",
-            s(&trace),
-        ],
-        &[0],
-    );
+    kvtrail([
+        "simulate",
+        "--scenario",
+        "incident",
+        "--requests",
+        "600",
+        "--out",
+        s(&trace),
+    ])
+    .expect(&[0])
+    .run();
     let scope = tmp.path().join("scope");
-    let txt = kvtrail(&["scope", s(&trace), "--out", s(&scope)], &[0]);
+    let txt = kvtrail(["scope", s(&trace), "--out", s(&scope)])
+        .expect(&[0])
+        .run()
+        .stdout;
     assert!(txt.contains("VERDICT: 6 responses affected"), "{txt}");
     let work = tmp.path().join("work");
     execute(
@@ -277,18 +269,17 @@ fn notebooks_run_on_a_trace_from_another_writer() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let sim = tmp.path().join("sim");
-    kvtrail(
-        &[
-            "simulate",
-            "--scenario",
-            "sibling-stale-copy",
-            "--requests",
-            "400",
-            "--out",
-            s(&sim),
-        ],
-        &[0],
-    );
+    kvtrail([
+        "simulate",
+        "--scenario",
+        "sibling-stale-copy",
+        "--requests",
+        "400",
+        "--out",
+        s(&sim),
+    ])
+    .expect(&[0])
+    .run();
     let trace = tmp.path().join("other-writer");
     run(
         Command::new(&py)
@@ -296,13 +287,16 @@ fn notebooks_run_on_a_trace_from_another_writer() {
             .args([s(&sim), s(&trace)]),
         &[0],
     );
-    let kv_parts = walk(&trace.join("kv"))
+    let kv_parts = files::paths(&trace.join("kv"))
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
         .count();
     assert!(kv_parts >= 8, "{kv_parts} kv part files");
     let scope = tmp.path().join("scope");
-    let txt = kvtrail(&["scope", s(&trace), "--out", s(&scope)], &[0]);
+    let txt = kvtrail(["scope", s(&trace), "--out", s(&scope)])
+        .expect(&[0])
+        .run()
+        .stdout;
     assert!(
         txt.contains("evidence is INCOMPLETE"),
         "no files list: {txt}"
@@ -333,17 +327,16 @@ fn notebooks_run_on_the_ingested_tour_trace_with_lost_events() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("tour");
     let data = repo().join("tests/data/jsonl");
-    kvtrail(
-        &[
-            "ingest",
-            s(&data.join("incident.jsonl")),
-            "--deployment",
-            s(&data.join("deploy.json")),
-            "--out",
-            s(&trace),
-        ],
-        &[0],
-    );
+    kvtrail([
+        "ingest",
+        s(&data.join("incident.jsonl")),
+        "--deployment",
+        s(&data.join("deploy.json")),
+        "--out",
+        s(&trace),
+    ])
+    .expect(&[0])
+    .run();
     execute(
         &py,
         &tmp.path().join("executed"),
@@ -385,17 +378,4 @@ fn notebooks_run_with_their_defaults_on_the_built_in_trace() {
             .join("work/scope-incident-mini/summary.json")
             .is_file()
     );
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

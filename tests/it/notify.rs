@@ -13,12 +13,12 @@
 //!   script runs (data-ok), no console errors; a screenshot goes to
 //!   target/report.png. Fails when CI is set and chromium is missing.
 
-use crate::support::trace_builder as common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::TraceBuilder;
+use crate::support::cli::{kvtrail, s};
+use crate::support::trace_builder::TraceBuilder;
+use crate::support::updating_goldens;
 
 /// 2026-09-01 00:00:00 UTC.
 const BASE: i64 = 1_788_220_800_000_000_000;
@@ -110,26 +110,6 @@ fn incident() -> TraceBuilder {
     tb
 }
 
-fn kvtrail(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .current_dir(cwd)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
 const CONFIG: &str = r#"operator_name = "Example Inference GmbH"
 dpo_contact = "Dr. Erika Muster, dpo@example-inference.eu"
 incident_id = "INC-2026-0042"
@@ -141,19 +121,22 @@ measures = ["Prefill pool enlarged to twice the context window.", "Over-long pro
 /// (so the recorded command lines are the same everywhere).
 fn setup(root: &Path) {
     incident().record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
     std::fs::write(root.join("notify.toml"), CONFIG).unwrap();
-    ok(&kvtrail(
-        root,
-        &[
-            "notify",
-            "scope",
-            "--out",
-            "packs",
-            "--config",
-            "notify.toml",
-        ],
-    ));
+    kvtrail([
+        "notify",
+        "scope",
+        "--out",
+        "packs",
+        "--config",
+        "notify.toml",
+    ])
+    .cwd(root)
+    .run()
+    .ok();
 }
 
 fn files(dir: &Path) -> Vec<String> {
@@ -201,7 +184,7 @@ fn golden_outputs_are_byte_identical() {
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path());
     let g = golden_dir();
-    let update = std::env::var_os("KVTRAIL_UPDATE_GOLDEN").is_some();
+    let update = updating_goldens();
     let list = golden_list(dir.path());
     if update {
         let _ = std::fs::remove_dir_all(&g);
@@ -371,19 +354,22 @@ fn stray_part_files_named_after_tenants_never_reach_another_customers_pack() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, format!("rows of {tenant}")).unwrap();
     }
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
     std::fs::write(root.join("notify.toml"), CONFIG).unwrap();
-    ok(&kvtrail(
-        root,
-        &[
-            "notify",
-            "scope",
-            "--out",
-            "packs",
-            "--config",
-            "notify.toml",
-        ],
-    ));
+    kvtrail([
+        "notify",
+        "scope",
+        "--out",
+        "packs",
+        "--config",
+        "notify.toml",
+    ])
+    .cwd(root)
+    .run()
+    .ok();
     // The responder's own report keeps the paths.
     let summary = std::fs::read_to_string(root.join("scope/summary.json")).unwrap();
     assert!(
@@ -417,7 +403,10 @@ fn tenants_named_like_unknown_or_engine_are_notified() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     tb.record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("scope/summary.json")).unwrap()).unwrap();
     let resp = |id: u64| -> serde_json::Value {
@@ -435,7 +424,10 @@ fn tenants_named_like_unknown_or_engine_are_notified() {
     assert_eq!(resp(3)["cross_tenant"], false, "same tenant: {}", resp(3));
     assert_eq!(resp(9)["tenant"], serde_json::Value::Null);
     assert_eq!(resp(9)["cross_tenant"], true);
-    ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+    kvtrail(["notify", "scope", "--out", "packs"])
+        .cwd(root)
+        .run()
+        .ok();
     let reg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("packs/register.json")).unwrap()).unwrap();
     assert_eq!(reg["unattributed_responses"], 1, "{reg}");
@@ -470,10 +462,12 @@ fn tenants_named_like_unknown_or_engine_are_notified() {
         ]
     );
     // lookup agrees: the tenant is affected.
-    let a: serde_json::Value = serde_json::from_str(&ok(&kvtrail(
-        root,
-        &["lookup", "scope", "--json", "--tenant", "(engine)"],
-    )))
+    let a: serde_json::Value = serde_json::from_str(
+        &kvtrail(["lookup", "scope", "--json", "--tenant", "(engine)"])
+            .cwd(root)
+            .run()
+            .ok(),
+    )
     .unwrap();
     assert_eq!(a["status"], "affected");
 }
@@ -500,15 +494,8 @@ fn folder_names_never_collide_or_escape() {
 }
 
 fn verify(path: &Path) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(["verify", path.to_str().unwrap()])
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-    )
+    let o = kvtrail(["verify", s(path)]).run();
+    (o.code, o.stdout)
 }
 
 #[test]
@@ -547,12 +534,12 @@ fn verify_names_every_changed_file() {
             if *rel == format!("{folder}/evidence.json") {
                 // A folder's own record that no longer parses as one is
                 // refused (exit 2), naming it; one that does fails.
-                let o = kvtrail(root, &["verify", folder]);
-                let err = String::from_utf8_lossy(&o.stderr);
-                let out = String::from_utf8_lossy(&o.stdout);
+                let o = kvtrail(["verify", folder]).cwd(root).run();
+                let err = o.stderr.as_str();
+                let out = o.stdout.as_str();
                 assert!(
-                    (o.status.code() == Some(2) && err.contains("evidence.json"))
-                        || (o.status.code() == Some(1) && out.contains("FAIL")),
+                    (o.code == 2 && err.contains("evidence.json"))
+                        || (o.code == 1 && out.contains("FAIL")),
                     "editing {rel}: verify {folder}: {out}{err}"
                 );
                 continue;
@@ -582,9 +569,11 @@ fn verify_names_every_changed_file() {
     assert_eq!(code, 1);
     assert!(out.contains("extra") && out.contains("extra.txt"), "{out}");
     // notify refuses a scope folder that no longer matches its evidence.
-    let o = kvtrail(root, &["notify", "scope", "--out", "packs2"]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let o = kvtrail(["notify", "scope", "--out", "packs2"])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 2);
+    let err = o.stderr.as_str();
     assert!(
         err.contains("extra.txt") && err.contains("evidence.json"),
         "{err}"
@@ -600,7 +589,7 @@ fn lookup_answers_each_side_and_says_not_found_plainly() {
     let json = |args: &[&str]| -> serde_json::Value {
         let mut a = vec!["lookup", "scope", "--json"];
         a.extend_from_slice(args);
-        serde_json::from_str(&ok(&kvtrail(root, &a))).unwrap()
+        serde_json::from_str(&kvtrail(&a).cwd(root).run().ok()).unwrap()
     };
     let digest = blake3::hash(&std::fs::read(root.join("scope/evidence.json")).unwrap())
         .to_hex()
@@ -642,29 +631,33 @@ fn lookup_answers_each_side_and_says_not_found_plainly() {
     assert_eq!(v["matches"].as_array().unwrap().len(), 2);
     let v = json(&["--external-id", "chatcmpl-not-in-trace"]);
     assert_eq!(v["status"], "not_found");
-    let text = ok(&kvtrail(
-        root,
-        &["lookup", "scope", "--external-id", "chatcmpl-nope"],
-    ));
+    let text = kvtrail(["lookup", "scope", "--external-id", "chatcmpl-nope"])
+        .cwd(root)
+        .run()
+        .ok();
     assert!(
         text.contains("NOT FOUND") && text.contains("Not found is not 'not affected'"),
         "{text}"
     );
-    let text = ok(&kvtrail(
-        root,
-        &["lookup", "scope", "--external-id", &ext(5)],
-    ));
+    let text = kvtrail(["lookup", "scope", "--external-id", &ext(5)])
+        .cwd(root)
+        .run()
+        .ok();
     assert!(
         text.contains("AFFECTED") && text.contains(&digest),
         "{text}"
     );
-    let o = kvtrail(root, &["lookup", "scope", "--output-hash", "xyz"]);
-    assert_eq!(o.status.code(), Some(2));
+    let o = kvtrail(["lookup", "scope", "--output-hash", "xyz"])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 2);
     // A modified folder still answers but says so, with exit 1.
     std::fs::write(root.join("scope/tenants.csv"), "edited\n").unwrap();
-    let o = kvtrail(root, &["lookup", "scope", "--external-id", &ext(5)]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("DOES NOT MATCH"));
+    let o = kvtrail(["lookup", "scope", "--external-id", &ext(5)])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 1);
+    assert!(o.stdout.as_str().contains("DOES NOT MATCH"));
 }
 
 #[test]
@@ -676,11 +669,16 @@ fn lookup_on_incomplete_evidence_never_says_not_affected() {
     tb.req(9, "globex").external_id = Some(ext(9));
     let dir = tempfile::tempdir().unwrap();
     tb.record(&dir.path().join("trace"));
-    ok(&kvtrail(dir.path(), &["scope", "trace", "--out", "scope"]));
-    let v: serde_json::Value = serde_json::from_str(&ok(&kvtrail(
-        dir.path(),
-        &["lookup", "scope", "--json", "--external-id", &ext(9)],
-    )))
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(dir.path())
+        .run()
+        .ok();
+    let v: serde_json::Value = serde_json::from_str(
+        &kvtrail(["lookup", "scope", "--json", "--external-id", &ext(9)])
+            .cwd(dir.path())
+            .run()
+            .ok(),
+    )
     .unwrap();
     assert_eq!(v["status"], "not_affected_incomplete_evidence", "{v}");
 }
@@ -833,10 +831,15 @@ fn config_markers_and_bad_config() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     incident().record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-    let o = kvtrail(root, &["notify", "scope", "--out", "bare"]);
-    ok(&o);
-    let err = String::from_utf8_lossy(&o.stderr);
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    let o = kvtrail(["notify", "scope", "--out", "bare"])
+        .cwd(root)
+        .run();
+    o.ok();
+    let err = o.stderr.as_str();
     assert!(
         err.contains("operator_name") && err.contains("measures"),
         "{err}"
@@ -857,20 +860,21 @@ fn config_markers_and_bad_config() {
     let letter = std::fs::read_to_string(root.join("bare/customers/globex/letter.md")).unwrap();
     assert!(letter.matches("to fill in: ").count() >= 5, "{letter}");
     std::fs::write(root.join("typo.toml"), "operator_nme = \"x\"\n").unwrap();
-    let o = kvtrail(
-        root,
-        &["notify", "scope", "--out", "t", "--config", "typo.toml"],
-    );
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let o = kvtrail(["notify", "scope", "--out", "t", "--config", "typo.toml"])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 2);
+    let err = o.stderr.as_str();
     assert!(
         err.contains("typo.toml") && err.contains("operator_nme"),
         "{err}"
     );
     // An existing non-empty output folder is refused.
-    let o = kvtrail(root, &["notify", "scope", "--out", "bare"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
+    let o = kvtrail(["notify", "scope", "--out", "bare"])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.as_str().contains("not empty"));
 }
 
 #[test]
@@ -891,13 +895,10 @@ fn scope_records_a_trace_file_that_no_longer_matches_its_manifest() {
     rows[0].http_status = 299;
     kvtrail::trace::write::write_single_file(&p, &[kvtrail::trace::write::requests_batch(&rows)])
         .unwrap();
-    let o = kvtrail(root, &["scope", "trace", "--out", "scope"]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run();
+    assert_eq!(o.code, 0, "{}", o.stderr.as_str());
     let ev: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("scope/evidence.json")).unwrap()).unwrap();
     let problems = ev["inputs"][0]["problems"].to_string();

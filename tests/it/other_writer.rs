@@ -5,8 +5,6 @@
 //! folders, snappy/gzip/uncompressed, tiny row groups, marker files, and a
 //! manifest without `files`.
 
-use crate::support::small_trace as common;
-
 use std::path::Path;
 
 use arrow_array::types::{Int8Type, Int32Type};
@@ -14,12 +12,14 @@ use arrow_array::{
     ArrayRef, DictionaryArray, Int32Array, Int64Array, LargeStringArray, RecordBatch, StringArray,
     UInt16Array, UInt32Array, UInt64Array,
 };
-use common::*;
 use kvtrail::inspect::inspect;
 use kvtrail::progress::NoReporter;
 use kvtrail::schema::{KvEvent, RequestRecord};
 use kvtrail::trace::{Trace, load_request_index};
 use parquet::basic::{Compression, GzipLevel};
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::small_trace::*;
 
 fn i64s(v: impl Iterator<Item = i64>) -> ArrayRef {
     arr(Int64Array::from_iter_values(v))
@@ -280,7 +280,7 @@ fn hand_written_trace_reads_like_the_recorders() {
     assert_eq!(idx.record(r3), ours_rq[2]);
 
     // verify: no digests to check is a failure to verify, not an error.
-    let v = kvtrail(&["verify", s(&theirs_dir)]);
+    let v = kvtrail(["verify", s(&theirs_dir)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
     assert!(v.stdout.contains("unverifiable"), "{}", v.stdout);
 }

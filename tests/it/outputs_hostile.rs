@@ -4,39 +4,10 @@
 //! destroy) other files, pack folder names Windows reserves, and the
 //! permissions of everything written.
 
-use crate::support::trace_builder as common;
-
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::TraceBuilder;
-
-fn kvtrail(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .current_dir(cwd)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-fn refused(o: &Output, want: &str) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains(want) && err.contains("hint:"), "{err}");
-    err
-}
+use crate::support::cli::{Ran, kvtrail};
+use crate::support::trace_builder::TraceBuilder;
 
 /// Request 1 of tenant `t1` writes four slots; request 2 of `t2` reads two
 /// of them: r2 is an affected recipient, r1 its source.
@@ -62,8 +33,14 @@ fn csv_cells_starting_with_formula_characters_are_neutralised() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     tb.record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-    ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["notify", "scope", "--out", "packs"])
+        .cwd(root)
+        .run()
+        .ok();
     // (file, numeric columns)
     let files: [(&str, &[&str]); 4] = [
         (
@@ -105,19 +82,23 @@ fn csv_cells_starting_with_formula_characters_are_neutralised() {
     // The neutralised cells read back exactly: lookup finds the ids.
     for (id, want) in [("=HYPERLINK(\"http://x\",\"y\")", 1), ("-2+3", 2)] {
         // `--external-id=ID`: an id that starts with `-` is no flag.
-        let v: serde_json::Value = serde_json::from_str(&ok(&kvtrail(
-            root,
-            &["lookup", "scope", "--json", &format!("--external-id={id}")],
-        )))
+        let v: serde_json::Value = serde_json::from_str(
+            &kvtrail(["lookup", "scope", "--json", &format!("--external-id={id}")])
+                .cwd(root)
+                .run()
+                .ok(),
+        )
         .unwrap();
         assert_eq!(v["status"], "affected", "{id}: {v}");
         assert_eq!(v["matches"][0]["request_id"], want);
         assert_eq!(v["matches"][0]["external_id"], id);
     }
-    let v: serde_json::Value = serde_json::from_str(&ok(&kvtrail(
-        root,
-        &["lookup", "scope", "--json", "--tenant", "+bystander"],
-    )))
+    let v: serde_json::Value = serde_json::from_str(
+        &kvtrail(["lookup", "scope", "--json", "--tenant", "+bystander"])
+            .cwd(root)
+            .run()
+            .ok(),
+    )
     .unwrap();
     assert!(
         v["status"].as_str().unwrap().starts_with("not_affected"),
@@ -135,18 +116,24 @@ fn terminal_control_characters_in_trace_strings_are_escaped() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     tb.record(&root.join("trace"));
-    let scope = ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-    let inspect = ok(&kvtrail(root, &["inspect", "trace"]));
-    let lookup = ok(&kvtrail(
-        root,
-        &["lookup", "scope", "--external-id", &format!("id-{spoof}")],
-    ));
-    let by_tenant = ok(&kvtrail(root, &["lookup", "scope", "--tenant", spoof]));
+    let scope = kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    let inspect = kvtrail(["inspect", "trace"]).cwd(root).run().ok();
+    let lookup = kvtrail(["lookup", "scope", "--external-id", &format!("id-{spoof}")])
+        .cwd(root)
+        .run()
+        .ok();
+    let by_tenant = kvtrail(["lookup", "scope", "--tenant", spoof])
+        .cwd(root)
+        .run()
+        .ok();
     // A file planted in the folder under a spoofing name: verify names it.
     std::fs::write(root.join("scope").join(format!("x{spoof}.txt")), "x").unwrap();
-    let o = kvtrail(root, &["verify", "scope"]);
-    assert_eq!(o.status.code(), Some(1));
-    let verify = String::from_utf8(o.stdout).unwrap();
+    let o = kvtrail(["verify", "scope"]).cwd(root).run();
+    assert_eq!(o.code, 1);
+    let verify = String::from_utf8(o.stdout_bytes).unwrap();
     for (what, out) in [
         ("scope", &scope),
         ("inspect", &inspect),
@@ -162,7 +149,7 @@ fn terminal_control_characters_in_trace_strings_are_escaped() {
     assert!(scope.contains("evil\\u{1b}[2J\\u{1b}[H\\u{d}NOT AFFECTED\\u{202e}"));
     // JSON stays exact JSON.
     let v: serde_json::Value =
-        serde_json::from_str(&ok(&kvtrail(root, &["scope", "trace", "--json"]))).unwrap();
+        serde_json::from_str(&kvtrail(["scope", "trace", "--json"]).cwd(root).run().ok()).unwrap();
     assert_eq!(v["affected_responses"][0]["tenant"], spoof);
 }
 
@@ -174,14 +161,14 @@ fn scope_out_refuses_a_non_empty_folder_or_one_inside_the_trace() {
     // A folder holding someone else's file.
     std::fs::create_dir_all(root.join("busy")).unwrap();
     std::fs::write(root.join("busy/notes.txt"), "mine").unwrap();
-    refused(
-        &kvtrail(root, &["scope", "trace", "--out", "busy"]),
-        "not empty",
-    );
-    refused(
-        &kvtrail(root, &["scope", "trace", "--out", "busy", "--force"]),
-        "no evidence.json",
-    );
+    kvtrail(["scope", "trace", "--out", "busy"])
+        .cwd(root)
+        .run()
+        .refused("not empty");
+    kvtrail(["scope", "trace", "--out", "busy", "--force"])
+        .cwd(root)
+        .run()
+        .refused("no evidence.json");
     assert_eq!(std::fs::read(root.join("busy/notes.txt")).unwrap(), b"mine");
     // Inside (or equal to) the trace.
     for out in [
@@ -190,76 +177,85 @@ fn scope_out_refuses_a_non_empty_folder_or_one_inside_the_trace() {
         "trace/new/deeper",
         "./trace/../trace/x",
     ] {
-        refused(
-            &kvtrail(root, &["scope", "trace", "--out", out]),
-            "inside the input",
-        );
+        kvtrail(["scope", "trace", "--out", out])
+            .cwd(root)
+            .run()
+            .refused("inside the input");
     }
     assert!(!root.join("trace/kv/summary.json").exists());
-    ok(&kvtrail(root, &["inspect", "trace"]));
+    kvtrail(["inspect", "trace"]).cwd(root).run().ok();
     // An earlier output of the same trace: only with --force.
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-    refused(
-        &kvtrail(root, &["scope", "trace", "--out", "scope"]),
-        "not empty",
-    );
-    ok(&kvtrail(
-        root,
-        &["scope", "trace", "--out", "scope", "--force"],
-    ));
-    let v = ok(&kvtrail(root, &["verify", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .refused("not empty");
+    kvtrail(["scope", "trace", "--out", "scope", "--force"])
+        .cwd(root)
+        .run()
+        .ok();
+    let v = kvtrail(["verify", "scope"]).cwd(root).run().ok();
     assert!(v.contains("OK:"), "{v}");
     // ... but never when it holds a file its evidence.json does not list.
     std::fs::write(root.join("scope/planted.csv"), "x").unwrap();
-    refused(
-        &kvtrail(root, &["scope", "trace", "--out", "scope", "--force"]),
-        "planted.csv",
-    );
+    kvtrail(["scope", "trace", "--out", "scope", "--force"])
+        .cwd(root)
+        .run()
+        .refused("planted.csv");
     std::fs::remove_file(root.join("scope/planted.csv")).unwrap();
     // ... nor for another trace.
     leak("acme", "globex").record(&root.join("other"));
-    refused(
-        &kvtrail(root, &["scope", "other", "--out", "scope", "--force"]),
-        "another input",
-    );
+    kvtrail(["scope", "other", "--out", "scope", "--force"])
+        .cwd(root)
+        .run()
+        .refused("another input");
     // notify: not inside the scope folder, not over a non-empty folder,
     // --force only over its own earlier output.
-    refused(
-        &kvtrail(root, &["notify", "scope", "--out", "scope/packs"]),
-        "inside the input",
-    );
-    ok(&kvtrail(root, &["verify", "scope"]));
-    refused(
-        &kvtrail(root, &["notify", "scope", "--out", "busy"]),
-        "not empty",
-    );
-    ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
-    ok(&kvtrail(
-        root,
-        &["notify", "scope", "--out", "packs", "--force"],
-    ));
-    let v = ok(&kvtrail(root, &["verify", "packs"]));
+    kvtrail(["notify", "scope", "--out", "scope/packs"])
+        .cwd(root)
+        .run()
+        .refused("inside the input");
+    kvtrail(["verify", "scope"]).cwd(root).run().ok();
+    kvtrail(["notify", "scope", "--out", "busy"])
+        .cwd(root)
+        .run()
+        .refused("not empty");
+    kvtrail(["notify", "scope", "--out", "packs"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["notify", "scope", "--out", "packs", "--force"])
+        .cwd(root)
+        .run()
+        .ok();
+    let v = kvtrail(["verify", "packs"]).cwd(root).run().ok();
     assert!(v.contains("OK:"), "{v}");
     // merge: not over a non-empty folder.
-    ok(&kvtrail(
-        root,
-        &["scope", "trace", "--pools", "0", "--out", "s0"],
-    ));
-    ok(&kvtrail(
-        root,
-        &["scope", "trace", "--pools", "1", "--out", "s1"],
-    ));
-    refused(
-        &kvtrail(root, &["merge", "s0", "s1", "--out", "busy"]),
-        "not empty",
-    );
-    refused(
-        &kvtrail(root, &["merge", "s0", "s1", "--out", "s0/m"]),
-        "inside the input",
-    );
-    ok(&kvtrail(root, &["merge", "s0", "s1", "--out", "merged"]));
+    kvtrail(["scope", "trace", "--pools", "0", "--out", "s0"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["scope", "trace", "--pools", "1", "--out", "s1"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["merge", "s0", "s1", "--out", "busy"])
+        .cwd(root)
+        .run()
+        .refused("not empty");
+    kvtrail(["merge", "s0", "s1", "--out", "s0/m"])
+        .cwd(root)
+        .run()
+        .refused("inside the input");
+    kvtrail(["merge", "s0", "s1", "--out", "merged"])
+        .cwd(root)
+        .run()
+        .ok();
     // A shard folder verifies: shard.json is in its evidence.json.
-    let v = ok(&kvtrail(root, &["verify", "s0"]));
+    let v = kvtrail(["verify", "s0"]).cwd(root).run().ok();
     assert!(v.contains("OK:"), "{v}");
 }
 
@@ -309,8 +305,14 @@ fn pack_folder_names_reserved_on_windows_are_sanitised() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     leak("aux.txt", "CON").record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-    ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    kvtrail(["notify", "scope", "--out", "packs"])
+        .cwd(root)
+        .run()
+        .ok();
     for e in std::fs::read_dir(root.join("packs/customers")).unwrap() {
         let n = e.unwrap().file_name().to_string_lossy().into_owned();
         assert!(!reserved(&n), "pack folder {n:?}");
@@ -324,7 +326,6 @@ fn outputs_are_owner_only_under_a_permissive_umask() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     leak("acme", "globex").record(&root.join("trace"));
-    let bin = env!("CARGO_BIN_EXE_kvtrail");
     for cmd in [
         "scope trace --out scope",
         "notify scope --out packs",
@@ -332,14 +333,7 @@ fn outputs_are_owner_only_under_a_permissive_umask() {
         "scope trace --pools 1 --out s1",
         "merge s0 s1 --out merged",
     ] {
-        let o = Command::new("sh")
-            .arg("-c")
-            .arg(format!("umask 000 && exec \"{bin}\" {cmd}"))
-            .current_dir(root)
-            .env("KVTRAIL_NO_PROGRESS", "1")
-            .output()
-            .unwrap();
-        ok(&o);
+        kvtrail(cmd.split(' ')).cwd(root).umask(0).run().ok();
     }
     for top in ["scope", "packs", "s0", "merged"] {
         let mut stack = vec![root.join(top)];
@@ -383,7 +377,10 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A scope folder of `leak("acme", "globex")` under `root/scope`.
 fn scope_folder(root: &Path) {
     leak("acme", "globex").record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
 }
 
 #[test]
@@ -399,7 +396,7 @@ fn evidence_json_with_a_non_hex_blake3_is_refused_not_a_panic() {
         &["notify", "scope", "--out", "packs"],
         &["lookup", "scope", "--tenant", "acme"],
     ] {
-        refused(&kvtrail(root, args), "outputs[0].blake3");
+        kvtrail(args).cwd(root).run().refused("outputs[0].blake3");
     }
 }
 
@@ -417,12 +414,15 @@ fn evidence_json_input_root_naming_its_own_folder_is_refused_not_a_stack_overflo
             );
         });
         let name = format!("scope-{i}");
-        let err = refused(&kvtrail(root, &["verify", &name]), "inputs[1].root");
+        let err = kvtrail(["verify", &name])
+            .cwd(root)
+            .run()
+            .refused("inputs[1].root");
         assert!(err.len() < 4096, "{} bytes of error", err.len());
-        refused(
-            &kvtrail(root, &["notify", &name, "--out", &format!("packs-{i}")]),
-            "inputs[1].root",
-        );
+        kvtrail(["notify", &name, "--out", &format!("packs-{i}")])
+            .cwd(root)
+            .run()
+            .refused("inputs[1].root");
     }
     // Two folders citing each other: a cycle, found and refused.
     copy_dir(&root.join("scope"), &root.join("a"));
@@ -434,7 +434,10 @@ fn evidence_json_input_root_naming_its_own_folder_is_refused_not_a_stack_overflo
             );
         });
     }
-    refused(&kvtrail(root, &["verify", "a"]), "cites itself");
+    kvtrail(["verify", "a"])
+        .cwd(root)
+        .run()
+        .refused("cites itself");
 }
 
 #[test]
@@ -471,7 +474,7 @@ fn evidence_json_paths_outside_the_folder_are_never_opened() {
         copy_dir(&root.join("scope"), &d);
         let mut key = String::new();
         edit_evidence(&d, |ev| key = f(ev));
-        let err = refused(&kvtrail(root, &["verify", &name]), &key);
+        let err = kvtrail(["verify", &name]).cwd(root).run().refused(&key);
         assert!(!err.contains("blake3 "), "{err}");
     }
 }
@@ -486,7 +489,10 @@ fn lookup_never_names_another_customer_sharing_an_external_id_or_output_hash() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     tb.record(&root.join("trace"));
-    ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
     let hash = "07".repeat(32);
     for q in [
         ["--external-id", "chatcmpl-1"],
@@ -497,7 +503,7 @@ fn lookup_never_names_another_customer_sharing_an_external_id_or_output_hash() {
             if json {
                 args.push("--json");
             }
-            let out = ok(&kvtrail(root, &args));
+            let out = kvtrail(&args).cwd(root).run().ok();
             for name in ["acme", "globex", "\"request_id\"", "request 1", "request 2"] {
                 assert!(!out.contains(name), "lookup {args:?} names {name}: {out}");
             }
@@ -510,10 +516,10 @@ fn lookup_never_names_another_customer_sharing_an_external_id_or_output_hash() {
         }
         // Restricted to one customer: only that customer's request.
         for (t, id, other) in [("acme", 1, "globex"), ("globex", 2, "acme")] {
-            let out = ok(&kvtrail(
-                root,
-                &["lookup", "scope", "--json", q[0], q[1], "--tenant", t],
-            ));
+            let out = kvtrail(["lookup", "scope", "--json", q[0], q[1], "--tenant", t])
+                .cwd(root)
+                .run()
+                .ok();
             let a: serde_json::Value = serde_json::from_str(&out).unwrap();
             assert_eq!(a["status"], "affected", "{a}");
             assert_eq!(a["matches"].as_array().unwrap().len(), 1, "{a}");
@@ -521,18 +527,18 @@ fn lookup_never_names_another_customer_sharing_an_external_id_or_output_hash() {
             assert!(!out.contains(other), "{out}");
         }
         // Another customer's id asked for under a tenant is not found.
-        let out = ok(&kvtrail(
-            root,
-            &[
-                "lookup",
-                "scope",
-                "--json",
-                q[0],
-                q[1],
-                "--tenant",
-                "bystander",
-            ],
-        ));
+        let out = kvtrail([
+            "lookup",
+            "scope",
+            "--json",
+            q[0],
+            q[1],
+            "--tenant",
+            "bystander",
+        ])
+        .cwd(root)
+        .run()
+        .ok();
         assert!(
             out.contains("\"not_found\"") && !out.contains("acme"),
             "{out}"
@@ -560,8 +566,14 @@ fn a_tenant_named_like_another_tenants_hashed_folder_gets_its_own_pack() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         leak(victim, &other).record(&root.join("trace"));
-        ok(&kvtrail(root, &["scope", "trace", "--out", "scope"]));
-        let out = ok(&kvtrail(root, &["notify", "scope", "--out", "packs"]));
+        kvtrail(["scope", "trace", "--out", "scope"])
+            .cwd(root)
+            .run()
+            .ok();
+        let out = kvtrail(["notify", "scope", "--out", "packs"])
+            .cwd(root)
+            .run()
+            .ok();
         assert!(out.contains("2 notification packs"), "{out}");
         for (t, folder) in &names {
             let notice: serde_json::Value = serde_json::from_slice(
@@ -588,9 +600,9 @@ fn an_output_replaced_by_a_symbolic_link_is_reported_not_followed() {
     let secret = blake3::hash(b"not evidence").to_hex().to_string();
     std::fs::remove_file(root.join("scope/timeline.json")).unwrap();
     std::os::unix::fs::symlink("../secret", root.join("scope/timeline.json")).unwrap();
-    let o = kvtrail(root, &["verify", "scope"]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(1), "{out}");
+    let o = kvtrail(["verify", "scope"]).cwd(root).run();
+    let out = o.stdout.as_str();
+    assert_eq!(o.code, 1, "{out}");
     assert!(
         out.contains("timeline.json") && out.contains("symbolic link"),
         "{out}"
@@ -600,9 +612,9 @@ fn an_output_replaced_by_a_symbolic_link_is_reported_not_followed() {
 
 /// `error: ...` then at most one `  hint: ...` line, nothing raw that a
 /// terminal would act on.
-fn one_error_line(o: &Output, what: &str) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+fn one_error_line(o: &Ran, what: &str) {
+    let err = o.stderr.as_str();
+    assert_eq!(o.code, 2, "{what}: {err}");
     let lines: Vec<&str> = err.lines().collect();
     assert!(
         !lines.is_empty()
@@ -659,7 +671,7 @@ fn a_line_break_in_a_path_or_value_quoted_in_an_error_cannot_forge_error_lines()
             "t",
         ],
     ] {
-        one_error_line(&kvtrail(root, &args), &args.join(" "));
+        one_error_line(&kvtrail(&args).cwd(root).run(), &args.join(" "));
     }
 }
 
@@ -674,18 +686,9 @@ fn audit_counterfactual_and_trace_writer_summaries_escape_trace_strings() {
     let root = dir.path();
     tb.record(&root.join("trace"));
     let run = |args: &[&str]| {
-        let o = kvtrail(root, args);
-        assert_ne!(
-            o.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
+        let o = kvtrail(args).cwd(root).run();
+        assert_ne!(o.code, 2, "{args:?}: {}", o.stderr.as_str());
+        format!("{}{}", o.stdout.as_str(), o.stderr.as_str())
     };
     let sim = format!("sim{spoof}");
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jsonl");
@@ -740,42 +743,38 @@ fn trace_writers_refuse_a_non_empty_out_folder_or_one_inside_the_input_trace() {
     let jsonl = data.join("incident.jsonl");
     let jsonl = jsonl.to_str().unwrap();
     let sim = |out: &str| {
-        kvtrail(
-            root,
-            &[
-                "simulate",
-                "--scenario",
-                "steady",
-                "--requests",
-                "20",
-                "--out",
-                out,
-            ],
-        )
+        kvtrail([
+            "simulate",
+            "--scenario",
+            "steady",
+            "--requests",
+            "20",
+            "--out",
+            out,
+        ])
+        .cwd(root)
+        .run()
     };
-    ok(&sim("t"));
+    sim("t").ok();
     std::fs::create_dir_all(root.join("busy")).unwrap();
     std::fs::write(root.join("busy/notes.txt"), "mine").unwrap();
     // Over someone else's files: refused by every command writing a trace.
-    refused(&sim("busy"), "not empty");
-    refused(
-        &kvtrail(root, &["replay", "t", "--out", "busy"]),
-        "not empty",
-    );
-    refused(
-        &kvtrail(
-            root,
-            &[
-                "ingest",
-                jsonl,
-                "--deployment",
-                "t/trace.json",
-                "--out",
-                "busy",
-            ],
-        ),
-        "not empty",
-    );
+    sim("busy").refused("not empty");
+    kvtrail(["replay", "t", "--out", "busy"])
+        .cwd(root)
+        .run()
+        .refused("not empty");
+    kvtrail([
+        "ingest",
+        jsonl,
+        "--deployment",
+        "t/trace.json",
+        "--out",
+        "busy",
+    ])
+    .cwd(root)
+    .run()
+    .refused("not empty");
     assert_eq!(
         std::fs::read_dir(root.join("busy")).unwrap().count(),
         1,
@@ -783,42 +782,39 @@ fn trace_writers_refuse_a_non_empty_out_folder_or_one_inside_the_input_trace() {
     );
     // Inside (or equal to) the trace it reads.
     for out in ["t/kv", "t", "t/new/deeper", "./t/../t/x"] {
-        refused(
-            &kvtrail(root, &["replay", "t", "--out", out]),
-            "inside the input",
-        );
-        refused(
-            &kvtrail(
-                root,
-                &[
-                    "ingest",
-                    jsonl,
-                    "--deployment",
-                    "t/trace.json",
-                    "--out",
-                    out,
-                ],
-            ),
-            "inside the input",
-        );
-    }
-    assert!(!root.join("t/kv/trace.json").exists());
-    assert!(!root.join("t/new").exists());
-    ok(&kvtrail(root, &["verify", "t"]));
-    // A new or empty folder is fine.
-    std::fs::create_dir_all(root.join("empty")).unwrap();
-    ok(&sim("empty"));
-    ok(&kvtrail(root, &["replay", "t", "--out", "r"]));
-    ok(&kvtrail(
-        root,
-        &[
+        kvtrail(["replay", "t", "--out", out])
+            .cwd(root)
+            .run()
+            .refused("inside the input");
+        kvtrail([
             "ingest",
             jsonl,
             "--deployment",
             "t/trace.json",
             "--out",
-            "i",
-        ],
-    ));
-    ok(&kvtrail(root, &["verify", "t"]));
+            out,
+        ])
+        .cwd(root)
+        .run()
+        .refused("inside the input");
+    }
+    assert!(!root.join("t/kv/trace.json").exists());
+    assert!(!root.join("t/new").exists());
+    kvtrail(["verify", "t"]).cwd(root).run().ok();
+    // A new or empty folder is fine.
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    sim("empty").ok();
+    kvtrail(["replay", "t", "--out", "r"]).cwd(root).run().ok();
+    kvtrail([
+        "ingest",
+        jsonl,
+        "--deployment",
+        "t/trace.json",
+        "--out",
+        "i",
+    ])
+    .cwd(root)
+    .run()
+    .ok();
+    kvtrail(["verify", "t"]).cwd(root).run().ok();
 }

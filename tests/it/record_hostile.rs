@@ -18,16 +18,13 @@
 //! - writer_failure_is_not_silent
 //! - reconnect_loop_leaves_no_per_connection_state
 
-use crate::support::small_trace as common;
-use crate::support::record as record_common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{kvtrail, s};
-use record_common::*;
+use crate::support::cli::{kvtrail, s};
+use crate::support::record::*;
 
 /// Waits until `f` holds (or fails after 10 s).
 fn until(what: &str, f: impl Fn() -> bool) {
@@ -65,7 +62,7 @@ fn lost_line_with_u64_max_does_not_stop_the_writer() {
     assert_eq!(seqs(&t, 3), vec![0, 1]);
     // The loss it announced could not be recorded: not complete.
     assert!(!sum.complete, "{st:?}");
-    assert_eq!(kvtrail(&["verify", s(&out)]).code, 1);
+    assert_eq!(kvtrail(["verify", s(&out)]).run().code, 1);
 }
 
 #[test]
@@ -215,7 +212,7 @@ fn refused_connection_makes_the_capture_incomplete() {
     let (sum, _t, _d, out) = rig.stop();
     assert_eq!(sum.stats.refused_connections, 1, "{:?}", sum.stats);
     assert!(!sum.complete, "{:?}", sum.stats);
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
 }
 
@@ -273,7 +270,7 @@ fn trickling_client_cannot_hold_sigterm_open() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("cut at shutdown 1"), "{stdout}");
     assert!(stdout.contains("INCOMPLETE"), "{stdout}");
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
     h.join().unwrap();
 }

@@ -13,20 +13,18 @@
 //! - tcp_loopback_and_listen_policy / connections_beyond_the_limit_are_refused
 //! - sigterm_closes_cleanly / sigkill_leaves_every_rotated_file_valid
 
-use crate::support::small_trace as common;
-use crate::support::record as record_common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{kvtrail, s};
 use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::{Manifest, Trace};
-use record_common::*;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::record::*;
 
 #[test]
 fn concurrent_connections_each_write_their_pool() {
@@ -62,7 +60,7 @@ fn concurrent_connections_each_write_their_pool() {
             "pool {pool}"
         );
     }
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 0, "{}", v.stdout);
 }
 
@@ -182,7 +180,7 @@ fn writer_behind_drops_become_counted_holes() {
     let got = seqs(&t, 3);
     assert_eq!(got.len() as u64, st.kv_written);
     assert_eq!(*got.last().unwrap(), n, "holes take the lost seqs");
-    let i = kvtrail(&["inspect", s(&out), "--json"]);
+    let i = kvtrail(["inspect", s(&out), "--json"]).run();
     let j: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
     let p = j["kv"]["pools"]
         .as_array()
@@ -438,7 +436,7 @@ fn sigterm_closes_cleanly() {
     );
     let m = Manifest::load(&out).unwrap();
     assert!(m.capture.complete);
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 0, "{}", v.stdout);
     assert!(!sock.exists(), "the socket is removed on exit");
 }
@@ -495,7 +493,7 @@ fn non_loopback_tcp_is_refused_by_the_binary() {
     let d = tempfile::tempdir().unwrap();
     let dep = write_deployment(d.path());
     let out = d.path().join("t");
-    let r = kvtrail(&[
+    let r = kvtrail([
         "record",
         "--listen",
         "0.0.0.0:0",
@@ -503,7 +501,8 @@ fn non_loopback_tcp_is_refused_by_the_binary() {
         s(&dep),
         "--out",
         s(&out),
-    ]);
+    ])
+    .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("not a loopback address"), "{}", r.stderr);
     assert!(r.stderr.contains("--allow-remote"), "{}", r.stderr);

@@ -12,17 +12,17 @@
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
 //! message.
 
-use crate::support::small_trace as common;
 use crate::support::venv;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{kvtrail, s};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::{Manifest, Trace};
+
+use crate::support::cli::{kvtrail, s};
 
 fn wait_for(path: &Path) {
     let t = Instant::now();
@@ -151,22 +151,18 @@ fn with_sidecar(
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sock = d.path().join("kvtrail.sock");
     let out = d.path().join("trace");
-    let mut sidecar = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args([
-            "record",
-            "--listen",
-            &format!("unix:{}", sock.display()),
-            "--deployment",
-            s(&root.join("tests/data/record").join(deploy)),
-            "--out",
-            s(&out),
-            "--health-secs",
-            "0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut sidecar = kvtrail([
+        "record",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--deployment",
+        s(&root.join("tests/data/record").join(deploy)),
+        "--out",
+        s(&out),
+        "--health-secs",
+        "0",
+    ])
+    .spawn();
     wait_for(&sock);
     let driver = Command::new(py)
         .arg("-W")
@@ -215,12 +211,12 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
     }
 
     // The trace verifies and is complete.
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
     assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
 
     // inspect: the over-long prompt, placeholder prefill, 200 to the client.
-    let i = kvtrail(&["inspect", s(&out), "--json"]);
+    let i = kvtrail(["inspect", s(&out), "--json"]).run();
     assert_eq!(i.code, 0, "{}", i.stderr);
     let j: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
     let c = facts["C"]["request_id"].as_u64().unwrap();
@@ -319,7 +315,7 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
 
     // And `kvtrail scope` finds the same: one affected response, C, with
     // A's and B's tokens, confirmed, cross-tenant, answered with a 200.
-    let sc = kvtrail(&["scope", s(&out), "--json"]);
+    let sc = kvtrail(["scope", s(&out), "--json"]).run();
     assert_eq!(sc.code, 0, "{}", sc.stderr);
     let j: serde_json::Value = serde_json::from_str(&sc.stdout).unwrap();
     let affected = j["affected_responses"].as_array().unwrap();
@@ -364,7 +360,7 @@ fn hook_counts_loss_instead_of_stalling() {
     let st = &facts["starved"];
     let dropped = st["dropped_queue"].as_u64().unwrap();
     assert!(dropped > 0, "{st}");
-    let i = kvtrail(&["inspect", s(&out), "--json"]);
+    let i = kvtrail(["inspect", s(&out), "--json"]).run();
     let j: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
     let p = &j["kv"]["pools"][0];
     assert_eq!(p["missing_events"], dropped, "{p}\n{side_err}");
@@ -375,7 +371,7 @@ fn hook_counts_loss_instead_of_stalling() {
     );
     // The refused claim (step 4 below) leaves the capture incomplete: the
     // files verify, the capture does not.
-    let v = kvtrail(&["verify", s(&out)]);
+    let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
     assert!(
         v.stdout.contains("capture.complete is false") && !v.stdout.contains("digest"),

@@ -20,9 +20,6 @@
 //! must end complete), seed `KVTRAIL_SOAK_SEED` (default fixed; each
 //! round's seed and plan are printed, and named on failure).
 
-use crate::support::small_trace as common;
-use crate::support::record as record_common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -31,9 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{kvtrail, s};
 use kvtrail::trace::{Manifest, Trace};
-use record_common::*;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::record::*;
 
 /// splitmix64: a seeded, dependency-free source of choices.
 struct Rng(u64);
@@ -387,7 +385,7 @@ fn after_term(
     let mut holes_total = 0u64;
     let mut trailing_total = 0u64;
     let mut written = 0u64;
-    let inspect = kvtrail(&["inspect", s(out), "--json"]);
+    let inspect = kvtrail(["inspect", s(out), "--json"]).run();
     assert_eq!(inspect.code, 0, "{ctx}\n{}", inspect.stderr);
     let ij: serde_json::Value = serde_json::from_str(&inspect.stdout).unwrap();
     for pool in 0..4u16 {
@@ -477,7 +475,7 @@ fn after_term(
     if p.over_limit {
         assert!(counter(rec, "refused_connections") >= 1, "{ctx}: {rec}");
     }
-    let v = kvtrail(&["verify", s(out)]);
+    let v = kvtrail(["verify", s(out)]).run();
     assert_eq!(
         v.code,
         if m.capture.complete { 0 } else { 1 },
@@ -509,9 +507,9 @@ fn after_kill(out: &Path, ctx: &str) {
     for b in t.requests() {
         b.unwrap();
     }
-    let i = kvtrail(&["inspect", s(out)]);
+    let i = kvtrail(["inspect", s(out)]).run();
     assert_eq!(i.code, 0, "{ctx}\n{}", i.stderr);
-    assert_eq!(kvtrail(&["verify", s(out)]).code, 1, "{ctx}");
+    assert_eq!(kvtrail(["verify", s(out)]).run().code, 1, "{ctx}");
 }
 
 #[test]

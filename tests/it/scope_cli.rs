@@ -2,27 +2,13 @@
 //! shape of the issue, deterministic `--out` bytes, exit codes
 //! (`--fail-on-exposure`, bad input = 2 with a clear message, no panic).
 
-use crate::support::trace_builder as common;
-
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::TraceBuilder;
 use kvtrail::schema::{CopySrc, KvEvent, Op};
 use kvtrail::trace::write::{kv_batch, write_single_file};
 
-fn kvtrail(args: &[&str], cwd: Option<&Path>) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtrail"));
-    c.args(args).env("KVTRAIL_NO_PROGRESS", "1");
-    if let Some(d) = cwd {
-        c.current_dir(d);
-    }
-    c.output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use crate::support::cli::{kvtrail, s};
+use crate::support::trace_builder::TraceBuilder;
 
 /// The issue's example: initech's request 4 reads 3 stale slots of acme's
 /// request 1 in decode, and 2 blank slots.
@@ -45,14 +31,9 @@ fn example() -> TraceBuilder {
 fn json_has_the_issue_shape() {
     let dir = tempfile::tempdir().unwrap();
     let t = example().record(&dir.path().join("t"));
-    let o = kvtrail(&["scope", s(&t), "--json"], None);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = kvtrail(["scope", s(&t), "--json"]).run();
+    assert_eq!(o.code, 0, "{}", o.stderr.as_str());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout_bytes).unwrap();
     let a = &v["affected_responses"][0];
     assert_eq!(a["request_id"], 4);
     assert_eq!(a["external_id"], "ext-4");
@@ -90,8 +71,8 @@ fn json_reports_gaps_with_seq_ranges() {
     tb.read(1, 4, 0, 1);
     let dir = tempfile::tempdir().unwrap();
     let t = tb.record(&dir.path().join("t"));
-    let o = kvtrail(&["scope", s(&t), "--json"], None);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = kvtrail(["scope", s(&t), "--json"]).run();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout_bytes).unwrap();
     let last = tb
         .events
         .iter()
@@ -113,14 +94,9 @@ fn out_files_are_byte_identical_across_runs_and_locations() {
     let t2 = example().record(&dir.path().join("b/other-name"));
     let (o1, o2) = (dir.path().join("o1"), dir.path().join("o2"));
     for (t, o) in [(&t1, &o1), (&t2, &o2)] {
-        let r = kvtrail(&["scope", s(t), "--out", s(o)], None);
-        assert_eq!(
-            r.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&r.stderr)
-        );
-        assert!(String::from_utf8_lossy(&r.stdout).contains("VERDICT"));
+        let r = kvtrail(["scope", s(t), "--out", s(o)]).run();
+        assert_eq!(r.code, 0, "{}", r.stderr.as_str());
+        assert!(r.stdout.as_str().contains("VERDICT"));
     }
     for f in [
         "responses.csv",
@@ -144,8 +120,8 @@ fn out_files_are_byte_identical_across_runs_and_locations() {
         "{tenants}"
     );
     assert!(tenants.contains("\nsource,acme,1,1,3,3\n"), "{tenants}");
-    let j1 = kvtrail(&["scope", s(&t1), "--json"], None).stdout;
-    let j2 = kvtrail(&["scope", s(&t2), "--json"], None).stdout;
+    let j1 = kvtrail(["scope", s(&t1), "--json"]).run().stdout_bytes;
+    let j2 = kvtrail(["scope", s(&t2), "--json"]).run().stdout_bytes;
     assert_eq!(j1, j2);
     assert_eq!(j1, std::fs::read(o1.join("summary.json")).unwrap());
 }
@@ -165,11 +141,11 @@ fn fail_on_exposure_sets_the_exit_code() {
         if flag {
             args.push("--fail-on-exposure");
         }
-        let o = kvtrail(&args, None);
-        assert_eq!(o.status.code(), Some(want), "{args:?}");
+        let o = kvtrail(&args).run();
+        assert_eq!(o.code, want, "{args:?}");
     }
-    let o = kvtrail(&["scope", s(&clean)], None);
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = kvtrail(["scope", s(&clean)]).run();
+    let text = o.stdout.as_str();
     assert!(
         text.contains("no exposure found; the evidence is complete"),
         "{text}"
@@ -260,9 +236,9 @@ fn bad_input_exits_2_with_a_clear_message() {
         (&nope, &["not a trace directory"]),
     ];
     for (t, needles) in cases {
-        let o = kvtrail(&["scope", s(t), "--json"], None);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{}: {err}", t.display());
+        let o = kvtrail(["scope", s(t), "--json"]).run();
+        let err = o.stderr.as_str();
+        assert_eq!(o.code, 2, "{}: {err}", t.display());
         assert!(!err.contains("panicked"), "{err}");
         for n in needles {
             assert!(err.contains(n), "{}: expected {n:?} in {err}", t.display());
@@ -284,9 +260,9 @@ fn unsorted_files_are_sorted_externally_with_the_same_result() {
     let reqs = kvtrail::trace::write::requests_batch(&tb.requests);
     write_single_file(&b.join("requests/r.parquet"), &[reqs]).unwrap();
     let ja: serde_json::Value =
-        serde_json::from_slice(&kvtrail(&["scope", s(&a), "--json"], None).stdout).unwrap();
+        serde_json::from_slice(&kvtrail(["scope", s(&a), "--json"]).run().stdout_bytes).unwrap();
     let jb: serde_json::Value =
-        serde_json::from_slice(&kvtrail(&["scope", s(&b), "--json"], None).stdout).unwrap();
+        serde_json::from_slice(&kvtrail(["scope", s(&b), "--json"]).run().stdout_bytes).unwrap();
     assert_eq!(ja["affected_responses"], jb["affected_responses"]);
     assert!(jb["counts"]["spilled_events"].as_u64().unwrap() > 0);
     assert_eq!(ja["counts"]["spilled_events"], 0);
@@ -296,27 +272,24 @@ fn unsorted_files_are_sorted_externally_with_the_same_result() {
 fn demo_runs_the_builtin_trace_and_simulates_it_when_absent() {
     let builtin = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/incident-mini");
     let cwd = tempfile::tempdir().unwrap();
-    let o = kvtrail(&["demo"], Some(cwd.path()));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    let shipped = String::from_utf8_lossy(&o.stdout).to_string();
+    let o = kvtrail(["demo"]).cwd(cwd.path()).run();
+    let err = o.stderr.as_str();
+    assert_eq!(o.code, 0, "{err}");
+    let shipped = o.stdout.as_str().to_string();
     assert!(shipped.contains("VERDICT"), "{shipped}");
 
     // Without the built-in trace, demo simulates the same trace (same
     // scenario, size and seed) into the cache and reports the same.
     let cache = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .arg("demo")
-        .env("KVTRAIL_NO_PROGRESS", "1")
+    let o = kvtrail(["demo"])
         .env("KVTRAIL_DEMO_SIMULATE", "1")
         .env("KVTRAIL_CACHE", cache.path())
-        .current_dir(cwd.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(0), "{err}");
+        .cwd(cwd.path())
+        .run();
+    let err = o.stderr.as_str();
+    assert_eq!(o.code, 0, "{err}");
     assert!(err.contains("simulating it"), "{err}");
-    assert_eq!(String::from_utf8_lossy(&o.stdout), shipped);
+    assert_eq!(o.stdout.as_str(), shipped);
     let sim = std::fs::read_dir(cache.path())
         .unwrap()
         .map(|e| e.unwrap().path())

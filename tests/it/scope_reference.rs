@@ -7,14 +7,14 @@
 //! The reference is deliberately simple: it snapshots a pool's whole state
 //! after every event and processes pools one after the other in DAG order.
 
-use crate::support::trace_builder as common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use common::{Rng, TraceBuilder, pool};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::Role;
 use proptest::prelude::*;
+
+use crate::support::regressions_beside_source;
+use crate::support::trace_builder::{self, Rng, TraceBuilder, pool};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Content {
@@ -275,7 +275,7 @@ fn reference_digest(tb: &TraceBuilder, r: &Reference) -> String {
 }
 
 fn engine_digest(r: &kvtrail::scope::ScopeReport) -> String {
-    let mut d = common::digest(r)
+    let mut d = trace_builder::digest(r)
         .lines()
         .map(|l| match l.find("gaps=") {
             Some(i) if l.starts_with("complete=") => l[i..].to_string(),
@@ -364,10 +364,11 @@ fn check_seed(seed: u64) {
     let tb = random_trace(seed);
     let want = reference_digest(&tb, &reference(&tb));
     let dir = tempfile::tempdir().unwrap();
-    let rec = common::scope(&tb.record(&dir.path().join("rec")));
+    let rec = trace_builder::scope(&tb.record(&dir.path().join("rec")));
     assert_eq!(engine_digest(&rec), want, "recorded, seed {seed}");
     let files = 1 + (seed % 5) as usize;
-    let hand = common::scope(&tb.by_hand(&dir.path().join("hand"), files, seed, seed % 2 == 0));
+    let hand =
+        trace_builder::scope(&tb.by_hand(&dir.path().join("hand"), files, seed, seed % 2 == 0));
     assert_eq!(engine_digest(&hand), want, "by hand, seed {seed}");
     // Same findings both ways, field for field.
     assert_eq!(
@@ -380,7 +381,7 @@ fn check_seed(seed: u64) {
         chunk: Some(2),
         ..Default::default()
     };
-    let spilled = common::scope_with(&dir.path().join("hand"), &tiny);
+    let spilled = trace_builder::scope_with(&dir.path().join("hand"), &tiny);
     assert_eq!(
         spilled.affected_responses, hand.affected_responses,
         "spilled, seed {seed}"
@@ -400,7 +401,10 @@ fn reference_agrees_on_fixed_seeds() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig {
+        failure_persistence: regressions_beside_source(),
+        ..ProptestConfig::with_cases(48)
+    })]
     #[test]
     fn engine_matches_reference_on_random_traces(seed in any::<u64>()) {
         check_seed(seed);

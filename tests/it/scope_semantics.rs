@@ -4,9 +4,7 @@
 //! through the Recorder and, shuffled across hand-written Parquet files
 //! with dictionary strings, by hand; both must give the expected digest.
 
-use crate::support::trace_builder as common;
-
-use common::{TraceBuilder, digest, pool, scope};
+use crate::support::trace_builder::{TraceBuilder, digest, pool, scope};
 use kvtrail::trace::Role;
 
 /// Builds the trace both ways and compares the report digests to `expect`.

@@ -4,34 +4,12 @@
 //! findings.parquet). Traces: copies of copies over four pools with a hole
 //! and blank reads, and the committed incident-mini trace.
 
-use crate::support::trace_builder as common;
-
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{TraceBuilder, pool};
 use kvtrail::trace::Role;
 
-fn kvtrail(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) {
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use crate::support::cli::{Ran, kvtrail, s};
+use crate::support::trace_builder::{TraceBuilder, pool};
 
 const FILES: &[&str] = &[
     "requests.csv",
@@ -46,18 +24,13 @@ const FILES: &[&str] = &[
 fn check(trace: &Path, shards: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let single = dir.path().join("single");
-    ok(&kvtrail(&["scope", s(trace), "--out", s(&single)]));
+    kvtrail(["scope", s(trace), "--out", s(&single)]).run().ok();
     let mut parts = Vec::new();
     for (i, pools) in shards.iter().enumerate() {
         let out = dir.path().join(format!("shard-{i}"));
-        ok(&kvtrail(&[
-            "scope",
-            s(trace),
-            "--pools",
-            pools,
-            "--out",
-            s(&out),
-        ]));
+        kvtrail(["scope", s(trace), "--pools", pools, "--out", s(&out)])
+            .run()
+            .ok();
         assert!(out.join("shard.json").is_file());
         parts.push(out);
     }
@@ -66,7 +39,7 @@ fn check(trace: &Path, shards: &[&str]) {
     args.extend(parts.iter().map(|p| s(p).to_string()));
     args.extend(["--out".to_string(), s(&merged).to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ok(&kvtrail(&args));
+    kvtrail(&args).run().ok();
     for f in FILES {
         let a = std::fs::read(single.join(f)).unwrap();
         let b = std::fs::read(merged.join(f)).unwrap();
@@ -132,14 +105,9 @@ fn merge_rejects_overlapping_or_missing_pools() {
     let t = four_pools().record(&dir.path().join("t"));
     let run = |name: &str, pools: &str| {
         let out = dir.path().join(name);
-        ok(&kvtrail(&[
-            "scope",
-            s(&t),
-            "--pools",
-            pools,
-            "--out",
-            s(&out),
-        ]));
+        kvtrail(["scope", s(&t), "--pools", pools, "--out", s(&out)])
+            .run()
+            .ok();
         out
     };
     let a = run("a", "0,1");
@@ -153,30 +121,26 @@ fn merge_rejects_overlapping_or_missing_pools() {
         args.extend(parts.iter().map(|p| s(p).to_string()));
         args.extend(["--out".into(), s(&dir.path().join("m")).to_string()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let o = kvtrail(&args);
-        assert_eq!(o.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&o.stderr);
+        let o = kvtrail(&args).run();
+        assert_eq!(o.code, 2);
+        let err = o.stderr.as_str();
         assert!(err.contains(msg), "{err}");
     }
-    let o = kvtrail(&["scope", s(&t), "--pools", "9"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("pool 9 is not in the deployment"));
+    let o = kvtrail(["scope", s(&t), "--pools", "9"]).run();
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr
+            .as_str()
+            .contains("pool 9 is not in the deployment")
+    );
 }
 
-fn merge_args(parts: &[&Path], out: &Path) -> Output {
+fn merge_args(parts: &[&Path], out: &Path) -> Ran {
     let mut args = vec!["merge".to_string()];
     args.extend(parts.iter().map(|p| s(p).to_string()));
     args.extend(["--out".to_string(), s(out).to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    kvtrail(&args)
-}
-
-/// Exit 2 with an error that says `want` and what to do.
-fn refused(o: &Output, want: &str) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains(want) && err.contains("hint:"), "{err}");
-    err
+    kvtrail(&args).run()
 }
 
 fn json(p: &Path) -> serde_json::Value {
@@ -215,14 +179,9 @@ fn decode_leak() -> TraceBuilder {
 }
 
 fn shard(t: &Path, pools: &str, out: &Path) -> std::path::PathBuf {
-    ok(&kvtrail(&[
-        "scope",
-        s(t),
-        "--pools",
-        pools,
-        "--out",
-        s(out),
-    ]));
+    kvtrail(["scope", s(t), "--pools", pools, "--out", s(out)])
+        .run()
+        .ok();
     out.to_path_buf()
 }
 
@@ -230,16 +189,17 @@ fn shard(t: &Path, pools: &str, out: &Path) -> std::path::PathBuf {
 fn shard_folder_never_claims_no_exposure_with_complete_evidence() {
     let dir = tempfile::tempdir().unwrap();
     let t = decode_leak().record(&dir.path().join("t"));
-    let o = kvtrail(&[
+    let o = kvtrail([
         "scope",
         s(&t),
         "--pools",
         "0",
         "--out",
         s(&dir.path().join("s0")),
-    ]);
-    ok(&o);
-    let stdout = String::from_utf8_lossy(&o.stdout);
+    ])
+    .run();
+    o.ok();
+    let stdout = o.stdout.as_str();
     assert!(!stdout.contains("evidence is complete"), "{stdout}");
     let sum = json(&dir.path().join("s0/summary.json"));
     assert_eq!(sum["coverage"]["complete"], false, "{sum}");
@@ -252,8 +212,8 @@ fn shard_folder_never_claims_no_exposure_with_complete_evidence() {
     );
     assert_eq!(sum["coverage"]["shard_pools"], serde_json::json!([0]));
     // A single run over every pool is still complete.
-    let full = kvtrail(&["scope", s(&t)]);
-    assert!(String::from_utf8_lossy(&full.stdout).contains("the evidence is complete"));
+    let full = kvtrail(["scope", s(&t)]).run();
+    assert!(full.stdout.as_str().contains("the evidence is complete"));
 }
 
 #[test]
@@ -264,22 +224,20 @@ fn lookup_and_notify_refuse_a_shard_folder() {
     // With its shard.json, and without it (the folder then no longer
     // matches its evidence.json, but its summary still says shard).
     for round in 0..2 {
-        let err = refused(
-            &kvtrail(&["lookup", s(&s0), "--external-id", "ext-2"]),
-            "shard",
-        );
+        let err = kvtrail(["lookup", s(&s0), "--external-id", "ext-2"])
+            .run()
+            .refused("shard");
         assert!(err.contains("kvtrail merge"), "{err}");
-        refused(
-            &kvtrail(&[
-                "notify",
-                s(&s0),
-                "--out",
-                s(&dir.path().join(format!("p{round}"))),
-            ]),
-            "shard",
-        );
-        let o = kvtrail(&["lookup", s(&s0), "--external-id", "ext-2"]);
-        assert!(!String::from_utf8_lossy(&o.stdout).contains("NOT AFFECTED"));
+        kvtrail([
+            "notify",
+            s(&s0),
+            "--out",
+            s(&dir.path().join(format!("p{round}"))),
+        ])
+        .run()
+        .refused("shard");
+        let o = kvtrail(["lookup", s(&s0), "--external-id", "ext-2"]).run();
+        assert!(!o.stdout.as_str().contains("NOT AFFECTED"));
         if round == 0 {
             std::fs::remove_file(s0.join("shard.json")).unwrap();
         }
@@ -298,10 +256,7 @@ fn merge_refuses_a_shard_whose_summary_was_edited() {
     sum["recipients"] = serde_json::json!([]);
     sum["sources"] = serde_json::json!([]);
     put_json(&p, &sum);
-    let err = refused(
-        &merge_args(&[&s0, &s1], &dir.path().join("m")),
-        "evidence.json",
-    );
+    let err = merge_args(&[&s0, &s1], &dir.path().join("m")).refused("evidence.json");
     assert!(err.contains("summary.json"), "{err}");
     assert!(!dir.path().join("m/summary.json").exists());
 }
@@ -315,11 +270,11 @@ fn merge_refuses_a_shard_whose_shard_json_claims_pools_it_did_not_replay() {
     let mut sh = json(&p);
     sh["pools"] = serde_json::json!([0, 1]);
     put_json(&p, &sh);
-    let err = refused(&merge_args(&[&s1], &dir.path().join("m")), "evidence.json");
+    let err = merge_args(&[&s1], &dir.path().join("m")).refused("evidence.json");
     assert!(err.contains("shard.json"), "{err}");
     // Resealed, the claim still contradicts the shard's own summary.
     reseal(&s1);
-    refused(&merge_args(&[&s1], &dir.path().join("m")), "pools");
+    merge_args(&[&s1], &dir.path().join("m")).refused("pools");
 }
 
 #[test]
@@ -337,7 +292,7 @@ fn merge_of_counts_near_u64_max_saturates_instead_of_wrapping() {
         reseal(sh);
     }
     let m = dir.path().join("m");
-    ok(&merge_args(&[&s0, &s1], &m));
+    merge_args(&[&s0, &s1], &m).ok();
     let sum = json(&m.join("summary.json"));
     assert_eq!(sum["counts"]["kv_events"], u64::MAX, "{sum}");
     assert_eq!(sum["counts"]["slot_touches"], u64::MAX, "{sum}");
@@ -354,7 +309,7 @@ fn merge_refuses_reader_windows_whose_first_is_after_last() {
     sh["readers"]["2"] = serde_json::json!([5000, 10]);
     put_json(&p, &sh);
     reseal(&s1);
-    let err = refused(&merge_args(&[&s0, &s1], &dir.path().join("m")), "readers.2");
+    let err = merge_args(&[&s0, &s1], &dir.path().join("m")).refused("readers.2");
     assert!(err.contains("shard.json"), "{err}");
 }
 
@@ -373,7 +328,7 @@ fn merge_refuses_shards_of_different_traces() {
     let t1 = other.record(&dir.path().join("t1"));
     let s0 = shard(&t0, "0", &dir.path().join("s0"));
     let s1 = shard(&t1, "1", &dir.path().join("s1"));
-    let err = refused(&merge_args(&[&s0, &s1], &dir.path().join("m")), "trace");
+    let err = merge_args(&[&s0, &s1], &dir.path().join("m")).refused("trace");
     assert!(err.contains("evidence.json"), "{err}");
     assert!(!dir.path().join("m/summary.json").exists());
 }
@@ -384,13 +339,13 @@ fn merged_folder_keeps_the_chain_of_custody() {
     let root = dir.path();
     let t = decode_leak().record(&root.join("t"));
     let single = root.join("single");
-    ok(&kvtrail(&["scope", s(&t), "--out", s(&single)]));
+    kvtrail(["scope", s(&t), "--out", s(&single)]).run().ok();
     let s0 = shard(&t, "0", &root.join("s0"));
     let s1 = shard(&t, "1", &root.join("s1"));
     // An untouched shard verifies (shard.json is in its evidence.json).
-    ok(&kvtrail(&["verify", s(&s1)]));
+    kvtrail(["verify", s(&s1)]).run().ok();
     let m = root.join("m");
-    ok(&merge_args(&[&s0, &s1], &m));
+    merge_args(&[&s0, &s1], &m).ok();
     for f in [
         "evidence.json",
         "requests.csv",
@@ -400,8 +355,8 @@ fn merged_folder_keeps_the_chain_of_custody() {
         assert!(m.join(f).is_file(), "merged folder has no {f}");
     }
     // The merged folder verifies, and cites both shards' evidence digests.
-    let v = kvtrail(&["verify", s(&m)]);
-    ok(&v);
+    let v = kvtrail(["verify", s(&m)]).run();
+    v.ok();
     let ev = json(&m.join("evidence.json"));
     for sh in [&s0, &s1] {
         let digest = blake3::hash(&std::fs::read(sh.join("evidence.json")).unwrap())
@@ -425,25 +380,22 @@ fn merged_folder_keeps_the_chain_of_custody() {
     let mut sum = json(&s1.join("summary.json"));
     sum["verdict"] = "edited".into();
     put_json(&s1.join("summary.json"), &sum);
-    assert_eq!(kvtrail(&["verify", s(&m)]).status.code(), Some(1));
+    assert_eq!(kvtrail(["verify", s(&m)]).run().code, 1);
     // lookup and notify accept it and answer as on the single run.
     for id in ["ext-2", "ext-1"] {
-        let a = kvtrail(&["lookup", s(&m), "--json", "--external-id", id]);
-        let b = kvtrail(&["lookup", s(&single), "--json", "--external-id", id]);
-        ok(&b);
-        let (a, b) = (json_of(&a.stdout), json_of(&b.stdout));
+        let a = kvtrail(["lookup", s(&m), "--json", "--external-id", id]).run();
+        let b = kvtrail(["lookup", s(&single), "--json", "--external-id", id]).run();
+        b.ok();
+        let (a, b) = (json_of(&a.stdout_bytes), json_of(&b.stdout_bytes));
         assert_eq!(a["status"], b["status"]);
         assert_eq!(a["matches"], b["matches"]);
         assert_eq!(a["status"], "affected", "{a}");
     }
-    ok(&kvtrail(&[
-        "notify",
-        s(&single),
-        "--out",
-        s(&root.join("p1")),
-    ]));
-    let o = kvtrail(&["notify", s(&m), "--out", s(&root.join("p2"))]);
-    ok(&o);
+    kvtrail(["notify", s(&single), "--out", s(&root.join("p1"))])
+        .run()
+        .ok();
+    let o = kvtrail(["notify", s(&m), "--out", s(&root.join("p2"))]).run();
+    o.ok();
     let packs = |d: &Path| {
         let mut v: Vec<String> = std::fs::read_dir(d.join("customers"))
             .unwrap()
@@ -484,7 +436,7 @@ fn merge_of_response_token_counts_near_u64_max_saturates_per_tenant() {
     put_json(&p, &sum);
     reseal(&s1);
     let m = dir.path().join("m");
-    ok(&merge_args(&[&s0, &s1], &m));
+    merge_args(&[&s0, &s1], &m).ok();
     let sum = json(&m.join("summary.json"));
     assert_eq!(sum["counts"]["foreign_tokens"], u64::MAX, "{sum}");
     let globex = sum["recipients"]

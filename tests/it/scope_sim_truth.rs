@@ -5,7 +5,7 @@
 //! recall 100%), all `confirmed` with complete coverage. The committed
 //! `traces/incident-mini` is checked against its committed truth.
 
-use crate::support::sim as sim_common;
+use crate::support::sim;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -115,7 +115,7 @@ fn every_scenario_matches_the_ground_truth() {
     ];
     let mut affected_somewhere = 0;
     for (name, sets) in cases {
-        let run = sim_common::simulate(name, Some(1_500), 5, sets);
+        let run = sim::simulate(name, Some(1_500), 5, sets);
         let r = scope(&run.trace);
         check(&format!("{name} {sets:?}"), &r, &run.truth);
         affected_somewhere += r.affected_responses.len();

@@ -1,17 +1,11 @@
 //! `kvtrail simulate` through the real binary: a run with --config and
 //! --set, and bad input (exit 2 with a message naming what to fix).
 
-use std::process::Command;
+use crate::support::cli::{Ran, kvtrail};
 
-fn kvtrail(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    (out.status.code().unwrap_or(-1), text)
+/// The exit code, and stderr then stdout.
+fn code_and_text(r: Ran) -> (i32, String) {
+    (r.code, r.stderr + &r.stdout)
 }
 
 #[test]
@@ -23,23 +17,26 @@ fn simulate_with_a_config_file_and_overrides() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/sim/deployment.toml"
     );
-    let (code, text) = kvtrail(&[
-        "simulate",
-        "--scenario",
-        "incident",
-        "--requests",
-        "800",
-        "--seed",
-        "3",
-        "--config",
-        config,
-        "--set",
-        "allow_auto_truncate=true",
-        "--out",
-        out.to_str().unwrap(),
-        "--truth",
-        truth.to_str().unwrap(),
-    ]);
+    let (code, text) = code_and_text(
+        kvtrail([
+            "simulate",
+            "--scenario",
+            "incident",
+            "--requests",
+            "800",
+            "--seed",
+            "3",
+            "--config",
+            config,
+            "--set",
+            "allow_auto_truncate=true",
+            "--out",
+            out.to_str().unwrap(),
+            "--truth",
+            truth.to_str().unwrap(),
+        ])
+        .run(),
+    );
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("sglang-0.5.21"), "{text}");
     let t = kvtrail::sim::Truth::load(&truth).unwrap();
@@ -49,7 +46,7 @@ fn simulate_with_a_config_file_and_overrides() {
     assert!(m.capture.complete);
     assert_eq!(m.deployment.name, "glm-5.3 / workers-ai (scaled 1/64)");
     assert_eq!(m.deployment.extra["simulator"]["allow_auto_truncate"], true);
-    let (code, text) = kvtrail(&["verify", out.to_str().unwrap()]);
+    let (code, text) = code_and_text(kvtrail(["verify", out.to_str().unwrap()]).run());
     assert_eq!(code, 0, "{text}");
 }
 
@@ -126,7 +123,7 @@ fn bad_input_exits_2_with_a_hint() {
             "bad.toml",
         ),
     ] {
-        let (code, text) = kvtrail(&args);
+        let (code, text) = code_and_text(kvtrail(&args).run());
         assert_eq!(code, 2, "{args:?}: {text}");
         assert!(
             text.contains(expect),

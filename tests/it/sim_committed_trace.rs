@@ -1,7 +1,7 @@
 //! traces/incident-mini is what traces/README.md says: regenerating it with
 //! the documented command gives byte-identical files and truth.
 
-use crate::support::sim as sim_common;
+use crate::support::sim;
 
 use std::path::Path;
 
@@ -10,7 +10,7 @@ use kvtrail::sim::Truth;
 #[test]
 fn incident_mini_regenerates_byte_for_byte() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
-    let run = sim_common::simulate("incident", Some(3000), 1, &[]);
+    let run = sim::simulate("incident", Some(3000), 1, &[]);
     let regen = "regenerate with the command in traces/README.md and update its digests";
     for rel in [
         "trace.json",
@@ -28,5 +28,5 @@ fn incident_mini_regenerates_byte_for_byte() {
     let shipped = Truth::load(&root.join("incident-mini.truth.json")).unwrap();
     assert_eq!(shipped, run.truth, "truth differs: {regen}");
     assert_eq!(shipped.summary.affected_responses, 6);
-    sim_common::assert_truth_matches_trace(&run);
+    sim::assert_truth_matches_trace(&run);
 }

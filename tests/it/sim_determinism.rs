@@ -1,36 +1,15 @@
 //! Same scenario and seed: byte-identical trace and truth; another seed:
 //! another trace. Simulated time only, never the wall clock.
 
-use crate::support::sim as sim_common;
-
-use std::collections::BTreeMap;
-use std::path::Path;
-
-use sim_common::simulate;
-
-fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-                out.insert(rel, std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
-}
+use crate::support::files;
+use crate::support::sim::simulate;
 
 #[test]
 fn same_seed_gives_a_byte_identical_trace_and_truth() {
     for name in kvtrail::sim::scenario::SCENARIOS {
         let a = simulate(name, Some(600), 42, &[]);
         let b = simulate(name, Some(600), 42, &[]);
-        let (fa, fb) = (files(&a.trace), files(&b.trace));
+        let (fa, fb) = (files::contents(&a.trace), files::contents(&b.trace));
         assert!(
             fa.contains_key("trace.json") && fa.len() >= 3,
             "{name}: {:?}",
@@ -58,5 +37,8 @@ fn same_seed_gives_a_byte_identical_trace_and_truth() {
 fn another_seed_gives_another_trace() {
     let a = simulate("steady", Some(300), 1, &[]);
     let b = simulate("steady", Some(300), 2, &[]);
-    assert_ne!(files(&a.trace)["trace.json"], files(&b.trace)["trace.json"]);
+    assert_ne!(
+        files::contents(&a.trace)["trace.json"],
+        files::contents(&b.trace)["trace.json"]
+    );
 }

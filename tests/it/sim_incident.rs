@@ -3,12 +3,12 @@
 //! equals an independent evaluation of the trace (trace-format v1
 //! semantics), so the replay can be held to it.
 
-use crate::support::sim as sim_common;
+use crate::support::sim;
 
 use std::collections::BTreeSet;
 
 use kvtrail::schema::Op;
-use sim_common::{assert_truth_matches_trace, events, requests, simulate};
+use sim::{assert_truth_matches_trace, events, requests, simulate};
 
 const PREFILL_LIMIT: u32 = 10_634; // min(16384-1, 10640-1) - 5
 const DECODE_LIMIT: u32 = 16_378;

@@ -3,14 +3,14 @@
 //! token counts, their sources (with tokens) and the blank reads must be
 //! identical: precision and recall 100% both ways.
 
-use crate::support::sim as sim_common;
+use crate::support::sim;
 
 use std::collections::BTreeMap;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
 use kvtrail::trace::Trace;
-use sim_common::simulate;
+use sim::simulate;
 
 type Findings = BTreeMap<u64, (u64, Vec<(u64, u64)>)>;
 

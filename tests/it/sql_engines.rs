@@ -17,17 +17,17 @@
 //! on the engines (a folder or schema name with quotes, `;` and `--` reads
 //! as data); tenants named like the markers stay tenants.
 
-use crate::support::trace_builder as common;
-use crate::support::venv;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{TraceBuilder, pool, scope};
 use kvtrail::scope::{ScopeReport, Tenant};
 use kvtrail::sql::{Dialect, SqlOptions, generate};
 use kvtrail::trace::{Manifest, Role};
 use serde_json::Value;
+
+use crate::support::cli;
+use crate::support::trace_builder::{TraceBuilder, pool, scope};
+use crate::support::venv;
 
 // ---------------------------------------------------------------- traces
 
@@ -39,7 +39,7 @@ fn pd() -> TraceBuilder {
     tb
 }
 
-/// The rule traces of tests/scope_semantics.rs, and a few the SQL needs.
+/// The rule traces of scope_semantics.rs, and a few the SQL needs.
 fn traces() -> Vec<(&'static str, TraceBuilder)> {
     let mut v = Vec::new();
     let mut tb = pd();
@@ -738,27 +738,11 @@ fn trino_dialect_equals_scope_through_sqlglot() {
 
 /// A simulated incident of `requests` requests (seed 1), made by the binary.
 fn simulated_incident(dir: &Path, requests: u32) -> PathBuf {
-    let out = dir.join(format!("incident-{requests}"));
-    let st = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args([
-            "simulate",
-            "--scenario",
-            "incident",
-            "--seed",
-            "1",
-            "--requests",
-        ])
-        .arg(requests.to_string())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "simulate failed: {}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-    out
+    let n = requests.to_string();
+    cli::simulate(
+        &dir.join(format!("incident-{requests}")),
+        &["--scenario", "incident", "--seed", "1", "--requests", &n],
+    )
 }
 
 // ------------------------------------------------- hostile --trace-path
@@ -902,14 +886,12 @@ fn trace_path_cannot_inject_sql_statements() {
         assert_eq!(accepted, expect, "{dialect:?}");
     }
     // Through the binary: exit 2, the flag named, a hint.
-    let o = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(["sql", "--dialect", "trino", "--pools", "0,1"])
+    let o = cli::kvtrail(["sql", "--dialect", "trino", "--pools", "0,1"])
         .args(["--trace-path", "cat.sch.kv x; DROP TABLE y; --"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(o.stdout.is_empty());
+        .run();
+    let err = &o.stderr;
+    assert_eq!(o.code, 2, "{err}");
+    assert!(o.stdout_bytes.is_empty());
     assert!(
         err.contains("--trace-path") && err.contains("hint:"),
         "{err}"

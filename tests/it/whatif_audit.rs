@@ -2,14 +2,14 @@
 //! one passes (simulator configs and real-size manifests); trace checks
 //! find the incident's and the siblings' defects and pass clean traces.
 
-use crate::support::whatif as whatif_common;
-
+use crate::support::cli::kvtrail;
+use crate::support::sim::simulate;
+use crate::support::whatif::replay;
 use kvtrail::audit::{AuditReport, audit_file, audit_trace};
 use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
 use kvtrail::sim::SimConfig;
 use kvtrail::trace::Trace;
-use whatif_common::*;
 
 fn kinds(r: &AuditReport) -> Vec<String> {
     r.findings
@@ -77,7 +77,9 @@ fn deployments() {
         let r = audit_file(&p).unwrap();
         assert_eq!(kinds(&r), expect, "{name}: {:#?}", r.findings);
         assert_eq!(r.exit_code(), code, "{name}");
-        let (c, out, err) = cli(&["audit", "--deployment", p.to_str().unwrap()]);
+        let (c, out, err) = kvtrail(["audit", "--deployment", p.to_str().unwrap()])
+            .run()
+            .into_parts();
         assert_eq!(c, code, "{name}: {out}{err}");
     }
     // The incident's numbers in the message: 681,274 = min(1,048,575, 681,279) - 5.
@@ -98,9 +100,13 @@ fn deployments() {
     // Bad input: exit 2.
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "context_window = \"big\"").unwrap();
-    let (c, _, err) = cli(&["audit", "--deployment", bad.to_str().unwrap()]);
+    let (c, _, err) = kvtrail(["audit", "--deployment", bad.to_str().unwrap()])
+        .run()
+        .into_parts();
     assert_eq!(c, 2, "{err}");
-    let (c, _, _) = cli(&["audit", "--deployment", "/nonexistent.toml"]);
+    let (c, _, _) = kvtrail(["audit", "--deployment", "/nonexistent.toml"])
+        .run()
+        .into_parts();
     assert_eq!(c, 2);
 }
 
@@ -123,7 +129,7 @@ fn ids(r: &AuditReport, kind: &str) -> Vec<u64> {
 
 #[test]
 fn traces() {
-    let inc = simulate("incident", 1200, &[]);
+    let inc = simulate("incident", Some(1200), 1, &[]);
     let truth = inc.truth.affected_ids();
     let r = audit(&inc.trace);
     for k in [
@@ -142,7 +148,9 @@ fn traces() {
     let r = audit(&out);
     assert_eq!(kinds(&r), Vec::<String>::new(), "{:#?}", r.findings);
     assert_eq!(r.exit_code(), 0);
-    let (c, _, _) = cli(&["audit", out.to_str().unwrap(), "--json"]);
+    let (c, _, _) = kvtrail(["audit", out.to_str().unwrap(), "--json"])
+        .run()
+        .into_parts();
     assert_eq!(c, 0);
 
     // Fixed engine with auto-truncation: the stale tail is caught in the events.
@@ -160,14 +168,14 @@ fn traces() {
     );
 
     // Siblings.
-    let s = simulate("sibling-inflight", 1200, &[]);
+    let s = simulate("sibling-inflight", Some(1200), 1, &[]);
     let r = audit(&s.trace);
     assert!(
         !ids(&r, "transfer_into_reused_slots").is_empty(),
         "{:#?}",
         r.findings
     );
-    let s = simulate("sibling-stale-copy", 600, &[]);
+    let s = simulate("sibling-stale-copy", Some(600), 1, &[]);
     let r = audit(&s.trace);
     assert!(
         !ids(&r, "transfer_from_released_slots").is_empty(),

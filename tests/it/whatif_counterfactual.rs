@@ -4,15 +4,15 @@
 //! wrong evaluator is caught; traces from other engines are skipped with a
 //! clear message and exit 0.
 
-use crate::support::whatif as whatif_common;
-
+use crate::support::cli::kvtrail;
+use crate::support::sim::simulate;
+use crate::support::whatif::replay;
 use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
 use kvtrail::trace::Trace;
 use kvtrail::whatif::counterfactual::{
     Context, CounterfactualReport, CpuModel, Fidelity, ModelEval, counterfactual,
 };
-use whatif_common::*;
 
 fn run(trace: &std::path::Path, model: &dyn ModelEval) -> CounterfactualReport {
     counterfactual(
@@ -42,7 +42,7 @@ const CASES: &[(&str, u64, Option<&str>, &[&str])] = &[
 #[test]
 fn fidelity_on_every_affected_response_of_every_scenario() {
     for &(name, n, engine, sets) in CASES {
-        let sim = simulate(name, n, &[]);
+        let sim = simulate(name, Some(n), 1, &[]);
         let (trace, truth_ids) = if engine.is_some() || !sets.is_empty() {
             let out = sim.dir.path().join("whatif");
             let r = replay(&sim.trace, engine, sets, &out);
@@ -83,7 +83,7 @@ fn fidelity_on_every_affected_response_of_every_scenario() {
 
 #[test]
 fn incident_placeholders_attend_almost_only_foreign_kv() {
-    let sim = simulate("incident", 1500, &[]);
+    let sim = simulate("incident", Some(1500), 1, &[]);
     let r = run(&sim.trace, &CpuModel);
     assert!(!r.responses.is_empty());
     for x in &r.responses {
@@ -116,12 +116,14 @@ impl ModelEval for Wrong {
 
 #[test]
 fn a_wrong_evaluator_fails_fidelity_and_the_cli_exits_1_only_then() {
-    let sim = simulate("incident", 1000, &[]);
+    let sim = simulate("incident", Some(1000), 1, &[]);
     let r = run(&sim.trace, &Wrong);
     assert!(r.fidelity_mismatch > 0);
     assert_eq!(r.fidelity_ok, 0);
     assert!(r.responses.iter().all(|x| x.output_changed.is_none()));
-    let (code, out, err) = cli(&["counterfactual", sim.trace.to_str().unwrap(), "--json"]);
+    let (code, out, err) = kvtrail(["counterfactual", sim.trace.to_str().unwrap(), "--json"])
+        .run()
+        .into_parts();
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["fidelity_mismatch"], 0);
@@ -140,12 +142,16 @@ fn traces_from_other_engines_are_skipped_with_a_clear_message() {
             .unwrap()
             .contains("needs the reference model")
     );
-    let (code, out, _) = cli(&["counterfactual", golden.to_str().unwrap()]);
+    let (code, out, _) = kvtrail(["counterfactual", golden.to_str().unwrap()])
+        .run()
+        .into_parts();
     assert_eq!(code, 0);
     assert!(
         out.contains("counterfactual replay needs the reference model"),
         "{out}"
     );
-    let (code, _, err) = cli(&["counterfactual", "/nonexistent"]);
+    let (code, _, err) = kvtrail(["counterfactual", "/nonexistent"])
+        .run()
+        .into_parts();
     assert_eq!(code, 2, "{err}");
 }

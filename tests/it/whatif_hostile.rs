@@ -2,16 +2,15 @@
 //! any context window, timing knobs that would overflow the simulated
 //! clock, and diffs of traces that do not hold the same workload.
 
-use crate::support::small_trace as common;
-use crate::support::whatif as whatif_common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::RequestRecord;
 use kvtrail::trace::write::PartOptions;
-use whatif_common::cli;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::small_trace;
 
 /// Writes the small test trace with `edit` applied to its requests.
 fn trace_with(dir: &Path, name: &str, edit: impl Fn(&mut Vec<RequestRecord>)) -> PathBuf {
@@ -22,21 +21,17 @@ fn trace_with(dir: &Path, name: &str, edit: impl Fn(&mut Vec<RequestRecord>)) ->
         part: PartOptions::default(),
         ..Default::default()
     };
-    let mut rec = Recorder::create(&t, common::deployment(), opts).unwrap();
-    for e in common::events() {
+    let mut rec = Recorder::create(&t, small_trace::deployment(), opts).unwrap();
+    for e in small_trace::events() {
         rec.kv_with_seq(e).unwrap();
     }
-    let mut reqs = common::requests();
+    let mut reqs = small_trace::requests();
     edit(&mut reqs);
     for r in reqs {
         rec.request(r).unwrap();
     }
     rec.close().unwrap();
     t
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]
@@ -53,14 +48,16 @@ fn replay_of_prompts_far_above_the_context_window_is_not_linear_in_prompt_tokens
     });
     let out = dir.path().join("replayed");
     let started = Instant::now();
-    let (code, _, err) = cli(&[
+    let (code, _, err) = kvtrail([
         "replay",
         s(&t),
         "--engine",
         "sglang-0.5.19",
         "--out",
         s(&out),
-    ]);
+    ])
+    .run()
+    .into_parts();
     let took = started.elapsed();
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -116,7 +113,7 @@ fn simulate_set_timing_values_that_overflow_the_clock_are_refused() {
         ),
     ] {
         let out = dir.path().join("o");
-        let (code, _, err) = cli(&[
+        let (code, _, err) = kvtrail([
             "simulate",
             "--scenario",
             "incident",
@@ -128,7 +125,9 @@ fn simulate_set_timing_values_that_overflow_the_clock_are_refused() {
             "timing.straggler_ppm=1000000",
             "--set",
             set,
-        ]);
+        ])
+        .run()
+        .into_parts();
         assert_eq!(code, 2, "--set {set}: {err}");
         assert!(err.contains(key) && err.contains(max), "--set {set}: {err}");
         assert!(err.contains("hint:"), "{err}");
@@ -140,7 +139,7 @@ fn simulate_set_timing_values_that_overflow_the_clock_are_refused() {
 fn simulate_with_the_largest_timing_values_keeps_the_clock_moving_forward() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o");
-    let (code, _, err) = cli(&[
+    let (code, _, err) = kvtrail([
         "simulate",
         "--scenario",
         "incident",
@@ -156,7 +155,9 @@ fn simulate_with_the_largest_timing_values_keeps_the_clock_moving_forward() {
         "timing.prefill_base_us=3600000000",
         "--set",
         "timing.prefill_ns_per_token=1000000000",
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 0, "{err}");
     let t = kvtrail::trace::Trace::open(&out).unwrap();
     for b in t.requests() {
@@ -199,7 +200,7 @@ fn diff_of_unrelated_traces_is_refused_naming_the_first_mismatching_request() {
                 r.prompt_hash = Some([1; 32]);
             }
         });
-        let (code, out, err) = cli(&["diff", s(&base), s(&b)]);
+        let (code, out, err) = kvtrail(["diff", s(&base), s(&b)]).run().into_parts();
         assert_eq!(code, 2, "{name}: {out}{err}");
         assert!(
             err.contains("request_id 2") && err.contains(column) && err.contains("hint:"),
@@ -207,7 +208,7 @@ fn diff_of_unrelated_traces_is_refused_naming_the_first_mismatching_request() {
         );
     }
     // The same workload still diffs (a trace against itself).
-    let (code, _, err) = cli(&["diff", s(&a), s(&a)]);
+    let (code, _, err) = kvtrail(["diff", s(&a), s(&a)]).run().into_parts();
     assert_eq!(code, 0, "{err}");
 }
 
@@ -216,15 +217,17 @@ fn diff_accepts_a_replay_of_a_trace_with_its_own_clock_origin() {
     let dir = tempfile::tempdir().unwrap();
     let a = trace_with(dir.path(), "a", |_| {});
     let out = dir.path().join("replayed");
-    let (code, _, err) = cli(&[
+    let (code, _, err) = kvtrail([
         "replay",
         s(&a),
         "--engine",
         "sglang-0.5.19",
         "--out",
         s(&out),
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = cli(&["diff", s(&a), s(&out)]);
+    let (code, _, err) = kvtrail(["diff", s(&a), s(&out)]).run().into_parts();
     assert_eq!(code, 0, "{err}");
 }

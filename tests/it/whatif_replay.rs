@@ -5,15 +5,16 @@
 //! unchanged (the same trace, byte for byte: determinism), and the
 //! stale-tail reads coming back with allow_auto_truncate under the fix.
 
-use crate::support::whatif as whatif_common;
-
 use std::collections::BTreeSet;
 
+use crate::support::cli::kvtrail;
+use crate::support::files;
+use crate::support::sim::{Simulated, simulate};
+use crate::support::whatif::replay;
 use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
 use kvtrail::trace::Trace;
 use kvtrail::whatif::diff::{DiffReport, diff};
-use whatif_common::*;
 
 const REQUESTS: u64 = 1200;
 
@@ -27,7 +28,7 @@ fn diff_of(before: &std::path::Path, after: &std::path::Path) -> DiffReport {
     .unwrap()
 }
 
-fn affected(sim: &Sim) -> BTreeSet<u64> {
+fn affected(sim: &Simulated) -> BTreeSet<u64> {
     let ids: BTreeSet<u64> = sim.truth.affected_ids().into_iter().collect();
     assert!(
         !ids.is_empty(),
@@ -42,11 +43,11 @@ fn changed_ids(d: &DiffReport) -> BTreeSet<u64> {
 
 #[test]
 fn buggy_engine_unchanged_reproduces_the_trace_byte_for_byte() {
-    let sim = simulate("incident", REQUESTS, &[]);
+    let sim = simulate("incident", Some(REQUESTS), 1, &[]);
     let out = sim.dir.path().join("same");
     let run = replay(&sim.trace, None, &[], &out);
     assert_eq!(run.output.truth.affected_ids(), sim.truth.affected_ids());
-    assert_eq!(files(&sim.trace), files(&out));
+    assert_eq!(files::contents(&sim.trace), files::contents(&out));
     let d = diff_of(&sim.trace, &out);
     assert!(d.changed.is_empty());
     assert_eq!(d.unchanged, REQUESTS);
@@ -58,7 +59,7 @@ fn buggy_engine_unchanged_reproduces_the_trace_byte_for_byte() {
 
 #[test]
 fn fixed_engine_answers_500_after_the_timeout_and_holds_decode_capacity() {
-    let sim = simulate("incident", REQUESTS, &[]);
+    let sim = simulate("incident", Some(REQUESTS), 1, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("fix");
     replay(&sim.trace, Some("sglang-0.5.22"), &[], &out);
@@ -105,7 +106,7 @@ fn fixed_engine_answers_500_after_the_timeout_and_holds_decode_capacity() {
 
 #[test]
 fn router_acting_on_prefill_error_answers_400_at_once_but_decode_still_holds() {
-    let sim = simulate("incident", REQUESTS, &[]);
+    let sim = simulate("incident", Some(REQUESTS), 1, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("perr");
     replay(
@@ -126,7 +127,7 @@ fn router_acting_on_prefill_error_answers_400_at_once_but_decode_still_holds() {
 
 #[test]
 fn buggy_engine_with_a_2x_prefill_pool_has_no_exposure() {
-    let sim = simulate("incident", REQUESTS, &[]);
+    let sim = simulate("incident", Some(REQUESTS), 1, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("pool2x");
     replay(&sim.trace, None, &["prefill.capacity_tokens=32768"], &out);
@@ -144,7 +145,7 @@ fn buggy_engine_with_a_2x_prefill_pool_has_no_exposure() {
 
 #[test]
 fn allow_auto_truncate_brings_the_stale_tail_back_under_the_fixed_engine() {
-    let sim = simulate("incident", REQUESTS, &[]);
+    let sim = simulate("incident", Some(REQUESTS), 1, &[]);
     let hit = affected(&sim);
     let out = sim.dir.path().join("trunc");
     replay(
@@ -173,12 +174,12 @@ fn allow_auto_truncate_brings_the_stale_tail_back_under_the_fixed_engine() {
 
 #[test]
 fn replay_is_deterministic_and_keeps_request_identity() {
-    let sim = simulate("incident", 600, &[]);
+    let sim = simulate("incident", Some(600), 1, &[]);
     let a = sim.dir.path().join("a");
     let b = sim.dir.path().join("b");
     replay(&sim.trace, Some("sglang-0.5.20"), &[], &a);
     replay(&sim.trace, Some("sglang-0.5.20"), &[], &b);
-    assert_eq!(files(&a), files(&b));
+    assert_eq!(files::contents(&a), files::contents(&b));
     let key = |p: &std::path::Path| {
         let t = Trace::open(p).unwrap();
         let mut v: Vec<_> = t
@@ -208,9 +209,9 @@ fn replay_is_deterministic_and_keeps_request_identity() {
 
 #[test]
 fn cli_replay_compare_json_and_bad_input() {
-    let sim = simulate("incident", 400, &[]);
+    let sim = simulate("incident", Some(400), 1, &[]);
     let out = sim.dir.path().join("cli");
-    let (code, stdout, stderr) = cli(&[
+    let (code, stdout, stderr) = kvtrail([
         "replay",
         sim.trace.to_str().unwrap(),
         "--engine",
@@ -219,39 +220,49 @@ fn cli_replay_compare_json_and_bad_input() {
         out.to_str().unwrap(),
         "--compare",
         "--json",
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["format"], "kvtrail-diff");
     assert_eq!(v["exposure"]["after"]["affected_responses"], 0);
-    let (code, stdout2, _) = cli(&[
+    let (code, stdout2, _) = kvtrail([
         "diff",
         sim.trace.to_str().unwrap(),
         out.to_str().unwrap(),
         "--json",
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 0);
     assert_eq!(stdout, stdout2);
-    let (code, _, stderr) = cli(&[
+    let (code, _, stderr) = kvtrail([
         "replay",
         sim.trace.to_str().unwrap(),
         "--set",
         "no_such_key=1",
         "--out",
         sim.dir.path().join("bad").to_str().unwrap(),
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown key"), "{stderr}");
-    let (code, _, stderr) = cli(&["replay", "/nonexistent/trace", "--out", "/tmp/x-never"]);
+    let (code, _, stderr) = kvtrail(["replay", "/nonexistent/trace", "--out", "/tmp/x-never"])
+        .run()
+        .into_parts();
     assert_eq!(code, 2, "{stderr}");
-    let (code, _, stderr) = cli(&[
+    let (code, _, stderr) = kvtrail([
         "replay",
         sim.trace.to_str().unwrap(),
         "--engine",
         "sglang-9.9",
         "--out",
         sim.dir.path().join("bad2").to_str().unwrap(),
-    ]);
+    ])
+    .run()
+    .into_parts();
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown engine"), "{stderr}");
 }

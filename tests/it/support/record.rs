@@ -1,18 +1,17 @@
-//! Shared by the sidecar tests (record_protocol, record_hostile,
-//! record_soak): a four-pool deployment, a sidecar started on a Unix socket
-//! in a temporary directory, acknowledged connections, the binary started
-//! as `kvtrail record`, and small line builders.
-
-#![allow(dead_code)] // each test binary uses a subset
+//! The sidecar tests' rig (record_protocol, record_hostile, record_soak): a
+//! four-pool deployment, a sidecar started on a Unix socket in a temporary
+//! directory, acknowledged connections, the binary started as `kvtrail
+//! record`, and small line builders.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::cli::kvtrail;
 use kvtrail::record::{Listen, NoLog, RecordConfig, RecordSummary, Sidecar};
 use kvtrail::schema::KvEvent;
 use kvtrail::trace::Trace;
@@ -135,12 +134,7 @@ pub fn spawn_record(dir: &Path, extra: &[&str]) -> (Child, PathBuf, PathBuf) {
         "1".into(),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
-    let child = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = kvtrail(&args).spawn();
     let t = Instant::now();
     while !sock.exists() {
         assert!(t.elapsed() < Duration::from_secs(20), "no socket");

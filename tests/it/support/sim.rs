@@ -1,9 +1,7 @@
-//! Shared helpers of the simulator tests: run a scenario into a temporary
-//! trace, load a trace back, and an independent, deliberately naive
-//! evaluation of trace-format-v1 semantics over a whole (small) trace, to
-//! check the simulator's ground truth against the trace it wrote.
-
-#![allow(dead_code)]
+//! The simulator in-process: run a scenario into a temporary trace, load a
+//! trace back, and an independent, deliberately naive evaluation of
+//! trace-format-v1 semantics over a whole (small) trace, to check the
+//! simulator's ground truth against the trace it wrote.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -13,15 +11,17 @@ use kvtrail::schema::{KvEvent, Op, RequestRecord};
 use kvtrail::sim::{self, RunLabel, Truth, scenario};
 use kvtrail::trace::Trace;
 
-pub struct Run {
+/// A simulated trace in a temporary folder, with its ground truth.
+pub struct Simulated {
     pub dir: tempfile::TempDir,
     pub trace: std::path::PathBuf,
     pub truth: Truth,
     pub over_long: u64,
 }
 
-/// Runs scenario `name` with `sets` applied (`key=value`).
-pub fn simulate(name: &str, requests: Option<u64>, seed: u64, sets: &[&str]) -> Run {
+/// Runs scenario `name` (`requests` requests, the scenario's own count
+/// when `None`) with `sets` applied (`key=value`).
+pub fn simulate(name: &str, requests: Option<u64>, seed: u64, sets: &[&str]) -> Simulated {
     let mut sc = scenario::scenario(name, requests, seed).unwrap();
     for s in sets {
         sc.config.set(s).unwrap();
@@ -39,7 +39,7 @@ pub fn simulate(name: &str, requests: Option<u64>, seed: u64, sets: &[&str]) -> 
         &NoReporter,
     )
     .unwrap();
-    Run {
+    Simulated {
         trace: dir.path().join("t"),
         dir,
         truth: out.truth,
@@ -195,7 +195,7 @@ pub fn truth_as_naive(t: &Truth) -> Naive {
 }
 
 /// Asserts the simulator's truth equals the naive evaluation of its trace.
-pub fn assert_truth_matches_trace(run: &Run) {
+pub fn assert_truth_matches_trace(run: &Simulated) {
     let n = naive(&run.trace);
     let t = truth_as_naive(&run.truth);
     assert_eq!(t.foreign, n.foreign, "foreign reads: truth vs trace");

@@ -1,11 +1,8 @@
-//! Shared helpers for the integration tests: a small valid trace built with
-//! the Recorder, a hand-rolled Parquet writer, and a runner for the real
-//! `kvtrail` binary.
-
-#![allow(dead_code)] // each test binary uses a subset
+//! A small valid trace built with the Recorder (an incident shape: two
+//! pools, four requests), and a hand-rolled Parquet writer for files no
+//! kvtrail writer would produce.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
@@ -144,28 +141,4 @@ pub fn write_batches(
 
 pub fn arr<A: arrow_array::Array + 'static>(a: A) -> ArrayRef {
     Arc::new(a)
-}
-
-/// Output of one run of the binary.
-pub struct Run {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-pub fn kvtrail(args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrail"))
-        .args(args)
-        .env("KVTRAIL_NO_PROGRESS", "1")
-        .output()
-        .expect("run kvtrail");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-pub fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }

@@ -3,7 +3,6 @@
 //! (random file splits, shuffled rows, dictionary-encoded strings, no
 //! `files` list), plus a compact digest of a scope report for data-driven
 //! assertions.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

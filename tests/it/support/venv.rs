@@ -1,14 +1,12 @@
 //! Finding the cached Python virtualenvs the .ci/setup.d scripts build
-//! (SGLang on CPU, the SQL engines, the notebooks), for the test binaries
-//! that drive Python. Included with `#[path = "shared/venv.rs"] mod venv;`.
+//! (SGLang on CPU, the SQL engines, the notebooks), for the tests that
+//! drive Python.
 //!
 //! A venv lives at `$<override var>`, else
 //! `${KVTRAIL_CACHE:-$HOME/.cache/kvtrail}/<name>`. When it is missing (or
 //! its python cannot import what the tests need), the tests FAIL when `CI`
 //! is set and print a SKIP line otherwise: a set-up that did not run is
 //! never a silent pass in CI.
-
-#![allow(dead_code)] // each test binary uses a subset
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -46,7 +44,7 @@ impl Venv {
         let venv = self.dir();
         let py = venv.join("bin/python");
         // The import check starts a python (seconds with torch): once per
-        // venv per test binary.
+        // venv per run of the tests.
         static CHECKED: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
         let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
         let ok = match checked.iter().find(|(p, _)| *p == py) {
