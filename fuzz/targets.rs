@@ -1,5 +1,5 @@
 //! The fuzz targets' entry points, shared by the libFuzzer binaries
-//! (`fuzz/fuzz_targets/*.rs`) and by `tests/fuzz_regressions.rs`, which
+//! (`fuzz/fuzz_targets/*.rs`) and by `tests/it/fuzz_regressions.rs`, which
 //! replays every kept case through the same functions without the fuzzer.
 //!
 //! Each entry point takes the raw fuzz input and panics only when kvtrail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for tests/sim_sglang_fidelity.rs: a cached virtualenv with the real
+# Set-up for tests/it/sim_sglang_fidelity.rs: a cached virtualenv with the real
 # `sglang` package (0.5.19 installed, a current release beside it via
 # --target) on CPU: pinned torch (the CUDA build; it imports on CPU) and
 # the minimum sglang dependencies, sglang itself with --no-deps. About 5 GB;

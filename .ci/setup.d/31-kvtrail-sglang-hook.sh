@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for tests/record_sglang.rs: the kvtrail SGLang hook's one runtime
+# Set-up for tests/it/record_sglang.rs: the kvtrail SGLang hook's one runtime
 # dependency (the `blake3` PyPI package) in the shared SGLang CPU venv that
 # 30-sglang.sh builds (same path, never a second venv), and a check that the
 # hook package itself pip-installs (into target/, not into the venv, so

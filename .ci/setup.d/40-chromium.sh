@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's chromium for the report.html headless-browser test
-# (tests/report_html.rs). Idempotent: does nothing when chromium is present.
+# (tests/it/notify.rs). Idempotent: does nothing when chromium is present.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1; then
     exit 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for tests/cuda_nvrtc.rs: NVRTC of CUDA 13 (the PyPI wheel
+# Set-up for tests/it/cuda_nvrtc.rs: NVRTC of CUDA 13 (the PyPI wheel
 # nvidia-cuda-nvrtc ships libnvrtc.so.13; no GPU, driver or toolkit needed)
 # in a cached virtualenv, so the test suite compiles every kernel of
 # kernels/*.cu with the real NVRTC through kvtrail's own loader.

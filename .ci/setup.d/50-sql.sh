@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for tests/sql_engines.rs and bench/fleet.py: a cached virtualenv with
+# Set-up for tests/it/sql_engines.rs and bench/fleet.py: a cached virtualenv with
 # the SQL engines the `kvtrail sql` dialects are checked on: the duckdb
 # Python package, pyspark (local mode on the machine's Java 17), and sqlglot
 # (its Trino grammar reads the Trino dialect, transpiled to DuckDB), pinned.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for tests/notebooks.rs and for opening notebooks/: a cached
+# Set-up for tests/it/notebooks.rs and for opening notebooks/: a cached
 # virtualenv with the packages of notebooks/requirements.txt (DuckDB,
 # pyarrow, pandas, matplotlib, and ipykernel + nbclient to run the notebooks
 # headless in the venv's own kernel), every version pinned. Nothing is

@@ -3,7 +3,7 @@
 //! (`mem_cache/allocator/{token,paged}.py`, 0.5.19 and 0.5.23 read).
 //!
 //! What is modelled exactly (and checked against the real classes by
-//! tests/sim_sglang_fidelity.rs):
+//! tests/it/sim_sglang_fidelity.rs):
 //! - page 0 is reserved (SGLang pads with it); usable pages are 1..=num_pages;
 //! - `alloc` takes whole pages from the front of the free list;
 //! - `alloc_extend` fills the rest of the last partial page first

@@ -8,7 +8,7 @@ from the contract's sentences (quoted in `why`), never from running kvtrail.
 
 Usage: python make_traces.py OUT_DIR
 Writes OUT_DIR/<case>/trace/ and OUT_DIR/<case>/expected.json, and
-OUT_DIR/cases.json (the list of case names). tests/contract_conformance.rs
+OUT_DIR/cases.json (the list of case names). tests/it/contract_conformance.rs
 runs the binary on each case and checks the expectations.
 
 expected.json keys (all optional except name/why):

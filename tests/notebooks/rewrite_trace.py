@@ -1,5 +1,5 @@
 """Rewrites a kvtrail trace the way another program would write format v1,
-for tests/notebooks.rs: the notebooks must read any v1 trace, not only the
+for tests/it/notebooks.rs: the notebooks must read any v1 trace, not only the
 Recorder's.
 
     python rewrite_trace.py SRC DST

@@ -1,4 +1,4 @@
-"""Executes notebooks headless for tests/notebooks.rs, in a kernel that runs
+"""Executes notebooks headless for tests/it/notebooks.rs, in a kernel that runs
 this very Python (the notebooks venv's, built by .ci/setup.d/60-notebooks.sh).
 
     python run.py --out DIR [--label NAME] [--timeout S] [--cwd DIR] NOTEBOOK...

@@ -2,7 +2,7 @@
 sglang allocators (TokenToKVPoolAllocator, PagedTokenToKVPoolAllocator) on
 CPU and checks the real admission code (validate_input_length,
 Req.set_finish_with_abort). Reads one JSON document on stdin, writes one on
-stdout. Used by tests/sim_sglang_fidelity.rs, which runs kvtrail's
+stdout. Used by tests/it/sim_sglang_fidelity.rs, which runs kvtrail's
 allocator on the same sequences and requires identical slot indices.
 
 Input:

@@ -1,5 +1,5 @@
 """The hook never stalls the engine and never loses events silently
-(tests/record_sglang.rs). Real SGLang TokenToKVPoolAllocator on CPU.
+(tests/it/record_sglang.rs). Real SGLang TokenToKVPoolAllocator on CPU.
 
     python hook_loss.py SOCKET
 

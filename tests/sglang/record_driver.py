@@ -1,5 +1,5 @@
 """Drives SGLang's real classes on CPU with the kvtrail hook installed,
-streaming to a `kvtrail record` sidecar (tests/record_sglang.rs).
+streaming to a `kvtrail record` sidecar (tests/it/record_sglang.rs).
 
     python record_driver.py SOCKET
 

@@ -1,5 +1,5 @@
 """Runs `kvtrail sql` scripts on a real engine and prints their result views
-as JSON, for tests/sql_engines.rs and bench/fleet.py.
+as JSON, for tests/it/sql_engines.rs and bench/fleet.py.
 
 Usage: run_sql.py duckdb|spark|trino-on-duckdb JOBS.json OUT.json
 JOBS.json: [{"name": ..., "sql": <script path>, "trace": <dir>}, ...]. One

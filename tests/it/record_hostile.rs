@@ -1,0 +1,447 @@
+//! The sidecar against hostile or broken clients: one line must never stop
+//! the writer, connection slots and shutdown cannot be held hostage, and
+//! memory stays bounded; whatever is dropped is counted and makes the
+//! capture incomplete.
+//!
+//! Index:
+//! - lost_line_with_u64_max_does_not_stop_the_writer
+//! - seq_near_u64_max_then_seqless_lines_do_not_stop_the_writer
+//! - lost_counts_saturate_instead_of_wrapping
+//! - lost_lines_on_two_pools_do_not_overflow_the_recorder
+//! - queue_drops_are_counted_once_in_lost
+//! - silent_connections_cannot_hold_every_slot
+//! - refused_connection_makes_the_capture_incomplete
+//! - trickling_client_cannot_hold_shutdown_open (library and binary)
+//! - overlong_tenant_is_rejected_by_the_field_limit
+//! - unpaired_views_are_bounded_and_overflow_is_counted
+//! - transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer
+//! - writer_failure_is_not_silent
+//! - reconnect_loop_leaves_no_per_connection_state
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::record::*;
+
+/// Waits until `f` holds (or fails after 10 s).
+fn until(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn lost_line_with_u64_max_does_not_stop_the_writer() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    let mut b = rig.connect(&[3]);
+    writeln!(a, "{}", kv(2, 1, "alloc", 0, 1)).unwrap();
+    writeln!(a, "{}", kv(2, 1, "write", 0, 1)).unwrap();
+    writeln!(a, r#"{{"type":"lost","pool":2,"n":18446744073709551615}}"#).unwrap();
+    a.flush().unwrap();
+    let st = rig.sidecar.stats();
+    until("the lost line is handled", || {
+        st.rejected_unattributed.load(Ordering::Relaxed) + st.lost_hook.load(Ordering::Relaxed) > 0
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Recording goes on, for this pool and every other.
+    writeln!(a, "{}", kv(2, 1, "read", 0, 1)).unwrap();
+    writeln!(b, "{}", kv(3, 2, "alloc", 0, 1)).unwrap();
+    writeln!(b, "{}", kv(3, 2, "write", 0, 1)).unwrap();
+    drop((a, b));
+    let (sum, t, _d, out) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.lost_queue, 0, "{st:?}");
+    assert_eq!(st.kv_written, 5, "{st:?}");
+    assert_eq!(seqs(&t, 2), vec![0, 1, 2]);
+    assert_eq!(seqs(&t, 3), vec![0, 1]);
+    // The loss it announced could not be recorded: not complete.
+    assert!(!sum.complete, "{st:?}");
+    assert_eq!(kvtrail(["verify", s(&out)]).run().code, 1);
+}
+
+#[test]
+fn seq_near_u64_max_then_seqless_lines_do_not_stop_the_writer() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    let mut b = rig.connect(&[3]);
+    writeln!(a, "{}", kv(2, 1, "alloc", 0, 1)).unwrap();
+    writeln!(a, "{}", kv(2, 1, "write", 0, 1)).unwrap();
+    writeln!(
+        a,
+        r#"{{"type":"kv","pool":2,"seq":18446744073709551614,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1}}"#
+    )
+    .unwrap();
+    for _ in 0..3 {
+        writeln!(a, "{}", kv(2, 1, "read", 0, 1)).unwrap();
+    }
+    a.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(b, "{}", kv(3, 2, "alloc", 0, 1)).unwrap();
+    drop((a, b));
+    let (sum, t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.lost_queue, 0, "{st:?}");
+    assert_eq!(st.rejected_malformed, 1, "{st:?}");
+    // The out-of-range line is a hole where it came; the pool goes on.
+    assert_eq!(seqs(&t, 2), vec![0, 1, 3, 4, 5]);
+    assert_eq!(seqs(&t, 3), vec![0]);
+}
+
+#[test]
+fn lost_counts_saturate_instead_of_wrapping() {
+    // 2^48 is the largest `n` a lost line may carry; 2^16 + 1 of them
+    // overflow u64 twice over: the pool's seq space and the counters.
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    let mut b = rig.connect(&[3]);
+    writeln!(a, "{}", kv(2, 1, "alloc", 0, 1)).unwrap();
+    let line = format!("{}\n", r#"{"type":"lost","pool":2,"n":281474976710656}"#);
+    a.write_all(line.repeat((1 << 16) + 1).as_bytes()).unwrap();
+    writeln!(a, "{}", kv(2, 1, "free", 0, 1)).unwrap();
+    a.flush().unwrap();
+    let st = rig.sidecar.stats();
+    until("the lost lines are handled", || {
+        st.lost_hook.load(Ordering::Relaxed) == u64::MAX
+    });
+    writeln!(b, "{}", kv(3, 2, "alloc", 0, 1)).unwrap();
+    drop((a, b));
+    let (sum, t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.lost_hook, u64::MAX, "saturated, not wrapped: {st:?}");
+    assert_eq!(sum.stats.lost_events(), u64::MAX);
+    assert!(st.lost_unrecorded > 0, "{st:?}");
+    assert_eq!(seqs(&t, 3), vec![0]);
+    assert_eq!(seqs(&t, 2)[0], 0);
+    assert!(!sum.complete);
+}
+
+#[test]
+fn lost_lines_on_two_pools_do_not_overflow_the_recorder() {
+    // 2^15 lines of 2^48 on each of two pools: 2^63 per pool, 2^64 summed
+    // over the recorder's pools.
+    let rig = start(|_| {});
+    let line = format!("{}\n", r#"{"type":"lost","pool":P,"n":281474976710656}"#);
+    for pool in [2u16, 3] {
+        let mut c = rig.connect(&[pool]);
+        c.write_all(
+            line.replace('P', &pool.to_string())
+                .repeat(1 << 15)
+                .as_bytes(),
+        )
+        .unwrap();
+        writeln!(c, "{}", kv(pool, 1, "alloc", 0, 1)).unwrap();
+    }
+    let (sum, t, _d, _) = rig.stop();
+    assert_eq!(sum.stats.lost_hook, u64::MAX, "{:?}", sum.stats);
+    assert_eq!(sum.stats.lost_unrecorded, 0, "{:?}", sum.stats);
+    assert_eq!(seqs(&t, 2), vec![1 << 63]);
+    assert_eq!(seqs(&t, 3), vec![1 << 63]);
+    assert!(sum.complete, "every loss is a hole: {:?}", sum.stats);
+}
+
+#[test]
+fn queue_drops_are_counted_once_in_lost() {
+    // The writer_behind_drops_become_counted_holes set-up: a slow writer
+    // behind a one-batch queue.
+    let rig = start(|c| {
+        c.queue_batches = 1;
+        c.recorder.row_group_rows = 64;
+        c.recorder.part.rotate_bytes = 1;
+    });
+    let n = 40_000u64;
+    let mut a = rig.connect(&[3]);
+    let mut buf = String::new();
+    for i in 0..n {
+        buf.push_str(&kv(3, 1, "read", (i % 4000) as u32, 1));
+        buf.push('\n');
+    }
+    a.write_all(buf.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(a, "{}", kv(3, 1, "read", 0, 1)).unwrap();
+    drop(a);
+    let (sum, _t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert!(st.lost_queue > 0, "the writer kept up: {st:?}");
+    assert_eq!(st.lost_hook, 0, "no hook reported anything: {st:?}");
+    assert_eq!(st.lost_events(), st.lost_queue, "{st:?}");
+    assert_eq!(st.kv_written + st.lost_events(), n + 1, "{st:?}");
+}
+
+#[test]
+fn silent_connections_cannot_hold_every_slot() {
+    let rig = start(|c| {
+        c.max_connections = 4;
+        c.hello_timeout = Duration::from_millis(300);
+    });
+    let silent: Vec<UnixStream> = (0..4)
+        .map(|_| UnixStream::connect(&rig.sock).unwrap())
+        .collect();
+    let st = rig.sidecar.stats();
+    until("the silent connections are dropped", || {
+        st.dropped_before_hello.load(Ordering::Relaxed) == 4
+            && st.connections_live.load(Ordering::Relaxed) == 0
+    });
+    // The engine's hello is taken.
+    let mut a = rig.connect(&[2]);
+    writeln!(a, "{}", kv(2, 1, "alloc", 0, 1)).unwrap();
+    drop((a, silent));
+    let (sum, t, _d, _) = rig.stop();
+    assert_eq!(sum.stats.dropped_before_hello, 4, "{:?}", sum.stats);
+    assert_eq!(seqs(&t, 2), vec![0]);
+    // They might have been engines that were too slow: not complete.
+    assert!(!sum.complete);
+}
+
+#[test]
+fn refused_connection_makes_the_capture_incomplete() {
+    let rig = start(|c| c.max_connections = 1);
+    let mut a = rig.connect(&[2]);
+    writeln!(a, "{}", kv(2, 1, "alloc", 0, 1)).unwrap();
+    let b = UnixStream::connect(&rig.sock).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reply = String::new();
+    BufReader::new(&b).read_line(&mut reply).unwrap();
+    assert!(reply.contains("too many connections"), "{reply}");
+    drop((a, b));
+    let (sum, _t, _d, out) = rig.stop();
+    assert_eq!(sum.stats.refused_connections, 1, "{:?}", sum.stats);
+    assert!(!sum.complete, "{:?}", sum.stats);
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 1, "{}", v.stdout);
+}
+
+/// Sends one byte of a never-ending line every 100 ms until the peer
+/// closes (or 60 s pass).
+fn trickle(mut c: UnixStream) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if c.write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+#[test]
+fn trickling_client_cannot_hold_shutdown_open() {
+    let rig = start(|c| c.shutdown_grace = Duration::from_millis(500));
+    let mut a = rig.connect(&[2]);
+    for i in 0..3 {
+        writeln!(a, "{}", kv(2, 1, "write", i, 1)).unwrap();
+    }
+    a.write_all(br#"{"type":"kv","pool":2,"#).unwrap();
+    let h = trickle(a);
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(rig.stop());
+    });
+    let (sum, t, _d, _) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("shutdown is bounded");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(sum.stats.connections_cut, 1, "{:?}", sum.stats);
+    assert_eq!(seqs(&t, 2), vec![0, 1, 2]);
+    assert!(!sum.complete);
+    h.join().unwrap();
+}
+
+#[test]
+fn trickling_client_cannot_hold_sigterm_open() {
+    let d = tempfile::tempdir().unwrap();
+    let (child, sock, out) = spawn_record(d.path(), &["--shutdown-grace", "1"]);
+    let mut c = hello(&sock, 2);
+    writeln!(c, "{}", kv(2, 1, "write", 0, 1)).unwrap();
+    let h = trickle(c);
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = wait_bounded(child, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("cut at shutdown 1"), "{stdout}");
+    assert!(stdout.contains("INCOMPLETE"), "{stdout}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 1, "{}", v.stdout);
+    h.join().unwrap();
+}
+
+fn request(rid: u64, tenant: &str, pool_key: &str, pool: u16) -> String {
+    format!(
+        r#"{{"type":"request","request_id":{rid},"external_id":"{tenant}","tenant":"{tenant}","arrival_ns":1,"prompt_tokens":9,"output_tokens":0,"http_status":200,"{pool_key}":{pool}}}"#
+    )
+}
+
+#[test]
+fn overlong_tenant_is_rejected_by_the_field_limit() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    // 2 x 256 KiB (tenant and external_id): well inside the 1 MiB line.
+    let big = "t".repeat(1 << 18);
+    writeln!(a, "{}", request(1, &big, "decode_pool", 2)).unwrap();
+    writeln!(a, "{}", request(2, &"t".repeat(256), "decode_pool", 2)).unwrap();
+    drop(a);
+    let (sum, t, _d, _) = rig.stop();
+    assert_eq!(sum.stats.rejected_unattributed, 1, "{:?}", sum.stats);
+    assert_eq!(sum.stats.requests_written, 1);
+    let rows: Vec<_> = t.requests().flat_map(|b| b.unwrap()).collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].request_id, 2);
+    assert!(!sum.complete);
+}
+
+#[test]
+fn unpaired_views_are_bounded_and_overflow_is_counted() {
+    let budget = 256 << 10;
+    let rig = start(|c| c.max_pending_bytes = budget);
+    let mut p = rig.connect(&[0]);
+    let mut d = rig.connect(&[1]);
+    let n = 5000u64;
+    let tenant = "x".repeat(200);
+    // The decode views of the first 10 requests pair at once.
+    for rid in 1..=10 {
+        writeln!(d, "{}", request(rid, "t", "decode_pool", 1)).unwrap();
+    }
+    d.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let st = rig.sidecar.stats();
+    let mut peak = 0;
+    for rid in 1..=n {
+        writeln!(p, "{}", request(rid, &tenant, "prefill_pool", 0)).unwrap();
+        if rid % 100 == 0 {
+            peak = peak.max(st.pending_bytes.load(Ordering::Relaxed));
+        }
+    }
+    p.flush().unwrap();
+    until("the views are taken", || {
+        st.requests_written.load(Ordering::Relaxed) + st.lost_requests.load(Ordering::Relaxed) >= 10
+            && st.queue_depth.load(Ordering::Relaxed) == 0
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    peak = peak.max(st.pending_bytes.load(Ordering::Relaxed));
+    assert!(peak > 0 && peak <= budget, "peak {peak}");
+    drop((p, d));
+    let (sum, _t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert!(st.lost_requests > 0, "{st:?}");
+    // Every view is written (alone or merged) or counted.
+    assert_eq!(st.requests_written + st.lost_requests, n, "{st:?}");
+    assert!(!sum.complete);
+}
+
+#[test]
+fn transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer() {
+    // Page ids run to 2^32 - 1: the end of that page's run is 2^32.
+    let dep: kvtrail::trace::manifest::Deployment = serde_json::from_value(serde_json::json!({
+        "name": "t", "engine": "test", "context_window": 4096,
+        "pools": [
+            {"id": 0, "role": "prefill", "capacity_tokens": 4294967296u64, "page_size": 1},
+            {"id": 1, "role": "decode", "capacity_tokens": 4294967296u64, "page_size": 1}
+        ]
+    }))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    let out = dir.path().join("trace");
+    let cfg = kvtrail::record::RecordConfig::new(kvtrail::record::Listen::Unix(sock.clone()));
+    let sc = kvtrail::record::Sidecar::start(
+        cfg,
+        dep,
+        &out,
+        std::sync::Arc::new(kvtrail::record::NoLog),
+    )
+    .unwrap();
+    let rig_connect = |pool: u16| {
+        let mut c = UnixStream::connect(&sock).unwrap();
+        writeln!(c, r#"{{"type":"hello","pools":[{pool}]}}"#).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = String::new();
+        BufReader::new(&c).read_line(&mut reply).unwrap();
+        assert!(reply.contains("welcome"), "{reply}");
+        c
+    };
+    let mut p = rig_connect(0);
+    let mut d = rig_connect(1);
+    writeln!(p, "{}", kv(0, 7, "write", 4294967295, 1)).unwrap();
+    writeln!(
+        p,
+        r#"{{"type":"xfer_send","room":5,"pool":0,"ts_ns":5,"dst_index":0,"src_pages":[[4294967295,1]],"last":true}}"#
+    )
+    .unwrap();
+    drop(p);
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(
+        d,
+        r#"{{"type":"xfer_commit","room":5,"pool":1,"ts_ns":6,"request_id":7,"dst_pages":[[4294967295,1]]}}"#
+    )
+    .unwrap();
+    writeln!(d, "{}", kv(1, 7, "read", 4294967295, 1)).unwrap();
+    drop(d);
+    let sum = sc.shutdown().expect("the writer survives");
+    assert_eq!(sum.stats.kv_written, 3, "{:?}", sum.stats);
+    let t = kvtrail::trace::Trace::open(&out).unwrap();
+    let e = events(&t);
+    let copy = e[&1][0];
+    assert_eq!(
+        (copy.slot_start, copy.src.map(|s| s.slot_start)),
+        (4294967295, Some(4294967295))
+    );
+}
+
+#[test]
+fn writer_failure_is_not_silent() {
+    let d = tempfile::tempdir().unwrap();
+    let (child, sock, out) = spawn_record(d.path(), &["--row-group-rows", "10", "--rotate", "1"]);
+    let mut c = hello(&sock, 2);
+    writeln!(c, "{}", kv(2, 1, "write", 0, 1)).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The trace directory is gone (a full or unmounted disk would do the
+    // same): the writer cannot complete its next part file.
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::write(&out, b"not a directory").unwrap();
+    for i in 0..100 {
+        if writeln!(c, "{}", kv(2, 1, "write", i, 1)).is_err() {
+            break;
+        }
+    }
+    // The sidecar says so and ends by itself, with exit code 2.
+    let o = wait_bounded(child, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("record: writer stopped: "), "{err}");
+    assert!(err.contains("error: "), "{err}");
+}
+
+#[test]
+fn reconnect_loop_leaves_no_per_connection_state() {
+    // A client that reconnects over and over (each time saying hello and
+    // sending one event) must not grow the sidecar: what a connection holds
+    // is freed when it closes and the writer has its last batch.
+    let rig = start(|_| {});
+    const N: u64 = 1000;
+    for i in 0..N {
+        let mut c = rig.connect(&[(2 + i % 2) as u16]);
+        writeln!(c, "{}", kv((2 + i % 2) as u16, i + 1, "alloc", 0, 1)).unwrap();
+        drop(c);
+    }
+    let stats = rig.sidecar.stats();
+    until("every connection closed and every batch written", || {
+        stats.connections_live.load(Ordering::Relaxed) == 0
+            && stats.queue_depth.load(Ordering::Relaxed) == 0
+            && stats.kv_written.load(Ordering::Relaxed) == N
+    });
+    assert_eq!(rig.sidecar.connection_entries(), 0);
+    let (sum, t, _d, _o) = rig.stop();
+    assert!(sum.complete);
+    assert_eq!(seqs(&t, 2).len() + seqs(&t, 3).len(), N as usize);
+}

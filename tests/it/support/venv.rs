@@ -1,0 +1,103 @@
+//! Finding the cached Python virtualenvs the .ci/setup.d scripts build
+//! (SGLang on CPU, the SQL engines, the notebooks), for the tests that
+//! drive Python.
+//!
+//! A venv lives at `$<override var>`, else
+//! `${KVTRAIL_CACHE:-$HOME/.cache/kvtrail}/<name>`. When it is missing (or
+//! its python cannot import what the tests need), the tests FAIL when `CI`
+//! is set and print a SKIP line otherwise: a set-up that did not run is
+//! never a silent pass in CI.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// One cached venv.
+pub struct Venv {
+    /// Folder name under the cache.
+    pub name: &'static str,
+    /// Environment variable that overrides the whole path.
+    pub env: &'static str,
+    /// Set-up script(s) that build it, for the message.
+    pub setup: &'static str,
+    /// Modules its python must import (`None`: only the interpreter).
+    pub imports: Option<&'static str>,
+}
+
+impl Venv {
+    fn dir(&self) -> PathBuf {
+        std::env::var_os(self.env)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let cache = std::env::var_os("KVTRAIL_CACHE")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| {
+                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                            .join(".cache/kvtrail")
+                    });
+                cache.join(self.name)
+            })
+    }
+
+    /// The venv's python, or `None` (after a SKIP line) outside CI.
+    pub fn python(&self) -> Option<PathBuf> {
+        let venv = self.dir();
+        let py = venv.join("bin/python");
+        // The import check starts a python (seconds with torch): once per
+        // venv per run of the tests.
+        static CHECKED: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+        let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+        let ok = match checked.iter().find(|(p, _)| *p == py) {
+            Some((_, ok)) => *ok,
+            None => {
+                let ok = py.is_file()
+                    && self.imports.is_none_or(|m| {
+                        Command::new(&py)
+                            .args(["-c", &format!("import {m}")])
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .status()
+                            .is_ok_and(|s| s.success())
+                    });
+                checked.push((py.clone(), ok));
+                ok
+            }
+        };
+        drop(checked);
+        if ok {
+            return Some(py);
+        }
+        let msg = format!(
+            "the {} venv is missing or incomplete at {}: run {}",
+            self.name,
+            venv.display(),
+            self.setup
+        );
+        if std::env::var_os("CI").is_some() {
+            panic!("CI is set but {msg}");
+        }
+        eprintln!("SKIP: {msg}");
+        None
+    }
+}
+
+pub const SGLANG: Venv = Venv {
+    name: "venv-sglang-0.5.19",
+    env: "KVTRAIL_SGLANG_VENV",
+    setup: ".ci/setup.d/30-sglang.sh and .ci/setup.d/31-kvtrail-sglang-hook.sh",
+    imports: Some("blake3, sglang, torch"),
+};
+
+pub const SQL: Venv = Venv {
+    name: "venv-sql",
+    env: "KVTRAIL_SQL_VENV",
+    setup: ".ci/setup.d/50-sql.sh",
+    imports: None,
+};
+
+pub const NOTEBOOKS: Venv = Venv {
+    name: "venv-notebooks",
+    env: "KVTRAIL_NOTEBOOK_VENV",
+    setup: ".ci/setup.d/60-notebooks.sh",
+    imports: None,
+};
