@@ -4,22 +4,33 @@
 //!
 //! The generated script is a list of statements, each preceded by comments:
 //! typed views over the raw Parquet, one statement per rule of the
-//! "Semantics" section (views, and tables for the stages read more than
-//! once, ending in the table of every non-clean read slot), and the result
-//! views, which mirror `scope --out`:
+//! "Semantics" section (revision 2: content owner and current/stale bit per
+//! slot; views, and tables for the stages read more than once, ending in
+//! the table of every non-clean read slot), and the result views, which
+//! mirror `scope --out`:
 //! `kvtrail_affected_responses`, `kvtrail_response_sources`,
 //! `kvtrail_recipients`, `kvtrail_sources`, `kvtrail_blank_reads`,
+//! `kvtrail_cross_tenant_shared`, `kvtrail_cross_tenant_shared_sources`,
 //! `kvtrail_gaps`, `kvtrail_copies_past_end`, `kvtrail_coverage`.
 //!
-//! Portability: no ASOF JOIN, no recursion. "The latest content event of a
-//! slot at or before seq X" is a running `max(seq)` window over
-//! `(pool, slot)` (seq increases, so it equals `last_value(.. ignore nulls)`
-//! and needs no dialect-specific null handling). Copies are resolved by
-//! pointer jumping: every copy slot points at the source slot's content
-//! event; each level joins the pointers with themselves, so after `k` levels
-//! chains of up to `2^k - 1` copies are resolved. Copies form a DAG over the
-//! pools, so `ceil(log2(pools))` levels always suffice: the generator derives
-//! it from the manifest's pool list.
+//! Portability: no ASOF JOIN, no recursion. "The latest content event (or
+//! `alloc`) of a slot at or before seq X" is a running `max(seq)` window
+//! over `(pool, slot)` (seq increases, so it equals
+//! `last_value(.. ignore nulls)` and needs no dialect-specific null
+//! handling). Content set by a content event is stale at X when an `alloc`
+//! of the slot lies after the event and at or before X; a copy also takes
+//! its source's bit. Copies are resolved by pointer jumping: every copy slot
+//! points at the source slot's content event; each level joins the pointers
+//! with themselves (owner, uncertainty and staleness alike), so after `k`
+//! levels chains of up to `2^k - 1` copies are resolved. No level count is
+//! sound for every trace: copies may go both ways between pools (a device
+//! pool offloading to a `cache` tier and loading back), so a chain may visit
+//! a pool many times. The generator takes [`copy_levels`] of the manifest
+//! (enough for any chain when copies form a DAG over the pools, 6 levels,
+//! chains of 63 copies, when a `cache` pool is present) or `--copy-levels`;
+//! every copy slot still pending after the last level is counted in
+//! `kvtrail_coverage.copies_unresolved` (then not complete), and reads of
+//! it are uncertain, never clean.
 //!
 //! Request ids and seqs are read as signed 64-bit integers (ids below 2^63);
 //! the owner sentinels are -1 (never written) and -2 (scrubbed). What the
@@ -77,6 +88,9 @@ pub struct SqlOptions {
     pub complete: bool,
     /// The manifest has no `files` list (nothing can be verified).
     pub unverifiable: bool,
+    /// Pointer-jumping levels for copy chains (chains of up to
+    /// `2^copy_levels - 1` copies are resolved; at least 1).
+    pub copy_levels: usize,
 }
 
 impl SqlOptions {
@@ -91,6 +105,7 @@ impl SqlOptions {
             from_engine_start: m.from_engine_start(),
             complete: m.capture.complete,
             unverifiable: m.files.is_none(),
+            copy_levels: copy_levels(&m.deployment.pools),
         }
     }
 }
@@ -102,20 +117,42 @@ pub const RESULT_VIEWS: &[&str] = &[
     "kvtrail_recipients",
     "kvtrail_sources",
     "kvtrail_blank_reads",
+    "kvtrail_cross_tenant_shared",
+    "kvtrail_cross_tenant_shared_sources",
     "kvtrail_gaps",
     "kvtrail_copies_past_end",
     "kvtrail_coverage",
 ];
 
-/// Pointer-jumping levels needed for copy chains over `pools` pools: a
-/// chain visits each pool at most once (copies form a DAG), so it has at
-/// most `pools - 1` copies, and `k` levels resolve `2^k - 1`.
+/// Pointer-jumping levels needed for copy chains over `pools` pools when
+/// copies form a DAG over the pools: a chain visits each pool at most once,
+/// so it has at most `pools - 1` copies, and `k` levels resolve `2^k - 1`.
 pub fn levels(pools: usize) -> usize {
     let mut k = 1;
     while (1usize << k) < pools.max(2) {
         k += 1;
     }
     k
+}
+
+/// Levels when the deployment has a `cache` pool: its copies go both ways
+/// (offload, load back), so a chain may pass through the same pools many
+/// times; 6 levels resolve chains of 63 copies (31 round trips).
+pub const CACHE_COPY_LEVELS: usize = 6;
+
+/// Most levels accepted (`--copy-levels`): chains of 2^20 - 1 copies.
+pub const MAX_COPY_LEVELS: usize = 20;
+
+/// The generator's default levels for a deployment: [`levels`] of its
+/// pool count, at least [`CACHE_COPY_LEVELS`] when a pool has role `cache`.
+/// Chains longer than that are counted in `kvtrail_coverage.copies_unresolved`.
+pub fn copy_levels(pools: &[crate::trace::Pool]) -> usize {
+    let k = levels(pools.len());
+    if pools.iter().any(|p| p.role == crate::trace::Role::Cache) {
+        k.max(CACHE_COPY_LEVELS)
+    } else {
+        k
+    }
 }
 
 /// Statement separator: every statement ends with `;` at the end of a line.
@@ -396,7 +433,7 @@ pub fn generate(opts: &SqlOptions) -> Result<String> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let lv = levels(opts.pools.len());
+    let lv = opts.copy_levels.clamp(1, MAX_COPY_LEVELS);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -530,27 +567,50 @@ FROM ({}) x",
     );
     stmt(
         &mut s,
-        "Rule (copy): a copy takes the content its source slot had just after src_seq:
-the latest content event on (src_pool, src_slot) with seq <= src_seq. Probes
-sort after a content event of the same seq; a running max of seq is the
-portable form of last_value(seq IGNORE NULLS) (seq increases).",
+        "Rule (alloc): one row per slot of every alloc. Content set before an alloc of
+its slot is stale from then on (it predates the holding), until the slot's
+content is set again.",
         format!(
             "{}
-SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot, tgt_seq
+SELECT pool, slot_start + i AS slot, seq
+FROM ({}) x",
+            d.view("kvtrail_alloc_slots"),
+            d.explode("kvtrail_events_marked", "e.op = 'alloc'")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (copy): a copy takes the content its source slot had just after src_seq:
+the latest content event on (src_pool, src_slot) with seq <= src_seq, and the
+latest alloc of that slot at or before src_seq (the content is stale when the
+alloc came after it). Probes (probe = 2) sort after a content event (0) or
+alloc (1) of the same seq; a running max of seq is the portable form of
+last_value(seq IGNORE NULLS) (seq increases).",
+        format!(
+            "{}
+SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot,
+       tgt_seq, alloc_seq
 FROM (
-  SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+  SELECT p.*,
+         max(CASE WHEN probe = 0 THEN seq END)
            OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS tgt_seq
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS tgt_seq,
+         max(CASE WHEN probe = 1 THEN seq END)
+           OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS alloc_seq
   FROM (
     SELECT pool, slot, seq, 0 AS probe,
            CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot, CAST(NULL AS BIGINT) AS dst_seq
     FROM kvtrail_content_slots
     UNION ALL
-    SELECT src_pool, src_slot, src_seq, 1, pool, slot, seq
+    SELECT pool, slot, seq, 1, CAST(NULL AS INT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)
+    FROM kvtrail_alloc_slots
+    UNION ALL
+    SELECT src_pool, src_slot, src_seq, 2, pool, slot, seq
     FROM kvtrail_content_slots WHERE src_pool IS NOT NULL
   ) p
 ) w
-WHERE probe = 1",
+WHERE probe = 2",
             d.view("kvtrail_copy_target")
         ),
     );
@@ -558,13 +618,16 @@ WHERE probe = 1",
         &mut s,
         "Rule (holes, copies): a copy naming a source seq that is not a recorded event
 (lost in a hole, or past the end) has uncertain content; so has a source slot
-whose content predates the latest hole at src_seq.",
+whose content predates the latest hole at src_seq.
+Rule (copy, staleness): the hop is stale when the source slot was allocated
+after its content was set (and at or before src_seq).",
         format!(
             "{}
 SELECT t.*,
        CASE WHEN s.seq IS NULL
               OR (s.gap_mark IS NOT NULL AND coalesce(t.tgt_seq, -1) < s.gap_mark)
-            THEN 1 ELSE 0 END AS hop_unc
+            THEN 1 ELSE 0 END AS hop_unc,
+       CASE WHEN t.alloc_seq > t.tgt_seq THEN 1 ELSE 0 END AS hop_stale
 FROM kvtrail_copy_target t
 LEFT JOIN kvtrail_events_marked s ON s.pool = t.src_pool AND s.seq = t.src_seq",
             d.view("kvtrail_copy_hop")
@@ -574,7 +637,8 @@ LEFT JOIN kvtrail_events_marked s ON s.pool = t.src_pool AND s.seq = t.src_seq",
         &mut s,
         "Rule (provenance), level 0: a write's owner is its request, a scrub leaves no
 owner (-2), a copy of a never-written slot has none either (-1); any other
-copy points (nxt_*) at the source content event it copied.",
+copy points (nxt_*) at the source content event it copied. A write or scrub
+sets current content (stale = 0); a copy starts with its hop's staleness.",
         format!(
             "{}
 SELECT c.pool, c.slot, c.seq,
@@ -582,6 +646,7 @@ SELECT c.pool, c.slot, c.seq,
             WHEN c.src_pool IS NULL THEN c.request_id
             WHEN h.tgt_seq IS NULL THEN CAST(-1 AS BIGINT) END AS owner,
        coalesce(h.hop_unc, 0) AS unc,
+       coalesce(h.hop_stale, 0) AS stale,
        CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_pool END AS nxt_pool,
        CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_slot END AS nxt_slot,
        h.tgt_seq AS nxt_seq
@@ -595,13 +660,15 @@ LEFT JOIN kvtrail_copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND 
             &mut s,
             &format!(
                 "Rule (provenance through copies of copies), level {k}: a pending copy takes the
-owner of the content it points at, or that content's own pointer (pointer jumping)."
+owner of the content it points at, or that content's own pointer (pointer jumping);
+uncertainty and staleness accumulate along the chain."
             ),
             format!(
                 "{}
 SELECT r.pool, r.slot, r.seq,
        coalesce(r.owner, t.owner) AS owner,
        CASE WHEN r.unc = 1 OR t.unc = 1 THEN 1 ELSE 0 END AS unc,
+       CASE WHEN r.stale = 1 OR t.stale = 1 THEN 1 ELSE 0 END AS stale,
        t.nxt_pool, t.nxt_slot, t.nxt_seq
 FROM kvtrail_lineage_{p} r
 LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq",
@@ -612,26 +679,36 @@ LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot A
     }
     stmt(
         &mut s,
-        "Rule (read): one row per slot read, with the content it sees: the latest
-content event on the slot before the read (same running max as for copies).",
+        "Rule (read, share): one row per slot read or shared, with the content it sees:
+the latest content event on the slot before it (cseq), and the latest alloc
+of the slot before it (aseq; same running max as for copies).",
         format!(
             "{}
 SELECT * FROM (
-  SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
+  SELECT p.*,
+         max(CASE WHEN probe = 0 THEN seq END)
            OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq,
+         max(CASE WHEN probe = 1 THEN seq END)
+           OVER (PARTITION BY pool, slot ORDER BY seq, probe
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS aseq
   FROM (
-    SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS BIGINT) AS reader,
+    SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS {str}) AS op, CAST(NULL AS BIGINT) AS reader,
            CAST(NULL AS BIGINT) AS ts_ns, CAST(NULL AS BIGINT) AS gap_mark
     FROM kvtrail_lineage_{lv}
     UNION ALL
-    SELECT pool, slot_start + i, seq, 1, request_id, ts_ns, gap_mark
+    SELECT pool, slot, seq, 1, CAST(NULL AS {str}), CAST(NULL AS BIGINT),
+           CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)
+    FROM kvtrail_alloc_slots
+    UNION ALL
+    SELECT pool, slot_start + i, seq, 2, op, request_id, ts_ns, gap_mark
     FROM ({}) x
   ) p
 ) w
-WHERE probe = 1",
+WHERE probe = 2",
             d.view("kvtrail_read_seen"),
-            d.explode("kvtrail_events_marked", "e.op = 'read'")
+            d.explode("kvtrail_events_marked", "e.op IN ('read', 'share')"),
+            str = d.string()
         ),
     );
     stmt(
@@ -639,35 +716,41 @@ WHERE probe = 1",
         "Rule (holes): content set before the latest hole at the read (or copied from
 uncertain content) is uncertain. A copy still pending after the last level
 (deeper than the generator planned for) is uncertain and counted in coverage.
-Clean reads of the reader's own content are dropped here (they are the bulk).",
+Rule (alloc): the content a slot holds is stale when it was copied from stale
+content or an alloc of the slot came after it.
+Kept: the reads that are not clean reads of the reader's own content (those
+are the bulk), and the share rows that grant another request's current
+content (a grant on stale content covers nothing).",
         format!(
             "{}
 SELECT * FROM (
-  SELECT r.pool, r.slot, r.seq, r.ts_ns, r.reader, r.cseq,
+  SELECT r.pool, r.slot, r.seq, r.op, r.ts_ns, r.reader, r.cseq,
          CASE WHEN c.seq IS NULL THEN CAST(-1 AS BIGINT) ELSE c.owner END AS owner,
          CASE WHEN c.nxt_pool IS NOT NULL THEN 1 ELSE 0 END AS unresolved,
          CASE WHEN coalesce(c.unc, 0) = 1 OR c.nxt_pool IS NOT NULL
                 OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
-              THEN 1 ELSE 0 END AS unc
+              THEN 1 ELSE 0 END AS unc,
+         CASE WHEN coalesce(c.stale, 0) = 1 OR r.aseq > r.cseq THEN 1 ELSE 0 END AS stale
   FROM kvtrail_read_seen r
   LEFT JOIN kvtrail_lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
 ) o
-WHERE unc = 1 OR owner IS NULL OR owner <> reader",
+WHERE (op = 'read' AND (unc = 1 OR owner IS NULL OR owner <> reader))
+   OR (op = 'share' AND owner >= 0 AND owner <> reader AND stale = 0)",
             d.table("kvtrail_read_owner")
         ),
     );
     stmt(
         &mut s,
         "Rule (share): a grant lets the reader read another request's content while the
-slot is not written again: granted after the content was set, before the read.",
+slot is not written again: granted on current content, that same content
+(the same content event) still there at the read, the grant before the read.",
         format!(
             "{}
 SELECT DISTINCT r.pool, r.slot, r.seq
 FROM kvtrail_read_owner r
-JOIN kvtrail_events g ON g.op = 'share' AND g.pool = r.pool AND g.request_id = r.reader
- AND r.slot >= g.slot_start AND r.slot < g.slot_start + g.slot_count
- AND g.seq > coalesce(r.cseq, -1) AND g.seq < r.seq
-WHERE r.owner >= 0 AND r.owner <> r.reader",
+JOIN kvtrail_read_owner g ON g.op = 'share' AND g.pool = r.pool AND g.slot = r.slot
+ AND g.reader = r.reader AND g.cseq = r.cseq AND g.seq < r.seq
+WHERE r.op = 'read' AND r.owner >= 0 AND r.owner <> r.reader",
             d.view("kvtrail_granted")
         ),
     );
@@ -696,6 +779,7 @@ FROM (
               ELSE 'foreign' END AS kind
   FROM kvtrail_read_owner r
   LEFT JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
+  WHERE r.op = 'read'
 ) classified
 WHERE kind IS NOT NULL",
             d.table("kvtrail_read_findings")
@@ -851,6 +935,70 @@ WHERE t.blank_tokens > 0",
     );
     stmt(
         &mut s,
+        "Rule (shared, tenants): clean shared reads of another request's content (a
+prefix-cache hit on current content), by customer requests; cross-tenant when
+the content owner is a request of another tenant (or either is missing from
+the requests table; the engine's own content is no tenant's).",
+        format!(
+            "{}
+SELECT r.reader AS request_id, r.owner AS source_request_id, r.pool,
+       r.pool * CAST(4294967296 AS BIGINT) + r.slot AS pslot, r.seq, r.ts_ns,
+       CASE WHEN r.owner <> 0
+             AND (sq.tenant IS NULL OR rq.tenant IS NULL OR sq.tenant <> rq.tenant)
+            THEN TRUE ELSE FALSE END AS cross_tenant
+FROM kvtrail_read_owner r
+JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
+LEFT JOIN kvtrail_requests sq ON sq.request_id = r.owner
+LEFT JOIN kvtrail_requests rq ON rq.request_id = r.reader
+WHERE r.op = 'read' AND r.unc = 0 AND r.reader <> 0",
+            d.view("kvtrail_shared_reads")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: one row per (response, source request) of cross-tenant shared reads:
+distinct slots, first/last read seq and time, pools (the prefix-cache side
+channel: no foreign KV entered the response, but the hit tells its tenant
+that another tenant sent that prefix).",
+        format!(
+            "{}
+SELECT s.request_id, s.source_request_id, sq.external_id AS source_external_id,
+       {}, s.tokens, s.first_seq, s.last_seq, s.first_ts_ns, s.last_ts_ns, s.pools
+FROM (
+  SELECT request_id, source_request_id, count(DISTINCT pslot) AS tokens,
+         min(seq) AS first_seq, max(seq) AS last_seq,
+         min(ts_ns) AS first_ts_ns, max(ts_ns) AS last_ts_ns, {} AS pools
+  FROM kvtrail_shared_reads WHERE cross_tenant
+  GROUP BY request_id, source_request_id
+) s
+LEFT JOIN kvtrail_requests sq ON sq.request_id = s.source_request_id",
+            d.view("kvtrail_cross_tenant_shared_sources"),
+            tenant("s.source_request_id", "sq", "source_tenant"),
+            d.num_list("pool")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Result: responses with cross-tenant shared reads (scope's cross_tenant_shared):
+distinct (pool, slot) read that way, over all their sources.",
+        format!(
+            "{}
+SELECT t.request_id, q.external_id, {}, t.tokens, t.source_request_ids,
+       t.first_read_ns, t.last_read_ns
+FROM (
+  SELECT request_id, count(DISTINCT pslot) AS tokens, {} AS source_request_ids,
+         min(ts_ns) AS first_read_ns, max(ts_ns) AS last_read_ns
+  FROM kvtrail_shared_reads WHERE cross_tenant
+  GROUP BY request_id
+) t
+LEFT JOIN kvtrail_requests q ON q.request_id = t.request_id",
+            d.view("kvtrail_cross_tenant_shared"),
+            tenant("t.request_id", "q", "tenant"),
+            d.num_list("source_request_id")
+        ),
+    );
+    stmt(
+        &mut s,
         "Result: holes in each pool's seq stream (after_seq NULL: the stream starts late).",
         format!(
             "{}
@@ -901,11 +1049,15 @@ files_unread: part files left open and hidden *.parquet (DuckDB; NULL elsewhere)
 duplicate_events, duplicate_requests: (pool, seq) and request ids held by more
 than one row, which the native reader refuses; the results count them as read.
 engine_reads: slots request 0 (the engine itself) read that held KV not its own;
-it has no customer response, so they affect none (they are left out above).",
+it has no customer response, so they affect none (they are left out above).
+copies_unresolved: copy slots whose chain was longer than the script's
+pointer-jumping levels (copy_levels); unresolved_copy_slots: the read slots
+that saw such content (counted as uncertain). Regenerate with a larger
+--copy-levels.",
         format!(
             "{}
 SELECT (capture_complete AND gaps = 0 AND copies_past_end = 0 AND NOT unverifiable
-        AND requests_missing = 0 AND unresolved_copy_slots = 0
+        AND requests_missing = 0 AND unresolved_copy_slots = 0 AND copies_unresolved = 0
         AND coalesce(files_unread, 0) = 0 AND duplicate_events = 0
         AND duplicate_requests = 0) AS complete,
        x.*
@@ -921,6 +1073,8 @@ FROM (
           LEFT JOIN kvtrail_requests q ON q.request_id = i.id
           WHERE i.id <> 0 AND q.request_id IS NULL) AS requests_missing,
          (SELECT count(*) FROM kvtrail_read_findings WHERE unresolved = 1) AS unresolved_copy_slots,
+         (SELECT count(*) FROM kvtrail_lineage_{lv} WHERE nxt_pool IS NOT NULL) AS copies_unresolved,
+         {lv} AS copy_levels,
          (SELECT count(DISTINCT pslot) FROM kvtrail_read_findings
             WHERE reader = 0 AND kind <> 'blank') AS engine_reads,
          {} AS files_unread,
@@ -979,6 +1133,40 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_pool_deepens_the_copy_levels() {
+        use crate::trace::{Pool, Role};
+        let pool = |id, role| Pool {
+            id,
+            name: format!("p{id}"),
+            role,
+            capacity_tokens: 64,
+            page_size: 1,
+            extra: Default::default(),
+        };
+        let pd = [pool(0, Role::Prefill), pool(1, Role::Decode)];
+        assert_eq!(copy_levels(&pd), 1);
+        let tiered = [
+            pool(0, Role::Prefill),
+            pool(1, Role::Decode),
+            pool(2, Role::Cache),
+        ];
+        assert_eq!(copy_levels(&tiered), CACHE_COPY_LEVELS);
+        let o = SqlOptions {
+            dialect: Dialect::Duckdb,
+            trace_path: "t".into(),
+            pools: vec![0, 1, 2],
+            from_engine_start: true,
+            complete: true,
+            unverifiable: false,
+            copy_levels: copy_levels(&tiered),
+        };
+        let sql = generate(&o).unwrap();
+        assert!(sql.contains("kvtrail_lineage_6 AS") && !sql.contains("kvtrail_lineage_7 AS"));
+        assert!(sql.contains("up to 63 copies deep"));
+        assert!(sql.contains("AS copies_unresolved"));
+    }
+
+    #[test]
     fn every_dialect_creates_every_result_view() {
         for d in [Dialect::Duckdb, Dialect::Spark, Dialect::Trino] {
             let o = SqlOptions {
@@ -991,6 +1179,7 @@ mod tests {
                 from_engine_start: true,
                 complete: true,
                 unverifiable: false,
+                copy_levels: levels(3),
             };
             let sql = generate(&o).unwrap();
             for v in RESULT_VIEWS {

@@ -29,6 +29,8 @@ VIEWS = [
     "kvtrail_recipients",
     "kvtrail_sources",
     "kvtrail_blank_reads",
+    "kvtrail_cross_tenant_shared",
+    "kvtrail_cross_tenant_shared_sources",
     "kvtrail_gaps",
     "kvtrail_copies_past_end",
     "kvtrail_coverage",

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::sql::{Dialect, SqlOptions, generate};
+use kvtrail::sql::{Dialect, MAX_COPY_LEVELS, SqlOptions, generate, levels};
 
 /// SQL dialect on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -46,6 +46,13 @@ pub struct Args {
     /// Without a manifest: trace.json lists its files with digests.
     #[arg(long)]
     pub files_listed: bool,
+    /// Pointer-jumping levels for copy chains: chains of up to 2^N - 1
+    /// copies are resolved; longer ones are counted in
+    /// kvtrail_coverage.copies_unresolved. Default: enough for any chain
+    /// when copies form a DAG over the pools, 6 (63 copies) when a pool has
+    /// role `cache` (offload and load back).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=MAX_COPY_LEVELS as i64))]
+    pub copy_levels: Option<u8>,
     /// Write the SQL here instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -65,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => None,
     };
-    let opts = match manifest_path {
+    let mut opts = match manifest_path {
         Some(m) => {
             let dir = if m.is_dir() {
                 m.clone()
@@ -80,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             let mut o = SqlOptions::from_manifest(&manifest, dialect, &path);
             if let Some(p) = &args.pools {
                 o.pools = p.clone();
+                o.copy_levels = o.copy_levels.max(levels(p.len()));
             }
             o
         }
@@ -95,6 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             SqlOptions {
                 dialect,
                 trace_path: path,
+                copy_levels: levels(pools.len()),
                 pools,
                 from_engine_start: args.from_engine_start,
                 complete: args.complete,
@@ -102,6 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     };
+    if let Some(n) = args.copy_levels {
+        opts.copy_levels = n as usize;
+    }
     let sql = generate(&opts)?;
     match &args.out {
         Some(f) => {
