@@ -580,16 +580,17 @@ FROM ({}) x",
     );
     stmt(
         &mut s,
-        "Rule (copy): a copy takes the content its source slot had just after src_seq:
-the latest content event on (src_pool, src_slot) with seq <= src_seq, and the
-latest alloc of that slot at or before src_seq (the content is stale when the
-alloc came after it). Probes (probe = 2) sort after a content event (0) or
-alloc (1) of the same seq; a running max of seq is the portable form of
+        "Rule (copy, share): a copy takes the content its source slot had just after
+src_seq, a share grants the content its slot holds at the share: the latest
+content event on the slot at or before that seq (tgt_seq), and the latest
+alloc of the slot at or before it (alloc_seq: the content is stale when the
+alloc came after it). Probes (probe = 2: one per copied slot, at its source,
+and one per shared slot) sort after a content event (0) or alloc (1) of the
+same seq; a running max of seq is the portable form of
 last_value(seq IGNORE NULLS) (seq increases).",
         format!(
             "{}
-SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot,
-       tgt_seq, alloc_seq
+SELECT pool, slot, seq, share, dst_pool, dst_slot, dst_seq, reader, tgt_seq, alloc_seq
 FROM (
   SELECT p.*,
          max(CASE WHEN probe = 0 THEN seq END)
@@ -599,18 +600,36 @@ FROM (
            OVER (PARTITION BY pool, slot ORDER BY seq, probe
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS alloc_seq
   FROM (
-    SELECT pool, slot, seq, 0 AS probe,
-           CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot, CAST(NULL AS BIGINT) AS dst_seq
+    SELECT pool, slot, seq, 0 AS probe, 0 AS share,
+           CAST(NULL AS INT) AS dst_pool, CAST(NULL AS BIGINT) AS dst_slot,
+           CAST(NULL AS BIGINT) AS dst_seq, CAST(NULL AS BIGINT) AS reader
     FROM kvtrail_content_slots
     UNION ALL
-    SELECT pool, slot, seq, 1, CAST(NULL AS INT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)
+    SELECT pool, slot, seq, 1, 0, CAST(NULL AS INT), CAST(NULL AS BIGINT),
+           CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)
     FROM kvtrail_alloc_slots
     UNION ALL
-    SELECT src_pool, src_slot, src_seq, 2, pool, slot, seq
+    SELECT src_pool, src_slot, src_seq, 2, 0, pool, slot, seq, CAST(NULL AS BIGINT)
     FROM kvtrail_content_slots WHERE src_pool IS NOT NULL
+    UNION ALL
+    SELECT pool, slot_start + i, seq, 2, 1, CAST(NULL AS INT), CAST(NULL AS BIGINT),
+           CAST(NULL AS BIGINT), request_id
+    FROM ({}) x
   ) p
 ) w
 WHERE probe = 2",
+            d.table("kvtrail_slot_probes"),
+            d.explode("kvtrail_events_marked", "e.op = 'share'")
+        ),
+    );
+    stmt(
+        &mut s,
+        "Rule (copy): the content each copied slot takes.",
+        format!(
+            "{}
+SELECT dst_pool, dst_slot, dst_seq, pool AS src_pool, seq AS src_seq, slot AS src_slot,
+       tgt_seq, alloc_seq
+FROM kvtrail_slot_probes WHERE share = 0",
             d.view("kvtrail_copy_target")
         ),
     );
@@ -679,36 +698,26 @@ LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot A
     }
     stmt(
         &mut s,
-        "Rule (read, share): one row per slot read or shared, with the content it sees:
-the latest content event on the slot before it (cseq), and the latest alloc
-of the slot before it (aseq; same running max as for copies).",
+        "Rule (read): one row per slot read, with the content it sees: the latest
+content event on the slot before the read (same running max as for copies).",
         format!(
             "{}
 SELECT * FROM (
-  SELECT p.*,
-         max(CASE WHEN probe = 0 THEN seq END)
+  SELECT p.*, max(CASE WHEN probe = 0 THEN seq END)
            OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq,
-         max(CASE WHEN probe = 1 THEN seq END)
-           OVER (PARTITION BY pool, slot ORDER BY seq, probe
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS aseq
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cseq
   FROM (
-    SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS {str}) AS op, CAST(NULL AS BIGINT) AS reader,
+    SELECT pool, slot, seq, 0 AS probe, CAST(NULL AS BIGINT) AS reader,
            CAST(NULL AS BIGINT) AS ts_ns, CAST(NULL AS BIGINT) AS gap_mark
     FROM kvtrail_lineage_{lv}
     UNION ALL
-    SELECT pool, slot, seq, 1, CAST(NULL AS {str}), CAST(NULL AS BIGINT),
-           CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)
-    FROM kvtrail_alloc_slots
-    UNION ALL
-    SELECT pool, slot_start + i, seq, 2, op, request_id, ts_ns, gap_mark
+    SELECT pool, slot_start + i, seq, 1, request_id, ts_ns, gap_mark
     FROM ({}) x
   ) p
 ) w
-WHERE probe = 2",
+WHERE probe = 1",
             d.view("kvtrail_read_seen"),
-            d.explode("kvtrail_events_marked", "e.op IN ('read', 'share')"),
-            str = d.string()
+            d.explode("kvtrail_events_marked", "e.op = 'read'")
         ),
     );
     stmt(
@@ -716,41 +725,51 @@ WHERE probe = 2",
         "Rule (holes): content set before the latest hole at the read (or copied from
 uncertain content) is uncertain. A copy still pending after the last level
 (deeper than the generator planned for) is uncertain and counted in coverage.
-Rule (alloc): the content a slot holds is stale when it was copied from stale
-content or an alloc of the slot came after it.
-Kept: the reads that are not clean reads of the reader's own content (those
-are the bulk), and the share rows that grant another request's current
-content (a grant on stale content covers nothing).",
+Clean reads of the reader's own content are dropped here (they are the bulk).",
         format!(
             "{}
 SELECT * FROM (
-  SELECT r.pool, r.slot, r.seq, r.op, r.ts_ns, r.reader, r.cseq,
+  SELECT r.pool, r.slot, r.seq, r.ts_ns, r.reader, r.cseq,
          CASE WHEN c.seq IS NULL THEN CAST(-1 AS BIGINT) ELSE c.owner END AS owner,
          CASE WHEN c.nxt_pool IS NOT NULL THEN 1 ELSE 0 END AS unresolved,
          CASE WHEN coalesce(c.unc, 0) = 1 OR c.nxt_pool IS NOT NULL
                 OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
-              THEN 1 ELSE 0 END AS unc,
-         CASE WHEN coalesce(c.stale, 0) = 1 OR r.aseq > r.cseq THEN 1 ELSE 0 END AS stale
+              THEN 1 ELSE 0 END AS unc
   FROM kvtrail_read_seen r
   LEFT JOIN kvtrail_lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
 ) o
-WHERE (op = 'read' AND (unc = 1 OR owner IS NULL OR owner <> reader))
-   OR (op = 'share' AND owner >= 0 AND owner <> reader AND stale = 0)",
+WHERE unc = 1 OR owner IS NULL OR owner <> reader",
             d.table("kvtrail_read_owner")
         ),
     );
     stmt(
         &mut s,
+        "Rule (share, alloc): a share grants the content its slot holds (cseq) only when
+that content is current: not copied from stale content (stale), and no alloc
+of the slot after it (a grant on stale content covers nothing). Kept: the
+grants of another request's content.",
+        format!(
+            "{}
+SELECT g.pool, g.slot, g.seq, g.reader, g.tgt_seq AS cseq
+FROM kvtrail_slot_probes g
+JOIN kvtrail_lineage_{lv} c ON c.pool = g.pool AND c.slot = g.slot AND c.seq = g.tgt_seq
+WHERE g.share = 1 AND c.owner >= 0 AND c.owner <> g.reader AND c.stale = 0
+  AND (g.alloc_seq IS NULL OR g.alloc_seq < g.tgt_seq)",
+            d.table("kvtrail_grants")
+        ),
+    );
+    stmt(
+        &mut s,
         "Rule (share): a grant lets the reader read another request's content while the
-slot is not written again: granted on current content, that same content
-(the same content event) still there at the read, the grant before the read.",
+slot is not written again: the content it granted (the same content event) is
+still there at the read, the grant before the read.",
         format!(
             "{}
 SELECT DISTINCT r.pool, r.slot, r.seq
 FROM kvtrail_read_owner r
-JOIN kvtrail_read_owner g ON g.op = 'share' AND g.pool = r.pool AND g.slot = r.slot
+JOIN kvtrail_grants g ON g.pool = r.pool AND g.slot = r.slot
  AND g.reader = r.reader AND g.cseq = r.cseq AND g.seq < r.seq
-WHERE r.op = 'read' AND r.owner >= 0 AND r.owner <> r.reader",
+WHERE r.owner >= 0 AND r.owner <> r.reader",
             d.view("kvtrail_granted")
         ),
     );
@@ -779,7 +798,6 @@ FROM (
               ELSE 'foreign' END AS kind
   FROM kvtrail_read_owner r
   LEFT JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
-  WHERE r.op = 'read'
 ) classified
 WHERE kind IS NOT NULL",
             d.table("kvtrail_read_findings")
@@ -950,7 +968,7 @@ FROM kvtrail_read_owner r
 JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
 LEFT JOIN kvtrail_requests sq ON sq.request_id = r.owner
 LEFT JOIN kvtrail_requests rq ON rq.request_id = r.reader
-WHERE r.op = 'read' AND r.unc = 0 AND r.reader <> 0",
+WHERE r.unc = 0 AND r.reader <> 0",
             d.view("kvtrail_shared_reads")
         ),
     );
