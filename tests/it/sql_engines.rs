@@ -1,9 +1,11 @@
 //! `kvtrail sql` checked on real engines: every rule trace of the scope
 //! tests (plus SQL-specific ones: deep copy chains, late stream starts,
-//! copies past the end, engine-owned KV) is run through the DuckDB dialect
-//! and, on a smaller set, through the Spark dialect on local Spark, and the
-//! result views must equal `kvtrail scope` (affected responses with
-//! per-source tokens, recipients, sources, blank reads, gaps, coverage).
+//! copies past the end, engine-owned KV; and the revision-2 ones: stale
+//! content, grants, copies carrying staleness, tier round trips) is run
+//! through the DuckDB dialect and, on a smaller set, through the Spark
+//! dialect on local Spark, and the result views must equal `kvtrail scope`
+//! (affected responses with per-source tokens, recipients, sources, blank
+//! reads, gaps, coverage) and the native replay's cross-tenant shared reads.
 //!
 //! The engines come from the venv built by .ci/setup.d/50-sql.sh
 //! (`${KVTRAIL_SQL_VENV:-${KVTRAIL_CACHE:-$HOME/.cache/kvtrail}/venv-sql}`).
