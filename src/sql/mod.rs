@@ -485,6 +485,16 @@ except under a name (file or folder below {t}/) starting with `_` or `.`
             );
         }
     }
+    if opts.dialect == Dialect::Spark {
+        stmt(
+            &mut s,
+            "Spark prints every cached stage's plan inside the plans that read it, and each
+pointer-jumping level reads the one before twice: the plan text doubles per
+level, until the driver runs out of heap writing it (local Spark, 2 GB).
+Plan text is only for logs and the UI: cut it.",
+            "SET spark.sql.maxPlanStringLength=65536".to_string(),
+        );
+    }
     if let (Dialect::Spark, Source::Path(p)) = (opts.dialect, &src) {
         for t in ["kv", "requests"] {
             stmt(
