@@ -1589,7 +1589,7 @@ case("manifest_role_cache",
 # Cases of revision 2 that need `cross_tenant_shared` in `scope --json` and
 # `deployment.prefix_cache_scope` handling. Flip to True once scope has
 # them (or set KVTRAIL_CONFORMANCE_REV2_SCOPE=1 to try them before).
-REV2_SCOPE_OUTPUT = False
+REV2_SCOPE_OUTPUT = True
 
 
 def s_shared_hit(reader):
