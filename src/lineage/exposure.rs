@@ -58,6 +58,24 @@ pub struct TenantKeys {
     keys: HashMap<u64, u32>,
 }
 
+/// Where [`TenantKeys`] come from: loaded when the first shared read of
+/// another request's KV arrives, so a replay without prefix hits never
+/// reads them (and holds nothing for them).
+#[derive(Clone)]
+pub struct TenantKeysSource(std::sync::Arc<dyn Fn() -> TenantKeys + Send + Sync>);
+
+impl TenantKeysSource {
+    pub fn new(load: impl Fn() -> TenantKeys + Send + Sync + 'static) -> Self {
+        TenantKeysSource(std::sync::Arc::new(load))
+    }
+}
+
+impl std::fmt::Debug for TenantKeysSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TenantKeysSource")
+    }
+}
+
 impl TenantKeys {
     pub fn insert(&mut self, request: u64, tenant: u32) {
         self.keys.insert(request, tenant);
@@ -77,8 +95,10 @@ pub struct Exposures {
     /// reader -> source -> slots. Kept apart from `readers`, which holds
     /// only what is not clean.
     pub shared: HashMap<u64, HashMap<u64, PoolSets>>,
-    /// When set, shared reads within one tenant are not kept.
-    pub tenants: Option<std::sync::Arc<TenantKeys>>,
+    /// When set, shared reads within one tenant are not kept: the keys,
+    /// loaded from `tenant_source` on the first shared read.
+    pub tenant_source: Option<TenantKeysSource>,
+    pub tenants: Option<TenantKeys>,
 }
 
 impl Exposures {
@@ -87,10 +107,18 @@ impl Exposures {
             if r.kind == ReadKind::Shared {
                 // The engine's reads affect no response, and content the
                 // engine wrote is no tenant's.
-                let same = |t: &TenantKeys| t.same(r.reader, r.source);
-                if r.reader == ENGINE_REQUEST
-                    || r.source == ENGINE_REQUEST
-                    || self.tenants.as_deref().is_some_and(same)
+                if r.reader == ENGINE_REQUEST || r.source == ENGINE_REQUEST {
+                    continue;
+                }
+                if self.tenants.is_none()
+                    && let Some(src) = &self.tenant_source
+                {
+                    self.tenants = Some((src.0)());
+                }
+                if self
+                    .tenants
+                    .as_ref()
+                    .is_some_and(|t| t.same(r.reader, r.source))
                 {
                     continue;
                 }

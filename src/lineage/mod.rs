@@ -169,7 +169,7 @@ pub struct LineageOptions {
     pub pools: Option<Vec<u16>>,
     /// Requests' tenants: shared reads within one tenant are dropped as
     /// they arrive (scope lists only cross-tenant prefix-cache hits).
-    pub tenants: Option<std::sync::Arc<exposure::TenantKeys>>,
+    pub tenants: Option<exposure::TenantKeysSource>,
 }
 
 /// Everything replay found.
@@ -213,7 +213,7 @@ pub fn run_with(
     };
     reporter.start("replay", plan.total_events);
     let mut exposures = Exposures {
-        tenants: opts.tenants.clone(),
+        tenant_source: opts.tenants.clone(),
         ..Default::default()
     };
     let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);

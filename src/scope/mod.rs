@@ -25,7 +25,7 @@ use rayon::prelude::*;
 pub use model::*;
 
 use crate::error::Result;
-use crate::lineage::exposure::{PoolSets, TenantKeys, count};
+use crate::lineage::exposure::{PoolSets, TenantKeys, TenantKeysSource, count};
 use crate::lineage::{LineageOptions, LineageOutcome, run};
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
@@ -35,13 +35,25 @@ use crate::trace::read::{Trace, footer_rows, rel_path};
 
 /// Replays a trace and scopes the result.
 pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
-    let index = requests(trace, reporter)?;
     let opts = LineageOptions {
-        tenants: Some(std::sync::Arc::new(tenant_keys(&index))),
+        tenants: Some(tenant_source(trace)),
         ..opts.clone()
     };
     let outcome = run(trace, &opts, reporter)?;
-    scope_outcome_with(trace, &outcome, &index, reporter)
+    scope_outcome(trace, &outcome, reporter)
+}
+
+/// The requests' tenants, read when the replay meets its first shared read
+/// of another request's KV (a replay without prefix hits never reads
+/// them). A requests table that cannot be read gives no keys here (every
+/// shared read is kept); `scope_outcome` reads it again and reports why.
+pub fn tenant_source(trace: &Trace) -> TenantKeysSource {
+    let trace = trace.clone();
+    TenantKeysSource::new(move || {
+        crate::trace::index::load_request_index(&trace)
+            .map(|index| tenant_keys(&index))
+            .unwrap_or_default()
+    })
 }
 
 /// The requests table, through the shared request index (a duplicate

@@ -54,17 +54,16 @@ impl ScopeRun {
     /// pools their copies read from are replayed but not reported); a
     /// shard's report is marked as one.
     pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
-        let index = super::requests(&self.trace, reporter)?;
         let opts = LineageOptions {
             backend: self.choice,
             spill_dir: None,
             chunk: None,
             pools: pools.clone(),
-            tenants: Some(std::sync::Arc::new(super::tenant_keys(&index))),
+            tenants: Some(super::tenant_source(&self.trace)),
         };
         let outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
-        let mut report = super::scope_outcome_with(&self.trace, &outcome, &index, reporter)?;
+        let mut report = super::scope_outcome(&self.trace, &outcome, reporter)?;
         let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
         if let Some(s) = &shard {
             s.mark(&mut report);
