@@ -530,7 +530,7 @@ pub(super) fn letter_md(n: &Notice) -> String {
         s.push_str("- Find the requests listed above in your systems and assess whether their prompts contained personal data; you may have to notify your supervisory authority and the persons concerned.\n");
     }
     if n.roles.iter().any(|r| r == "prefix_cache_reader") {
-        s.push_str("- The responses to the requests you were served from another customer's cached prefix are not affected in content; nothing needs deleting for them.\n");
+        s.push_str("- The responses to your requests that were served from another customer's cached prefix are not affected in content; nothing needs deleting for them.\n");
     }
     if n.roles.iter().any(|r| r == "prefix_cache_source") {
         s.push_str("- Find the requests whose cached prefix served another customer in your systems and assess whether the fact that a prompt began with that prefix is itself personal or confidential data; you may have to notify your supervisory authority.\n");

@@ -945,7 +945,12 @@ fn verify_checks_outputs_when_the_inputs_are_elsewhere() {
 fn incident_with_hits(scope: Option<kvtrail::trace::manifest::PrefixCacheScope>) -> TraceBuilder {
     let mut tb = incident();
     tb.deployment.prefix_cache_scope = scope;
-    for (id, t) in [(9, "globex"), (10, "hooli"), (11, "initech"), (12, "umbrella")] {
+    for (id, t) in [
+        (9, "globex"),
+        (10, "hooli"),
+        (11, "initech"),
+        (12, "umbrella"),
+    ] {
         let r = tb.req(id, t);
         r.external_id = Some(ext(id));
         r.arrival_ns = BASE + id as i64 * HOUR;
@@ -1015,7 +1020,11 @@ fn prefix_cache_breaches_are_notified_on_both_sides_and_never_name_the_other_cus
     let notice = |t: &str| json_file(&packs.join(t).join("notice.json"));
     let ids = |v: &serde_json::Value, k: &str| -> Vec<u64> {
         v[k].as_array()
-            .map(|a| a.iter().map(|e| e["request_id"].as_u64().unwrap()).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["request_id"].as_u64().unwrap())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     // (customer, roles, served, revealed)
@@ -1024,8 +1033,18 @@ fn prefix_cache_breaches_are_notified_on_both_sides_and_never_name_the_other_cus
         ("acme-corp", &["recipient", "source"], &[], &[]),
         ("globex", &["source", "prefix_cache_source"], &[], &[9]),
         ("hooli", &["prefix_cache_reader"], &[10], &[]),
-        ("initech", &["recipient", "source", "prefix_cache_source"], &[], &[11]),
-        ("umbrella", &["recipient", "prefix_cache_reader"], &[12], &[]),
+        (
+            "initech",
+            &["recipient", "source", "prefix_cache_source"],
+            &[],
+            &[11],
+        ),
+        (
+            "umbrella",
+            &["recipient", "prefix_cache_reader"],
+            &[12],
+            &[],
+        ),
     ];
     for (t, roles, served, revealed) in cases {
         let v = notice(t);
@@ -1050,7 +1069,10 @@ fn prefix_cache_breaches_are_notified_on_both_sides_and_never_name_the_other_cus
     assert_eq!(hooli["prefix_cache_served"][0]["tokens"], 4);
     assert_eq!(hooli["prefix_cache_served"][0]["external_id"], ext(10));
     assert_eq!(notice("umbrella")["prefix_cache_served"][0]["tokens"], 3);
-    assert_eq!(notice("initech")["prefix_cache_revealed"][0]["responses"], 1);
+    assert_eq!(
+        notice("initech")["prefix_cache_revealed"][0]["responses"],
+        1
+    );
     let reg = json_file(&dir.path().join("packs/register.json"));
     assert_eq!(reg["prefix_cache"]["scope"], "tenant");
     assert_eq!(reg["prefix_cache"]["isolation_breach"], true);
@@ -1059,7 +1081,13 @@ fn prefix_cache_breaches_are_notified_on_both_sides_and_never_name_the_other_cus
     assert_eq!(reg["prefix_cache"]["tokens"], 7);
     assert_eq!(reg["notification_packs"].as_array().unwrap().len(), 5);
     let csv = std::fs::read_to_string(dir.path().join("packs/register.csv")).unwrap();
-    assert!(csv.lines().next().unwrap().ends_with(",prefix_cache_unattributed"), "{csv}");
+    assert!(
+        csv.lines()
+            .next()
+            .unwrap()
+            .ends_with(",prefix_cache_unattributed"),
+        "{csv}"
+    );
     assert_eq!(csv.lines().count(), 2, "{csv}");
 }
 
@@ -1087,6 +1115,11 @@ fn prefix_cache_hits_under_a_global_cache_are_counted_in_the_register_only() {
         assert_eq!(reg["prefix_cache"]["scope"], "global");
         assert_eq!(reg["prefix_cache"]["isolation_breach"], false);
         assert_eq!(reg["prefix_cache"]["responses"], 2);
-        assert!(reg["nature"].as_str().unwrap().contains("Information: 2 responses"));
+        assert!(
+            reg["nature"]
+                .as_str()
+                .unwrap()
+                .contains("Information: 2 responses")
+        );
     }
 }

@@ -226,7 +226,9 @@ fn lookup_answers_prefix_cache_hits_by_scope_and_never_names_the_other_side() {
     let a = lookup(&out, &["--tenant", "globex"]);
     assert_eq!(a["matches"].as_array().unwrap().len(), 1, "{a}");
     // The text answer.
-    let text = kvtrail(["lookup", s(&out), "--external-id", "ext-2"]).run().ok();
+    let text = kvtrail(["lookup", s(&out), "--external-id", "ext-2"])
+        .run()
+        .ok();
     assert!(text.contains("prefix-cache isolation breach"), "{text}");
     assert!(!text.contains("acme"), "{text}");
 
@@ -235,11 +237,16 @@ fn lookup_answers_prefix_cache_hits_by_scope_and_never_names_the_other_side() {
     let out = scope_out(dir.path(), &trace(Some(PrefixCacheScope::Global), false));
     let a = lookup(&out, &["--external-id", "ext-2"]);
     assert_eq!(a["status"], "not_affected", "{a}");
-    assert!(a["message"].as_str().unwrap().contains("Information: 1"), "{a}");
+    assert!(
+        a["message"].as_str().unwrap().contains("Information: 1"),
+        "{a}"
+    );
     assert_eq!(a["matches"][0]["affected"], false);
     assert_eq!(a["matches"][0]["prefix_cache"]["kind"], "information");
     assert!(!a.to_string().contains("acme"), "{a}");
-    let text = kvtrail(["lookup", s(&out), "--external-id", "ext-2"]).run().ok();
+    let text = kvtrail(["lookup", s(&out), "--external-id", "ext-2"])
+        .run()
+        .ok();
     assert!(text.contains("(information)"), "{text}");
 }
 
@@ -250,5 +257,8 @@ fn lookup_without_hits_has_no_prefix_cache_field() {
     let a = lookup(&out, &["--external-id", "ext-4"]);
     assert_eq!(a["status"], "affected");
     assert!(a["matches"][0].get("prefix_cache").is_none(), "{a}");
-    assert!(a["message"].as_str().unwrap().starts_with("AFFECTED: "), "{a}");
+    assert!(
+        a["message"].as_str().unwrap().starts_with("AFFECTED: "),
+        "{a}"
+    );
 }
