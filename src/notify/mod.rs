@@ -7,6 +7,15 @@
 //! content, machine-readable); plus one breach-register entry for the whole
 //! incident (register.csv, register.json) and evidence.json.
 //!
+//! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are notified on
+//! both sides (the reader served from another customer's cached prefix,
+//! the source whose cached prefix served it) only where the deployment
+//! promised per-tenant prefix caches (`prefix_cache_scope = "tenant"`):
+//! a prefix-cache isolation breach, never worded as a disclosure of
+//! content. Otherwise the register counts them and nobody is notified.
+//! Packs and registers of traces without hits are byte-identical to
+//! what they were before.
+//!
 //! Isolation invariant: a customer's folder holds only that customer's
 //! identifiers (request ids, external ids, output hashes) and tenant name.
 //! Other customers appear only as counts, never by name or id. The folder

@@ -2,9 +2,11 @@
 //! One self-contained file (inline CSS, inline SVG charts, one small inline
 //! script for table sorting; a Content-Security-Policy that forbids any
 //! network access): headline numbers, the exposure timeline against total
-//! traffic, the customers on both sides, the mechanism seen in the trace
-//! (prompt_tokens vs prefilled_tokens vs HTTP status), coverage and
-//! confidence, and the evidence (command, tool version, input digests).
+//! traffic, the customers on both sides, cross-tenant prefix-cache hits
+//! (a section of their own, only when there are any), the mechanism seen
+//! in the trace (prompt_tokens vs prefilled_tokens vs HTTP status),
+//! coverage and confidence, and the evidence (command, tool version,
+//! input digests).
 //!
 //! Every string that comes from a trace goes through `fmt::html`. Pure
 //! function of its inputs: no clock, no absolute paths, same bytes for the
