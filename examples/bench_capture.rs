@@ -70,6 +70,7 @@ fn deployment() -> Deployment {
         engine: "bench".into(),
         context_window: 1 << 20,
         pools: vec![pool(0, Role::Prefill), pool(1, Role::Decode)],
+        prefix_cache_scope: None,
         extra: Default::default(),
     }
 }

@@ -122,6 +122,7 @@ fn deployment() -> Deployment {
             pool(0, Role::Prefill, 131_072),
             pool(1, Role::Decode, 524_288),
         ],
+        prefix_cache_scope: None,
         extra: Default::default(),
     }
 }

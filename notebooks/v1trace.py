@@ -59,6 +59,11 @@ KV_COLUMNS = [
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 
 
+# Pool roles (revision 2 adds `cache`: a tier that only holds copies, which the
+# engine, request 0, moves KV in and out of).
+ROLES = ("prefill", "decode", "mixed", "cache")
+
+
 class TraceError(Exception):
     """The folder is not a readable v1 trace; the message says what to do."""
 
@@ -83,8 +88,18 @@ class V1Trace:
     def pools(self) -> list[dict]:
         return sorted(self.deployment["pools"], key=lambda p: p["id"])
 
+    @property
+    def pools_by_id(self) -> dict[int, dict]:
+        return {p["id"]: p for p in self.pools}
+
     def pool_ids(self, role: str) -> list[int]:
+        """Ids of the pools of one role (one of ROLES)."""
         return [p["id"] for p in self.pools if p["role"] == role]
+
+    @property
+    def prefix_cache_scope(self) -> str:
+        """`global` (the default) or `tenant` (revision 2)."""
+        return self.deployment.get("prefix_cache_scope") or "global"
 
     def df(self, sql: str, params=None):
         """Runs a query on this trace's connection; returns a pandas frame."""
@@ -148,6 +163,13 @@ def open_trace(path: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         raise TraceError(f"{mpath}: format is {manifest.get('format')!r}, expected 'kvtrail-trace'")
     if manifest.get("version") != 1:
         raise TraceError(f"{mpath}: unknown version {manifest.get('version')!r}; this reader knows 1")
+    dep = manifest.get("deployment") or {}
+    for pool in dep.get("pools") or []:
+        if pool.get("role") not in ROLES:
+            raise TraceError(f"{mpath}: pool {pool.get('id')} has role {pool.get('role')!r}; roles are {', '.join(ROLES)}")
+    if dep.get("prefix_cache_scope") not in (None, "global", "tenant"):
+        raise TraceError(f"{mpath}: deployment.prefix_cache_scope is {dep['prefix_cache_scope']!r}; "
+                         "it is global (the default) or tenant")
     con = con or duckdb.connect()
     req = sorted((d / "requests").rglob("*.parquet"))
     kv = sorted((d / "kv").rglob("*.parquet"))

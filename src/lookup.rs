@@ -14,6 +14,13 @@
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
 //! The folder is read through `scope::folder::ScopeFolder`; a shard folder
 //! is refused (`scope::merge::refuse_shard`).
+//!
+//! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are answered in a
+//! match's `prefix_cache`, on either side (reader or source), with the
+//! other side counted, never named. Where the deployment promised
+//! per-tenant prefix caches (`prefix_cache_scope = "tenant"`) a hit is a
+//! prefix-cache isolation breach and the match is affected; otherwise it
+//! is information and does not make the match affected.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -62,6 +69,46 @@ pub struct AsSource {
     pub confidence: String,
 }
 
+/// `prefix_cache.kind` under `prefix_cache_scope = "tenant"`.
+pub const PREFIX_CACHE_BREACH: &str = "prefix_cache_isolation_breach";
+/// `prefix_cache.kind` where the prefix cache is shared across tenants.
+pub const PREFIX_CACHE_INFORMATION: &str = "information";
+
+/// This request's part in cross-tenant prefix-cache hits: no other
+/// customer's KV entered a response, but a hit tells the reader, through
+/// timing, that another customer sent the same prompt prefix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCache {
+    /// `prefix_cache_isolation_breach` (the deployment promised per-tenant
+    /// prefix caches) or `information`.
+    pub kind: String,
+    /// Served from a prefix other customers' requests had cached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_reader: Option<PrefixCacheReader>,
+    /// Its cached prefix served other customers' requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_source: Option<PrefixCacheSource>,
+}
+
+/// The reading side of prefix-cache hits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCacheReader {
+    /// KV tokens served from other customers' cached prefixes.
+    pub tokens: u64,
+    /// How many other customers' requests they came from (counted only).
+    pub source_requests: u64,
+}
+
+/// The cached side of prefix-cache hits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCacheSource {
+    /// Other customers' responses served from this request's cached prefix
+    /// (counted only).
+    pub responses: u64,
+    /// Sum over them of the tokens served.
+    pub tokens: u64,
+}
+
 /// One request of the trace that matches the query.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Match {
@@ -74,6 +121,9 @@ pub struct Match {
     pub affected: bool,
     pub as_recipient: Option<AsRecipient>,
     pub as_source: Option<AsSource>,
+    /// Cross-tenant prefix-cache hits (absent when none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
 }
 
 /// The answer to a look-up.
@@ -97,6 +147,23 @@ pub struct Answer {
     pub evidence_intact: bool,
     pub evidence_problems: Vec<String>,
     pub evidence_complete: bool,
+}
+
+/// The sentence appended to an answer about matches with prefix-cache hits
+/// (empty when there are none).
+fn prefix_cache_note(matches: &[Match], breach: bool) -> String {
+    let k = matches.iter().filter(|m| m.prefix_cache.is_some()).count();
+    if k == 0 {
+        String::new()
+    } else if breach {
+        format!(
+            " {k} of them also had a cross-tenant prefix-cache hit: a prefix-cache isolation breach (the deployment promises a prefix cache per customer; no prompt content was disclosed)."
+        )
+    } else {
+        format!(
+            " Information: {k} matching request(s) had a cross-tenant prefix-cache hit; the deployment shares its prefix cache across customers, so this is no isolation finding (no other customer's data entered a response)."
+        )
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -150,6 +217,37 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
             }
         }
     }
+    // Cross-tenant prefix-cache hits, by request, on either side.
+    let breach = sum.deployment.tenant_prefix_cache();
+    let kind = if breach {
+        PREFIX_CACHE_BREACH
+    } else {
+        PREFIX_CACHE_INFORMATION
+    };
+    let mut pc: BTreeMap<u64, PrefixCache> = BTreeMap::new();
+    let new_pc = || PrefixCache {
+        kind: kind.into(),
+        as_reader: None,
+        as_source: None,
+    };
+    for hit in &sum.cross_tenant_shared {
+        pc.entry(hit.request_id).or_insert_with(new_pc).as_reader = Some(PrefixCacheReader {
+            tokens: hit.tokens,
+            source_requests: hit.sources.len() as u64,
+        });
+        for s in &hit.sources {
+            let e = pc
+                .entry(s.request_id)
+                .or_insert_with(new_pc)
+                .as_source
+                .get_or_insert(PrefixCacheSource {
+                    responses: 0,
+                    tokens: 0,
+                });
+            e.responses += 1;
+            e.tokens += s.tokens;
+        }
+    }
     let what = match only_tenant {
         Some(t) => format!("{} of tenant {t:?}", q.describe()),
         None => q.describe(),
@@ -167,8 +265,9 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         if hit {
             let r = recv.get(&row.request_id).cloned();
             let s = src.get(&row.request_id).cloned();
-            let affected = r.is_some() || s.is_some();
-            if matches!(q, Query::Tenant(_)) && !affected {
+            let p = pc.get(&row.request_id).cloned();
+            let affected = r.is_some() || s.is_some() || (breach && p.is_some());
+            if matches!(q, Query::Tenant(_)) && !affected && p.is_none() {
                 unaffected += 1;
             } else {
                 matches.push(Match {
@@ -181,6 +280,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
                     affected,
                     as_recipient: r,
                     as_source: s,
+                    prefix_cache: p,
                 });
             }
         }
@@ -224,28 +324,44 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         )
     } else if any {
         let k = matches.iter().filter(|m| m.affected).count();
-        (
-            "affected",
-            format!(
-                "AFFECTED: {k} matching request(s) of {} are affected (see each match for the side).",
-                what
-            ),
-        )
+        let foreign = matches
+            .iter()
+            .any(|m| m.as_recipient.is_some() || m.as_source.is_some());
+        if foreign {
+            (
+                "affected",
+                format!(
+                    "AFFECTED: {k} matching request(s) of {} are affected (see each match for the side).{}",
+                    what,
+                    prefix_cache_note(&matches, breach)
+                ),
+            )
+        } else {
+            (
+                "affected",
+                format!(
+                    "AFFECTED (prefix-cache isolation breach): {k} matching request(s) of {} were served from, or had their cached prompt prefix served to, another customer's request, although the deployment promises a prefix cache per customer. No other customer's data entered a response and no prompt content was disclosed; the cache hit's timing can reveal that the same prompt prefix was sent by another customer.",
+                    what
+                ),
+            )
+        }
     } else if complete {
         (
             "not_affected",
             format!(
-                "NOT AFFECTED: {} is in the trace and no exposure touches it; the evidence is complete.",
-                what
+                "NOT AFFECTED: {} is in the trace and no exposure touches it; the evidence is complete.{}",
+                what,
+                prefix_cache_note(&matches, breach)
             ),
         )
     } else {
         (
             "not_affected_incomplete_evidence",
             format!(
-                "NO EXPOSURE RECORDED for {}, but the evidence is INCOMPLETE ({} coverage notes): exposure cannot be ruled out.",
+                "NO EXPOSURE RECORDED for {}, but the evidence is INCOMPLETE ({} coverage notes): exposure cannot be ruled out.{}",
                 what,
-                sum.coverage.notes.len()
+                sum.coverage.notes.len(),
+                prefix_cache_note(&matches, breach)
             ),
         )
     };

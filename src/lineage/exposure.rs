@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::backend::{ReadKind, ReadRun};
 use super::intervals::IntervalSet;
+use crate::schema::ENGINE_REQUEST;
 
 /// Slots per pool.
 pub type PoolSets = BTreeMap<u16, IntervalSet>;
@@ -48,6 +49,44 @@ pub struct ReaderAgg {
     pub last_ts_ns: i64,
 }
 
+/// Each request's tenant as a small key (interned by whoever builds it): a
+/// shared read between two requests of the same known tenant is no
+/// cross-tenant prefix-cache hit and is dropped as it arrives, so memory
+/// follows cross-tenant hits, not every prefix hit.
+#[derive(Debug, Clone, Default)]
+pub struct TenantKeys {
+    keys: HashMap<u64, u32>,
+}
+
+/// Where [`TenantKeys`] come from: loaded when the first shared read of
+/// another request's KV arrives, so a replay without prefix hits never
+/// reads them (and holds nothing for them).
+#[derive(Clone)]
+pub struct TenantKeysSource(std::sync::Arc<dyn Fn() -> TenantKeys + Send + Sync>);
+
+impl TenantKeysSource {
+    pub fn new(load: impl Fn() -> TenantKeys + Send + Sync + 'static) -> Self {
+        TenantKeysSource(std::sync::Arc::new(load))
+    }
+}
+
+impl std::fmt::Debug for TenantKeysSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TenantKeysSource")
+    }
+}
+
+impl TenantKeys {
+    pub fn insert(&mut self, request: u64, tenant: u32) {
+        self.keys.insert(request, tenant);
+    }
+
+    /// Whether both requests are known and of the same tenant.
+    pub fn same(&self, a: u64, b: u64) -> bool {
+        matches!((self.keys.get(&a), self.keys.get(&b)), (Some(x), Some(y)) if x == y)
+    }
+}
+
 /// Per-reader aggregation of all read runs.
 #[derive(Debug, Clone, Default)]
 pub struct Exposures {
@@ -56,12 +95,33 @@ pub struct Exposures {
     /// reader -> source -> slots. Kept apart from `readers`, which holds
     /// only what is not clean.
     pub shared: HashMap<u64, HashMap<u64, PoolSets>>,
+    /// When set, shared reads within one tenant are not kept: the keys,
+    /// loaded from `tenant_source` on the first shared read.
+    pub tenant_source: Option<TenantKeysSource>,
+    pub tenants: Option<TenantKeys>,
 }
 
 impl Exposures {
     pub fn add_runs(&mut self, runs: &[ReadRun]) {
         for r in runs {
             if r.kind == ReadKind::Shared {
+                // The engine's reads affect no response, and content the
+                // engine wrote is no tenant's.
+                if r.reader == ENGINE_REQUEST || r.source == ENGINE_REQUEST {
+                    continue;
+                }
+                if self.tenants.is_none()
+                    && let Some(src) = &self.tenant_source
+                {
+                    self.tenants = Some((src.0)());
+                }
+                if self
+                    .tenants
+                    .as_ref()
+                    .is_some_and(|t| t.same(r.reader, r.source))
+                {
+                    continue;
+                }
                 let by_source = self.shared.entry(r.reader).or_default();
                 add(by_source.entry(r.source).or_default(), r);
                 continue;

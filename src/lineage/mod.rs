@@ -167,6 +167,9 @@ pub struct LineageOptions {
     /// Report only these pools (a shard, see `shard`); the pools their
     /// copies read from are replayed too, but not reported. None: all.
     pub pools: Option<Vec<u16>>,
+    /// Requests' tenants: shared reads within one tenant are dropped as
+    /// they arrive (scope lists only cross-tenant prefix-cache hits).
+    pub tenants: Option<exposure::TenantKeysSource>,
 }
 
 /// Everything replay found.
@@ -209,7 +212,10 @@ pub fn run_with(
         None => (backend, None),
     };
     reporter.start("replay", plan.total_events);
-    let mut exposures = Exposures::default();
+    let mut exposures = Exposures {
+        tenant_source: opts.tenants.clone(),
+        ..Default::default()
+    };
     let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
     let (counters, gaps, late) = {
         let mut sched = engine::Sched::new(trace, &plan, backend, reporter, &mut sink)?;

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 
 use super::config::{NotifyConfig, marker};
 use super::{
-    Contact, EvidenceRef, ExposedRequest, IncidentTotals, Notice, ReceivedResponse, Records,
-    RegisterEntry, Window,
+    Contact, EvidenceRef, IncidentTotals, Notice, Pack, Records, RegisterEntry,
+    RegisterPrefixCache, Window,
 };
 use crate::report::csv;
 use crate::report::fmt::{code, md, utc_opt};
@@ -18,6 +18,8 @@ use crate::scope::anomalies::error_looks_like_success;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
+    /// Cross-tenant prefix-cache hits are isolation breaches here.
+    breach: bool,
     incident_id: String,
     contact: Contact,
     became_aware: String,
@@ -60,6 +62,20 @@ impl Ctx {
             sum.deployment.engine,
             short_ok
         );
+        let breach = sum.deployment.tenant_prefix_cache();
+        let hits = sum.cross_tenant_shared.len() as u64;
+        if breach && hits > 0 {
+            let pc = format!(
+                "{} responses of the service {} were served from a prompt prefix that another customer's request had placed in the engine's prefix cache, although the service promises a prefix cache per customer: a prefix-cache isolation breach. No other customer's data entered those responses and no prompt content was disclosed in them; but the faster answer of a cache hit can reveal to whoever sent a request that another customer had sent the same prompt prefix.",
+                hits, sum.deployment.name
+            );
+            if c.affected_responses == 0 {
+                nature = pc;
+            } else {
+                nature.push_str(" In addition, ");
+                nature.push_str(&pc);
+            }
+        }
         if let Some(n) = &cfg.nature {
             nature.push(' ');
             nature.push_str(n);
@@ -73,6 +89,7 @@ impl Ctx {
             measures.extend(cfg.measures.iter().cloned());
         }
         Ctx {
+            breach,
             incident_id: get(&cfg.incident_id, "incident_id"),
             contact: Contact {
                 operator_name: get(&cfg.operator_name, "operator_name"),
@@ -90,18 +107,15 @@ impl Ctx {
                 confirmed_responses: c.confirmed_responses,
                 possible_responses: c.possible_responses,
                 customers_notified: packs,
+                prefix_cache_breach_responses: if breach { hits } else { 0 },
                 window: Window::new(w.first_exposure_ns, w.last_exposure_ns),
             },
         }
     }
 
-    pub(super) fn notice(
-        &self,
-        tenant: &str,
-        received: &[ReceivedResponse],
-        exposed: &[ExposedRequest],
-        ev: &EvidenceRef,
-    ) -> Notice {
+    pub(super) fn notice(&self, p: &Pack, ev: &EvidenceRef) -> Notice {
+        let (tenant, received, exposed) = (&p.tenant, &p.received, &p.exposed);
+        let (served, revealed) = (&p.served, &p.revealed);
         let mut roles = Vec::new();
         let mut consequences = Vec::new();
         if !received.is_empty() {
@@ -113,24 +127,45 @@ impl Ctx {
             roles.push("source".to_string());
             consequences.push("Fragments of the prompts of the requests listed under \"your requests whose data was read\" may have been disclosed in responses to other requests, including other customers' where marked. Confidentiality of that content, and of any personal data in it, cannot be assured for those fragments.".to_string());
         }
+        if !served.is_empty() {
+            roles.push("prefix_cache_reader".to_string());
+            consequences.push("The requests listed under \"your requests served from another customer's cached prefix\" were answered from a prompt prefix that another customer's request had placed in the prefix cache, although the service promises a prefix cache per customer (a prefix-cache isolation breach). No data of another customer entered your responses and their content is not affected by it; but the faster answer of a cache hit can have revealed to whoever sent those requests that another customer had sent the same prompt prefix.".to_string());
+        }
+        if !revealed.is_empty() {
+            roles.push("prefix_cache_source".to_string());
+            consequences.push("The cached prompt prefix of the requests listed under \"your requests whose cached prefix served another customer\" was used to answer requests of another customer that began with the same prefix, although the service promises a prefix cache per customer (a prefix-cache isolation breach). The content of your prompts was not disclosed in any response; but the faster answer of a cache hit can have revealed to the other customer that a request of yours had sent that same prompt prefix, which matters where the fact that a prompt began that way is itself confidential.".to_string());
+        }
+        // Prefix-cache entries carry no read times: their requests' arrival.
+        let pc_times = served
+            .iter()
+            .filter_map(|x| x.arrival_ns)
+            .chain(revealed.iter().filter_map(|x| x.arrival_ns));
         let first = received
             .iter()
             .map(|r| r.first_exposure_ns)
             .chain(exposed.iter().map(|e| e.first_exposure_ns))
+            .chain(pc_times.clone())
             .min();
         let last = received
             .iter()
             .map(|r| r.last_exposure_ns)
             .chain(exposed.iter().map(|e| e.last_exposure_ns))
+            .chain(pc_times)
             .max();
         let confirmed = received
             .iter()
             .map(|r| &r.confidence)
             .chain(exposed.iter().map(|e| &e.confidence))
+            .chain(served.iter().map(|e| &e.confidence))
+            .chain(revealed.iter().map(|e| &e.confidence))
             .filter(|c| *c == "confirmed")
             .count() as u64;
-        let total = (received.len() + exposed.len()) as u64;
+        let total = (received.len() + exposed.len() + served.len() + revealed.len()) as u64;
         let approx = match (received.is_empty(), exposed.is_empty()) {
+            (true, true) => format!(
+                "not determinable from the trace; at most the persons whose personal data was contained in the prompt prefixes of the {} listed",
+                count(served.len() + revealed.len(), "request", "requests")
+            ),
             (false, true) => format!(
                 "not determinable from the trace; the {} listed may contain personal data of persons connected with another customer",
                 count(received.len(), "response", "responses")
@@ -156,10 +191,12 @@ impl Ctx {
             data_subjects_approximate: approx,
             record_categories: RECORD_CATEGORIES.iter().map(|s| s.to_string()).collect(),
             records: Records {
-                responses: received.len() as u64,
-                requests: exposed.len() as u64,
+                responses: (received.len() + served.len()) as u64,
+                requests: (exposed.len() + revealed.len()) as u64,
                 tokens: received.iter().map(|r| r.foreign_tokens).sum::<u64>()
-                    + exposed.iter().map(|e| e.tokens).sum::<u64>(),
+                    + exposed.iter().map(|e| e.tokens).sum::<u64>()
+                    + served.iter().map(|e| e.tokens).sum::<u64>()
+                    + revealed.iter().map(|e| e.tokens).sum::<u64>(),
             },
             time_window: Window::new(first, last),
             likely_consequences: consequences,
@@ -170,6 +207,8 @@ impl Ctx {
             possible: total - confirmed,
             received_responses: received.to_vec(),
             exposed_requests: exposed.to_vec(),
+            prefix_cache_served: served.to_vec(),
+            prefix_cache_revealed: revealed.to_vec(),
             incident: self.totals.clone(),
             evidence: ev.clone(),
             documents: vec![
@@ -187,8 +226,25 @@ impl Ctx {
         packs: Vec<String>,
         unattributed_responses: u64,
         unattributed_source_requests: u64,
+        prefix_cache: Option<RegisterPrefixCache>,
     ) -> RegisterEntry {
         let c = &sum.counts;
+        let mut nature = self.nature.clone();
+        let mut consequences: Vec<String> = vec![
+            "responses delivered to customers may contain fragments of other customers' prompts, including personal data".into(),
+            "prompts of the source requests may have been disclosed to other customers".into(),
+            "the affected responses may be wrong or incoherent".into(),
+        ];
+        if let Some(pc) = &prefix_cache {
+            if self.breach {
+                consequences.push("responses served from another customer's cached prompt prefix (prefix-cache isolation breach) can reveal through their timing that another customer sent the same prefix; no prompt content was disclosed".into());
+            } else {
+                nature.push_str(&format!(
+                    " Information: {} responses were served from a prompt prefix another customer's request had cached; the deployment shares its prefix cache across customers, so these are no isolation breach and no customer is notified for them.",
+                    pc.responses
+                ));
+            }
+        }
         RegisterEntry {
             format: "kvtrail-breach-register".into(),
             version: 1,
@@ -198,7 +254,7 @@ impl Ctx {
             became_aware: self.became_aware.clone(),
             service: self.service.clone(),
             engine: self.engine.clone(),
-            nature: self.nature.clone(),
+            nature,
             time_window: self.totals.window.clone(),
             affected_responses: c.affected_responses,
             confirmed_responses: c.confirmed_responses,
@@ -211,11 +267,8 @@ impl Ctx {
             unattributed_responses,
             unattributed_source_requests,
             notification_packs: packs,
-            likely_consequences: vec![
-                "responses delivered to customers may contain fragments of other customers' prompts, including personal data".into(),
-                "prompts of the source requests may have been disclosed to other customers".into(),
-                "the affected responses may be wrong or incoherent".into(),
-            ],
+            prefix_cache,
+            likely_consequences: consequences,
             measures_taken: self.measures.clone(),
             evidence: ev.clone(),
         }
@@ -306,6 +359,50 @@ fn facts_sections(s: &mut String, n: &Notice) {
         }
         s.push('\n');
     }
+    if !n.prefix_cache_served.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Your requests served from another customer's cached prefix\n\nListed below: {} of yours, answered from a prompt prefix that another customer's request had placed in the prefix cache, although the service promises a prefix cache per customer (a prefix-cache isolation breach). No data of another customer entered these responses. \"other requests\" counts the other customer's cached requests involved.\n",
+            count(n.prefix_cache_served.len(), "request", "requests")
+        );
+        s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens from the cache | other requests | confidence |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+        for e in &n.prefix_cache_served {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                opt_code(&e.external_id),
+                e.request_id,
+                md(e.arrival_utc.as_deref().unwrap_or("-")),
+                opt_code(&e.output_hash),
+                e.tokens,
+                e.source_requests,
+                e.confidence
+            );
+        }
+        s.push('\n');
+    }
+    if !n.prefix_cache_revealed.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Your requests whose cached prefix served another customer\n\nListed below: {} of yours, whose cached prompt prefix was used to answer another customer's requests that began with the same prefix, although the service promises a prefix cache per customer (a prefix-cache isolation breach). The content of your prompts was not disclosed in any response; the timing of a cache hit can reveal that the prefix had been sent.\n",
+            count(n.prefix_cache_revealed.len(), "request", "requests")
+        );
+        s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens served | responses | confidence |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+        for e in &n.prefix_cache_revealed {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                opt_code(&e.external_id),
+                e.request_id,
+                md(e.arrival_utc.as_deref().unwrap_or("-")),
+                opt_code(&e.output_hash),
+                e.tokens,
+                e.responses,
+                e.confidence
+            );
+        }
+        s.push('\n');
+    }
 }
 
 fn tail_sections(s: &mut String, n: &Notice) {
@@ -332,9 +429,16 @@ fn tail_sections(s: &mut String, n: &Notice) {
     for note in &n.evidence.coverage_notes {
         let _ = writeln!(s, "- {}", md(note));
     }
+    let pc = match n.incident.prefix_cache_breach_responses {
+        0 => String::new(),
+        k => format!(
+            "; {} with a prefix-cache isolation breach",
+            count(k as usize, "response", "responses")
+        ),
+    };
     let _ = writeln!(
         s,
-        "\nIncident-wide: {} ({} confirmed, {} possible); {} being notified.\n",
+        "\nIncident-wide: {} ({} confirmed, {} possible){pc}; {} being notified.\n",
         count(
             n.incident.affected_responses as usize,
             "affected response",
@@ -364,6 +468,41 @@ fn tail_sections(s: &mut String, n: &Notice) {
     );
 }
 
+/// How the breach concerns the customer, after "concerns your account".
+fn intro(roles: &[String]) -> String {
+    let has = |r: &str| roles.iter().any(|x| x == r);
+    let foreign = match (has("recipient"), has("source")) {
+        (true, true) => Some(
+            " on both sides: responses you received carried data that was not yours, and your requests' data was read while other responses were generated",
+        ),
+        (true, false) => Some(": responses you received carried data that was not yours"),
+        (false, true) => {
+            Some(": your requests' data was read while other responses were generated")
+        }
+        (false, false) => None,
+    };
+    let pc = match (has("prefix_cache_reader"), has("prefix_cache_source")) {
+        (false, false) => None,
+        (reader, source) => Some(format!(
+            "the service's prefix cache, which it promises to keep separate for each customer, was shared between your account and another customer's ({}): a prefix-cache isolation breach, in which no prompt content was disclosed",
+            match (reader, source) {
+                (true, true) => {
+                    "some of your requests were served from another customer's cached prompt prefix, and your cached prompt prefixes served another customer's requests"
+                }
+                (true, false) =>
+                    "some of your requests were served from another customer's cached prompt prefix",
+                _ => "your cached prompt prefixes served another customer's requests",
+            }
+        )),
+    };
+    match (foreign, pc) {
+        (Some(f), None) => f.to_string(),
+        (Some(f), Some(p)) => format!("{f}; in addition, {p}"),
+        (None, Some(p)) => format!(": {p}"),
+        (None, None) => String::new(),
+    }
+}
+
 /// letter.md: the customer letter with the Art. 33(3) content.
 pub(super) fn letter_md(n: &Notice) -> String {
     let mut s = String::new();
@@ -379,13 +518,7 @@ pub(super) fn letter_md(n: &Notice) -> String {
         s,
         "We are writing to inform you of a personal data breach in the service {} that concerns your account{}. This letter gives the information of Article 33(3) GDPR and the identifiers you need to check your own records.\n",
         md(&n.incident.service),
-        match n.roles.len() {
-            2 =>
-                " on both sides: responses you received carried data that was not yours, and your requests' data was read while other responses were generated",
-            _ if n.roles.first().map(String::as_str) == Some("recipient") =>
-                ": responses you received carried data that was not yours",
-            _ => ": your requests' data was read while other responses were generated",
-        }
+        intro(&n.roles)
     );
     common_sections(&mut s, n);
     facts_sections(&mut s, n);
@@ -395,6 +528,12 @@ pub(super) fn letter_md(n: &Notice) -> String {
     }
     if n.roles.iter().any(|r| r == "source") {
         s.push_str("- Find the requests listed above in your systems and assess whether their prompts contained personal data; you may have to notify your supervisory authority and the persons concerned.\n");
+    }
+    if n.roles.iter().any(|r| r == "prefix_cache_reader") {
+        s.push_str("- The responses to your requests that were served from another customer's cached prefix are not affected in content; nothing needs deleting for them.\n");
+    }
+    if n.roles.iter().any(|r| r == "prefix_cache_source") {
+        s.push_str("- Find the requests whose cached prefix served another customer in your systems and assess whether the fact that a prompt began with that prefix is itself personal or confidential data; you may have to notify your supervisory authority.\n");
     }
     s.push_str("- Contact us with any question; we will keep you informed as the investigation continues.\n\n");
     tail_sections(&mut s, n);
@@ -428,7 +567,7 @@ pub(super) fn processor_md(n: &Notice) -> String {
 /// through the spreadsheet rule (`csv::text`): numbers here never start
 /// with a sign, so only operator and trace text can change.
 pub(super) fn register_csv(r: &RegisterEntry) -> String {
-    let cols: [(&str, String); 23] = [
+    let mut cols: Vec<(&str, String)> = vec![
         ("incident_id", r.incident_id.clone()),
         ("operator_name", r.operator_name.clone()),
         ("dpo_contact", r.dpo_contact.clone()),
@@ -474,6 +613,32 @@ pub(super) fn register_csv(r: &RegisterEntry) -> String {
         ("nature", r.nature.clone()),
         ("measures_taken", r.measures_taken.join(" / ")),
     ];
+    // Only when the trace has cross-tenant prefix-cache hits, after the
+    // columns every register has.
+    if let Some(pc) = &r.prefix_cache {
+        cols.extend([
+            ("prefix_cache_scope", pc.scope.clone()),
+            (
+                "prefix_cache_isolation_breach",
+                pc.isolation_breach.to_string(),
+            ),
+            ("prefix_cache_responses", pc.responses.to_string()),
+            (
+                "prefix_cache_source_requests",
+                pc.source_requests.to_string(),
+            ),
+            ("prefix_cache_tokens", pc.tokens.to_string()),
+            (
+                "prefix_cache_reader_customers",
+                pc.reader_customers.to_string(),
+            ),
+            (
+                "prefix_cache_source_customers",
+                pc.source_customers.to_string(),
+            ),
+            ("prefix_cache_unattributed", pc.unattributed.to_string()),
+        ]);
+    }
     let head: Vec<&str> = cols.iter().map(|c| c.0).collect();
     let row: Vec<String> = cols.iter().map(|c| csv::text(&c.1).into_owned()).collect();
     csv::to_string(&head, [row])

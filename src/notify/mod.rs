@@ -7,6 +7,15 @@
 //! content, machine-readable); plus one breach-register entry for the whole
 //! incident (register.csv, register.json) and evidence.json.
 //!
+//! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are notified on
+//! both sides (the reader served from another customer's cached prefix,
+//! the source whose cached prefix served it) only where the deployment
+//! promised per-tenant prefix caches (`prefix_cache_scope = "tenant"`):
+//! a prefix-cache isolation breach, never worded as a disclosure of
+//! content. Otherwise the register counts them and nobody is notified.
+//! Packs and registers of traces without hits are byte-identical to
+//! what they were before.
+//!
 //! Isolation invariant: a customer's folder holds only that customer's
 //! identifiers (request ids, external ids, output hashes) and tenant name.
 //! Other customers appear only as counts, never by name or id. The folder
@@ -76,6 +85,42 @@ pub struct ExposedRequest {
     pub last_exposure_ns: i64,
 }
 
+/// One of the customer's requests served from a prompt prefix another
+/// customer's request had cached (a cross-tenant prefix-cache hit under
+/// `prefix_cache_scope = "tenant"`). No other customer's data entered the
+/// response; the other customer is counted, never named.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCacheServed {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub arrival_ns: Option<i64>,
+    pub arrival_utc: Option<String>,
+    pub output_hash: Option<String>,
+    /// KV tokens served from other customers' cached prefixes.
+    pub tokens: u64,
+    /// Other customers' requests whose cached prefix served it (a count).
+    pub source_requests: u64,
+    pub confidence: String,
+}
+
+/// One of the customer's requests whose cached prompt prefix served other
+/// customers' requests (a cross-tenant prefix-cache hit under
+/// `prefix_cache_scope = "tenant"`). Its prompt content was not disclosed;
+/// the readers are counted, never named.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCacheRevealed {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub arrival_ns: Option<i64>,
+    pub arrival_utc: Option<String>,
+    pub output_hash: Option<String>,
+    /// Sum over the reading responses of the tokens served.
+    pub tokens: u64,
+    /// Other customers' responses served from it (a count).
+    pub responses: u64,
+    pub confidence: String,
+}
+
 /// Time window of a notice.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Window {
@@ -132,7 +177,15 @@ pub struct IncidentTotals {
     pub confirmed_responses: u64,
     pub possible_responses: u64,
     pub customers_notified: u64,
+    /// Responses with a prefix-cache isolation breach (cross-tenant
+    /// prefix-cache hits under `prefix_cache_scope = "tenant"`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub prefix_cache_breach_responses: u64,
     pub window: Window,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// notice.json: the Art. 33(3) content for one customer.
@@ -164,6 +217,12 @@ pub struct Notice {
     pub possible: u64,
     pub received_responses: Vec<ReceivedResponse>,
     pub exposed_requests: Vec<ExposedRequest>,
+    /// Prefix-cache isolation breach, reading side (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefix_cache_served: Vec<PrefixCacheServed>,
+    /// Prefix-cache isolation breach, cached side (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefix_cache_revealed: Vec<PrefixCacheRevealed>,
     pub incident: IncidentTotals,
     pub evidence: EvidenceRef,
     /// The human-readable versions next to this file.
@@ -196,18 +255,45 @@ pub struct RegisterEntry {
     pub unattributed_responses: u64,
     pub unattributed_source_requests: u64,
     pub notification_packs: Vec<String>,
+    /// Cross-tenant prefix-cache hits (absent when there are none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<RegisterPrefixCache>,
     pub likely_consequences: Vec<String>,
     pub measures_taken: Vec<String>,
     pub evidence: EvidenceRef,
 }
 
+/// The register's figures on cross-tenant prefix-cache hits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RegisterPrefixCache {
+    /// `tenant` (the deployment promises a prefix cache per customer: each
+    /// hit is a prefix-cache isolation breach and its customers are
+    /// notified) or `global` (information only: nobody is notified for
+    /// them).
+    pub scope: String,
+    pub isolation_breach: bool,
+    /// Responses served from another customer's cached prefix.
+    pub responses: u64,
+    /// Distinct requests whose cached prefix served them.
+    pub source_requests: u64,
+    /// Sum over (response, source request) of the tokens served.
+    pub tokens: u64,
+    /// Distinct customers on the reading side and on the cached side.
+    pub reader_customers: u64,
+    pub source_customers: u64,
+    /// Readers or source requests whose customer is not known.
+    pub unattributed: u64,
+}
+
 /// One customer's pack before rendering.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Pack {
     tenant: String,
     folder: String,
     received: Vec<ReceivedResponse>,
     exposed: Vec<ExposedRequest>,
+    served: Vec<PrefixCacheServed>,
+    revealed: Vec<PrefixCacheRevealed>,
 }
 
 /// Result of `notify`.
@@ -396,6 +482,94 @@ pub fn notify(
             e.last_exposure_ns = e.last_exposure_ns.max(s.last_ts_ns);
         }
     }
+    // Cross-tenant prefix-cache hits: notified (both sides) only where the
+    // deployment promised per-tenant prefix caches; counted in the register
+    // either way.
+    let breach = sum.deployment.tenant_prefix_cache();
+    let mut served: BTreeMap<String, BTreeMap<u64, PrefixCacheServed>> = BTreeMap::new();
+    let mut revealed: BTreeMap<String, BTreeMap<u64, PrefixCacheRevealed>> = BTreeMap::new();
+    let reg_pc = (!sum.cross_tenant_shared.is_empty()).then(|| {
+        let mut readers = BTreeSet::new();
+        let mut sources = BTreeSet::new();
+        let mut source_requests = BTreeSet::new();
+        let mut unattributed = BTreeSet::new();
+        let mut tokens = 0u64;
+        for hit in &sum.cross_tenant_shared {
+            match hit.tenant.customer() {
+                Some(t) => {
+                    readers.insert(t.to_string());
+                }
+                None => {
+                    unattributed.insert(hit.request_id);
+                }
+            }
+            for x in &hit.sources {
+                source_requests.insert(x.request_id);
+                tokens = tokens.saturating_add(x.tokens);
+                match x.tenant.customer() {
+                    Some(t) => {
+                        sources.insert(t.to_string());
+                    }
+                    None => {
+                        unattributed.insert(x.request_id);
+                    }
+                }
+            }
+        }
+        RegisterPrefixCache {
+            scope: if breach { "tenant" } else { "global" }.into(),
+            isolation_breach: breach,
+            responses: sum.cross_tenant_shared.len() as u64,
+            source_requests: source_requests.len() as u64,
+            tokens,
+            reader_customers: readers.len() as u64,
+            source_customers: sources.len() as u64,
+            unattributed: unattributed.len() as u64,
+        }
+    });
+    if breach {
+        for hit in &sum.cross_tenant_shared {
+            if let Some(t) = hit.tenant.customer() {
+                served.entry(t.to_string()).or_default().insert(
+                    hit.request_id,
+                    PrefixCacheServed {
+                        request_id: hit.request_id,
+                        external_id: hit.external_id.clone(),
+                        arrival_ns: None,
+                        arrival_utc: None,
+                        output_hash: None,
+                        tokens: hit.tokens,
+                        source_requests: hit.sources.len() as u64,
+                        confidence: "confirmed".into(),
+                    },
+                );
+            }
+            for x in &hit.sources {
+                if x.request_id == ENGINE_REQUEST {
+                    continue;
+                }
+                let Some(t) = x.tenant.customer() else {
+                    continue;
+                };
+                let e = revealed
+                    .entry(t.to_string())
+                    .or_default()
+                    .entry(x.request_id)
+                    .or_insert_with(|| PrefixCacheRevealed {
+                        request_id: x.request_id,
+                        external_id: None,
+                        arrival_ns: None,
+                        arrival_utc: None,
+                        output_hash: None,
+                        tokens: 0,
+                        responses: 0,
+                        confidence: "confirmed".into(),
+                    });
+                e.tokens = e.tokens.saturating_add(x.tokens);
+                e.responses += 1;
+            }
+        }
+    }
     // Source requests' own arrival time and output hash from the index.
     // (tenant, the tenant as requests.csv holds it: no NUL)
     let mut want: HashMap<u64, (String, String)> = HashMap::new();
@@ -403,6 +577,20 @@ pub fn notify(
         for id in m.keys() {
             let in_csv = csv::untext(&csv::text(t)).to_string();
             want.insert(*id, (t.clone(), in_csv));
+        }
+    }
+    for (t, ids) in served
+        .iter()
+        .map(|(t, m)| (t, m.keys().copied().collect::<Vec<_>>()))
+        .chain(
+            revealed
+                .iter()
+                .map(|(t, m)| (t, m.keys().copied().collect::<Vec<_>>())),
+        )
+    {
+        for id in ids {
+            let in_csv = csv::untext(&csv::text(t)).to_string();
+            want.insert(id, (t.clone(), in_csv));
         }
     }
     if !want.is_empty() {
@@ -415,11 +603,35 @@ pub fn notify(
                 e.arrival_utc = Some(utc(row.arrival_ns));
                 e.output_hash = row.output_hash.clone();
             }
+            if let Some((t, in_csv)) = want.get(&row.request_id)
+                && *in_csv == row.tenant
+            {
+                if let Some(e) = served.get_mut(t).and_then(|m| m.get_mut(&row.request_id)) {
+                    e.arrival_ns = Some(row.arrival_ns);
+                    e.arrival_utc = Some(utc(row.arrival_ns));
+                    e.output_hash = row.output_hash.clone();
+                    if e.external_id.is_none() {
+                        e.external_id = row.external_id.clone();
+                    }
+                }
+                if let Some(e) = revealed.get_mut(t).and_then(|m| m.get_mut(&row.request_id)) {
+                    e.arrival_ns = Some(row.arrival_ns);
+                    e.arrival_utc = Some(utc(row.arrival_ns));
+                    e.output_hash = row.output_hash.clone();
+                    e.external_id = row.external_id.clone();
+                }
+            }
             true
         })?;
     }
 
-    let tenants: BTreeSet<String> = received.keys().chain(exposed.keys()).cloned().collect();
+    let tenants: BTreeSet<String> = received
+        .keys()
+        .chain(exposed.keys())
+        .chain(served.keys())
+        .chain(revealed.keys())
+        .cloned()
+        .collect();
     let folders = folder_names(&tenants);
     // One folder per customer, whatever `folder_names` returns: a pack is
     // never written over another customer's.
@@ -439,6 +651,14 @@ pub fn notify(
             folder: format!("customers/{}", folders[t]),
             received: received.remove(t).unwrap_or_default(),
             exposed: exposed
+                .remove(t)
+                .map(|m| m.into_values().collect())
+                .unwrap_or_default(),
+            served: served
+                .remove(t)
+                .map(|m| m.into_values().collect())
+                .unwrap_or_default(),
+            revealed: revealed
                 .remove(t)
                 .map(|m| m.into_values().collect())
                 .unwrap_or_default(),
@@ -468,7 +688,7 @@ pub fn notify(
         Ok(())
     };
     for p in &packs {
-        let notice = ctx.notice(&p.tenant, &p.received, &p.exposed, &ev);
+        let notice = ctx.notice(p, &ev);
         let mut j = serde_json::to_string_pretty(&notice).expect("notice serializes");
         j.push('\n');
         write(&format!("{}/notice.json", p.folder), &j)?;
@@ -487,6 +707,7 @@ pub fn notify(
         packs.iter().map(|p| p.folder.clone()).collect(),
         unattributed_responses,
         unattributed_sources.len() as u64,
+        reg_pc,
     );
     let mut j = serde_json::to_string_pretty(&reg).expect("register serializes");
     j.push('\n');

@@ -2,9 +2,11 @@
 //! One self-contained file (inline CSS, inline SVG charts, one small inline
 //! script for table sorting; a Content-Security-Policy that forbids any
 //! network access): headline numbers, the exposure timeline against total
-//! traffic, the customers on both sides, the mechanism seen in the trace
-//! (prompt_tokens vs prefilled_tokens vs HTTP status), coverage and
-//! confidence, and the evidence (command, tool version, input digests).
+//! traffic, the customers on both sides, cross-tenant prefix-cache hits
+//! (a section of their own, only when there are any), the mechanism seen
+//! in the trace (prompt_tokens vs prefilled_tokens vs HTTP status),
+//! coverage and confidence, and the evidence (command, tool version,
+//! input digests).
 //!
 //! Every string that comes from a trace goes through `fmt::html`. Pure
 //! function of its inputs: no clock, no absolute paths, same bytes for the
@@ -222,7 +224,7 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
         h(&d.engine),
         env!("CARGO_PKG_VERSION")
     );
-    let class = if c.affected_responses > 0 {
+    let class = if r.any_exposure() {
         "bad"
     } else if !cov.complete {
         "warn"
@@ -328,6 +330,9 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
         more(&mut s, MAX_ROWS, r.sources.len(), "tenants.csv");
     }
 
+    // Cross-tenant prefix-cache hits (none: no section at all).
+    prefix_cache(&mut s, r);
+
     // Mechanism.
     mechanism(&mut s, r);
 
@@ -366,6 +371,55 @@ pub fn report_html(r: &ScopeReport, tl: &Timeline, inputs: &Inputs, command: &[S
     evidence(&mut s, inputs, command);
     let _ = writeln!(s, "</main><script>{JS}</script></body></html>");
     s
+}
+
+/// The cross-tenant prefix-cache hits (`cross_tenant_shared`), one row per
+/// reading response: isolation breaches where the deployment promised
+/// per-tenant prefix caches, information otherwise. Nothing is written when
+/// there are none.
+fn prefix_cache(s: &mut String, r: &ScopeReport) {
+    if r.cross_tenant_shared.is_empty() {
+        return;
+    }
+    if r.deployment.tenant_prefix_cache() {
+        let _ = write!(
+            s,
+            "<h2 id=\"prefix-cache\">Prefix-cache isolation breaches</h2><p>The deployment promises a prefix cache per customer (<code>prefix_cache_scope = \"tenant\"</code>), yet <b>{}</b> responses were served from a prefix another customer's request had cached. No other customer's KV entered these responses' attention and no prompt content was disclosed in them; but the cache hit itself (a faster first token) can tell the reader that another customer sent the same prompt prefix: the prefix-cache timing side channel. Each counts as an isolation breach.</p>",
+            r.cross_tenant_shared.len()
+        );
+    } else {
+        let _ = write!(
+            s,
+            "<h2 id=\"prefix-cache\">Cross-tenant prefix-cache hits (information)</h2><p><b>{}</b> responses were served from a prefix another customer's request had cached. The deployment shares its prefix cache across customers (no <code>prefix_cache_scope = \"tenant\"</code> in trace.json), so these are no isolation finding: no other customer's KV entered these responses' attention. Listed because the hit's timing can tell the reader that another customer sent the same prompt prefix.</p>",
+            r.cross_tenant_shared.len()
+        );
+    }
+    s.push_str("<table class=\"sortable\" id=\"prefix-cache-hits\"><thead><tr><th class=\"num\">request</th><th>external id</th><th>customer</th><th class=\"num\">shared tokens</th><th>sources (customer: tokens)</th></tr></thead><tbody>");
+    for hit in r.cross_tenant_shared.iter().take(MAX_ROWS) {
+        let sources: Vec<String> = hit
+            .sources
+            .iter()
+            .map(|x| {
+                format!(
+                    "{}: {} (request {})",
+                    h(&x.tenant.to_string()),
+                    x.tokens,
+                    x.request_id
+                )
+            })
+            .collect();
+        let _ = write!(
+            s,
+            "<tr><td class=\"num\">{}</td><td><code>{}</code></td><td>{}</td>{}<td>{}</td></tr>",
+            hit.request_id,
+            h(hit.external_id.as_deref().unwrap_or("-")),
+            h(&hit.tenant.to_string()),
+            td_num(hit.tokens),
+            sources.join("<br>")
+        );
+    }
+    s.push_str("</tbody></table>\n");
+    more(s, MAX_ROWS, r.cross_tenant_shared.len(), "summary.json");
 }
 
 fn mechanism(s: &mut String, r: &ScopeReport) {

@@ -115,6 +115,41 @@ pub fn human(r: &ScopeReport) -> String {
             )
         );
     }
+    if !r.cross_tenant_shared.is_empty() {
+        let what = if r.deployment.tenant_prefix_cache() {
+            "prefix-cache isolation breaches (prefix_cache_scope is \"tenant\")"
+        } else {
+            "information: prefix_cache_scope is global"
+        };
+        let _ = writeln!(
+            s,
+            "cross-tenant prefix-cache hits: {} responses ({what}); no foreign KV entered them",
+            r.cross_tenant_shared.len()
+        );
+        const SHOW: usize = 10;
+        for h in r.cross_tenant_shared.iter().take(SHOW) {
+            let src: Vec<String> = h
+                .sources
+                .iter()
+                .map(|x| format!("{} ({} tok)", term(&x.tenant.to_string()), x.tokens))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:>10}  {:<16} {:>6} tok  from {}",
+                h.request_id,
+                term(&h.tenant.to_string()),
+                h.tokens,
+                src.join(", ")
+            );
+        }
+        if r.cross_tenant_shared.len() > SHOW {
+            let _ = writeln!(
+                s,
+                "  ... {} more (use --json or --out DIR for all)",
+                r.cross_tenant_shared.len() - SHOW
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "blank reads (integrity defects): {} slots in {} responses",

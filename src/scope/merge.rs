@@ -83,7 +83,7 @@ impl ShardInfo {
         r.verdict = format!(
             "shard of pools {:?} only (pools {rest:?} not analysed; `kvtrail merge` the shards for the incident's verdict): {}",
             self.pools,
-            verdict(&r.counts, &r.coverage)
+            verdict(&r.counts, &r.coverage, r.deployment.tenant_prefix_cache())
         );
     }
 }
@@ -467,13 +467,18 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         spilled_events: sum(|c| c.spilled_events),
         ..Counts::of_findings(&affected, &recipients, &sources)
     };
+    let cross_tenant_shared = merge_shared_hits(parts.iter().map(|(r, _)| r));
+    let counts = Counts {
+        cross_tenant_shared_responses: cross_tenant_shared.len() as u64,
+        ..counts
+    };
     let blank_reads = blank_read_responses
         .iter()
         .fold(0u64, |n, b| n.saturating_add(b.tokens));
     Ok(ScopeReport {
         format: first.format.clone(),
         version: first.version,
-        verdict: verdict(&counts, &cov),
+        verdict: verdict(&counts, &cov, first.deployment.tenant_prefix_cache()),
         deployment: first.deployment.clone(),
         time_window: window,
         counts,
@@ -482,7 +487,37 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
         sources,
         blank_reads,
         blank_read_responses,
+        cross_tenant_shared,
         anomalies: first.anomalies.clone(),
         coverage: cov,
     })
+}
+
+/// The shards' cross-tenant prefix-cache hits as one list: shards report
+/// disjoint pools, so a response's tokens, and each source's, add up.
+fn merge_shared_hits<'a>(reports: impl Iterator<Item = &'a ScopeReport>) -> Vec<SharedHit> {
+    let mut by_reader: BTreeMap<u64, SharedHit> = BTreeMap::new();
+    for r in reports {
+        for h in &r.cross_tenant_shared {
+            let m = by_reader.entry(h.request_id).or_insert_with(|| SharedHit {
+                request_id: h.request_id,
+                external_id: h.external_id.clone(),
+                tenant: h.tenant.clone(),
+                tokens: 0,
+                sources: Vec::new(),
+            });
+            m.tokens = m.tokens.saturating_add(h.tokens);
+            for s in &h.sources {
+                match m.sources.iter_mut().find(|x| x.request_id == s.request_id) {
+                    Some(x) => x.tokens = x.tokens.saturating_add(s.tokens),
+                    None => m.sources.push(s.clone()),
+                }
+            }
+        }
+    }
+    let mut hits: Vec<SharedHit> = by_reader.into_values().collect();
+    for h in &mut hits {
+        h.sources.sort_by_key(|s| s.request_id);
+    }
+    hits
 }

@@ -25,17 +25,55 @@ use rayon::prelude::*;
 pub use model::*;
 
 use crate::error::Result;
-use crate::lineage::exposure::{PoolSets, count};
+use crate::lineage::exposure::{PoolSets, TenantKeys, TenantKeysSource, count};
 use crate::lineage::{LineageOptions, LineageOutcome, run};
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
+use crate::trace::index::RequestIndex;
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, footer_rows, rel_path};
 
 /// Replays a trace and scopes the result.
 pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
-    let outcome = run(trace, opts, reporter)?;
+    let opts = LineageOptions {
+        tenants: Some(tenant_source(trace)),
+        ..opts.clone()
+    };
+    let outcome = run(trace, &opts, reporter)?;
     scope_outcome(trace, &outcome, reporter)
+}
+
+/// The requests' tenants, read when the replay meets its first shared read
+/// of another request's KV (a replay without prefix hits never reads
+/// them). A requests table that cannot be read gives no keys here (every
+/// shared read is kept); `scope_outcome` reads it again and reports why.
+pub fn tenant_source(trace: &Trace) -> TenantKeysSource {
+    let trace = trace.clone();
+    TenantKeysSource::new(move || {
+        crate::trace::index::load_request_index(&trace)
+            .map(|index| tenant_keys(&index))
+            .unwrap_or_default()
+    })
+}
+
+/// The requests table, through the shared request index (a duplicate
+/// request_id is bad input there, for every analysis).
+pub fn requests(trace: &Trace, reporter: &dyn Reporter) -> Result<RequestIndex> {
+    reporter.start("requests", trace.request_files.len() as u64);
+    let index = crate::trace::index::load_request_index(trace)?;
+    reporter.advance(trace.request_files.len() as u64);
+    reporter.finish();
+    Ok(index)
+}
+
+/// Each request's tenant as a key, for the replay to drop shared reads
+/// within one tenant as they arrive.
+pub fn tenant_keys(index: &RequestIndex) -> TenantKeys {
+    let mut k = TenantKeys::default();
+    for r in index.rows() {
+        k.insert(r.request_id, r.tenant);
+    }
+    k
 }
 
 fn tenant_of(id: u64, reqs: &HashMap<u64, RequestRecord>) -> Tenant {
@@ -63,6 +101,17 @@ pub fn scope_outcome(
     outcome: &LineageOutcome,
     reporter: &dyn Reporter,
 ) -> Result<ScopeReport> {
+    let index = requests(trace, reporter)?;
+    scope_outcome_with(trace, outcome, &index, reporter)
+}
+
+/// Builds the report from a replay outcome and the trace's request index.
+pub fn scope_outcome_with(
+    trace: &Trace,
+    outcome: &LineageOutcome,
+    index: &RequestIndex,
+    reporter: &dyn Reporter,
+) -> Result<ScopeReport> {
     let m = &trace.manifest;
     let clean_capture = m.capture.complete;
     // Requests involved in any finding, as readers or sources.
@@ -74,13 +123,11 @@ pub fn scope_outcome(
         involved.insert(r);
         involved.extend(ra.sources.keys().copied());
     }
+    for (&r, by_source) in &outcome.exposures.shared {
+        involved.insert(r);
+        involved.extend(by_source.keys().copied());
+    }
     involved.remove(&ENGINE_REQUEST);
-    // The requests table, through the shared request index (a duplicate
-    // request_id is bad input there, for every analysis).
-    reporter.start("requests", trace.request_files.len() as u64);
-    let index = crate::trace::index::load_request_index(trace)?;
-    reporter.advance(trace.request_files.len() as u64);
-    reporter.finish();
     let mut reqs: HashMap<u64, RequestRecord> = HashMap::new();
     let mut anomalies = Vec::new();
     let n_requests = index.len() as u64;
@@ -201,6 +248,8 @@ pub fn scope_outcome(
         });
     }
 
+    let shared_hits = cross_tenant_shared(&outcome.exposures, &reqs);
+
     // Tenants on both sides.
     let (recipients, sources) = tenants(&affected);
 
@@ -224,17 +273,19 @@ pub fn scope_outcome(
         read_slots: outcome.counters.read_slots,
         anomalies: anomalies.len() as u64,
         spilled_events: outcome.spilled_events,
+        cross_tenant_shared_responses: shared_hits.len() as u64,
         ..Counts::of_findings(&affected, &recipients, &sources)
     };
     let blank_reads = blank_responses
         .iter()
         .fold(0u64, |n, b| n.saturating_add(b.tokens));
-    let verdict = verdict(&counts, &cov);
+    let deployment = DeploymentInfo::from(m);
+    let verdict = verdict(&counts, &cov, deployment.tenant_prefix_cache());
     Ok(ScopeReport {
         format: "kvtrail-scope".into(),
         version: 1,
         verdict,
-        deployment: DeploymentInfo::from(m),
+        deployment,
         time_window: window,
         counts,
         affected_responses: affected,
@@ -242,9 +293,58 @@ pub fn scope_outcome(
         sources,
         blank_reads,
         blank_read_responses: blank_responses,
+        cross_tenant_shared: shared_hits,
         anomalies,
         coverage: cov,
     })
+}
+
+/// The responses that read another tenant's KV through a prefix-cache hit,
+/// by request id; a source counts when its tenant differs from the
+/// reader's or either is unknown (as for foreign reads).
+fn cross_tenant_shared(
+    ex: &crate::lineage::Exposures,
+    reqs: &HashMap<u64, RequestRecord>,
+) -> Vec<SharedHit> {
+    let mut readers: Vec<u64> = ex.shared.keys().copied().collect();
+    readers.sort_unstable();
+    let mut hits = Vec::new();
+    for r in readers {
+        if r == ENGINE_REQUEST {
+            continue;
+        }
+        let tenant = tenant_of(r, reqs);
+        let by_source = &ex.shared[&r];
+        let mut srcs: Vec<u64> = by_source.keys().copied().collect();
+        srcs.sort_unstable();
+        let mut sources = Vec::new();
+        let mut all: Vec<&PoolSets> = Vec::new();
+        for s in srcs {
+            let st = tenant_of(s, reqs);
+            let cross = s != ENGINE_REQUEST
+                && (st != tenant || st == Tenant::Unknown || tenant == Tenant::Unknown);
+            if !cross {
+                continue;
+            }
+            all.push(&by_source[&s]);
+            sources.push(SharedSource {
+                request_id: s,
+                tenant: st,
+                tokens: count(&by_source[&s]),
+            });
+        }
+        if sources.is_empty() {
+            continue;
+        }
+        hits.push(SharedHit {
+            request_id: r,
+            external_id: reqs.get(&r).and_then(|x| x.external_id.clone()),
+            tenant,
+            tokens: union(&all),
+            sources,
+        });
+    }
+    hits
 }
 
 /// What trace.json and the files on disk say about the evidence, before
@@ -565,7 +665,7 @@ pub fn file_notes(c: &Coverage) -> Vec<String> {
     n
 }
 
-pub(crate) fn verdict(c: &Counts, cov: &Coverage) -> String {
+pub(crate) fn verdict(c: &Counts, cov: &Coverage, tenant_prefix_cache: bool) -> String {
     let evidence = if cov.complete {
         "the evidence is complete".to_string()
     } else {
@@ -574,17 +674,36 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage) -> String {
             cov.notes.len()
         )
     };
+    let hits = c.cross_tenant_shared_responses;
+    let hits_note = if hits == 0 {
+        String::new()
+    } else if tenant_prefix_cache {
+        format!(
+            "{hits} prefix-cache isolation breaches (responses that hit another tenant's cached \
+             prefix although prefix_cache_scope is \"tenant\")"
+        )
+    } else {
+        format!(
+            "{hits} responses hit another tenant's cached prefix (cross-tenant shared: \
+             information, prefix_cache_scope is global)"
+        )
+    };
     if c.affected_responses == 0 {
-        if cov.complete {
-            format!("no exposure found; {evidence}")
+        if hits > 0 && tenant_prefix_cache {
+            format!("{hits_note}; no foreign KV read; {evidence}")
+        } else if cov.complete {
+            let sep = if hits > 0 { "; " } else { "" };
+            format!("no exposure found{sep}{hits_note}; {evidence}")
         } else {
+            let sep = if hits > 0 { "; " } else { "" };
             format!(
-                "no exposure found in the recorded events, but {evidence}: exposure cannot be ruled out"
+                "no exposure found in the recorded events{sep}{hits_note}, but {evidence}: exposure cannot be ruled out"
             )
         }
     } else {
+        let sep = if hits > 0 { "; " } else { "" };
         format!(
-            "{} responses affected ({} confirmed, {} possible, {} cross-tenant); {evidence}",
+            "{} responses affected ({} confirmed, {} possible, {} cross-tenant){sep}{hits_note}; {evidence}",
             c.affected_responses,
             c.confirmed_responses,
             c.possible_responses,

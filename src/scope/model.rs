@@ -181,6 +181,29 @@ pub struct BlankReads {
     pub tokens: u64,
 }
 
+/// A response that read another tenant's KV through a prefix-cache hit (a
+/// shared read: no foreign KV entered its attention, but the hit tells it,
+/// through timing, that another tenant sent that prefix).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedHit {
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
+    pub tenant: Tenant,
+    /// Distinct (pool, slot) read as shared from other tenants' KV.
+    pub tokens: u64,
+    pub sources: Vec<SharedSource>,
+}
+
+/// Whose cached KV a [`SharedHit`] read, per source request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedSource {
+    pub request_id: u64,
+    pub tenant: Tenant,
+    /// Distinct (pool, slot) of this source's KV read as shared.
+    pub tokens: u64,
+}
+
 /// A request-level anomaly visible without KV events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Anomaly {
@@ -274,6 +297,9 @@ pub struct DeploymentInfo {
     pub capture_writer: String,
     pub capture_started_ns: i64,
     pub capture_ended_ns: i64,
+    /// `deployment.prefix_cache_scope` of trace.json, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_scope: Option<crate::trace::manifest::PrefixCacheScope>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -308,7 +334,14 @@ impl DeploymentInfo {
             capture_writer: m.capture.writer.clone(),
             capture_started_ns: m.capture.started_ns,
             capture_ended_ns: m.capture.ended_ns,
+            prefix_cache_scope: d.prefix_cache_scope,
         }
+    }
+
+    /// Whether the operator promised per-tenant prefix caches: then a
+    /// cross-tenant shared read is an isolation finding.
+    pub fn tenant_prefix_cache(&self) -> bool {
+        self.prefix_cache_scope == Some(crate::trace::manifest::PrefixCacheScope::Tenant)
     }
 }
 
@@ -345,6 +378,10 @@ pub struct Counts {
     pub confirmed_responses: u64,
     pub possible_responses: u64,
     pub cross_tenant_responses: u64,
+    /// Responses with a prefix-cache hit on another tenant's KV
+    /// (`cross_tenant_shared`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cross_tenant_shared_responses: u64,
     pub foreign_tokens: u64,
     pub recipient_tenants: u64,
     pub source_tenants: u64,
@@ -396,8 +433,27 @@ pub struct ScopeReport {
     /// Distinct (response, pool, slot) read blank: integrity defects.
     pub blank_reads: u64,
     pub blank_read_responses: Vec<BlankReads>,
+    /// Responses that read another tenant's KV through a prefix-cache hit,
+    /// by request id (absent when there are none). With
+    /// `prefix_cache_scope = "tenant"` each is an isolation finding.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cross_tenant_shared: Vec<SharedHit>,
     pub anomalies: Vec<Anomaly>,
     pub coverage: Coverage,
+}
+
+impl ScopeReport {
+    /// Responses that count as exposure for verdicts, exit codes and
+    /// notifications: the affected ones, plus the cross-tenant prefix-cache
+    /// hits where the deployment promised per-tenant prefix caches.
+    pub fn exposed_responses(&self) -> u64 {
+        let hits = if self.deployment.tenant_prefix_cache() {
+            self.cross_tenant_shared.len() as u64
+        } else {
+            0
+        };
+        self.affected_responses.len() as u64 + hits
+    }
 }
 
 impl ScopeReport {
@@ -427,9 +483,11 @@ impl ScopeReport {
         Ok(r)
     }
 
-    /// Whether anything is affected (confirmed or possible).
+    /// Whether anything counts as exposure (`--fail-on-exposure`): an
+    /// affected response (confirmed or possible), or a cross-tenant
+    /// prefix-cache hit where the deployment promised per-tenant caches.
     pub fn any_exposure(&self) -> bool {
-        !self.affected_responses.is_empty()
+        self.exposed_responses() > 0
     }
 }
 

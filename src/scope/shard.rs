@@ -59,6 +59,7 @@ impl ScopeRun {
             spill_dir: None,
             chunk: None,
             pools: pools.clone(),
+            tenants: Some(super::tenant_source(&self.trace)),
         };
         let outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;

@@ -129,6 +129,7 @@ pub fn deployment(cfg: &SimConfig) -> Deployment {
         engine: cfg.engine.name().into(),
         context_window: cfg.context_window,
         pools,
+        prefix_cache_scope: None,
         extra,
     }
 }

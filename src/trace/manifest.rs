@@ -136,8 +136,71 @@ pub struct Deployment {
     pub engine: String,
     pub context_window: u64,
     pub pools: Vec<Pool>,
+    /// Who may hit whose cached prefixes: `global` (the default) or
+    /// `tenant` (the operator promises per-tenant prefix caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_scope: Option<PrefixCacheScope>,
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `deployment.prefix_cache_scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefixCacheScope {
+    /// Any request may hit any cached prefix.
+    Global,
+    /// Prefix caches are isolated per tenant (e.g. a per-tenant cache
+    /// salt): a hit on another tenant's KV is an isolation finding.
+    Tenant,
+}
+
+impl PrefixCacheScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixCacheScope::Global => "global",
+            PrefixCacheScope::Tenant => "tenant",
+        }
+    }
+}
+
+impl Deployment {
+    /// Whether the operator promised per-tenant prefix caches.
+    pub fn tenant_prefix_cache(&self) -> bool {
+        self.prefix_cache_scope == Some(PrefixCacheScope::Tenant)
+    }
+}
+
+/// The closed sets of trace.json's deployment (pool roles, the prefix-cache
+/// scope), checked before the full shape so that a wrong value is named by
+/// its key, not by serde's position in the text.
+fn check_enums(dep: &serde_json::Value, path: &Path, prefix: &str) -> Result<()> {
+    const ROLES: [&str; 4] = ["prefill", "decode", "mixed", "cache"];
+    if let Some(pools) = dep.get("pools").and_then(|p| p.as_array()) {
+        for (i, p) in pools.iter().enumerate() {
+            match p.get("role") {
+                Some(serde_json::Value::String(r)) if ROLES.contains(&r.as_str()) => {}
+                Some(v) => {
+                    return Err(Error::invalid(
+                        Location::file(path).column(&format!("{prefix}pools[{i}].role")),
+                        format!("unknown pool role {v}"),
+                        "a pool's role is one of prefill, decode, mixed, cache (docs/trace-format.md)",
+                    ));
+                }
+                None => {}
+            }
+        }
+    }
+    match dep.get("prefix_cache_scope") {
+        None | Some(serde_json::Value::Null) => Ok(()),
+        Some(serde_json::Value::String(s)) if s == "global" || s == "tenant" => Ok(()),
+        Some(v) => Err(Error::invalid(
+            Location::file(path).column(&format!("{prefix}prefix_cache_scope")),
+            format!("prefix_cache_scope is {v}, expected \"global\" or \"tenant\""),
+            "global: any request may hit any cached prefix (the default); tenant: prefix caches \
+             are isolated per tenant (docs/trace-format.md)",
+        )),
+    }
 }
 
 impl Deployment {
@@ -157,6 +220,7 @@ impl Deployment {
         if value.get("deployment").is_some() {
             return Ok(Manifest::from_value(value, path)?.deployment);
         }
+        check_enums(&value, path, "")?;
         let dep: Deployment = serde_json::from_value(value).map_err(|e| {
             Error::invalid(
                 Location::file(path),
@@ -328,6 +392,9 @@ impl Manifest {
                     ),
                 ));
             }
+        }
+        if let Some(dep) = value.get("deployment") {
+            check_enums(dep, path, "deployment.")?;
         }
         let mut m: Manifest = serde_json::from_value(value).map_err(|e| {
             Error::invalid(

@@ -23,7 +23,18 @@ expected.json keys (all optional except name/why):
             "notes": [fragments of coverage.notes],
             "blank_reads": true|false (some blank read reported or none),
             "requests_missing": [ids] (coverage.requests_missing),
-            "anomalies": [kinds that must be reported]}
+            "anomalies": [kinds that must be reported],
+            "cross_tenant_shared": {request_id: {"tokens", "sources": {source_id: tokens}}}
+                (exactly the responses listed in scope's `cross_tenant_shared`),
+            "prefix_cache_breach": bool (scope's verdict names a prefix-cache
+                isolation breach or not)}
+  refused_by: [[command, args...]]: other commands that replay the trace and
+           must refuse it like scope (exit 2, the same stderr fragments);
+           the trace is the last argument, or `{trace}` where given.
+
+Cases that need revision 2's scope output (`cross_tenant_shared`,
+`deployment.prefix_cache_scope`) are in a separate list at the end, written
+only when REV2_SCOPE_OUTPUT is True (or KVTRAIL_CONFORMANCE_REV2_SCOPE=1).
   digests: the manifest's "__BLAKE3__" placeholders are to be replaced by
            the file's real blake3 (Python has no blake3 here; the Rust test
            fills them in with the blake3 crate before running anything).
@@ -88,7 +99,8 @@ def pools(*specs):
 PD = pools((0, "prefill", 64, 4), (1, "decode", 64, 4))
 
 
-def manifest(pool_list=PD, complete=True, from_start=True, files=True, **extra):
+def manifest(pool_list=PD, complete=True, from_start=True, files=True, deployment_extra=None,
+             **extra):
     cap = {"writer": "independent-pyarrow", "started_ns": T0, "ended_ns": T0 + 10**9,
            "complete": complete}
     if from_start is not None:
@@ -100,6 +112,7 @@ def manifest(pool_list=PD, complete=True, from_start=True, files=True, **extra):
                        "context_window": 4096, "pools": pool_list},
         "capture": cap,
     }
+    m["deployment"].update(deployment_extra or {})
     if files:
         m["files"] = "AUTO"
     m.update(extra)
@@ -549,7 +562,7 @@ case("manifest_minimal_keys",
 case("manifest_version_2", "An unknown version is an error",
      manifest(version=2), base_events(), REQS3, verify=2, inspect=2,
      scope=dict(exit=2, stderr=["trace.json", "version"]))
-case("manifest_unknown_role", "role is one of prefill, decode, mixed",
+case("manifest_unknown_role", "role is one of prefill, decode, mixed, or cache",
      manifest(pools(( 0, "prefill", 64, 4), (1, "router", 64, 4))), base_events(), REQS3,
      inspect=2, scope=dict(exit=2, stderr=["trace.json"]))
 case("manifest_incomplete_capture",
@@ -1367,6 +1380,267 @@ case("bad_files_path_outside_the_trace",
      "(a reader must not be led to hash files elsewhere)",
      None, layout=with_files(outside), verify=2, inspect=2,
      scope=dict(exit=2, stderr=["trace.json", "files[", "does not name a file inside the trace"]))
+
+
+# ============================================================ revision 2
+# One case per sentence of revision 2 (docs/trace-format.md, "Revision 2"):
+# alloc makes content stale, a share grants only current content, copies
+# carry the current/stale bit, copies both ways between pools when causal,
+# the `cache` role, engine reads in a cache pool.
+
+# Pools of a device with a host tier: decode pool 1 offloads to cache pool 2.
+TIERED = pools((0, "prefill", 64, 4), (1, "decode", 64, 4), (2, "cache", 128, 4))
+
+
+def s_alloc_makes_stale():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0); s(1, "free", 4, 4)
+    s(3, "alloc", 4, 4)  # R3 holds the slots but never writes them
+    s(2, "share", 4, 4, 0); s(2, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_alloc_makes_stale",
+    "alloc: content is unchanged and becomes stale; a grant on stale content covers nothing "
+    "(cache poisoning): the read is foreign, its source the earlier writer R1",
+    s_alloc_makes_stale, exit=0, affected=foreign(2, {1: 4}), coverage_complete=True)
+
+
+def s_alloc_same_owner_stale():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0); s(1, "free", 4, 4)
+    s(1, "alloc", 4, 4)  # held again by the same request, not rewritten
+    s(1, "read", 4, 4, 0)
+    s(2, "share", 4, 4, 0); s(2, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_alloc_stale_for_the_same_owner",
+    "alloc: content predates this holding, whoever wrote it: R1's own read stays own, but a "
+    "grant on it covers nothing (foreign for R2, source R1)",
+    s_alloc_same_owner_stale, exit=0, affected=foreign(2, {1: 4}), coverage_complete=True)
+
+
+def s_write_after_alloc():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0); s(1, "free", 4, 4)
+    s(3, "alloc", 4, 4); s(3, "write", 4, 4, 0)
+    s(2, "share", 4, 4, 0); s(2, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_write_after_alloc_current",
+    "write: the content owner becomes the request and the slot is current; a grant on it covers "
+    "the read (shared, clean)",
+    s_write_after_alloc, **clean())
+
+
+def s_grant_partly_stale():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0)
+    s(3, "alloc", 6, 2)  # slots 6, 7 now stale
+    s(2, "share", 4, 4, 0); s(2, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_grant_covers_only_current_slots",
+    "the grant covers the content the slots hold at the grant, and only if that content is "
+    "current: per slot, 4-5 shared, 6-7 foreign (source R1)",
+    s_grant_partly_stale, exit=0, affected=foreign(2, {1: 2}), coverage_complete=True)
+
+
+def s_scrub_current():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0); s(1, "free", 4, 4)
+    s(3, "alloc", 4, 4)  # stale R1 content
+    s(0, "scrub", 4, 4)  # cleared: no owner, current
+    s(2, "share", 4, 4, 0); s(2, "read", 4, 4, 0)
+    s(3, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_scrub_current",
+    "scrub: the slots are cleared; afterwards they have no owner and are current: the stale R1 "
+    "content is gone, reads are blank (no foreign read, no source)",
+    s_scrub_current, **clean(blank_reads=True))
+
+
+def s_copy_carries(stale):
+    def build():
+        p0, p1 = Stream(0), Stream(1)
+        p0(1, "alloc", 4, 4); w = p0(1, "write", 4, 4, 0)
+        if stale:
+            p0(1, "free", 4, 4)
+            w = p0(2, "alloc", 4, 4)  # R2's placeholder holds the pages, never writes them
+        p1(2, "alloc", 8, 4); p1(2, "write", 8, 4, 0, src=(0, 4, w))
+        p1(3, "share", 8, 4, 0); p1(3, "read", 8, 4, 0)
+        return p0.events + p1.events
+    return build
+
+
+sem("sem_copy_carries_stale",
+    "write with src: each destination slot takes the content owner AND the current/stale state "
+    "of the source slot; a transfer of pages a placeholder never wrote carries stale KV, so a "
+    "grant downstream covers nothing: R3's read is foreign (source R1)",
+    s_copy_carries(True), exit=0, affected=foreign(3, {1: 4}), coverage_complete=True)
+sem("sem_copy_carries_current",
+    "write with src: current source content stays current at the destination; a grant on it "
+    "covers the read (shared, clean)",
+    s_copy_carries(False), **clean())
+
+
+def s_grant_keeps_what_it_saw():
+    s = Stream(1)
+    s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0)
+    s(2, "share", 4, 4, 0)
+    s(1, "free", 4, 4); s(3, "alloc", 4, 4)  # stale now, but not written
+    s(2, "read", 4, 4, 0)
+    return s.events
+
+
+sem("sem_grant_keeps_what_it_saw",
+    "a grant given on current content holds until the slot is written again; a later alloc "
+    "without a write is no write: still shared (clean)",
+    s_grant_keeps_what_it_saw, **clean())
+
+
+def s_both_ways():
+    p1, p2 = Stream(1), Stream(2)
+    p1(1, "alloc", 4, 4); a = p1(1, "write", 4, 4, 0); p1(1, "read", 4, 4, 0)
+    # the engine offloads R1's pages to the host tier ...
+    p2(0, "alloc", 0, 4); b = p2(0, "write", 0, 4, src=(1, 4, a))
+    p1(1, "free", 4, 4)
+    p1(2, "alloc", 4, 4); p1(2, "write", 4, 4, 0); p1(2, "read", 4, 4, 0)
+    # ... and loads them back into fresh device pages
+    p1(0, "alloc", 12, 4); p1(0, "write", 12, 4, src=(2, 0, b))
+    p1(3, "share", 12, 4, 0); p1(3, "read", 12, 4, 0)  # prefix hit on the loaded pages
+    p1(1, "read", 12, 4, 0)                            # R1's own KV, back from the tier
+    p1(2, "read", 12, 4, 0)                            # R2: no grant
+    return p1.events + p2.events
+
+
+case("sem_copies_both_ways_causal",
+     "Pools may copy to each other in both directions (a device pool offloading to a `cache` "
+     "pool and loading back) when causal: provenance and the current bit follow both copies; "
+     "R3's grant covers R1's reloaded KV (shared), R1 reads its own, R2 without a grant reads "
+     "R1's (foreign, source R1)",
+     manifest(TIERED), s_both_ways(), REQS3, verify=0, inspect=0,
+     scope=dict(exit=0, affected=foreign(2, {1: 4}), coverage_complete=True))
+
+
+def s_wait_on_each_other():
+    p1, p2 = Stream(1), Stream(2)
+    p1(1, "write", 4, 4, 0)
+    p1(0, "write", 12, 4, src=(2, 0, 1))  # reads pool 2 as of its seq 1 ...
+    p2(0, "alloc", 0, 4)
+    p2(0, "write", 0, 4, src=(1, 4, 1))   # ... which reads pool 1 as of this seq 1
+    return p1.events + p2.events
+
+
+case("sem_copies_wait_on_each_other",
+     "a set of copies that wait on each other with no possible order is an error: the replay "
+     "refuses it naming both rows (scope, audit, diff; counterfactual too, on traces of the "
+     "reference model it can re-run); verify and inspect check structure only",
+     manifest(TIERED), s_wait_on_each_other(), REQS3, verify=0, inspect=0,
+     scope=dict(exit=2, stderr=["wait on each other", "kv/pool=1/part-00000.parquet",
+                                "kv/pool=2/part-00000.parquet", "row 1", "src_seq"]),
+     refused_by=[["audit"], ["diff", "{trace}", "{trace}"]])
+
+
+def s_engine_reads_cache():
+    p1, p2 = Stream(1), Stream(2)
+    p1(1, "alloc", 4, 4); a = p1(1, "write", 4, 4, 0)
+    p2(0, "alloc", 0, 4); p2(0, "write", 0, 4, src=(1, 4, a))
+    p2(0, "read", 0, 4)   # the engine reads the tier (a load, an eviction to disk)
+    p1(1, "free", 4, 4)
+    p1(0, "read", 4, 4)   # and the device pages it offloaded from
+    return p1.events + p2.events
+
+
+case("sem_engine_reads_affect_no_response",
+     "Reads by request 0 (the engine itself: tier offload and load, eviction) affect no "
+     "response, also in a `cache` pool",
+     manifest(TIERED), s_engine_reads_cache(), REQS3, verify=0, inspect=0,
+     scope=clean(notes=["request 0"]))
+
+
+def s_no_alloc():
+    p0, p1 = Stream(0), Stream(1)
+    w = p0(1, "write", 4, 8, 0)
+    p1(1, "write", 4, 8, 0, src=(0, 4, w))
+    p1(2, "share", 4, 4, 0)
+    p1(1, "free", 4, 8)
+    p1(3, "write", 8, 2, 0)
+    p1(2, "read", 4, 8, 0)
+    return p0.events + p1.events
+
+
+sem("sem_no_alloc_same_as_rev1",
+    "where a trace has no alloc events the results are the same as under revision 1: every "
+    "written slot is current; 4-7 shared, 8-9 foreign R3, 10-11 foreign R1",
+    s_no_alloc, exit=0, affected=foreign(2, {1: 2, 3: 2}), coverage_complete=True)
+
+case("manifest_role_cache",
+     "role is one of prefill, decode, mixed, or cache (a tier that only holds copies)",
+     manifest(TIERED), base_events(), REQS3, verify=0, scope=BASE)
+
+
+# ------------------------------------- waiting for scope's revision-2 output
+# Cases of revision 2 that need `cross_tenant_shared` in `scope --json` and
+# `deployment.prefix_cache_scope` handling. Flip to True once scope has
+# them (or set KVTRAIL_CONFORMANCE_REV2_SCOPE=1 to try them before).
+REV2_SCOPE_OUTPUT = True
+
+
+def s_shared_hit(reader):
+    def build():
+        s = Stream(1)
+        s(1, "alloc", 4, 4); s(1, "write", 4, 4, 0)
+        s(reader, "share", 4, 4, 0); s(reader, "read", 4, 4, 0)
+        return s.events
+    return build
+
+
+def rev2_scope_cases():
+    cts = {"2": {"tokens": 4, "sources": {"1": 4}}}
+    sem("sem_cross_tenant_shared_listed_apart",
+        "a shared read whose content owner belongs to another tenant is cross-tenant shared: "
+        "listed apart (cross_tenant_shared, tokens per source request), no affected response",
+        s_shared_hit(2), exit=0, affected={}, coverage_complete=True, cross_tenant_shared=cts)
+    sem("sem_same_tenant_shared_not_listed",
+        "a shared read of the same tenant's KV is no cross-tenant shared read",
+        s_shared_hit(4), reqs=REQS3 + [req(4, "acme")], exit=0, affected={},
+        coverage_complete=True, cross_tenant_shared={})
+    sem("sem_shared_of_reloaded_kv_cross_tenant",
+        "content loaded by the engine keeps its owner: a grant on it is cross-tenant shared "
+        "when that owner is another tenant", lambda: s_both_ways(), pool_list=TIERED, exit=0,
+        affected=foreign(2, {1: 4}), coverage_complete=True,
+        cross_tenant_shared={"3": {"tokens": 4, "sources": {"1": 4}}})
+    for scope_value, exp in [
+        ("global", dict(exit=0, affected={}, cross_tenant_shared=cts, prefix_cache_breach=False)),
+        # Whether the breach is also in affected_responses (with its own
+        # reason) is the scope report's choice: not checked here.
+        ("tenant", dict(exit=0, cross_tenant_shared=cts, prefix_cache_breach=True)),
+    ]:
+        case(f"sem_prefix_cache_scope_{scope_value}",
+             f"prefix_cache_scope {scope_value}: "
+             + ("cross-tenant shared reads are listed apart, no exposure" if scope_value == "global"
+                else "each cross-tenant shared read is an isolation finding, named a prefix-cache "
+                     "isolation breach and kept apart from foreign reads"),
+             manifest(deployment_extra={"prefix_cache_scope": scope_value}), s_shared_hit(2)(),
+             REQS3, verify=0, scope=exp)
+    case("manifest_prefix_cache_scope_absent_is_global",
+         "prefix_cache_scope is optional; absent means global", manifest(), s_shared_hit(2)(),
+         REQS3, verify=0,
+         scope=dict(exit=0, affected={}, cross_tenant_shared=cts, prefix_cache_breach=False))
+    case("manifest_prefix_cache_scope_unknown_value",
+         "prefix_cache_scope is global or tenant: any other value is an error naming the key",
+         manifest(deployment_extra={"prefix_cache_scope": "per-user"}), base_events(), REQS3,
+         verify=2, inspect=2, scope=dict(exit=2, stderr=["trace.json", "prefix_cache_scope"]))
+
+
+if REV2_SCOPE_OUTPUT or os.environ.get("KVTRAIL_CONFORMANCE_REV2_SCOPE") == "1":
+    rev2_scope_cases()
 
 for c in CASES:
     finish(*c)

@@ -205,6 +205,7 @@ fn write(spec: &Spec, dir: &Path) -> Option<Vec<String>> {
                 extra: Default::default(),
             })
             .collect(),
+        prefix_cache_scope: None,
         extra: Default::default(),
     };
     let opts = RecorderOptions {

@@ -14,7 +14,13 @@
 //! .ci/setup.d/60-notebooks.sh (pyarrow + DuckDB). Without it the test
 //! FAILS when `CI` is set and says it skips otherwise.
 //!
+//! Cases marked `refused_by` are also run through the other commands that
+//! replay a trace (audit, diff), which must refuse them as
+//! scope does.
+//!
 //! `KVTRAIL_CONFORMANCE_CASE=substring` runs only the matching cases;
+//! `KVTRAIL_CONFORMANCE_REV2_SCOPE=1` adds the cases that wait for scope's
+//! revision-2 output (see the end of make_traces.py);
 //! `KVTRAIL_CONFORMANCE_BIN=path` checks another kvtrail build.
 //!
 //! Index:
@@ -86,6 +92,37 @@ fn check(case_dir: &Path) -> Vec<String> {
                     "{cmd}: exit {} (expected {code})\n{}{}",
                     r.code, r.stdout, r.stderr
                 ));
+            }
+        }
+    }
+    // Other commands that replay the trace and must refuse it too (exit 2,
+    // with the scope error's fragments): `{trace}` in an argument is the
+    // case's trace.
+    for args in exp["refused_by"].as_array().into_iter().flatten() {
+        let args: Vec<String> = args
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().replace("{trace}", t))
+            .collect();
+        let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        if !args.iter().any(|a| a == t) {
+            argv.push(t);
+        }
+        let r = kvtrail(&argv);
+        if r.code != 2 || r.stderr.contains("panicked") {
+            fail(format!(
+                "{}: exit {} (expected 2)\n{}{}",
+                argv.join(" "),
+                r.code,
+                r.stdout,
+                r.stderr
+            ));
+        }
+        for frag in exp["scope"]["stderr"].as_array().into_iter().flatten() {
+            let frag = frag.as_str().unwrap();
+            if !r.stderr.contains(frag) {
+                fail(format!("{}: error lacks {frag:?}: {}", argv[0], r.stderr));
             }
         }
     }
@@ -171,6 +208,17 @@ fn check(case_dir: &Path) -> Vec<String> {
             }
         }
     }
+    if let Some(want) = sc.get("cross_tenant_shared").and_then(Value::as_object) {
+        check_cross_tenant_shared(&rep, want, &mut fail);
+    }
+    if let Some(breach) = sc.get("prefix_cache_breach").and_then(Value::as_bool) {
+        let verdict = rep["verdict"].as_str().unwrap_or("").to_lowercase();
+        if verdict.contains("prefix-cache") != breach {
+            fail(format!(
+                "verdict {verdict:?}: a prefix-cache isolation breach expected: {breach}"
+            ));
+        }
+    }
     if let Some(v) = sc.get("coverage_complete")
         && &rep["coverage"]["complete"] != v
     {
@@ -210,6 +258,67 @@ fn check(case_dir: &Path) -> Vec<String> {
         }
     }
     bad
+}
+
+/// `cross_tenant_shared` of `scope --json`: the responses whose shared
+/// reads hit another tenant's KV, each with its tokens and the tokens per
+/// source request, exactly as `want` (request id -> {tokens, sources}).
+fn check_cross_tenant_shared(
+    rep: &Value,
+    want: &serde_json::Map<String, Value>,
+    fail: &mut impl FnMut(String),
+) {
+    // Absent when there are none (so reports of traces without such hits
+    // keep their bytes); present, it is a list.
+    let none = Vec::new();
+    let got = match &rep["cross_tenant_shared"] {
+        Value::Null => &none,
+        Value::Array(a) => a,
+        other => {
+            fail(format!(
+                "scope --json: cross_tenant_shared is not a list: {other}"
+            ));
+            return;
+        }
+    };
+    let mut got_ids: Vec<String> = got.iter().map(|a| a["request_id"].to_string()).collect();
+    let mut want_ids: Vec<String> = want.keys().cloned().collect();
+    got_ids.sort();
+    want_ids.sort();
+    if got_ids != want_ids {
+        fail(format!(
+            "cross_tenant_shared {got_ids:?}, expected {want_ids:?}"
+        ));
+    }
+    for a in got {
+        let rid = a["request_id"].to_string();
+        let Some(w) = want.get(&rid) else {
+            continue;
+        };
+        if let Some(v) = w.get("tokens")
+            && &a["tokens"] != v
+        {
+            fail(format!(
+                "cross_tenant_shared {rid}: tokens = {}, expected {v}",
+                a["tokens"]
+            ));
+        }
+        if let Some(srcs) = w.get("sources").and_then(Value::as_object) {
+            let got_srcs: std::collections::BTreeMap<String, Value> = a["sources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| (s["request_id"].to_string(), s["tokens"].clone()))
+                .collect();
+            let want_srcs: std::collections::BTreeMap<String, Value> =
+                srcs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            if got_srcs != want_srcs {
+                fail(format!(
+                    "cross_tenant_shared {rid}: sources {got_srcs:?}, expected {want_srcs:?}"
+                ));
+            }
+        }
+    }
 }
 
 #[test]

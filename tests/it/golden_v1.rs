@@ -41,6 +41,7 @@ fn deployment() -> Deployment {
             pool(0, "prefill-0", Role::Prefill),
             pool(1, "decode-0", Role::Decode),
         ],
+        prefix_cache_scope: None,
         extra: Default::default(),
     }
 }

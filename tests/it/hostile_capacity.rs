@@ -72,6 +72,7 @@ fn write_trace(
         engine: "sglang-0.5.19".into(),
         context_window: 4096,
         pools,
+        prefix_cache_scope: None,
         extra: Default::default(),
     };
     let mut m = Manifest::new(

@@ -23,6 +23,7 @@ mod notebooks;
 mod notify;
 mod other_writer;
 mod outputs_hostile;
+mod prefix_cache;
 mod record_hostile;
 mod record_protocol;
 mod record_sglang;

@@ -937,3 +937,189 @@ fn verify_checks_outputs_when_the_inputs_are_elsewhere() {
         "{out}"
     );
 }
+
+/// The incident plus cross-tenant prefix-cache hits in the prefill pool:
+/// r9 globex caches a prefix that r10 hooli (a customer with nothing else)
+/// is served from; r11 initech caches one that r12 umbrella (also a
+/// recipient of foreign data) is served from.
+fn incident_with_hits(scope: Option<kvtrail::trace::manifest::PrefixCacheScope>) -> TraceBuilder {
+    let mut tb = incident();
+    tb.deployment.prefix_cache_scope = scope;
+    for (id, t) in [
+        (9, "globex"),
+        (10, "hooli"),
+        (11, "initech"),
+        (12, "umbrella"),
+    ] {
+        let r = tb.req(id, t);
+        r.external_id = Some(ext(id));
+        r.arrival_ns = BASE + id as i64 * HOUR;
+        r.finish_ns = Some(BASE + id as i64 * HOUR + 40_000_000_000);
+        r.prompt_tokens = 4;
+        r.prefilled_tokens = Some(4);
+        r.prefill_pool = Some(0);
+    }
+    let n = tb.events.len();
+    tb.write(0, 9, 50, 4);
+    tb.share(0, 10, 50, 4);
+    tb.read(0, 10, 50, 4);
+    tb.write(0, 11, 56, 4);
+    tb.share(0, 12, 56, 4);
+    tb.read(0, 12, 56, 3);
+    for (k, e) in tb.events[n..].iter_mut().enumerate() {
+        e.ts_ns = BASE + e.request_id as i64 * HOUR + (k as i64 + 1) * 1_000_000_000;
+    }
+    tb
+}
+
+fn scope_and_notify(root: &Path, tb: &TraceBuilder) {
+    tb.record(&root.join("trace"));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .run()
+        .ok();
+    std::fs::write(root.join("notify.toml"), CONFIG).unwrap();
+    kvtrail([
+        "notify",
+        "scope",
+        "--out",
+        "packs",
+        "--config",
+        "notify.toml",
+    ])
+    .cwd(root)
+    .run()
+    .ok();
+}
+
+fn json_file(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn prefix_cache_breaches_are_notified_on_both_sides_and_never_name_the_other_customer() {
+    use kvtrail::trace::manifest::PrefixCacheScope;
+    let dir = tempfile::tempdir().unwrap();
+    let tb = incident_with_hits(Some(PrefixCacheScope::Tenant));
+    scope_and_notify(dir.path(), &tb);
+    let sum = json_file(&dir.path().join("scope/summary.json"));
+    assert_eq!(sum["counts"]["cross_tenant_shared_responses"], 2, "{sum}");
+    let packs = dir.path().join("packs/customers");
+    let mut folders: Vec<String> = std::fs::read_dir(&packs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    assert_eq!(
+        folders,
+        ["acme-corp", "globex", "hooli", "initech", "umbrella"]
+    );
+    // The isolation invariant over a trace with hits: no pack names another
+    // tenant or holds another tenant's ids or hashes.
+    assert_packs_are_isolated(&packs, &tb);
+    let notice = |t: &str| json_file(&packs.join(t).join("notice.json"));
+    let ids = |v: &serde_json::Value, k: &str| -> Vec<u64> {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["request_id"].as_u64().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // (customer, roles, served, revealed)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [u64], &'a [u64]);
+    let cases: [Case; 5] = [
+        ("acme-corp", &["recipient", "source"], &[], &[]),
+        ("globex", &["source", "prefix_cache_source"], &[], &[9]),
+        ("hooli", &["prefix_cache_reader"], &[10], &[]),
+        (
+            "initech",
+            &["recipient", "source", "prefix_cache_source"],
+            &[],
+            &[11],
+        ),
+        (
+            "umbrella",
+            &["recipient", "prefix_cache_reader"],
+            &[12],
+            &[],
+        ),
+    ];
+    for (t, roles, served, revealed) in cases {
+        let v = notice(t);
+        assert_eq!(v["roles"], serde_json::json!(roles), "{t}");
+        assert_eq!(ids(&v, "prefix_cache_served"), served, "{t}");
+        assert_eq!(ids(&v, "prefix_cache_revealed"), revealed, "{t}");
+        for key in ["prefix_cache_served", "prefix_cache_revealed"] {
+            for e in v[key].as_array().into_iter().flatten() {
+                let id = e["request_id"].as_u64().unwrap();
+                let owner = tb.requests.iter().find(|r| r.request_id == id).unwrap();
+                assert_eq!(owner.tenant, t, "{t}/notice.json lists request {id}");
+            }
+        }
+        let letter = std::fs::read_to_string(packs.join(t).join("letter.md")).unwrap();
+        assert!(letter.contains("prefix-cache isolation breach"), "{t}");
+        let lower = letter.to_lowercase();
+        for bad in ["prompt content was disclosed to", "leaked", "leak of"] {
+            assert!(!lower.contains(bad), "{t}: {bad}");
+        }
+    }
+    let hooli = notice("hooli");
+    assert_eq!(hooli["prefix_cache_served"][0]["tokens"], 4);
+    assert_eq!(hooli["prefix_cache_served"][0]["external_id"], ext(10));
+    assert_eq!(notice("umbrella")["prefix_cache_served"][0]["tokens"], 3);
+    assert_eq!(
+        notice("initech")["prefix_cache_revealed"][0]["responses"],
+        1
+    );
+    let reg = json_file(&dir.path().join("packs/register.json"));
+    assert_eq!(reg["prefix_cache"]["scope"], "tenant");
+    assert_eq!(reg["prefix_cache"]["isolation_breach"], true);
+    assert_eq!(reg["prefix_cache"]["responses"], 2);
+    assert_eq!(reg["prefix_cache"]["source_requests"], 2);
+    assert_eq!(reg["prefix_cache"]["tokens"], 7);
+    assert_eq!(reg["notification_packs"].as_array().unwrap().len(), 5);
+    let csv = std::fs::read_to_string(dir.path().join("packs/register.csv")).unwrap();
+    assert!(
+        csv.lines()
+            .next()
+            .unwrap()
+            .ends_with(",prefix_cache_unattributed"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+}
+
+#[test]
+fn prefix_cache_hits_under_a_global_cache_are_counted_in_the_register_only() {
+    use kvtrail::trace::manifest::PrefixCacheScope;
+    for scope in [None, Some(PrefixCacheScope::Global)] {
+        let dir = tempfile::tempdir().unwrap();
+        let tb = incident_with_hits(scope);
+        scope_and_notify(dir.path(), &tb);
+        let packs = dir.path().join("packs/customers");
+        let mut folders: Vec<String> = std::fs::read_dir(&packs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        folders.sort();
+        // hooli has nothing but a hit: no letter.
+        assert_eq!(folders, TENANTS, "{scope:?}");
+        assert_packs_are_isolated(&packs, &tb);
+        for t in TENANTS {
+            let text = std::fs::read_to_string(packs.join(t).join("notice.json")).unwrap();
+            assert!(!text.contains("prefix_cache"), "{t}: {text}");
+        }
+        let reg = json_file(&dir.path().join("packs/register.json"));
+        assert_eq!(reg["prefix_cache"]["scope"], "global");
+        assert_eq!(reg["prefix_cache"]["isolation_breach"], false);
+        assert_eq!(reg["prefix_cache"]["responses"], 2);
+        assert!(
+            reg["nature"]
+                .as_str()
+                .unwrap()
+                .contains("Information: 2 responses")
+        );
+    }
+}

@@ -51,6 +51,8 @@ type Row = (
 /// Per-slot owner state of one pool.
 struct Pool {
     owner: Vec<Option<u64>>,
+    /// Revision 2: the slot's content predates its latest alloc.
+    stale: Vec<bool>,
     grants: HashSet<(u64, u32)>,
 }
 
@@ -64,9 +66,11 @@ struct Reads {
     foreign: BTreeMap<u64, u64>,
 }
 
-/// An independent replay of the contract semantics (trace-format-v1) over
-/// the events read back through the library reader. Small traces only:
-/// a copy's source state is rebuilt by replaying its pool up to src_seq.
+/// An independent replay of the contract semantics (docs/trace-format.md,
+/// revision 2: alloc makes content stale, a share grants only current
+/// content, copies carry owner and staleness) over the events read back
+/// through the library reader. Small traces only: a copy's source state is
+/// rebuilt by replaying its pool up to src_seq.
 fn replay(trace: &Trace) -> BTreeMap<u64, Reads> {
     let mut by_pool: BTreeMap<u16, Vec<KvEvent>> = BTreeMap::new();
     for c in trace.kv_chunks() {
@@ -80,22 +84,26 @@ fn replay(trace: &Trace) -> BTreeMap<u64, Reads> {
     let cap = |p: u16| trace.deployment().pool(p).unwrap().capacity_tokens as usize;
     let state_after = |p: u16, seq: u64, by_pool: &BTreeMap<u16, Vec<KvEvent>>| {
         let mut owner = vec![None; cap(p)];
+        let mut stale = vec![false; cap(p)];
         for e in by_pool[&p].iter().take_while(|e| e.seq <= seq) {
             assert!(e.src.is_none(), "the test expects copies only into decode");
             for s in e.slot_start..e.slot_start + e.slot_count {
+                let s = s as usize;
                 match e.op {
-                    Op::Write => owner[s as usize] = Some(e.request_id),
-                    Op::Scrub => owner[s as usize] = None,
+                    Op::Write => (owner[s], stale[s]) = (Some(e.request_id), false),
+                    Op::Scrub => (owner[s], stale[s]) = (None, false),
+                    Op::Alloc => stale[s] = true,
                     _ => {}
                 }
             }
         }
-        owner
+        (owner, stale)
     };
     let mut out: BTreeMap<u64, Reads> = BTreeMap::new();
     for (&p, evs) in &by_pool {
         let mut st = Pool {
             owner: vec![None; cap(p)],
+            stale: vec![false; cap(p)],
             grants: HashSet::new(),
         };
         for e in evs {
@@ -104,20 +112,29 @@ fn replay(trace: &Trace) -> BTreeMap<u64, Reads> {
                 Op::Write => {
                     let src = e.src.map(|c| (c, state_after(c.pool, c.seq, &by_pool)));
                     for (k, s) in slots.enumerate() {
-                        st.owner[s as usize] = match &src {
-                            Some((c, o)) => o[c.slot_start as usize + k],
-                            None => Some(e.request_id),
+                        (st.owner[s as usize], st.stale[s as usize]) = match &src {
+                            Some((c, (o, stale))) => {
+                                let i = c.slot_start as usize + k;
+                                (o[i], stale[i])
+                            }
+                            None => (Some(e.request_id), false),
                         };
                         st.grants.retain(|&(_, g)| g != s);
                     }
                 }
                 Op::Scrub => {
                     for s in slots {
-                        st.owner[s as usize] = None;
+                        (st.owner[s as usize], st.stale[s as usize]) = (None, false);
+                    }
+                }
+                Op::Alloc => {
+                    for s in slots {
+                        st.stale[s as usize] = true;
                     }
                 }
                 Op::Share => {
-                    for s in slots {
+                    // A grant covers only current content.
+                    for s in slots.filter(|&s| !st.stale[s as usize]) {
                         st.grants.insert((e.request_id, s));
                     }
                 }
@@ -125,14 +142,14 @@ fn replay(trace: &Trace) -> BTreeMap<u64, Reads> {
                     let r = out.entry(e.request_id).or_default();
                     for s in slots {
                         match st.owner[s as usize] {
+                            None => r.unknown += 1,
                             Some(o) if o == e.request_id => r.own += 1,
                             _ if st.grants.contains(&(e.request_id, s)) => r.shared += 1,
-                            None => r.unknown += 1,
                             Some(o) => *r.foreign.entry(o).or_default() += 1,
                         }
                     }
                 }
-                Op::Alloc | Op::Free => {}
+                Op::Free => {}
             }
         }
     }
@@ -280,6 +297,16 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             Some(0),
             Some(1),
         ),
+        (
+            "D".into(),
+            "tenant-d".into(),
+            40,
+            Some(40),
+            200,
+            3,
+            Some(0),
+            Some(1),
+        ),
     ];
     assert_eq!(got, expect);
     assert!(
@@ -312,6 +339,22 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
             foreign: BTreeMap::from([(a, 9 * 4 + 2), (b, 14 * 4 + 2)]),
         }
     );
+    // D hit C's first two decode pages in the decode radix tree (a share at
+    // preallocation). Page 1: slot 0 holds C's own KV, copied after C's
+    // preallocation: current, so shared; its other 3 slots never written.
+    // Page 2: A's KV, stale since C preallocated it: the grant covers
+    // nothing (revision 2), so D's read of it is foreign, source A. Own:
+    // the prefill's 40, the 32 transferred slots, the two decode tokens.
+    let d_id = facts["D"]["request_id"].as_u64().unwrap();
+    assert_eq!(
+        reads[&d_id],
+        Reads {
+            own: 40 + 32 + 2,
+            shared: 1,
+            unknown: 3,
+            foreign: BTreeMap::from([(a, 4)]),
+        }
+    );
 
     // And `kvtrail scope` finds the same: one affected response, C, with
     // A's and B's tokens, confirmed, cross-tenant, answered with a 200.
@@ -319,8 +362,8 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
     assert_eq!(sc.code, 0, "{}", sc.stderr);
     let j: serde_json::Value = serde_json::from_str(&sc.stdout).unwrap();
     let affected = j["affected_responses"].as_array().unwrap();
-    assert_eq!(affected.len(), 1, "{}", sc.stdout);
-    let r = &affected[0];
+    assert_eq!(affected.len(), 2, "{}", sc.stdout);
+    let r = affected.iter().find(|r| r["request_id"] == c).unwrap();
     assert_eq!(r["request_id"], c);
     assert_eq!(r["http_status"], 200);
     assert_eq!(r["confidence"], "confirmed");
@@ -341,6 +384,12 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
         sources,
         vec![(a, "tenant-a".into(), 38), (b, "tenant-b".into(), 58)]
     );
+    // D: the poisoned decode-tree hit, A's 4 stale tokens.
+    let r = affected.iter().find(|r| r["request_id"] == d_id).unwrap();
+    assert_eq!(r["confidence"], "confirmed");
+    assert_eq!(r["foreign_tokens"], 4);
+    assert_eq!(r["sources"][0]["request_id"], a);
+    assert_eq!(r["sources"][0]["tokens"], 4);
 }
 
 #[test]

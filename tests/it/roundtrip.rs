@@ -18,6 +18,7 @@ fn deployment() -> Deployment {
         engine: "test".into(),
         context_window: 1024,
         pools: vec![pool(0, Role::Prefill, 64), pool(1, Role::Decode, 128)],
+        prefix_cache_scope: None,
         extra: Default::default(),
     }
 }

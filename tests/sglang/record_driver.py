@@ -31,6 +31,12 @@ context window 1024, so prefill's max_req_input_len is 58 and decode's 122.
      set_finish_with_abort replaces it by [0]; prefill sends 1 page as the
      last chunk; decode preallocated 30 pages (B's freed pages come first),
      commits and reads all 120 slots: the planted foreign read of B's KV.
+     Its release leaves its first two decode pages in the decode radix tree.
+  D (tenant-d, 40 tokens, C's prompt) hits those 8 tokens in the decode
+     radix tree (_pre_alloc's prefix_indices: a share), so prefill sends
+     only the rest. Page 1 holds C's one written token (current: shared);
+     page 2 holds A's KV, stale since C preallocated it: the grant covers
+     nothing, D's read of it is foreign (revision 2's cache poisoning).
 Prints one JSON line of facts for the Rust test to check against the trace.
 """
 
@@ -160,19 +166,29 @@ def _decode(batch, token_per_req):
 
 
 def _pre_alloc(queue, req, prefix_indices=None, prefix_len=None, total_prefix_len=None):
+    """The decode radix-tree prefix (device-resident) goes into req_to_token
+    first, then the rest is preallocated (as SGLang's _pre_alloc)."""
     side = queue.side
     side.rtp.alloc([req])
     fill = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
-    kv_loc = side.alloc.alloc_extend(t(0), t(0), t(fill), t(fill), t(-1), fill)
-    side.rtp.write((req.kv.req_pool_idx, slice(0, fill)), kv_loc.to(torch.int32))
+    pre = int(prefix_len or 0)
+    if pre:
+        side.rtp.write((req.kv.req_pool_idx, slice(0, pre)), prefix_indices.to(torch.int32))
+    n = fill - pre
+    kv_loc = side.alloc.alloc_extend(t(0), t(0), t(n), t(n), t(-1), n)
+    side.rtp.write((req.kv.req_pool_idx, slice(pre, fill)), kv_loc.to(torch.int32))
     req.kv.kv_allocated_len = fill
     return kv_loc
 
 
 def _release(req, tree_cache, is_insert=True):
+    """Frees the request's slots, except its first `tree_cache.keep` ones:
+    the pages the decode radix tree holds (cache_finished_req inserted them,
+    or they were the request's prefix hit)."""
     side = tree_cache.side
     n = req.kv.kv_allocated_len
-    side.alloc.free(row_of(side, req)[:n].to(torch.int64))
+    keep = getattr(tree_cache, "keep", 0)
+    side.alloc.free(row_of(side, req)[keep:n].to(torch.int64))
     side.rtp.free(req) if hasattr(side.rtp, "free") else None
 
 
@@ -215,7 +231,10 @@ def write_kv(side, slots, value):
     side.kv.k_buffer[0][idx] = value
 
 
-def run_request(P, D, rid, n, room, tenant, seed, facts):
+def run_request(P, D, rid, n, room, tenant, seed, facts, tree_keep=0, decode_prefix=None):
+    """One PD request. `tree_keep`: decode slots the radix tree keeps at the
+    end (inserted, not freed). `decode_prefix`: decode slots of a radix-tree
+    prefix hit (prefix_indices)."""
     parallel = None
     try:
         from sglang.srt.runtime_context import get_parallel
@@ -237,16 +256,21 @@ def run_request(P, D, rid, n, room, tenant, seed, facts):
     assert validate_input_length(rd, max_req_input_len(D_SIZE), False) is None
     # Decode: preallocate the full prompt, publish the page list.
     dq = kh.tag(types.SimpleNamespace(side=D), D.pool_id)
-    kv_loc = pre_alloc(dq, rd)
+    pre = 0 if decode_prefix is None else len(decode_prefix)
+    if pre:
+        kv_loc = pre_alloc(dq, rd, decode_prefix, pre, pre)
+    else:
+        kv_loc = pre_alloc(dq, rd)
     dst_pages = kv_to_page_indices(kv_loc, PS)
-    kh.on_send_metadata(receiver(room, D.pool_id), dst_pages, 0)
+    kh.on_send_metadata(receiver(room, D.pool_id), dst_pages, pre)
     # Prefill: extend (1 token for the placeholder), forward writes KV, send.
     pb = P.batch([rp], side=P)
     out, _, _ = alloc_for_extend(pb)
     write_kv(P, out, float(seed))
     sender = Sender(room, P.pool_id)
-    src_pages = kv_to_page_indices(row_of(P, rp)[: len(rp.origin_input_ids)], PS)
-    sender.init(kv_to_page_num(len(rp.origin_input_ids), PS))
+    # Prefill sends from the decode prefix on (start_send_idx = decode_prefix_len).
+    src_pages = kv_to_page_indices(row_of(P, rp)[pre: len(rp.origin_input_ids)], PS)
+    sender.init(kv_to_page_num(len(rp.origin_input_ids) - pre, PS))
     _, index_slice, is_last, _ = sender._prepare_send_indices(src_pages)
     # The transfer engine copies page by page into dst[index_slice].
     for s, d in zip(src_pages.tolist(), dst_pages[index_slice].tolist()):
@@ -270,7 +294,9 @@ def run_request(P, D, rid, n, room, tenant, seed, facts):
         write_kv(D, out, float(seed))
         rd.output_ids.append(6 + step)
     rd.finished_reason = FINISH_LENGTH(length=len(rd.output_ids))
-    release_kv_cache(rd, types.SimpleNamespace(side=D, token_to_kv_pool_allocator=D.alloc, _kvtrail_pool=D.pool_id))
+    tree_slots = [int(x) for x in row_of(D, rd)[:max(tree_keep, pre)].tolist()]
+    release_kv_cache(rd, types.SimpleNamespace(side=D, token_to_kv_pool_allocator=D.alloc, _kvtrail_pool=D.pool_id,
+                                               keep=max(tree_keep, pre)))
     facts[rid] = {
         "request_id": kh.request_id(rd),
         "prompt_tokens": n,
@@ -280,6 +306,7 @@ def run_request(P, D, rid, n, room, tenant, seed, facts):
         "pages_preallocated": len(dst_pages),
         "decode_slots_read_not_written_by_it": int(stale),
         "output_tokens": len(rd.output_ids),
+        "decode_prefix_slots": tree_slots,
     }
 
 
@@ -293,7 +320,12 @@ def main():
     facts = {"sglang": sglang.__version__}
     run_request(P, D, "A", 40, 1001, "tenant-a", 1, facts)
     run_request(P, D, "B", 56, 1002, "tenant-b", 2, facts)
-    run_request(P, D, "C", 120, 1003, "tenant-c", 3, facts)
+    run_request(P, D, "C", 120, 1003, "tenant-c", 3, facts, tree_keep=8)
+    # D sends C's prompt prefix: the decode radix tree (where C's release
+    # inserted C's first two decode pages) hits 8 tokens. Page 1 holds C's
+    # one written token; page 2 holds A's KV, stale since C's preallocation.
+    c_pages = torch.tensor(facts["C"]["decode_prefix_slots"], dtype=torch.int64)
+    run_request(P, D, "D", 40, 1004, "tenant-d", 3, facts, decode_prefix=c_pages)
     kh.flush()
     facts["hook_stats"] = kh.stats()
     kh.uninstall()

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use kvtrail::lookup::{Query, lookup};
+use kvtrail::lookup::{PREFIX_CACHE_BREACH, Query, lookup};
 use kvtrail::report::fmt::{term, utc};
 
 use crate::cli::output;
@@ -46,7 +46,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 (Some(_), Some(_)) => "recipient and source",
                 (Some(_), None) => "recipient (its response read data not its own)",
                 (None, Some(_)) => "source (its data was read by other responses)",
-                (None, None) => "not affected",
+                (None, None) => match &m.prefix_cache {
+                    Some(p) if p.kind == PREFIX_CACHE_BREACH => "prefix-cache isolation breach",
+                    Some(_) => "cross-tenant prefix-cache hit (information)",
+                    None => "not affected",
+                },
             };
             writeln!(
                 out,
@@ -80,6 +84,27 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     },
                     s.confidence
                 )?;
+            }
+            if let Some(p) = &m.prefix_cache {
+                let what = if p.kind == PREFIX_CACHE_BREACH {
+                    "prefix-cache isolation breach"
+                } else {
+                    "information: the prefix cache is shared across customers"
+                };
+                if let Some(r) = &p.as_reader {
+                    writeln!(
+                        out,
+                        "    served {} tokens from a prefix cached by {} other customer request(s) ({what})",
+                        r.tokens, r.source_requests
+                    )?;
+                }
+                if let Some(s) = &p.as_source {
+                    writeln!(
+                        out,
+                        "    its cached prefix served {} other customer response(s) ({} tokens) ({what})",
+                        s.responses, s.tokens
+                    )?;
+                }
             }
         }
         if a.unaffected_matches > 0 {

@@ -31,6 +31,7 @@ pub fn deployment() -> Deployment {
             pool(0, "prefill-0", Role::Prefill, 64),
             pool(1, "decode-0", Role::Decode, 128),
         ],
+        prefix_cache_scope: None,
         extra: Default::default(),
     }
 }

@@ -75,6 +75,7 @@ impl TraceBuilder {
                 engine: "test-engine".into(),
                 context_window: 1 << 20,
                 pools,
+                prefix_cache_scope: None,
                 extra: Default::default(),
             },
             events: Vec::new(),

@@ -22,7 +22,8 @@ it, and never changes arguments or results):
 - ``alloc_for_extend`` (prefill): per request alloc, share (radix prefix
   hit), write and read of the extend;
 - ``alloc_for_decode``: per request alloc, write and read of the new token;
-- ``DecodePreallocQueue._pre_alloc``: decode preallocation;
+- ``DecodePreallocQueue._pre_alloc``: decode preallocation, and the share
+  of a decode radix-tree prefix hit (``prefix_indices[:prefix_len]``);
 - ``CommonKVSender._prepare_send_indices`` (prefill) and
   ``CommonKVReceiver.send_metadata`` + ``DecodeTransferQueue._commit_transfer_to_req``
   (decode): the KV transfer, joined by the sidecar into copies with src;
@@ -301,14 +302,24 @@ def on_alloc_for_decode(batch, out_cache_loc, token_per_req=1):
         _kv(pool, rid, READ, new, pos)
 
 
-def on_pre_alloc(queue, req, kv_loc, prefix_len=0):
-    """After ``DecodePreallocQueue._pre_alloc``: the preallocated slots."""
+def on_pre_alloc(queue, req, kv_loc, prefix_indices=None, prefix_len=None):
+    """After ``DecodePreallocQueue._pre_alloc``: a decode radix-tree hit on
+    the first ``prefix_len`` tokens (``prefix_indices``, device-resident,
+    with ``--disaggregation-decode-enable-radix-cache``) is a ``share`` of
+    those slots; then the preallocated slots. Under revision 2 the share
+    covers only current content: tree pages that a placeholder inserted
+    without writing them (stale since its preallocation) grant nothing, so
+    reading them is foreign (cache poisoning)."""
     if _H is None or _H.disabled:
         return
     pool = _pool_of(queue)
     req._kvtrail_pool = pool
+    rid = request_id(req)
+    n = int(prefix_len or 0)
+    if n > 0 and prefix_indices is not None and len(prefix_indices):
+        _kv(pool, rid, SHARE, prefix_indices[:n], 0)
     if kv_loc is not None and len(kv_loc):
-        _kv(pool, request_id(req), ALLOC, kv_loc)
+        _kv(pool, rid, ALLOC, kv_loc)
 
 
 def on_prebuilt(batch):
@@ -530,7 +541,8 @@ _PATCHES = [
      lambda o: _wrap_ctx(o, lambda a, k, out: on_release(_arg(a, k, 0, "req"), _arg(a, k, 1, "tree_cache")),
                          rid_arg=0, suppress=False)),
     ("sglang.srt.disaggregation.decode", "DecodePreallocQueue", "_pre_alloc",
-     lambda o: _wrap_ctx(o, lambda a, k, out: on_pre_alloc(a[0], _arg(a, k, 1, "req"), out))),
+     lambda o: _wrap_ctx(o, lambda a, k, out: on_pre_alloc(
+         a[0], _arg(a, k, 1, "req"), out, _arg(a, k, 2, "prefix_indices"), _arg(a, k, 3, "prefix_len")))),
     ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_commit_transfer_to_req",
      lambda o: _wrap_ctx(o, lambda a, k, out: on_commit(a[0], _arg(a, k, 1, "decode_req")), suppress=False)),
     ("sglang.srt.disaggregation.decode_schedule_batch_mixin", "ScheduleBatchDisaggregationDecodeMixin",
