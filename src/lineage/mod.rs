@@ -1,5 +1,6 @@
 //! Replay: the streaming lineage engine. Re-runs every pool's KV events in
-//! seq order, follows copies between pools (in DAG order) and classifies
+//! seq order, follows copies between pools (a causal merge of the pools'
+//! streams: a copy waits for its source pool's `src_seq`) and classifies
 //! every read as own, shared, blank, unknown, uncertain or foreign, exactly
 //! as the "Semantics" section of the trace format says.
 //!

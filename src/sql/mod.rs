@@ -55,8 +55,9 @@ use crate::trace::manifest::Manifest;
 pub enum Dialect {
     /// DuckDB: `read_parquet` over `<path>/kv/**/*.parquet`, temp tables.
     Duckdb,
-    /// Spark SQL: temporary views `USING parquet` (recursive file lookup),
-    /// `CACHE TABLE` for the materialised stages.
+    /// Spark SQL: temporary views `USING parquet` (recursive file lookup);
+    /// the materialised stages are written as Parquet to a scratch folder
+    /// (`INSERT OVERWRITE DIRECTORY`) and read back through views.
     Spark,
     /// Trino: `<path>` is `catalog.schema` holding tables `kv` and
     /// `requests`; the materialised stages are created with CTAS (needs a
@@ -91,6 +92,9 @@ pub struct SqlOptions {
     /// Pointer-jumping levels for copy chains (chains of up to
     /// `2^copy_levels - 1` copies are resolved; at least 1).
     pub copy_levels: usize,
+    /// Spark: the folder (URI) the materialised stages are written to;
+    /// `None`: [`spark_scratch_default`] of the trace path.
+    pub spark_scratch: Option<String>,
 }
 
 impl SqlOptions {
@@ -106,8 +110,19 @@ impl SqlOptions {
             complete: m.capture.complete,
             unverifiable: m.files.is_none(),
             copy_levels: copy_levels(&m.deployment.pools),
+            spark_scratch: None,
         }
     }
+}
+
+/// Spark's default scratch folder for a trace path: under the session's
+/// warehouse folder (`${spark.sql.warehouse.dir}`, which Spark substitutes
+/// when it parses the statement), one sub-folder per trace path (the first
+/// 16 hex digits of its blake3), so scripts over different traces never
+/// share one.
+pub fn spark_scratch_default(trace_path: &str) -> String {
+    let h = blake3::hash(trace_path.as_bytes()).to_hex();
+    format!("${{spark.sql.warehouse.dir}}/kvtrail-scratch/{}", &h[..16])
 }
 
 /// The result views, in the order the script creates them.
@@ -320,7 +335,8 @@ fn comment_text(s: &str) -> String {
         .collect()
 }
 
-struct D(Dialect);
+/// The dialect, and where Spark writes the materialised stages.
+struct D(Dialect, String);
 
 impl D {
     /// A FROM item for a raw table (`kv` or `requests`).
@@ -346,16 +362,37 @@ impl D {
         }
     }
 
-    /// Statements that materialise `name` from the query that follows.
+    /// Statements that materialise `name` from the query that follows
+    /// (closed by [`D::table_end`]).
+    ///
+    /// Spark: a cached view keeps its query, and Spark's analyser expands it
+    /// at every reference before it substitutes the cached data, so each
+    /// pointer-jumping level, which reads the one before twice, would cost
+    /// twice its predecessor to plan. The stage is written out as Parquet
+    /// instead and read back through a view over the files, whose plan is a
+    /// scan: planning stays linear in the levels.
     fn table(&self, name: &str) -> String {
         match self.0 {
             Dialect::Duckdb => format!("CREATE OR REPLACE TEMP TABLE {name} AS"),
             Dialect::Spark => format!(
-                "UNCACHE TABLE IF EXISTS {name}{SEPARATOR}DROP VIEW IF EXISTS {name}{SEPARATOR}CACHE TABLE {name} AS"
+                "INSERT OVERWRITE DIRECTORY {} USING parquet",
+                literal(self.0, &format!("{}/{name}", self.1))
             ),
             Dialect::Trino => {
                 format!("DROP TABLE IF EXISTS {name}{SEPARATOR}CREATE TABLE {name} AS")
             }
+        }
+    }
+
+    /// What follows the query of a [`D::table`] (Spark: the view over the
+    /// written files).
+    fn table_end(&self, name: &str) -> String {
+        match self.0 {
+            Dialect::Spark => format!(
+                "{SEPARATOR}CREATE OR REPLACE TEMPORARY VIEW {name} USING parquet OPTIONS (path {})",
+                literal(self.0, &format!("{}/{name}", self.1))
+            ),
+            _ => String::new(),
         }
     }
 
@@ -423,7 +460,11 @@ fn b(v: bool) -> &'static str {
 /// for the dialect (see [`MAX_TRACE_PATH`]; docs/limits.md).
 pub fn generate(opts: &SqlOptions) -> Result<String> {
     let src = check_source(opts.dialect, &opts.trace_path)?;
-    let d = D(opts.dialect);
+    let scratch = opts
+        .spark_scratch
+        .clone()
+        .unwrap_or_else(|| spark_scratch_default(&opts.trace_path));
+    let d = D(opts.dialect, scratch.trim_end_matches('/').to_string());
     let pools = if opts.pools.is_empty() {
         "-1".to_string()
     } else {
@@ -454,6 +495,14 @@ pub fn generate(opts: &SqlOptions) -> Result<String> {
         "-- Copy chains resolved through {lv} pointer-jumping level(s) (up to {} copies deep).",
         (1usize << lv) - 1
     );
+    if opts.dialect == Dialect::Spark {
+        let _ = writeln!(
+            s,
+            "-- Scratch: the materialised stages are written as Parquet under {} (one folder per stage,\n\
+             -- overwritten by the next run; the result views read them: delete the folder after reading the results).",
+            comment_text(&d.1)
+        );
+    }
     s.push_str(
         "-- Results: SELECT * FROM kvtrail_affected_responses (and the other kvtrail_* views listed at the end).\n\n",
     );
@@ -484,16 +533,6 @@ except under a name (file or folder below {t}/) starting with `_` or `.`
                 ),
             );
         }
-    }
-    if opts.dialect == Dialect::Spark {
-        stmt(
-            &mut s,
-            "Spark prints every cached stage's plan inside the plans that read it, and each
-pointer-jumping level reads the one before twice: the plan text doubles per
-level, until the driver runs out of heap writing it (local Spark, 2 GB).
-Plan text is only for logs and the UI: cut it.",
-            "SET spark.sql.maxPlanStringLength=65536".to_string(),
-        );
     }
     if let (Dialect::Spark, Source::Path(p)) = (opts.dialect, &src) {
         for t in ["kv", "requests"] {
@@ -552,8 +591,9 @@ Slot content set before gap_mark may have been changed by the lost events.",
 SELECT e.*,
        max(CASE WHEN (prev_seq IS NULL AND seq > 0) OR seq > prev_seq + 1 THEN seq END)
          OVER (PARTITION BY pool ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS gap_mark
-FROM (SELECT ev.*, lag(seq) OVER (PARTITION BY pool ORDER BY seq) AS prev_seq FROM kvtrail_events ev) e",
-            d.table("kvtrail_events_marked")
+FROM (SELECT ev.*, lag(seq) OVER (PARTITION BY pool ORDER BY seq) AS prev_seq FROM kvtrail_events ev) e{end}",
+            d.table("kvtrail_events_marked"),
+            end = d.table_end("kvtrail_events_marked"),
         ),
     );
 
@@ -570,9 +610,10 @@ FROM (SELECT ev.*, lag(seq) OVER (PARTITION BY pool ORDER BY seq) AS prev_seq FR
             "{}
 SELECT pool, slot_start + i AS slot, seq, op, request_id,
        src_pool, src_slot_start + i AS src_slot, src_seq
-FROM ({}) x",
+FROM ({}) x{end}",
             d.table("kvtrail_content_slots"),
-            d.explode("kvtrail_events_marked", "e.op IN ('write', 'scrub')")
+            d.explode("kvtrail_events_marked", "e.op IN ('write', 'scrub')"),
+            end = d.table_end("kvtrail_content_slots"),
         ),
     );
     stmt(
@@ -627,9 +668,10 @@ FROM (
     FROM ({}) x
   ) p
 ) w
-WHERE probe = 2",
+WHERE probe = 2{end}",
             d.table("kvtrail_slot_probes"),
-            d.explode("kvtrail_events_marked", "e.op = 'share'")
+            d.explode("kvtrail_events_marked", "e.op = 'share'"),
+            end = d.table_end("kvtrail_slot_probes"),
         ),
     );
     stmt(
@@ -680,8 +722,9 @@ SELECT c.pool, c.slot, c.seq,
        CASE WHEN h.tgt_seq IS NOT NULL THEN h.src_slot END AS nxt_slot,
        h.tgt_seq AS nxt_seq
 FROM kvtrail_content_slots c
-LEFT JOIN kvtrail_copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND h.dst_seq = c.seq",
-            d.table("kvtrail_lineage_0")
+LEFT JOIN kvtrail_copy_hop h ON h.dst_pool = c.pool AND h.dst_slot = c.slot AND h.dst_seq = c.seq{end}",
+            d.table("kvtrail_lineage_0"),
+            end = d.table_end("kvtrail_lineage_0"),
         ),
     );
     for k in 1..=lv {
@@ -700,9 +743,10 @@ SELECT r.pool, r.slot, r.seq,
        CASE WHEN r.stale = 1 OR t.stale = 1 THEN 1 ELSE 0 END AS stale,
        t.nxt_pool, t.nxt_slot, t.nxt_seq
 FROM kvtrail_lineage_{p} r
-LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq",
+LEFT JOIN kvtrail_lineage_{p} t ON t.pool = r.nxt_pool AND t.slot = r.nxt_slot AND t.seq = r.nxt_seq{end}",
                 d.table(&format!("kvtrail_lineage_{k}")),
-                p = k - 1
+                p = k - 1,
+                end = d.table_end(&format!("kvtrail_lineage_{k}")),
             ),
         );
     }
@@ -748,8 +792,9 @@ SELECT * FROM (
   FROM kvtrail_read_seen r
   LEFT JOIN kvtrail_lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
 ) o
-WHERE unc = 1 OR owner IS NULL OR owner <> reader",
-            d.table("kvtrail_read_owner")
+WHERE unc = 1 OR owner IS NULL OR owner <> reader{end}",
+            d.table("kvtrail_read_owner"),
+            end = d.table_end("kvtrail_read_owner"),
         ),
     );
     stmt(
@@ -764,8 +809,9 @@ SELECT g.pool, g.slot, g.seq, g.reader, g.tgt_seq AS cseq
 FROM kvtrail_slot_probes g
 JOIN kvtrail_lineage_{lv} c ON c.pool = g.pool AND c.slot = g.slot AND c.seq = g.tgt_seq
 WHERE g.share = 1 AND c.owner >= 0 AND c.owner <> g.reader AND c.stale = 0
-  AND (g.alloc_seq IS NULL OR g.alloc_seq < g.tgt_seq)",
-            d.table("kvtrail_grants")
+  AND (g.alloc_seq IS NULL OR g.alloc_seq < g.tgt_seq){end}",
+            d.table("kvtrail_grants"),
+            end = d.table_end("kvtrail_grants"),
         ),
     );
     stmt(
@@ -809,8 +855,9 @@ FROM (
   FROM kvtrail_read_owner r
   LEFT JOIN kvtrail_granted g ON g.pool = r.pool AND g.slot = r.slot AND g.seq = r.seq
 ) classified
-WHERE kind IS NOT NULL",
-            d.table("kvtrail_read_findings")
+WHERE kind IS NOT NULL{end}",
+            d.table("kvtrail_read_findings"),
+            end = d.table_end("kvtrail_read_findings"),
         ),
     );
 
@@ -1187,6 +1234,7 @@ mod tests {
             complete: true,
             unverifiable: false,
             copy_levels: copy_levels(&tiered),
+            spark_scratch: None,
         };
         let sql = generate(&o).unwrap();
         assert!(sql.contains("kvtrail_lineage_6 AS") && !sql.contains("kvtrail_lineage_7 AS"));
@@ -1208,6 +1256,7 @@ mod tests {
                 complete: true,
                 unverifiable: false,
                 copy_levels: levels(3),
+                spark_scratch: None,
             };
             let sql = generate(&o).unwrap();
             for v in RESULT_VIEWS {

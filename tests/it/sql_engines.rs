@@ -510,6 +510,39 @@ fn native_lines(r: &ScopeReport) -> Vec<String> {
 /// from the table counts as another tenant, as for foreign sources):
 /// `X` per response, `XS` per (response, source request).
 fn native_shared_lines(dir: &Path) -> Vec<String> {
+    let lines = engine_shared_lines(dir);
+    // What scope reports (`cross_tenant_shared`) is what the engine's
+    // shared reads say, response by response.
+    let report = scope(dir);
+    let mut reported: Vec<String> = report
+        .cross_tenant_shared
+        .iter()
+        .map(|h| {
+            let mut ids: Vec<u64> = h.sources.iter().map(|s| s.request_id).collect();
+            ids.sort_unstable();
+            let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+            format!(
+                "X {} tenant={} tokens={} srcs={}",
+                h.request_id,
+                native_who(&h.tenant),
+                h.tokens,
+                ids.join(",")
+            )
+        })
+        .collect();
+    reported.sort();
+    let engine: Vec<&String> = lines.iter().filter(|l| l.starts_with("X ")).collect();
+    assert_eq!(
+        reported.iter().collect::<Vec<_>>(),
+        engine,
+        "{}: scope's cross_tenant_shared differs from the engine's shared reads",
+        dir.display()
+    );
+    lines
+}
+
+/// [`native_shared_lines`] straight from the lineage engine's shared reads.
+fn engine_shared_lines(dir: &Path) -> Vec<String> {
     use std::collections::BTreeSet;
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
     let run =
@@ -1175,6 +1208,7 @@ fn opts(dialect: Dialect, path: &str) -> SqlOptions {
         complete: true,
         unverifiable: false,
         copy_levels: 1,
+        spark_scratch: None,
     }
 }
 

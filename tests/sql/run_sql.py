@@ -20,6 +20,7 @@ JSON scalars, sorted, so the caller compares them as sets.
 """
 import decimal
 import json
+import os
 import sys
 import time
 
@@ -129,6 +130,9 @@ def main():
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.memory", "2g")
+            # The script's scratch folder defaults to one under the
+            # warehouse: keep it beside OUT.json, out of the caller's cwd.
+            .config("spark.sql.warehouse.dir", os.path.join(os.path.dirname(os.path.abspath(out_path)), "spark-warehouse"))
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")

@@ -53,6 +53,13 @@ pub struct Args {
     /// role `cache` (offload and load back).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=MAX_COPY_LEVELS as i64))]
     pub copy_levels: Option<u8>,
+    /// Spark: the folder (URI) the materialised stages are written to, as
+    /// Parquet, and read back from; it must be writable by every executor
+    /// (a shared file system or object store on a cluster). Default:
+    /// ${spark.sql.warehouse.dir}/kvtrail-scratch/<16 hex digits of the
+    /// trace path's blake3>.
+    #[arg(long, value_name = "URI")]
+    pub spark_scratch: Option<String>,
     /// Write the SQL here instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -104,6 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 dialect,
                 trace_path: path,
                 copy_levels: levels(pools.len()),
+                spark_scratch: None,
                 pools,
                 from_engine_start: args.from_engine_start,
                 complete: args.complete,
@@ -113,6 +121,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     if let Some(n) = args.copy_levels {
         opts.copy_levels = n as usize;
+    }
+    if let Some(scratch) = args.spark_scratch {
+        if !matches!(dialect, Dialect::Spark) {
+            anyhow::bail!(
+                "--spark-scratch is for --dialect spark only (DuckDB keeps its stages in memory, Trino in the target schema)"
+            );
+        }
+        opts.spark_scratch = Some(scratch);
     }
     let sql = generate(&opts)?;
     match &args.out {
