@@ -199,6 +199,32 @@ fn is_control_or_break(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// Checks `--spark-scratch` as a Spark trace path is checked: not empty,
+/// at most [`MAX_TRACE_PATH`] bytes, no control characters.
+fn check_scratch(path: &str) -> Result<String> {
+    let bad = |what: String| {
+        Error::invalid(
+            Location::file(Path::new("--spark-scratch")),
+            what,
+            "give a folder or URI every Spark executor can write (hdfs://..., s3a://bucket/tmp)",
+        )
+    };
+    if path.len() > MAX_TRACE_PATH {
+        return Err(bad(format!(
+            "{} bytes, over the limit of {MAX_TRACE_PATH}",
+            path.len()
+        )));
+    }
+    if let Some(c) = path.chars().find(|&c| is_control_or_break(c)) {
+        return Err(bad(format!("contains the control character {c:?}")));
+    }
+    let p = path.trim_end_matches('/');
+    if p.is_empty() {
+        return Err(bad("empty".into()));
+    }
+    Ok(p.to_string())
+}
+
 /// Checks `--trace-path` for `dialect`. Refused: an empty value, more than
 /// [`MAX_TRACE_PATH`] bytes, any control character (a line break would end
 /// a `--` comment or split a statement); for Trino anything but
@@ -460,11 +486,11 @@ fn b(v: bool) -> &'static str {
 /// for the dialect (see [`MAX_TRACE_PATH`]; docs/limits.md).
 pub fn generate(opts: &SqlOptions) -> Result<String> {
     let src = check_source(opts.dialect, &opts.trace_path)?;
-    let scratch = opts
-        .spark_scratch
-        .clone()
-        .unwrap_or_else(|| spark_scratch_default(&opts.trace_path));
-    let d = D(opts.dialect, scratch.trim_end_matches('/').to_string());
+    let scratch = match &opts.spark_scratch {
+        Some(s) => check_scratch(s)?,
+        None => spark_scratch_default(&opts.trace_path),
+    };
+    let d = D(opts.dialect, scratch);
     let pools = if opts.pools.is_empty() {
         "-1".to_string()
     } else {

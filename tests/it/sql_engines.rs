@@ -1271,6 +1271,31 @@ fn trace_path_cannot_inject_sql_statements() {
         };
         assert_eq!(accepted, expect, "{dialect:?}");
     }
+    // Spark's scratch folder is data too: the same statements whatever it
+    // holds, each stage written to and read back from it.
+    let want = skeleton(
+        &script(&opts(Dialect::Spark, "/data/trace")).unwrap(),
+        Dialect::Spark,
+    );
+    for scratch in HOSTILE {
+        let mut o = opts(Dialect::Spark, "/data/trace");
+        o.spark_scratch = Some(scratch.to_string());
+        match script(&o) {
+            Ok(sql) => {
+                assert_eq!(skeleton(&sql, Dialect::Spark), want, "{scratch:?}:\n{sql}");
+                assert!(!sql.contains("CACHE TABLE"), "{scratch:?}");
+            }
+            Err(msg) => {
+                assert!(msg.starts_with("--spark-scratch: "), "{msg}");
+                assert!(msg.contains("\n  hint: "), "{msg}");
+            }
+        }
+    }
+    let o = cli::kvtrail(["sql", "--dialect", "duckdb", "--pools", "0,1"])
+        .args(["--trace-path", "/data/trace", "--spark-scratch", "/tmp/x"])
+        .run();
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("--spark-scratch"), "{}", o.stderr);
     // Through the binary: exit 2, the flag named, a hint.
     let o = cli::kvtrail(["sql", "--dialect", "trino", "--pools", "0,1"])
         .args(["--trace-path", "cat.sch.kv x; DROP TABLE y; --"])
