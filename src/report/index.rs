@@ -390,11 +390,14 @@ impl LookupIndex {
                 "the folder has no look-up index ({LOOKUP_INDEX}: written by an older kvtrail)"
             ));
         }
-        let keys = SortedReader::open(&path).map_err(|e| format!("{LOOKUP_INDEX} unreadable: {e}"))?;
+        let keys =
+            SortedReader::open(&path).map_err(|e| format!("{LOOKUP_INDEX} unreadable: {e}"))?;
         if keys.metadata("kvtrail.format") != Some(INDEX_FORMAT)
             || keys.metadata("kvtrail.version") != Some(INDEX_VERSION)
         {
-            return Err(format!("{LOOKUP_INDEX} is not a look-up index of this version"));
+            return Err(format!(
+                "{LOOKUP_INDEX} is not a look-up index of this version"
+            ));
         }
         if keys.metadata("kvtrail.requests_csv_blake3") != Some(csv_blake3)
             || keys.metadata("kvtrail.requests_csv_bytes") != Some(&csv_bytes.to_string())

@@ -232,11 +232,9 @@ impl SortedReader {
         guard(loc, || {
             let file = File::open(path).map_err(|e| Error::io(path, e))?;
             let opts = parquet::arrow::arrow_reader::ArrowReaderOptions::new();
-            let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::try_new(
-                self.meta.clone(),
-                opts,
-            )
-            .map_err(|e| Error::parquet(loc(), e))?;
+            let meta =
+                parquet::arrow::arrow_reader::ArrowReaderMetadata::try_new(self.meta.clone(), opts)
+                    .map_err(|e| Error::parquet(loc(), e))?;
             let rd = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
                 .with_row_groups(groups.clone())
                 .with_batch_size(ROW_GROUP_ROWS)
@@ -244,7 +242,10 @@ impl SortedReader {
                 .map_err(|e| Error::parquet(loc(), e))?;
             let mut out = Vec::new();
             let mut prev: Option<(i64, i64)> = None;
-            let (lo, hi) = (self.ranges[groups[0]].0, self.ranges[groups[groups.len() - 1]].1);
+            let (lo, hi) = (
+                self.ranges[groups[0]].0,
+                self.ranges[groups[groups.len() - 1]].1,
+            );
             for b in rd {
                 let b = b.map_err(|e| Error::parquet(loc(), e))?;
                 let col = |i: usize| {
@@ -283,7 +284,8 @@ mod tests {
         let f = File::create(&p).unwrap();
         let mut w = SortedWriter::new(f, &p, &[("a", "1".into())]).unwrap();
         // Key 7 spans three row groups; keys 0..2*ROW_GROUP_ROWS otherwise.
-        let mut pairs: Vec<(u64, u64)> = (0..2 * ROW_GROUP_ROWS as u64).map(|i| (i * 3, i)).collect();
+        let mut pairs: Vec<(u64, u64)> =
+            (0..2 * ROW_GROUP_ROWS as u64).map(|i| (i * 3, i)).collect();
         pairs.extend((0..2 * ROW_GROUP_ROWS as u64 + 5).map(|v| (7, v)));
         pairs.sort_unstable();
         for &(k, v) in &pairs {
@@ -296,7 +298,10 @@ mod tests {
         assert_eq!(r.rows(), pairs.len() as u64);
         assert!(r.row_groups() >= 4);
         let sevens = r.find(7).unwrap();
-        assert_eq!(sevens, (0..2 * ROW_GROUP_ROWS as u64 + 5).collect::<Vec<_>>());
+        assert_eq!(
+            sevens,
+            (0..2 * ROW_GROUP_ROWS as u64 + 5).collect::<Vec<_>>()
+        );
         assert_eq!(r.find(6).unwrap(), vec![2]);
         assert!(r.find(8).unwrap().is_empty());
         assert!(r.find(u64::MAX).unwrap().is_empty());

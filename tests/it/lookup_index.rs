@@ -45,7 +45,9 @@ fn lookup_answers_are_the_same_with_and_without_the_index() {
         &["--scenario", "incident", "--requests", "400"],
     );
     let indexed = root.join("scope");
-    kvtrail(["scope", s(&t), "--out", s(&indexed)]).expect(&[0, 1]).run();
+    kvtrail(["scope", s(&t), "--out", s(&indexed)])
+        .expect(&[0, 1])
+        .run();
     assert!(indexed.join("requests.index.parquet").is_file());
     let missing = root.join("older");
     copy_dir(&indexed, &missing);
@@ -128,5 +130,8 @@ fn lookup_answers_are_the_same_with_and_without_the_index() {
         .expect(&[1])
         .run()
         .stdout;
-    assert!(text.contains("note: this scope folder has no look-up index"), "{text}");
+    assert!(
+        text.contains("note: this scope folder has no look-up index"),
+        "{text}"
+    );
 }

@@ -94,7 +94,10 @@ fn completion_scripts_parse_and_name_every_subcommand() {
 
 /// The roff skeleton every page has.
 fn check_roff(page: &str, name: &str) {
-    assert!(page.starts_with(".ie") || page.contains(".TH"), "{name}: no .TH");
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH"),
+        "{name}: no .TH"
+    );
     let th = page.lines().find(|l| l.starts_with(".TH")).unwrap();
     assert!(th.contains(name), "{name}: {th}");
     for sec in [".SH NAME", ".SH SYNOPSIS", ".SH DESCRIPTION"] {
@@ -161,7 +164,11 @@ fn man_pages_render_for_kvtrail_and_every_subcommand() {
         let name = format!("kvtrail-{s}");
         renders(&out.join(format!("{name}.1")), &name, "SYNOPSIS");
     }
-    renders(&out.join("kvtrail-lookup.1"), "kvtrail-lookup", "--external-id");
+    renders(
+        &out.join("kvtrail-lookup.1"),
+        "kvtrail-lookup",
+        "--external-id",
+    );
 }
 
 #[test]

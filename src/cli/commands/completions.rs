@@ -30,7 +30,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Shell::Fish => clap_complete::Shell::Fish,
     };
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut crate::cli::Cli::command(), "kvtrail", &mut script);
+    clap_complete::generate(
+        shell,
+        &mut crate::cli::Cli::command(),
+        "kvtrail",
+        &mut script,
+    );
     output::print_human(|out| out.write_all(&script))?;
     Ok(0)
 }
