@@ -891,6 +891,22 @@ fn check_file(
     } else {
         format!("{}/{}", prefix.trim_end_matches('/'), f.path)
     };
+    // A trace file's record says whether its digest matched trace.json's;
+    // a record contradicting itself was edited.
+    if let (Some(m), Some(matched)) = (&f.manifest_blake3, f.matches_manifest)
+        && (*m == f.blake3) != matched
+    {
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown.clone(),
+            kind: "modified".into(),
+            detail: format!(
+                "evidence.json contradicts itself: manifest_blake3 {} and blake3 {} with matches_manifest {matched}",
+                m.get(..16).unwrap_or(m),
+                f.blake3.get(..16).unwrap_or(&f.blake3)
+            ),
+        });
+    }
     // Outputs are the folder's own files: never followed through a link.
     if side == "output" && std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
         out.push(FolderProblem {

@@ -13,7 +13,12 @@
 //! requests of more than one customer, answers with counts only
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
 //! The folder is read through `scope::folder::ScopeFolder`; a shard folder
-//! is refused (`scope::merge::refuse_shard`).
+//! is refused (`scope::merge::refuse_shard`). The rows that can match are
+//! found through the folder's look-up index (requests.index.parquet,
+//! `report::index::LookupIndex`), so a look-up in millions of requests
+//! reads a few row groups and rows; a folder without a usable index (an
+//! older kvtrail's, or one that no longer matches its evidence.json) is
+//! scanned row by row, with the same answer and a note saying so.
 //!
 //! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are answered in a
 //! match's `prefix_cache`, on either side (reader or source), with the
@@ -28,7 +33,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::report::index::IndexRow;
+use crate::report::index::{IndexRow, KeyKind};
 use crate::scope::folder::ScopeFolder;
 
 /// What to look up.
@@ -147,6 +152,10 @@ pub struct Answer {
     pub evidence_intact: bool,
     pub evidence_problems: Vec<String>,
     pub evidence_complete: bool,
+    /// How the answer was found, where it was not the usual way (a folder
+    /// without a usable look-up index: requests.csv was scanned).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The sentence appended to an answer about matches with prefix-cache hits
@@ -254,9 +263,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
     };
     let mut matches = Vec::new();
     let mut unaffected = 0u64;
-    let mut n = 0u64;
-    folder.requests(|row: IndexRow| {
-        n += 1;
+    let mut visit = |row: IndexRow| {
         let hit = match q {
             Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
             Query::OutputHash(_) => row.output_hash.as_deref() == hash_q.as_deref(),
@@ -284,8 +291,45 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
                 });
             }
         }
-        true
-    })?;
+    };
+    // The look-up index points at the few rows that can match; without a
+    // usable one, every row of requests.csv is read. Both visit the
+    // matching rows in file order, so the answers are the same.
+    let mut notes = Vec::new();
+    let keyed = match folder.lookup_index() {
+        Ok(ix) => {
+            let (kind, value) = match q {
+                Query::ExternalId(id) => (KeyKind::ExternalId, id.as_str()),
+                Query::OutputHash(_) => (KeyKind::OutputHash, hash_q.as_deref().unwrap_or("")),
+                Query::Tenant(t) => (KeyKind::Tenant, t.as_str()),
+            };
+            let offsets = ix.candidates(kind, value)?;
+            // Rows read one by one cost a seek each: past about one row in
+            // 32 (a large tenant), one pass over the file is cheaper.
+            if (offsets.len() as u64).saturating_mul(32) <= ix.requests() {
+                ix.rows_at(&offsets, &mut visit)?;
+                Some(ix.requests())
+            } else {
+                None
+            }
+        }
+        Err(why) => {
+            notes.push(why);
+            None
+        }
+    };
+    let n = match keyed {
+        Some(n) => n,
+        None => {
+            let mut n = 0u64;
+            folder.requests(|row: IndexRow| {
+                n += 1;
+                visit(row);
+                true
+            })?;
+            n
+        }
+    };
     let complete = folder.coverage().complete;
     // Several customers behind one id or hash, and no asker named: counts
     // only, so that no answer names one customer to another.
@@ -310,6 +354,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
             evidence_intact: folder.intact(),
             evidence_problems: folder.evidence_problems(),
             evidence_complete: complete,
+            notes,
         });
     }
     let found = !matches.is_empty() || unaffected > 0;
@@ -378,5 +423,6 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         evidence_intact: folder.intact(),
         evidence_problems: folder.evidence_problems(),
         evidence_complete: complete,
+        notes,
     })
 }

@@ -9,11 +9,11 @@ pub mod commands;
 pub mod output;
 pub mod progress;
 
-use clap::{Parser, Subcommand};
+use clap::{ColorChoice, CommandFactory, FromArgMatches, Subcommand};
 
 /// Record-and-replay forensics for KV-cache isolation failures in LLM
 /// serving engines.
-#[derive(Parser, Debug)]
+#[derive(clap::Parser, Debug)]
 #[command(name = "kvtrail", version, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
@@ -62,13 +62,34 @@ pub enum Command {
     // Act: tell the customers.
     /// Write per-customer breach notification packs and the register entry from a scope folder.
     Notify(commands::notify::Args),
+
+    // Shell: completion scripts and manual pages.
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completions(commands::completions::Args),
+    /// Print the manual page kvtrail.1, or write it and one page per subcommand into a folder.
+    Man(commands::man::Args),
 }
 
 /// What a command asks the process to exit with.
 pub type Exit = i32;
 
+/// Whether colour is off: `NO_COLOR` set to anything but the empty string
+/// (no-color.org). kvtrail's own output has no colour; this turns off
+/// clap's (help, usage and parse errors), whatever else the environment
+/// says (`CLICOLOR_FORCE`).
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
 pub fn run() -> Exit {
-    let cli = match Cli::try_parse() {
+    let mut cmd = Cli::command();
+    if no_color() {
+        cmd = cmd.color(ColorChoice::Never);
+    }
+    let parsed = cmd
+        .try_get_matches()
+        .and_then(|mut m| Cli::from_arg_matches_mut(&mut m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
@@ -92,6 +113,8 @@ pub fn run() -> Exit {
         Command::Diff(a) => commands::diff::run(a),
         Command::Counterfactual(a) => commands::counterfactual::run(a),
         Command::Notify(a) => commands::notify::run(a),
+        Command::Completions(a) => commands::completions::run(a),
+        Command::Man(a) => commands::man::run(a),
     };
     match res {
         Ok(code) => code,

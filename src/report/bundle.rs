@@ -1,6 +1,6 @@
 //! What `scope --out` writes besides the findings files of `write_out`:
-//! the request index and traffic timeline (`index`), the human report
-//! (report.html) and, last, the chain-of-custody record (evidence.json over
+//! the request index, its look-up index and the traffic timeline
+//! (`index`), the human report (report.html) and, last, the chain-of-custody record (evidence.json over
 //! every file in the folder, with the trace's input digests re-checked).
 //! `merge --out` writes the same files from its shard folders
 //! (`write_merge_extras`), so a merged folder is a full scope folder.
@@ -34,6 +34,7 @@ pub fn write_scope_extras(
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
     let written = [
         index::REQUESTS_CSV,
+        index::LOOKUP_INDEX,
         index::TIMELINE_JSON,
         REPORT_HTML,
         custody::EVIDENCE_JSON,
@@ -69,6 +70,7 @@ pub fn write_merge_extras(
     let digest = custody::write_evidence(dir, "scope", command, inputs)?;
     let written = [
         index::REQUESTS_CSV,
+        index::LOOKUP_INDEX,
         index::TIMELINE_JSON,
         REPORT_HTML,
         custody::EVIDENCE_JSON,

@@ -66,6 +66,17 @@ pub fn reader<R: Read>(r: R) -> ::csv::Reader<R> {
         .from_reader(r)
 }
 
+/// A CSV reader for single rows read at known byte offsets (the look-up
+/// index's rows of requests.csv, `Reader::seek`): as `reader`, with a small
+/// buffer, since each seek discards it.
+pub fn row_reader<R: Read>(r: R) -> ::csv::Reader<R> {
+    ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .buffer_capacity(4096)
+        .from_reader(r)
+}
+
 /// Header plus rows as CSV text (cells already made safe by the caller).
 pub fn to_string<I, R, C>(header: &[&str], rows: I) -> String
 where

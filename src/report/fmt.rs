@@ -1,21 +1,28 @@
 //! Text for people, shared by the human-facing writers (the summary,
 //! report.html, notification letters, look-up answers, every CLI message):
-//! UTC times of Unix nanoseconds (`chrono`'s civil calendar; no clock, no
-//! time-zone database), durations, HTML and Markdown escaping of strings that come
+//! UTC times of Unix nanoseconds and durations (`jiff`, the one time
+//! library: no clock, no time-zone database), HTML and Markdown escaping of strings that come
 //! from a trace, how a response's sources are named, and `term` /
 //! `term_message`, the escaping of such strings (and of error messages
 //! quoting them) for terminals. CSV cells are `report::csv`.
 
-use chrono::{DateTime, SecondsFormat};
+use jiff::{RoundMode, SignedDuration, Span, SpanRound, Timestamp, Unit};
 
 use crate::scope::Response;
+
+/// Unix epoch nanoseconds as a `jiff` timestamp. Every `i64` is in jiff's
+/// range (years -9999 to 9999), so this never fails.
+fn timestamp(ns: i64) -> Timestamp {
+    Timestamp::from_nanosecond(i128::from(ns))
+        .expect("every i64 of nanoseconds is a jiff timestamp")
+}
 
 /// Unix epoch nanoseconds as `YYYY-MM-DD HH:MM:SS.mmm UTC` (proleptic
 /// Gregorian, milliseconds truncated): what people read in summaries,
 /// report.html, letters and look-up answers.
 pub fn utc(ns: i64) -> String {
-    DateTime::from_timestamp_nanos(ns)
-        .format("%Y-%m-%d %H:%M:%S%.3f UTC")
+    timestamp(ns)
+        .strftime("%Y-%m-%d %H:%M:%S%.3f UTC")
         .to_string()
 }
 
@@ -28,22 +35,36 @@ pub fn utc_opt(ns: Option<i64>) -> String {
 /// (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`): `inspect`, where the exact time of an
 /// event matters.
 pub fn rfc3339(ns: i64) -> String {
-    DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(SecondsFormat::Nanos, true)
+    format!("{:.9}", timestamp(ns))
 }
 
-/// A duration in nanoseconds for people (`3 days 4 h`, `12 min`, `850 ms`).
+/// A duration in nanoseconds for people (`3 days 4 h`, `12 min`, `850 ms`),
+/// truncated to its largest unit (days of 24 hours: the span is elapsed
+/// time, not calendar days).
 pub fn duration(ns: i64) -> String {
-    let ns = ns.max(0);
-    const S: i64 = 1_000_000_000;
-    if ns < S {
-        return format!("{} ms", ns / 1_000_000);
+    let d = SignedDuration::from_nanos(ns.max(0));
+    let s = d.as_secs();
+    if s < 1 {
+        return format!("{} ms", d.as_millis());
     }
-    let s = ns / S;
     match s {
         0..=119 => format!("{s} s"),
-        120..=7199 => format!("{} min", s / 60),
-        7200..=172_799 => format!("{} h", s / 3600),
-        _ => format!("{} days {} h", s / 86_400, (s % 86_400) / 3600),
+        120..=7199 => format!("{} min", d.as_mins()),
+        7200..=172_799 => format!("{} h", d.as_hours()),
+        _ => {
+            let span = Span::try_from(d)
+                .and_then(|sp| {
+                    sp.round(
+                        SpanRound::new()
+                            .largest(Unit::Day)
+                            .smallest(Unit::Hour)
+                            .mode(RoundMode::Trunc)
+                            .days_are_24_hours(),
+                    )
+                })
+                .expect("an i64 of nanoseconds fits a span of days and hours");
+            format!("{} days {} h", span.get_days(), span.get_hours())
+        }
     }
 }
 
@@ -227,6 +248,27 @@ mod tests {
             assert_eq!(rfc3339(ns), want_rfc, "{ns}");
         }
         assert_eq!(utc_opt(None), "-");
+    }
+
+    #[test]
+    fn durations_truncate_to_their_largest_unit() {
+        const S: i64 = 1_000_000_000;
+        for (ns, want) in [
+            (-5, "0 ms"),
+            (0, "0 ms"),
+            (999_999_999, "999 ms"),
+            (S, "1 s"),
+            (119 * S + 999, "119 s"),
+            (120 * S, "2 min"),
+            (7199 * S, "119 min"),
+            (7200 * S, "2 h"),
+            (172_799 * S, "47 h"),
+            (172_800 * S, "2 days 0 h"),
+            ((3 * 86_400 + 4 * 3600 + 3599) * S, "3 days 4 h"),
+            (i64::MAX, "106751 days 23 h"),
+        ] {
+            assert_eq!(duration(ns), want, "{ns}");
+        }
     }
 
     #[test]

@@ -12,6 +12,17 @@
 //! requests.csv is for people and for `lookup`: its text cells (external_id,
 //! tenant) follow the spreadsheet rule of `report::csv` and `read_index`
 //! undoes it exactly, so an external id that begins with `=` is found.
+//!
+//! requests.index.parquet is `lookup`'s index into requests.csv: one
+//! `trace::sorted` key file of (key, byte offset of the row) pairs, three
+//! keys per request (its external id, output hash and tenant, each hashed
+//! to 61 bits with its kind in the top bits), sorted, so that a look-up
+//! reads a few small row groups and then only the rows it points at, and
+//! checks every row it reads against the question (a hash collision only
+//! costs a row read). It is built from requests.csv as written, by the
+//! same parser `lookup` uses, and records requests.csv's digest and size,
+//! so an index is only used with the requests.csv it was built from.
+//! Building it holds 16 bytes per key (48 per request) while sorting.
 
 use std::path::Path;
 
@@ -23,9 +34,11 @@ use crate::schema::hex32;
 use crate::scope::ScopeReport;
 use crate::scope::anomalies::answered_ok;
 use crate::trace::read::Trace;
+use crate::trace::sorted::{SortedReader, SortedWriter};
 
 /// File names inside a scope output folder.
 pub const REQUESTS_CSV: &str = "requests.csv";
+pub const LOOKUP_INDEX: &str = "requests.index.parquet";
 pub const TIMELINE_JSON: &str = "timeline.json";
 
 /// Header of requests.csv.
@@ -161,6 +174,8 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
         }
     }
     w.flush().map_err(|e| Error::io(&path, e))?;
+    drop(w);
+    write_lookup_index(dir)?;
     tl.finish(report, dir)
 }
 
@@ -185,6 +200,8 @@ pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeli
     let mut f = std::fs::File::open(&from).map_err(|e| Error::io(&from, e))?;
     let mut w = crate::custody::create_private(&to)?;
     std::io::copy(&mut f, &mut w).map_err(|e| Error::io(&to, e))?;
+    drop(w);
+    write_lookup_index(dir)?;
     tl.finish(report, dir)
 }
 
@@ -193,25 +210,37 @@ pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeli
 /// so memory does not grow with the trace. Text cells are returned as they
 /// were in the trace (`csv::untext`). Errors name the file and row.
 pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
+    read_index_at(dir, |row, _| f(row))
+}
+
+fn open_requests(dir: &Path) -> Result<(std::path::PathBuf, std::fs::File)> {
     let path = dir.join(REQUESTS_CSV);
-    let file = match std::fs::File::open(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::invalid(
-                crate::error::Location::file(&path),
-                "the scope folder has no request index",
-                "it was written by an older kvtrail; run `kvtrail scope TRACE --out DIR` again",
-            ));
-        }
-        Err(e) => return Err(Error::io(&path, e)),
-    };
-    let bad = |row: u64, what: String| {
-        Error::invalid(
-            crate::error::Location::file(&path).row(row),
-            what,
-            "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
-        )
-    };
+    match std::fs::File::open(&path) {
+        Ok(t) => Ok((path, t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::invalid(
+            crate::error::Location::file(&path),
+            "the scope folder has no request index",
+            "it was written by an older kvtrail; run `kvtrail scope TRACE --out DIR` again",
+        )),
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+fn bad_row(path: &Path, row: Option<u64>, what: String) -> Error {
+    let loc = crate::error::Location::file(path);
+    Error::invalid(
+        match row {
+            Some(r) => loc.row(r),
+            None => loc,
+        },
+        what,
+        "requests.csv is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
+    )
+}
+
+/// `read_index` with each row's byte offset in requests.csv.
+fn read_index_at(dir: &Path, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result<()> {
+    let (path, file) = open_requests(dir)?;
     let mut rd = csv::reader(std::io::BufReader::new(file));
     let mut rec = ::csv::StringRecord::new();
     let mut header = true;
@@ -223,47 +252,202 @@ pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()>
             Ok(true) => {}
             Err(e) => {
                 let row = e.position().map_or(row, |p| p.line().saturating_sub(1));
-                return Err(bad(row, format!("not valid CSV: {e}")));
+                return Err(bad_row(&path, Some(row), format!("not valid CSV: {e}")));
             }
         }
         let i = rec.position().map_or(row, |p| p.line().saturating_sub(1));
+        let offset = rec.position().map_or(0, |p| p.byte());
         if header {
             if rec.iter().collect::<Vec<_>>().join(",") != REQUESTS_HEADER {
-                return Err(bad(i, format!("header is not `{REQUESTS_HEADER}`")));
+                return Err(bad_row(
+                    &path,
+                    Some(i),
+                    format!("header is not `{REQUESTS_HEADER}`"),
+                ));
             }
             header = false;
             continue;
         }
-        let r: Vec<&str> = rec.iter().collect();
-        if r.len() != 10 {
-            return Err(bad(i, format!("{} fields, expected 10", r.len())));
-        }
-        let num = |k: usize| -> Result<Option<i128>> {
-            if r[k].is_empty() {
-                return Ok(None);
-            }
-            r[k].parse::<i128>()
-                .map(Some)
-                .map_err(|_| bad(i, format!("field {} is not a number: {:?}", k + 1, r[k])))
-        };
-        let need = |k: usize| -> Result<i128> {
-            num(k)?.ok_or_else(|| bad(i, format!("field {} is empty", k + 1)))
-        };
-        let row = IndexRow {
-            request_id: need(0)? as u64,
-            external_id: (!r[1].is_empty()).then(|| csv::untext(r[1]).to_string()),
-            tenant: csv::untext(r[2]).to_string(),
-            arrival_ns: need(3)? as i64,
-            finish_ns: num(4)?.map(|v| v as i64),
-            http_status: need(5)? as u16,
-            prompt_tokens: need(6)? as u32,
-            prefilled_tokens: num(7)?.map(|v| v as u32),
-            output_tokens: need(8)? as u32,
-            output_hash: (!r[9].is_empty()).then(|| r[9].to_string()),
-        };
-        if !f(row) {
+        let row = parse_row(&rec).map_err(|what| bad_row(&path, Some(i), what))?;
+        if !f(row, offset) {
             return Ok(());
         }
+    }
+}
+
+/// One record of requests.csv as an `IndexRow`, or what is wrong with it.
+fn parse_row(rec: &::csv::StringRecord) -> std::result::Result<IndexRow, String> {
+    let r: Vec<&str> = rec.iter().collect();
+    if r.len() != 10 {
+        return Err(format!("{} fields, expected 10", r.len()));
+    }
+    let num = |k: usize| -> std::result::Result<Option<i128>, String> {
+        if r[k].is_empty() {
+            return Ok(None);
+        }
+        r[k].parse::<i128>()
+            .map(Some)
+            .map_err(|_| format!("field {} is not a number: {:?}", k + 1, r[k]))
+    };
+    let need = |k: usize| -> std::result::Result<i128, String> {
+        num(k)?.ok_or_else(|| format!("field {} is empty", k + 1))
+    };
+    Ok(IndexRow {
+        request_id: need(0)? as u64,
+        external_id: (!r[1].is_empty()).then(|| csv::untext(r[1]).to_string()),
+        tenant: csv::untext(r[2]).to_string(),
+        arrival_ns: need(3)? as i64,
+        finish_ns: num(4)?.map(|v| v as i64),
+        http_status: need(5)? as u16,
+        prompt_tokens: need(6)? as u32,
+        prefilled_tokens: num(7)?.map(|v| v as u32),
+        output_tokens: need(8)? as u32,
+        output_hash: (!r[9].is_empty()).then(|| r[9].to_string()),
+    })
+}
+
+/// What a look-up index key stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    ExternalId = 0,
+    OutputHash = 1,
+    Tenant = 2,
+}
+
+/// The index key of a value: blake3 of the kind and the value, 61 bits,
+/// with the kind in bits 61 and 62 (so the keys of one kind are
+/// contiguous and every key is a non-negative 64-bit integer).
+pub fn lookup_key(kind: KeyKind, value: &str) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(&[kind as u8]);
+    h.update(value.as_bytes());
+    let b = h.finalize();
+    let low = u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"));
+    ((kind as u64) << 61) | (low & ((1 << 61) - 1))
+}
+
+/// Format name and version in the index's footer metadata.
+const INDEX_FORMAT: &str = "kvtrail-lookup-index";
+const INDEX_VERSION: &str = "1";
+
+/// Builds requests.index.parquet from the folder's requests.csv.
+pub fn write_lookup_index(dir: &Path) -> Result<()> {
+    let mut pairs: Vec<(u64, u64)> = Vec::new();
+    let mut n = 0u64;
+    read_index_at(dir, |row, off| {
+        n += 1;
+        if let Some(x) = &row.external_id {
+            pairs.push((lookup_key(KeyKind::ExternalId, x), off));
+        }
+        if let Some(x) = &row.output_hash {
+            pairs.push((lookup_key(KeyKind::OutputHash, x), off));
+        }
+        pairs.push((lookup_key(KeyKind::Tenant, &row.tenant), off));
+        true
+    })?;
+    pairs.sort_unstable();
+    let (blake3, bytes) = crate::custody::hash_file(&dir.join(REQUESTS_CSV))?;
+    let path = dir.join(LOOKUP_INDEX);
+    let file = crate::custody::create_private(&path)?;
+    let mut w = SortedWriter::new(
+        file,
+        &path,
+        &[
+            ("kvtrail.format", INDEX_FORMAT.into()),
+            ("kvtrail.version", INDEX_VERSION.into()),
+            ("kvtrail.requests", n.to_string()),
+            ("kvtrail.requests_csv_bytes", bytes.to_string()),
+            ("kvtrail.requests_csv_blake3", blake3),
+        ],
+    )?;
+    for (k, off) in pairs {
+        w.push(k, off)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// A scope folder's look-up index, opened and matched to its requests.csv.
+pub struct LookupIndex {
+    dir: std::path::PathBuf,
+    keys: SortedReader,
+    requests: u64,
+}
+
+impl LookupIndex {
+    /// Opens the index of `dir` when it is there, of this format, and was
+    /// built from the requests.csv whose digest and size evidence.json
+    /// records (`csv_blake3`, `csv_bytes`). `Err` says why it cannot be
+    /// used (the caller scans requests.csv instead and says so).
+    pub fn open(
+        dir: &Path,
+        csv_blake3: &str,
+        csv_bytes: u64,
+    ) -> std::result::Result<LookupIndex, String> {
+        let path = dir.join(LOOKUP_INDEX);
+        if !path.is_file() {
+            return Err(format!(
+                "the folder has no look-up index ({LOOKUP_INDEX}: written by an older kvtrail)"
+            ));
+        }
+        let keys =
+            SortedReader::open(&path).map_err(|e| format!("{LOOKUP_INDEX} unreadable: {e}"))?;
+        if keys.metadata("kvtrail.format") != Some(INDEX_FORMAT)
+            || keys.metadata("kvtrail.version") != Some(INDEX_VERSION)
+        {
+            return Err(format!(
+                "{LOOKUP_INDEX} is not a look-up index of this version"
+            ));
+        }
+        if keys.metadata("kvtrail.requests_csv_blake3") != Some(csv_blake3)
+            || keys.metadata("kvtrail.requests_csv_bytes") != Some(&csv_bytes.to_string())
+        {
+            return Err(format!(
+                "{LOOKUP_INDEX} was built from another {REQUESTS_CSV} than the one evidence.json records"
+            ));
+        }
+        let requests = keys
+            .metadata("kvtrail.requests")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{LOOKUP_INDEX} does not record its number of requests"))?;
+        Ok(LookupIndex {
+            dir: dir.to_path_buf(),
+            keys,
+            requests,
+        })
+    }
+
+    /// Number of requests (rows of requests.csv) the index covers.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// Byte offsets in requests.csv of the rows whose `kind` value may be
+    /// `value` (ascending: file order). Every row they point at must still
+    /// be compared with the question.
+    pub fn candidates(&self, kind: KeyKind, value: &str) -> Result<Vec<u64>> {
+        self.keys.find(lookup_key(kind, value))
+    }
+
+    /// Reads the rows of requests.csv at `offsets` (ascending), calling `f`
+    /// for each in order. Errors name the file and byte offset.
+    pub fn rows_at(&self, offsets: &[u64], mut f: impl FnMut(IndexRow)) -> Result<()> {
+        let (path, file) = open_requests(&self.dir)?;
+        let mut rd = csv::row_reader(file);
+        let mut rec = ::csv::StringRecord::new();
+        for &off in offsets {
+            let mut pos = ::csv::Position::new();
+            pos.set_byte(off);
+            rd.seek(pos).map_err(|e| Error::io(&path, e.into()))?;
+            let what = |w: String| bad_row(&path, None, format!("at byte {off}: {w}"));
+            match rd.read_record(&mut rec) {
+                Ok(true) => {}
+                Ok(false) => return Err(what("no row there".into())),
+                Err(e) => return Err(what(format!("not valid CSV: {e}"))),
+            }
+            f(parse_row(&rec).map_err(what)?);
+        }
+        Ok(())
     }
 }
 

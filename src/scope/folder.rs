@@ -131,6 +131,37 @@ impl ScopeFolder {
         index::read_index(&self.dir, f)
     }
 
+    /// The folder's look-up index (`report::index::LookupIndex`), when it
+    /// can be used: the folder matches its evidence.json (so neither the
+    /// index nor requests.csv was changed since scope wrote them) and the
+    /// index was built from the requests.csv recorded there. `Err` says why
+    /// not; the caller then scans requests.csv (`requests`) and says so.
+    pub fn lookup_index(&self) -> std::result::Result<index::LookupIndex, String> {
+        if !self.dir.join(index::LOOKUP_INDEX).is_file() {
+            return Err(format!(
+                "this scope folder has no look-up index ({}; written by an older kvtrail), so requests.csv was scanned",
+                index::LOOKUP_INDEX
+            ));
+        }
+        if !self.intact() {
+            return Err(
+                "the folder does not match its evidence.json, so its look-up index was not used and requests.csv was scanned"
+                    .into(),
+            );
+        }
+        let Some(csv) = self
+            .checked
+            .evidence
+            .outputs
+            .iter()
+            .find(|f| f.path == index::REQUESTS_CSV)
+        else {
+            return Err("evidence.json lists no requests.csv".into());
+        };
+        index::LookupIndex::open(&self.dir, &csv.blake3, csv.bytes)
+            .map_err(|why| format!("{why}, so requests.csv was scanned"))
+    }
+
     /// Refuses a shard's folder where the findings of every pool are needed
     /// (`what`: the command, for the message).
     pub fn refuse_shard(&self, what: &str) -> Result<()> {

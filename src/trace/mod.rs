@@ -10,6 +10,7 @@ mod hive;
 pub mod index;
 pub mod manifest;
 pub mod read;
+pub mod sorted;
 pub mod verify;
 pub mod write;
 

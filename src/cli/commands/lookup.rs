@@ -132,6 +132,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         for p in &a.evidence_problems {
             writeln!(out, "  FAIL {}", term(p))?;
         }
+        for n in &a.notes {
+            writeln!(out, "note: {}", term(n))?;
+        }
         Ok(())
     })?;
     Ok(if a.evidence_intact { 0 } else { 1 })

@@ -1,12 +1,14 @@
 //! One module per subcommand.
 
 pub mod audit;
+pub mod completions;
 pub mod counterfactual;
 pub mod demo;
 pub mod diff;
 pub mod ingest;
 pub mod inspect;
 pub mod lookup;
+pub mod man;
 pub mod merge;
 pub mod notify;
 pub mod record;
