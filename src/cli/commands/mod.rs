@@ -4,6 +4,7 @@ pub mod audit;
 pub mod counterfactual;
 pub mod demo;
 pub mod diff;
+pub mod export;
 pub mod ingest;
 pub mod inspect;
 pub mod lookup;
