@@ -269,6 +269,13 @@ pub fn write_export(scope_dir: &Path, out: &Path, bytes: &str, force: bool) -> R
             hint_dir,
         )
     })?;
+    if !parent_abs.is_dir() {
+        return Err(Error::invalid(
+            Location::file(out),
+            "cannot write here: what should be its folder is not a folder",
+            hint_dir,
+        ));
+    }
     let scope_abs = std::fs::canonicalize(scope_dir).map_err(|e| Error::io(scope_dir, e))?;
     if parent_abs.starts_with(&scope_abs) {
         return Err(Error::invalid(
@@ -294,5 +301,12 @@ pub fn write_export(scope_dir: &Path, out: &Path, bytes: &str, force: bool) -> R
         }
         _ => {}
     }
-    custody::write_private_atomic(out, bytes.as_bytes())
+    custody::write_private_atomic(out, bytes.as_bytes()).map_err(|e| match e {
+        Error::Io { source, .. } => Error::invalid(
+            Location::file(out),
+            format!("cannot be written ({source}); nothing was written"),
+            hint_dir,
+        ),
+        e => e,
+    })
 }

@@ -119,13 +119,20 @@ def micros(dt):
     )
 
 
+def timesketch_read(reader, text):
+    try:
+        return list(reader(io.StringIO(text)))
+    except Exception as e:  # RuntimeError, DataIngestionError
+        fail(f"Timesketch's reader refused the file: {e}")
+
+
 def check_timesketch(path):
     from dateutil import parser
     from timesketch.lib.utils import read_and_validate_jsonl
 
     lines = lines_of(path)
     text = open(path, encoding="utf-8").read()
-    as_read = list(read_and_validate_jsonl(io.StringIO(text)))
+    as_read = timesketch_read(read_and_validate_jsonl, text)
     if len(as_read) != len(lines):
         fail(f"Timesketch's reader returned {len(as_read)} events for {len(lines)} lines")
     stripped = []
@@ -158,7 +165,7 @@ def check_timesketch(path):
         stripped.append(json.dumps(ev))
     if len(keys) > MAX_KEYS:
         fail(f"{len(keys)} distinct keys, over Timesketch's limit of about {MAX_KEYS}")
-    reparsed = list(read_and_validate_jsonl(io.StringIO("\n".join(stripped) + "\n" if stripped else "")))
+    reparsed = timesketch_read(read_and_validate_jsonl, "\n".join(stripped) + "\n" if stripped else "")
     if len(reparsed) != len(lines):
         fail(f"without timestamp, Timesketch's reader kept {len(reparsed)} of {len(lines)} lines (a datetime it cannot parse)")
     for i, (ev, got) in enumerate(zip(as_read, reparsed), 1):

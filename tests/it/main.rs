@@ -10,6 +10,7 @@ mod bad_input;
 mod contract_conformance;
 mod coverage_holes;
 mod crash;
+mod export;
 mod cuda_cli;
 mod cuda_emu;
 mod cuda_nvrtc;
