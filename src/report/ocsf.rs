@@ -184,8 +184,14 @@ fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Fin
     let others = other_customers(&a.tenant, a.sources.iter().map(|s| &s.tenant));
     let info = Obj::new()
         .set("uid", uid.clone())
-        .set("title", "KV-cache isolation failure: a response read KV that was not its own")
-        .set("types", vec!["KV-cache isolation failure", "foreign KV read"])
+        .set(
+            "title",
+            "KV-cache isolation failure: a response read KV that was not its own",
+        )
+        .set(
+            "types",
+            vec!["KV-cache isolation failure", "foreign KV read"],
+        )
         .set("first_seen_time", first)
         .set("last_seen_time", last)
         .set("data_sources", vec!["kvtrail trace"])
@@ -311,7 +317,10 @@ fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Fin
         )
         .set(
             "types",
-            vec!["KV-cache isolation failure", "cross-tenant prefix-cache hit"],
+            vec![
+                "KV-cache isolation failure",
+                "cross-tenant prefix-cache hit",
+            ],
         )
         .set("first_seen_time", at)
         .set("last_seen_time", end.unwrap_or(at))
@@ -473,7 +482,10 @@ pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
                 "recipient_tenants",
                 recipients.iter().copied().collect::<Vec<_>>(),
             )
-            .set("source_tenants", sources.iter().copied().collect::<Vec<_>>());
+            .set(
+                "source_tenants",
+                sources.iter().copied().collect::<Vec<_>>(),
+            );
     }
     let status_detail = if complete {
         "evidence complete".to_string()
@@ -483,37 +495,83 @@ pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
             r.coverage.notes.len()
         )
     };
-    let incident = base(
-        CLASS_INCIDENT_FINDING,
-        "Incident Finding",
-        severity,
-        time,
-    )
-    .opt("start_time", r.time_window.first_exposure_ns.map(ms))
-    .opt("end_time", r.time_window.last_exposure_ns.map(ms))
-    .set("status_id", STATUS_NEW)
-    .set("status", "New")
-    .set("status_detail", status_detail)
-    .set("confidence_id", conf)
-    .set("confidence", confidence_name(conf))
-    .set("is_suspected_breach", r.any_exposure())
-    .set("message", format!("kvtrail scope: {}", r.verdict))
-    .set(
-        "desc",
-        format!(
-            "KV-cache isolation incident on deployment {:?} ({}): {}",
-            d.name, d.engine, r.verdict
-        ),
-    )
-    .set("assignee_group", json!({ "name": ASSIGNEE_GROUP }))
-    .set(
-        "finding_info_list",
-        findings.iter().map(|f| f.info.clone()).collect::<Vec<_>>(),
-    )
-    .set("metadata", metadata(input, audience, &uid, &["incident"]))
-    .set("unmapped", unmapped.done())
-    .done();
+    let incident = base(CLASS_INCIDENT_FINDING, "Incident Finding", severity, time)
+        .opt("start_time", r.time_window.first_exposure_ns.map(ms))
+        .opt("end_time", r.time_window.last_exposure_ns.map(ms))
+        .set("status_id", STATUS_NEW)
+        .set("status", "New")
+        .set("status_detail", status_detail)
+        .set("confidence_id", conf)
+        .set("confidence", confidence_name(conf))
+        .set("is_suspected_breach", r.any_exposure())
+        .set("message", format!("kvtrail scope: {}", r.verdict))
+        .set(
+            "desc",
+            format!(
+                "KV-cache isolation incident on deployment {:?} ({}): {}",
+                d.name, d.engine, r.verdict
+            ),
+        )
+        .set("assignee_group", json!({ "name": ASSIGNEE_GROUP }))
+        .set(
+            "finding_info_list",
+            findings.iter().map(|f| f.info.clone()).collect::<Vec<_>>(),
+        )
+        .set("metadata", metadata(input, audience, &uid, &["incident"]))
+        .set("unmapped", unmapped.done())
+        .done();
     let mut out: Vec<Value> = findings.into_iter().map(|f| f.event).collect();
     out.push(incident);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(confidence: Confidence, cross_tenant: bool) -> Response {
+        Response {
+            request_id: 1,
+            external_id: None,
+            tenant: Tenant::Unknown,
+            in_requests_table: false,
+            arrival_ns: None,
+            finish_ns: None,
+            http_status: None,
+            finish_reason: None,
+            prompt_tokens: None,
+            prefilled_tokens: None,
+            output_tokens: None,
+            output_hash: None,
+            foreign_tokens: 1,
+            unknown_tokens: 0,
+            uncertain_tokens: 0,
+            exposed_tokens: 1,
+            cross_tenant,
+            confidence,
+            reasons: vec![],
+            first_read_ns: 0,
+            last_read_ns: 0,
+            sources: vec![],
+        }
+    }
+
+    #[test]
+    fn milliseconds_round_down_and_severities_follow_confidence_and_tenancy() {
+        assert_eq!(ms(1_999_999), 1);
+        assert_eq!(ms(-1), -1);
+        assert_eq!(ms(i64::MIN), i64::MIN / 1_000_000 - 1);
+        let (c, p) = (Confidence::Confirmed, Confidence::Possible);
+        for (conf, cross, want) in [
+            (c, true, "High"),
+            (p, true, "Medium"),
+            (p, false, "Medium"),
+            (c, false, "Low"),
+        ] {
+            let got = severity_name(response_severity(&response(conf, cross)));
+            assert_eq!(got, want, "{conf:?} cross-tenant {cross}");
+        }
+        assert_eq!(confidence_name(confidence_id(c)), "High");
+        assert_eq!(confidence_name(confidence_id(p)), "Medium");
+    }
 }

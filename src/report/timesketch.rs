@@ -163,10 +163,7 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
         .set("source_requests", a.sources.len() as u64)
         .set("source_customers", others.len() as u64);
         if audience == Audience::Internal {
-            l = l.set(
-                "source_tenants",
-                others.iter().copied().collect::<Vec<_>>(),
-            );
+            l = l.set("source_tenants", others.iter().copied().collect::<Vec<_>>());
         }
         out.push(l);
     }
@@ -203,10 +200,7 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
                 l = l.set("time_known", false);
             }
             if audience == Audience::Internal {
-                l = l.set(
-                    "source_tenants",
-                    others.iter().copied().collect::<Vec<_>>(),
-                );
+                l = l.set("source_tenants", others.iter().copied().collect::<Vec<_>>());
             }
             out.push(l);
         }
@@ -293,4 +287,30 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
             Value::Object(obj)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datetime_is_utc_with_offset_and_equals_the_microseconds() {
+        assert_eq!(micros(-1), -1);
+        assert_eq!(micros(1_999), 1);
+        assert_eq!(datetime(0), "1970-01-01T00:00:00.000000+00:00");
+        assert_eq!(datetime(micros(-1)), "1969-12-31T23:59:59.999999+00:00");
+        assert_eq!(
+            datetime(micros(1_788_221_069_821_506_613)),
+            "2026-09-01T00:04:29.821506+00:00"
+        );
+        // The ends of a trace's i64 nanoseconds are inside jiff's range.
+        assert_eq!(
+            datetime(micros(i64::MAX)),
+            "2262-04-11T23:47:16.854775+00:00"
+        );
+        assert_eq!(
+            datetime(micros(i64::MIN)),
+            "1677-09-21T00:12:43.145224+00:00"
+        );
+    }
 }

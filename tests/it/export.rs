@@ -101,7 +101,10 @@ fn check_folder(dir: &Path, tmp: &Path) -> (PathBuf, PathBuf) {
     assert_eq!(v["classes"]["2005"], 1);
     let evs = lines(&dir.join(OCSF));
     for e in &evs {
-        let (c, a) = (e["class_uid"].as_u64().unwrap(), e["activity_id"].as_u64().unwrap());
+        let (c, a) = (
+            e["class_uid"].as_u64().unwrap(),
+            e["activity_id"].as_u64().unwrap(),
+        );
         assert_eq!(e["type_uid"].as_u64().unwrap(), c * 100 + a);
         assert_eq!(e["metadata"]["labels"][0], "kvtrail:external");
     }
@@ -165,14 +168,20 @@ fn check_folder(dir: &Path, tmp: &Path) -> (PathBuf, PathBuf) {
         + sum["coverage"]["notes"].as_array().unwrap().len();
     assert_eq!(count("kvtrail:coverage:hole") as usize, holes);
     // Time order; capture start first.
-    let ts: Vec<i64> = tl.iter().map(|l| l["timestamp"].as_i64().unwrap()).collect();
+    let ts: Vec<i64> = tl
+        .iter()
+        .map(|l| l["timestamp"].as_i64().unwrap())
+        .collect();
     assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
     assert_eq!(tl[0]["data_type"], "kvtrail:capture:start");
 
     // export re-emits scope's files byte for byte.
     for (format, file) in [("ocsf", OCSF), ("timesketch", TIMELINE)] {
         let want = std::fs::read(dir.join(file)).unwrap();
-        assert!(export(dir, format, false) == want, "export {format} differs");
+        assert!(
+            export(dir, format, false) == want,
+            "export {format} differs"
+        );
         let out = tmp.join(format!("out-{format}.jsonl"));
         kvtrail(["export", s(dir), "--format", format, "--out", s(&out)])
             .run()
@@ -265,7 +274,12 @@ fn assert_external_safe(dir: &Path, int_ocsf: &Path, int_tl: &Path) -> usize {
     };
     let tl_owner = |e: &Value| e["tenant"].as_str().map(str::to_string);
     assert_eq!(check(&dir.join(OCSF), &ocsf_owner), 0, "{}", dir.display());
-    assert_eq!(check(&dir.join(TIMELINE), &tl_owner), 0, "{}", dir.display());
+    assert_eq!(
+        check(&dir.join(TIMELINE), &tl_owner),
+        0,
+        "{}",
+        dir.display()
+    );
     let incident = lines(&dir.join(OCSF)).pop().unwrap();
     assert!(all.iter().all(|t| !names(&incident, t)));
     check(int_ocsf, &ocsf_owner) + check(int_tl, &tl_owner)
@@ -515,15 +529,9 @@ fn a_merged_folder_carries_the_same_exports_as_a_single_run() {
         shards.push(out);
     }
     let merged = tmp.path().join("merged");
-    kvtrail([
-        "merge",
-        s(&shards[0]),
-        s(&shards[1]),
-        "--out",
-        s(&merged),
-    ])
-    .run()
-    .ok();
+    kvtrail(["merge", s(&shards[0]), s(&shards[1]), "--out", s(&merged)])
+        .run()
+        .ok();
     for f in [OCSF, TIMELINE] {
         assert!(
             std::fs::read(merged.join(f)).unwrap() == std::fs::read(single.join(f)).unwrap(),
