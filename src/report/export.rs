@@ -144,6 +144,16 @@ impl ExportInput {
         self.requests.get(&request_id).map(|r| r.arrival_ns)
     }
 
+    /// The coverage notes an audience may read: external files get them
+    /// worded without file paths (a trace's file names can carry customers'
+    /// names, e.g. Hive folders by tenant), as notification packs do.
+    pub fn coverage_notes(&self, audience: Audience) -> Vec<String> {
+        match audience {
+            Audience::External => crate::scope::customer_notes(&self.report.coverage),
+            Audience::Internal => self.report.coverage.notes.clone(),
+        }
+    }
+
     /// Whether cross-tenant prefix-cache hits are isolation findings here
     /// (the deployment promised per-tenant prefix caches).
     pub fn prefix_hits_count(&self) -> bool {

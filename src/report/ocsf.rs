@@ -459,7 +459,7 @@ pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
         .set("verdict", r.verdict.clone())
         .set("evidence_complete", complete)
         .set("capture_complete", r.coverage.capture_complete)
-        .set("coverage_notes", r.coverage.notes.clone())
+        .set("coverage_notes", input.coverage_notes(audience))
         .set("gaps", r.coverage.gaps.len() as u64)
         .set("requests", r.counts.requests)
         .set("affected_responses", r.counts.affected_responses)

@@ -273,7 +273,7 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
             .set("missing_events", missing),
         );
     }
-    for n in &r.coverage.notes {
+    for n in &input.coverage_notes(audience) {
         out.push(hole(format!("Evidence incomplete: {n}")));
     }
 

@@ -620,3 +620,41 @@ fn bad_input_is_refused_and_nothing_is_written_half_way() {
         assert!(!out2.exists());
     }
 }
+
+/// A file a trace's readers skip, under a name that carries a customer's
+/// name (Hive folders by tenant do): the responder's coverage notes quote
+/// the path, the external exports count the file without naming it.
+#[test]
+fn external_exports_word_coverage_notes_without_file_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "acme");
+    tb.req(2, "globex");
+    tb.write(0, 1, 0, 4);
+    tb.read(0, 2, 0, 4);
+    let t = tb.record(&tmp.path().join("t"));
+    std::fs::write(t.join("requests/_umbrella-corp-requests.parquet"), b"x").unwrap();
+    let dir = tmp.path().join("scope");
+    scope_out(&t, &dir);
+    let sum = summary(&dir);
+    assert_eq!(sum["coverage"]["complete"], false);
+    let hidden = "umbrella-corp";
+    assert!(sum["coverage"]["notes"].to_string().contains(hidden));
+    let (int_ocsf, int_tl) = check_folder(&dir, tmp.path());
+    for f in [dir.join(OCSF), dir.join(TIMELINE)] {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(!text.contains(hidden), "{}", f.display());
+        assert!(text.contains("evidence_complete\":false"));
+    }
+    for f in [&int_ocsf, &int_tl] {
+        assert!(std::fs::read_to_string(f).unwrap().contains(hidden));
+    }
+    let incident = lines(&dir.join(OCSF)).pop().unwrap();
+    assert_eq!(incident["unmapped"]["evidence_complete"], false);
+    assert!(
+        incident["status_detail"]
+            .as_str()
+            .unwrap()
+            .contains("INCOMPLETE")
+    );
+}
