@@ -122,6 +122,28 @@ pub fn create_private(path: &Path) -> Result<std::fs::File> {
     Ok(f)
 }
 
+/// Writes a file owner-only (0600) all at once: a temporary file in the
+/// same folder, renamed over `path` only when every byte is written, so a
+/// failure leaves no half-written file.
+pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // tempfile creates the file 0600.
+    let mut t = tempfile::Builder::new()
+        .prefix(".kvtrail-")
+        .suffix(".tmp")
+        .tempfile_in(parent)
+        .map_err(|e| Error::io(path, e))?;
+    t.write_all(bytes)
+        .and_then(|_| t.flush())
+        .map_err(|e| Error::io(path, e))?;
+    t.persist(path).map_err(|e| Error::io(path, e.error))?;
+    set_mode(path, 0o600)
+}
+
 /// Makes a file written by another writer (Parquet) owner-only (0600).
 pub fn make_private(path: &Path) -> Result<()> {
     set_mode(path, 0o600)

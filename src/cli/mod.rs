@@ -48,6 +48,8 @@ pub enum Command {
     Demo(commands::demo::Args),
     /// Answer "was this response affected?" from a scope folder.
     Lookup(commands::lookup::Args),
+    /// Export a scope folder's findings for other tools: OCSF (SIEM, Security Hub) or a Timesketch timeline.
+    Export(commands::export::Args),
     /// Combine `scope --pools` shard outputs into the report of a single run.
     Merge(commands::merge::Args),
     /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
@@ -107,6 +109,7 @@ pub fn run() -> Exit {
         Command::Scope(a) => commands::scope::run(a),
         Command::Demo(a) => commands::demo::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
+        Command::Export(a) => commands::export::run(a),
         Command::Merge(a) => commands::merge::run(a),
         Command::Sql(a) => commands::sql::run(a),
         Command::Replay(a) => commands::replay::run(a),

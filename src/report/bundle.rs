@@ -1,6 +1,8 @@
 //! What `scope --out` writes besides the findings files of `write_out`:
 //! the request index, its look-up index and the traffic timeline
-//! (`index`), the human report (report.html) and, last, the chain-of-custody record (evidence.json over
+//! (`index`), the human report (report.html), the exports for other tools
+//! (findings.ocsf.jsonl and timeline.jsonl, `export`) and, last, the
+//! chain-of-custody record (evidence.json over
 //! every file in the folder, with the trace's input digests re-checked).
 //! `merge --out` writes the same files from its shard folders
 //! (`write_merge_extras`), so a merged folder is a full scope folder.
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::custody;
 use crate::error::Result;
-use crate::report::{html, index};
+use crate::report::{export, html, index};
 use crate::scope::ScopeReport;
 use crate::scope::merge::ShardFolder;
 use crate::trace::read::Trace;
@@ -17,7 +19,8 @@ use crate::trace::read::Trace;
 /// File name of the human report.
 pub const REPORT_HTML: &str = "report.html";
 
-/// Writes requests.csv, timeline.json, report.html and evidence.json into
+/// Writes requests.csv, timeline.json, report.html, findings.ocsf.jsonl,
+/// timeline.jsonl and evidence.json into
 /// `dir` (after `report::write_out`). `command` is the command line as
 /// given. Returns the paths written and the evidence digest.
 pub fn write_scope_extras(
@@ -31,12 +34,15 @@ pub fn write_scope_extras(
     let inputs = custody::trace_inputs(&trace.dir)?;
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &inputs, command))?;
+    export::write_scope_exports(dir, &inputs)?;
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
     let written = [
         index::REQUESTS_CSV,
         index::LOOKUP_INDEX,
         index::TIMELINE_JSON,
         REPORT_HTML,
+        export::OCSF_JSONL,
+        export::TIMELINE_JSONL,
         custody::EVIDENCE_JSON,
     ]
     .iter()
@@ -66,6 +72,7 @@ pub fn write_merge_extras(
     let tl = index::copy_index(&first.dir, r, dir)?;
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &first.trace, command))?;
+    export::write_scope_exports(dir, &first.trace)?;
     let inputs = shards.iter().map(|s| s.files.clone()).collect();
     let digest = custody::write_evidence(dir, "scope", command, inputs)?;
     let written = [
@@ -73,6 +80,8 @@ pub fn write_merge_extras(
         index::LOOKUP_INDEX,
         index::TIMELINE_JSON,
         REPORT_HTML,
+        export::OCSF_JSONL,
+        export::TIMELINE_JSONL,
         custody::EVIDENCE_JSON,
     ]
     .iter()

@@ -105,6 +105,11 @@ impl ScopeFolder {
         &self.checked.report.evidence_blake3
     }
 
+    /// The evidence record (evidence.json as it was checked).
+    pub fn evidence(&self) -> &custody::Evidence {
+        &self.checked.evidence
+    }
+
     /// The check of the folder against its evidence.json.
     pub fn check(&self) -> &FolderReport {
         &self.checked.report

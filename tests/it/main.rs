@@ -13,6 +13,7 @@ mod crash;
 mod cuda_cli;
 mod cuda_emu;
 mod cuda_nvrtc;
+mod export;
 mod fuzz_regressions;
 mod golden_v1;
 mod hostile_capacity;

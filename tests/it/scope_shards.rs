@@ -1,7 +1,7 @@
 //! `scope --pools LIST` shards and `kvtrail merge`: for every split of the
 //! pools into shards, the merged --out folder must equal a single run's,
 //! byte for byte (summary.json, responses.csv, tenants.csv,
-//! findings.parquet). Traces: copies of copies over four pools with a hole
+//! findings.parquet, findings.ocsf.jsonl, timeline.jsonl). Traces: copies of copies over four pools with a hole
 //! and blank reads, and the committed incident-mini trace.
 
 use std::path::Path;
@@ -18,6 +18,8 @@ const FILES: &[&str] = &[
     "responses.csv",
     "tenants.csv",
     "findings.parquet",
+    "findings.ocsf.jsonl",
+    "timeline.jsonl",
 ];
 
 /// Runs each shard, merges them, and compares with the single run.

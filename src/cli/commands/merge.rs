@@ -1,8 +1,9 @@
 //! `kvtrail merge OUT_DIRS... --out DIR`: combine the `scope --pools LIST
 //! --out DIR` folders of shards (disjoint pools covering the deployment)
 //! into the report of a single run, written the same way (summary.json,
-//! responses.csv, tenants.csv, findings.parquet, requests.csv and
-//! timeline.json: byte for byte), plus report.html and an evidence.json
+//! responses.csv, tenants.csv, findings.parquet, requests.csv,
+//! timeline.json, findings.ocsf.jsonl and timeline.jsonl: byte for byte),
+//! plus report.html and an evidence.json
 //! whose inputs are the shard folders. Each shard is checked against its
 //! evidence.json, and all against one trace, before anything is merged.
 

@@ -5,6 +5,7 @@ pub mod completions;
 pub mod counterfactual;
 pub mod demo;
 pub mod diff;
+pub mod export;
 pub mod ingest;
 pub mod inspect;
 pub mod lookup;

@@ -31,7 +31,7 @@ pub enum BackendArg {
 pub struct Args {
     /// Trace directory (holds trace.json).
     pub trace: PathBuf,
-    /// Write responses.csv, tenants.csv, findings.parquet, summary.json, requests.csv, timeline.json, report.html and evidence.json here (a new or empty folder outside the trace; owner-only files).
+    /// Write responses.csv, tenants.csv, findings.parquet, summary.json, requests.csv, timeline.json, report.html, findings.ocsf.jsonl, timeline.jsonl and evidence.json here (a new or empty folder outside the trace; owner-only files).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// With --out: replace an earlier `kvtrail scope --out` folder of the same trace (it must hold nothing but the files its evidence.json lists).

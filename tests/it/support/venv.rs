@@ -101,3 +101,27 @@ pub const NOTEBOOKS: Venv = Venv {
     setup: ".ci/setup.d/60-notebooks.sh",
     imports: None,
 };
+
+pub const EXPORT: Venv = Venv {
+    name: "venv-export",
+    env: "KVTRAIL_EXPORT_VENV",
+    setup: ".ci/setup.d/55-export-validators.sh",
+    imports: Some("ocsf_json_schema, jsonschema, timesketch.lib.utils"),
+};
+
+impl Venv {
+    /// The venv's python; a missing or incomplete venv FAILS the test
+    /// (CI or not), naming the set-up script.
+    pub fn required(&self) -> PathBuf {
+        // `python` prints a SKIP line and returns None outside CI; here
+        // that is a failure too.
+        self.python().unwrap_or_else(|| {
+            panic!(
+                "the {} venv is missing or incomplete at {}: run {}",
+                self.name,
+                self.dir().display(),
+                self.setup
+            )
+        })
+    }
+}
