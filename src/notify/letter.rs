@@ -374,7 +374,11 @@ fn approximate(lang: Lang, responses: usize, requests: usize, prefix_cache: usiz
             match (responses, requests) {
                 (0, 0) => format!(
                     "aus dem Mitschnitt nicht bestimmbar; höchstens die Personen, deren personenbezogene Daten in den Prompt-Präfixen der {} enthalten waren",
-                    count(prefix_cache, "aufgeführten Anfrage", "aufgeführten Anfragen")
+                    count(
+                        prefix_cache,
+                        "aufgeführten Anfrage",
+                        "aufgeführten Anfragen"
+                    )
                 ),
                 (r, 0) => format!(
                     "aus dem Mitschnitt nicht bestimmbar; {} {others}",

@@ -21,6 +21,7 @@ mod ingest_hostile;
 mod ingest_inspect;
 mod notebooks;
 mod notify;
+mod notify_templates;
 mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;
