@@ -693,8 +693,12 @@ pub fn notify(
         let mut j = serde_json::to_string_pretty(&notice).expect("notice serializes");
         j.push('\n');
         let view = letter::template_context(&notice, templates.lang());
-        let letter_md = templates.render(templates::LETTER, &view)?;
-        let processor_md = templates.render(templates::PROCESSOR_NOTICE, &view)?;
+        let rows = notice.received_responses.len()
+            + notice.exposed_requests.len()
+            + notice.prefix_cache_served.len()
+            + notice.prefix_cache_revealed.len();
+        let letter_md = templates.render(templates::LETTER, &view, rows)?;
+        let processor_md = templates.render(templates::PROCESSOR_NOTICE, &view, rows)?;
         docs.push((format!("{}/notice.json", p.folder), j));
         docs.push((format!("{}/letter.md", p.folder), letter_md));
         docs.push((format!("{}/processor-notice.md", p.folder), processor_md));

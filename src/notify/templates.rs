@@ -5,7 +5,8 @@
 //!
 //! Every template runs in a `minijinja` environment with strict undefined
 //! behaviour (an unknown variable is an error), a fuel limit and a cap on
-//! the size of what it writes, so a template cannot hang or exhaust memory.
+//! the size of what it writes (both growing with the rows of the notice),
+//! so a template cannot hang or exhaust memory.
 //! Templates whose name ends in `.md.j2` are auto-escaped for Markdown: a
 //! value printed with `{{ ... }}` goes through `report::fmt::md` unless it
 //! is already markup (the output of a macro or of the `code` filter, which
@@ -84,12 +85,16 @@ const MARKDOWN: &str = "markdown";
 /// Largest template file read from `--templates`.
 const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
 
-/// Largest document one render may write.
-const MAX_OUTPUT_BYTES: usize = 256 << 20;
+/// What one render may write: a base plus a share per row of the notice
+/// (a listed response or request), far above what a letter needs.
+const OUTPUT_BASE: usize = 16 << 20;
+const OUTPUT_PER_ROW: usize = 16 << 10;
 
-/// Instructions one render may run: far above what a letter listing a
-/// million responses needs, far below a template that loops for ever.
-const FUEL: u64 = 2_000_000_000;
+/// Instructions one render may run: a base plus a share per row, some
+/// twenty times what the built-in letters use, far below what a template
+/// that loops for ever would run (it stops within seconds).
+const FUEL_BASE: u64 = 20_000_000;
+const FUEL_PER_ROW: u64 = 4_000;
 
 /// A loaded, compiled set of templates.
 pub struct Templates {
@@ -129,7 +134,6 @@ impl Templates {
         env.set_keep_trailing_newline(true);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(FUEL));
         env.set_auto_escape_callback(|name| {
             if name.ends_with(".md.j2") {
                 AutoEscape::Custom(MARKDOWN)
@@ -161,20 +165,44 @@ impl Templates {
         self.lang
     }
 
-    /// Renders template `name` with `ctx` (only ever one customer's data).
-    pub fn render(&self, name: &'static str, ctx: &Value) -> Result<String> {
-        let t = self
-            .env
-            .get_template(name)
-            .map_err(|e| self.error(name, &e))?;
-        let mut out = Capped(Vec::new());
-        t.render_captured_to(ctx, &mut out)
-            .map_err(|e| self.error(name, &e))?;
-        String::from_utf8(out.0).map_err(|_| {
+    /// Renders template `name` with `ctx` (only ever one customer's data),
+    /// whose lists hold `rows` rows in all (the limits grow with them).
+    pub fn render(&self, name: &'static str, ctx: &Value, rows: usize) -> Result<String> {
+        let mut env = self.env.clone();
+        env.set_fuel(Some(
+            FUEL_BASE.saturating_add(FUEL_PER_ROW.saturating_mul(rows as u64)),
+        ));
+        let t = env.get_template(name).map_err(|e| self.error(name, &e))?;
+        let mut out = Capped {
+            buf: Vec::new(),
+            over: false,
+            cap: OUTPUT_BASE.saturating_add(OUTPUT_PER_ROW.saturating_mul(rows)),
+        };
+        let done = t.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(self.too_much(name, out.cap));
+        }
+        done.map_err(|e| self.error(name, &e))?;
+        String::from_utf8(out.buf).map_err(|_| {
             Error::Other(format!(
                 "template {name} wrote text that is not UTF-8; nothing was written"
             ))
         })
+    }
+
+    fn too_much(&self, name: &str, cap: usize) -> Error {
+        let loc = match self.origin.get(name) {
+            Some(Origin::File(p)) => Location::file(p),
+            _ => Location::file(Path::new(&format!(
+                "{name} (built-in, {})",
+                self.lang.code()
+            ))),
+        };
+        Error::invalid(
+            loc,
+            format!("the template wrote more than {} MiB", cap >> 20),
+            "a letter is far smaller: a loop that does not end? fix the template",
+        )
     }
 
     fn error(&self, name: &str, e: &minijinja::Error) -> Error {
@@ -286,18 +314,24 @@ fn template_error(name: &str, from: &Origin, lang: Lang, e: &minijinja::Error) -
     Error::invalid(loc, what, hint)
 }
 
-/// Refuses output past `MAX_OUTPUT_BYTES`.
-struct Capped(Vec<u8>);
+/// Refuses output past `cap` bytes.
+struct Capped {
+    buf: Vec<u8>,
+    cap: usize,
+    /// Whether a write was refused.
+    over: bool,
+}
 
 impl std::io::Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + buf.len() > MAX_OUTPUT_BYTES {
+        if self.buf.len() + buf.len() > self.cap {
+            self.over = true;
             return Err(std::io::Error::other(format!(
                 "the document would exceed {} MiB",
-                MAX_OUTPUT_BYTES >> 20
+                self.cap >> 20
             )));
         }
-        self.0.extend_from_slice(buf);
+        self.buf.extend_from_slice(buf);
         Ok(buf.len())
     }
 
