@@ -145,6 +145,7 @@ fn german_defaults_are_german_with_the_same_facts() {
         "glm-mini / \\<b\\>workers\\</b\\>",
         "| `chatcmpl-b7890e7019b8` | 6 | 2026-09-01 06:00:00.000 UTC | 200 |",
         "| ja | bestätigt |",
+        "die Ihr Konto betrifft. Sie betrifft beide Seiten: Antworten, die Sie erhalten haben,",
         "Mit freundlichen Grüßen",
     ] {
         assert!(letter.contains(want), "{want}\n{letter}");
