@@ -1,13 +1,15 @@
 //! notify.toml: what only the operator knows (its name, the DPO contact,
 //! the incident id, when it became aware, the measures it took). Unknown
 //! keys are an error (a typo must not silently leave a letter unfilled).
-//! A field left out is rendered as a visible `[to fill in: ...]` marker and
+//! A field left out is rendered as a visible `[to fill in: ...]` marker
+//! (`[bitte ergänzen: ...]` in German) and
 //! listed by `NotifyConfig::unfilled` so the CLI can warn.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
+use super::templates::Lang;
 use crate::error::{Error, Location, Result};
 
 /// The operator's settings for notification packs.
@@ -74,9 +76,13 @@ impl NotifyConfig {
     }
 }
 
-/// The marker shown for a missing config field.
-pub fn marker(field: &str) -> String {
-    format!("[to fill in: {field} in notify.toml]")
+/// The marker shown for a missing config field: `[to fill in: FIELD in
+/// notify.toml]`, in German `[bitte ergänzen: FIELD in notify.toml]`.
+pub fn marker(field: &str, lang: Lang) -> String {
+    match lang {
+        Lang::En => format!("[to fill in: {field} in notify.toml]"),
+        Lang::De => format!("[bitte ergänzen: {field} in notify.toml]"),
+    }
 }
 
 #[cfg(test)]

@@ -1,23 +1,25 @@
-//! Rendering of notification packs: the per-customer `Notice` (notice.json),
-//! the Markdown letter, the Art. 33(2) processor-to-controller notice, and
-//! the register entry (JSON and CSV). Text is built only from the notice
-//! itself (the customer's own facts plus incident-wide counts), so a letter
+//! The facts of notification packs: the per-customer `Notice`
+//! (notice.json) with its sentences in the language chosen (English or
+//! German), the register entry (JSON and CSV), and the context each
+//! template render receives. The letter and the processor notice are laid
+//! out by the templates (`notify::templates`) from one customer's notice
+//! only (the customer's own facts plus incident-wide counts), so a letter
 //! cannot mention another customer: the data is not there to mention.
 
-use std::fmt::Write as _;
-
 use super::config::{NotifyConfig, marker};
+use super::templates::Lang;
 use super::{
     Contact, EvidenceRef, IncidentTotals, Notice, Pack, Records, RegisterEntry,
     RegisterPrefixCache, Window,
 };
 use crate::report::csv;
-use crate::report::fmt::{code, md, utc_opt};
+use crate::report::fmt::utc_opt;
 use crate::scope::ScopeReport;
 use crate::scope::anomalies::error_looks_like_success;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
+    lang: Lang,
     /// Cross-tenant prefix-cache hits are isolation breaches here.
     breach: bool,
     incident_id: String,
@@ -30,17 +32,35 @@ pub(super) struct Ctx {
     totals: IncidentTotals,
 }
 
-const DATA_SUBJECTS: &str = "end users and other persons whose personal data the customer's API requests contained (the operator does not see prompt or response content: the trace holds only lengths and hashes)";
+fn data_subjects(lang: Lang) -> &'static str {
+    match lang {
+        Lang::En => {
+            "end users and other persons whose personal data the customer's API requests contained (the operator does not see prompt or response content: the trace holds only lengths and hashes)"
+        }
+        Lang::De => {
+            "Endnutzer und andere Personen, deren personenbezogene Daten in den API-Anfragen des Kunden enthalten waren (der Betreiber sieht weder Prompt- noch Antwortinhalte: der Mitschnitt enthält nur Längen und Hashwerte)"
+        }
+    }
+}
 
-const RECORD_CATEGORIES: [&str; 3] = [
-    "API requests (prompt content)",
-    "API responses (generated output)",
-    "KV-cache tokens (the model's stored intermediate state of a prompt)",
-];
+fn record_categories(lang: Lang) -> [&'static str; 3] {
+    match lang {
+        Lang::En => [
+            "API requests (prompt content)",
+            "API responses (generated output)",
+            "KV-cache tokens (the model's stored intermediate state of a prompt)",
+        ],
+        Lang::De => [
+            "API-Anfragen (Prompt-Inhalte)",
+            "API-Antworten (erzeugte Ausgaben)",
+            "KV-Cache-Token (der im Modell gespeicherte Zwischenzustand eines Prompts)",
+        ],
+    }
+}
 
 impl Ctx {
-    pub(super) fn new(cfg: &NotifyConfig, sum: &ScopeReport, packs: u64) -> Self {
-        let get = |v: &Option<String>, f: &str| v.clone().unwrap_or_else(|| marker(f));
+    pub(super) fn new(cfg: &NotifyConfig, sum: &ScopeReport, packs: u64, lang: Lang) -> Self {
+        let get = |v: &Option<String>, f: &str| v.clone().unwrap_or_else(|| marker(f, lang));
         let dpo = get(&cfg.dpo_contact, "dpo_contact");
         let w = &sum.time_window;
         let c = &sum.counts;
@@ -52,27 +72,35 @@ impl Ctx {
                 _ => false,
             })
             .count();
-        let mut nature = format!(
-            "Between {} and {}, {} responses of the service {} were generated while the model read KV cache (the engine's stored intermediate state of earlier prompts) that held data of other requests; in {} of them that data belonged to another customer. A response generated this way can reproduce fragments of the other request's prompt. The serving engine ({}) reused cache memory that had not been cleared; in {} of the affected responses it had processed fewer prompt tokens than were sent and still answered with a success status, so the failure looked like a normal answer.",
-            utc_opt(w.first_exposure_ns),
-            utc_opt(w.last_exposure_ns),
-            c.affected_responses,
-            sum.deployment.name,
-            c.cross_tenant_responses,
-            sum.deployment.engine,
-            short_ok
-        );
+        let (first, last) = (utc_opt(w.first_exposure_ns), utc_opt(w.last_exposure_ns));
+        let (service, engine) = (&sum.deployment.name, &sum.deployment.engine);
+        let (affected, cross) = (c.affected_responses, c.cross_tenant_responses);
+        let mut nature = match lang {
+            Lang::En => format!(
+                "Between {first} and {last}, {affected} responses of the service {service} were generated while the model read KV cache (the engine's stored intermediate state of earlier prompts) that held data of other requests; in {cross} of them that data belonged to another customer. A response generated this way can reproduce fragments of the other request's prompt. The serving engine ({engine}) reused cache memory that had not been cleared; in {short_ok} of the affected responses it had processed fewer prompt tokens than were sent and still answered with a success status, so the failure looked like a normal answer."
+            ),
+            Lang::De => format!(
+                "Zwischen {first} und {last} wurden {affected} Antworten des Dienstes {service} erzeugt, während das Modell KV-Cache (den gespeicherten Zwischenzustand früherer Prompts in der Inferenz-Engine) las, der Daten anderer Anfragen enthielt; bei {cross} davon gehörten diese Daten einem anderen Kunden. Eine so erzeugte Antwort kann Bruchstücke des Prompts der anderen Anfrage wiedergeben. Die Inferenz-Engine ({engine}) hat Cache-Speicher wiederverwendet, der nicht gelöscht worden war; bei {short_ok} der betroffenen Antworten hatte sie weniger Prompt-Token verarbeitet, als gesendet worden waren, und dennoch mit einem Erfolgsstatus geantwortet, sodass der Fehler wie eine normale Antwort aussah."
+            ),
+        };
         let breach = sum.deployment.tenant_prefix_cache();
         let hits = sum.cross_tenant_shared.len() as u64;
         if breach && hits > 0 {
-            let pc = format!(
-                "{} responses of the service {} were served from a prompt prefix that another customer's request had placed in the engine's prefix cache, although the service promises a prefix cache per customer: a prefix-cache isolation breach. No other customer's data entered those responses and no prompt content was disclosed in them; but the faster answer of a cache hit can reveal to whoever sent a request that another customer had sent the same prompt prefix.",
-                hits, sum.deployment.name
-            );
+            let pc = match lang {
+                Lang::En => format!(
+                    "{hits} responses of the service {service} were served from a prompt prefix that another customer's request had placed in the engine's prefix cache, although the service promises a prefix cache per customer: a prefix-cache isolation breach. No other customer's data entered those responses and no prompt content was disclosed in them; but the faster answer of a cache hit can reveal to whoever sent a request that another customer had sent the same prompt prefix."
+                ),
+                Lang::De => format!(
+                    "{hits} Antworten des Dienstes {service} wurden aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden im Präfix-Cache der Engine abgelegt hatte, obwohl der Dienst einen eigenen Präfix-Cache je Kunde zusagt: eine Verletzung der Trennung des Präfix-Caches. In diese Antworten sind keine Daten eines anderen Kunden eingeflossen, und es wurden darin keine Prompt-Inhalte offengelegt; die schnellere Antwort bei einem Cache-Treffer kann dem Absender einer Anfrage jedoch verraten, dass ein anderer Kunde dasselbe Prompt-Präfix gesendet hatte."
+                ),
+            };
             if c.affected_responses == 0 {
                 nature = pc;
             } else {
-                nature.push_str(" In addition, ");
+                nature.push_str(match lang {
+                    Lang::En => " In addition, ",
+                    Lang::De => " Außerdem: ",
+                });
                 nature.push_str(&pc);
             }
         }
@@ -80,15 +108,18 @@ impl Ctx {
             nature.push(' ');
             nature.push_str(n);
         }
-        let mut measures = vec![
-            "The affected responses and requests were identified by replaying the service's recorded KV-cache events (kvtrail); the evidence digest in this notice pins that analysis and its input files.".to_string(),
-        ];
+        let mut measures = vec![match lang {
+            Lang::En => "The affected responses and requests were identified by replaying the service's recorded KV-cache events (kvtrail); the evidence digest in this notice pins that analysis and its input files.",
+            Lang::De => "Die betroffenen Antworten und Anfragen wurden durch Wiedergabe der aufgezeichneten KV-Cache-Ereignisse des Dienstes ermittelt (kvtrail); der Evidenz-Hashwert in dieser Mitteilung legt diese Analyse und ihre Eingabedateien fest.",
+        }
+        .to_string()];
         if cfg.measures.is_empty() {
-            measures.push(marker("measures"));
+            measures.push(marker("measures", lang));
         } else {
             measures.extend(cfg.measures.iter().cloned());
         }
         Ctx {
+            lang,
             breach,
             incident_id: get(&cfg.incident_id, "incident_id"),
             contact: Contact {
@@ -116,24 +147,42 @@ impl Ctx {
     pub(super) fn notice(&self, p: &Pack, ev: &EvidenceRef) -> Notice {
         let (tenant, received, exposed) = (&p.tenant, &p.received, &p.exposed);
         let (served, revealed) = (&p.served, &p.revealed);
+        let de = self.lang == Lang::De;
         let mut roles = Vec::new();
-        let mut consequences = Vec::new();
+        let mut consequences: Vec<String> = Vec::new();
         if !received.is_empty() {
             roles.push("recipient".to_string());
-            consequences.push("The responses listed under \"responses you received\" may contain fragments of another customer's prompts. Wherever your systems or users stored, displayed or forwarded them, that data may have travelled further.".to_string());
-            consequences.push("Those responses were computed partly from data that was not yours: their content may be wrong or incoherent and should not be relied on.".to_string());
+            if de {
+                consequences.push("Die unter „Antworten an Sie, die fremde Daten enthielten“ aufgeführten Antworten können Bruchstücke der Prompts eines anderen Kunden enthalten. Wo Ihre Systeme oder Nutzer sie gespeichert, angezeigt oder weitergeleitet haben, können diese Daten weitergelangt sein.".into());
+                consequences.push("Diese Antworten wurden teilweise aus Daten berechnet, die nicht Ihre waren: Ihr Inhalt kann falsch oder unzusammenhängend sein, und sie sollten nicht verwendet werden.".into());
+            } else {
+                consequences.push("The responses listed under \"responses you received\" may contain fragments of another customer's prompts. Wherever your systems or users stored, displayed or forwarded them, that data may have travelled further.".into());
+                consequences.push("Those responses were computed partly from data that was not yours: their content may be wrong or incoherent and should not be relied on.".into());
+            }
         }
         if !exposed.is_empty() {
             roles.push("source".to_string());
-            consequences.push("Fragments of the prompts of the requests listed under \"your requests whose data was read\" may have been disclosed in responses to other requests, including other customers' where marked. Confidentiality of that content, and of any personal data in it, cannot be assured for those fragments.".to_string());
+            consequences.push(if de {
+                "Bruchstücke der Prompts der unter „Ihre Anfragen, deren Daten von anderen Antworten gelesen wurden“ aufgeführten Anfragen können in Antworten auf andere Anfragen offengelegt worden sein, wo markiert auch in Antworten an andere Kunden. Die Vertraulichkeit dieser Inhalte und der darin enthaltenen personenbezogenen Daten kann für diese Bruchstücke nicht gewährleistet werden.".into()
+            } else {
+                "Fragments of the prompts of the requests listed under \"your requests whose data was read\" may have been disclosed in responses to other requests, including other customers' where marked. Confidentiality of that content, and of any personal data in it, cannot be assured for those fragments.".into()
+            });
         }
         if !served.is_empty() {
             roles.push("prefix_cache_reader".to_string());
-            consequences.push("The requests listed under \"your requests served from another customer's cached prefix\" were answered from a prompt prefix that another customer's request had placed in the prefix cache, although the service promises a prefix cache per customer (a prefix-cache isolation breach). No data of another customer entered your responses and their content is not affected by it; but the faster answer of a cache hit can have revealed to whoever sent those requests that another customer had sent the same prompt prefix.".to_string());
+            consequences.push(if de {
+                "Die unter „Ihre Anfragen, die aus dem zwischengespeicherten Präfix eines anderen Kunden bedient wurden“ aufgeführten Anfragen wurden aus einem Prompt-Präfix beantwortet, das die Anfrage eines anderen Kunden im Präfix-Cache abgelegt hatte, obwohl der Dienst einen eigenen Präfix-Cache je Kunde zusagt (eine Verletzung der Trennung des Präfix-Caches). In Ihre Antworten sind keine Daten eines anderen Kunden eingeflossen, und ihr Inhalt ist davon nicht betroffen; die schnellere Antwort bei einem Cache-Treffer kann dem Absender dieser Anfragen jedoch verraten haben, dass ein anderer Kunde dasselbe Prompt-Präfix gesendet hatte.".into()
+            } else {
+                "The requests listed under \"your requests served from another customer's cached prefix\" were answered from a prompt prefix that another customer's request had placed in the prefix cache, although the service promises a prefix cache per customer (a prefix-cache isolation breach). No data of another customer entered your responses and their content is not affected by it; but the faster answer of a cache hit can have revealed to whoever sent those requests that another customer had sent the same prompt prefix.".into()
+            });
         }
         if !revealed.is_empty() {
             roles.push("prefix_cache_source".to_string());
-            consequences.push("The cached prompt prefix of the requests listed under \"your requests whose cached prefix served another customer\" was used to answer requests of another customer that began with the same prefix, although the service promises a prefix cache per customer (a prefix-cache isolation breach). The content of your prompts was not disclosed in any response; but the faster answer of a cache hit can have revealed to the other customer that a request of yours had sent that same prompt prefix, which matters where the fact that a prompt began that way is itself confidential.".to_string());
+            consequences.push(if de {
+                "Das zwischengespeicherte Prompt-Präfix der unter „Ihre Anfragen, deren zwischengespeichertes Präfix einen anderen Kunden bediente“ aufgeführten Anfragen wurde verwendet, um Anfragen eines anderen Kunden zu beantworten, die mit demselben Präfix begannen, obwohl der Dienst einen eigenen Präfix-Cache je Kunde zusagt (eine Verletzung der Trennung des Präfix-Caches). Der Inhalt Ihrer Prompts wurde in keiner Antwort offengelegt; die schnellere Antwort bei einem Cache-Treffer kann dem anderen Kunden jedoch verraten haben, dass eine Ihrer Anfragen dasselbe Prompt-Präfix gesendet hatte. Das ist von Bedeutung, wo schon die Tatsache, dass ein Prompt so begann, vertraulich ist.".into()
+            } else {
+                "The cached prompt prefix of the requests listed under \"your requests whose cached prefix served another customer\" was used to answer requests of another customer that began with the same prefix, although the service promises a prefix cache per customer (a prefix-cache isolation breach). The content of your prompts was not disclosed in any response; but the faster answer of a cache hit can have revealed to the other customer that a request of yours had sent that same prompt prefix, which matters where the fact that a prompt began that way is itself confidential.".into()
+            });
         }
         // Prefix-cache entries carry no read times: their requests' arrival.
         let pc_times = served
@@ -161,25 +210,12 @@ impl Ctx {
             .filter(|c| *c == "confirmed")
             .count() as u64;
         let total = (received.len() + exposed.len() + served.len() + revealed.len()) as u64;
-        let approx = match (received.is_empty(), exposed.is_empty()) {
-            (true, true) => format!(
-                "not determinable from the trace; at most the persons whose personal data was contained in the prompt prefixes of the {} listed",
-                count(served.len() + revealed.len(), "request", "requests")
-            ),
-            (false, true) => format!(
-                "not determinable from the trace; the {} listed may contain personal data of persons connected with another customer",
-                count(received.len(), "response", "responses")
-            ),
-            (true, false) => format!(
-                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed",
-                count(exposed.len(), "request", "requests")
-            ),
-            _ => format!(
-                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed, and the {} listed may contain personal data of persons connected with another customer",
-                count(exposed.len(), "request", "requests"),
-                count(received.len(), "response", "responses")
-            ),
-        };
+        let approx = approximate(
+            self.lang,
+            received.len(),
+            exposed.len(),
+            served.len() + revealed.len(),
+        );
         Notice {
             format: "kvtrail-notice".into(),
             version: 1,
@@ -187,9 +223,12 @@ impl Ctx {
             customer: tenant.to_string(),
             roles,
             nature: self.nature.clone(),
-            data_subject_categories: vec![DATA_SUBJECTS.to_string()],
+            data_subject_categories: vec![data_subjects(self.lang).to_string()],
             data_subjects_approximate: approx,
-            record_categories: RECORD_CATEGORIES.iter().map(|s| s.to_string()).collect(),
+            record_categories: record_categories(self.lang)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             records: Records {
                 responses: (received.len() + served.len()) as u64,
                 requests: (exposed.len() + revealed.len()) as u64,
@@ -229,15 +268,33 @@ impl Ctx {
         prefix_cache: Option<RegisterPrefixCache>,
     ) -> RegisterEntry {
         let c = &sum.counts;
+        let de = self.lang == Lang::De;
         let mut nature = self.nature.clone();
-        let mut consequences: Vec<String> = vec![
-            "responses delivered to customers may contain fragments of other customers' prompts, including personal data".into(),
-            "prompts of the source requests may have been disclosed to other customers".into(),
-            "the affected responses may be wrong or incoherent".into(),
-        ];
+        let mut consequences: Vec<String> = if de {
+            vec![
+                "an Kunden ausgelieferte Antworten können Bruchstücke der Prompts anderer Kunden enthalten, einschließlich personenbezogener Daten".into(),
+                "Prompts der Quellanfragen können anderen Kunden offengelegt worden sein".into(),
+                "die betroffenen Antworten können falsch oder unzusammenhängend sein".into(),
+            ]
+        } else {
+            vec![
+                "responses delivered to customers may contain fragments of other customers' prompts, including personal data".into(),
+                "prompts of the source requests may have been disclosed to other customers".into(),
+                "the affected responses may be wrong or incoherent".into(),
+            ]
+        };
         if let Some(pc) = &prefix_cache {
             if self.breach {
-                consequences.push("responses served from another customer's cached prompt prefix (prefix-cache isolation breach) can reveal through their timing that another customer sent the same prefix; no prompt content was disclosed".into());
+                consequences.push(if de {
+                    "Antworten, die aus dem zwischengespeicherten Prompt-Präfix eines anderen Kunden bedient wurden (Verletzung der Trennung des Präfix-Caches), können durch ihr Zeitverhalten verraten, dass ein anderer Kunde dasselbe Präfix gesendet hat; Prompt-Inhalte wurden nicht offengelegt".into()
+                } else {
+                    "responses served from another customer's cached prompt prefix (prefix-cache isolation breach) can reveal through their timing that another customer sent the same prefix; no prompt content was disclosed".into()
+                });
+            } else if de {
+                nature.push_str(&format!(
+                    " Zur Information: {} Antworten wurden aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden zwischengespeichert hatte; der Dienst nutzt seinen Präfix-Cache für alle Kunden gemeinsam, daher ist das keine Verletzung der Trennung, und deswegen wird kein Kunde benachrichtigt.",
+                    pc.responses
+                ));
             } else {
                 nature.push_str(&format!(
                     " Information: {} responses were served from a prompt prefix another customer's request had cached; the deployment shares its prefix cache across customers, so these are no isolation breach and no customer is notified for them.",
@@ -275,292 +332,94 @@ impl Ctx {
     }
 }
 
+/// The approximate number of data subjects (Art. 33(3)(a)): not
+/// determinable from a trace, bounded by what the notice lists.
+fn approximate(lang: Lang, responses: usize, requests: usize, prefix_cache: usize) -> String {
+    match lang {
+        Lang::En => match (responses, requests) {
+            (0, 0) => format!(
+                "not determinable from the trace; at most the persons whose personal data was contained in the prompt prefixes of the {} listed",
+                count(prefix_cache, "request", "requests")
+            ),
+            (r, 0) => format!(
+                "not determinable from the trace; the {} listed may contain personal data of persons connected with another customer",
+                count(r, "response", "responses")
+            ),
+            (0, q) => format!(
+                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed",
+                count(q, "request", "requests")
+            ),
+            (r, q) => format!(
+                "not determinable from the trace; at most the persons whose personal data was contained in the {} listed, and the {} listed may contain personal data of persons connected with another customer",
+                count(q, "request", "requests"),
+                count(r, "response", "responses")
+            ),
+        },
+        Lang::De => {
+            let requests_in = |q: usize| {
+                if q == 1 {
+                    "der 1 aufgeführten Anfrage".to_string()
+                } else {
+                    format!("den {q} aufgeführten Anfragen")
+                }
+            };
+            let responses_may = |r: usize| {
+                if r == 1 {
+                    "die 1 aufgeführte Antwort kann".to_string()
+                } else {
+                    format!("die {r} aufgeführten Antworten können")
+                }
+            };
+            let others = "personenbezogene Daten von Personen enthalten, die mit einem anderen Kunden in Verbindung stehen";
+            match (responses, requests) {
+                (0, 0) => format!(
+                    "aus dem Mitschnitt nicht bestimmbar; höchstens die Personen, deren personenbezogene Daten in den Prompt-Präfixen der {} enthalten waren",
+                    count(
+                        prefix_cache,
+                        "aufgeführten Anfrage",
+                        "aufgeführten Anfragen"
+                    )
+                ),
+                (r, 0) => format!(
+                    "aus dem Mitschnitt nicht bestimmbar; {} {others}",
+                    responses_may(r)
+                ),
+                (0, q) => format!(
+                    "aus dem Mitschnitt nicht bestimmbar; höchstens die Personen, deren personenbezogene Daten in {} enthalten waren",
+                    requests_in(q)
+                ),
+                (r, q) => format!(
+                    "aus dem Mitschnitt nicht bestimmbar; höchstens die Personen, deren personenbezogene Daten in {} enthalten waren, und {} {others}",
+                    requests_in(q),
+                    responses_may(r)
+                ),
+            }
+        }
+    }
+}
+
+/// What a template render receives: this one customer's notice (as
+/// notice.json holds it, with the lists and counts notice.json leaves out
+/// when empty or zero present, so every documented variable is defined)
+/// and the language. Nothing else: no other customer's notice, no list of
+/// customers.
+pub(super) fn template_context(n: &Notice, lang: Lang) -> minijinja::Value {
+    let mut v = serde_json::to_value(n).expect("notice serializes");
+    if let Some(m) = v.as_object_mut() {
+        for k in ["prefix_cache_served", "prefix_cache_revealed"] {
+            m.entry(k).or_insert_with(|| serde_json::json!([]));
+        }
+        if let Some(i) = m.get_mut("incident").and_then(|i| i.as_object_mut()) {
+            i.entry("prefix_cache_breach_responses")
+                .or_insert_with(|| serde_json::json!(0));
+        }
+    }
+    minijinja::context! { notice => minijinja::Value::from_serialize(&v), lang => lang.code() }
+}
+
 /// `n thing` / `n things`.
 fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
-}
-
-fn opt_code(v: &Option<String>) -> String {
-    v.as_deref().map(code).unwrap_or_else(|| "-".into())
-}
-
-fn opt_num<T: ToString>(v: Option<T>) -> String {
-    v.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
-}
-
-fn common_sections(s: &mut String, n: &Notice) {
-    let _ = writeln!(s, "## What happened\n\n{}\n", md(&n.nature));
-    let _ = writeln!(
-        s,
-        "Time window of the exposure concerning you: {} to {}.\n",
-        utc_opt(n.time_window.first_ns),
-        utc_opt(n.time_window.last_ns)
-    );
-    let _ = writeln!(
-        s,
-        "## Data subjects and records concerned\n\n- Categories of data subjects: {}.\n- Approximate number of data subjects: {}.\n- Categories of records: {}.\n- Records concerning you: {}, {}, {} of KV cache.\n",
-        md(&n.data_subject_categories.join("; ")),
-        md(&n.data_subjects_approximate),
-        md(&n.record_categories.join("; ")),
-        count(n.records.responses as usize, "response", "responses"),
-        count(n.records.requests as usize, "request", "requests"),
-        count(n.records.tokens as usize, "token", "tokens")
-    );
-}
-
-fn facts_sections(s: &mut String, n: &Notice) {
-    if !n.received_responses.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Responses you received that carried data not yours\n\nListed below: {} of yours, generated while reading KV cache that held other requests' data (\"other customer\" = yes: the data belonged to another customer). Check these ids, times and output hashes against your own logs.\n",
-            count(n.received_responses.len(), "response", "responses")
-        );
-        s.push_str("| external id | request id | arrived (UTC) | HTTP | output hash (blake3) | foreign tokens | other customer | confidence |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-        for r in &n.received_responses {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                opt_code(&r.external_id),
-                r.request_id,
-                md(r.arrival_utc.as_deref().unwrap_or("-")),
-                opt_num(r.http_status),
-                opt_code(&r.output_hash),
-                r.foreign_tokens,
-                if r.other_customer_data { "yes" } else { "no" },
-                r.confidence
-            );
-        }
-        s.push('\n');
-    }
-    if !n.exposed_requests.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Your requests whose data was read by other responses\n\nListed below: {} of yours, whose KV cache was read while other responses were generated (\"other customer\" = yes: at least one of them went to another customer).\n",
-            count(n.exposed_requests.len(), "request", "requests")
-        );
-        s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens read | responses | other customer | confidence |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-        for e in &n.exposed_requests {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                opt_code(&e.external_id),
-                e.request_id,
-                md(e.arrival_utc.as_deref().unwrap_or("-")),
-                opt_code(&e.output_hash),
-                e.tokens,
-                e.responses,
-                if e.reached_other_customers {
-                    "yes"
-                } else {
-                    "no"
-                },
-                e.confidence
-            );
-        }
-        s.push('\n');
-    }
-    if !n.prefix_cache_served.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Your requests served from another customer's cached prefix\n\nListed below: {} of yours, answered from a prompt prefix that another customer's request had placed in the prefix cache, although the service promises a prefix cache per customer (a prefix-cache isolation breach). No data of another customer entered these responses. \"other requests\" counts the other customer's cached requests involved.\n",
-            count(n.prefix_cache_served.len(), "request", "requests")
-        );
-        s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens from the cache | other requests | confidence |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-        for e in &n.prefix_cache_served {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                opt_code(&e.external_id),
-                e.request_id,
-                md(e.arrival_utc.as_deref().unwrap_or("-")),
-                opt_code(&e.output_hash),
-                e.tokens,
-                e.source_requests,
-                e.confidence
-            );
-        }
-        s.push('\n');
-    }
-    if !n.prefix_cache_revealed.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Your requests whose cached prefix served another customer\n\nListed below: {} of yours, whose cached prompt prefix was used to answer another customer's requests that began with the same prefix, although the service promises a prefix cache per customer (a prefix-cache isolation breach). The content of your prompts was not disclosed in any response; the timing of a cache hit can reveal that the prefix had been sent.\n",
-            count(n.prefix_cache_revealed.len(), "request", "requests")
-        );
-        s.push_str("| external id | request id | arrived (UTC) | output hash (blake3) | tokens served | responses | confidence |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-        for e in &n.prefix_cache_revealed {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                opt_code(&e.external_id),
-                e.request_id,
-                md(e.arrival_utc.as_deref().unwrap_or("-")),
-                opt_code(&e.output_hash),
-                e.tokens,
-                e.responses,
-                e.confidence
-            );
-        }
-        s.push('\n');
-    }
-}
-
-fn tail_sections(s: &mut String, n: &Notice) {
-    s.push_str("## Likely consequences\n\n");
-    for c in &n.likely_consequences {
-        let _ = writeln!(s, "- {}", md(c));
-    }
-    s.push_str("\n## Measures taken\n\n");
-    for m in &n.measures_taken {
-        let _ = writeln!(s, "- {}", md(m));
-    }
-    let _ = writeln!(
-        s,
-        "\n## How sure we are\n\n{} of the {} entries above are confirmed by complete evidence; {} are possible (they depend on lost events or on data written before recording began). The evidence of the analysis as a whole is {}.",
-        n.confirmed,
-        n.confirmed + n.possible,
-        n.possible,
-        if n.evidence.evidence_complete {
-            "complete"
-        } else {
-            "INCOMPLETE: further responses may be affected that the recording cannot show"
-        }
-    );
-    for note in &n.evidence.coverage_notes {
-        let _ = writeln!(s, "- {}", md(note));
-    }
-    let pc = match n.incident.prefix_cache_breach_responses {
-        0 => String::new(),
-        k => format!(
-            "; {} with a prefix-cache isolation breach",
-            count(k as usize, "response", "responses")
-        ),
-    };
-    let _ = writeln!(
-        s,
-        "\nIncident-wide: {} ({} confirmed, {} possible){pc}; {} being notified.\n",
-        count(
-            n.incident.affected_responses as usize,
-            "affected response",
-            "affected responses"
-        ),
-        n.incident.confirmed_responses,
-        n.incident.possible_responses,
-        count(
-            n.incident.customers_notified as usize,
-            "customer is",
-            "customers are"
-        )
-    );
-    let _ = writeln!(
-        s,
-        "## Contact\n\n- Operator: {}\n- Data protection officer: {}\n- Contact point for questions: {}\n",
-        md(&n.contact.operator_name),
-        md(&n.contact.dpo_contact),
-        md(&n.contact.contact_point)
-    );
-    let _ = writeln!(
-        s,
-        "## Evidence\n\nThis notice was produced by {} from a scope analysis whose chain-of-custody record has blake3 {} (summary {}). The machine-readable version is notice.json in this folder.",
-        md(&n.evidence.tool),
-        code(&n.evidence.scope_evidence_blake3),
-        code(&n.evidence.scope_summary_blake3)
-    );
-}
-
-/// How the breach concerns the customer, after "concerns your account".
-fn intro(roles: &[String]) -> String {
-    let has = |r: &str| roles.iter().any(|x| x == r);
-    let foreign = match (has("recipient"), has("source")) {
-        (true, true) => Some(
-            " on both sides: responses you received carried data that was not yours, and your requests' data was read while other responses were generated",
-        ),
-        (true, false) => Some(": responses you received carried data that was not yours"),
-        (false, true) => {
-            Some(": your requests' data was read while other responses were generated")
-        }
-        (false, false) => None,
-    };
-    let pc = match (has("prefix_cache_reader"), has("prefix_cache_source")) {
-        (false, false) => None,
-        (reader, source) => Some(format!(
-            "the service's prefix cache, which it promises to keep separate for each customer, was shared between your account and another customer's ({}): a prefix-cache isolation breach, in which no prompt content was disclosed",
-            match (reader, source) {
-                (true, true) => {
-                    "some of your requests were served from another customer's cached prompt prefix, and your cached prompt prefixes served another customer's requests"
-                }
-                (true, false) =>
-                    "some of your requests were served from another customer's cached prompt prefix",
-                _ => "your cached prompt prefixes served another customer's requests",
-            }
-        )),
-    };
-    match (foreign, pc) {
-        (Some(f), None) => f.to_string(),
-        (Some(f), Some(p)) => format!("{f}; in addition, {p}"),
-        (None, Some(p)) => format!(": {p}"),
-        (None, None) => String::new(),
-    }
-}
-
-/// letter.md: the customer letter with the Art. 33(3) content.
-pub(super) fn letter_md(n: &Notice) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Notification of a personal data breach\n\n- To: {}\n- From: {}\n- Incident: {}\n- Operator aware since: {}\n",
-        md(&n.customer),
-        md(&n.contact.operator_name),
-        md(&n.incident_id),
-        md(&n.became_aware)
-    );
-    let _ = writeln!(
-        s,
-        "We are writing to inform you of a personal data breach in the service {} that concerns your account{}. This letter gives the information of Article 33(3) GDPR and the identifiers you need to check your own records.\n",
-        md(&n.incident.service),
-        intro(&n.roles)
-    );
-    common_sections(&mut s, n);
-    facts_sections(&mut s, n);
-    s.push_str("## What you can do\n\n");
-    if n.roles.iter().any(|r| r == "recipient") {
-        s.push_str("- Find the responses listed above in your systems (external id, time, output hash), stop using them and delete them and any copies.\n");
-    }
-    if n.roles.iter().any(|r| r == "source") {
-        s.push_str("- Find the requests listed above in your systems and assess whether their prompts contained personal data; you may have to notify your supervisory authority and the persons concerned.\n");
-    }
-    if n.roles.iter().any(|r| r == "prefix_cache_reader") {
-        s.push_str("- The responses to your requests that were served from another customer's cached prefix are not affected in content; nothing needs deleting for them.\n");
-    }
-    if n.roles.iter().any(|r| r == "prefix_cache_source") {
-        s.push_str("- Find the requests whose cached prefix served another customer in your systems and assess whether the fact that a prompt began with that prefix is itself personal or confidential data; you may have to notify your supervisory authority.\n");
-    }
-    s.push_str("- Contact us with any question; we will keep you informed as the investigation continues.\n\n");
-    tail_sections(&mut s, n);
-    s
-}
-
-/// processor-notice.md: the Art. 33(2) notice from the processor to the
-/// controller (the customer), who may have to notify within 72 hours.
-pub(super) fn processor_md(n: &Notice) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Notice of a personal data breach: processor to controller (Article 33(2) GDPR)\n\n- To (controller): {}\n- From (processor): {}\n- Incident: {}\n- Processor aware since: {}\n",
-        md(&n.customer),
-        md(&n.contact.operator_name),
-        md(&n.incident_id),
-        md(&n.became_aware)
-    );
-    let _ = writeln!(
-        s,
-        "As your processor for the service {}, we notify you without undue delay of a personal data breach affecting personal data we process on your behalf. As controller you may have to notify your supervisory authority within 72 hours of becoming aware of it (Article 33(1)) and, where the risk is high, the persons concerned (Article 34). The information below is what Article 33(3) asks for; the letter and notice.json in this folder hold the same facts.\n",
-        md(&n.incident.service)
-    );
-    common_sections(&mut s, n);
-    facts_sections(&mut s, n);
-    tail_sections(&mut s, n);
-    s
 }
 
 /// register.csv: header and one row for the incident. Every cell goes

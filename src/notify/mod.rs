@@ -28,6 +28,7 @@
 
 pub mod config;
 mod letter;
+pub mod templates;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub use config::NotifyConfig;
+pub use templates::{Lang, Templates};
 
 use crate::custody;
 use crate::error::{Error, Result};
@@ -395,7 +397,8 @@ fn conf_min(a: &str, b: &str) -> String {
 }
 
 /// Builds every pack and writes the output folder. `command` is the command
-/// line as given; `config_path` the config file, if any (hashed as an input).
+/// line as given; `config_path` the config file, if any (hashed as an input);
+/// `templates` lay out the letters (`Templates::load`).
 /// The output folder must be new or empty, outside the scope folder; with
 /// `force`, an earlier notify output of the same scope folder is replaced
 /// (`custody::prepare_out`).
@@ -406,8 +409,14 @@ pub fn notify(
     config_path: Option<&Path>,
     command: &[String],
     force: bool,
+    templates: &Templates,
 ) -> Result<NotifyOutcome> {
-    custody::prepare_out(out, "notify", &[scope_dir], force)?;
+    // Without --force nothing is removed: the folder is checked here, before
+    // any work. With --force an earlier output is replaced only once every
+    // document has been rendered.
+    if !force {
+        custody::prepare_out(out, "notify", &[scope_dir], false)?;
+    }
     let folder = ScopeFolder::open(scope_dir)?;
     // A shard's findings cover some pools only: refused before the check
     // of the folder, whatever state it is in.
@@ -674,32 +683,25 @@ pub fn notify(
         // customers' names.
         coverage_notes: crate::scope::customer_notes(&sum.coverage),
     };
-    let ctx = letter::Ctx::new(cfg, sum, packs.len() as u64);
+    let ctx = letter::Ctx::new(cfg, sum, packs.len() as u64, templates.lang());
 
-    custody::create_private_dir(out)?;
-    let mut files = Vec::new();
-    let mut write = |rel: &str, text: &str| -> Result<()> {
-        let p = out.join(rel);
-        if let Some(d) = p.parent() {
-            custody::create_private_dir(d)?;
-        }
-        custody::write_private(&p, text)?;
-        files.push(p);
-        Ok(())
-    };
+    // Everything is rendered into memory first: a template that fails
+    // leaves no output folder behind, half-written or emptied.
+    let mut docs: Vec<(String, String)> = Vec::new();
     for p in &packs {
         let notice = ctx.notice(p, &ev);
         let mut j = serde_json::to_string_pretty(&notice).expect("notice serializes");
         j.push('\n');
-        write(&format!("{}/notice.json", p.folder), &j)?;
-        write(
-            &format!("{}/letter.md", p.folder),
-            &letter::letter_md(&notice),
-        )?;
-        write(
-            &format!("{}/processor-notice.md", p.folder),
-            &letter::processor_md(&notice),
-        )?;
+        let view = letter::template_context(&notice, templates.lang());
+        let rows = notice.received_responses.len()
+            + notice.exposed_requests.len()
+            + notice.prefix_cache_served.len()
+            + notice.prefix_cache_revealed.len();
+        let letter_md = templates.render(templates::LETTER, &view, rows)?;
+        let processor_md = templates.render(templates::PROCESSOR_NOTICE, &view, rows)?;
+        docs.push((format!("{}/notice.json", p.folder), j));
+        docs.push((format!("{}/letter.md", p.folder), letter_md));
+        docs.push((format!("{}/processor-notice.md", p.folder), processor_md));
     }
     let reg = ctx.register(
         sum,
@@ -711,8 +713,22 @@ pub fn notify(
     );
     let mut j = serde_json::to_string_pretty(&reg).expect("register serializes");
     j.push('\n');
-    write("register.json", &j)?;
-    write("register.csv", &letter::register_csv(&reg))?;
+    docs.push(("register.json".into(), j));
+    docs.push(("register.csv".into(), letter::register_csv(&reg)));
+
+    if force {
+        custody::prepare_out(out, "notify", &[scope_dir], force)?;
+    }
+    custody::create_private_dir(out)?;
+    let mut files = Vec::new();
+    for (rel, text) in &docs {
+        let p = out.join(rel);
+        if let Some(d) = p.parent() {
+            custody::create_private_dir(d)?;
+        }
+        custody::write_private(&p, text)?;
+        files.push(p);
+    }
 
     let mut inputs = vec![scope_inputs];
     if let Some(c) = config_path {

@@ -33,7 +33,7 @@ pub fn write_scope_extras(
     let tl = index::write_index(trace, r, dir)?;
     let inputs = custody::trace_inputs(&trace.dir)?;
     let p = dir.join(REPORT_HTML);
-    custody::write_private(&p, html::report_html(r, &tl, &inputs, command))?;
+    custody::write_private(&p, html::report_html(r, &tl, &inputs, command)?)?;
     export::write_scope_exports(dir, &inputs)?;
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
     let written = [
@@ -71,7 +71,7 @@ pub fn write_merge_extras(
     custody::create_private_dir(dir)?;
     let tl = index::copy_index(&first.dir, r, dir)?;
     let p = dir.join(REPORT_HTML);
-    custody::write_private(&p, html::report_html(r, &tl, &first.trace, command))?;
+    custody::write_private(&p, html::report_html(r, &tl, &first.trace, command)?)?;
     export::write_scope_exports(dir, &first.trace)?;
     let inputs = shards.iter().map(|s| s.files.clone()).collect();
     let digest = custody::write_evidence(dir, "scope", command, inputs)?;

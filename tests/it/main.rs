@@ -23,6 +23,7 @@ mod ingest_inspect;
 mod lookup_index;
 mod notebooks;
 mod notify;
+mod notify_templates;
 mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;

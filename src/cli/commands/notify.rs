@@ -1,9 +1,13 @@
 //! `kvtrail notify SCOPE_DIR --out DIR`: per-customer notification packs,
-//! the processor notice and the breach-register entry from a scope folder.
+//! the processor notice and the breach-register entry from a scope folder,
+//! the letters laid out by the built-in templates of `--lang` or the
+//! operator's own (`--templates DIR`); `notify --write-default-templates
+//! DIR` writes the built-in ones out to start from.
 
 use std::path::PathBuf;
 
-use kvtrail::notify::{NotifyConfig, notify};
+use kvtrail::notify::templates::write_defaults;
+use kvtrail::notify::{Lang, NotifyConfig, Templates, notify};
 use kvtrail::report::fmt::term;
 
 use crate::cli::output;
@@ -11,10 +15,28 @@ use crate::cli::output;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Scope folder (written by `kvtrail scope TRACE --out DIR`).
-    pub scope_dir: PathBuf,
+    #[arg(required_unless_present = "write_default_templates")]
+    pub scope_dir: Option<PathBuf>,
     /// Write the packs here (a new or empty folder outside the scope folder; owner-only files).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "write_default_templates"
+    )]
+    pub out: Option<PathBuf>,
+    /// Language of the letters and of the sentences in notice.json and the register.
+    #[arg(long, value_name = "LANG", default_value = "en", value_parser = ["en", "de"])]
+    pub lang: String,
+    /// Folder of your own letter templates (letter.md.j2, processor-notice.md.j2, sections.md.j2; any subset): each replaces the built-in one of that name.
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub templates: Option<PathBuf>,
+    /// Write the built-in templates of --lang into DIR to start your own from, and do nothing else.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["scope_dir", "out", "templates", "config", "force"]
+    )]
+    pub write_default_templates: Option<PathBuf>,
     /// Replace an earlier `kvtrail notify` folder of the same scope folder (it must hold nothing but the files its evidence.json lists).
     #[arg(long)]
     pub force: bool,
@@ -24,21 +46,46 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    // clap admits only the languages there are.
+    let lang = Lang::parse(&args.lang).unwrap_or_default();
+    if let Some(dir) = &args.write_default_templates {
+        let files = write_defaults(lang, dir)?;
+        output::print_human(|out| {
+            for f in &files {
+                writeln!(out, "wrote {}", term(&f.display().to_string()))?;
+            }
+            writeln!(
+                out,
+                "edit them, then pass --templates {} (files you delete fall back to the built-in ones)",
+                term(&dir.display().to_string())
+            )
+        })?;
+        return Ok(0);
+    }
+    let (Some(scope_dir), Some(out_dir)) = (&args.scope_dir, &args.out) else {
+        anyhow::bail!("kvtrail notify needs SCOPE_DIR and --out DIR");
+    };
+    let templates = Templates::load(lang, args.templates.as_deref())?;
     let cfg = match &args.config {
         Some(p) => NotifyConfig::load(p)?,
         None => NotifyConfig::default(),
     };
     let o = notify(
-        &args.scope_dir,
-        &args.out,
+        scope_dir,
+        out_dir,
         &cfg,
         args.config.as_deref(),
         &crate::cli::command_line(),
         args.force,
+        &templates,
     )?;
     if !o.unfilled.is_empty() {
         eprintln!(
-            "kvtrail notify: warning: not set in the config, shown as [to fill in: ...] in every letter: {}",
+            "kvtrail notify: warning: not set in the config, shown as {} in every letter: {}",
+            match lang {
+                Lang::En => "[to fill in: ...]",
+                Lang::De => "[bitte ergänzen: ...]",
+            },
             o.unfilled.join(", ")
         );
     }
@@ -50,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             out,
             "{} notification packs, register entry and evidence.json written to {}; evidence digest {}",
             o.packs.len(),
-            term(&args.out.display().to_string()),
+            term(&out_dir.display().to_string()),
             o.evidence_digest
         )
     })?;
