@@ -10,6 +10,7 @@ mod hive;
 pub mod index;
 pub mod manifest;
 pub mod read;
+pub mod store;
 pub mod verify;
 pub mod write;
 

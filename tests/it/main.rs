@@ -21,6 +21,7 @@ mod ingest_hostile;
 mod ingest_inspect;
 mod notebooks;
 mod notify;
+mod object_store;
 mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;

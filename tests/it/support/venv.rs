@@ -101,3 +101,10 @@ pub const NOTEBOOKS: Venv = Venv {
     setup: ".ci/setup.d/60-notebooks.sh",
     imports: None,
 };
+
+pub const MOTO: Venv = Venv {
+    name: "venv-moto",
+    env: "KVTRAIL_MOTO_VENV",
+    setup: ".ci/setup.d/56-moto.sh",
+    imports: Some("moto.server, boto3"),
+};
