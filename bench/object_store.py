@@ -65,7 +65,7 @@ def main():
             )
             size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(t) for f in fs)
             spec = os.path.join(tmp, "spec%d.json" % n)
-            json.dump({"bucket": "b", "uploads": [{"dir": t, "prefix": "t"}]}, open(spec, "w"))
+            json.dump({"bucket": "bench", "uploads": [{"dir": t, "prefix": "t"}]}, open(spec, "w"))
             http, hinfo = start(["http", tmp])
             s3, sinfo = start(["s3", spec])
             env = dict(os.environ)
@@ -81,7 +81,7 @@ def main():
             where = [
                 ("local", t),
                 ("http", "%s/t%d" % (hinfo["endpoint"], n)),
-                ("s3 (moto)", "s3://b/t"),
+                ("s3 (moto)", "s3://bench/t"),
             ]
             print("trace: %d requests, %.1f MiB" % (n, size / 2**20), flush=True)
             for cmd in (["verify", "--json"], ["scope", "--json"]):

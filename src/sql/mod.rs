@@ -175,7 +175,10 @@ fn engine_url(dialect: Dialect, p: &str) -> Result<String> {
             "copy the trace to object storage (s3a://, gs://, abfss://) or to the cluster's file system",
         )),
         _ => Err(bad_path(
-            format!("{p:?}: the {} engine does not read `{scheme}://` URLs", dialect.as_str()),
+            format!(
+                "{p:?}: the {} engine does not read `{scheme}://` URLs",
+                dialect.as_str()
+            ),
             hint,
         )),
     }

@@ -382,14 +382,6 @@ pub fn hash_remote(path: &Path) -> Result<(String, u64)> {
     }
 }
 
-/// An I/O error of a read; a remote read's own error comes back as it is.
-pub fn io_error(path: &Path, e: std::io::Error) -> Error {
-    match e.downcast::<Error>() {
-        Ok(inner) => inner,
-        Err(e) => Error::io(path, e),
-    }
-}
-
 /// After trace.json of a remote trace is read: over HTTP(S), which cannot
 /// list a folder, asks for each file trace.json lists, so that walks see
 /// them. A trace.json without a `files` list cannot be read so.

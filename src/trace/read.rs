@@ -237,7 +237,10 @@ fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<Source>> 
 /// then decoded to codes with one parse per distinct value. Falls back to
 /// the file's own types when the column is absent, not a string, or the
 /// reader refuses the request.
-fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchReaderBuilder<Source>> {
+fn open_builder_dict(
+    path: &Path,
+    dict_col: &str,
+) -> Result<ParquetRecordBatchReaderBuilder<Source>> {
     guard(
         || Location::file(path),
         || open_builder_dict_inner(path, dict_col),

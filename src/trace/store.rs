@@ -89,9 +89,14 @@ fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
 }
 
 fn env_secs(name: &str, default: f64) -> Result<Duration> {
-    match std::env::var(name) {
-        Err(_) => Ok(Duration::from_secs_f64(default)),
-        Ok(v) => v
+    secs(name, std::env::var(name).ok(), default)
+}
+
+/// A number of seconds from variable `name` (unset: `default`).
+fn secs(name: &str, value: Option<String>, default: f64) -> Result<Duration> {
+    match value {
+        None => Ok(Duration::from_secs_f64(default)),
+        Some(v) => v
             .trim()
             .parse::<f64>()
             .ok()
@@ -118,13 +123,18 @@ impl Limits {
     fn from_env() -> Result<Limits> {
         let retries = match std::env::var("KVTRAIL_OBJECT_STORE_RETRIES") {
             Err(_) => DEFAULT_RETRIES,
-            Ok(v) => v.trim().parse::<usize>().ok().filter(|n| *n <= 100).ok_or_else(|| {
-                Error::invalid(
-                    Location::default(),
-                    format!("KVTRAIL_OBJECT_STORE_RETRIES={v:?} is not a count of retries"),
-                    "set it to a whole number from 0 to 100, or unset it",
-                )
-            })?,
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        Location::default(),
+                        format!("KVTRAIL_OBJECT_STORE_RETRIES={v:?} is not a count of retries"),
+                        "set it to a whole number from 0 to 100, or unset it",
+                    )
+                })?,
         };
         Ok(Limits {
             timeout: env_secs("KVTRAIL_OBJECT_STORE_TIMEOUT", DEFAULT_TIMEOUT_S)?,
@@ -181,9 +191,16 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
         other => {
             let text = chain(&other);
             let lower = text.to_ascii_lowercase();
-            if ["credential", "signature", "accessdenied", "access denied", "invalidaccesskeyid", "token"]
-                .iter()
-                .any(|w| lower.contains(w))
+            if [
+                "credential",
+                "signature",
+                "accessdenied",
+                "access denied",
+                "invalidaccesskeyid",
+                "token",
+            ]
+            .iter()
+            .any(|w| lower.contains(w))
             {
                 Error::invalid(loc, format!("access failed: {text}"), CREDENTIALS_HINT)
             } else if lower.contains("nosuchbucket") || lower.contains("containernotfound") {
@@ -265,7 +282,10 @@ fn bad_url(url: &str, what: String) -> Error {
     )
 }
 
-fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<(Arc<dyn ObjectStore>, bool)> {
+fn build_store(
+    url: &url::Url,
+    limits: &Limits,
+) -> object_store::Result<(Arc<dyn ObjectStore>, bool)> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -495,10 +515,11 @@ impl Remote {
         }
         let file = self.open_file(rel)?;
         let mut h = blake3::Hasher::new();
-        h.update_reader(file).map_err(|e| match e.downcast::<Error>() {
-            Ok(inner) => inner,
-            Err(e) => Error::io(Path::new(&self.file_url(rel)), e),
-        })?;
+        h.update_reader(file)
+            .map_err(|e| match e.downcast::<Error>() {
+                Ok(inner) => inner,
+                Err(e) => Error::io(Path::new(&self.file_url(rel)), e),
+            })?;
         let d = (h.finalize().to_hex().to_string(), h.count());
         if let Ok(mut m) = self.digests.lock() {
             m.insert(rel.to_string(), d.clone());
@@ -526,7 +547,10 @@ fn copy(e: &Error) -> Error {
 
 /// `location` relative to `prefix`, with `/` separators (None: not below).
 fn rel_of(prefix: &ObjPath, location: &ObjPath) -> Option<String> {
-    let parts: Vec<String> = location.prefix_match(prefix)?.map(|p| p.as_ref().to_string()).collect();
+    let parts: Vec<String> = location
+        .prefix_match(prefix)?
+        .map(|p| p.as_ref().to_string())
+        .collect();
     (!parts.is_empty()).then(|| parts.join("/"))
 }
 
@@ -600,7 +624,10 @@ impl Inner {
         let loc = self.location.clone();
         let url = self.url.clone();
         let (meta, bytes) = block_on(async move {
-            let got = store.get_opts(&loc, opts).await.map_err(|e| request_error(&url, e))?;
+            let got = store
+                .get_opts(&loc, opts)
+                .await
+                .map_err(|e| request_error(&url, e))?;
             let meta = got.meta.clone();
             let bytes = got.bytes().await.map_err(|e| request_error(&url, e))?;
             Ok::<_, Error>((meta, bytes))
@@ -849,10 +876,23 @@ mod tests {
 
     #[test]
     fn remote_urls_are_told_from_local_paths() {
-        for s in ["s3://b/t", "S3://b/t", "gs://b/t", "az://c/t", "https://h/t", "http://127.0.0.1:9/t"] {
+        for s in [
+            "s3://b/t",
+            "S3://b/t",
+            "gs://b/t",
+            "az://c/t",
+            "https://h/t",
+            "http://127.0.0.1:9/t",
+        ] {
             assert!(is_remote(Path::new(s)), "{s}");
         }
-        for s in ["./s3://b/t", "traces/t", "/tmp/s3:/b", "ftp://h/t", "s3:/b/t"] {
+        for s in [
+            "./s3://b/t",
+            "traces/t",
+            "/tmp/s3:/b",
+            "ftp://h/t",
+            "s3:/b/t",
+        ] {
             assert!(!is_remote(Path::new(s)), "{s}");
         }
     }
@@ -860,13 +900,27 @@ mod tests {
     #[test]
     fn relative_paths_below_a_prefix() {
         let p = ObjPath::from("t/x");
-        assert_eq!(rel_of(&p, &ObjPath::from("t/x/kv/a.parquet")).as_deref(), Some("kv/a.parquet"));
+        assert_eq!(
+            rel_of(&p, &ObjPath::from("t/x/kv/a.parquet")).as_deref(),
+            Some("kv/a.parquet")
+        );
         assert_eq!(rel_of(&p, &ObjPath::from("t/xy/a")), None);
-        assert_eq!(rel_of(&ObjPath::from(""), &ObjPath::from("trace.json")).as_deref(), Some("trace.json"));
+        assert_eq!(
+            rel_of(&ObjPath::from(""), &ObjPath::from("trace.json")).as_deref(),
+            Some("trace.json")
+        );
     }
 
     #[test]
-    fn bad_timeouts_are_refused() {
-        assert!(env_secs("KVTRAIL_TEST_UNSET_VARIABLE_XYZ", 3.0).is_ok());
+    fn timeouts_are_seconds_above_zero() {
+        assert_eq!(secs("T", None, 3.0).unwrap(), Duration::from_secs(3));
+        assert_eq!(
+            secs("T", Some(" 0.5".into()), 3.0).unwrap(),
+            Duration::from_millis(500)
+        );
+        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
+            let e = secs("T", Some(bad.into()), 3.0).unwrap_err().to_string();
+            assert!(e.contains("T=") && e.contains("hint:"), "{bad}: {e}");
+        }
     }
 }
