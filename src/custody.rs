@@ -322,6 +322,9 @@ fn remove_empty_dirs(dir: &Path) -> Result<()> {
 
 /// blake3 and size of a file.
 pub fn hash_file(path: &Path) -> Result<(String, u64)> {
+    if crate::trace::files::is_remote(path) {
+        return crate::trace::files::hash_remote(path);
+    }
     let mut h = blake3::Hasher::new();
     h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
     let bytes = std::fs::metadata(path)

@@ -467,7 +467,7 @@ enum FileCheck {
 fn check_file(rel: &str, path: &Path, entries: &[&FileEntry]) -> Result<FileCheck> {
     // A device, FIFO or directory named *.parquet is no captured file (and
     // hashing a device could read forever).
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+    if !crate::trace::files::is_regular_file(path) {
         return Ok(FileCheck::Modified(rel.to_string()));
     }
     let (digest, _) = crate::custody::hash_file(path)?;

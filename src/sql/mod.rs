@@ -225,6 +225,43 @@ fn check_scratch(path: &str) -> Result<String> {
     Ok(p.to_string())
 }
 
+/// A trace URL as `dialect`'s engine names it: DuckDB's httpfs and azure
+/// extensions read `s3://`, `gs://`, `az://`, `abfss://` and `http(s)://`
+/// (an `s3a://` URL is its `s3://`); Spark's Hadoop connectors read `s3a://`
+/// (for `s3://`), `gs://` and `abfs(s)://`. Refused: what the engine
+/// cannot list as a folder (Spark over HTTP(S); `az://`, which names no
+/// storage account). A local path is unchanged.
+fn engine_url(dialect: Dialect, p: &str) -> Result<String> {
+    let Some((scheme, rest)) = p.split_once("://") else {
+        return Ok(p.to_string());
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let hint = "give the trace's folder as s3://, gs://, az:// or https:// (DuckDB) or s3a://, gs://, abfss:// (Spark); docs/object-storage.md";
+    match (dialect, scheme.as_str()) {
+        (Dialect::Duckdb, "s3a") => Ok(format!("s3://{rest}")),
+        (Dialect::Duckdb, "s3" | "gs" | "gcs" | "az" | "azure" | "abfss" | "http" | "https") => {
+            Ok(format!("{scheme}://{rest}"))
+        }
+        (Dialect::Spark, "s3" | "s3a") => Ok(format!("s3a://{rest}")),
+        (Dialect::Spark, "gs" | "abfs" | "abfss") => Ok(format!("{scheme}://{rest}")),
+        (Dialect::Spark, "az" | "azure") => Err(bad_path(
+            format!("{p:?}: Spark names an Azure folder with its storage account"),
+            "give --trace-path abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH",
+        )),
+        (Dialect::Spark, "http" | "https") => Err(bad_path(
+            format!("{p:?}: Spark cannot list a folder over HTTP(S)"),
+            "copy the trace to object storage (s3a://, gs://, abfss://) or to the cluster's file system",
+        )),
+        _ => Err(bad_path(
+            format!(
+                "{p:?}: the {} engine does not read `{scheme}://` URLs",
+                dialect.as_str()
+            ),
+            hint,
+        )),
+    }
+}
+
 /// Checks `--trace-path` for `dialect`. Refused: an empty value, more than
 /// [`MAX_TRACE_PATH`] bytes, any control character (a line break would end
 /// a `--` comment or split a statement); for Trino anything but
@@ -252,7 +289,13 @@ fn check_source(dialect: Dialect, path: &str) -> Result<Source> {
                 "give the trace's directory or URI (s3://bucket/trace)",
             ));
         }
-        return Ok(Source::Path(p.to_string()));
+        return engine_url(dialect, p).map(Source::Path);
+    }
+    if path.contains("://") {
+        return Err(bad_path(
+            format!("{path:?} is a URL; Trino reads tables, not folders"),
+            "register the trace's kv/ and requests/ prefixes as external tables of a Trino catalog (e.g. Hive: external_location = 's3://bucket/trace/kv'), then give catalog.schema; docs/object-storage.md",
+        ));
     }
     let hint = "Trino reads tables: give catalog.schema (or schema) holding the tables kv and requests; quote a part that is not a plain identifier with double quotes, e.g. hive.\"kv-trail\"";
     let mut parts = Vec::new();

@@ -14,6 +14,10 @@
 //!
 //! A link that stays inside the trace is followed; a folder reached twice
 //! (a link loop, or a second path to the same files) is refused.
+//!
+//! A trace in object storage (a URL, [`crate::trace::store`]) goes through
+//! the same functions: its objects are listed once, hold no links, FIFOs
+//! or devices, and are opened for ranged reads.
 
 use std::collections::HashSet;
 use std::fs::{File, FileType, Metadata};
@@ -21,10 +25,32 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Location, Result};
+use crate::trace::store::{self, Remote, Source};
+
+/// Whether `path` names a trace or file in object storage.
+pub fn is_remote(path: &Path) -> bool {
+    store::is_remote(path)
+}
+
+/// The remote trace a URL belongs to and its path there (None: local).
+fn remote(path: &Path) -> Result<Option<(std::sync::Arc<Remote>, String)>> {
+    store::locate(path)
+}
 
 /// The trace folder, resolved (links followed): what every other path of
 /// the trace must stay under.
 pub fn root(dir: &Path) -> Result<PathBuf> {
+    if is_remote(dir) {
+        let r = Remote::open(dir)?;
+        if r.listable() && r.is_empty() {
+            return Err(Error::invalid(
+                Location::file(dir),
+                "holds no objects: there is no trace under this prefix",
+                "check the bucket and prefix (the one that holds trace.json, requests/ and kv/); docs/object-storage.md shows how to upload a trace",
+            ));
+        }
+        return Ok(PathBuf::from(r.url()));
+    }
     let not_dir = || {
         Error::invalid(
             Location::file(dir),
@@ -41,6 +67,10 @@ pub fn root(dir: &Path) -> Result<PathBuf> {
 
 /// `path` resolved; an error naming `path` when it leads out of `root`.
 pub fn inside(root: &Path, path: &Path) -> Result<PathBuf> {
+    if is_remote(path) {
+        // Objects hold no links: a path below the trace's URL is inside.
+        return Ok(path.to_path_buf());
+    }
     let real = std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?;
     if !real.starts_with(root) {
         return Err(Error::invalid(
@@ -93,7 +123,14 @@ fn not_regular(path: &Path, md: &Metadata) -> Error {
 /// Opens a regular file for reading, never blocking: the type is checked
 /// before the open (`stat`, links followed) and again on the open
 /// descriptor (same file, still regular).
-pub fn open_regular(path: &Path) -> Result<File> {
+pub fn open_regular(path: &Path) -> Result<Source> {
+    if let Some((r, rel)) = remote(path)? {
+        return Ok(Source::Remote(r.open_file(&rel)?));
+    }
+    open_local(path).map(Source::Local)
+}
+
+fn open_local(path: &Path) -> Result<File> {
     let before = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !before.is_file() {
         return Err(not_regular(path, &before));
@@ -135,7 +172,7 @@ pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
             "this is not a kvtrail manifest, or a damaged one; see docs/limits.md",
         )
     };
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let len = file.size().map_err(|e| Error::io(path, e))?;
     if len > limit {
         return Err(too_big(len));
     }
@@ -181,6 +218,27 @@ fn has_suffix(p: &Path, suffix: &str) -> bool {
 /// depth. A missing `dir` is empty.
 pub fn walk(root: &Path, dir: &Path) -> Walk {
     let mut out = Walk::default();
+    if is_remote(dir) {
+        match remote(dir) {
+            Ok(Some((r, sub))) => {
+                for rel in r.files(&sub) {
+                    let below = &rel[sub.len() + 1..];
+                    let name = below.rsplit('/').next().unwrap_or_default();
+                    if !(name.ends_with(".parquet") || name.ends_with(".parquet.inprogress")) {
+                        continue;
+                    }
+                    let hidden = below
+                        .split('/')
+                        .any(|p| p.starts_with('.') || p.starts_with('_'));
+                    out.files.push((store::file_path(&r, &rel), hidden));
+                }
+                out.files.sort();
+            }
+            Ok(None) => {}
+            Err(e) => out.refused.push(e),
+        }
+        return out;
+    }
     if std::fs::symlink_metadata(dir).is_err() {
         return out;
     }
@@ -285,4 +343,71 @@ fn not_regular_dir(path: &Path, md: &Metadata) -> Error {
         format!("is {}, not a folder", kind(&md.file_type())),
         "requests/ and kv/ are folders of Parquet files (docs/trace-format.md)",
     )
+}
+
+/// Whether a file exists (local: `lstat` finds it; remote: listed or, over
+/// HTTP(S), answered by a HEAD). A local error other than "not found" is
+/// an error.
+pub fn exists(path: &Path) -> Result<bool> {
+    if let Some((r, rel)) = remote(path)? {
+        return Ok(r.meta(&rel)?.is_some());
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Whether `path` is a regular file (links followed); every listed object
+/// of a remote trace is one.
+pub fn is_regular_file(path: &Path) -> bool {
+    match remote(path) {
+        Ok(Some((r, rel))) => r.meta(&rel).is_ok_and(|m| m.is_some()),
+        Ok(None) => std::fs::metadata(path).is_ok_and(|m| m.is_file()),
+        Err(_) => false,
+    }
+}
+
+/// blake3 and length of a remote file, streamed front to back in ranged
+/// reads, once per process (local files are hashed memory-mapped by
+/// `custody::hash_file`).
+pub fn hash_remote(path: &Path) -> Result<(String, u64)> {
+    match remote(path)? {
+        Some((r, rel)) => r.digest(&rel),
+        None => Err(Error::Other(format!(
+            "{} is not in object storage",
+            path.display()
+        ))),
+    }
+}
+
+/// After trace.json of a remote trace is read: over HTTP(S), which cannot
+/// list a folder, asks for each file trace.json lists, so that walks see
+/// them. A trace.json without a `files` list cannot be read so.
+pub fn discover(dir: &Path, listed: Option<&[crate::trace::FileEntry]>) -> Result<()> {
+    let Some((r, _)) = remote(dir)? else {
+        return Ok(());
+    };
+    if r.listable() {
+        return Ok(());
+    }
+    let Some(files) = listed else {
+        return Err(Error::invalid(
+            Location::file(&dir.join("trace.json")),
+            "has no `files` list, and an HTTP(S) server cannot list a folder: kvtrail cannot find the trace's data files",
+            "serve the trace from object storage (s3://, gs://, az://), or copy it to a local folder",
+        ));
+    };
+    r.discover(files.iter().map(|f| f.path.as_str()))
+}
+
+/// The first failed read of a remote trace's objects (a change since the
+/// listing, a lost connection), if any: the answer of a command that read
+/// the trace would rest on a part of it, so the command fails instead.
+pub fn remote_failure(dir: &Path) -> Option<Error> {
+    match remote(dir) {
+        Ok(Some((r, _))) => r.failure(),
+        _ => None,
+    }
 }

@@ -331,15 +331,16 @@ impl Manifest {
     /// (not a link out of it, never a FIFO) of at most [`MAX_MANIFEST_BYTES`].
     pub fn load(dir: &Path) -> Result<Manifest> {
         let path = dir.join("trace.json");
-        if let Err(e) = std::fs::symlink_metadata(&path) {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                return Err(Error::invalid(
-                    Location::file(&path),
-                    "trace.json is missing",
-                    "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
-                ));
-            }
-            return Err(Error::io(&path, e));
+        if files::is_remote(dir) {
+            // Lists the trace (once), so its objects are known.
+            files::root(dir)?;
+        }
+        if !files::exists(&path)? {
+            return Err(Error::invalid(
+                Location::file(&path),
+                "trace.json is missing",
+                "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
+            ));
         }
         files::inside(&files::root(dir)?, &path)?;
         let bytes = files::read_limited(&path, MAX_MANIFEST_BYTES, "trace.json")?;

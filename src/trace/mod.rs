@@ -11,6 +11,7 @@ pub mod index;
 pub mod manifest;
 pub mod read;
 pub mod sorted;
+pub mod store;
 pub mod verify;
 pub mod write;
 

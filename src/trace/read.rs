@@ -7,8 +7,6 @@
 //! file, the row (0-based within the file) and the column.
 
 use std::borrow::Cow;
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -23,6 +21,7 @@ use parquet::arrow::arrow_reader::{
     ParquetRecordBatchReaderBuilder,
 };
 use parquet::file::metadata::ParquetStatisticsPolicy;
+use parquet::file::reader::ChunkReader;
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord, kv_col, req_col};
@@ -30,6 +29,7 @@ use crate::trace::files;
 use crate::trace::guard::guard;
 use crate::trace::hive::{self, HivePairs};
 use crate::trace::manifest::{Deployment, Manifest};
+use crate::trace::store::Source;
 
 pub use crate::trace::index::load_request_index;
 
@@ -62,6 +62,7 @@ impl Trace {
     pub fn scan(dir: &Path) -> Result<(Trace, Vec<Error>)> {
         let root = files::root(dir)?;
         let manifest = Manifest::load(dir)?;
+        files::discover(dir, manifest.files.as_deref())?;
         let requests = files::walk(&root, &dir.join("requests"));
         let kv = files::walk(&root, &dir.join("kv"));
         let trace = Trace {
@@ -173,15 +174,27 @@ fn too_many(path: &Path, what: String) -> Error {
 
 /// Opens a Parquet data file and decodes its footer, within
 /// [`MAX_FOOTER_BYTES`] and [`MAX_ROW_GROUPS`].
-fn open_parquet(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
-    let mut file = files::open_regular(path)?;
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+/// A read of a remote file that failed inside the Parquet reader comes
+/// back as the remote read's own error (naming the object and what to do),
+/// not as a damaged file.
+fn remote_first(path: &Path, e: Error) -> Error {
+    match e {
+        Error::Parquet { .. } => files::remote_failure(path).unwrap_or(e),
+        e => e,
+    }
+}
+
+fn open_parquet(path: &Path) -> Result<(Source, ArrowReaderMetadata)> {
+    open_parquet_inner(path).map_err(|e| remote_first(path, e))
+}
+
+fn open_parquet_inner(path: &Path) -> Result<(Source, ArrowReaderMetadata)> {
+    let file = files::open_regular(path)?;
+    let len = file.size().map_err(|e| Error::io(path, e))?;
     if len >= 12 {
-        let mut tail = [0u8; 8];
-        file.seek(SeekFrom::End(-8))
-            .and_then(|_| file.read_exact(&mut tail))
-            .and_then(|_| file.seek(SeekFrom::Start(0)))
-            .map_err(|e| Error::io(path, e))?;
+        let tail = file
+            .get_bytes(len - 8, 8)
+            .map_err(|e| Error::parquet(Location::file(path), e))?;
         let footer = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
         if &tail[4..] == b"PAR1" && footer > MAX_FOOTER_BYTES {
             return Err(too_many(
@@ -206,7 +219,7 @@ fn open_parquet(path: &Path) -> Result<(File, ArrowReaderMetadata)> {
     Ok((file, meta))
 }
 
-fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<Source>> {
     guard(
         || Location::file(path),
         || {
@@ -224,7 +237,10 @@ fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
 /// then decoded to codes with one parse per distinct value. Falls back to
 /// the file's own types when the column is absent, not a string, or the
 /// reader refuses the request.
-fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+fn open_builder_dict(
+    path: &Path,
+    dict_col: &str,
+) -> Result<ParquetRecordBatchReaderBuilder<Source>> {
     guard(
         || Location::file(path),
         || open_builder_dict_inner(path, dict_col),
@@ -234,7 +250,7 @@ fn open_builder_dict(path: &Path, dict_col: &str) -> Result<ParquetRecordBatchRe
 fn open_builder_dict_inner(
     path: &Path,
     dict_col: &str,
-) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+) -> Result<ParquetRecordBatchReaderBuilder<Source>> {
     let (file, meta) = open_parquet(path)?;
     let schema = meta.schema().clone();
     if let Ok(i) = schema.index_of(dict_col) {
@@ -270,7 +286,7 @@ fn open_builder_dict_inner(
 /// A required column may instead come from a Hive folder (`hive`).
 fn project(
     path: &Path,
-    builder: ParquetRecordBatchReaderBuilder<File>,
+    builder: ParquetRecordBatchReaderBuilder<Source>,
     required: &[&str],
     optional: &[&str],
     hive: &HivePairs,
@@ -936,7 +952,8 @@ impl Cursor {
                 .map_err(|e| Error::parquet(Location::file(path).row(rows), e))
                 .and_then(|b| hive::fill(b, path, &self.hive)),
             Err(e) => Err(e),
-        };
+        }
+        .map_err(|e| remote_first(path, e));
         self.done = res.is_err();
         Some(res)
     }
@@ -1260,7 +1277,8 @@ pub fn footer_rows(path: &Path) -> Result<u64> {
                 .parse_and_finish(&file)
                 .map_err(|e| Error::parquet(Location::file(path), e))
         },
-    )?;
+    )
+    .map_err(|e| remote_first(path, e))?;
     Ok(meta
         .row_groups()
         .iter()

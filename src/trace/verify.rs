@@ -140,7 +140,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             let path = dir.join(&f.path);
             let mut bytes = 0;
             let mut rows = 0;
-            if std::fs::symlink_metadata(&path).is_err() {
+            if !files::exists(&path).unwrap_or(false) {
                 probs.push(Problem {
                     path: f.path.clone(),
                     kind: "missing".into(),
@@ -160,11 +160,17 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     return (probs, 0, 0);
                 }
             };
-            let mut h = blake3::Hasher::new();
-            match h.update_reader(file) {
-                Ok(_) => {
-                    bytes = h.count();
-                    let got = h.finalize().to_hex().to_string();
+            let hashed = if files::is_remote(&path) {
+                drop(file);
+                files::hash_remote(&path).map_err(|e| std::io::Error::other(e.to_string()))
+            } else {
+                let mut h = blake3::Hasher::new();
+                h.update_reader(file)
+                    .map(|h| (h.finalize().to_hex().to_string(), h.count()))
+            };
+            match hashed {
+                Ok((got, n)) => {
+                    bytes = n;
                     if !got.eq_ignore_ascii_case(&f.blake3) {
                         probs.push(Problem {
                             path: f.path.clone(),
@@ -257,6 +263,11 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                 detail: e.to_string(),
             });
         }
+    }
+    // A remote object that changed or could not be read makes the report
+    // rest on part of the trace: an error, not a problem of one file.
+    if let Some(e) = files::remote_failure(dir) {
+        return Err(e);
     }
     problems.sort();
     Ok(VerifyReport {

@@ -24,6 +24,7 @@ mod lookup_index;
 mod notebooks;
 mod notify;
 mod notify_templates;
+mod object_store;
 mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;

@@ -91,16 +91,36 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         report: r,
         shard,
     } = compute_shard(&args.trace, args.backend, args.pools.clone())?;
+    // A remote read that failed anywhere makes the report rest on part of
+    // the trace: an error, before anything is written.
+    if let Some(e) = kvtrail::trace::files::remote_failure(&args.trace) {
+        return Err(e.into());
+    }
     if let Some(dir) = &args.out {
-        let mut files = report::write_out(&r, dir)?;
-        // shard.json before evidence.json, so the evidence lists it.
-        if let Some(s) = &shard {
-            files.push(s.write(dir)?);
-        }
-        // report.html, the request index and evidence.json.
-        let (extra, digest) =
-            report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
-        files.extend(extra);
+        let fresh = std::fs::symlink_metadata(dir).is_err();
+        let written = (|| -> anyhow::Result<_> {
+            let mut files = report::write_out(&r, dir)?;
+            // shard.json before evidence.json, so the evidence lists it.
+            if let Some(s) = &shard {
+                files.push(s.write(dir)?);
+            }
+            // report.html, the request index and evidence.json.
+            let (extra, digest) =
+                report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
+            files.extend(extra);
+            Ok((files, digest))
+        })();
+        // A trace in object storage is read again for the evidence: when
+        // that fails (an object replaced meanwhile), no partial folder stays.
+        let (files, digest) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                if fresh && kvtrail::trace::files::is_remote(&args.trace) {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(e);
+            }
+        };
         for f in files {
             eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
         }

@@ -30,8 +30,8 @@ pub struct Args {
     #[arg(long, value_name = "URI")]
     pub trace_path: Option<String>,
     /// Read pools, from_engine_start, complete and the files list from this
-    /// trace.json (or trace directory). Default: <trace-path>/trace.json when
-    /// that is a local path.
+    /// trace.json (or trace directory; local or s3://, gs://, az://, http(s)://).
+    /// Default: <trace-path>/trace.json when that is a local path or a URL.
     #[arg(long, value_name = "PATH")]
     pub manifest: Option<PathBuf>,
     /// Pool ids (comma-separated) when no manifest is read.
@@ -75,13 +75,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (Some(m), _) => Some(m.clone()),
         (None, Some(p)) if args.pools.is_none() => {
             let local = PathBuf::from(p).join("trace.json");
-            local.is_file().then_some(local)
+            // A trace in object storage: its trace.json is read there.
+            (local.is_file() || kvtrail::trace::files::is_remote(&local)).then_some(local)
         }
         _ => None,
     };
     let mut opts = match manifest_path {
         Some(m) => {
-            let dir = if m.is_dir() {
+            let remote_dir = kvtrail::trace::files::is_remote(&m)
+                && m.file_name().is_none_or(|n| n != "trace.json");
+            let dir = if remote_dir || m.is_dir() {
                 m.clone()
             } else {
                 m.parent().map(PathBuf::from).unwrap_or_default()

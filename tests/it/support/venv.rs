@@ -125,3 +125,10 @@ impl Venv {
         })
     }
 }
+
+pub const MOTO: Venv = Venv {
+    name: "venv-moto",
+    env: "KVTRAIL_MOTO_VENV",
+    setup: ".ci/setup.d/56-moto.sh",
+    imports: Some("moto.server, boto3"),
+};

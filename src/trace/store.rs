@@ -1,0 +1,926 @@
+//! Where a trace's files are read from: a local folder, or a prefix in
+//! object storage (`s3://`, `gs://`, `az://`, `http(s)://`) read with
+//! ranged GETs through the `object_store` crate.
+//!
+//! A remote trace is named by its URL, and its files by the URL joined
+//! with their path in the trace (`s3://bucket/t/kv/pool=0/part-00000.parquet`),
+//! kept in the same `PathBuf`s as local paths, so every reader, check and
+//! report of `trace` runs one code path for both: [`crate::trace::files`]
+//! asks this module where a path lives and hands back a [`Source`], which
+//! the Parquet reader, the digests and trace.json read alike.
+//!
+//! The objects of a remote trace are listed once, when it is first opened
+//! ([`Remote::open`]); every later read of an object asks for the ETag
+//! (or version) the listing saw (`If-Match`) and compares the answer's, so
+//! an object replaced between listing and reading is an error naming it,
+//! never a mix of two uploads. HTTP(S) servers cannot list a folder: the
+//! files of an `http(s)://` trace are the ones its trace.json lists, each
+//! asked for with a HEAD.
+//!
+//! Memory stays bounded per open file: ranged reads go through a small
+//! block cache ([`CACHE_BLOCKS`] blocks of [`BLOCK_BYTES`]); a digest reads
+//! the object front to back in [`STREAM_BYTES`] ranges. The requests run on
+//! one current-thread tokio runtime owned here; the rest of kvtrail stays
+//! synchronous. Credentials come from the environment and the platforms'
+//! usual files, never from flags (docs/object-storage.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{
+    ClientConfigKey, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig,
+};
+use parquet::file::reader::{ChunkReader, Length};
+
+use crate::error::{Error, Location, Result};
+
+/// URL schemes read from object storage.
+pub const SCHEMES: [&str; 10] = [
+    "s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "http", "https",
+];
+
+/// Bytes of one cached block of a remote file.
+pub const BLOCK_BYTES: u64 = 512 << 10;
+/// Blocks cached per open remote file (the Parquet reader reads a row
+/// group's projected columns side by side).
+pub const CACHE_BLOCKS: usize = 16;
+/// Bytes of one ranged GET when a file is read front to back (digests).
+pub const STREAM_BYTES: u64 = 8 << 20;
+/// The most objects kvtrail lists under one trace prefix.
+pub const MAX_OBJECTS: usize = 1_000_000;
+
+/// Seconds one request may take, unless `KVTRAIL_OBJECT_STORE_TIMEOUT` says.
+pub const DEFAULT_TIMEOUT_S: f64 = 30.0;
+/// Seconds to connect, unless `KVTRAIL_OBJECT_STORE_CONNECT_TIMEOUT` says.
+pub const DEFAULT_CONNECT_TIMEOUT_S: f64 = 5.0;
+/// Retries of a failed request, unless `KVTRAIL_OBJECT_STORE_RETRIES` says.
+pub const DEFAULT_RETRIES: usize = 2;
+
+/// Whether `path` names a trace or file in object storage
+/// (`scheme://...` with a scheme of [`SCHEMES`]). A local folder whose
+/// name starts so is reached as `./s3://...`.
+pub fn is_remote(path: &Path) -> bool {
+    path.to_str()
+        .and_then(|s| s.split_once("://"))
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RT: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Other(format!("cannot start the object-store client: {e}")))
+}
+
+fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
+    Ok(runtime()?.block_on(f))
+}
+
+fn env_secs(name: &str, default: f64) -> Result<Duration> {
+    secs(name, std::env::var(name).ok(), default)
+}
+
+/// A number of seconds from variable `name` (unset: `default`).
+fn secs(name: &str, value: Option<String>, default: f64) -> Result<Duration> {
+    match value {
+        None => Ok(Duration::from_secs_f64(default)),
+        Some(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::invalid(
+                    Location::default(),
+                    format!("{name}={v:?} is not a number of seconds"),
+                    format!("set {name} to seconds above 0 (e.g. 30), or unset it"),
+                )
+            }),
+    }
+}
+
+/// Timeouts and retries of every request, from the environment.
+struct Limits {
+    timeout: Duration,
+    connect: Duration,
+    retries: usize,
+}
+
+impl Limits {
+    fn from_env() -> Result<Limits> {
+        let retries = match std::env::var("KVTRAIL_OBJECT_STORE_RETRIES") {
+            Err(_) => DEFAULT_RETRIES,
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        Location::default(),
+                        format!("KVTRAIL_OBJECT_STORE_RETRIES={v:?} is not a count of retries"),
+                        "set it to a whole number from 0 to 100, or unset it",
+                    )
+                })?,
+        };
+        Ok(Limits {
+            timeout: env_secs("KVTRAIL_OBJECT_STORE_TIMEOUT", DEFAULT_TIMEOUT_S)?,
+            connect: env_secs(
+                "KVTRAIL_OBJECT_STORE_CONNECT_TIMEOUT",
+                DEFAULT_CONNECT_TIMEOUT_S,
+            )?,
+            retries,
+        })
+    }
+
+    fn retry(&self) -> RetryConfig {
+        RetryConfig {
+            max_retries: self.retries,
+            retry_timeout: self.timeout * (self.retries as u32 + 1),
+            ..Default::default()
+        }
+    }
+
+    fn client(&self) -> [(ClientConfigKey, String); 2] {
+        [
+            (
+                ClientConfigKey::Timeout,
+                format!("{}ms", self.timeout.as_millis()),
+            ),
+            (
+                ClientConfigKey::ConnectTimeout,
+                format!("{}ms", self.connect.as_millis()),
+            ),
+        ]
+    }
+}
+
+const CREDENTIALS_HINT: &str = "give credentials through the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or `eval \"$(aws configure export-credentials --format env)\"` for a profile), GOOGLE_APPLICATION_CREDENTIALS, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY; and read access to the objects (docs/object-storage.md)";
+
+/// A kvtrail error for a failed request on `url`.
+fn request_error(url: &str, e: object_store::Error) -> Error {
+    let loc = Location::file(Path::new(url));
+    match e {
+        object_store::Error::NotFound { .. } => Error::invalid(
+            loc,
+            "does not exist in the object store",
+            "check the URL (bucket or container, prefix, object name); a trace's prefix holds trace.json, requests/ and kv/",
+        ),
+        object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+            changed(url)
+        }
+        object_store::Error::PermissionDenied { source, .. }
+        | object_store::Error::Unauthenticated { source, .. } => Error::invalid(
+            loc,
+            format!("access was refused: {source}"),
+            CREDENTIALS_HINT,
+        ),
+        other => {
+            let text = chain(&other);
+            let lower = text.to_ascii_lowercase();
+            if [
+                "credential",
+                "signature",
+                "accessdenied",
+                "access denied",
+                "invalidaccesskeyid",
+                "token",
+            ]
+            .iter()
+            .any(|w| lower.contains(w))
+            {
+                Error::invalid(loc, format!("access failed: {text}"), CREDENTIALS_HINT)
+            } else if lower.contains("nosuchbucket") || lower.contains("containernotfound") {
+                Error::invalid(
+                    loc,
+                    format!("the bucket does not exist: {text}"),
+                    "check the bucket (or container) name in the URL",
+                )
+            } else {
+                Error::invalid(
+                    loc,
+                    format!("the object store did not answer: {text}"),
+                    "check the endpoint (AWS_ENDPOINT for S3-compatible stores) and the network; requests time out after KVTRAIL_OBJECT_STORE_TIMEOUT seconds (default 30), connections after KVTRAIL_OBJECT_STORE_CONNECT_TIMEOUT (default 5), with KVTRAIL_OBJECT_STORE_RETRIES retries (default 2)",
+                )
+            }
+        }
+    }
+}
+
+/// An error's message with its sources, one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        src = s.source();
+    }
+    out.replace('\n', " ")
+}
+
+fn changed(url: &str) -> Error {
+    Error::invalid(
+        Location::file(Path::new(url)),
+        "changed while kvtrail read it: the object no longer has the ETag or version it had when the trace was listed",
+        "do not modify a trace while kvtrail reads it: upload a changed trace to a new prefix, then run kvtrail again",
+    )
+}
+
+/// One remote trace: its object store, the prefix of its root, and the
+/// objects listed under it when it was opened.
+pub(crate) struct Remote {
+    /// The trace's URL, without a trailing `/`.
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    /// False for HTTP(S): objects are found by HEAD, not by listing.
+    listable: bool,
+    /// Path in the trace (`kv/pool=0/part-00000.parquet`) → what the
+    /// listing (or HEAD) saw.
+    objects: Mutex<BTreeMap<String, ObjectMeta>>,
+    /// The first failed read of an object (a change, a lost connection):
+    /// `verify` turns it into an error instead of a problem of one file.
+    failure: Mutex<Option<Error>>,
+    /// blake3 and length of objects hashed so far: an object is read at
+    /// the ETag it was listed with, so its digest is computed once.
+    digests: Mutex<HashMap<String, (String, u64)>>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote").field("url", &self.url).finish()
+    }
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Arc<Remote>>> {
+    static R: OnceLock<Mutex<HashMap<String, Arc<Remote>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn bad_url(url: &str, what: String) -> Error {
+    Error::invalid(
+        Location::file(Path::new(url)),
+        what,
+        "name the trace as s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or http(s)://HOST/PATH (docs/object-storage.md)",
+    )
+}
+
+fn build_store(
+    url: &url::Url,
+    limits: &Limits,
+) -> object_store::Result<(Arc<dyn ObjectStore>, bool)> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    use object_store::http::HttpBuilder;
+    let client = limits.client();
+    Ok(match url.scheme() {
+        "s3" | "s3a" => {
+            let mut b = AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .with_retry(limits.retry());
+            for (k, v) in client {
+                b = b.with_config(AmazonS3ConfigKey::Client(k), v);
+            }
+            (Arc::new(b.build()?), true)
+        }
+        "gs" => {
+            let mut b = GoogleCloudStorageBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(limits.retry());
+            for (k, v) in client {
+                b = b.with_config(GoogleConfigKey::Client(k), v);
+            }
+            (Arc::new(b.build()?), true)
+        }
+        "http" | "https" => {
+            let origin = &url[..url::Position::BeforePath];
+            let mut b = HttpBuilder::new()
+                .with_url(origin)
+                .with_retry(limits.retry())
+                .with_config(ClientConfigKey::AllowHttp, "true");
+            for (k, v) in client {
+                b = b.with_config(k, v);
+            }
+            (Arc::new(b.build()?), false)
+        }
+        _ => {
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(limits.retry());
+            for (k, v) in client {
+                b = b.with_config(AzureConfigKey::Client(k), v);
+            }
+            (Arc::new(b.build()?), true)
+        }
+    })
+}
+
+impl Remote {
+    /// The remote trace at `dir` (a URL), listed on first use and then
+    /// kept for the rest of the process, so every command reads one
+    /// snapshot of the trace.
+    pub(crate) fn open(dir: &Path) -> Result<Arc<Remote>> {
+        let raw = dir.to_str().unwrap_or_default();
+        let key = raw.trim_end_matches('/').to_string();
+        if let Some(r) = registry().lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(r);
+        }
+        let url = url::Url::parse(&key).map_err(|e| bad_url(&key, format!("is not a URL: {e}")))?;
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(bad_url(&key, "names no bucket, container or host".into()));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(bad_url(&key, "has a query or fragment (`?`, `#`)".into()));
+        }
+        let limits = Limits::from_env()?;
+        let (store, listable) = build_store(&url, &limits).map_err(|e| {
+            Error::invalid(
+                Location::file(Path::new(&key)),
+                format!("cannot set up the object-store client: {}", chain(&e)),
+                CREDENTIALS_HINT,
+            )
+        })?;
+        let prefix = ObjPath::from_url_path(url.path())
+            .map_err(|e| bad_url(&key, format!("has a path that is not an object path: {e}")))?;
+        let remote = Remote {
+            url: key.clone(),
+            store,
+            prefix,
+            listable,
+            objects: Mutex::default(),
+            failure: Mutex::default(),
+            digests: Mutex::default(),
+        };
+        if listable {
+            remote.list()?;
+        }
+        let remote = Arc::new(remote);
+        if let Ok(mut m) = registry().lock() {
+            m.entry(key).or_insert_with(|| remote.clone());
+        }
+        Ok(remote)
+    }
+
+    fn list(&self) -> Result<()> {
+        let store = self.store.clone();
+        let prefix = self.prefix.clone();
+        let url = self.url.clone();
+        let listed = block_on(async move {
+            let mut out = BTreeMap::new();
+            let mut stream = store.list(Some(&prefix));
+            while let Some(meta) = stream.next().await {
+                let meta = meta.map_err(|e| request_error(&url, e))?;
+                let Some(rel) = rel_of(&prefix, &meta.location) else {
+                    continue;
+                };
+                if out.len() >= MAX_OBJECTS {
+                    return Err(Error::invalid(
+                        Location::file(Path::new(&url)),
+                        format!("holds more than {MAX_OBJECTS} objects"),
+                        "point kvtrail at one trace's prefix (the one that holds trace.json), not at a bucket of many",
+                    ));
+                }
+                out.insert(rel, meta);
+            }
+            Ok(out)
+        })??;
+        if let Ok(mut o) = self.objects.lock() {
+            *o = listed;
+        }
+        Ok(())
+    }
+
+    /// The trace's URL.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// What is known of the object at `rel`: from the listing, or (HTTP)
+    /// from a HEAD asked once. `None`: no such object.
+    pub(crate) fn meta(&self, rel: &str) -> Result<Option<ObjectMeta>> {
+        if let Some(m) = self.objects.lock().ok().and_then(|o| o.get(rel).cloned()) {
+            return Ok(Some(m));
+        }
+        if self.listable {
+            return Ok(None);
+        }
+        let loc = self.location(rel);
+        let store = self.store.clone();
+        let url = self.file_url(rel);
+        match block_on(async move { store.head(&loc).await })? {
+            Ok(meta) => {
+                if let Ok(mut o) = self.objects.lock() {
+                    o.insert(rel.to_string(), meta.clone());
+                }
+                Ok(Some(meta))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(request_error(&url, e)),
+        }
+    }
+
+    /// Asks for each path (HTTP(S) only: the files trace.json lists), so
+    /// that [`Remote::files`] knows them.
+    pub(crate) fn discover<'a>(&self, rels: impl Iterator<Item = &'a str>) -> Result<()> {
+        if self.listable {
+            return Ok(());
+        }
+        for rel in rels {
+            self.meta(rel)?;
+        }
+        Ok(())
+    }
+
+    /// Whether objects are found by listing (false: HTTP(S)).
+    pub(crate) fn listable(&self) -> bool {
+        self.listable
+    }
+
+    /// Whether the listing found no object.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.objects.lock().map(|o| o.is_empty()).unwrap_or(true)
+    }
+
+    /// Every known object below the folder `sub` of the trace, as paths
+    /// in the trace.
+    pub(crate) fn files(&self, sub: &str) -> Vec<String> {
+        let dir = format!("{}/", sub.trim_end_matches('/'));
+        self.objects
+            .lock()
+            .map(|o| o.keys().filter(|k| k.starts_with(&dir)).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn location(&self, rel: &str) -> ObjPath {
+        let mut loc = self.prefix.clone();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            loc = loc.clone().join(part);
+        }
+        loc
+    }
+
+    /// The URL of a path in the trace.
+    pub(crate) fn file_url(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.url)
+    }
+
+    /// Opens the object at `rel` for reading.
+    pub(crate) fn open_file(self: &Arc<Self>, rel: &str) -> Result<RemoteFile> {
+        let url = self.file_url(rel);
+        let meta = self.meta(rel)?.ok_or_else(|| {
+            Error::invalid(
+                Location::file(Path::new(&url)),
+                "does not exist in the object store",
+                "check the URL (bucket or container, prefix, object name); a trace's prefix holds trace.json, requests/ and kv/",
+            )
+        })?;
+        Ok(RemoteFile {
+            inner: Arc::new(Inner {
+                remote: self.clone(),
+                url,
+                location: self.location(rel),
+                size: meta.size,
+                e_tag: meta.e_tag,
+                version: meta.version,
+                cache: Mutex::default(),
+            }),
+            pos: 0,
+            buf: Bytes::new(),
+        })
+    }
+
+    /// blake3 and length of the object at `rel`, streamed front to back
+    /// in ranged reads (once per object and process).
+    pub(crate) fn digest(self: &Arc<Self>, rel: &str) -> Result<(String, u64)> {
+        if let Some(d) = self.digests.lock().ok().and_then(|m| m.get(rel).cloned()) {
+            return Ok(d);
+        }
+        let file = self.open_file(rel)?;
+        let mut h = blake3::Hasher::new();
+        h.update_reader(file)
+            .map_err(|e| match e.downcast::<Error>() {
+                Ok(inner) => inner,
+                Err(e) => Error::io(Path::new(&self.file_url(rel)), e),
+            })?;
+        let d = (h.finalize().to_hex().to_string(), h.count());
+        if let Ok(mut m) = self.digests.lock() {
+            m.insert(rel.to_string(), d.clone());
+        }
+        Ok(d)
+    }
+
+    /// The first failed read of any of its objects, if one failed.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.failure.lock().ok().and_then(|f| f.as_ref().map(copy))
+    }
+}
+
+/// A copy of an error (errors are not `Clone`: an I/O error's source).
+fn copy(e: &Error) -> Error {
+    match e {
+        Error::Invalid { loc, what, hint } => Error::Invalid {
+            loc: loc.clone(),
+            what: what.clone(),
+            hint: hint.clone(),
+        },
+        other => Error::Other(other.to_string()),
+    }
+}
+
+/// `location` relative to `prefix`, with `/` separators (None: not below).
+fn rel_of(prefix: &ObjPath, location: &ObjPath) -> Option<String> {
+    let parts: Vec<String> = location
+        .prefix_match(prefix)?
+        .map(|p| p.as_ref().to_string())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+/// The remote trace `path` belongs to (opened before by
+/// [`Remote::open`]), and its path in that trace. None for a local path.
+pub(crate) fn locate(path: &Path) -> Result<Option<(Arc<Remote>, String)>> {
+    if !is_remote(path) {
+        return Ok(None);
+    }
+    let s = path.to_str().unwrap_or_default();
+    let found = registry().lock().ok().and_then(|m| {
+        m.iter()
+            .filter_map(|(k, r)| {
+                let rest = s.strip_prefix(k.as_str())?;
+                let rel = if rest.is_empty() {
+                    ""
+                } else {
+                    rest.strip_prefix('/')?
+                };
+                Some((k.len(), r.clone(), rel.trim_end_matches('/').to_string()))
+            })
+            .max_by_key(|(n, _, _)| *n)
+    });
+    match found {
+        Some((_, r, rel)) => Ok(Some((r, rel))),
+        None => Ok(Some((Remote::open(path)?, String::new()))),
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    /// (block index, bytes, last use).
+    blocks: Vec<(u64, Bytes, u64)>,
+    clock: u64,
+}
+
+struct Inner {
+    remote: Arc<Remote>,
+    url: String,
+    location: ObjPath,
+    size: u64,
+    e_tag: Option<String>,
+    version: Option<String>,
+    cache: Mutex<Cache>,
+}
+
+impl Inner {
+    /// One ranged GET of `start..end`, pinned to the listed ETag/version.
+    fn fetch(&self, start: u64, end: u64) -> Result<Bytes> {
+        if start >= end {
+            return Ok(Bytes::new());
+        }
+        let res = self.fetch_inner(start, end);
+        if let Err(e) = &res
+            && let Ok(mut f) = self.remote.failure.lock()
+            && f.is_none()
+        {
+            *f = Some(copy(e));
+        }
+        res
+    }
+
+    fn fetch_inner(&self, start: u64, end: u64) -> Result<Bytes> {
+        let opts = GetOptions {
+            if_match: self.e_tag.clone(),
+            version: self.version.clone(),
+            range: Some(GetRange::Bounded(start..end)),
+            ..Default::default()
+        };
+        let store = self.remote.store.clone();
+        let loc = self.location.clone();
+        let url = self.url.clone();
+        let (meta, bytes) = block_on(async move {
+            let got = store
+                .get_opts(&loc, opts)
+                .await
+                .map_err(|e| request_error(&url, e))?;
+            let meta = got.meta.clone();
+            let bytes = got.bytes().await.map_err(|e| request_error(&url, e))?;
+            Ok::<_, Error>((meta, bytes))
+        })??;
+        // A server that ignores If-Match still names the ETag it served.
+        if let (Some(want), Some(got)) = (&self.e_tag, &meta.e_tag)
+            && want != got
+        {
+            return Err(changed(&self.url));
+        }
+        if meta.size != self.size {
+            return Err(changed(&self.url));
+        }
+        if bytes.len() as u64 != end - start {
+            return Err(Error::invalid(
+                Location::file(Path::new(&self.url)),
+                format!(
+                    "the object store sent {} bytes for bytes {start}..{end}",
+                    bytes.len()
+                ),
+                "the object or the server is damaged: check the object's size against trace.json",
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Bytes `start..end` through the block cache.
+    fn read_range(&self, start: u64, end: u64) -> Result<Bytes> {
+        let end = end.min(self.size);
+        if start >= end {
+            return Ok(Bytes::new());
+        }
+        let (b0, b1) = (start / BLOCK_BYTES, (end - 1) / BLOCK_BYTES);
+        if b1 - b0 >= CACHE_BLOCKS as u64 / 2 {
+            // A long range (a whole column chunk): one request, uncached.
+            return self.fetch(start, end);
+        }
+        let mut out = Vec::with_capacity((end - start) as usize);
+        for b in b0..=b1 {
+            let block = self.block(b)?;
+            let bs = b * BLOCK_BYTES;
+            let lo = start.max(bs) - bs;
+            let hi = end.min(bs + block.len() as u64) - bs;
+            out.extend_from_slice(&block[lo as usize..hi as usize]);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    fn block(&self, b: u64) -> Result<Bytes> {
+        {
+            let mut c = self.cache.lock().map_err(|_| self.poisoned())?;
+            c.clock += 1;
+            let now = c.clock;
+            if let Some(e) = c.blocks.iter_mut().find(|e| e.0 == b) {
+                e.2 = now;
+                return Ok(e.1.clone());
+            }
+        }
+        let start = b * BLOCK_BYTES;
+        let bytes = self.fetch(start, (start + BLOCK_BYTES).min(self.size))?;
+        let mut c = self.cache.lock().map_err(|_| self.poisoned())?;
+        let now = c.clock;
+        if c.blocks.len() >= CACHE_BLOCKS
+            && let Some(i) = c
+                .blocks
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.2)
+                .map(|(i, _)| i)
+        {
+            c.blocks.swap_remove(i);
+        }
+        c.blocks.push((b, bytes.clone(), now));
+        Ok(bytes)
+    }
+
+    fn poisoned(&self) -> Error {
+        Error::Other(format!("{}: a reader thread failed", self.url))
+    }
+}
+
+/// An object of a remote trace, opened for ranged reads. `Read` streams
+/// it front to back.
+pub struct RemoteFile {
+    inner: Arc<Inner>,
+    /// Where the next streamed range starts, and what is left of the last.
+    pos: u64,
+    buf: Bytes,
+}
+
+impl RemoteFile {
+    pub fn len(&self) -> u64 {
+        self.inner.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.size == 0
+    }
+
+    /// Bytes `start..start+len` (fewer at the end of the object).
+    pub fn read_at(&self, start: u64, len: u64) -> Result<Bytes> {
+        self.inner.read_range(start, start.saturating_add(len))
+    }
+}
+
+fn io_err(e: Error) -> io::Error {
+    io::Error::other(e)
+}
+
+impl Read for RemoteFile {
+    /// Front to back in [`STREAM_BYTES`] ranges, whatever the caller's
+    /// buffer (a digest reads 64 KiB at a time).
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.buf.is_empty() {
+            if self.pos >= self.inner.size {
+                return Ok(0);
+            }
+            let end = (self.pos + STREAM_BYTES).min(self.inner.size);
+            self.buf = self.inner.fetch(self.pos, end).map_err(io_err)?;
+            self.pos = end;
+        }
+        let n = buf.len().min(self.buf.len());
+        buf[..n].copy_from_slice(&self.buf[..n]);
+        let _ = self.buf.split_to(n);
+        Ok(n)
+    }
+}
+
+/// A reader over a remote file from an offset, through the block cache.
+pub struct RangeReader {
+    inner: Arc<Inner>,
+    pos: u64,
+}
+
+impl Read for RangeReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() || self.pos >= self.inner.size {
+            return Ok(0);
+        }
+        let b = self.pos / BLOCK_BYTES;
+        let block = self.inner.block(b).map_err(io_err)?;
+        let off = (self.pos - b * BLOCK_BYTES) as usize;
+        let n = buf.len().min(block.len().saturating_sub(off));
+        if n == 0 {
+            return Ok(0);
+        }
+        buf[..n].copy_from_slice(&block[off..off + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// A data file or trace.json opened for reading, local or remote: what
+/// the Parquet reader, the digests and the manifest reader take.
+pub enum Source {
+    Local(File),
+    Remote(RemoteFile),
+}
+
+impl Source {
+    /// The file's length in bytes.
+    pub fn size(&self) -> io::Result<u64> {
+        match self {
+            Source::Local(f) => Ok(f.metadata()?.len()),
+            Source::Remote(r) => Ok(r.len()),
+        }
+    }
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Source::Local(f) => f.read(buf),
+            Source::Remote(r) => r.read(buf),
+        }
+    }
+}
+
+/// The reader [`Source`] hands the Parquet reader from an offset.
+pub enum SourceRead {
+    Local(BufReader<File>),
+    Remote(RangeReader),
+}
+
+impl Read for SourceRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            SourceRead::Local(f) => f.read(buf),
+            SourceRead::Remote(r) => r.read(buf),
+        }
+    }
+}
+
+impl Length for Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Local(f) => Length::len(f),
+            Source::Remote(r) => r.len(),
+        }
+    }
+}
+
+impl ChunkReader for Source {
+    type T = SourceRead;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<SourceRead> {
+        match self {
+            Source::Local(f) => f.get_read(start).map(SourceRead::Local),
+            Source::Remote(r) => Ok(SourceRead::Remote(RangeReader {
+                inner: r.inner.clone(),
+                pos: start,
+            })),
+        }
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        match self {
+            Source::Local(f) => f.get_bytes(start, length),
+            Source::Remote(r) => {
+                let bytes = r
+                    .read_at(start, length as u64)
+                    .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
+                if bytes.len() < length {
+                    return Err(parquet::errors::ParquetError::EOF(format!(
+                        "expected to read {length} bytes at offset {start}, got {}",
+                        bytes.len()
+                    )));
+                }
+                Ok(bytes)
+            }
+        }
+    }
+}
+
+/// A remote file's URL as a path (for [`crate::trace::Trace`]'s lists).
+pub(crate) fn file_path(remote: &Remote, rel: &str) -> PathBuf {
+    PathBuf::from(remote.file_url(rel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_urls_are_told_from_local_paths() {
+        for s in [
+            "s3://b/t",
+            "S3://b/t",
+            "gs://b/t",
+            "az://c/t",
+            "https://h/t",
+            "http://127.0.0.1:9/t",
+        ] {
+            assert!(is_remote(Path::new(s)), "{s}");
+        }
+        for s in [
+            "./s3://b/t",
+            "traces/t",
+            "/tmp/s3:/b",
+            "ftp://h/t",
+            "s3:/b/t",
+        ] {
+            assert!(!is_remote(Path::new(s)), "{s}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_below_a_prefix() {
+        let p = ObjPath::from("t/x");
+        assert_eq!(
+            rel_of(&p, &ObjPath::from("t/x/kv/a.parquet")).as_deref(),
+            Some("kv/a.parquet")
+        );
+        assert_eq!(rel_of(&p, &ObjPath::from("t/xy/a")), None);
+        assert_eq!(
+            rel_of(&ObjPath::from(""), &ObjPath::from("trace.json")).as_deref(),
+            Some("trace.json")
+        );
+    }
+
+    #[test]
+    fn timeouts_are_seconds_above_zero() {
+        assert_eq!(secs("T", None, 3.0).unwrap(), Duration::from_secs(3));
+        assert_eq!(
+            secs("T", Some(" 0.5".into()), 3.0).unwrap(),
+            Duration::from_millis(500)
+        );
+        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
+            let e = secs("T", Some(bad.into()), 3.0).unwrap_err().to_string();
+            assert!(e.contains("T=") && e.contains("hint:"), "{bad}: {e}");
+        }
+    }
+}

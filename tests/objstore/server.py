@@ -1,0 +1,221 @@
+"""Local object stores for tests/it/object_store.rs, on 127.0.0.1 at a free
+port: moto's S3 server (with credentials checked) or a static HTTP server
+with Range, ETag and If-Match.
+
+Usage:
+  server.py s3 SPEC.json     moto in server mode; SPEC uploads traces
+  server.py http ROOT [REL]  serves folder ROOT; REL: see "changing" below
+
+SPEC.json: {"bucket": NAME, "empty_bucket": NAME, "auth": BOOL,
+            "uploads": [{"dir": LOCAL_TRACE, "prefix": PREFIX,
+                         "only": [REL, ...] (optional)}, ...],
+            "changing": PREFIX/REL or null}
+"auth": credentials checked (moto's IAM); else any key is taken.
+
+Prints one JSON line on stdout once ready ({"endpoint": URL, and for s3
+"key_id", "secret"}), then serves until stdin closes (the test's end).
+
+"changing": the object replaced (same size, one byte flipped, so only its
+ETag tells) right after the trace is listed: for s3, after a ListObjects
+request under its prefix; for http (which cannot list), after its first
+HEAD. Every later read of it must be refused by kvtrail.
+"""
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def flip(data):
+    i = len(data) // 2
+    return data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+
+
+def wait_stdin_then_exit(server):
+    sys.stdin.read()
+    server.shutdown()
+    os._exit(0)
+
+
+def serve_s3(spec_path):
+    spec = json.load(open(spec_path))
+    auth = spec.get("auth", False)
+    if auth:
+        # Credentials are checked from the fourth request on (the first
+        # three create the IAM user whose key the tests use). moto's
+        # signature check misreads keys holding `=` (Hive folders), so a
+        # server with credentials checked holds only such keys' neighbours.
+        os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    import boto3
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_request(self, *a, **k):
+            pass
+
+    app = DomainDispatcherApplication(create_backend_app)
+    state = {"changed": False, "creds": None}
+    changing = spec.get("changing")
+
+    def wrapped(environ, start_response):
+        out = app(environ, start_response)
+        q = environ.get("QUERY_STRING", "")
+        if changing and not state["changed"] and "list-type=2" in q:
+            prefix = changing.split("/", 1)[0]
+            if "prefix=" + prefix in q:
+                state["changed"] = True
+                body = b"".join(out)
+                s3 = client("s3")
+                key = changing
+                data = s3.get_object(Bucket=spec["bucket"], Key=key)["Body"].read()
+                s3.put_object(Bucket=spec["bucket"], Key=key, Body=flip(data))
+                return [body]
+        return out
+
+    srv = make_server("127.0.0.1", 0, wrapped, threaded=True, request_handler=Quiet)
+    endpoint = "http://127.0.0.1:%d" % srv.server_port
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def client(kind, creds=None):
+        creds = creds or state["creds"]
+        return boto3.client(
+            kind,
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=creds[0],
+            aws_secret_access_key=creds[1],
+        )
+
+    if auth:
+        iam = client("iam", ("AKIAIOSFODNN7EXAMPLE", "bootstrap"))
+        iam.create_user(UserName="kvtrail-test")
+        key = iam.create_access_key(UserName="kvtrail-test")["AccessKey"]
+        iam.put_user_policy(
+            UserName="kvtrail-test",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+                }
+            ),
+        )
+        state["creds"] = (key["AccessKeyId"], key["SecretAccessKey"])
+    else:
+        state["creds"] = ("AKIAKVTRAILTEST00000", "kvtrail-test-secret")
+    s3 = client("s3")
+    s3.create_bucket(Bucket=spec["bucket"])
+    if spec.get("empty_bucket"):
+        s3.create_bucket(Bucket=spec["empty_bucket"])
+    for up in spec.get("uploads", []):
+        root = up["dir"]
+        for d, _, files in os.walk(root):
+            for f in files:
+                p = os.path.join(d, f)
+                rel = os.path.relpath(p, root).replace(os.sep, "/")
+                if up.get("only") and rel not in up["only"]:
+                    continue
+                s3.upload_file(p, spec["bucket"], up["prefix"] + "/" + rel)
+    print(
+        json.dumps({"endpoint": endpoint, "key_id": state["creds"][0], "secret": state["creds"][1]}),
+        flush=True,
+    )
+    wait_stdin_then_exit(srv)
+
+
+def serve_http(root, changing):
+    overlay = {}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def body(self):
+            rel = self.path.split("?", 1)[0].lstrip("/")
+            with lock:
+                if rel in overlay:
+                    return rel, overlay[rel]
+            p = os.path.realpath(os.path.join(root, rel))
+            if not p.startswith(os.path.realpath(root) + os.sep) or not os.path.isfile(p):
+                return rel, None
+            with open(p, "rb") as f:
+                return rel, f.read()
+
+        def not_found(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def headers_for(self, data):
+            etag = '"%s"' % hashlib.md5(data).hexdigest()
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", formatdate(1_700_000_000, usegmt=True))
+            self.send_header("Accept-Ranges", "bytes")
+            return etag
+
+        def do_HEAD(self):
+            rel, data = self.body()
+            if data is None:
+                return self.not_found()
+            self.send_response(200)
+            self.headers_for(data)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if changing == rel:
+                with lock:
+                    overlay.setdefault(rel, flip(data))
+
+        def do_GET(self):
+            rel, data = self.body()
+            if data is None:
+                return self.not_found()
+            etag = '"%s"' % hashlib.md5(data).hexdigest()
+            want = self.headers.get("If-Match")
+            if want is not None and want != etag:
+                self.send_response(412)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            rng = self.headers.get("Range")
+            if rng and rng.startswith("bytes="):
+                a, b = rng[6:].split("-", 1)
+                start = int(a)
+                end = min(int(b), len(data) - 1) if b else len(data) - 1
+                part = data[start : end + 1]
+                self.send_response(206)
+                self.headers_for(data)
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, len(data)))
+            else:
+                part = data
+                self.send_response(200)
+                self.headers_for(data)
+            self.send_header("Content-Length", str(len(part)))
+            self.end_headers()
+            self.wfile.write(part)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print(json.dumps({"endpoint": "http://127.0.0.1:%d" % srv.server_port}), flush=True)
+    wait_stdin_then_exit(srv)
+
+
+def main():
+    # The tests end the server by closing stdin; a lost parent ends it too.
+    threading.Thread(target=lambda: (time.sleep(600), os._exit(3)), daemon=True).start()
+    if sys.argv[1] == "s3":
+        serve_s3(sys.argv[2])
+    else:
+        serve_http(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+
+
+if __name__ == "__main__":
+    main()
