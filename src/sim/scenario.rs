@@ -22,8 +22,8 @@
 //!   2% of decode dispatches carry an earlier, consumed producer reference;
 //!   decode reads blocks the producer released and answers 200.
 //! - `vllm-lease-expiry`: decode's heartbeats never reach the producer and
-//!   the decode pool is tight, so references wait in decode's queue past
-//!   a 5 s lease; the producer releases and reuses the blocks first.
+//!   3% of transfers straggle 8 s, past a 5 s lease: the producer releases
+//!   the blocks (and may reuse them) before the pull reads them.
 
 use crate::error::{Error, Location, Result};
 use crate::sim::alloc::FreeListPolicy;
@@ -148,7 +148,8 @@ pub fn scenario(name: &str, requests: Option<u64>, seed: u64) -> Result<Scenario
             config = vllm_config(name);
             config.bug_lease_expiry = Some(true);
             config.kv_lease_duration = Some(5);
-            config.decode.capacity_tokens = 16_384;
+            config.timing.straggler_ppm = 30_000;
+            config.timing.straggler_delay_ms = 8_000;
             workload.mean_gap_ns = 1.5e8;
         }
         _ => {
