@@ -116,7 +116,9 @@ impl DeploymentView {
                 ),
                 kv_lease_duration: Some(cfg.lease_s() as i64),
                 heartbeats: Some(!cfg.bug_lease_expiry.unwrap_or(false)),
-                slowest_transfer_ms: Some(slowest_ns.div_ceil(1_000_000).min(u64::MAX as u128) as u64),
+                slowest_transfer_ms: Some(
+                    slowest_ns.div_ceil(1_000_000).min(u64::MAX as u128) as u64
+                ),
                 reference_check: Some(cfg.reference_check.unwrap_or(false)),
             }
         });

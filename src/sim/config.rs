@@ -65,7 +65,8 @@ impl EngineVersion {
     ];
 
     /// Every engine name, for messages.
-    pub const NAMES: &'static str = "sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22, sglang-0.5.23 or vllm-0.33.0";
+    pub const NAMES: &'static str =
+        "sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22, sglang-0.5.23 or vllm-0.33.0";
 
     pub fn name(self) -> &'static str {
         match self {
@@ -445,7 +446,10 @@ impl SimConfig {
     /// its block size when none is set.
     pub fn set_engine(&mut self, v: EngineVersion) {
         self.engine = v;
-        if v.is_vllm() && self.block_size.is_none() && self.prefill.page_size == self.decode.page_size {
+        if v.is_vllm()
+            && self.block_size.is_none()
+            && self.prefill.page_size == self.decode.page_size
+        {
             self.block_size = Some(self.decode.page_size);
         }
     }
@@ -577,7 +581,10 @@ impl SimConfig {
             if p.page_size != b {
                 return bad(
                     &format!("{role}.page_size"),
-                    format!("{role}.page_size {} differs from block_size {b}", p.page_size),
+                    format!(
+                        "{role}.page_size {} differs from block_size {b}",
+                        p.page_size
+                    ),
                     "a vLLM deployment has one block size: set block_size (the pools follow it) and leave page_size alone",
                 );
             }
@@ -626,13 +633,19 @@ impl SimConfig {
             return if self.engine.is_vllm() {
                 bad(
                     k,
-                    format!("`{k}` is an SGLang key; engine {} is vLLM", self.engine.name()),
+                    format!(
+                        "`{k}` is an SGLang key; engine {} is vLLM",
+                        self.engine.name()
+                    ),
                     "leave it at its default for a vLLM engine (vLLM's keys are in docs/engine-vllm.md), or choose an sglang-0.5.x engine",
                 )
             } else {
                 bad(
                     k,
-                    format!("`{k}` is a vLLM key; engine {} is SGLang", self.engine.name()),
+                    format!(
+                        "`{k}` is a vLLM key; engine {} is SGLang",
+                        self.engine.name()
+                    ),
                     "set engine = \"vllm-0.33.0\" (--engine vllm-0.33.0) to use it, or drop the key",
                 )
             };

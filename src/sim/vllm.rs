@@ -539,11 +539,7 @@ impl<'a> Engine<'a> {
             .iter()
             .map(|&s| ((pool, s), (st.wgen[s as usize], st.current[s as usize])))
             .collect();
-        self.live
-            .get_mut(&rid)
-            .expect("live")
-            .grants
-            .extend(gens);
+        self.live.get_mut(&rid).expect("live").grants.extend(gens);
         Ok(())
     }
 
@@ -733,7 +729,8 @@ impl<'a> Engine<'a> {
         self.alloc(PREFILL_POOL, rid, &new)?;
         let t = &self.cfg.timing;
         let computed = (len - hits.len() as u32 * bs) as u64;
-        let dur = span(t.prefill_base_us, 1000).saturating_add(span(computed, t.prefill_ns_per_token));
+        let dur =
+            span(t.prefill_base_us, 1000).saturating_add(span(computed, t.prefill_ns_per_token));
         let l = self.live.get_mut(&rid).expect("live");
         l.p_hits = hits.len() as u32;
         l.p_hit_owner = owners;
@@ -780,7 +777,11 @@ impl<'a> Engine<'a> {
         // consumed one at least as long (a shorter one trips the block
         // count assertion in `_apply_prefix_caching`).
         let nblocks = len.div_ceil(bs) as usize;
-        let stale = if picked(rid, STALE_SALT, self.cfg.bug_stale_reference_ppm.unwrap_or(0)) {
+        let stale = if picked(
+            rid,
+            STALE_SALT,
+            self.cfg.bug_stale_reference_ppm.unwrap_or(0),
+        ) {
             self.last_consumed
                 .as_ref()
                 .filter(|(_, b)| b.len() >= nblocks)
@@ -1075,7 +1076,8 @@ impl<'a> Engine<'a> {
             let s = l.d_table[(p / bs) as usize] * bs + p % bs;
             l.d_slots.push(s);
         }
-        let wslots = self.live[&rid].d_slots[(len + generated) as usize..(len + j1) as usize].to_vec();
+        let wslots =
+            self.live[&rid].d_slots[(len + generated) as usize..(len + j1) as usize].to_vec();
         self.write(DECODE_POOL, rid, &wslots, len + generated)?;
         let ctx = self.live[&rid].d_slots[..(len + j1) as usize].to_vec();
         let last = j1 == target;

@@ -53,10 +53,7 @@ impl Hold {
     }
 }
 
-fn holds(
-    trace: &Trace,
-    reqs: &BTreeMap<u64, RequestRecord>,
-) -> Result<(HashMap<u64, Hold>, i64)> {
+fn holds(trace: &Trace, reqs: &BTreeMap<u64, RequestRecord>) -> Result<(HashMap<u64, Hold>, i64)> {
     let decode: Vec<u16> = trace
         .deployment()
         .pools
@@ -510,7 +507,12 @@ pub fn diff(
         before: rejected_hold(&b),
         after: rejected_hold(&a),
     };
-    let dpt = |v: &TraceView| v.holds.values().map(|h| h.decode_prompt_tokens).sum::<u64>();
+    let dpt = |v: &TraceView| {
+        v.holds
+            .values()
+            .map(|h| h.decode_prompt_tokens)
+            .sum::<u64>()
+    };
     let decode_prompt_tokens = Pair {
         before: dpt(&b),
         after: dpt(&a),

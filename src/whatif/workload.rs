@@ -189,7 +189,13 @@ pub fn extract(trace: &Trace) -> Result<Workload> {
     // simulator's epoch.
     let time_base_ns = if first >= EPOCH_NS { EPOCH_NS } else { first };
     let mut prefix = prefix_structure(trace)?;
-    if trace.deployment().engine.trim().to_ascii_lowercase().starts_with("vllm") {
+    if trace
+        .deployment()
+        .engine
+        .trim()
+        .to_ascii_lowercase()
+        .starts_with("vllm")
+    {
         // vLLM: a member's hit is cut short by block eviction, not by its
         // prefix; the group's prefix is the longest hit of any member (a
         // generated group's prefix length is one per group).
