@@ -1180,3 +1180,49 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_queue_follows_vllm_block_pool_order() {
+        let mut p = BlockPool::new(6, 4, true);
+        // Block 0 is the null block; the queue starts in id order.
+        let a = p.get_new(3).unwrap();
+        assert_eq!(a, vec![1, 2, 3]);
+        // Blocks 1, 2 full (hashed, 1 with a prefix key); 3 partial.
+        p.cache(1, Some(77));
+        p.cache(2, None);
+        p.free(&a);
+        // Freed reversed: the unhashed block 3 goes to the head (LIFO),
+        // hashed 2 then 1 to the tail (LRU).
+        let order: Vec<u32> = p.free.values().copied().collect();
+        assert_eq!(order, vec![3, 4, 5, 6, 2, 1]);
+        // A prefix hit on block 1 takes it out of the queue.
+        assert_eq!(p.lookup(&[Some(77), Some(78)]), vec![1]);
+        assert_eq!(p.idle(&[1]), 1);
+        p.touch(&[1]);
+        assert_eq!(p.free.len(), 5);
+        // Reuse evicts the cached key of a block taken from the queue.
+        let b = p.get_new(5).unwrap();
+        assert_eq!(b, vec![3, 4, 5, 6, 2]);
+        assert!(p.get_new(1).is_none());
+        p.free(&[1]);
+        let c = p.get_new(1).unwrap();
+        assert_eq!(c, vec![1]);
+        assert!(p.lookup(&[Some(77)]).is_empty(), "evicted on reuse");
+    }
+
+    #[test]
+    fn caching_off_frees_everything_to_the_head() {
+        let mut p = BlockPool::new(4, 4, false);
+        let a = p.get_new(2).unwrap();
+        p.cache(1, Some(5));
+        p.free(&a);
+        // `prepend_n` of the reversed table: the tail block is reused first.
+        let order: Vec<u32> = p.free.values().copied().collect();
+        assert_eq!(order, vec![2, 1, 3, 4]);
+        assert!(p.lookup(&[Some(5)]).is_empty());
+    }
+}
