@@ -1,11 +1,14 @@
 //! `kvtrail audit`'s deployment checks: every pool against the context
 //! window (SGLang's admission limit `max_req_input_len`, on the trace
 //! manifest's pool), page sizes, allow_auto_truncate, the KV checksum and
-//! the scrub policy, with a recommendation.
+//! the scrub policy, with a recommendation. A vLLM deployment gets vLLM's
+//! checks instead (`audit_vllm`): each instance's KV cache against
+//! `max_model_len`, `kv_load_failure_policy`, and the NixlConnector's
+//! `kv_lease_duration` against its heartbeats and the transfer times.
 
 use super::{Finding, Severity, finding, fmt_n};
 use crate::error::{Error, Result};
-use crate::sim::config::{EngineVersion, SimConfig};
+use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig};
 use crate::trace::manifest::{Manifest, max_req_input_len};
 use crate::whatif::workload::{parse_engine, pool_tokens};
 use serde::Serialize;
@@ -33,6 +36,56 @@ pub struct DeploymentView {
     pub allow_auto_truncate: Option<bool>,
     pub kv_checksum: Option<bool>,
     pub scrub_on_free: Option<bool>,
+    /// vLLM's P/D settings (a vLLM deployment only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<VllmView>,
+}
+
+/// A vLLM deployment's P/D settings as the audit sees them; None where
+/// the source does not say.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VllmView {
+    /// `fail` or `recompute`.
+    pub kv_load_failure_policy: Option<String>,
+    /// Seconds.
+    pub kv_lease_duration: Option<i64>,
+    /// Decode's heartbeats reach the producer (false: the simulator's
+    /// `bug_lease_expiry`).
+    pub heartbeats: Option<bool>,
+    /// The slowest transfer the deployment expects, milliseconds (the
+    /// simulator's timing model; None for a recorded deployment).
+    pub slowest_transfer_ms: Option<u64>,
+    /// The simulator's `reference_check` mitigation.
+    pub reference_check: Option<bool>,
+}
+
+impl VllmView {
+    /// Reads vLLM's keys from a manifest's `deployment` extras: top level
+    /// (`kv_load_failure_policy`, `kv_lease_duration`) or nested as vLLM's
+    /// own config has them (`kv_transfer_config.kv_load_failure_policy`,
+    /// `kv_transfer_config.kv_connector_extra_config.kv_lease_duration`).
+    fn from_extra(extra: &serde_json::Map<String, serde_json::Value>) -> VllmView {
+        let ktc = extra.get("kv_transfer_config");
+        let policy = extra
+            .get("kv_load_failure_policy")
+            .or_else(|| ktc.and_then(|k| k.get("kv_load_failure_policy")))
+            .and_then(|v| v.as_str())
+            .map(String::from);
+        let lease = extra
+            .get("kv_lease_duration")
+            .or_else(|| {
+                ktc.and_then(|k| k.get("kv_connector_extra_config"))
+                    .and_then(|k| k.get("kv_lease_duration"))
+            })
+            .and_then(|v| v.as_i64());
+        VllmView {
+            kv_load_failure_policy: policy,
+            kv_lease_duration: lease,
+            heartbeats: None,
+            slowest_transfer_ms: None,
+            reference_check: None,
+        }
+    }
 }
 
 impl DeploymentView {
@@ -45,6 +98,31 @@ impl DeploymentView {
             page_size: p.page_size,
             max_req_input_len: max_req_input_len(cfg.context_window, p.capacity_tokens),
         };
+        let vllm = cfg.engine.is_vllm().then(|| {
+            let t = &cfg.timing;
+            let blocks = cfg.context_window.div_ceil(cfg.block_size().max(1) as u64);
+            let mut slowest_ns = (t.transfer_base_us as u128) * 1000
+                + t.transfer_ns_per_page as u128 * blocks as u128;
+            if t.straggler_ppm > 0 {
+                slowest_ns += t.straggler_delay_ms as u128 * 1_000_000;
+            }
+            VllmView {
+                kv_load_failure_policy: Some(
+                    match cfg.failure_policy() {
+                        FailurePolicy::Fail => "fail",
+                        FailurePolicy::Recompute => "recompute",
+                    }
+                    .into(),
+                ),
+                kv_lease_duration: Some(cfg.lease_s() as i64),
+                heartbeats: Some(!cfg.bug_lease_expiry.unwrap_or(false)),
+                slowest_transfer_ms: Some(
+                    slowest_ns.div_ceil(1_000_000).min(u64::MAX as u128) as u64
+                ),
+                reference_check: Some(cfg.reference_check.unwrap_or(false)),
+            }
+        });
+        let sglang = !cfg.engine.is_vllm();
         DeploymentView {
             source: source.into(),
             engine: cfg.engine.name().into(),
@@ -53,9 +131,10 @@ impl DeploymentView {
                 pool(0, "prefill-0", "prefill", &cfg.prefill),
                 pool(1, "decode-0", "decode", &cfg.decode),
             ],
-            allow_auto_truncate: Some(cfg.allow_auto_truncate),
-            kv_checksum: Some(cfg.kv_checksum),
+            allow_auto_truncate: sglang.then_some(cfg.allow_auto_truncate),
+            kv_checksum: sglang.then_some(cfg.kv_checksum),
             scrub_on_free: Some(cfg.scrub_on_free),
+            vllm,
         }
     }
 
@@ -85,6 +164,7 @@ impl DeploymentView {
             allow_auto_truncate: None,
             kv_checksum: None,
             scrub_on_free: None,
+            vllm: is_vllm_engine(&d.engine).then(|| VllmView::from_extra(&d.extra)),
         }
     }
 
@@ -118,8 +198,140 @@ impl DeploymentView {
     }
 }
 
+/// An engine string naming vLLM (`vllm-0.33.0`, `vllm 0.33.0`, `vLLM`).
+pub fn is_vllm_engine(engine: &str) -> bool {
+    engine.trim().to_ascii_lowercase().starts_with("vllm")
+}
+
+/// vLLM's deployment checks (docs/engine-vllm.md "Audit").
+pub fn audit_vllm(d: &DeploymentView, v: &VllmView) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let ctx = d.context_window;
+    for p in &d.pools {
+        let subject = Some(format!("pool {} ({})", p.id, p.name));
+        if p.capacity_tokens < ctx {
+            out.push(finding(
+                Severity::Error,
+                "pool_below_max_model_len",
+                subject,
+                format!(
+                    "{} instance's KV cache of {} tokens cannot hold one request of max_model_len {}: vLLM refuses to start such an instance (kv_cache_planning.py, _check_enough_kv_cache_memory)",
+                    p.role,
+                    fmt_n(p.capacity_tokens),
+                    fmt_n(ctx)
+                ),
+                Some(format!(
+                    "raise gpu_memory_utilization (or the pool: capacity_tokens) to at least {} tokens, or lower max_model_len",
+                    fmt_n(ctx)
+                )),
+            ));
+        } else if p.capacity_tokens < 2 * ctx && p.role != "mixed" {
+            out.push(finding(
+                Severity::Note,
+                "pool_headroom",
+                subject,
+                format!(
+                    "{} instance's KV cache of {} tokens holds fewer than two requests of max_model_len {}: one long request queues the rest, and references wait in decode's queue while the producer's lease runs",
+                    p.role,
+                    fmt_n(p.capacity_tokens),
+                    fmt_n(ctx)
+                ),
+                Some(format!(
+                    "give each instance at least {} tokens (2 x max_model_len)",
+                    fmt_n(2 * ctx)
+                )),
+            ));
+        }
+    }
+    match v.kv_load_failure_policy.as_deref() {
+        Some("fail") => out.push(finding(
+            Severity::Note,
+            "kv_load_failure_policy_fail",
+            None,
+            "kv_load_failure_policy = fail: a load NIXL reports failed ends the request with HTTP 500".into(),
+            Some("set kv_load_failure_policy = \"recompute\" (kv_transfer_config) to serve it after a local prefill on decode; neither policy acts on a load NIXL reports done".into()),
+        )),
+        Some("recompute") => {}
+        Some(other) => out.push(finding(
+            Severity::Warning,
+            "kv_load_failure_policy_unknown",
+            None,
+            format!("kv_load_failure_policy = `{other}` is not a value vLLM 0.33.0 accepts (fail, recompute)"),
+            Some("set kv_load_failure_policy to \"fail\" or \"recompute\"".into()),
+        )),
+        None => out.push(finding(
+            Severity::Note,
+            "kv_load_failure_policy_unknown",
+            None,
+            "the deployment does not say its kv_load_failure_policy (vLLM's default is fail: HTTP 500 on a failed load)".into(),
+            Some("record kv_transfer_config.kv_load_failure_policy in the deployment".into()),
+        )),
+    }
+    match v.kv_lease_duration {
+        Some(l) if l < 1 => out.push(finding(
+            Severity::Error,
+            "kv_lease_duration_invalid",
+            None,
+            format!("kv_lease_duration = {l}: the producer releases a request's blocks before decode can read them"),
+            Some("set kv_lease_duration (kv_connector_extra_config) to whole seconds, 30 by default".into()),
+        )),
+        Some(l) => {
+            let ext = l * 2 / 3;
+            if ext == 0 {
+                out.push(finding(
+                    Severity::Warning,
+                    "kv_lease_not_renewable",
+                    None,
+                    format!("kv_lease_duration = {l} s: a heartbeat extends the lease by {l} * 2 // 3 = 0 s (base_worker.py _handle_heartbeat), so a reference that waits in decode's queue longer than {l} s is released and its blocks reused; decode then reads them and answers HTTP 200 (vllm-project/vllm#52234's fail-open path)"),
+                    Some("set kv_lease_duration to at least 2 (30 is vLLM's default)".into()),
+                ));
+            }
+            if v.heartbeats == Some(false) {
+                out.push(finding(
+                    Severity::Warning,
+                    "kv_lease_without_heartbeats",
+                    None,
+                    format!("decode's heartbeats do not reach the producer: every reference expires {l} s after its prefill, however long decode still needs it; a later read takes reused blocks with HTTP 200"),
+                    Some("restore the heartbeat path, and set kv_lease_duration above the longest decode queue wait plus transfer".into()),
+                ));
+            }
+            if let Some(ms) = v.slowest_transfer_ms
+                && ms >= (l as u64).saturating_mul(1000)
+            {
+                out.push(finding(
+                    Severity::Warning,
+                    "kv_lease_below_transfer_time",
+                    None,
+                    format!("the slowest transfer takes {} ms, not less than kv_lease_duration = {l} s: only heartbeats keep the blocks while it runs", fmt_n(ms)),
+                    Some(format!("set kv_lease_duration above {} s", ms.div_ceil(1000))),
+                ));
+            }
+        }
+        None => out.push(finding(
+            Severity::Note,
+            "kv_lease_duration_unknown",
+            None,
+            "the deployment does not say its kv_lease_duration (vLLM's default is 30 s)".into(),
+            Some("record kv_transfer_config.kv_connector_extra_config.kv_lease_duration in the deployment".into()),
+        )),
+    }
+    if v.reference_check != Some(true) {
+        out.push(finding(
+            Severity::Note,
+            "engine_fails_open_on_stale_reference",
+            None,
+            "vLLM 0.33.0 accepts any load NIXL reports done: a stale reference (blocks the producer released and reused) is read, cached and answered with HTTP 200 (vllm-project/vllm#52234, open; no release fixes it)".into(),
+            Some("keep kv_lease_duration well above decode's queue wait, never replay kv_transfer_params, and scope traces (kvtrail scope) for foreign reads; what-if: kvtrail replay TRACE --set reference_check=true".into()),
+        ));
+    }
+    out
+}
+
 /// Deployment checks.
 pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
+    if let Some(v) = &d.vllm {
+        return audit_vllm(d, v);
+    }
     let mut out = Vec::new();
     let ctx = d.context_window;
     let rec_cap = 2 * ctx;

@@ -36,7 +36,7 @@ use crate::trace::read::Trace;
 use serde::Serialize;
 use std::path::Path;
 
-pub use deployment::{DeploymentView, PoolView, audit_deployment};
+pub use deployment::{DeploymentView, PoolView, VllmView, audit_deployment};
 pub use trace::audit_trace_events;
 
 /// How serious a finding is.

@@ -46,16 +46,27 @@ pub enum EngineVersion {
     /// As 0.5.22 on this path.
     #[serde(rename = "sglang-0.5.23")]
     V0523,
+    /// vLLM 0.33.0 with the NixlConnector (pull): block pool with prefix
+    /// caching scoped by `cache_salt`, the producer's lease on the blocks
+    /// it holds for decode, `kv_load_failure_policy`; no release fixes
+    /// vllm-project/vllm#52234 (docs/engine-vllm.md).
+    #[serde(rename = "vllm-0.33.0")]
+    Vllm0330,
 }
 
 impl EngineVersion {
-    pub const ALL: [EngineVersion; 5] = [
+    pub const ALL: [EngineVersion; 6] = [
         EngineVersion::V0519,
         EngineVersion::V0520,
         EngineVersion::V0521,
         EngineVersion::V0522,
         EngineVersion::V0523,
+        EngineVersion::Vllm0330,
     ];
+
+    /// Every engine name, for messages.
+    pub const NAMES: &'static str =
+        "sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22, sglang-0.5.23 or vllm-0.33.0";
 
     pub fn name(self) -> &'static str {
         match self {
@@ -64,7 +75,30 @@ impl EngineVersion {
             EngineVersion::V0521 => "sglang-0.5.21",
             EngineVersion::V0522 => "sglang-0.5.22",
             EngineVersion::V0523 => "sglang-0.5.23",
+            EngineVersion::Vllm0330 => "vllm-0.33.0",
         }
+    }
+
+    /// Parses an `--engine` argument; an unknown name is an error naming
+    /// the flag and the engines modelled.
+    pub fn parse_arg(s: &str) -> Result<EngineVersion> {
+        EngineVersion::parse(s).ok_or_else(|| {
+            let hint = if s.trim().to_ascii_lowercase().starts_with("vllm") {
+                "the vLLM version modelled is vllm-0.33.0; no vLLM release fixes vllm-project/vllm#52234, so a fix is named with --set (e.g. --set reference_check=true, --set kv_load_failure_policy=recompute; docs/engine-vllm.md)".to_string()
+            } else {
+                format!("choose {}", EngineVersion::NAMES)
+            };
+            Error::invalid(
+                Location::default().column("--engine"),
+                format!("unknown engine `{s}`"),
+                hint,
+            )
+        })
+    }
+
+    /// A vLLM engine (the vLLM request path and keys).
+    pub fn is_vllm(self) -> bool {
+        matches!(self, EngineVersion::Vllm0330)
     }
 
     pub fn parse(s: &str) -> Option<EngineVersion> {
@@ -73,7 +107,7 @@ impl EngineVersion {
 
     /// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE default.
     pub fn deferred_release_default(self) -> bool {
-        self >= EngineVersion::V0521
+        self >= EngineVersion::V0521 && !self.is_vllm()
     }
 }
 
@@ -95,6 +129,26 @@ pub enum DecodeAllocation {
     Early,
     /// Decode reserves KV only after prefill completes (0.5.22+).
     PrefillComplete,
+}
+
+/// vLLM: which `cache_salt` the deployment's clients send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheSalt {
+    /// No salt (vLLM's default): any request may hit any cached prefix.
+    None,
+    /// The tenant as `cache_salt`: prefix hits stay within a tenant.
+    Tenant,
+}
+
+/// vLLM `kv_load_failure_policy` (`config/kv_transfer.py`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// The request finishes with an error (HTTP 500); the default.
+    Fail,
+    /// The request is prefilled again on decode.
+    Recompute,
 }
 
 /// One KV pool of the model.
@@ -166,7 +220,64 @@ pub struct SimConfig {
     /// whatever is there when it runs.
     pub bug_stale_copy: bool,
     pub timing: Timing,
+    /// vLLM `--block-size` (None: 16). The pools' page_size follows it.
+    pub block_size: Option<u32>,
+    /// vLLM: the `cache_salt` clients send (None: `none`).
+    pub cache_salt: Option<CacheSalt>,
+    /// vLLM `kv_load_failure_policy` (None: `fail`).
+    pub kv_load_failure_policy: Option<FailurePolicy>,
+    /// vLLM NixlConnector `kv_lease_duration` in seconds (None: 30): how
+    /// long the producer holds a finished request's blocks for decode.
+    pub kv_lease_duration: Option<i64>,
+    /// vLLM sibling bug trigger (vllm-project/vllm#52234): parts per
+    /// million of decode dispatches handed the producer reference of an
+    /// earlier, already consumed transfer (None: 0).
+    pub bug_stale_reference_ppm: Option<u32>,
+    /// vLLM sibling bug trigger: decode's lease heartbeats never reach
+    /// the producer, so a lease runs out while decode still holds the
+    /// reference (None: false).
+    pub bug_lease_expiry: Option<bool>,
+    /// vLLM: parts per million of transfers NIXL reports failed (None: 0).
+    pub transfer_failure_ppm: Option<u32>,
+    /// Mitigation, not a vLLM option: the producer refuses a read of blocks
+    /// it no longer holds for that reference, so the load fails and
+    /// `kv_load_failure_policy` applies (None: false).
+    pub reference_check: Option<bool>,
 }
+
+/// The vLLM-only keys (null and left out of trace.json for SGLang).
+pub const VLLM_KEYS: [&str; 8] = [
+    "block_size",
+    "cache_salt",
+    "kv_load_failure_policy",
+    "kv_lease_duration",
+    "bug_stale_reference_ppm",
+    "bug_lease_expiry",
+    "transfer_failure_ppm",
+    "reference_check",
+];
+
+/// The SGLang-only keys (left out of trace.json for vLLM; a vLLM config
+/// must keep their defaults).
+pub const SGLANG_KEYS: [&str; 14] = [
+    "router",
+    "free_list",
+    "decode_radix_cache",
+    "hicache",
+    "hicache_host_tokens",
+    "allow_auto_truncate",
+    "kv_checksum",
+    "decode_allocation",
+    "waiting_timeout_ms",
+    "deferred_release",
+    "deferred_release_timeout_ms",
+    "abort_ack_ms",
+    "bug_inflight_reuse",
+    "bug_stale_copy",
+];
+
+/// Largest `kv_lease_duration` (seconds): one day.
+pub const MAX_LEASE_S: i64 = 86_400;
 
 /// The timing model (simulated time only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,6 +342,14 @@ impl Default for SimConfig {
             bug_inflight_reuse: false,
             bug_stale_copy: false,
             timing: Timing::default(),
+            block_size: None,
+            cache_salt: None,
+            kv_load_failure_policy: None,
+            kv_lease_duration: None,
+            bug_stale_reference_ppm: None,
+            bug_lease_expiry: None,
+            transfer_failure_ppm: None,
+            reference_check: None,
         }
     }
 }
@@ -284,11 +403,88 @@ impl SimConfig {
                 .ok_or_else(|| bad(format!("unknown key `{key}`")))?;
         }
         *node = value;
-        let cfg: SimConfig =
+        let mut cfg: SimConfig =
             serde_json::from_value(root).map_err(|e| bad(format!("`{assignment}`: {e}")))?;
+        if key == "engine" {
+            let v = cfg.engine;
+            cfg.set_engine(v);
+        }
+        if key == "block_size"
+            && cfg.engine.is_vllm()
+            && let Some(b) = cfg.block_size
+        {
+            // One block size per deployment: the pools follow it.
+            cfg.prefill.page_size = b;
+            cfg.decode.page_size = b;
+        }
         cfg.validate()?;
         *self = cfg;
         Ok(())
+    }
+
+    /// vLLM block size.
+    pub fn block_size(&self) -> u32 {
+        self.block_size.unwrap_or(16)
+    }
+
+    /// vLLM cache salt.
+    pub fn cache_salt(&self) -> CacheSalt {
+        self.cache_salt.unwrap_or(CacheSalt::None)
+    }
+
+    /// vLLM load failure policy.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.kv_load_failure_policy.unwrap_or(FailurePolicy::Fail)
+    }
+
+    /// vLLM lease in seconds (validated: 1 ..= MAX_LEASE_S).
+    pub fn lease_s(&self) -> u64 {
+        self.kv_lease_duration.unwrap_or(30).max(1) as u64
+    }
+
+    /// Switches the engine; a vLLM engine takes the pools' page size as
+    /// its block size when none is set.
+    pub fn set_engine(&mut self, v: EngineVersion) {
+        self.engine = v;
+        if v.is_vllm()
+            && self.block_size.is_none()
+            && self.prefill.page_size == self.decode.page_size
+        {
+            self.block_size = Some(self.decode.page_size);
+        }
+    }
+
+    /// The vLLM keys with their effective values (for trace.json).
+    pub fn vllm_effective(&self) -> SimConfig {
+        let mut c = self.clone();
+        c.block_size = Some(self.block_size());
+        c.cache_salt = Some(self.cache_salt());
+        c.kv_load_failure_policy = Some(self.failure_policy());
+        c.kv_lease_duration = Some(self.lease_s() as i64);
+        c.bug_stale_reference_ppm = Some(self.bug_stale_reference_ppm.unwrap_or(0));
+        c.bug_lease_expiry = Some(self.bug_lease_expiry.unwrap_or(false));
+        c.transfer_failure_ppm = Some(self.transfer_failure_ppm.unwrap_or(0));
+        c.reference_check = Some(self.reference_check.unwrap_or(false));
+        c
+    }
+
+    /// Keys of the other engine family that this config sets: a vLLM key
+    /// on an SGLang engine, or an SGLang key changed from its default on a
+    /// vLLM engine.
+    fn foreign_keys(&self) -> Vec<&'static str> {
+        let mine = serde_json::to_value(self).expect("config serializes");
+        if self.engine.is_vllm() {
+            let dflt = serde_json::to_value(SimConfig::default()).expect("config serializes");
+            SGLANG_KEYS
+                .into_iter()
+                .filter(|k| mine.get(k) != dflt.get(k))
+                .collect()
+        } else {
+            VLLM_KEYS
+                .into_iter()
+                .filter(|k| mine.get(k).is_some_and(|v| !v.is_null()))
+                .collect()
+        }
     }
 
     pub fn deferred_release(&self) -> bool {
@@ -368,11 +564,95 @@ impl SimConfig {
         ]
     }
 
+    /// The vLLM keys' ranges and vLLM's own startup checks.
+    fn validate_vllm(&self) -> Result<()> {
+        let bad = |col: &str, what: String, hint: &str| {
+            Err(Error::invalid(Location::default().column(col), what, hint))
+        };
+        let b = self.block_size();
+        if b == 0 {
+            return bad(
+                "block_size",
+                "block_size = 0".into(),
+                "vLLM's block_size is a positive number of tokens (CacheConfig requires > 0; 16 by default)",
+            );
+        }
+        for (role, p) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if p.page_size != b {
+                return bad(
+                    &format!("{role}.page_size"),
+                    format!(
+                        "{role}.page_size {} differs from block_size {b}",
+                        p.page_size
+                    ),
+                    "a vLLM deployment has one block size: set block_size (the pools follow it) and leave page_size alone",
+                );
+            }
+            if p.capacity_tokens < self.context_window {
+                return bad(
+                    &format!("{role}.capacity_tokens"),
+                    format!(
+                        "{role} pool of {} tokens is below max_model_len (context_window) {}",
+                        p.capacity_tokens, self.context_window
+                    ),
+                    "vLLM refuses to start when one max_model_len request does not fit its KV cache (kv_cache_planning.py _check_enough_kv_cache_memory): give capacity_tokens >= context_window",
+                );
+            }
+        }
+        match self.kv_lease_duration {
+            Some(l) if !(1..=MAX_LEASE_S).contains(&l) => {
+                return bad(
+                    "kv_lease_duration",
+                    format!("kv_lease_duration = {l}"),
+                    "give the lease in whole seconds from 1 to 86400 (vLLM's default is 30)",
+                );
+            }
+            _ => {}
+        }
+        for (key, v) in [
+            ("bug_stale_reference_ppm", self.bug_stale_reference_ppm),
+            ("transfer_failure_ppm", self.transfer_failure_ppm),
+        ] {
+            if v.unwrap_or(0) > 1_000_000 {
+                return bad(
+                    key,
+                    format!("{key} above 1,000,000"),
+                    "give parts per million (0 to 1000000)",
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Checks combinations the modelled versions do not have.
     pub fn validate(&self) -> Result<()> {
         let bad = |col: &str, what: String, hint: &str| {
             Err(Error::invalid(Location::default().column(col), what, hint))
         };
+        if let Some(k) = self.foreign_keys().first() {
+            return if self.engine.is_vllm() {
+                bad(
+                    k,
+                    format!(
+                        "`{k}` is an SGLang key; engine {} is vLLM",
+                        self.engine.name()
+                    ),
+                    "leave it at its default for a vLLM engine (vLLM's keys are in docs/engine-vllm.md), or choose an sglang-0.5.x engine",
+                )
+            } else {
+                bad(
+                    k,
+                    format!(
+                        "`{k}` is a vLLM key; engine {} is SGLang",
+                        self.engine.name()
+                    ),
+                    "set engine = \"vllm-0.33.0\" (--engine vllm-0.33.0) to use it, or drop the key",
+                )
+            };
+        }
+        if self.engine.is_vllm() {
+            self.validate_vllm()?;
+        }
         for (role, p) in [("prefill", &self.prefill), ("decode", &self.decode)] {
             if p.page_size == 0 || p.capacity_tokens < 2 * p.page_size as u64 {
                 return bad(
@@ -391,7 +671,11 @@ impl SimConfig {
                         "{role} capacity_tokens {} is not a multiple of page_size {}",
                         p.capacity_tokens, p.page_size
                     ),
-                    "SGLang rounds max_total_num_tokens down to whole pages; give a multiple",
+                    if self.engine.is_vllm() {
+                        "a vLLM pool is whole blocks: give capacity_tokens = (num_gpu_blocks - 1) x block_size"
+                    } else {
+                        "SGLang rounds max_total_num_tokens down to whole pages; give a multiple"
+                    },
                 );
             }
             if (p.capacity_tokens / p.page_size as u64 + 1) * p.page_size as u64 > u32::MAX as u64 {
@@ -404,7 +688,7 @@ impl SimConfig {
         }
         let host = self.hicache_host_tokens;
         let dps = self.decode.page_size as u64;
-        if host < 2 * dps || host % dps != 0 || host > MAX_HOST_TOKENS {
+        if !self.engine.is_vllm() && (host < 2 * dps || host % dps != 0 || host > MAX_HOST_TOKENS) {
             return bad(
                 "hicache_host_tokens",
                 format!(

@@ -48,18 +48,18 @@ pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
 pub const MAX_CLOCK_NS: i64 = i64::MAX - EPOCH_NS;
 
 /// `value * unit` nanoseconds, saturating at i64::MAX (never wrapping).
-fn span(value: u64, unit: u64) -> i64 {
+pub(crate) fn span(value: u64, unit: u64) -> i64 {
     i64::try_from(value.saturating_mul(unit)).unwrap_or(i64::MAX)
 }
 
 /// `now + value * unit`, saturating (an event past [`MAX_CLOCK_NS`] is
 /// refused when the clock reaches it).
-fn later(now: i64, value: u64, unit: u64) -> i64 {
+pub(crate) fn later(now: i64, value: u64, unit: u64) -> i64 {
     now.saturating_add(span(value, unit))
 }
 
 /// Refuses a simulated time whose timestamp would not fit the trace.
-fn clock_checked(t: i64, request_id: Option<u64>) -> Result<i64> {
+pub(crate) fn clock_checked(t: i64, request_id: Option<u64>) -> Result<i64> {
     if (0..=MAX_CLOCK_NS).contains(&t) {
         return Ok(t);
     }
@@ -88,6 +88,9 @@ const HICACHE_KEYS: [&str; 2] = ["hicache", "hicache_host_tokens"];
 
 /// The trace.json deployment of a simulated run.
 pub fn deployment(cfg: &SimConfig) -> Deployment {
+    if cfg.engine.is_vllm() {
+        return crate::sim::vllm::deployment(cfg);
+    }
     let pool = |id: u16, name: &str, role: Role, p: &crate::sim::config::PoolConfig| {
         let pages = p.capacity_tokens / p.page_size as u64;
         let mut extra = serde_json::Map::new();
@@ -105,10 +108,13 @@ pub fn deployment(cfg: &SimConfig) -> Deployment {
     };
     let mut extra = serde_json::Map::new();
     let mut sim = serde_json::to_value(cfg).expect("config serializes");
-    if !cfg.hicache
-        && let Some(m) = sim.as_object_mut()
-    {
-        for k in HICACHE_KEYS {
+    if let Some(m) = sim.as_object_mut() {
+        if !cfg.hicache {
+            for k in HICACHE_KEYS {
+                m.remove(k);
+            }
+        }
+        for k in crate::sim::config::VLLM_KEYS {
             m.remove(k);
         }
     }
@@ -231,20 +237,20 @@ enum Ev {
 }
 
 /// Per-slot content state of one pool (the simulator's bookkeeping).
-struct Slots {
-    owner: Vec<u64>,
-    seed: Vec<u64>,
-    pos: Vec<u32>,
-    tenant: Vec<u32>,
-    wgen: Vec<u32>,
+pub(crate) struct Slots {
+    pub(crate) owner: Vec<u64>,
+    pub(crate) seed: Vec<u64>,
+    pub(crate) pos: Vec<u32>,
+    pub(crate) tenant: Vec<u32>,
+    pub(crate) wgen: Vec<u32>,
     /// The content was put there after the slot's latest alloc (a write, a
     /// scrub, or a copy of current content); false: it is stale, left over
     /// from an earlier holder.
-    current: Vec<bool>,
+    pub(crate) current: Vec<bool>,
 }
 
 impl Slots {
-    fn new(n: usize) -> Slots {
+    pub(crate) fn new(n: usize) -> Slots {
         Slots {
             owner: vec![0; n],
             seed: vec![0; n],
@@ -257,7 +263,7 @@ impl Slots {
 
     /// Copies slot `s` of `from` into slot `d` of `self`: content owner,
     /// model value and current/stale bit; the destination is written.
-    fn copy_from(&mut self, d: usize, from: &Slots, s: usize) {
+    pub(crate) fn copy_from(&mut self, d: usize, from: &Slots, s: usize) {
         self.owner[d] = from.owner[s];
         self.seed[d] = from.seed[s];
         self.pos[d] = from.pos[s];

@@ -1,5 +1,5 @@
 //! The engine model and simulator (`kvtrail simulate`): a discrete-event
-//! model of an SGLang-style PD-disaggregated engine with paged KV pools,
+//! model of an SGLang-style or vLLM PD-disaggregated engine with paged KV pools,
 //! captured through `capture::Recorder` exactly as a real engine hook would
 //! be, with the ground truth kept apart.
 //!
@@ -11,6 +11,8 @@
 //! - `workload`: arrivals, the seeded generator.
 //! - `scenario`: named scenarios.
 //! - `truth`: the ground-truth file.
+//! - `vllm`: the vLLM 0.33.0 request path (block pool, prefix caching with
+//!   `cache_salt`, the NixlConnector's lease, `kv_load_failure_policy`).
 //!
 //! Library callers (what-if replay) run [`run`] with any `Vec<Arrival>`.
 
@@ -20,6 +22,7 @@ pub mod engine;
 pub mod model;
 pub mod scenario;
 pub mod truth;
+pub mod vllm;
 pub mod workload;
 
 use std::path::Path;
@@ -76,7 +79,11 @@ pub fn run(
         ..RecorderOptions::default()
     };
     let mut rec = Recorder::create(out, engine::deployment(cfg), opts)?;
-    let (stats, tb) = {
+    let (stats, tb) = if cfg.engine.is_vllm() {
+        let mut eng = vllm::Engine::new(cfg, &mut rec, reporter);
+        eng.run(arrivals)?;
+        (eng.stats.clone(), std::mem::take(&mut eng.truth))
+    } else {
         let mut eng = engine::Engine::new(cfg, &mut rec, reporter);
         eng.run(arrivals)?;
         (eng.stats.clone(), std::mem::take(&mut eng.truth))

@@ -16,19 +16,51 @@
 //! - `sibling-stale-copy`: the vLLM #52234-class bug switched on: prefill
 //!   frees its slots when its forward ends, the transfer runs later and
 //!   copies whatever the next prefill wrote there.
+//! - `vllm-steady`: vLLM 0.33.0 with the NixlConnector, per-tenant
+//!   `cache_salt`, default lease and failure policy: no defect triggered.
+//! - `vllm-stale-reference`: as `vllm-steady` with the #52234 trigger on:
+//!   2% of decode dispatches carry an earlier, consumed producer reference;
+//!   decode reads blocks the producer released and answers 200.
+//! - `vllm-lease-expiry`: decode's heartbeats never reach the producer and
+//!   3% of transfers straggle 8 s, past a 5 s lease: the producer releases
+//!   the blocks (and may reuse them) before the pull reads them.
 
 use crate::error::{Error, Location, Result};
 use crate::sim::alloc::FreeListPolicy;
-use crate::sim::config::{EngineVersion, SimConfig};
+use crate::sim::config::{CacheSalt, EngineVersion, PoolConfig, SimConfig};
 use crate::sim::workload::WorkloadSpec;
 
 /// Scenario names, in `--scenario` order.
-pub const SCENARIOS: [&str; 4] = [
+pub const SCENARIOS: [&str; 7] = [
     "incident",
     "steady",
     "sibling-inflight",
     "sibling-stale-copy",
+    "vllm-steady",
+    "vllm-stale-reference",
+    "vllm-lease-expiry",
 ];
+
+/// The vLLM scenarios' deployment: max_model_len 16,384; each instance's
+/// KV cache holds eight maximal requests (131,072 tokens); 16-token
+/// blocks; clients send their tenant as `cache_salt`.
+fn vllm_config(name: &str) -> SimConfig {
+    SimConfig {
+        name: format!("kvtrail-sim {name}"),
+        engine: EngineVersion::Vllm0330,
+        prefill: PoolConfig {
+            capacity_tokens: 131_072,
+            page_size: 16,
+        },
+        decode: PoolConfig {
+            capacity_tokens: 131_072,
+            page_size: 16,
+        },
+        block_size: Some(16),
+        cache_salt: Some(CacheSalt::Tenant),
+        ..SimConfig::default()
+    }
+}
 
 /// A named scenario, ready to run.
 #[derive(Debug, Clone)]
@@ -102,6 +134,23 @@ pub fn scenario(name: &str, requests: Option<u64>, seed: u64) -> Result<Scenario
             config.timing.transfer_base_us = 40_000;
             workload.mean_gap_ns = 1.5e8;
             workload.prompt_median = 400.0;
+        }
+        "vllm-steady" => {
+            config = vllm_config(name);
+            workload.mean_gap_ns = 3e8;
+        }
+        "vllm-stale-reference" => {
+            config = vllm_config(name);
+            config.bug_stale_reference_ppm = Some(20_000);
+            workload.mean_gap_ns = 1.5e8;
+        }
+        "vllm-lease-expiry" => {
+            config = vllm_config(name);
+            config.bug_lease_expiry = Some(true);
+            config.kv_lease_duration = Some(5);
+            config.timing.straggler_ppm = 30_000;
+            config.timing.straggler_delay_ms = 8_000;
+            workload.mean_gap_ns = 1.5e8;
         }
         _ => {
             return Err(Error::invalid(

@@ -39,6 +39,10 @@ struct Hold {
     free_ts: i128,
     first_alloc: Option<i64>,
     last_free: Option<i64>,
+    /// Prompt positions the request computed itself on a decode pool (a
+    /// write without a copy source): vLLM recomputes a pulled prompt's last
+    /// token, and the whole prompt after a failed load under `recompute`.
+    decode_prompt_tokens: u64,
 }
 
 impl Hold {
@@ -49,7 +53,7 @@ impl Hold {
     }
 }
 
-fn holds(trace: &Trace) -> Result<(HashMap<u64, Hold>, i64)> {
+fn holds(trace: &Trace, reqs: &BTreeMap<u64, RequestRecord>) -> Result<(HashMap<u64, Hold>, i64)> {
     let decode: Vec<u16> = trace
         .deployment()
         .pools
@@ -79,6 +83,15 @@ fn holds(trace: &Trace) -> Result<(HashMap<u64, Hold>, i64)> {
                     h.free_ts += n as i128 * e.ts_ns as i128;
                     h.last_free = Some(h.last_free.map_or(e.ts_ns, |t| t.max(e.ts_ns)));
                 }
+                Op::Write if e.src.is_none() => {
+                    if let (Some(p), Some(r)) = (e.token_pos, reqs.get(&e.request_id)) {
+                        let end = (p as u64 + n).min(r.prompt_tokens as u64);
+                        if end > p as u64 {
+                            m.entry(e.request_id).or_default().decode_prompt_tokens +=
+                                end - p as u64;
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -101,6 +114,9 @@ pub struct Side {
     /// First decode allocation to last decode free.
     pub decode_hold_ms: Option<f64>,
     pub output_hash_same: Option<bool>,
+    /// Prompt tokens the request computed on decode (see
+    /// `DiffReport::decode_prompt_tokens`).
+    pub decode_prompt_tokens: u64,
 }
 
 /// A request whose outcome changed.
@@ -180,6 +196,11 @@ pub struct DiffReport {
     /// the KV of whichever group member wrote it into the radix cache, and
     /// new timing can make another member the writer. Not an exposure.
     pub clean_output_differs: u64,
+    /// Prompt tokens computed on decode pools, all requests: the cost of
+    /// recomputing KV that a transfer did not deliver (vLLM recomputes
+    /// each pulled prompt's last token; `kv_load_failure_policy =
+    /// recompute` prefills a failed load's prompt again on decode).
+    pub decode_prompt_tokens: Pair<u64>,
     pub changed: Vec<Changed>,
     pub only_before: Vec<u64>,
     pub only_after: Vec<u64>,
@@ -280,7 +301,7 @@ fn view(
     rep: &dyn Reporter,
 ) -> Result<TraceView> {
     let scope = scope(trace, opts, rep)?;
-    let (holds, end) = holds(trace)?;
+    let (holds, end) = holds(trace, &reqs)?;
     let foreign = scope
         .affected_responses
         .iter()
@@ -318,6 +339,7 @@ fn side(v: &TraceView, r: &RequestRecord, other: Option<&RequestRecord>) -> Side
             (Some(a), Some(b)) => Some(a == b),
             _ => None,
         }),
+        decode_prompt_tokens: h.decode_prompt_tokens,
     }
 }
 
@@ -485,13 +507,29 @@ pub fn diff(
         before: rejected_hold(&b),
         after: rejected_hold(&a),
     };
-    let headline = headline(
+    let dpt = |v: &TraceView| {
+        v.holds
+            .values()
+            .map(|h| h.decode_prompt_tokens)
+            .sum::<u64>()
+    };
+    let decode_prompt_tokens = Pair {
+        before: dpt(&b),
+        after: dpt(&a),
+    };
+    let mut headline = headline(
         &exposure,
         &transitions,
         &rejected.after,
         unchanged,
         compared,
     );
+    if decode_prompt_tokens.before != decode_prompt_tokens.after {
+        headline.push_str(&format!(
+            "; prompt tokens computed on decode: {} -> {}",
+            decode_prompt_tokens.before, decode_prompt_tokens.after
+        ));
+    }
     Ok(DiffReport {
         format: "kvtrail-diff".into(),
         version: 1,
@@ -513,6 +551,7 @@ pub fn diff(
         unchanged,
         unchanged_latency_moved: moved,
         clean_output_differs,
+        decode_prompt_tokens,
         changed,
         only_before,
         only_after,

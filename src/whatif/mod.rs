@@ -55,13 +55,7 @@ pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
         }
     };
     if let Some(e) = &spec.engine {
-        cfg.engine = EngineVersion::parse(e).ok_or_else(|| {
-            Error::invalid(
-                Location::default().column("--engine"),
-                format!("unknown engine `{e}`"),
-                "choose sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22 or sglang-0.5.23",
-            )
-        })?;
+        cfg.set_engine(EngineVersion::parse_arg(e)?);
     }
     for s in &spec.sets {
         cfg.set(s)?;

@@ -188,7 +188,26 @@ pub fn extract(trace: &Trace) -> Result<Workload> {
     // Simulator traces keep their clock; other traces start at the
     // simulator's epoch.
     let time_base_ns = if first >= EPOCH_NS { EPOCH_NS } else { first };
-    let prefix = prefix_structure(trace)?;
+    let mut prefix = prefix_structure(trace)?;
+    if trace
+        .deployment()
+        .engine
+        .trim()
+        .to_ascii_lowercase()
+        .starts_with("vllm")
+    {
+        // vLLM: a member's hit is cut short by block eviction, not by its
+        // prefix; the group's prefix is the longest hit of any member (a
+        // generated group's prefix length is one per group).
+        let mut longest: HashMap<u64, u32> = HashMap::new();
+        for &(g, t) in prefix.values() {
+            let e = longest.entry(g).or_default();
+            *e = (*e).max(t);
+        }
+        for v in prefix.values_mut() {
+            v.1 = longest[&v.0];
+        }
+    }
     let mut inferred = Vec::new();
     let mut members = 0;
     let mut arrivals = Vec::with_capacity(rows.len());

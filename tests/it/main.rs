@@ -47,6 +47,7 @@ mod sim_incident;
 mod sim_revision2;
 mod sim_scope_crosscheck;
 mod sim_sglang_fidelity;
+mod sim_vllm;
 mod sql_engines;
 mod tidy;
 mod whatif_audit;

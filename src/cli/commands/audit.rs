@@ -37,6 +37,19 @@ fn human(r: &AuditReport) -> String {
         d.context_window
     );
     for p in &d.pools {
+        if d.vllm.is_some() {
+            // vLLM admits on max_model_len alone: no per-pool limit.
+            let _ = writeln!(
+                s,
+                "  pool {} {:<10} {:<8} {:>12} tokens, block {:>3}",
+                p.id,
+                term(&p.name),
+                term(&p.role),
+                p.capacity_tokens,
+                p.page_size,
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "  pool {} {:<10} {:<8} {:>12} tokens, page {:>3}, max_req_input_len {}",
@@ -46,6 +59,15 @@ fn human(r: &AuditReport) -> String {
             p.capacity_tokens,
             p.page_size,
             p.max_req_input_len
+        );
+    }
+    if let Some(v) = &d.vllm {
+        let or_unknown = |x: Option<String>| x.unwrap_or_else(|| "not recorded".into());
+        let _ = writeln!(
+            s,
+            "  kv_load_failure_policy {}, kv_lease_duration {}",
+            term(&or_unknown(v.kv_load_failure_policy.clone())),
+            or_unknown(v.kv_lease_duration.map(|l| format!("{l} s")))
         );
     }
     for f in &r.findings {

@@ -70,13 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         sc.config = c;
     }
     if let Some(e) = &spec.engine {
-        sc.config.engine = EngineVersion::parse(e).ok_or_else(|| {
-            kvtrail::Error::invalid(
-                kvtrail::error::Location::default().column("--engine"),
-                format!("unknown engine `{e}`"),
-                "choose sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22 or sglang-0.5.23",
-            )
-        })?;
+        sc.config.set_engine(EngineVersion::parse_arg(e)?);
     }
     for s in &spec.sets {
         sc.config.set(s)?;
