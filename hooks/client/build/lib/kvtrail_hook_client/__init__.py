@@ -1,0 +1,369 @@
+"""The connection to the `kvtrail record` sidecar, shared by kvtrail's
+engine hooks (kvtrail_sglang, kvtrail_vllm).
+
+The engine thread only appends small tuples to a bounded deque (the hot
+path: no JSON, no socket, no lock). A daemon thread turns them into JSON
+lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
+`xfer_commit` and `xfer_pull` messages) and sends them in batches.
+
+Never stalls the engine: when the deque is full, events are dropped and
+counted per pool; the count goes to the sidecar as a `lost` line ahead of
+the next event of that pool, which the sidecar records as an explicit seq
+hole. When the sidecar is unreachable, batches are counted as lost and
+reported (log + `stats()`), and reported again as `lost` lines once a
+connection is back.
+"""
+
+import collections
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+log = logging.getLogger("kvtrail")
+
+# Event kinds in the queue.
+KV, REQ, SEND, COMMIT, LOST, PULL = 0, 1, 2, 3, 4, 5
+OPS = ("alloc", "write", "read", "free", "share", "scrub")
+ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
+
+# Index lists longer than this are copied as numpy arrays (vectorised runs).
+SMALL = 4096
+
+
+def parse_addr(addr):
+    """`unix:/path`, `tcp:host:port`, `host:port` or a bare path."""
+    if addr.startswith("unix:"):
+        return socket.AF_UNIX, addr[5:]
+    if addr.startswith("tcp:"):
+        addr = addr[4:]
+    elif "/" in addr or ":" not in addr:
+        return socket.AF_UNIX, addr
+    host, _, port = addr.rpartition(":")
+    return socket.AF_INET, (host.strip("[]"), int(port))
+
+
+def runs(idx):
+    """Contiguous runs [(start, count), ...] of an index list, array or range."""
+    if isinstance(idx, range):
+        return [(idx.start, len(idx))] if len(idx) and idx.step == 1 else runs(list(idx))
+    if isinstance(idx, list):
+        out = []
+        if not idx:
+            return out
+        start = prev = idx[0]
+        for x in idx[1:]:
+            if x == prev + 1:
+                prev = x
+                continue
+            out.append((start, prev - start + 1))
+            start = prev = x
+        out.append((start, prev - start + 1))
+        return out
+    import numpy as np
+
+    a = np.asarray(idx, dtype=np.int64).reshape(-1)
+    if a.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(a) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [a.size]))
+    return list(zip(a[starts].tolist(), (ends - starts).tolist()))
+
+
+def _as_list(idx):
+    if isinstance(idx, range):
+        return list(idx)
+    return idx if isinstance(idx, list) else idx.tolist()
+
+
+def capture_indices(t):
+    """A private copy of an index tensor/array/list, cheap for small ones.
+
+    Copying matters: callers pass views of req_to_token rows, which SGLang
+    rewrites when the row is reused, possibly before the sender thread runs.
+    """
+    if isinstance(t, list):
+        return list(t)
+    n = t.numel() if hasattr(t, "numel") else len(t)
+    if n <= SMALL:
+        return t.tolist() if hasattr(t, "tolist") else list(t)
+    if hasattr(t, "detach"):
+        return t.detach().to("cpu").numpy().copy()
+    import numpy as np
+
+    return np.array(t, dtype=np.int64)
+
+
+class Client:
+    """One connection (one hello) for a set of pools."""
+
+    def __init__(self, addr, pools, worker, max_queue=1 << 18, batch=4096, interval=0.002):
+        self.addr = addr
+        self.family, self.target = parse_addr(addr)
+        self.pools = sorted(set(pools))
+        self.worker = worker
+        self.max_queue = max_queue
+        self.batch = batch
+        self.interval = interval
+        self.q = collections.deque()
+        self.dropped = {}  # pool -> events dropped on a full queue, not yet reported
+        self.down_lost = {}  # pool -> events lost while the sidecar was down, not yet reported
+        self.sock = None
+        self.stats = {"sent_lines": 0, "dropped_queue": 0, "lost_sidecar_down": 0,
+                      "connect_failures": 0, "requests_lost": 0}
+        self.enqueued = 0  # items accepted (engine thread)
+        self.handled = 0  # items sent or counted lost (sender thread)
+        self._stop = False
+        self._wake = threading.Event()
+        self._last_warn = 0.0
+        self._next_try = 0.0
+        self.thread = threading.Thread(target=self._run, name="kvtrail-sender", daemon=True)
+        self.thread.start()
+
+    # ---- hot path (engine thread) ----
+    def put(self, pool, item):
+        if len(self.q) >= self.max_queue:
+            self.dropped[pool] = self.dropped.get(pool, 0) + 1
+            self.stats["dropped_queue"] += 1
+            return
+        if self.dropped:
+            # The loss goes into the stream where it happened: before this event.
+            n = self.dropped.pop(pool, 0)
+            if n:
+                self.enqueued += 1
+                self.q.append((LOST, pool, n))
+        self.enqueued += 1
+        self.q.append(item)
+
+    # ---- sender thread ----
+    def _connect(self):
+        s = socket.socket(self.family, socket.SOCK_STREAM)
+        s.settimeout(5.0)
+        try:
+            s.connect(self.target)
+        except OSError:
+            s.close()
+            raise
+        hello = {"type": "hello", "pools": self.pools, "worker": self.worker}
+        try:
+            s.sendall((json.dumps(hello) + "\n").encode())
+            # The sidecar answers one line: welcome (the claim holds) or
+            # error (refused: unknown pool, pool held by another live
+            # connection, too many connections). Until a welcome, nothing is
+            # sent: events go to the loss counters, never into a refused
+            # connection.
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise OSError("the sidecar closed the connection before answering the hello")
+                reply += chunk
+                if len(reply) > 1 << 16:
+                    raise OSError("the sidecar's answer to the hello is too long")
+            try:
+                ans = json.loads(reply)
+            except ValueError:
+                raise OSError(f"the sidecar's answer to the hello is not JSON: {reply[:200]!r}")
+            if ans.get("type") != "welcome":
+                raise OSError(f"the sidecar refused the hello: {ans.get('error', ans)}")
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+    def _format(self, item, out):
+        kind = item[0]
+        if kind == KV:
+            _, pool, ts, rid, op, idx, tpos, ps = item
+            if ps:
+                # Paged free: the whole pages of these slots go back.
+                rs = [(p * ps, n * ps) for p, n in runs(sorted({x // ps for x in _as_list(idx)}))]
+            else:
+                rs = runs(idx)
+            for start, count in rs:
+                tp = "null" if tpos is None else str(tpos)
+                out.append(
+                    '{"type":"kv","pool":%d,"ts_ns":%d,"request_id":%d,"op":"%s",'
+                    '"slot_start":%d,"slot_count":%d,"token_pos":%s}'
+                    % (pool, ts, rid, OPS[op], start, count, tp)
+                )
+                if tpos is not None:
+                    tpos += count
+            return
+        if kind == REQ:
+            out.append(json.dumps(item[2], separators=(",", ":")))
+            return
+        if kind == LOST:
+            out.append('{"type":"lost","pool":%d,"n":%d}' % (item[1], item[2]))
+            return
+        if kind == SEND:
+            _, pool, ts, room, dst_index, pages, last = item
+            rs = runs(pages)
+            if not rs:
+                return
+            out.append(json.dumps({"type": "xfer_send", "room": room, "pool": pool, "ts_ns": ts,
+                                   "dst_index": dst_index, "src_pages": rs, "last": bool(last)},
+                                  separators=(",", ":")))
+            return
+        if kind == PULL:
+            # (PULL, pool, ts, rid, src_pool, runs, outcome, policy); runs are
+            # (dst_slot, src_slot, count, token_pos).
+            _, pool, ts, rid, src_pool, rs, outcome, policy = item
+            msg = {"type": "xfer_pull", "pool": pool, "ts_ns": ts, "request_id": rid,
+                   "src_pool": src_pool, "runs": [list(r) for r in rs], "outcome": outcome}
+            if policy is not None:
+                msg["policy"] = policy
+            out.append(json.dumps(msg, separators=(",", ":")))
+            return
+        if kind == COMMIT:
+            _, pool, ts, room, rid, prefix_len, pages = item
+            rs = runs(pages)
+            if not rs:
+                return
+            out.append(json.dumps({"type": "xfer_commit", "room": room, "pool": pool, "ts_ns": ts,
+                                   "request_id": rid, "prefix_len": prefix_len, "dst_pages": rs},
+                                  separators=(",", ":")))
+
+    def _lost_lines(self, counts):
+        return ['{"type":"lost","pool":%d,"n":%d}' % (p, n) for p, n in sorted(counts.items()) if n]
+
+    def _run(self):
+        while True:
+            if not self.q:
+                if self._stop:
+                    break
+                self._wake.wait(self.interval)
+                self._wake.clear()
+                continue
+            items = []
+            q = self.q
+            for _ in range(min(self.batch, len(q))):
+                items.append(q.popleft())
+            lines = []
+            for it in items:
+                try:
+                    self._format(it, lines)
+                except Exception as e:  # a bad item is a lost event, never a crash
+                    pool = it[1]
+                    self.dropped[pool] = self.dropped.get(pool, 0) + 1
+                    log.warning("kvtrail: could not encode an event: %s", e)
+            self._send(lines, items)
+            self.handled += len(items)
+        self._close()
+
+    def _send(self, lines, items):
+        carried = {}
+        if self.sock is None:
+            if time.monotonic() < self._next_try:
+                self._count_down(items, carried, "retrying in under a second")
+                return
+            try:
+                self._connect()
+            except OSError as e:
+                self.stats["connect_failures"] += 1
+                self._next_try = time.monotonic() + 1.0  # back off: do not spin on connect
+                self._count_down(items, carried, e)
+                return
+        if self.down_lost:
+            # Losses while the sidecar was unreachable: holes, reported first.
+            carried, self.down_lost = self.down_lost, {}
+            lines[:0] = self._lost_lines(carried)
+        data = ("\n".join(lines) + "\n").encode()
+        try:
+            self.sock.sendall(data)
+            self.stats["sent_lines"] += len(lines)
+        except OSError as e:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+            self._count_down(items, carried, e)
+
+    def _count_down(self, items, carried, err):
+        """Items that could not be sent: counted per pool, reported later."""
+        for p, k in carried.items():
+            self.down_lost[p] = self.down_lost.get(p, 0) + k
+        n = 0
+        for it in items:
+            if it[0] == REQ:
+                self.stats["requests_lost"] += 1
+                continue
+            k = it[2] if it[0] == LOST else 1
+            self.down_lost[it[1]] = self.down_lost.get(it[1], 0) + k
+            n += 0 if it[0] == LOST else 1
+        self.stats["lost_sidecar_down"] += n
+        now = time.monotonic()
+        if now - self._last_warn > 10:
+            self._last_warn = now
+            log.warning("kvtrail: sidecar %s unreachable (%s): %d events lost so far (counted, "
+                        "reported as seq holes when it is back)", self.addr, err,
+                        self.stats["lost_sidecar_down"])
+
+    def flush(self, timeout=10.0):
+        """Waits until the queue is sent (tests, shutdown)."""
+        end = time.monotonic() + timeout
+        while self.handled < self.enqueued and time.monotonic() < end:
+            self._wake.set()
+            time.sleep(0.0005)
+
+    def close(self, timeout=10.0):
+        self._stop = True
+        self._wake.set()
+        self.thread.join(timeout)
+
+    def _close(self):
+        if self.sock is not None:
+            if self.dropped or self.down_lost:
+                counts = dict(self.down_lost)
+                for p, n in self.dropped.items():
+                    counts[p] = counts.get(p, 0) + n
+                try:
+                    self.sock.sendall(("\n".join(self._lost_lines(counts)) + "\n").encode())
+                except OSError:
+                    pass
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+
+
+def hash_tokens(ids):
+    """blake3 of token ids, each as little-endian u32 (the trace contract)."""
+    import blake3
+    import numpy as np
+
+    if isinstance(ids, (bytes, bytearray)):
+        raise TypeError("token ids, not bytes")
+    if hasattr(ids, "typecode"):  # array.array
+        a = np.frombuffer(ids, dtype=np.dtype(ids.typecode)).astype("<u4")
+    else:
+        a = np.asarray(ids, dtype=np.int64).astype("<u4")
+    return blake3.blake3(a.tobytes()).hexdigest()
+
+
+def id_of(name):
+    """A trace request_id (1..2^63-1) derived from an engine's request id string."""
+    import blake3
+
+    d = blake3.blake3(str(name).encode()).digest()
+    return int.from_bytes(d[:8], "little") & 0x7FFFFFFFFFFFFFFF or 1
+
+
+def tenant_value(v, pseudonymize):
+    """The tenant as recorded: ``unknown`` when absent, a ``t-<blake3>``
+    pseudonym when asked."""
+    if v is None or v == "":
+        return "unknown"
+    v = str(v)
+    if pseudonymize:
+        import blake3
+
+        return "t-" + blake3.blake3(v.encode()).hexdigest()[:16]
+    return v
+
+
+def default_worker():
+    return os.environ.get("KVTRAIL_WORKER") or f"{socket.gethostname()}:{os.getpid()}"
