@@ -5,8 +5,10 @@
 # so vllm is installed with --no-deps over torch (PyPI has only the CUDA
 # build, which imports on CPU) and the pinned modules that importing
 # vLLM's Scheduler, KV cache manager and NixlConnector scheduler side
-# needs (found by running the driver until no import failed). About 6.6 GB,
-# built in ~4 min here; see docs/capture-vllm.md.
+# needs (found by running the driver until no import failed). 6.6 GB
+# (torch and its CUDA libraries are 5.4 GB of it); a fresh build took 26 min
+# wall under `nice` on the shared 2-core machine at load ~20 (1 min 45 s of
+# CPU: most of it is downloading and unpacking); see docs/capture-vllm.md.
 #
 # Idempotent: the venv lives outside the repository, under
 # ${KVTRAIL_CACHE:-$HOME/.cache/kvtrail}, and is reused when its marker file
