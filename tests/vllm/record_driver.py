@@ -13,7 +13,8 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   NIXL reports the read done, so the request answers 200 over that KV;
 - faults: out-of-range remote block ids reported done (fail-open), a
   failed load and a partial load (invalid block ids) under
-  kv_load_failure_policy "fail".
+  kv_load_failure_policy "fail";
+- broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
 / schedule / update_from_output / _free_request, KVCacheManager, the
@@ -211,6 +212,19 @@ elif MODE == "faults":
             break
         step(D)
     facts["r7"] = {"local": local, "finish": finished.get("r7", (None,))[0]}
+elif MODE == "broken":
+    # A hook failure must never reach the engine: make the hook's own
+    # slot mapping raise and run a request on the producer to its end.
+    def boom(*a, **k):
+        raise RuntimeError("planted hook failure")
+
+    kh._slot_runs = boom
+    P.add_request(make_req("b1", A, "tenant-a", 1))
+    for _ in range(10):
+        step(P)
+        if "b1" in finished:
+            break
+    facts["b1_finish"] = finished.get("b1", (None,))[0]
 else:
     raise SystemExit(f"unknown mode {MODE}")
 
