@@ -49,7 +49,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 d = tempfile.mkdtemp()
@@ -94,7 +94,7 @@ def run_steps(s, steps):
             sampled_token_ids=[[7] for _ in ids]))
     dt = (time.process_time() - t) / steps
     for r in list(s.requests):
-        s.finish_requests([r], __import__("vllm.v1.request", fromlist=["RequestStatus"]).RequestStatus.FINISHED_ABORTED)
+        s.finish_requests([r], RequestStatus.FINISHED_ABORTED)
     return dt
 
 
