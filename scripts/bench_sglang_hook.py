@@ -20,6 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "hooks", "sglang", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "hooks", "client", "src"))
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402

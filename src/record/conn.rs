@@ -434,6 +434,10 @@ impl Conn {
                             self.hole(c.pool, 1);
                         }
                         Msg::XferSend(_) => add(&stats.lost_queue, 1),
+                        Msg::XferPull(x) => {
+                            add(&stats.lost_queue, 1);
+                            self.hole(x.pool, x.runs.len().max(1) as u64);
+                        }
                     }
                 }
             }

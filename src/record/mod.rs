@@ -198,6 +198,12 @@ pub struct Stats {
     /// Bytes (estimated) now held for views, transfer halves and parked
     /// streams waiting for their partner.
     pub pending_bytes: AtomicU64,
+    /// Pull-based copies (`xfer_pull` runs) written as `write` with `src`.
+    pub pulls_written: AtomicU64,
+    /// Loads the consumer engine reported partial (some blocks failed).
+    pub pulls_partial: AtomicU64,
+    /// Loads the consumer engine reported failed (nothing copied).
+    pub pulls_failed: AtomicU64,
 }
 
 /// Adds to a counter, stopping at u64::MAX instead of wrapping (counts on
@@ -233,6 +239,9 @@ pub struct StatsSnapshot {
     pub lost_unrecorded: u64,
     pub lost_requests: u64,
     pub pending_bytes: u64,
+    pub pulls_written: u64,
+    pub pulls_partial: u64,
+    pub pulls_failed: u64,
 }
 
 impl StatsSnapshot {
@@ -304,6 +313,9 @@ impl Stats {
             lost_unrecorded: g(&self.lost_unrecorded),
             lost_requests: g(&self.lost_requests),
             pending_bytes: g(&self.pending_bytes),
+            pulls_written: g(&self.pulls_written),
+            pulls_partial: g(&self.pulls_partial),
+            pulls_failed: g(&self.pulls_failed),
         }
     }
 }

@@ -15,7 +15,12 @@
 //!   line can use up a pool's seq space);
 //! - `{"type":"xfer_send",...}` / `{"type":"xfer_commit",...}`: the two
 //!   halves of a prefill→decode KV transfer, which the writer joins into
-//!   `write` events with `src` on the decode pool (docs/capture-sglang.md).
+//!   `write` events with `src` on the decode pool (docs/capture-sglang.md);
+//! - `{"type":"xfer_pull",...}`: a pull-based transfer (vLLM's NIXL READ)
+//!   reported whole by the consumer: slot runs of a source pool copied into
+//!   its own pool, stamped by the writer with the source pool's latest seq
+//!   (docs/capture-vllm.md); or a failed / partial load with the engine's
+//!   failure policy.
 //!
 //! KV lines take two fast paths: a byte scanner for the exact canonical line
 //! the hook writes, then a typed serde struct for the fully-known shape in any
@@ -93,6 +98,52 @@ pub struct XferCommit {
     pub dst_pages: Vec<PageRun>,
 }
 
+/// One copied run of a pull: `[dst_slot, src_slot, count, token_pos]`.
+pub type PullRun = (u32, u32, u32, u32);
+
+/// The most runs one `xfer_pull` line may carry.
+pub const PULL_MAX_RUNS: usize = 1 << 16;
+
+/// How a pull ended, as the consumer engine saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PullOutcome {
+    /// Reported done: every run was copied.
+    Ok,
+    /// Some blocks failed; `runs` are the ones that loaded.
+    Partial,
+    /// Nothing usable arrived; `runs` is empty.
+    Failed,
+}
+
+/// The engine's configured answer to a failed load (vLLM's
+/// `kv_load_failure_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadPolicy {
+    Fail,
+    Recompute,
+}
+
+/// Consumer side of a pull-based transfer, reported once the engine knows
+/// how the load ended: the runs of `src_pool`'s slots copied into `pool`.
+/// The writer stamps the copies with `src_pool`'s latest written seq.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XferPull {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool: u16,
+    pub ts_ns: i64,
+    pub request_id: u64,
+    pub src_pool: u16,
+    #[serde(default)]
+    pub runs: Vec<PullRun>,
+    pub outcome: PullOutcome,
+    #[serde(default)]
+    pub policy: Option<LoadPolicy>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Lost {
@@ -130,6 +181,7 @@ pub enum Msg {
     },
     XferSend(Box<XferSend>),
     XferCommit(Box<XferCommit>),
+    XferPull(Box<XferPull>),
 }
 
 impl Msg {
@@ -141,6 +193,7 @@ impl Msg {
             Msg::Lost { pool, .. } | Msg::Hole { pool, .. } => Some(*pool),
             Msg::XferSend(s) => Some(s.pool),
             Msg::XferCommit(c) => Some(c.pool),
+            Msg::XferPull(p) => Some(p.pool),
         }
     }
 }
@@ -372,6 +425,12 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
             check_request_id(c.request_id)?;
             Ok(Msg::XferCommit(Box::new(c)))
         }
+        Some("xfer_pull") => {
+            let p: XferPull = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `xfer_pull` message: {e}")))?;
+            check_pull(&p)?;
+            Ok(Msg::XferPull(Box::new(p)))
+        }
         Some("hello") => Err(plain("a second hello on one connection".into())),
         _ => match parse_line(line)? {
             JsonlRecord::Kv { event, seq } => Ok(Msg::Kv { event, seq }),
@@ -387,6 +446,37 @@ fn check_runs(runs: &[PageRun], what: &str) -> Result<(), LineError> {
         )));
     }
     Ok(())
+}
+
+fn check_pull(p: &XferPull) -> Result<(), LineError> {
+    if p.request_id == 0 {
+        return Err(plain("xfer_pull with request_id 0".into()));
+    }
+    check_request_id(p.request_id)?;
+    if p.src_pool == p.pool {
+        return Err(plain(format!(
+            "xfer_pull from pool {} into itself (src_pool must be another pool)",
+            p.pool
+        )));
+    }
+    if p.runs.len() > PULL_MAX_RUNS {
+        return Err(plain(format!(
+            "xfer_pull with {} runs, more than {PULL_MAX_RUNS}",
+            p.runs.len()
+        )));
+    }
+    if p.runs.iter().any(|r| r.2 == 0) {
+        return Err(plain(
+            "xfer_pull runs: each [dst_slot, src_slot, count, token_pos] needs count >= 1".into(),
+        ));
+    }
+    match (p.outcome, p.runs.is_empty()) {
+        (PullOutcome::Ok, true) => Err(plain("xfer_pull outcome ok with no runs".into())),
+        (PullOutcome::Failed, false) => Err(plain(
+            "xfer_pull outcome failed with runs (a failed load copies nothing)".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The value of a top-level `"type"` key when it is the first key (the

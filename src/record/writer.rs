@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use super::wire::{Msg, PageRun, XferCommit};
+use super::wire::{LoadPolicy, Msg, PageRun, PullOutcome, XferCommit, XferPull};
 use super::{Batch, RecordSummary, Shared, View, add};
 use crate::capture::Recorder;
 use crate::error::{Error, Result};
@@ -100,6 +100,7 @@ fn msg_bytes(m: &Msg) -> u64 {
             size_of::<super::wire::XferSend>() as u64 + 8 * x.src_pages.len() as u64
         }
         Msg::XferCommit(x) => size_of::<XferCommit>() as u64 + 8 * x.dst_pages.len() as u64,
+        Msg::XferPull(x) => size_of::<XferPull>() as u64 + 16 * x.runs.len() as u64,
         Msg::Kv { .. } | Msg::Lost { .. } | Msg::Hole { .. } => 0,
     };
     size_of::<Msg>() as u64 + boxed
@@ -122,7 +123,18 @@ struct W<'a> {
     /// whose recorder seq is beyond it at close lost its last events: no
     /// later event shows that hole, so the capture is marked incomplete.
     written_next: HashMap<u16, u64>,
+    /// Per consumer pool: the load-failure policies its pulls reported
+    /// (kept for trace.json's `capture.kv_load_failure_policy`).
+    policies: std::collections::BTreeMap<u16, Vec<LoadPolicy>>,
+    /// Per pool: (ts_ns, seq) of its latest written events, at most
+    /// [`RECENT`] each, so a pull can be stamped with the source pool's last
+    /// event at or before the load (`xfer_pull`'s ts_ns).
+    recent: HashMap<u16, VecDeque<(i64, u64)>>,
 }
+
+/// How many recent (ts_ns, seq) pairs the writer keeps per pool for
+/// stamping pulls: a pull older than that window becomes a hole.
+const RECENT: usize = 1 << 16;
 
 /// Runs the writer to the end. A failure (an I/O error, or a panic, which
 /// no input should cause) is never silent: it is logged at once and flagged
@@ -164,6 +176,8 @@ fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Res
         stopped_at_max: false,
         logged: 0,
         written_next: HashMap::new(),
+        policies: Default::default(),
+        recent: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     let res: Result<()> = (|| {
@@ -276,8 +290,9 @@ impl W<'_> {
                 match r {
                     Ok(()) => {
                         st.kv_written.fetch_add(1, Ordering::Relaxed);
-                        self.written_next
-                            .insert(event.pool, self.rec.next_seq(event.pool)?);
+                        let next = self.rec.next_seq(event.pool)?;
+                        self.written_next.insert(event.pool, next);
+                        self.note(event.pool, event.ts_ns, next - 1);
                     }
                     Err(e) => {
                         st.rejected_contract.fetch_add(1, Ordering::Relaxed);
@@ -356,6 +371,7 @@ impl W<'_> {
                     self.unpark_room(s.room)?;
                 }
             }
+            Msg::XferPull(p) => self.pull(&p)?,
             Msg::XferCommit(c) => {
                 let ready = self.rooms.get(&c.room).is_some_and(|r| r.last);
                 if ready {
@@ -483,6 +499,148 @@ impl W<'_> {
                 self.lose(c.pool, 1)
             }
         }
+    }
+
+    /// A pull-based transfer reported whole by its consumer: each run
+    /// becomes one `write` with `src` on the consumer's pool, stamped with
+    /// the source pool's last written event whose ts_ns is at or before the
+    /// pull's (the consumer reports the time the load was seen done; a
+    /// one-sided read leaves no event on the producer). A run outside either
+    /// pool, or a source pool with no such event, is a hole, never a guess.
+    fn pull(&mut self, p: &XferPull) -> Result<()> {
+        let st = &self.sh.stats;
+        if let Some(pol) = p.policy {
+            let v = self.policies.entry(p.pool).or_default();
+            if !v.contains(&pol) {
+                v.push(pol);
+            }
+        }
+        match p.outcome {
+            PullOutcome::Ok => {}
+            PullOutcome::Partial => add(&st.pulls_partial, 1),
+            PullOutcome::Failed => {
+                add(&st.pulls_failed, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} failed (policy {})",
+                    p.pool,
+                    p.request_id,
+                    policy_name(p.policy)
+                ));
+                return Ok(());
+            }
+        }
+        if p.outcome == PullOutcome::Partial {
+            self.log(&format!(
+                "load into pool {} for request {} was partial (policy {}); the blocks that loaded are recorded",
+                p.pool,
+                p.request_id,
+                policy_name(p.policy)
+            ));
+        }
+        if self.stopped_at_max {
+            add(&st.lost_max_bytes, p.runs.len() as u64);
+            return self.lose(p.pool, p.runs.len() as u64);
+        }
+        let dep = &self.sh.deployment;
+        let src_cap = dep.pool(p.src_pool).map(|sp| sp.capacity_tokens);
+        // The source pool's last event at or before the load, among those
+        // written (events of one pool come in seq order on one connection).
+        let src_seq = self.recent.get(&p.src_pool).and_then(|r| {
+            // Older than the window kept: unknown, never the oldest kept.
+            if r.len() >= RECENT && r.front().is_some_and(|f| f.0 > p.ts_ns) {
+                return None;
+            }
+            r.iter().rev().find(|&&(ts, _)| ts <= p.ts_ns).map(|x| x.1)
+        });
+        if src_cap.is_none() || src_seq.is_none() {
+            add(&st.copies_unresolved, p.runs.len() as u64);
+            self.log(&format!(
+                "load into pool {} for request {} from pool {}: {}; recorded as lost events",
+                p.pool,
+                p.request_id,
+                p.src_pool,
+                if src_cap.is_none() {
+                    "no such pool in the deployment"
+                } else {
+                    "the source pool has no written event at or before the load (no state to copy)"
+                }
+            ));
+            return self.lose(p.pool, p.runs.len() as u64);
+        }
+        let src_cap = src_cap.unwrap_or(0);
+        let src_seq = src_seq.unwrap_or(0);
+        let page = |q: u16| dep.pool(q).map(|x| x.page_size);
+        if page(p.src_pool) != page(p.pool) {
+            // The hook maps blocks to slots with its own block size: with a
+            // producer of another block size its runs would name the wrong
+            // slots. A hole, never a guess.
+            add(&st.copies_unresolved, p.runs.len() as u64);
+            self.log(&format!(
+                "load into pool {} for request {} from pool {}: page sizes differ ({:?} vs {:?}); recorded as lost events",
+                p.pool,
+                p.request_id,
+                p.src_pool,
+                page(p.src_pool),
+                page(p.pool)
+            ));
+            return self.lose(p.pool, p.runs.len() as u64);
+        }
+        for &(dst, src, count, tpos) in &p.runs {
+            if src as u64 + count as u64 > src_cap {
+                add(&st.rejected_contract, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} names slots {src}..{} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
+                    p.pool,
+                    p.request_id,
+                    src as u64 + count as u64,
+                    p.src_pool
+                ));
+                self.lose(p.pool, 1)?;
+                continue;
+            }
+            let ev = KvEvent {
+                pool: p.pool,
+                seq: 0,
+                ts_ns: p.ts_ns,
+                request_id: p.request_id,
+                op: Op::Write,
+                slot_start: dst,
+                slot_count: count,
+                token_pos: Some(tpos),
+                src: Some(CopySrc {
+                    pool: p.src_pool,
+                    slot_start: src,
+                    seq: src_seq,
+                }),
+            };
+            match self.rec.kv(ev) {
+                Ok(seq) => {
+                    st.kv_written.fetch_add(1, Ordering::Relaxed);
+                    add(&st.pulls_written, 1);
+                    self.written_next.insert(p.pool, seq + 1);
+                    self.note(p.pool, p.ts_ns, seq);
+                }
+                Err(e) => {
+                    st.rejected_contract.fetch_add(1, Ordering::Relaxed);
+                    self.log(&format!(
+                        "load into pool {} rejected (hole): {}",
+                        p.pool,
+                        e.to_string().replace('\n', " ")
+                    ));
+                    self.lose(p.pool, 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers a written event's time for stamping later pulls.
+    fn note(&mut self, pool: u16, ts_ns: i64, seq: u64) {
+        let r = self.recent.entry(pool).or_default();
+        if r.len() >= RECENT {
+            r.pop_front();
+        }
+        r.push_back((ts_ns, seq));
     }
 
     /// The `write`-with-src events of one commit (one per contiguous run).
@@ -682,6 +840,14 @@ impl W<'_> {
             }
         }
         let unattributed = s.evidence_missing() || self.stopped_at_max || !trailing.is_empty();
+        if !self.policies.is_empty() {
+            let m: serde_json::Map<String, serde_json::Value> = self
+                .policies
+                .iter()
+                .map(|(p, v)| (p.to_string(), serde_json::json!(v)))
+                .collect();
+            rec.set_capture_extra("kv_load_failure_policy", m.into());
+        }
         rec.set_capture_extra(
             "record",
             serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
@@ -700,6 +866,14 @@ impl W<'_> {
             complete: manifest.capture.complete,
             files: manifest.files.as_ref().map_or(0, Vec::len),
         })
+    }
+}
+
+fn policy_name(p: Option<LoadPolicy>) -> &'static str {
+    match p {
+        Some(LoadPolicy::Fail) => "fail",
+        Some(LoadPolicy::Recompute) => "recompute",
+        None => "not reported",
     }
 }
 

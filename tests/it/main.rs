@@ -32,6 +32,7 @@ mod record_hostile;
 mod record_protocol;
 mod record_sglang;
 mod record_soak;
+mod record_vllm;
 mod roundtrip;
 mod scope_cli;
 mod scope_reference;

@@ -186,7 +186,11 @@ fn with_sidecar(
         .arg("ignore")
         .arg(root.join("tests/sglang").join(script))
         .arg(&sock)
-        .env("PYTHONPATH", root.join("hooks/sglang/src"))
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([root.join("hooks/sglang/src"), root.join("hooks/client/src")])
+                .unwrap(),
+        )
         .current_dir(root.join("tests/sglang"))
         .output()
         .unwrap();

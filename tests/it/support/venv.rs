@@ -88,6 +88,13 @@ pub const SGLANG: Venv = Venv {
     imports: Some("blake3, sglang, torch"),
 };
 
+pub const VLLM: Venv = Venv {
+    name: "venv-vllm-0.33.0",
+    env: "KVTRAIL_VLLM_VENV",
+    setup: ".ci/setup.d/32-vllm.sh and .ci/setup.d/33-kvtrail-vllm-hook.sh",
+    imports: Some("blake3, vllm, torch"),
+};
+
 pub const SQL: Venv = Venv {
     name: "venv-sql",
     env: "KVTRAIL_SQL_VENV",

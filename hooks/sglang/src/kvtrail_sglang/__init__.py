@@ -39,10 +39,8 @@ import sys
 import threading
 import time
 
-import numpy as np
-
-from . import client as _c
-from .client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
+import kvtrail_hook_client as _c
+from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 
 __all__ = ["install", "uninstall", "stats", "flush", "request_id", "tag", "hash_tokens"]
 
@@ -88,17 +86,7 @@ class _Hook:
 # ---------------------------------------------------------------- helpers
 
 
-def hash_tokens(ids):
-    """blake3 of token ids, each as little-endian u32 (the trace contract)."""
-    import blake3
-
-    if isinstance(ids, (bytes, bytearray)):
-        raise TypeError("token ids, not bytes")
-    if hasattr(ids, "typecode"):  # array.array
-        a = np.frombuffer(ids, dtype=np.dtype(ids.typecode)).astype("<u4")
-    else:
-        a = np.asarray(ids, dtype=np.int64).astype("<u4")
-    return blake3.blake3(a.tobytes()).hexdigest()
+hash_tokens = _c.hash_tokens
 
 
 def request_id(req):
@@ -111,10 +99,7 @@ def request_id(req):
     if isinstance(room, int) and room > 0:
         rid = room & 0x7FFFFFFFFFFFFFFF or 1
     else:
-        import blake3
-
-        d = blake3.blake3(str(req.rid).encode()).digest()
-        rid = int.from_bytes(d[:8], "little") & 0x7FFFFFFFFFFFFFFF or 1
+        rid = _c.id_of(req.rid)
     try:
         req._kvtrail_id = rid
     except AttributeError:
@@ -157,14 +142,7 @@ def _tenant(req):
             v = getattr(v, part, None)
         if v is None:
             break
-    if v is None or v == "":
-        return "unknown"
-    v = str(v)
-    if _H.pseudonymize:
-        import blake3
-
-        return "t-" + blake3.blake3(v.encode()).hexdigest()[:16]
-    return v
+    return _c.tenant_value(v, _H.pseudonymize)
 
 
 def _role(req, pool):

@@ -1,9 +1,10 @@
-"""The connection to the `kvtrail record` sidecar.
+"""The connection to the `kvtrail record` sidecar, shared by kvtrail's
+engine hooks (kvtrail_sglang, kvtrail_vllm).
 
 The engine thread only appends small tuples to a bounded deque (the hot
 path: no JSON, no socket, no lock). A daemon thread turns them into JSON
-lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`
-and `xfer_commit` messages) and sends them in batches.
+lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
+`xfer_commit` and `xfer_pull` messages) and sends them in batches.
 
 Never stalls the engine: when the deque is full, events are dropped and
 counted per pool; the count goes to the sidecar as a `lost` line ahead of
@@ -21,10 +22,10 @@ import socket
 import threading
 import time
 
-log = logging.getLogger("kvtrail_sglang")
+log = logging.getLogger("kvtrail")
 
 # Event kinds in the queue.
-KV, REQ, SEND, COMMIT, LOST = 0, 1, 2, 3, 4
+KV, REQ, SEND, COMMIT, LOST, PULL = 0, 1, 2, 3, 4, 5
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
 
@@ -45,7 +46,9 @@ def parse_addr(addr):
 
 
 def runs(idx):
-    """Contiguous runs [(start, count), ...] of an index list or array."""
+    """Contiguous runs [(start, count), ...] of an index list, array or range."""
+    if isinstance(idx, range):
+        return [(idx.start, len(idx))] if len(idx) and idx.step == 1 else runs(list(idx))
     if isinstance(idx, list):
         out = []
         if not idx:
@@ -71,6 +74,8 @@ def runs(idx):
 
 
 def _as_list(idx):
+    if isinstance(idx, range):
+        return list(idx)
     return idx if isinstance(idx, list) else idx.tolist()
 
 
@@ -203,6 +208,16 @@ class Client:
                                    "dst_index": dst_index, "src_pages": rs, "last": bool(last)},
                                   separators=(",", ":")))
             return
+        if kind == PULL:
+            # (PULL, pool, ts, rid, src_pool, runs, outcome, policy); runs are
+            # (dst_slot, src_slot, count, token_pos).
+            _, pool, ts, rid, src_pool, rs, outcome, policy = item
+            msg = {"type": "xfer_pull", "pool": pool, "ts_ns": ts, "request_id": rid,
+                   "src_pool": src_pool, "runs": [list(r) for r in rs], "outcome": outcome}
+            if policy is not None:
+                msg["policy"] = policy
+            out.append(json.dumps(msg, separators=(",", ":")))
+            return
         if kind == COMMIT:
             _, pool, ts, room, rid, prefix_len, pages = item
             rs = runs(pages)
@@ -313,6 +328,41 @@ class Client:
                 self.sock.close()
             finally:
                 self.sock = None
+
+
+def hash_tokens(ids):
+    """blake3 of token ids, each as little-endian u32 (the trace contract)."""
+    import blake3
+    import numpy as np
+
+    if isinstance(ids, (bytes, bytearray)):
+        raise TypeError("token ids, not bytes")
+    if hasattr(ids, "typecode"):  # array.array
+        a = np.frombuffer(ids, dtype=np.dtype(ids.typecode)).astype("<u4")
+    else:
+        a = np.asarray(ids, dtype=np.int64).astype("<u4")
+    return blake3.blake3(a.tobytes()).hexdigest()
+
+
+def id_of(name):
+    """A trace request_id (1..2^63-1) derived from an engine's request id string."""
+    import blake3
+
+    d = blake3.blake3(str(name).encode()).digest()
+    return int.from_bytes(d[:8], "little") & 0x7FFFFFFFFFFFFFFF or 1
+
+
+def tenant_value(v, pseudonymize):
+    """The tenant as recorded: ``unknown`` when absent, a ``t-<blake3>``
+    pseudonym when asked."""
+    if v is None or v == "":
+        return "unknown"
+    v = str(v)
+    if pseudonymize:
+        import blake3
+
+        return "t-" + blake3.blake3(v.encode()).hexdigest()[:16]
+    return v
 
 
 def default_worker():

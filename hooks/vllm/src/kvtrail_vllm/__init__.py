@@ -1,0 +1,761 @@
+"""kvtrail capture hook for vLLM (v1 engine core).
+
+Enable with one line in the engine-core process::
+
+    import kvtrail_vllm; kvtrail_vllm.install()
+
+or by setting ``KVTRAIL_CAPTURE=unix:/run/kvtrail.sock`` in the engine's
+environment (the installed ``kvtrail_vllm.pth`` then calls ``install()`` at
+start-up). Events go to the ``kvtrail record`` sidecar over the wire client
+shared with the SGLang hook (``kvtrail_hook_client``); docs/capture-vllm.md
+says what is recorded and what it costs.
+
+Patched entry points (each wrapper calls vLLM's original and never changes
+its arguments or results; a failure inside the hook is counted in
+``stats()["hook_errors"]``, logged, and the engine goes on):
+
+- ``Scheduler.__init__``: one engine state per scheduler (pools per KV cache
+  group, role from the KV connector);
+- ``Scheduler.add_request``: arrival, the ORIGINAL prompt length and hash
+  (before a connector may truncate it), tenant (``cache_salt``);
+- ``BlockPool.get_new_blocks``: ``alloc`` of the blocks' slots, for the
+  request whose single-type-manager call is running (request 0 otherwise);
+- ``BlockPool._maybe_evict_cached_block``: ``free`` by request 0 of a
+  cached block the engine evicts;
+- ``BlockPool.free_blocks``: ``free`` of the blocks' slots;
+- ``SingleTypeKVCacheManager.add_local_computed_blocks``: prefix-cache hit,
+  ``share`` of the hit blocks;
+- ``SingleTypeKVCacheManager.allocate_new_blocks`` /
+  ``allocate_external_computed_blocks``, ``KVCacheManager.free``:
+  attribute the allocator calls inside them to their request;
+- ``Scheduler.schedule``: per scheduled request ``write`` of the tokens
+  computed this step and ``read`` of its whole context; the NIXL consumer's
+  transfer plan (``kv_connector_metadata.reqs_to_recv``);
+- ``Scheduler.update_from_output``: a finished, failed or partial remote
+  load (``finished_recving``, ``failed_recving``, ``invalid_block_ids``) as
+  an ``xfer_pull`` the sidecar turns into copies from the producer's pool;
+- ``Scheduler._free_request``: the request row (status as the client gets
+  it, finish reason, output token count, blake3 of the output ids).
+"""
+
+import importlib.abc
+import os
+import sys
+import threading
+import time
+
+import kvtrail_hook_client as _c
+from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client
+
+__all__ = ["install", "uninstall", "stats", "flush", "tag", "request_id", "hash_tokens"]
+
+_time_ns = time.time_ns
+_H = None  # the installed hook state
+hash_tokens = _c.hash_tokens
+
+# Status the client gets per vLLM finish reason (an ERROR finish raises
+# GenerationError in the serving layer: HTTP 500; an abort is the client
+# going away or the server cancelling: 499).
+_HTTP = {"stop": 200, "length": 200, "repetition": 200, "error": 500, "abort": 499}
+
+
+class _Ctx(threading.local):
+    rid = 0  # request on whose behalf block-pool calls run (0 = engine)
+    group = 0  # KV cache group of the running single-type manager
+
+
+_ctx = _Ctx()
+
+
+class _Engine:
+    """One scheduler (one engine core): its pools (one per KV cache group),
+    role, connection and per-request state."""
+
+    def __init__(self, sched):
+        self.pools = list(_H.default_pools)
+        self.role = _H.role
+        self.policy = None
+        self.client = None
+        self.reqs = {}  # vLLM request_id -> dict
+        self.plans = {}  # request_id -> (local ids per group, remote ids per group, engine id, hits)
+        self.block_sizes = []
+        self.attention = []
+        try:
+            kcc = sched.kv_cache_config
+            for g in kcc.kv_cache_groups:
+                spec = g.kv_cache_spec
+                self.block_sizes.append(int(spec.block_size))
+                self.attention.append("Mamba" not in type(spec).__name__)
+        except Exception:
+            self.block_sizes = [int(getattr(sched, "block_size", 16))]
+            self.attention = [True]
+        if self.role is None:
+            kt = getattr(getattr(sched, "vllm_config", None), "kv_transfer_config", None)
+            r = getattr(kt, "kv_role", None) if kt is not None and getattr(kt, "kv_connector", None) else None
+            self.role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(r, "mixed")
+        kt = getattr(getattr(sched, "vllm_config", None), "kv_transfer_config", None)
+        if kt is not None and getattr(kt, "kv_connector", None):
+            self.policy = getattr(kt, "kv_load_failure_policy", None)
+
+    def pool(self, group):
+        return self.pools[group] if group < len(self.pools) else None
+
+    def put(self, pool, item):
+        if self.client is None:
+            pools = sorted({p for p in self.pools if p is not None and p >= 0})
+            if not pools:
+                return
+            self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue)
+            _H.clients.append(self.client)
+        self.client.put(pool, item)
+
+
+class _Hook:
+    def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize):
+        self.capture = capture
+        self.default_pools = pools
+        self.worker = worker
+        self.tenant_field = tenant_field
+        self.role = role
+        self.remote_pools = remote_pools  # remote engine id -> [pool per group]
+        self.max_queue = max_queue
+        self.pseudonymize = pseudonymize
+        self.clients = []
+        self.originals = {}
+        self.errors = 0
+        self.pulls_unmapped = 0
+        self._warned = 0.0
+
+
+def _fail(where, e):
+    """A hook failure: counted and logged (rate-limited); never raised."""
+    _H.errors += 1
+    now = time.monotonic()
+    if now - _H._warned > 10:
+        _H._warned = now
+        _c.log.warning("kvtrail_vllm: hook %s failed (%d so far): %r", where, _H.errors, e)
+
+
+def _engine_of(obj):
+    """The engine state of a scheduler, block pool or single-type manager."""
+    return getattr(obj, "_kvtrail_engine", None)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def request_id(req):
+    """The trace request_id of a vLLM request: blake3 of the client's request
+    id (``external_req_id``, which a P/D proxy gives both engines, else
+    ``request_id``), so the prefill and decode views of one request meet."""
+    ext = getattr(req, "external_req_id", None) or req.request_id
+    return _c.id_of(ext)
+
+
+def _tenant(req):
+    v = req
+    for part in _H.tenant_field.split("."):
+        v = v.get(part) if isinstance(v, dict) else getattr(v, part, None)
+        if v is None:
+            break
+    return _c.tenant_value(v, _H.pseudonymize)
+
+
+def _slot_runs(table, bs, a, b):
+    """Slot runs (start, count, token_pos) of token positions [a, b) in a
+    block table; null blocks (id 0) are skipped."""
+    out = []
+    if b <= a:
+        return out
+    for i in range(a // bs, (b - 1) // bs + 1):
+        if i >= len(table):
+            break
+        blk = table[i]
+        if blk == 0:
+            continue
+        lo = max(a, i * bs)
+        hi = min(b, (i + 1) * bs)
+        start = blk * bs + (lo - i * bs)
+        if out and out[-1][0] + out[-1][1] == start:
+            s, n, tp = out[-1]
+            out[-1] = (s, n + hi - lo, tp)
+        else:
+            out.append((start, hi - lo, lo))
+    return out
+
+
+def _kv_runs(eng, pool, rid, op, runs, with_pos):
+    ts = _time_ns()
+    for start, count, tp in runs:
+        eng.put(pool, (_c.KV, pool, ts, rid, op, range(start, start + count),
+                       tp if with_pos else None, 0))
+
+
+def _blocks_kv(eng, group, rid, op, blocks, with_pos=False):
+    pool = eng.pool(group)
+    if pool is None or pool < 0 or not eng.attention[group if group < len(eng.attention) else 0]:
+        return
+    bs = eng.block_sizes[group] if group < len(eng.block_sizes) else eng.block_sizes[0]
+    ids = sorted(b.block_id for b in blocks if not b.is_null)
+    if not ids:
+        return
+    runs = []
+    for i in ids:
+        if runs and runs[-1][0] + runs[-1][1] == i * bs:
+            runs[-1] = (runs[-1][0], runs[-1][1] + bs, None)
+        else:
+            runs.append((i * bs, bs, None))
+    _kv_runs(eng, pool, rid, op, runs, with_pos)
+
+
+# ---------------------------------------------------------------- wrappers
+
+
+def _w_sched_init(orig):
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        if _H is None:
+            return
+        try:
+            eng = _Engine(self)
+            self._kvtrail_engine = eng
+            kvm = self.kv_cache_manager
+            coord = kvm.coordinator
+            kvm._kvtrail_engine = eng
+            coord.block_pool._kvtrail_engine = eng
+            for g, m in enumerate(coord.single_type_managers):
+                m._kvtrail_engine = eng
+                m._kvtrail_group = g
+        except Exception as e:
+            _fail("Scheduler.__init__", e)
+
+    return __init__
+
+
+def _w_add_request(orig):
+    def add_request(self, request, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                ids = request.prompt_token_ids
+                eng.reqs[request.request_id] = {
+                    "id": request_id(request),
+                    "ext": str(getattr(request, "external_req_id", None) or request.request_id),
+                    "arrival": _time_ns(),
+                    "prompt": int(request.num_prompt_tokens),
+                    "hash": hash_tokens(ids) if ids is not None else None,
+                    "tenant": _tenant(request),
+                    "covered": 0,
+                }
+            except Exception as e:
+                _fail("Scheduler.add_request", e)
+        return orig(self, request, *args, **kwargs)
+
+    return add_request
+
+
+def _w_get_new_blocks(orig):
+    def get_new_blocks(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                _blocks_kv(eng, _ctx.group, _ctx.rid, ALLOC, out)
+            except Exception as e:
+                _fail("BlockPool.get_new_blocks", e)
+        return out
+
+    return get_new_blocks
+
+
+def _w_evict(orig):
+    def _maybe_evict_cached_block(self, block, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        group = None
+        if eng is not None:
+            try:
+                h = block.block_hash
+                if h is not None and not block.is_null:
+                    group = int.from_bytes(bytes(h)[-4:], "big")
+            except Exception as e:
+                _fail("BlockPool._maybe_evict_cached_block", e)
+        out = orig(self, block, *args, **kwargs)
+        if out and group is not None:
+            try:
+                _blocks_kv(eng, group, 0, FREE, [block])
+            except Exception as e:
+                _fail("BlockPool._maybe_evict_cached_block", e)
+        return out
+
+    return _maybe_evict_cached_block
+
+
+def _w_free_blocks(orig):
+    def free_blocks(self, ordered_blocks, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is None:
+            return orig(self, ordered_blocks, *args, **kwargs)
+        blocks = list(ordered_blocks)  # an iterator (reversed): read once, forward the list
+        try:
+            _blocks_kv(eng, _ctx.group, _ctx.rid, FREE, blocks)
+        except Exception as e:
+            _fail("BlockPool.free_blocks", e)
+        return orig(self, blocks, *args, **kwargs)
+
+    return free_blocks
+
+
+def _w_manager_ctx(orig, name):
+    """A single-type manager method taking ``request_id`` first: block-pool
+    calls inside it are that request's, in this manager's group."""
+
+    def wrapper(self, request_id_, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is None:
+            return orig(self, request_id_, *args, **kwargs)
+        prev = (_ctx.rid, _ctx.group)
+        try:
+            r = eng.reqs.get(request_id_)
+            if r is not None:
+                _ctx.rid = r["id"]
+            elif not _ctx.rid:  # an outer KVCacheManager.free may have set it
+                _ctx.rid = _c.id_of(request_id_)
+            _ctx.group = getattr(self, "_kvtrail_group", 0)
+        except Exception as e:
+            _fail(name, e)
+        try:
+            return orig(self, request_id_, *args, **kwargs)
+        finally:
+            _ctx.rid, _ctx.group = prev
+
+    wrapper.__name__ = name
+    return wrapper
+
+
+def _w_add_local(orig):
+    def add_local_computed_blocks(self, request_id_, new_computed_blocks, *args, **kwargs):
+        out = orig(self, request_id_, new_computed_blocks, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None and new_computed_blocks:
+            try:
+                g = getattr(self, "_kvtrail_group", 0)
+                pool = eng.pool(g)
+                r = eng.reqs.get(request_id_)
+                rid = r["id"] if r else _c.id_of(request_id_)
+                bs = eng.block_sizes[g] if g < len(eng.block_sizes) else eng.block_sizes[0]
+                table = [b.block_id for b in self.req_to_blocks.get(request_id_, ())]
+                n = len(table)
+                hit = [b.block_id for b in new_computed_blocks if not b.is_null]
+                if pool is not None and pool >= 0 and hit and eng.attention[g]:
+                    # The hit blocks are the table's first blocks (after any
+                    # skipped nulls): positions from their index.
+                    first = n - len(new_computed_blocks)
+                    runs = _slot_runs(table, bs, max(0, first) * bs, n * bs)
+                    _kv_runs(eng, pool, rid, SHARE, runs, True)
+                if r is not None:
+                    r["covered"] = max(r["covered"], n * bs)
+            except Exception as e:
+                _fail("add_local_computed_blocks", e)
+        return out
+
+    return add_local_computed_blocks
+
+
+def _w_kvm_free(orig):
+    def free(self, request, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is None:
+            return orig(self, request, *args, **kwargs)
+        prev = (_ctx.rid, _ctx.group)
+        try:
+            r = eng.reqs.get(request.request_id)
+            _ctx.rid = r["id"] if r else request_id(request)
+        except Exception as e:
+            _fail("KVCacheManager.free", e)
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            _ctx.rid, _ctx.group = prev
+
+    return free
+
+
+def on_schedule(sched, out):
+    """After ``Scheduler.schedule``: write of the tokens computed this step,
+    read of the whole context, and the NIXL consumer's transfer plan."""
+    eng = _engine_of(sched)
+    if eng is None:
+        return
+    kvm = sched.kv_cache_manager
+    for rid_s, n in out.num_scheduled_tokens.items():
+        req = sched.requests.get(rid_s)
+        if req is None or n <= 0:
+            continue
+        r = eng.reqs.get(rid_s)
+        rid = r["id"] if r else request_id(req)
+        end = int(req.num_computed_tokens)
+        c = end - int(n)
+        tables = kvm.get_block_ids(rid_s)
+        for g, table in enumerate(tables):
+            pool = eng.pool(g)
+            if pool is None or pool < 0 or not eng.attention[g]:
+                continue
+            bs = eng.block_sizes[g]
+            _kv_runs(eng, pool, rid, WRITE, _slot_runs(table, bs, c, end), True)
+            _kv_runs(eng, pool, rid, READ, _slot_runs(table, bs, 0, end), True)
+        if r is not None:
+            r["covered"] = max(r["covered"], end)
+    meta = getattr(out, "kv_connector_metadata", None)
+    recv = getattr(meta, "reqs_to_recv", None)
+    if recv:
+        for rid_s, m in recv.items():
+            remote = getattr(m, "remote", None)
+            if remote is None:
+                continue
+            if len(eng.plans) > 100_000:  # abandoned loads: keep memory bounded
+                eng.plans.pop(next(iter(eng.plans)))
+            eng.plans[rid_s] = (
+                [list(x) for x in m.local_block_ids],
+                [list(x) for x in remote.block_ids],
+                str(remote.engine_id),
+                tuple(getattr(m, "local_num_computed_blocks", ()) or ()),
+            )
+
+
+def _pull_runs(eng, local, remote, hits, invalid):
+    """Per group: copied runs (dst_slot, src_slot, count, token_pos) and
+    whether any local block was reported invalid. Local block i reads
+    remote block len(R)-len(L)+i (vLLM end-aligns the lists). The producer's
+    block size is taken to be this engine's (the sidecar checks the two
+    pools' page sizes and records a hole when they differ)."""
+    out = []
+    bad = False
+    for g, (L, R) in enumerate(zip(local, remote)):
+        if g >= len(eng.block_sizes) or not eng.attention[g]:
+            continue
+        bs = eng.block_sizes[g]
+        first = hits[g] if g < len(hits) else 0
+        off = len(R) - len(L)
+        runs = []
+        for i, lb in enumerate(L):
+            j = off + i
+            if lb == 0 or j < 0:
+                continue
+            if lb in invalid:
+                bad = True
+                break  # vLLM keeps the blocks before the first bad one
+            dst, src, pos = lb * bs, R[j] * bs, (first + i) * bs
+            if runs and runs[-1][0] + runs[-1][2] == dst and runs[-1][1] + runs[-1][2] == src:
+                d, s, n, tp = runs[-1]
+                runs[-1] = (d, s, n + bs, tp)
+            else:
+                runs.append((dst, src, bs, pos))
+        out.append((g, runs))
+    return out, bad
+
+
+def on_update(sched, out, mro):
+    """Before ``Scheduler.update_from_output``: remote loads that ended
+    this step become ``xfer_pull`` lines (ok, partial or failed)."""
+    eng = _engine_of(sched)
+    if eng is None:
+        return
+    kco = getattr(mro, "kv_connector_output", None)
+    if kco is None:
+        return
+    done = set(getattr(kco, "finished_recving", None) or ())
+    failed = set(getattr(kco, "failed_recving", None) or ())
+    invalid = set(getattr(kco, "invalid_block_ids", None) or ())
+    for rid_s in sorted(done | failed):
+        plan = eng.plans.pop(rid_s, None)
+        if plan is None:
+            continue
+        local, remote, engine_id, hits = plan
+        r = eng.reqs.get(rid_s)
+        req = sched.requests.get(rid_s)
+        rid = r["id"] if r else (request_id(req) if req is not None else _c.id_of(rid_s))
+        src = _H.remote_pools.get(engine_id)
+        ts = _time_ns()
+        if rid_s in failed:
+            groups = [(g, []) for g in range(len(local))]
+            bad = True
+        else:
+            groups, bad = _pull_runs(eng, local, remote, hits, invalid)
+        for g, runs in groups:
+            pool = eng.pool(g)
+            if pool is None or pool < 0:
+                continue
+            sp = src[g] if src is not None and g < len(src) else None
+            if sp is None:
+                # Which pool the producer is: not configured. The copy cannot
+                # be named: a hole in this pool, never a guess.
+                _H.pulls_unmapped += 1
+                eng.put(pool, (_c.LOST, pool, max(1, len(runs))))
+                continue
+            if rid_s in failed:
+                outcome = "failed"
+            elif bad:
+                outcome = "partial" if runs else "failed"
+            else:
+                outcome = "ok" if runs else None
+            if outcome is None:
+                continue
+            eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs if outcome != "failed" else [], outcome,
+                           eng.policy))
+
+
+def request_row(eng, req):
+    """The request line for a finished vLLM request as this engine saw it."""
+    r = eng.reqs.pop(req.request_id, None) or {}
+    reason = req.get_finished_reason()
+    finish = str(getattr(reason, "name", reason)).lower() if reason is not None else None
+    out = list(req.output_token_ids)
+    prompt = r.get("prompt", int(req.num_prompt_tokens))
+    role = eng.role
+    pool = eng.pool(0)
+    prefilled = None
+    if role != "decode":
+        prefilled = min(prompt, int(r.get("covered", 0)))
+    return {
+        "type": "request",
+        "request_id": r.get("id") or request_id(req),
+        "external_id": r.get("ext") or str(req.request_id),
+        "tenant": r.get("tenant") or _tenant(req),
+        "arrival_ns": r.get("arrival") or _time_ns(),
+        "finish_ns": _time_ns(),
+        "prompt_tokens": prompt,
+        "prefilled_tokens": prefilled,
+        "output_tokens": len(out),
+        "http_status": _HTTP.get(finish, 200 if finish is None else 500),
+        "finish_reason": finish,
+        "prefill_pool": pool if role in ("prefill", "mixed") else None,
+        "decode_pool": pool if role in ("decode", "mixed") else None,
+        "prompt_hash": r.get("hash"),
+        "output_hash": hash_tokens(out) if out else None,
+    }
+
+
+def _w_free_request(orig):
+    def _free_request(self, request, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                row = request_row(eng, request)
+                eng.plans.pop(request.request_id, None)
+                pool = eng.pool(0)
+                if pool is not None and pool >= 0:
+                    eng.put(pool, (_c.REQ, pool, row))
+            except Exception as e:
+                _fail("Scheduler._free_request", e)
+        return orig(self, request, *args, **kwargs)
+
+    return _free_request
+
+
+def _w_schedule(orig):
+    def schedule(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if _H is not None and _engine_of(self) is not None:
+            try:
+                on_schedule(self, out)
+            except Exception as e:
+                _fail("Scheduler.schedule", e)
+        return out
+
+    return schedule
+
+
+def _w_update(orig):
+    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        if _H is not None and _engine_of(self) is not None:
+            try:
+                on_update(self, scheduler_output, model_runner_output)
+            except Exception as e:
+                _fail("Scheduler.update_from_output", e)
+        return orig(self, scheduler_output, model_runner_output, *args, **kwargs)
+
+    return update_from_output
+
+
+_STM = "vllm.v1.core.single_type_kv_cache_manager"
+# (module, class, attribute, wrapper factory)
+_PATCHES = [
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", _w_sched_init),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", _w_add_request),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", _w_schedule),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output", _w_update),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "_free_request", _w_free_request),
+    ("vllm.v1.core.block_pool", "BlockPool", "get_new_blocks", _w_get_new_blocks),
+    ("vllm.v1.core.block_pool", "BlockPool", "_maybe_evict_cached_block", _w_evict),
+    ("vllm.v1.core.block_pool", "BlockPool", "free_blocks", _w_free_blocks),
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "free", _w_kvm_free),
+    (_STM, "SingleTypeKVCacheManager", "add_local_computed_blocks", _w_add_local),
+    (_STM, "SingleTypeKVCacheManager", "allocate_new_blocks",
+     lambda o: _w_manager_ctx(o, "allocate_new_blocks")),
+    (_STM, "SingleTypeKVCacheManager", "allocate_external_computed_blocks",
+     lambda o: _w_manager_ctx(o, "allocate_external_computed_blocks")),
+    (_STM, "SingleTypeKVCacheManager", "free", lambda o: _w_manager_ctx(o, "free")),
+]
+
+
+def _apply(module):
+    """Patches the classes ``module`` defines, and any subclass in it that
+    overrides a patched method (e.g. a manager's own allocate_new_blocks)."""
+    name = module.__name__
+    for mod, cls, attr, factory in _PATCHES:
+        if mod != name:
+            continue
+        owner = getattr(module, cls, None)
+        if owner is None:
+            continue
+        targets = [owner]
+        if mod == _STM:
+            targets += [v for v in vars(module).values()
+                        if isinstance(v, type) and issubclass(v, owner) and v is not owner]
+        for t in targets:
+            if (t, attr) in _H.originals:
+                continue
+            orig = t.__dict__.get(attr)
+            if orig is None or isinstance(orig, (classmethod, staticmethod, property)):
+                continue
+            _H.originals[(t, attr)] = orig
+            w = factory(orig)
+            w.__wrapped__ = orig
+            setattr(t, attr, w)
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Applies the patches to vLLM modules as they are imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if _H is None or not any(fullname == m for m, _, _, _ in _PATCHES):
+            return None
+        for f in sys.meta_path:
+            if f is self or not hasattr(f, "find_spec"):
+                continue
+            spec = f.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig_exec = loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            if _H is not None:
+                _apply(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_finder = _PostImport()
+
+
+def _parse_remote(s):
+    """``engine_id=pool[/pool...]`` per producer, comma-separated."""
+    out = {}
+    for part in (s or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        eid, _, pools = part.rpartition("=")
+        out[eid] = [int(p) for p in pools.split("/")]
+    return out
+
+
+def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
+            remote_pools=None, max_queue=None, pseudonymize=None):
+    """Enables capture in this process. Arguments default to the environment:
+
+    - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
+    - ``KVTRAIL_POOL``: this engine's pool id per KV cache group
+      (comma-separated; :func:`tag` for several engines in one process);
+    - ``KVTRAIL_ROLE``: prefill, decode or mixed (default: from the KV
+      connector's ``kv_role``);
+    - ``KVTRAIL_REMOTE_POOLS``: ``engine_id=pool[/pool...]`` per producer
+      engine (comma-separated): where a consumer's remote loads come from;
+    - ``KVTRAIL_WORKER``: a name for the sidecar's logs;
+    - ``KVTRAIL_TENANT_FIELD``: the Request attribute (dotted path into
+      dicts allowed) naming the customer, default ``cache_salt``;
+    - ``KVTRAIL_TENANT_PSEUDONYMIZE=1``: record a blake3 pseudonym instead;
+    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes.
+    """
+    global _H
+    if _H is not None:
+        return _H
+    capture = capture or os.environ.get("KVTRAIL_CAPTURE")
+    if not capture:
+        raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
+    if pools is None:
+        pools = [int(p) for p in os.environ.get("KVTRAIL_POOL", "0").split(",") if p.strip()]
+    if remote_pools is None:
+        remote_pools = _parse_remote(os.environ.get("KVTRAIL_REMOTE_POOLS"))
+    _H = _Hook(
+        capture,
+        list(pools),
+        worker or _c.default_worker(),
+        tenant_field or os.environ.get("KVTRAIL_TENANT_FIELD", "cache_salt"),
+        role or os.environ.get("KVTRAIL_ROLE") or None,
+        {str(k): list(v) for k, v in remote_pools.items()},
+        int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
+        bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
+    )
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for mod in {m for m, _, _, _ in _PATCHES}:
+        if sys.modules.get(mod) is not None:
+            _apply(sys.modules[mod])
+    return _H
+
+
+def tag(scheduler, pools, role=None):
+    """Declares a scheduler's pools (one per KV cache group) and role, for
+    processes that run more than one engine. Call before its first request."""
+    eng = _engine_of(scheduler)
+    if eng is None:
+        raise ValueError("not a scheduler built after kvtrail_vllm.install()")
+    if eng.client is not None:
+        raise ValueError("tag() after the engine's first event")
+    eng.pools = [int(p) for p in pools]
+    if role is not None:
+        eng.role = role
+    return scheduler
+
+
+def uninstall():
+    """Restores vLLM's originals and closes the connections."""
+    global _H
+    if _H is None:
+        return
+    h = _H
+    for (owner, attr), orig in h.originals.items():
+        setattr(owner, attr, orig)
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    _H = None
+    for cl in h.clients:
+        cl.flush()
+        cl.close()
+
+
+def flush(timeout=10.0):
+    """Waits until every queued event has been handed to the sidecar."""
+    if _H is not None:
+        for cl in list(_H.clients):
+            cl.flush(timeout)
+
+
+def stats():
+    """Counters per connection (sent lines, drops, losses), and the hook's
+    own: ``hook_errors`` (a patched entry point whose recording failed; the
+    engine went on) and ``pulls_unmapped`` (loads from a producer engine
+    not named in KVTRAIL_REMOTE_POOLS, sent as holes)."""
+    if _H is None:
+        return {}
+    out = {cl.worker: dict(cl.stats) for cl in _H.clients}
+    out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped}
+    return out

@@ -1,0 +1,395 @@
+//! End to end against the real `vllm` package (0.33.0, CPU): `kvtrail
+//! record` on a temp Unix socket, tests/vllm/record_driver.py driving
+//! vLLM's real Scheduler, KV cache manager, block pool and NixlConnector
+//! scheduler side with synthetic model-runner outputs (the driver's
+//! docstring says which parts are real), with the kvtrail_vllm hook
+//! installed. Three captures: a clean P/D run scopes clean; the
+//! vllm-project/vllm#52234 stale reference (decode loads blocks the
+//! producer reused for another tenant's request, NIXL reports done) is found
+//! by `kvtrail scope` with its true source; out-of-range block ids, a failed
+//! and a partial load leave evidence (holes, counters, the failure policy).
+//!
+//! Needs the venv of .ci/setup.d/32-vllm.sh (+ the hook's dependencies from
+//! 33-kvtrail-vllm-hook.sh); a missing venv FAILS these tests. The wire
+//! tests at the end (hostile `xfer_pull` lines) need no venv.
+
+use crate::support::record::{self, Rig};
+use crate::support::venv;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kvtrail::schema::Op;
+use kvtrail::trace::{Manifest, Trace};
+
+use crate::support::cli::{kvtrail, s};
+
+fn python() -> PathBuf {
+    venv::VLLM
+        .python()
+        .expect("the vLLM venv is missing: run .ci/setup.d/32-vllm.sh and .ci/setup.d/33-kvtrail-vllm-hook.sh")
+}
+
+fn wait_for(path: &Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs the driver in `mode` against a sidecar, stops it with SIGTERM;
+/// returns the driver's facts, the trace and the sidecar's stderr.
+fn capture(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, PathBuf, String) {
+    capture_with(mode, d, true)
+}
+
+fn capture_with(
+    mode: &str,
+    d: &tempfile::TempDir,
+    hook_ok: bool,
+) -> (serde_json::Value, PathBuf, String) {
+    let py = python();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sock = d.path().join("kvtrail.sock");
+    let out = d.path().join("trace");
+    let mut sidecar = kvtrail([
+        "record",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--deployment",
+        s(&root.join("tests/data/record/deploy-vllm-cpu.json")),
+        "--out",
+        s(&out),
+        "--health-secs",
+        "0",
+        "--from-engine-start",
+    ])
+    .spawn();
+    wait_for(&sock);
+    let driver = Command::new(py)
+        .arg("-W")
+        .arg("ignore")
+        .arg(root.join("tests/vllm/record_driver.py"))
+        .arg(&sock)
+        .arg(mode)
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([root.join("hooks/vllm/src"), root.join("hooks/client/src")])
+                .unwrap(),
+        )
+        .env("HF_HUB_OFFLINE", "1")
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    unsafe { libc::kill(sidecar.id() as i32, libc::SIGTERM) };
+    let status = sidecar.wait().unwrap();
+    let mut side_err = String::new();
+    std::io::Read::read_to_string(sidecar.stderr.as_mut().unwrap(), &mut side_err).unwrap();
+    assert!(
+        driver.status.success(),
+        "driver {mode} failed:\n{}\n{}",
+        String::from_utf8_lossy(&driver.stdout),
+        String::from_utf8_lossy(&driver.stderr)
+    );
+    assert!(status.success(), "sidecar: {status:?}\n{side_err}");
+    let stdout = String::from_utf8_lossy(&driver.stdout);
+    let facts: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(facts["vllm"], "0.33.0");
+    for (w, st) in facts["hook_stats"].as_object().unwrap() {
+        if w == "hook" {
+            if hook_ok {
+                assert_eq!(st["hook_errors"], 0, "{st}");
+            }
+            assert_eq!(st["pulls_unmapped"], 0, "{st}");
+        } else {
+            assert_eq!(st["dropped_queue"], 0, "{w}: {st}");
+            assert_eq!(st["lost_sidecar_down"], 0, "{w}: {st}");
+        }
+    }
+    (facts, out, side_err)
+}
+
+fn scope(out: &Path) -> serde_json::Value {
+    let sc = kvtrail(["scope", s(out), "--json"]).run();
+    assert!(sc.code == 0 || sc.code == 1, "{}", sc.stderr);
+    serde_json::from_str(&sc.stdout).unwrap()
+}
+
+fn id_of(trace: &Trace, external: &str) -> u64 {
+    for b in trace.requests() {
+        for r in b.unwrap() {
+            if r.external_id.as_deref() == Some(external) {
+                return r.request_id;
+            }
+        }
+    }
+    panic!("no request {external}")
+}
+
+#[test]
+fn vllm_clean_pd_run_scopes_clean() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture("clean", &d);
+    // What the real classes did: two P/D loads and a local prefix hit.
+    assert_eq!(facts["r1"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r2"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r4_finish"], "length", "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let m = Manifest::load(&out).unwrap();
+    let rec = &m.capture.extra["record"];
+    // r1's three blocks in one run; r2's seven in three (the producer's
+    // blocks 3..7, 2, 1 into decode's 4..10).
+    assert_eq!(rec["pulls_written"], 4, "{rec}");
+    assert_eq!(rec["rejected_contract"], 0, "{rec}");
+    let trace = Trace::open(&out).unwrap();
+    // Decode's copies name the producer's pool and its blocks.
+    let copies: Vec<_> = record::events(&trace)[&1]
+        .iter()
+        .filter(|e| e.op == Op::Write && e.src.is_some())
+        .map(|e| (e.src.unwrap().pool, e.src.unwrap().slot_start, e.slot_count))
+        .collect();
+    let r1 = facts["r1_remote"][0].as_array().unwrap();
+    assert_eq!(
+        copies[0],
+        (0, r1[0].as_u64().unwrap() as u32 * 16, 16 * r1.len() as u32),
+        "{copies:?}"
+    );
+    // The decode prefix hit is a share, and the shared read is clean.
+    assert!(
+        record::events(&trace)[&1]
+            .iter()
+            .any(|e| e.op == Op::Share && e.request_id == id_of(&trace, "r4"))
+    );
+    let j = scope(&out);
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+}
+
+#[test]
+fn vllm_stale_reference_is_found_with_its_true_source() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture("stale", &d);
+    // The premise: r3 was handed r1's reference after the producer reused
+    // those blocks for r2, NIXL reported the read done, r3 answered.
+    assert_eq!(facts["r3"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r3"]["remote"], facts["r1_remote"], "{facts}");
+    assert_eq!(
+        facts["stale_blocks_now_r2"].as_array().unwrap().len(),
+        facts["r1_remote"][0].as_array().unwrap().len(),
+        "{facts}"
+    );
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    let trace = Trace::open(&out).unwrap();
+    let (r1, r2, r3) = (
+        id_of(&trace, "r1"),
+        id_of(&trace, "r2"),
+        id_of(&trace, "r3"),
+    );
+    let j = scope(&out);
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], r3, "{a}");
+    assert_eq!(a["http_status"], 200, "{a}");
+    assert_eq!(a["tenant"], "tenant-c", "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    let sources: Vec<(u64, String)> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["request_id"].as_u64().unwrap(),
+                x["tenant"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    // The true source is r2 (whose KV the reused blocks held), not r1
+    // (whose reference it was).
+    assert_eq!(sources, vec![(r2, "tenant-b".to_string())], "{a}");
+    // Positions 0..38 of r3's prompt came from r2 (r3 recomputed position
+    // 39 itself after the load).
+    assert_eq!(a["foreign_tokens"], 39, "{a}");
+    assert_ne!(r1, r2);
+}
+
+#[test]
+fn vllm_load_faults_leave_evidence() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture("faults", &d);
+    // Under kv_load_failure_policy "fail" the failed and the partial load
+    // end the request with an error; the out-of-range read "succeeds".
+    assert_eq!(facts["r5"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r6"]["finish"], "error", "{facts}");
+    assert_eq!(facts["r7"]["finish"], "error", "{facts}");
+    assert!(
+        side_err.contains("out of range") && side_err.contains("failed (policy fail)"),
+        "{side_err}"
+    );
+    let m = Manifest::load(&out).unwrap();
+    let rec = &m.capture.extra["record"];
+    assert_eq!(rec["pulls_failed"], 1, "{rec}");
+    assert_eq!(rec["pulls_written"], 2, "{rec}");
+    assert_eq!(rec["pulls_partial"], 1, "{rec}");
+    assert_eq!(rec["rejected_contract"], 1, "{rec}");
+    assert_eq!(
+        m.capture.extra["kv_load_failure_policy"],
+        serde_json::json!({"1": ["fail"]})
+    );
+    let trace = Trace::open(&out).unwrap();
+    let mut rows = std::collections::BTreeMap::new();
+    for b in trace.requests() {
+        for r in b.unwrap() {
+            rows.insert(r.external_id.clone().unwrap(), r);
+        }
+    }
+    assert_eq!(rows["r6"].http_status, 500);
+    assert_eq!(rows["r6"].finish_reason.as_deref(), Some("error"));
+    assert_eq!(rows["r7"].http_status, 500);
+    assert_eq!(rows["r5"].http_status, 200);
+    // The out-of-range copy is a hole in decode's stream: scope says the
+    // evidence has one, never "no exposure".
+    let i = kvtrail(["inspect", s(&out), "--json"]).run();
+    let ij: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
+    let p1 = ij["kv"]["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool"] == 1)
+        .unwrap();
+    assert_eq!(p1["holes"], 1, "{p1}");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], false, "{j:#}");
+    assert_eq!(j["coverage"]["lost_events"], 1, "{j:#}");
+    assert!(
+        j["verdict"].as_str().unwrap().contains("INCOMPLETE"),
+        "{}",
+        j["verdict"]
+    );
+    // r5 read decode slots the failed copy should have filled: possibly
+    // affected, never reported clean.
+    let r5 = id_of(&trace, "r5");
+    assert!(
+        j["affected_responses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["request_id"] == r5 && a["confidence"] == "possible"),
+        "{j:#}"
+    );
+}
+
+#[test]
+fn vllm_hook_failure_is_counted_not_raised() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, _out, _) = capture_with("broken", &d, false);
+    // The engine ran the request to its end; the hook counted its failures
+    // (the write and read of the step) instead of raising them.
+    assert_eq!(facts["b1_finish"], "length", "{facts}");
+    assert!(
+        facts["hook_stats"]["hook"]["hook_errors"].as_u64().unwrap() >= 1,
+        "{facts}"
+    );
+}
+
+// ---------------------------------------------------------------- the wire
+
+fn send(c: &mut std::os::unix::net::UnixStream, lines: &[String]) {
+    for l in lines {
+        writeln!(c, "{l}").unwrap();
+    }
+}
+
+fn pull(body: &str) -> String {
+    format!(r#"{{"type":"xfer_pull","pool":1,"ts_ns":5,"request_id":9,{body}}}"#)
+}
+
+#[test]
+fn hostile_pull_lines_are_counted_and_rejected() {
+    let rig: Rig = record::start(|_| {});
+    let mut p = rig.connect(&[0]);
+    send(&mut p, &[record::kv(0, 3, "write", 0, 16)]);
+    // Let the producer's write land first: the pull is stamped at arrival.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = rig.connect(&[1]);
+    let bad = [
+        // unknown key, missing outcome, bad outcome, bad policy
+        pull(r#""src_pool":0,"runs":[[0,0,4,0]],"outcome":"ok","x":1"#),
+        pull(r#""src_pool":0,"runs":[[0,0,4,0]]"#),
+        pull(r#""src_pool":0,"runs":[[0,0,4,0]],"outcome":"maybe""#),
+        pull(r#""src_pool":0,"runs":[[0,0,4,0]],"outcome":"ok","policy":"ignore""#),
+        // into itself, count 0, ok without runs, failed with runs
+        pull(r#""src_pool":1,"runs":[[0,0,4,0]],"outcome":"ok""#),
+        pull(r#""src_pool":0,"runs":[[0,0,0,0]],"outcome":"ok""#),
+        pull(r#""src_pool":0,"runs":[],"outcome":"ok""#),
+        pull(r#""src_pool":0,"runs":[[0,0,4,0]],"outcome":"failed""#),
+        // values beyond the types, a run of the wrong arity, request id 0
+        pull(r#""src_pool":0,"runs":[[4294967296,0,4,0]],"outcome":"ok""#),
+        pull(r#""src_pool":70000,"runs":[[0,0,4,0]],"outcome":"ok""#),
+        pull(r#""src_pool":0,"runs":[[0,0,4]],"outcome":"ok""#),
+        r#"{"type":"xfer_pull","pool":1,"ts_ns":5,"request_id":0,"src_pool":0,"runs":[[0,0,4,0]],"outcome":"ok"}"#.into(),
+        // the same key twice
+        pull(r#""src_pool":0,"src_pool":0,"runs":[[0,0,4,0]],"outcome":"ok""#),
+        // too many runs
+        pull(&format!(
+            r#""src_pool":0,"runs":[{}],"outcome":"ok""#,
+            vec!["[0,0,1,0]"; 65537].join(",")
+        )),
+    ];
+    send(&mut c, &bad);
+    // Well-formed but impossible: outside the source pool, outside the
+    // destination pool, a source pool not in the deployment, a pool this
+    // connection did not claim.
+    let impossible = [
+        pull(r#""src_pool":0,"runs":[[0,4090,16,0]],"outcome":"ok""#),
+        pull(r#""src_pool":0,"runs":[[4090,0,16,0]],"outcome":"ok""#),
+        pull(r#""src_pool":9,"runs":[[0,0,4,0]],"outcome":"ok""#),
+        r#"{"type":"xfer_pull","pool":3,"ts_ns":5,"request_id":9,"src_pool":0,"runs":[[0,0,4,0]],"outcome":"ok"}"#.into(),
+    ];
+    send(&mut c, &impossible);
+    // And a good one still goes through afterwards.
+    send(
+        &mut c,
+        &[
+            pull(r#""src_pool":0,"runs":[[32,0,16,0]],"outcome":"ok","policy":"recompute""#),
+            record::kv(1, 9, "read", 32, 16),
+        ],
+    );
+    drop((p, c));
+    let (sum, trace, _d, out) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.rejected_unattributed, bad.len() as u64, "{st:?}");
+    assert_eq!(st.rejected_contract, 2, "{st:?}");
+    assert_eq!(st.copies_unresolved, 1, "{st:?}");
+    assert_eq!(st.rejected_forged, 1, "{st:?}");
+    assert_eq!(st.pulls_written, 1, "{st:?}");
+    let ev = record::events(&trace);
+    let w: Vec<_> = ev[&1].iter().filter(|e| e.src.is_some()).collect();
+    assert_eq!(w.len(), 1);
+    let src = w[0].src.unwrap();
+    assert_eq!((src.pool, src.slot_start, src.seq), (0, 0, 0));
+    assert_eq!(
+        (w[0].slot_start, w[0].slot_count, w[0].request_id),
+        (32, 16, 9)
+    );
+    let m = Manifest::load(&out).unwrap();
+    assert_eq!(
+        m.capture.extra["kv_load_failure_policy"],
+        serde_json::json!({"1": ["recompute"]})
+    );
+    // Rejected unattributed lines make the capture incomplete; the files verify.
+    assert!(!m.capture.complete);
+}

@@ -1,0 +1,235 @@
+"""Drives vLLM 0.33.0's real v1 Scheduler, KV cache manager, block pool and
+NixlConnector scheduler side (NixlPullConnectorScheduler) on CPU, with the
+kvtrail_vllm hook installed and streaming to a `kvtrail record` sidecar.
+
+Usage: record_driver.py SOCKET MODE, MODE one of
+- clean: a P/D request the normal way (prefill engine, pool 0 -> decode
+  engine, pool 1), the producer's blocks released and reused by a second
+  request that decode also loads properly, then a local prefix-cache hit
+  on decode (same cache_salt);
+- stale: vllm-project/vllm#52234's stale reference: decode is handed the
+  first request's (already consumed) kv_transfer_params after the
+  producer freed and reused those blocks for another tenant's request;
+  NIXL reports the read done, so the request answers 200 over that KV;
+- faults: out-of-range remote block ids reported done (fail-open), a
+  failed load and a partial load (invalid block ids) under
+  kv_load_failure_policy "fail";
+- broken: the hook's slot mapping made to raise; the engine must not notice.
+
+Real: Request construction (block hashes, cache_salt), Scheduler.add_request
+/ schedule / update_from_output / _free_request, KVCacheManager, the
+coordinator, FullAttentionManager, BlockPool (allocation, prefix cache,
+eviction), NixlPullConnectorScheduler (get_num_new_matched_tokens,
+update_state_after_alloc, build_connector_meta, request_finished with the
+producer's block hold), the load-failure handling of the scheduler.
+Synthetic: the model runner's outputs (sampled token ids, and the
+KVConnectorOutput a NIXL worker would report: finished_recving,
+finished_sending, failed_recving, invalid_block_ids). No weights, no
+tokenizer, no network: the model is a local config.json.
+
+Prints one JSON line of facts last.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+
+import kvtrail_vllm as kh  # noqa: E402
+
+SOCK, MODE = sys.argv[1], sys.argv[2]
+kh.install(capture=f"unix:{SOCK}", pools=[0], remote_pools={"P0": [0]}, worker="driver")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,  # noqa: E402
+                         ModelConfig, SchedulerConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+BS = 16
+NB_P, NB_D = 8, 32  # the producer's pool is small, so freed blocks are reused
+
+model_dir = tempfile.mkdtemp()
+with open(os.path.join(model_dir, "config.json"), "w") as f:
+    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 4096}, f)
+init_none_hash(sha256)
+
+
+def make_scheduler(nb, kv):
+    mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
+    vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"),
+                    scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                                                     max_model_len=2048, is_encoder_decoder=False,
+                                                     async_scheduling=False),
+                    cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+                    kv_transfer_config=kv)
+    vc.cache_config.num_gpu_blocks = nb
+    kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=True,
+                     structured_output_manager=StructuredOutputManager(vc))
+
+
+P = kh.tag(make_scheduler(NB_P, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_producer",
+                                                   engine_id="P0")), [0])
+D = kh.tag(make_scheduler(NB_D, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_consumer",
+                                                   engine_id="D0", kv_load_failure_policy="fail")), [1])
+
+
+def make_req(rid, tokens, salt, max_tokens, ktp=None):
+    sp = SamplingParams(max_tokens=max_tokens,
+                        extra_args={"kv_transfer_params": dict(ktp)} if ktp else None)
+    sp.update_from_generation_config({}, eos_token_id=2)
+    return Request(rid, list(tokens), sp, None, cache_salt=salt,
+                   block_hasher=get_request_block_hasher(BS, sha256))
+
+
+def mro(s, out, tok=7, **kv):
+    ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=[[] if s.requests[r].is_prefill_chunk else [tok]
+                                                for r in ids],
+                             kv_connector_output=KVConnectorOutput(**kv) if kv else None)
+
+
+finished = {}  # request id -> (finish reason, kv_transfer_params)
+
+
+def step(s, **kv):
+    out = s.schedule()
+    res = s.update_from_output(out, mro(s, out, **kv))
+    for eco in res.values():
+        for o in eco.outputs:
+            if o.finish_reason is not None:
+                finished[o.request_id] = (str(o.finish_reason), o.kv_transfer_params)
+    return out
+
+
+def prefill(rid, tokens, salt):
+    """The producer computes the prompt and holds its blocks for decode."""
+    P.add_request(make_req(rid, tokens, salt, 1, {"do_remote_decode": True}))
+    for _ in range(10):
+        step(P)
+        if rid in finished:
+            break
+    ktp = finished[rid][1]
+    assert ktp and ktp["remote_block_ids"], finished[rid]
+    return ktp
+
+
+def release(rid):
+    """The producer hears decode finished reading: it frees the blocks."""
+    step(P, finished_sending={rid})
+
+
+def decode(rid, tokens, salt, ktp, max_tokens=3, **load):
+    """Decode loads the remote KV (NIXL reports the outcome in `load`,
+    default: done) and decodes."""
+    D.add_request(make_req(rid, tokens, salt, max_tokens, dict(ktp, do_remote_prefill=True)))
+    o = step(D)
+    plan = o.kv_connector_metadata.reqs_to_recv[rid]
+    if not load:
+        load = {"finished_recving": {rid}}
+    step(D, **load)
+    for _ in range(10):
+        if rid in finished:
+            break
+        step(D)
+    return {"local": [list(x) for x in plan.local_block_ids],
+            "remote": [list(x) for x in plan.remote.block_ids],
+            "finish": finished.get(rid, (None,))[0]}
+
+
+def sync():
+    """The producer's events reach the sidecar before decode reports the
+    next load (the sidecar stamps a pull with the producer's latest seq)."""
+    kh.flush()
+    time.sleep(0.3)
+
+
+facts = {"vllm": vllm.__version__, "mode": MODE}
+A = list(range(100, 140))  # 40 tokens
+B = list(range(300, 412))  # 112 tokens: 7 full blocks, the producer's whole pool
+C = list(range(600, 640))  # 40 tokens
+
+if MODE in ("clean", "stale"):
+    ktp1 = prefill("r1", A, "tenant-a")
+    facts["r1_remote"] = ktp1["remote_block_ids"]
+    sync()
+    facts["r1"] = decode("r1", A, "tenant-a", ktp1)
+    release("r1")
+    ktp2 = prefill("r2", B, "tenant-b")
+    facts["r2_remote"] = ktp2["remote_block_ids"]
+    sync()
+    if MODE == "clean":
+        facts["r2"] = decode("r2", B, "tenant-b", ktp2)
+        release("r2")
+        # A local prefix-cache hit on decode: r1's loaded blocks, same salt.
+        D.add_request(make_req("r4", A + [5, 6], "tenant-a", 2))
+        for _ in range(10):
+            step(D)
+            if "r4" in finished:
+                break
+        facts["r4_finish"] = finished.get("r4", (None,))[0]
+        facts["d_prefix_hits"] = D.kv_cache_manager.prefix_cache_stats.hits \
+            if getattr(D.kv_cache_manager, "prefix_cache_stats", None) else None
+    else:
+        # r3 (tenant-c) gets r1's consumed reference: r1's blocks now hold r2's KV.
+        facts["r3"] = decode("r3", C, "tenant-c", ktp1)
+        facts["stale_blocks_now_r2"] = sorted(set(facts["r1_remote"][0]) & set(facts["r2_remote"][0]))
+elif MODE == "faults":
+    ktp1 = prefill("r1", A, "tenant-a")
+    sync()
+    facts["r1"] = decode("r1", A, "tenant-a", ktp1)
+    release("r1")
+    bad = dict(ktp1, remote_block_ids=[[100, 101, 102]], remote_request_id="gone")
+    facts["r5"] = decode("r5", C, "tenant-c", bad)  # out of range, reported done
+    facts["r6"] = decode("r6", C, "tenant-d", ktp1,
+                         failed_recving={"r6"}, finished_recving={"r6"})
+    # Partial: the second local block failed (invalid_block_ids).
+    D.add_request(make_req("r7", A, "tenant-e", 3, dict(ktp1, do_remote_prefill=True)))
+    o = step(D)
+    plan = o.kv_connector_metadata.reqs_to_recv["r7"]
+    local = [list(x) for x in plan.local_block_ids]
+    step(D, finished_recving={"r7"}, invalid_block_ids={local[0][1]})
+    for _ in range(10):
+        if "r7" in finished or "r7" not in D.requests:
+            break
+        step(D)
+    facts["r7"] = {"local": local, "finish": finished.get("r7", (None,))[0]}
+elif MODE == "broken":
+    # A hook failure must never reach the engine: make the hook's own
+    # slot mapping raise and run a request on the producer to its end.
+    def boom(*a, **k):
+        raise RuntimeError("planted hook failure")
+
+    kh._slot_runs = boom
+    P.add_request(make_req("b1", A, "tenant-a", 1))
+    for _ in range(10):
+        step(P)
+        if "b1" in finished:
+            break
+    facts["b1_finish"] = finished.get("b1", (None,))[0]
+else:
+    raise SystemExit(f"unknown mode {MODE}")
+
+kh.flush()
+facts["hook_stats"] = kh.stats()
+facts["p_free_blocks"] = P.kv_cache_manager.block_pool.get_num_free_blocks()
+kh.uninstall()
+print(json.dumps(facts))
