@@ -316,8 +316,7 @@ fn summarize_deployment(dep: &Deployment) -> DeploymentSummary {
                 role: p.role.as_str().to_string(),
                 capacity_tokens: p.capacity_tokens,
                 page_size: p.page_size,
-                max_req_input_len: (p.role != Role::Decode)
-                    .then(|| p.max_req_input_len(dep.context_window)),
+                max_req_input_len: (p.role != Role::Decode).then(|| dep.prompt_limit(p)),
             })
             .collect(),
     }
@@ -365,12 +364,12 @@ fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary 
     // prefill-capable pools (the strictest one it could have landed on).
     let limit_of = |pool: Option<u16>| -> Option<u64> {
         match pool.and_then(|id| dep.pool(id)) {
-            Some(p) => Some(p.max_req_input_len(dep.context_window)),
+            Some(p) => Some(dep.prompt_limit(p)),
             None => dep
                 .pools
                 .iter()
                 .filter(|p| p.role != Role::Decode)
-                .map(|p| p.max_req_input_len(dep.context_window))
+                .map(|p| dep.prompt_limit(p))
                 .min(),
         }
     };

@@ -27,7 +27,6 @@ use crate::scope::ScopeReport;
 use crate::scope::anomalies::{
     ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
 };
-use crate::trace::manifest::max_req_input_len;
 
 /// Most rows shown per table; the CSV files hold all of them.
 pub const MAX_ROWS: usize = 500;
@@ -217,7 +216,7 @@ pub fn report_html(
                 "role": p.role,
                 "capacity_tokens": p.capacity_tokens,
                 "page_size": p.page_size,
-                "max_req_input_len": max_req_input_len(d.context_window, p.capacity_tokens),
+                "max_req_input_len": crate::trace::manifest::prompt_limit(&d.engine, d.context_window, p.capacity_tokens),
             })
         })
         .collect();

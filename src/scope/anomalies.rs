@@ -45,11 +45,7 @@ pub struct Checker {
 
 impl Checker {
     pub fn new(d: &Deployment) -> Self {
-        let limits = d
-            .pools
-            .iter()
-            .map(|p| (p.id, p.max_req_input_len(d.context_window)))
-            .collect();
+        let limits = d.pools.iter().map(|p| (p.id, d.prompt_limit(p))).collect();
         let prefill: Vec<u16> = d
             .pools
             .iter()

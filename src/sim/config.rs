@@ -380,7 +380,8 @@ impl SimConfig {
     }
 
     /// Applies `key=value` (dotted keys, e.g. `timing.decode_step_us=5000`;
-    /// the value is JSON when it parses as JSON, else a string).
+    /// the value is JSON when it parses as JSON, else a string). The
+    /// caller runs [`SimConfig::validate`] after the last one.
     pub fn set(&mut self, assignment: &str) -> Result<()> {
         let bad = |what: String| {
             Error::invalid(
@@ -417,7 +418,9 @@ impl SimConfig {
             cfg.prefill.page_size = b;
             cfg.decode.page_size = b;
         }
-        cfg.validate()?;
+        // Checked by the caller once every --set is applied: keys that
+        // depend on each other (hicache needs decode_radix_cache) may come
+        // in any order.
         *self = cfg;
         Ok(())
     }
@@ -759,26 +762,36 @@ impl SimConfig {
 mod tests {
     use super::*;
 
+    /// `c` with `assignment` applied and the result validated, as the
+    /// command line does after its last --set.
+    fn try_set(c: &mut SimConfig, assignment: &str) -> Result<()> {
+        let mut next = c.clone();
+        next.set(assignment)?;
+        next.validate()?;
+        *c = next;
+        Ok(())
+    }
+
     #[test]
     fn set_patches_nested_keys_and_validates() {
         let mut c = SimConfig::default();
-        c.set("engine=sglang-0.5.22").unwrap();
-        c.set("decode_allocation=prefill-complete").unwrap();
-        c.set("timing.decode_step_us=5").unwrap();
+        try_set(&mut c, "engine=sglang-0.5.22").unwrap();
+        try_set(&mut c, "decode_allocation=prefill-complete").unwrap();
+        try_set(&mut c, "timing.decode_step_us=5").unwrap();
         assert_eq!(c.engine, EngineVersion::V0522);
         assert_eq!(c.timing.decode_step_us, 5);
-        assert!(c.set("engine=sglang-0.5.19").is_err()); // prefill-complete needs 0.5.22
+        assert!(try_set(&mut c, "engine=sglang-0.5.19").is_err()); // prefill-complete needs 0.5.22
         assert!(c.set("no_such=1").is_err());
-        assert!(c.set("prefill.capacity_tokens=1000").is_err()); // not whole pages
+        assert!(try_set(&mut c, "prefill.capacity_tokens=1000").is_err()); // not whole pages
     }
 
     #[test]
     fn hicache_needs_the_decode_tree_and_a_whole_page_host_pool() {
         let mut c = SimConfig::default();
-        let err = c.set("hicache=true").unwrap_err().to_string();
+        let err = try_set(&mut c, "hicache=true").unwrap_err().to_string();
         assert!(err.contains("hicache"), "{err}");
-        c.set("decode_radix_cache=true").unwrap();
-        c.set("hicache=true").unwrap();
+        try_set(&mut c, "decode_radix_cache=true").unwrap();
+        try_set(&mut c, "hicache=true").unwrap();
         assert!(c.hicache);
         for bad in [
             "hicache_host_tokens=1000",
@@ -786,11 +799,20 @@ mod tests {
             "hicache_host_tokens=4294967296",
             "hicache_host_tokens=\"x\"",
         ] {
-            let err = c.set(bad).unwrap_err().to_string();
+            let err = try_set(&mut c, bad).unwrap_err().to_string();
             assert!(err.contains("hicache_host_tokens"), "{bad}: {err}");
         }
-        c.set("hicache_host_tokens=4096").unwrap();
+        try_set(&mut c, "hicache_host_tokens=4096").unwrap();
         assert_eq!(c.hicache_host_tokens, 4096);
+    }
+
+    #[test]
+    fn keys_that_depend_on_each_other_may_be_set_in_any_order() {
+        let mut c = SimConfig::default();
+        c.set("hicache=true").unwrap();
+        c.set("decode_radix_cache=true").unwrap();
+        c.validate().unwrap();
+        assert!(c.hicache && c.decode_radix_cache);
     }
 
     #[test]

@@ -94,6 +94,28 @@ impl Pool {
     }
 }
 
+impl Deployment {
+    /// The prompt length at or over which the engine refuses a request
+    /// landing on pool `p` (the anomaly and inspect limit): SGLang's
+    /// [`max_req_input_len`] of the pool; vLLM refuses a prompt of
+    /// `max_model_len` (the context window) tokens or more at its front
+    /// end (`input_processor`), and will not start with a pool smaller
+    /// than that, so its limit is the smaller of the two.
+    pub fn prompt_limit(&self, p: &Pool) -> u64 {
+        prompt_limit(&self.engine, self.context_window, p.capacity_tokens)
+    }
+}
+
+/// [`Deployment::prompt_limit`] from its parts (engine name as trace.json
+/// spells it, context window, the pool's tokens).
+pub fn prompt_limit(engine: &str, context_window: u64, pool_tokens: u64) -> u64 {
+    if engine.starts_with("vllm") {
+        context_window.min(pool_tokens)
+    } else {
+        max_req_input_len(context_window, pool_tokens)
+    }
+}
+
 /// SGLang's `max_req_input_len` of a pool of `pool_tokens` tokens:
 /// `min(context_window - 1, pool_tokens - 1) - 5`, saturating at 0
 /// (`tp_worker.get_worker_info`, 0.5.19-0.5.23). A prompt of this many
@@ -471,5 +493,19 @@ mod tests {
             extra: Default::default(),
         };
         assert_eq!(pool.max_req_input_len(1_048_576), 681_274);
+        // The engine decides the rule: vLLM refuses at max_model_len.
+        let mut d = Deployment {
+            name: String::new(),
+            engine: "sglang-0.5.19".into(),
+            context_window: 4096,
+            pools: vec![pool.clone()],
+            prefix_cache_scope: None,
+            extra: Default::default(),
+        };
+        assert_eq!(d.prompt_limit(&pool), 4090);
+        d.engine = "vllm-0.33.0".into();
+        assert_eq!(d.prompt_limit(&pool), 4096);
+        d.context_window = 1 << 40;
+        assert_eq!(d.prompt_limit(&pool), 681_280);
     }
 }
