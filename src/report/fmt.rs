@@ -1,8 +1,10 @@
 //! Text for people, shared by the human-facing writers (the summary,
 //! report.html, notification letters, look-up answers, every CLI message):
 //! UTC times of Unix nanoseconds and durations (`jiff`, the one time
-//! library: no clock, no time-zone database), HTML and Markdown escaping of strings that come
-//! from a trace, how a response's sources are named, and `term` /
+//! library: no clock, no time-zone database), Markdown escaping of strings
+//! that come from a trace (the letters' auto-escape callback; HTML is
+//! escaped by report.html's template engine), how a response's sources are
+//! named, and `term` /
 //! `term_message`, the escaping of such strings (and of error messages
 //! quoting them) for terminals. CSV cells are `report::csv`.
 
