@@ -176,6 +176,62 @@ struct Finding {
     time_ms: i64,
 }
 
+/// What differs between the kinds of Data Security Finding (class 2006).
+struct DataSecurity {
+    severity: u64,
+    start_ms: i64,
+    end_ms: Option<i64>,
+    time_ms: i64,
+    confidence: u64,
+    /// `data_security.detection_pattern`.
+    pattern: &'static str,
+}
+
+/// One Data Security Finding (class 2006): the event every kind shares
+/// around what differs.
+fn data_security_finding(
+    d: DataSecurity,
+    message: String,
+    info: Value,
+    resources: Vec<Value>,
+    metadata: Value,
+    unmapped: Value,
+) -> Finding {
+    let event = base(
+        CLASS_DATA_SECURITY_FINDING,
+        "Data Security Finding",
+        d.severity,
+        d.time_ms,
+    )
+    .set("start_time", d.start_ms)
+    .opt("end_time", d.end_ms)
+    .set("status_id", STATUS_NEW)
+    .set("status", "New")
+    .set("confidence_id", d.confidence)
+    .set("confidence", confidence_name(d.confidence))
+    .set("is_alert", true)
+    .set("message", message)
+    .set("finding_info", info.clone())
+    .set(
+        "data_security",
+        json!({
+            "data_lifecycle_state_id": DATA_IN_USE,
+            "data_lifecycle_state": "Data in-Use",
+            "detection_pattern": d.pattern,
+        }),
+    )
+    .set("resources", resources)
+    .set("metadata", metadata)
+    .set("unmapped", unmapped)
+    .done();
+    Finding {
+        info,
+        event,
+        severity: d.severity,
+        time_ms: d.time_ms,
+    }
+}
+
 fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Finding {
     let uid = format!("{}:response:{}", input.incident_uid(), a.request_id);
     let severity = response_severity(a);
@@ -262,39 +318,21 @@ fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Fin
                 .map(|s| source_resource(s.request_id, s.external_id.as_deref(), &s.tenant)),
         );
     }
-    let event = base(
-        CLASS_DATA_SECURITY_FINDING,
-        "Data Security Finding",
-        severity,
-        last,
-    )
-    .set("start_time", first)
-    .set("end_time", last)
-    .set("status_id", STATUS_NEW)
-    .set("status", "New")
-    .set("confidence_id", conf)
-    .set("confidence", confidence_name(conf))
-    .set("is_alert", true)
-    .set("message", message)
-    .set("finding_info", info.clone())
-    .set(
-        "data_security",
-        json!({
-            "data_lifecycle_state_id": DATA_IN_USE,
-            "data_lifecycle_state": "Data in-Use",
-            "detection_pattern": "KV-cache read of another request's KV (lineage replay)",
-        }),
-    )
-    .set("resources", resources)
-    .set("metadata", metadata(input, audience, &uid, &[]))
-    .set("unmapped", unmapped.done())
-    .done();
-    Finding {
+    data_security_finding(
+        DataSecurity {
+            severity,
+            start_ms: first,
+            end_ms: Some(last),
+            time_ms: last,
+            confidence: conf,
+            pattern: "KV-cache read of another request's KV (lineage replay)",
+        },
+        message,
         info,
-        event,
-        severity,
-        time_ms: last,
-    }
+        resources,
+        metadata(input, audience, &uid, &[]),
+        unmapped.done(),
+    )
 }
 
 fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Finding {
@@ -372,39 +410,21 @@ fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Fin
                 .map(|s| source_resource(s.request_id, None, &s.tenant)),
         );
     }
-    let event = base(
-        CLASS_DATA_SECURITY_FINDING,
-        "Data Security Finding",
-        PREFIX_HIT_SEVERITY,
-        at,
-    )
-    .set("start_time", at)
-    .opt("end_time", end)
-    .set("status_id", STATUS_NEW)
-    .set("status", "New")
-    .set("confidence_id", conf)
-    .set("confidence", confidence_name(conf))
-    .set("is_alert", true)
-    .set("message", message)
-    .set("finding_info", info.clone())
-    .set(
-        "data_security",
-        json!({
-            "data_lifecycle_state_id": DATA_IN_USE,
-            "data_lifecycle_state": "Data in-Use",
-            "detection_pattern": "prefix-cache hit on another tenant's KV under prefix_cache_scope = \"tenant\" (lineage replay)",
-        }),
-    )
-    .set("resources", resources)
-    .set("metadata", metadata(input, audience, &uid, &[]))
-    .set("unmapped", unmapped.done())
-    .done();
-    Finding {
+    data_security_finding(
+        DataSecurity {
+            severity: PREFIX_HIT_SEVERITY,
+            start_ms: at,
+            end_ms: end,
+            time_ms: at,
+            confidence: conf,
+            pattern: "prefix-cache hit on another tenant's KV under prefix_cache_scope = \"tenant\" (lineage replay)",
+        },
+        message,
         info,
-        event,
-        severity: PREFIX_HIT_SEVERITY,
-        time_ms: at,
-    }
+        resources,
+        metadata(input, audience, &uid, &[]),
+        unmapped.done(),
+    )
 }
 
 /// Every event of findings.ocsf.jsonl, in file order.

@@ -452,15 +452,8 @@ impl<'a> Engine<'a> {
         slots: &[u32],
         pos0: Option<u32>,
     ) -> Result<()> {
-        let mut i = 0;
-        while i < slots.len() {
-            let mut j = i + 1;
-            while j < slots.len() && slots[j] == slots[j - 1] + 1 {
-                j += 1;
-            }
-            let pos = pos0.map(|p| p + i as u32);
-            self.emit(pool, rid, op, (slots[i], (j - i) as u32), pos)?;
-            i = j;
+        for (offset, extent) in slot_runs(slots) {
+            self.emit(pool, rid, op, extent, pos0.map(|p| p + offset))?;
         }
         Ok(())
     }
@@ -1579,4 +1572,23 @@ impl<'a> Engine<'a> {
         }
         Ok(())
     }
+}
+
+/// The contiguous runs of `slots` (in position order): each run's offset
+/// in `slots` and its extent (first slot, count), one KV event each. The
+/// SGLang and vLLM engine models emit through it.
+pub(super) fn slot_runs(slots: &[u32]) -> impl Iterator<Item = (u32, (u32, u32))> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= slots.len() {
+            return None;
+        }
+        let mut j = i + 1;
+        while j < slots.len() && slots[j - 1].checked_add(1) == Some(slots[j]) {
+            j += 1;
+        }
+        let run = (i as u32, (slots[i], (j - i) as u32));
+        i = j;
+        Some(run)
+    })
 }

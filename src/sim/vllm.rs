@@ -447,15 +447,8 @@ impl<'a> Engine<'a> {
         slots: &[u32],
         pos0: Option<u32>,
     ) -> Result<()> {
-        let mut i = 0;
-        while i < slots.len() {
-            let mut j = i + 1;
-            while j < slots.len() && slots[j] == slots[j - 1] + 1 {
-                j += 1;
-            }
-            let pos = pos0.map(|p| p + i as u32);
-            self.emit(pool, rid, op, (slots[i], (j - i) as u32), pos, None)?;
-            i = j;
+        for (offset, extent) in super::engine::slot_runs(slots) {
+            self.emit(pool, rid, op, extent, pos0.map(|p| p + offset), None)?;
         }
         Ok(())
     }

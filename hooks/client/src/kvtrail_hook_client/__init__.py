@@ -15,10 +15,12 @@ connection is back.
 """
 
 import collections
+import importlib.abc
 import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -367,3 +369,38 @@ def tenant_value(v, pseudonymize):
 
 def default_worker():
     return os.environ.get("KVTRAIL_WORKER") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+class PostImport(importlib.abc.MetaPathFinder):
+    """Applies a hook's patches to modules as they are imported: for a
+    module name ``wants(fullname)`` accepts, the module is loaded by the
+    finder that would have loaded it, then ``apply(module)`` runs (both
+    callables check that the hook is still installed)."""
+
+    def __init__(self, wants, apply):
+        self._wants = wants
+        self._apply = apply
+
+    def find_spec(self, fullname, path, target=None):
+        if not self._wants(fullname):
+            return None
+        for f in sys.meta_path:
+            if f is self or not hasattr(f, "find_spec"):
+                continue
+            spec = f.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig_exec = loader.exec_module
+        apply = self._apply
+
+        def exec_module(module):
+            orig_exec(module)
+            apply(module)
+
+        loader.exec_module = exec_module
+        return spec

@@ -33,7 +33,6 @@ it, and never changes arguments or results):
   output token count and blake3 of the output ids; never content).
 """
 
-import importlib.abc
 import os
 import sys
 import threading
@@ -562,35 +561,13 @@ def _apply(module):
                 setattr(module, k, w)
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Applies the patches to sglang modules as they are imported."""
-
-    def find_spec(self, fullname, path, target=None):
-        if not fullname.startswith("sglang.") or _H is None:
-            return None
-        for f in sys.meta_path:
-            if f is self or not hasattr(f, "find_spec"):
-                continue
-            spec = f.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        orig_exec = loader.exec_module
-
-        def exec_module(module):
-            orig_exec(module)
-            if _H is not None:
-                _apply(module)
-
-        loader.exec_module = exec_module
-        return spec
+def _apply_if_installed(module):
+    if _H is not None:
+        _apply(module)
 
 
-_finder = _PostImport()
+# Patches sglang modules as they are imported.
+_finder = _c.PostImport(lambda name: _H is not None and name.startswith("sglang."), _apply_if_installed)
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None,

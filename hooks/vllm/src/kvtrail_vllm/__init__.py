@@ -38,7 +38,6 @@ its arguments or results; a failure inside the hook is counted in
   it, finish reason, output token count, blake3 of the output ids).
 """
 
-import importlib.abc
 import os
 import sys
 import threading
@@ -624,35 +623,13 @@ def _apply(module):
             setattr(t, attr, w)
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Applies the patches to vLLM modules as they are imported."""
-
-    def find_spec(self, fullname, path, target=None):
-        if _H is None or not any(fullname == m for m, _, _, _ in _PATCHES):
-            return None
-        for f in sys.meta_path:
-            if f is self or not hasattr(f, "find_spec"):
-                continue
-            spec = f.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        orig_exec = loader.exec_module
-
-        def exec_module(module):
-            orig_exec(module)
-            if _H is not None:
-                _apply(module)
-
-        loader.exec_module = exec_module
-        return spec
+def _apply_if_installed(module):
+    if _H is not None:
+        _apply(module)
 
 
-_finder = _PostImport()
+# Patches vLLM modules as they are imported.
+_finder = _c.PostImport(lambda name: _H is not None and any(name == m for m, _, _, _ in _PATCHES), _apply_if_installed)
 
 
 def _parse_remote(s):
