@@ -6,8 +6,9 @@
 //! folder with its index set aside), as ratios. Each time is the median of
 //! `--reps` look-ups (default 5) of different external ids, after a
 //! warm-up that fills the page cache; the index's part (row groups plus
-//! rows) is also timed alone, without the evidence check that every
-//! look-up does first (`ScopeFolder::open` re-hashes every file).
+//! rows) is also timed alone, and the same look-ups with `--full-check`
+//! (every file re-hashed first, as `ScopeFolder::open` does) against the
+//! default, which checks the bytes it reads (chunk digests).
 //!
 //! Run: `cargo run --release --example bench_lookup -- [--requests N] [--reps R] [--dir DIR]`
 //! (DIR: where the folder goes, default a temporary folder; about 160
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kvtrail::lineage::BackendChoice;
-use kvtrail::lookup::{Query, lookup};
+use kvtrail::lookup::{Query, lookup, lookup_checked};
 use kvtrail::progress::NoReporter;
 use kvtrail::report::index::{self, KeyKind, LOOKUP_INDEX, REQUESTS_CSV, REQUESTS_HEADER};
 use kvtrail::scope::shard::ScopeRun;
@@ -157,7 +158,24 @@ fn main() {
         }
         answers.push(a);
     }
-    // The evidence check alone (every look-up does it first).
+    // The same look-ups after the whole check (`lookup --full-check`),
+    // and the whole check alone.
+    let mut full = Vec::new();
+    for (k, id) in ids.iter().enumerate() {
+        let t0 = Instant::now();
+        let a = lookup_checked(&d, &Query::ExternalId(id.clone()), None, true).unwrap();
+        let s = t0.elapsed().as_secs_f64();
+        assert_eq!(a.evidence_check, "whole_folder");
+        assert_eq!(a.matches, answers[k].matches, "{id}");
+        if k > 0 {
+            full.push(s);
+        }
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.evidence_check == "bytes_read" && a.evidence_intact)
+    );
     let mut check = Vec::new();
     for _ in 0..reps {
         let t0 = Instant::now();
@@ -193,15 +211,19 @@ fn main() {
         }
     }
     std::fs::rename(&aside, d.join(LOOKUP_INDEX)).unwrap();
-    let (w, p, c) = (median(whole), median(part), median(check));
+    let (w, p, c, fw) = (median(whole), median(part), median(check), median(full));
     let (sw, sp) = (median(scan), median(scan_part));
     println!(
         "{n} requests, medians of {reps} index look-ups, {} scans:",
         2
     );
-    println!("  lookup through the index:     {w:8.3} s (peak RSS {peak_index} MiB)");
-    println!("    of which the evidence check {c:8.3} s (every file re-hashed)");
+    println!(
+        "  lookup through the index:     {w:8.3} s (peak RSS {peak_index} MiB; bytes read checked)"
+    );
     println!("    of which row groups + rows  {p:8.4} s");
+    println!("  lookup --full-check:          {fw:8.3} s");
+    println!("    of which the whole check    {c:8.3} s (every file re-hashed)");
+    println!("  ratio full-check/default: {:.0}x", fw / w);
     println!("  lookup scanning requests.csv: {sw:8.3} s (peak RSS {peak_scan} MiB)");
     println!("    of which the scan           {sp:8.3} s");
     println!(

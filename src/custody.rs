@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Location, Result};
+use crate::trace::chunked::{self, ChunkedFile, MismatchLog};
 use crate::trace::manifest::Manifest;
 
 /// File name of the custody record inside an output folder.
@@ -42,11 +43,17 @@ pub const EVIDENCE_JSON: &str = "evidence.json";
 /// is 3 deep).
 pub const MAX_NESTING: usize = 8;
 
+/// The largest evidence.json read back (a record lists every file of its
+/// folder once, with at most `trace::chunked::MAX_CHUNKS` chunk digests
+/// per file).
+pub const MAX_EVIDENCE_BYTES: u64 = 256 << 20;
+
 /// The input kinds an evidence record may name.
 const INPUT_KINDS: [&str; 3] = ["trace", "scope", "config"];
 
 /// One hashed file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FileDigest {
     /// Relative to the folder's root, `/`-separated.
     pub path: String,
@@ -59,10 +66,28 @@ pub struct FileDigest {
     /// folder was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matches_manifest: Option<bool>,
+    /// For output files of at least `trace::chunked::CHUNKED_FROM` bytes:
+    /// the blake3 of every chunk, so that a reader of a few rows checks
+    /// only the chunks it reads (`CheckedFolder::open_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<Chunks>,
+}
+
+/// The chunk digests of one file (`trace::chunked`): chunk `i` is the
+/// blake3 of bytes `i*chunk_bytes .. (i+1)*chunk_bytes` (the last one
+/// shorter). `chunk_bytes` follows from the file's size
+/// (`trace::chunked::chunk_bytes_for`); it is recorded so the record
+/// reads on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chunks {
+    pub chunk_bytes: u64,
+    pub blake3: Vec<String>,
 }
 
 /// The inputs of a run, under one root directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Inputs {
     /// trace | scope | config
     pub kind: String,
@@ -79,6 +104,7 @@ pub struct Inputs {
 
 /// evidence.json.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Evidence {
     pub format: String,
     pub version: u32,
@@ -375,6 +401,7 @@ pub fn trace_inputs(trace_dir: &Path) -> Result<Inputs> {
         blake3: h,
         manifest_blake3: None,
         matches_manifest: None,
+        chunks: None,
     }];
     let mut problems = Vec::new();
     let listed: BTreeMap<String, String> = m
@@ -408,6 +435,7 @@ pub fn trace_inputs(trace_dir: &Path) -> Result<Inputs> {
             blake3: h,
             manifest_blake3: want,
             matches_manifest: ok,
+            chunks: None,
         });
     }
     for p in listed.keys() {
@@ -439,18 +467,48 @@ pub struct CheckedFolder {
     /// Size of evidence.json as read.
     pub evidence_bytes: u64,
     pub report: FolderReport,
+    /// Files whose bytes are checked as they are read, not yet
+    /// (`check_folder_deferred`); empty after `check_folder`.
+    pub deferred: Vec<String>,
+    /// What reads of deferred files found not to match (shared by every
+    /// file opened through `open_file`).
+    mismatches: MismatchLog,
 }
 
 /// Reads a folder's evidence.json once and checks every file of the folder
 /// against it (`verify_folder` without the inputs). A difference is in the
 /// report, not an error; a record that is not one is an error.
 pub fn check_folder(dir: &Path) -> Result<CheckedFolder> {
+    check_folder_as(dir, false)
+}
+
+/// `check_folder`, with the bytes of every file that has chunk digests
+/// left to be checked as they are read (`CheckedFolder::open_file`): those
+/// files are checked for presence, kind and size only, every other file
+/// is re-hashed. For a command that reads a few rows of a large folder (a
+/// look-up); `CheckedFolder::read_mismatches` then says whether anything
+/// it read did not match.
+pub fn check_folder_deferred(dir: &Path) -> Result<CheckedFolder> {
+    check_folder_as(dir, true)
+}
+
+fn check_folder_as(dir: &Path, defer: bool) -> Result<CheckedFolder> {
     let (evidence, digest, evidence_bytes) = read_evidence(dir)?;
-    let report = verify_record(dir, &evidence, digest, false, &mut Vec::new())?;
+    let mut deferred = Vec::new();
+    let report = verify_record(
+        dir,
+        &evidence,
+        digest,
+        false,
+        defer.then_some(&mut deferred),
+        &mut Vec::new(),
+    )?;
     Ok(CheckedFolder {
         evidence,
         evidence_bytes,
         report,
+        deferred,
+        mismatches: MismatchLog::default(),
     })
 }
 
@@ -460,6 +518,12 @@ impl CheckedFolder {
     /// confirmed, evidence.json included. A folder that does not match its
     /// evidence.json is refused: the chain of custody would be broken.
     pub fn as_input(&self, dir: &Path, kind: &str) -> Result<Inputs> {
+        if !self.deferred.is_empty() {
+            return Err(Error::Other(format!(
+                "{}: the folder was checked for reading a few rows only; a run that builds on it checks it whole (custody::check_folder)",
+                dir.display()
+            )));
+        }
         let rep = &self.report;
         if !rep.ok {
             let first = rep
@@ -488,6 +552,7 @@ impl CheckedFolder {
             .map(|f| FileDigest {
                 manifest_blake3: None,
                 matches_manifest: None,
+                chunks: None,
                 ..f.clone()
             })
             .collect();
@@ -497,6 +562,7 @@ impl CheckedFolder {
             blake3: rep.evidence_blake3.clone(),
             manifest_blake3: None,
             matches_manifest: None,
+            chunks: None,
         });
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(Inputs {
@@ -505,6 +571,42 @@ impl CheckedFolder {
             files,
             problems: Vec::new(),
         })
+    }
+
+    /// Opens the output file `name` of the folder `dir` for reading: a
+    /// deferred file checked chunk by chunk against evidence.json as it is
+    /// read, any other as it is (it was re-hashed by the check).
+    pub fn open_file(&self, dir: &Path, name: &str) -> Result<ChunkedFile> {
+        let path = dir.join(name);
+        if !self.deferred.iter().any(|d| d == name) {
+            return ChunkedFile::open(&path, name);
+        }
+        let f = self
+            .evidence
+            .outputs
+            .iter()
+            .find(|f| f.path == name)
+            .expect("a deferred file is listed in evidence.json");
+        let chunks = f
+            .chunks
+            .as_ref()
+            .expect("only files with chunk digests are deferred");
+        ChunkedFile::open_checked(
+            &path,
+            name,
+            f.bytes,
+            &chunks.blake3,
+            self.mismatches.clone(),
+        )
+    }
+
+    /// What reads of deferred files found not to match evidence.json, one
+    /// line per chunk (empty: everything read so far matched).
+    pub fn read_mismatches(&self) -> Vec<String> {
+        self.mismatches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -529,6 +631,7 @@ pub fn file_input(path: &Path, kind: &str) -> Result<Inputs> {
             blake3: h,
             manifest_blake3: None,
             matches_manifest: None,
+            chunks: None,
         }],
         problems: Vec::new(),
     })
@@ -547,13 +650,17 @@ pub fn write_evidence(
         if r == EVIDENCE_JSON {
             continue;
         }
-        let (h, b) = hash_file(&dir.join(&r))?;
+        let (h, b, chunks) = chunked::digest_file(&dir.join(&r))?;
         outputs.push(FileDigest {
             path: r,
             bytes: b,
             blake3: h,
             manifest_blake3: None,
             matches_manifest: None,
+            chunks: chunks.map(|blake3| Chunks {
+                chunk_bytes: chunked::chunk_bytes_for(b),
+                blake3,
+            }),
         });
     }
     let here = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
@@ -612,7 +719,7 @@ pub fn load_evidence(dir: &Path) -> Result<(Evidence, String)> {
 /// `load_evidence`, plus the size of the bytes read.
 fn read_evidence(dir: &Path) -> Result<(Evidence, String, u64)> {
     let p = dir.join(EVIDENCE_JSON);
-    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+    let bytes = crate::trace::files::read_limited(&p, MAX_EVIDENCE_BYTES, "an evidence record")?;
     let ev: Evidence = serde_json::from_slice(&bytes).map_err(|e| {
         Error::invalid(
             Location::file(&p),
@@ -707,6 +814,41 @@ fn check_record(ev: &Evidence, p: &Path) -> Result<()> {
                     "not a blake3 digest (64 hex digits)".into(),
                 ));
             }
+            if let Some(c) = &f.chunks {
+                let key = format!("{key}[{i}].chunks");
+                let chunk = chunked::chunk_bytes_for(f.bytes);
+                if !outputs || f.bytes < chunked::CHUNKED_FROM || c.chunk_bytes != chunk {
+                    return Err(bad_record(
+                        p,
+                        &format!("{key}.chunk_bytes"),
+                        format!(
+                            "chunk digests of {} bytes for a file of {} bytes; kvtrail writes chunks of {chunk} bytes for output files of at least {} bytes only",
+                            c.chunk_bytes,
+                            f.bytes,
+                            chunked::CHUNKED_FROM
+                        ),
+                    ));
+                }
+                if c.blake3.len() as u64 != chunked::chunk_count(f.bytes) {
+                    return Err(bad_record(
+                        p,
+                        &format!("{key}.blake3"),
+                        format!(
+                            "{} chunk digests for {} bytes, expected {}",
+                            c.blake3.len(),
+                            f.bytes,
+                            chunked::chunk_count(f.bytes)
+                        ),
+                    ));
+                }
+                if let Some(j) = c.blake3.iter().position(|d| !is_digest(d)) {
+                    return Err(bad_record(
+                        p,
+                        &format!("{key}.blake3[{j}]"),
+                        "not a blake3 digest (64 hex digits)".into(),
+                    ));
+                }
+            }
         }
         Ok(())
     };
@@ -784,15 +926,18 @@ pub fn verify_folder(dir: &Path, inputs: bool) -> Result<FolderReport> {
 
 fn verify_nested(dir: &Path, inputs: bool, stack: &mut Vec<PathBuf>) -> Result<FolderReport> {
     let (ev, digest) = load_evidence(dir)?;
-    verify_record(dir, &ev, digest, inputs, stack)
+    verify_record(dir, &ev, digest, inputs, None, stack)
 }
 
 /// `verify_nested` against a record already read (`digest`: its blake3).
+/// With `defer`, output files that have chunk digests are checked for
+/// presence and size only and named there (`check_folder_deferred`).
 fn verify_record(
     dir: &Path,
     ev: &Evidence,
     digest: String,
     inputs: bool,
+    mut defer: Option<&mut Vec<String>>,
     stack: &mut Vec<PathBuf>,
 ) -> Result<FolderReport> {
     let ev_path = dir.join(EVIDENCE_JSON);
@@ -801,7 +946,12 @@ fn verify_record(
     let listed: BTreeMap<&str, &FileDigest> =
         ev.outputs.iter().map(|f| (f.path.as_str(), f)).collect();
     for f in &ev.outputs {
-        check_file(dir, f, "output", "", &mut problems)?;
+        let deferred = defer.is_some() && f.chunks.is_some();
+        if check_file(dir, f, "output", "", deferred, &mut problems)?
+            && let Some(d) = defer.as_deref_mut()
+        {
+            d.push(f.path.clone());
+        }
     }
     for r in list_files(dir)? {
         if r != EVIDENCE_JSON && !listed.contains_key(r.as_str()) {
@@ -847,7 +997,7 @@ fn verify_record(
         }
         for f in &inp.files {
             inputs_checked += 1;
-            check_file(root, f, "input", &inp.root, &mut problems)?;
+            check_file(root, f, "input", &inp.root, false, &mut problems)?;
         }
         if inp.kind == "scope" && root.join(EVIDENCE_JSON).is_file() {
             // An input folder's record that is no longer one is a failed
@@ -903,13 +1053,17 @@ fn verify_record(
     })
 }
 
+/// Checks one listed file, adding what differs to `out`. With `defer`,
+/// a file that is there with its recorded size is not hashed, and the
+/// result is true (its bytes are checked as they are read).
 fn check_file(
     root: &Path,
     f: &FileDigest,
     side: &str,
     prefix: &str,
+    defer: bool,
     out: &mut Vec<FolderProblem>,
-) -> Result<()> {
+) -> Result<bool> {
     let p = root.join(&f.path);
     let shown = if prefix.is_empty() {
         f.path.clone()
@@ -940,7 +1094,7 @@ fn check_file(
             kind: "modified".into(),
             detail: "a symbolic link where evidence.json lists a file (not followed)".into(),
         });
-        return Ok(());
+        return Ok(false);
     }
     if !p.is_file() {
         out.push(FolderProblem {
@@ -949,9 +1103,49 @@ fn check_file(
             kind: "missing".into(),
             detail: "file listed in evidence.json is missing".into(),
         });
-        return Ok(());
+        return Ok(false);
     }
-    let (h, b) = hash_file(&p)?;
+    if defer {
+        let b = std::fs::metadata(&p).map_err(|e| Error::io(&p, e))?.len();
+        if b == f.bytes {
+            return Ok(true);
+        }
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "modified".into(),
+            detail: format!("{b} bytes, where evidence.json records {}", f.bytes),
+        });
+        return Ok(false);
+    }
+    let (h, b, chunks) = match &f.chunks {
+        Some(_) => chunked::digest_file(&p)?,
+        None => {
+            let (h, b) = hash_file(&p)?;
+            (h, b, None)
+        }
+    };
+    if h == f.blake3
+        && b == f.bytes
+        && let Some(rec) = &f.chunks
+        && chunks.as_ref() != Some(&rec.blake3)
+    {
+        let first = chunks
+            .iter()
+            .flatten()
+            .zip(&rec.blake3)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "modified".into(),
+            detail: format!(
+                "the file matches its blake3 but not evidence.json's chunk digests (chunk {first} differs): the record was edited"
+            ),
+        });
+        return Ok(false);
+    }
     if h != f.blake3 || b != f.bytes {
         out.push(FolderProblem {
             side: side.into(),
@@ -966,5 +1160,5 @@ fn check_file(
             ),
         });
     }
-    Ok(())
+    Ok(false)
 }

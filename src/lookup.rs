@@ -149,7 +149,14 @@ pub struct Answer {
     #[serde(skip_serializing_if = "is_zero")]
     pub ambiguous_customers: u64,
     pub evidence_blake3: String,
+    /// No difference from evidence.json was found by the check
+    /// `evidence_check` names.
     pub evidence_intact: bool,
+    /// `whole_folder`: every file re-hashed; `bytes_read`: every file
+    /// present with its recorded size, files under 4 MiB re-hashed, and
+    /// every byte the answer read of larger ones compared with their chunk
+    /// digests (`kvtrail verify` checks every byte).
+    pub evidence_check: String,
     pub evidence_problems: Vec<String>,
     pub evidence_complete: bool,
     /// How the answer was found, where it was not the usual way (a folder
@@ -175,14 +182,56 @@ fn prefix_cache_note(matches: &[Match], breach: bool) -> String {
     }
 }
 
+fn evidence_check(folder: &ScopeFolder) -> String {
+    if folder.deferred() {
+        CHECKED_BYTES_READ
+    } else {
+        CHECKED_WHOLE_FOLDER
+    }
+    .into()
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// `Answer::evidence_check` after a check of every byte of the folder.
+pub const CHECKED_WHOLE_FOLDER: &str = "whole_folder";
+/// `Answer::evidence_check` after a check of the bytes the answer read.
+pub const CHECKED_BYTES_READ: &str = "bytes_read";
+
 /// Answers a query from a scope folder; `only_tenant` restricts an
 /// external-id or output-hash query to the asking customer's requests.
+/// The folder is checked as far as the answer reads it
+/// (`ScopeFolder::open_deferred`: every file present with its recorded
+/// size, small files re-hashed, the bytes read of large ones compared with
+/// their chunk digests); `lookup_checked` with `whole` checks every byte
+/// first. Where the bytes read do not match, the look-up is answered again
+/// after a check of the whole folder, so a changed folder is answered as
+/// `lookup_checked` answers it.
 pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer> {
-    let folder = ScopeFolder::open(dir)?;
+    lookup_checked(dir, q, only_tenant, false)
+}
+
+/// `lookup`; with `whole`, every file of the folder is re-hashed before
+/// the answer (as `kvtrail verify` does).
+pub fn lookup_checked(
+    dir: &Path,
+    q: &Query,
+    only_tenant: Option<&str>,
+    whole: bool,
+) -> Result<Answer> {
+    if !whole {
+        let folder = ScopeFolder::open_deferred(dir)?;
+        let a = answer(&folder, q, only_tenant);
+        if folder.read_mismatches().is_empty() {
+            return a;
+        }
+    }
+    answer(&ScopeFolder::open(dir)?, q, only_tenant)
+}
+
+fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<Answer> {
     folder.refuse_shard("lookup")?;
     let sum = folder.summary();
     let hash_q = match q {
@@ -352,6 +401,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
             ambiguous_customers: customers.len() as u64,
             evidence_blake3: folder.evidence_blake3().into(),
             evidence_intact: folder.intact(),
+            evidence_check: evidence_check(folder),
             evidence_problems: folder.evidence_problems(),
             evidence_complete: complete,
             notes,
@@ -421,6 +471,7 @@ pub fn lookup(dir: &Path, q: &Query, only_tenant: Option<&str>) -> Result<Answer
         ambiguous_customers: 0,
         evidence_blake3: folder.evidence_blake3().into(),
         evidence_intact: folder.intact(),
+        evidence_check: evidence_check(folder),
         evidence_problems: folder.evidence_problems(),
         evidence_complete: complete,
         notes,

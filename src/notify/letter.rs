@@ -417,6 +417,17 @@ pub(super) fn template_context(n: &Notice, lang: Lang) -> minijinja::Value {
     minijinja::context! { notice => minijinja::Value::from_serialize(&v), lang => lang.code() }
 }
 
+/// What the register template (register.md.j2) receives: `register`
+/// (register.json's content, with `prefix_cache` null where the entry has
+/// none, so a template can test for it) and `lang`.
+pub(super) fn register_context(r: &RegisterEntry, lang: Lang) -> minijinja::Value {
+    let mut v = serde_json::to_value(r).expect("register serializes");
+    if let Some(m) = v.as_object_mut() {
+        m.entry("prefix_cache").or_insert(serde_json::Value::Null);
+    }
+    minijinja::context! { register => minijinja::Value::from_serialize(&v), lang => lang.code() }
+}
+
 /// `n thing` / `n things`.
 fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })

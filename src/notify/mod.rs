@@ -5,7 +5,7 @@
 //! a letter (letter.md), the processor-to-controller notice
 //! (processor-notice.md, GDPR Art. 33(2)) and notice.json (the Art. 33(3)
 //! content, machine-readable); plus one breach-register entry for the whole
-//! incident (register.csv, register.json) and evidence.json.
+//! incident (register.csv, register.json, and register.md from its template) and evidence.json.
 //!
 //! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are notified on
 //! both sides (the reader served from another customer's cached prefix,
@@ -715,6 +715,15 @@ pub fn notify(
     j.push('\n');
     docs.push(("register.json".into(), j));
     docs.push(("register.csv".into(), letter::register_csv(&reg)));
+    let rows = reg.notification_packs.len()
+        + reg.measures_taken.len()
+        + reg.likely_consequences.len()
+        + reg.evidence.coverage_notes.len();
+    let view = letter::register_context(&reg, templates.lang());
+    docs.push((
+        "register.md".into(),
+        templates.render(templates::REGISTER, &view, rows)?,
+    ));
 
     if force {
         custody::prepare_out(out, "notify", &[scope_dir], force)?;

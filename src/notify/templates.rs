@@ -58,9 +58,11 @@ pub const LETTER: &str = "letter.md.j2";
 pub const PROCESSOR_NOTICE: &str = "processor-notice.md.j2";
 /// The sections both documents share, as macros.
 pub const SECTIONS: &str = "sections.md.j2";
+/// The breach register entry (Art. 33(5)), register.md.
+pub const REGISTER: &str = "register.md.j2";
 
 /// Every template file name, in the order they are written out.
-pub const NAMES: [&str; 3] = [LETTER, PROCESSOR_NOTICE, SECTIONS];
+pub const NAMES: [&str; 4] = [LETTER, PROCESSOR_NOTICE, SECTIONS, REGISTER];
 
 /// The built-in template `name` in `lang`.
 pub fn default_source(lang: Lang, name: &str) -> Option<&'static str> {
@@ -75,6 +77,8 @@ pub fn default_source(lang: Lang, name: &str) -> Option<&'static str> {
             include_str!("../../templates/notify/de/processor-notice.md.j2")
         }
         (Lang::De, SECTIONS) => include_str!("../../templates/notify/de/sections.md.j2"),
+        (Lang::En, REGISTER) => include_str!("../../templates/notify/en/register.md.j2"),
+        (Lang::De, REGISTER) => include_str!("../../templates/notify/de/register.md.j2"),
         _ => return None,
     })
 }
@@ -222,7 +226,7 @@ impl Templates {
 /// The template files of `dir`, by template name. Files not ending in
 /// `.j2` are left alone (a README beside the templates is fine).
 fn read_dir(dir: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
-    let hint = "pass a folder holding some of letter.md.j2, processor-notice.md.j2, sections.md.j2 (`kvtrail notify --write-default-templates DIR` writes the defaults to start from)";
+    let hint = "pass a folder holding some of letter.md.j2, processor-notice.md.j2, sections.md.j2, register.md.j2 (`kvtrail notify --write-default-templates DIR` writes the defaults to start from)";
     let rd = std::fs::read_dir(dir).map_err(|e| {
         Error::invalid(
             Location::file(dir),

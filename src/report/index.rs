@@ -33,6 +33,7 @@ use crate::report::csv;
 use crate::schema::hex32;
 use crate::scope::ScopeReport;
 use crate::scope::anomalies::answered_ok;
+use crate::trace::chunked::ChunkedFile;
 use crate::trace::read::Trace;
 use crate::trace::sorted::{SortedReader, SortedWriter};
 
@@ -209,21 +210,27 @@ pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeli
 /// returns false. Streams record by record (a quoted field may span lines),
 /// so memory does not grow with the trace. Text cells are returned as they
 /// were in the trace (`csv::untext`). Errors name the file and row.
-pub fn read_index(dir: &Path, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
-    read_index_at(dir, |row, _| f(row))
+pub fn read_index(dir: &Path, f: impl FnMut(IndexRow) -> bool) -> Result<()> {
+    read_index_from(&open_requests(dir)?, f)
 }
 
-fn open_requests(dir: &Path) -> Result<(std::path::PathBuf, std::fs::File)> {
+/// `read_index` over requests.csv already opened (e.g. checked chunk by
+/// chunk against the folder's evidence.json as it is read).
+pub fn read_index_from(file: &ChunkedFile, mut f: impl FnMut(IndexRow) -> bool) -> Result<()> {
+    read_index_at(file, |row, _| f(row))
+}
+
+/// The folder's requests.csv, opened as it is.
+pub fn open_requests(dir: &Path) -> Result<ChunkedFile> {
     let path = dir.join(REQUESTS_CSV);
-    match std::fs::File::open(&path) {
-        Ok(t) => Ok((path, t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::invalid(
+    if !path.exists() {
+        return Err(Error::invalid(
             crate::error::Location::file(&path),
             "the scope folder has no request index",
             "it was written by an older kvtrail; run `kvtrail scope TRACE --out DIR` again",
-        )),
-        Err(e) => Err(Error::io(&path, e)),
+        ));
     }
+    ChunkedFile::open(&path, REQUESTS_CSV)
 }
 
 fn bad_row(path: &Path, row: Option<u64>, what: String) -> Error {
@@ -239,9 +246,9 @@ fn bad_row(path: &Path, row: Option<u64>, what: String) -> Error {
 }
 
 /// `read_index` with each row's byte offset in requests.csv.
-fn read_index_at(dir: &Path, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result<()> {
-    let (path, file) = open_requests(dir)?;
-    let mut rd = csv::reader(std::io::BufReader::new(file));
+fn read_index_at(file: &ChunkedFile, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result<()> {
+    let path = file.path();
+    let mut rd = csv::reader(std::io::BufReader::new(file.cursor(0)));
     let mut rec = ::csv::StringRecord::new();
     let mut header = true;
     loop {
@@ -252,7 +259,7 @@ fn read_index_at(dir: &Path, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result
             Ok(true) => {}
             Err(e) => {
                 let row = e.position().map_or(row, |p| p.line().saturating_sub(1));
-                return Err(bad_row(&path, Some(row), format!("not valid CSV: {e}")));
+                return Err(bad_row(path, Some(row), format!("not valid CSV: {e}")));
             }
         }
         let i = rec.position().map_or(row, |p| p.line().saturating_sub(1));
@@ -260,7 +267,7 @@ fn read_index_at(dir: &Path, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result
         if header {
             if rec.iter().collect::<Vec<_>>().join(",") != REQUESTS_HEADER {
                 return Err(bad_row(
-                    &path,
+                    path,
                     Some(i),
                     format!("header is not `{REQUESTS_HEADER}`"),
                 ));
@@ -268,7 +275,7 @@ fn read_index_at(dir: &Path, mut f: impl FnMut(IndexRow, u64) -> bool) -> Result
             header = false;
             continue;
         }
-        let row = parse_row(&rec).map_err(|what| bad_row(&path, Some(i), what))?;
+        let row = parse_row(&rec).map_err(|what| bad_row(path, Some(i), what))?;
         if !f(row, offset) {
             return Ok(());
         }
@@ -334,7 +341,7 @@ const INDEX_VERSION: &str = "1";
 pub fn write_lookup_index(dir: &Path) -> Result<()> {
     let mut pairs: Vec<(u64, u64)> = Vec::new();
     let mut n = 0u64;
-    read_index_at(dir, |row, off| {
+    read_index_at(&open_requests(dir)?, |row, off| {
         n += 1;
         if let Some(x) = &row.external_id {
             pairs.push((lookup_key(KeyKind::ExternalId, x), off));
@@ -369,29 +376,25 @@ pub fn write_lookup_index(dir: &Path) -> Result<()> {
 
 /// A scope folder's look-up index, opened and matched to its requests.csv.
 pub struct LookupIndex {
-    dir: std::path::PathBuf,
+    csv: ChunkedFile,
     keys: SortedReader,
     requests: u64,
 }
 
 impl LookupIndex {
-    /// Opens the index of `dir` when it is there, of this format, and was
-    /// built from the requests.csv whose digest and size evidence.json
-    /// records (`csv_blake3`, `csv_bytes`). `Err` says why it cannot be
-    /// used (the caller scans requests.csv instead and says so).
+    /// Opens the index (`index`, the folder's requests.index.parquet) when
+    /// it is of this format and was built from the requests.csv (`csv`)
+    /// whose digest and size evidence.json records (`csv_blake3`,
+    /// `csv_bytes`). `Err` says why it cannot be used (the caller scans
+    /// requests.csv instead and says so).
     pub fn open(
-        dir: &Path,
+        index: ChunkedFile,
+        csv: ChunkedFile,
         csv_blake3: &str,
         csv_bytes: u64,
     ) -> std::result::Result<LookupIndex, String> {
-        let path = dir.join(LOOKUP_INDEX);
-        if !path.is_file() {
-            return Err(format!(
-                "the folder has no look-up index ({LOOKUP_INDEX}: written by an older kvtrail)"
-            ));
-        }
-        let keys =
-            SortedReader::open(&path).map_err(|e| format!("{LOOKUP_INDEX} unreadable: {e}"))?;
+        let keys = SortedReader::from_file(index)
+            .map_err(|e| format!("{LOOKUP_INDEX} unreadable: {e}"))?;
         if keys.metadata("kvtrail.format") != Some(INDEX_FORMAT)
             || keys.metadata("kvtrail.version") != Some(INDEX_VERSION)
         {
@@ -411,7 +414,7 @@ impl LookupIndex {
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| format!("{LOOKUP_INDEX} does not record its number of requests"))?;
         Ok(LookupIndex {
-            dir: dir.to_path_buf(),
+            csv,
             keys,
             requests,
         })
@@ -432,14 +435,14 @@ impl LookupIndex {
     /// Reads the rows of requests.csv at `offsets` (ascending), calling `f`
     /// for each in order. Errors name the file and byte offset.
     pub fn rows_at(&self, offsets: &[u64], mut f: impl FnMut(IndexRow)) -> Result<()> {
-        let (path, file) = open_requests(&self.dir)?;
-        let mut rd = csv::row_reader(file);
+        let path = self.csv.path();
+        let mut rd = csv::row_reader(self.csv.cursor(0));
         let mut rec = ::csv::StringRecord::new();
         for &off in offsets {
             let mut pos = ::csv::Position::new();
             pos.set_byte(off);
-            rd.seek(pos).map_err(|e| Error::io(&path, e.into()))?;
-            let what = |w: String| bad_row(&path, None, format!("at byte {off}: {w}"));
+            rd.seek(pos).map_err(|e| Error::io(path, e.into()))?;
+            let what = |w: String| bad_row(path, None, format!("at byte {off}: {w}"));
             match rd.read_record(&mut rec) {
                 Ok(true) => {}
                 Ok(false) => return Err(what("no row there".into())),

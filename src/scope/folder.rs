@@ -10,6 +10,10 @@
 //! not copied: the evidence check in `custody`, the request index format in
 //! `report::index`, the shard refusal in `scope::merge`.
 //!
+//! `open_deferred` is the look-up's way in: large files (those with chunk
+//! digests in evidence.json) are checked as they are read, so a look-up in
+//! a 2 GB folder checks the kilobytes it reads, not every byte.
+//!
 //! A folder that does not match its evidence.json still opens: a look-up
 //! answers and says so (`intact`), while a command that builds on the
 //! folder takes it through `as_input`, which refuses it.
@@ -20,6 +24,7 @@ use super::model::{Coverage, ScopeReport};
 use crate::custody::{self, CheckedFolder, EVIDENCE_JSON, FolderReport};
 use crate::error::{Error, Location, Result};
 use crate::report::index::{self, IndexRow};
+use crate::trace::chunked::ChunkedFile;
 
 /// The findings file of a scope folder.
 pub const SUMMARY_JSON: &str = "summary.json";
@@ -39,6 +44,23 @@ impl ScopeFolder {
     /// checked against it (differences are kept, see `intact`); summary.json
     /// must be a kvtrail scope report of format version 1.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_as(dir, false)
+    }
+
+    /// `open` for a command that reads a few rows (a look-up): the files
+    /// that have chunk digests in evidence.json are checked for presence
+    /// and size, and their bytes as they are read (`read_mismatches`);
+    /// every other file is re-hashed. A folder in which this finds any
+    /// difference is checked whole instead (`open`), so its problems are
+    /// all named.
+    pub fn open_deferred(dir: &Path) -> Result<Self> {
+        match Self::open_as(dir, true) {
+            Ok(f) if f.intact() => Ok(f),
+            _ => Self::open(dir),
+        }
+    }
+
+    fn open_as(dir: &Path, defer: bool) -> Result<Self> {
         if !dir.join(EVIDENCE_JSON).is_file() {
             return Err(Error::invalid(
                 Location::file(dir),
@@ -53,9 +75,13 @@ impl ScopeFolder {
                 "pass the folder written by `kvtrail scope TRACE --out DIR`",
             ));
         }
-        let checked = custody::check_folder(dir)?;
+        let checked = if defer {
+            custody::check_folder_deferred(dir)?
+        } else {
+            custody::check_folder(dir)?
+        };
         let p = dir.join(SUMMARY_JSON);
-        let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+        let bytes = checked.open_file(dir, SUMMARY_JSON)?.read_all()?;
         let summary = ScopeReport::from_json(&bytes).map_err(|e| {
             Error::invalid(
                 Location::file(&p),
@@ -115,9 +141,32 @@ impl ScopeFolder {
         &self.checked.report
     }
 
-    /// Whether every file matches evidence.json and nothing else is there.
+    /// Whether every file matches evidence.json and nothing else is there
+    /// (after `open_deferred`: as far as checked, see `deferred`).
     pub fn intact(&self) -> bool {
-        self.checked.report.ok
+        self.checked.report.ok && self.checked.read_mismatches().is_empty()
+    }
+
+    /// Whether the bytes of large files are checked as they are read
+    /// (`open_deferred`), not all at opening (`open`).
+    pub fn deferred(&self) -> bool {
+        !self.checked.deferred.is_empty()
+    }
+
+    /// What reads found not to match evidence.json (`open_deferred`; empty
+    /// when everything read so far matched).
+    pub fn read_mismatches(&self) -> Vec<String> {
+        self.checked.read_mismatches()
+    }
+
+    /// An output file of the folder, opened for reading through the check
+    /// (`custody::CheckedFolder::open_file`); requests.csv with the
+    /// message of a folder that has none.
+    fn open_file(&self, name: &str) -> Result<ChunkedFile> {
+        if name == index::REQUESTS_CSV && !self.checked.deferred.iter().any(|d| d == name) {
+            return index::open_requests(&self.dir);
+        }
+        self.checked.open_file(&self.dir, name)
     }
 
     /// What the check found, one line per file: `kind path: detail`.
@@ -133,7 +182,7 @@ impl ScopeFolder {
     /// Streams requests.csv (every request of the trace), calling `f` for
     /// each row until it returns false (`report::index::read_index`).
     pub fn requests(&self, f: impl FnMut(IndexRow) -> bool) -> Result<()> {
-        index::read_index(&self.dir, f)
+        index::read_index_from(&self.open_file(index::REQUESTS_CSV)?, f)
     }
 
     /// The folder's look-up index (`report::index::LookupIndex`), when it
@@ -163,8 +212,18 @@ impl ScopeFolder {
         else {
             return Err("evidence.json lists no requests.csv".into());
         };
-        index::LookupIndex::open(&self.dir, &csv.blake3, csv.bytes)
-            .map_err(|why| format!("{why}, so requests.csv was scanned"))
+        let open = |name: &str| {
+            self.open_file(name).map_err(|e| {
+                format!("{name} could not be opened ({e}), so requests.csv was scanned")
+            })
+        };
+        index::LookupIndex::open(
+            open(index::LOOKUP_INDEX)?,
+            open(index::REQUESTS_CSV)?,
+            &csv.blake3,
+            csv.bytes,
+        )
+        .map_err(|why| format!("{why}, so requests.csv was scanned"))
     }
 
     /// Refuses a shard's folder where the findings of every pool are needed

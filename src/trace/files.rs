@@ -169,7 +169,9 @@ pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
         Error::invalid(
             Location::file(path),
             format!("is {n} bytes, more than the {limit} bytes kvtrail reads for {what}"),
-            "this is not a kvtrail manifest, or a damaged one; see docs/limits.md",
+            format!(
+                "{what} is never this large: this is not one, or a damaged one; see docs/limits.md"
+            ),
         )
     };
     let len = file.size().map_err(|e| Error::io(path, e))?;

@@ -4,6 +4,7 @@
 //! and hash them as they write.
 
 pub mod check;
+pub mod chunked;
 pub mod files;
 mod guard;
 mod hive;

@@ -26,6 +26,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 
 use crate::error::{Error, Location, Result};
+use crate::trace::chunked::ChunkedFile;
 use crate::trace::guard::guard;
 
 /// Rows per row group: one look-up decodes about this many pairs.
@@ -135,6 +136,7 @@ impl SortedWriter {
 /// group's key range checked to be in order.
 pub struct SortedReader {
     path: PathBuf,
+    file: ChunkedFile,
     meta: Arc<ParquetMetaData>,
     /// (min, max) key of each row group.
     ranges: Vec<(i64, i64)>,
@@ -145,6 +147,13 @@ impl SortedReader {
     /// layout: two non-null Int64 columns `key`, `value`, every row group
     /// with min/max statistics on `key`, in key order.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::from_file(ChunkedFile::open(path, &path.to_string_lossy())?)
+    }
+
+    /// `open` over a file already opened (e.g. checked chunk by chunk
+    /// against a folder's evidence.json as it is read).
+    pub fn from_file(file: ChunkedFile) -> Result<Self> {
+        let path = &file.path().to_path_buf();
         let loc = || Location::file(path);
         let bad = |what: String| {
             Error::invalid(
@@ -153,7 +162,6 @@ impl SortedReader {
                 "the look-up index is written by `kvtrail scope --out`; run `kvtrail verify` on the folder and re-run scope",
             )
         };
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let meta = guard(loc, || {
             let mut r = parquet::file::metadata::ParquetMetaDataReader::new();
             r.try_parse(&file)
@@ -181,6 +189,7 @@ impl SortedReader {
         }
         Ok(SortedReader {
             path: path.to_path_buf(),
+            file,
             meta: Arc::new(meta),
             ranges,
         })
@@ -230,7 +239,7 @@ impl SortedReader {
             )
         };
         guard(loc, || {
-            let file = File::open(path).map_err(|e| Error::io(path, e))?;
+            let file = self.file.clone();
             let opts = parquet::arrow::arrow_reader::ArrowReaderOptions::new();
             let meta =
                 parquet::arrow::arrow_reader::ArrowReaderMetadata::try_new(self.meta.clone(), opts)

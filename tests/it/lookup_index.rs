@@ -135,3 +135,259 @@ fn lookup_answers_are_the_same_with_and_without_the_index() {
         "{text}"
     );
 }
+
+/// A scope folder whose requests.csv is large enough for chunk digests
+/// (about 6 MB: six 1 MiB chunks): the golden v1 trace's findings and `n`
+/// synthetic requests, with its look-up index and evidence.json, written
+/// through the library as scope writes them.
+fn large_folder(dir: &Path, n: u64) {
+    use kvtrail::report::index::{self, REQUESTS_CSV, REQUESTS_HEADER};
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
+    let run = kvtrail::scope::shard::ScopeRun::open(&golden, kvtrail::lineage::BackendChoice::Cpu)
+        .unwrap()
+        .run(None, &kvtrail::progress::NoReporter)
+        .unwrap();
+    kvtrail::report::write_out(&run.report, dir).unwrap();
+    let cmd = ["kvtrail".to_string(), "scope".to_string()];
+    kvtrail::report::bundle::write_scope_extras(&run.trace, &run.report, dir, &cmd).unwrap();
+    std::fs::remove_file(dir.join(kvtrail::custody::EVIDENCE_JSON)).unwrap();
+    let f = std::fs::File::create(dir.join(REQUESTS_CSV)).unwrap();
+    let mut w = kvtrail::report::csv::writer(std::io::BufWriter::new(f));
+    w.write_record(REQUESTS_HEADER.split(',')).unwrap();
+    for i in 0..n {
+        let arrival = 1_788_220_800_000_000_000i64 + i as i64 * 1_000_000;
+        w.write_record([
+            i.to_string(),
+            large_ext(i),
+            ["acme", "globex", "initech"][(i % 3) as usize].to_string(),
+            arrival.to_string(),
+            (arrival + 2_000_000_000).to_string(),
+            "200".into(),
+            "812".into(),
+            "812".into(),
+            "64".into(),
+            blake3::hash(&i.to_le_bytes()).to_hex().to_string(),
+        ])
+        .unwrap();
+    }
+    w.flush().unwrap();
+    drop(w);
+    index::write_lookup_index(dir).unwrap();
+    kvtrail::custody::write_evidence(dir, "scope", &cmd, Vec::new()).unwrap();
+}
+
+fn large_ext(i: u64) -> String {
+    format!(
+        "chatcmpl-{}",
+        &blake3::hash(&(i + 1).to_be_bytes()).to_hex()[..24]
+    )
+}
+
+/// The byte offset of request `id`'s row in requests.csv.
+fn row_offset(dir: &Path, id: u64) -> usize {
+    let text = std::fs::read_to_string(dir.join("requests.csv")).unwrap();
+    text.find(&format!("\n{id},")).unwrap() + 1
+}
+
+fn flip(p: &Path, at: usize) {
+    let mut b = std::fs::read(p).unwrap();
+    // A digit for another digit: the file stays valid CSV of the same size.
+    b[at] = if b[at] == b'1' { b'2' } else { b'1' };
+    std::fs::write(p, b).unwrap();
+}
+
+fn edit_evidence(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("evidence.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+/// The chunk digests of requests.csv in evidence.json.
+fn csv_chunks(v: &mut serde_json::Value) -> &mut serde_json::Value {
+    let outs = v["outputs"].as_array_mut().unwrap();
+    let f = outs
+        .iter_mut()
+        .find(|f| f["path"] == "requests.csv")
+        .unwrap();
+    &mut f["chunks"]
+}
+
+#[test]
+fn a_lookup_in_a_large_folder_checks_the_bytes_it_reads_and_answers_a_changed_one_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let good = root.join("scope");
+    large_folder(&good, 36_000);
+    let ev: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(good.join("evidence.json")).unwrap()).unwrap();
+    let csv = ev["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "requests.csv")
+        .unwrap();
+    assert_eq!(csv["chunks"]["chunk_bytes"], 1 << 20);
+    let chunks = csv["chunks"]["blake3"].as_array().unwrap().len();
+    assert!(chunks >= 5, "{chunks} chunks");
+    // The small files have none.
+    for f in ev["outputs"].as_array().unwrap() {
+        assert_eq!(
+            f.get("chunks").is_some(),
+            f["bytes"].as_u64().unwrap() >= 4 << 20,
+            "{f}"
+        );
+    }
+    let id = 7u64;
+    let q = ["--external-id", &large_ext(id)];
+    let a = answer(&good, &q);
+    assert_eq!(a["evidence_check"], "bytes_read", "{a}");
+    assert_eq!(a["evidence_intact"], true, "{a}");
+    assert!(a.get("notes").is_none(), "the index was used: {a}");
+    assert_eq!(a["matches"][0]["request_id"], id);
+    let whole = answer(&good, &[q[0], q[1], "--full-check"]);
+    assert_eq!(whole["evidence_check"], "whole_folder");
+    assert_eq!(whole["evidence_intact"], true);
+    let strip = |mut v: serde_json::Value| {
+        v.as_object_mut().unwrap().remove("evidence_check");
+        v
+    };
+    assert_eq!(strip(a.clone()), strip(whole));
+    let text = kvtrail(["lookup", s(&good), q[0], q[1]])
+        .expect(&[0])
+        .run()
+        .stdout;
+    assert!(
+        text.contains(
+            "every byte read matches evidence.json; `kvtrail verify` checks the whole folder"
+        ),
+        "{text}"
+    );
+
+    // A byte changed far from the row asked about: the look-up did not
+    // read it and answers as before; the whole check and verify find it.
+    let far = root.join("far");
+    copy_dir(&good, &far);
+    let end = std::fs::metadata(far.join("requests.csv")).unwrap().len() as usize;
+    let at = row_offset(&far, 35_990);
+    assert!(at > end - (1 << 20), "in the last chunk");
+    flip(&far.join("requests.csv"), at);
+    assert_eq!(strip(answer(&far, &q)), strip(a.clone()));
+    let w = answer(&far, &[q[0], q[1], "--full-check"]);
+    assert_eq!(w["evidence_intact"], false, "{w}");
+    assert!(
+        w["evidence_problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("modified requests.csv"),
+        "{w}"
+    );
+    kvtrail(["verify", s(&far)]).expect(&[1]).run();
+
+    // The row asked about changed (same size): the chunk read does not
+    // match, and the look-up is answered after the whole check.
+    let near = root.join("near");
+    copy_dir(&good, &near);
+    let text = std::fs::read_to_string(near.join("requests.csv")).unwrap();
+    let row = row_offset(&near, id);
+    let arrival = row + text[row..].find(",1788220800").unwrap() + 12;
+    flip(&near.join("requests.csv"), arrival);
+    let b = answer(&near, &q);
+    assert_eq!(b["evidence_check"], "whole_folder", "{b}");
+    assert_eq!(b["evidence_intact"], false, "{b}");
+    assert!(
+        b["evidence_problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("modified requests.csv"),
+        "{b}"
+    );
+    assert!(
+        b["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("does not match its evidence.json"),
+        "{b}"
+    );
+    kvtrail(["lookup", s(&near), q[0], q[1]]).expect(&[1]).run();
+
+    // Grown by a byte: found by the size check before anything is read.
+    let grown = root.join("grown");
+    copy_dir(&good, &grown);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(grown.join("requests.csv"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"\n").unwrap();
+    drop(f);
+    let g = answer(&grown, &q);
+    assert_eq!(
+        (g["evidence_check"].as_str(), g["evidence_intact"].as_bool()),
+        (Some("whole_folder"), Some(false)),
+        "{g}"
+    );
+
+    // A chunk digest edited in the record (still hex): the chunk read
+    // does not match it; the whole check names the edited record.
+    let forged = root.join("forged");
+    copy_dir(&good, &forged);
+    edit_evidence(&forged, |v| {
+        csv_chunks(v)["blake3"][0] = "ab".repeat(32).into()
+    });
+    let c = answer(&forged, &q);
+    assert_eq!(c["evidence_intact"], false, "{c}");
+    assert!(
+        c["evidence_problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("chunk digests (chunk 0 differs): the record was edited"),
+        "{c}"
+    );
+
+    // Records that are not kvtrail's: exit 2 naming the key.
+    for (name, edit, key) in [
+        (
+            "chunk size",
+            Box::new(|v: &mut serde_json::Value| csv_chunks(v)["chunk_bytes"] = 4096.into())
+                as Box<dyn Fn(&mut serde_json::Value)>,
+            "chunks.chunk_bytes",
+        ),
+        (
+            "a digest too few",
+            Box::new(|v: &mut serde_json::Value| {
+                csv_chunks(v)["blake3"].as_array_mut().unwrap().pop();
+            }),
+            "chunks.blake3",
+        ),
+        (
+            "not hex",
+            Box::new(|v: &mut serde_json::Value| {
+                csv_chunks(v)["blake3"][1] = "zz".repeat(32).into()
+            }),
+            "chunks.blake3[1]",
+        ),
+        (
+            "chunks on a small file",
+            Box::new(|v: &mut serde_json::Value| {
+                let c = csv_chunks(v).clone();
+                let outs = v["outputs"].as_array_mut().unwrap();
+                let f = outs
+                    .iter_mut()
+                    .find(|f| f["path"] == "summary.json")
+                    .unwrap();
+                f["chunks"] = c;
+            }),
+            "chunks.chunk_bytes",
+        ),
+    ] {
+        let d = root.join(name.replace(' ', "-"));
+        copy_dir(&good, &d);
+        edit_evidence(&d, edit);
+        let r = kvtrail(["lookup", s(&d), q[0], q[1]]).expect(&[2]).run();
+        assert!(
+            r.stderr.contains(key) && r.stderr.contains("evidence.json"),
+            "{name}: {}",
+            r.stderr
+        );
+    }
+}

@@ -190,6 +190,107 @@ fn german_defaults_are_german_with_the_same_facts() {
 }
 
 #[test]
+fn the_register_entry_is_rendered_from_its_template_in_each_language() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope(
+        root,
+        &incident_with_hits(Some(kvtrail::trace::manifest::PrefixCacheScope::Tenant)),
+    );
+    notify(root, "en", &[]).ok();
+    notify(root, "de", &["--lang", "de"]).ok();
+    let json: serde_json::Value =
+        serde_json::from_str(&read(&root.join("en/register.json"))).unwrap();
+    let en = read(&root.join("en/register.md"));
+    let de = read(&root.join("de/register.md"));
+    let n = |k: &str| json[k].as_u64().unwrap().to_string();
+    for want in [
+        "# Breach register entry (Article 33(5) GDPR)".to_string(),
+        "- Incident: INC-2026-0042".into(),
+        "- Data protection contact: Dr. Erika Muster, dpo@example-inference.eu".into(),
+        format!(
+            "- Affected responses: {} ({} confirmed, {} possible); {} of them carried another customer's data.",
+            n("affected_responses"),
+            n("confirmed_responses"),
+            n("possible_responses"),
+            n("cross_customer_responses")
+        ),
+        format!(
+            "- Customers concerned: {} on the receiving side",
+            n("recipient_customers")
+        ),
+        "each hit is a prefix-cache isolation breach".into(),
+        format!(
+            "- Scope folder evidence digest (blake3 of its evidence.json): `{}`",
+            json["evidence"]["scope_evidence_blake3"].as_str().unwrap()
+        ),
+        // Escaped by the one Markdown formatter.
+        "glm-mini / \\<b\\>workers\\</b\\>".into(),
+    ] {
+        assert!(en.contains(&want), "{want}\n{en}");
+    }
+    for p in json["notification_packs"].as_array().unwrap() {
+        assert!(
+            en.contains(&format!("- `{}`", p.as_str().unwrap())),
+            "{p}\n{en}"
+        );
+    }
+    for want in [
+        "# Eintrag im Verzeichnis der Datenschutzverletzungen (Art. 33 Abs. 5 DSGVO)",
+        "## Ergriffene Maßnahmen",
+        "Verletzung der Trennung des Präfix-Caches",
+        "die Nachweise sind vollständig",
+    ] {
+        assert!(de.contains(want), "{want}\n{de}");
+    }
+    // An operator's own register template replaces the default; the
+    // letters stay the built-in ones.
+    let own = root.join("own");
+    std::fs::create_dir(&own).unwrap();
+    std::fs::write(
+        own.join("register.md.j2"),
+        "{{ register.incident_id }}: {{ register.affected_responses }} responses, packs {{ register.notification_packs|length }}, prefix cache {{ register.prefix_cache is not none }}\n",
+    )
+    .unwrap();
+    notify(root, "mine", &["--templates", "own"]).ok();
+    assert_eq!(
+        read(&root.join("mine/register.md")),
+        format!(
+            "INC-2026-0042: {} responses, packs {}, prefix cache True\n",
+            n("affected_responses"),
+            json["notification_packs"].as_array().unwrap().len()
+        )
+    );
+    assert_eq!(
+        read(&root.join("mine/customers/acme-corp/letter.md")),
+        read(&root.join("en/customers/acme-corp/letter.md"))
+    );
+    // Without prefix-cache hits the entry has none, and says nothing of them.
+    let plain = tempfile::tempdir().unwrap();
+    scope(plain.path(), &incident());
+    notify(plain.path(), "en", &[]).ok();
+    let reg = read(&plain.path().join("en/register.md"));
+    assert!(!reg.contains("prefix-cache"), "{reg}");
+    // A register template asking for a customer's notice: exit 2, nothing written.
+    std::fs::write(own.join("register.md.j2"), "{{ notice.customer }}\n").unwrap();
+    let r = kvtrail([
+        "notify",
+        "scope",
+        "--out",
+        "bad",
+        "--config",
+        "notify.toml",
+        "--templates",
+        "own",
+    ])
+    .cwd(root)
+    .expect(&[2])
+    .run();
+    assert!(r.stderr.contains("register.md.j2"), "{}", r.stderr);
+    assert!(!root.join("bad").exists());
+}
+
+#[test]
 fn missing_config_fields_show_a_marker_in_each_language() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
@@ -267,7 +368,7 @@ fn written_defaults_render_the_same_bytes() {
         ])
         .run()
         .ok();
-        for name in ["letter.md.j2", "processor-notice.md.j2", "sections.md.j2"] {
+        for name in kvtrail::notify::templates::NAMES {
             let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("templates/notify")
                 .join(lang)

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use kvtrail::lookup::{PREFIX_CACHE_BREACH, Query, lookup};
+use kvtrail::lookup::{CHECKED_BYTES_READ, PREFIX_CACHE_BREACH, Query, lookup_checked};
 use kvtrail::report::fmt::{term, utc};
 
 use crate::cli::output;
@@ -26,6 +26,11 @@ pub struct Args {
     /// several customers share is otherwise answered with counts only).
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
+    /// Re-hash every file of the folder against evidence.json before
+    /// answering (by default the look-up checks the bytes it reads; see
+    /// `evidence_check` in the answer).
+    #[arg(long)]
+    pub full_check: bool,
     /// Print the answer as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -38,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (_, _, Some(t)) => (Query::Tenant(t), None),
         _ => anyhow::bail!("give --external-id, --output-hash or --tenant"),
     };
-    let a = lookup(&args.scope_dir, &q, only.as_deref())?;
+    let a = lookup_checked(&args.scope_dir, &q, only.as_deref(), args.full_check)?;
     output::print(args.json, &a, |out| {
         writeln!(out, "{}", term(&a.message))?;
         for m in &a.matches {
@@ -118,7 +123,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             out,
             "evidence: {} ({}; evidence {})",
             a.evidence_blake3,
-            if a.evidence_intact {
+            if a.evidence_intact && a.evidence_check == CHECKED_BYTES_READ {
+                "every byte read matches evidence.json; `kvtrail verify` checks the whole folder"
+            } else if a.evidence_intact {
                 "folder matches evidence.json"
             } else {
                 "FOLDER DOES NOT MATCH evidence.json"

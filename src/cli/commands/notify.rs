@@ -27,7 +27,7 @@ pub struct Args {
     /// Language of the letters and of the sentences in notice.json and the register.
     #[arg(long, value_name = "LANG", default_value = "en", value_parser = ["en", "de"])]
     pub lang: String,
-    /// Folder of your own letter templates (letter.md.j2, processor-notice.md.j2, sections.md.j2; any subset): each replaces the built-in one of that name.
+    /// Folder of your own templates (letter.md.j2, processor-notice.md.j2, sections.md.j2, register.md.j2; any subset): each replaces the built-in one of that name.
     #[arg(long, value_name = "DIR")]
     pub templates: Option<PathBuf>,
     /// Write the built-in templates of --lang into DIR to start your own from, and do nothing else.
