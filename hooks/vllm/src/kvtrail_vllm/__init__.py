@@ -14,8 +14,14 @@ Patched entry points (each wrapper calls vLLM's original and never changes
 its arguments or results; a failure inside the hook is counted in
 ``stats()["hook_errors"]``, logged, and the engine goes on):
 
-- ``Scheduler.__init__``: one engine state per scheduler (pools per KV cache
-  group, role from the KV connector);
+- ``Scheduler.__init__``: one engine state per scheduler (its pool, role
+  from the KV connector). vLLM's KV cache groups overlay the same memory
+  (``kv_cache_planning.get_kv_cache_config_from_groups``: "groups alias
+  from byte 0"; a block id is owned by one group at a time), so every
+  attention group of the first group's block size is recorded in the
+  engine's one pool: a block one group freed and another reused is seen as
+  the same slots. A group of another block size has its own pool id when
+  one is given for it, else it is not recorded (docs/capture-vllm.md);
 - ``Scheduler.add_request``: arrival, the ORIGINAL prompt length and hash
   (before a connector may truncate it), tenant (``cache_salt``);
 - ``BlockPool.get_new_blocks``: ``alloc`` of the blocks' slots, for the
@@ -26,8 +32,9 @@ its arguments or results; a failure inside the hook is counted in
 - ``SingleTypeKVCacheManager.add_local_computed_blocks``: prefix-cache hit,
   ``share`` of the hit blocks;
 - ``SingleTypeKVCacheManager.allocate_new_blocks`` /
-  ``allocate_external_computed_blocks``, ``KVCacheManager.free``:
-  attribute the allocator calls inside them to their request;
+  ``allocate_external_computed_blocks`` / ``remove_skipped_blocks`` (a
+  sliding window dropping blocks mid-request), ``KVCacheManager.free``:
+  attribute the allocator calls inside them to their request and group;
 - ``Scheduler.schedule``: per scheduled request ``write`` of the tokens
   computed this step and ``read`` of its whole context; the NIXL consumer's
   transfer plan (``kv_connector_metadata.reqs_to_recv``);
@@ -67,8 +74,10 @@ _ctx = _Ctx()
 
 
 class _Engine:
-    """One scheduler (one engine core): its pools (one per KV cache group),
-    role, connection and per-request state."""
+    """One scheduler (one engine core): its pool (groups of the first
+    group's block size share it: they alias the same blocks; a group of
+    another block size takes its own entry of ``pools`` if given), role,
+    connection and per-request state."""
 
     def __init__(self, sched):
         self.pools = list(_H.default_pools)
@@ -96,12 +105,29 @@ class _Engine:
         if kt is not None and getattr(kt, "kv_connector", None):
             self.policy = getattr(kt, "kv_load_failure_policy", None)
 
+    def aliased(self, group):
+        """The group overlays group 0's blocks slot for slot (same block
+        size): recorded in the engine's first pool."""
+        bs = self.block_sizes
+        return group == 0 or (group < len(bs) and bs[group] == bs[0])
+
     def pool(self, group):
+        if self.aliased(group):
+            return self.pools[0] if self.pools else None
         return self.pools[group] if group < len(self.pools) else None
+
+    def remote_pool(self, src, group):
+        """The producer's pool for ``group`` (its groups alias as ours)."""
+        if src is None:
+            return None
+        if self.aliased(group):
+            return src[0] if src else None
+        return src[group] if group < len(src) else None
 
     def put(self, pool, item):
         if self.client is None:
-            pools = sorted({p for p in self.pools if p is not None and p >= 0})
+            used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
+            pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
                 return
             self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue)
@@ -480,17 +506,23 @@ def on_update(sched, out, mro):
             bad = True
         else:
             groups, bad = _pull_runs(eng, local, remote, hits, invalid)
+        # Groups that alias one pool (and read one producer pool) make one
+        # load line: their runs name distinct blocks of the same slots.
+        lines = {}
         for g, runs in groups:
             pool = eng.pool(g)
             if pool is None or pool < 0:
                 continue
-            sp = src[g] if src is not None and g < len(src) else None
+            sp = eng.remote_pool(src, g)
             if sp is None:
                 # Which pool the producer is: not configured. The copy cannot
                 # be named: a hole in this pool, never a guess.
                 _H.pulls_unmapped += 1
                 eng.put(pool, (_c.LOST, pool, max(1, len(runs))))
                 continue
+            lines.setdefault((pool, sp), []).extend(runs)
+        for (pool, sp), runs in lines.items():
+            runs.sort(key=lambda r: r[0])
             if rid_s in failed:
                 outcome = "failed"
             elif bad:
@@ -594,6 +626,10 @@ _PATCHES = [
     (_STM, "SingleTypeKVCacheManager", "allocate_external_computed_blocks",
      lambda o: _w_manager_ctx(o, "allocate_external_computed_blocks")),
     (_STM, "SingleTypeKVCacheManager", "free", lambda o: _w_manager_ctx(o, "free")),
+    # Sliding-window (and chunked-local, Mamba) groups free blocks that left
+    # the window mid-request: the request's, in the manager's group.
+    (_STM, "SingleTypeKVCacheManager", "remove_skipped_blocks",
+     lambda o: _w_manager_ctx(o, "remove_skipped_blocks")),
 ]
 
 
@@ -649,8 +685,10 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
-    - ``KVTRAIL_POOL``: this engine's pool id per KV cache group
-      (comma-separated; :func:`tag` for several engines in one process);
+    - ``KVTRAIL_POOL``: this engine's pool id (comma-separated, one per KV
+      cache group, for groups of another block size than group 0's; groups
+      of group 0's block size alias its blocks and share the first id;
+      :func:`tag` for several engines in one process);
     - ``KVTRAIL_ROLE``: prefill, decode or mixed (default: from the KV
       connector's ``kv_role``);
     - ``KVTRAIL_REMOTE_POOLS``: ``engine_id=pool[/pool...]`` per producer
@@ -690,8 +728,10 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
 
 
 def tag(scheduler, pools, role=None):
-    """Declares a scheduler's pools (one per KV cache group) and role, for
-    processes that run more than one engine. Call before its first request."""
+    """Declares a scheduler's pool (first entry: every group of group 0's
+    block size, which alias its blocks; further entries: groups of another
+    block size) and role, for processes that run more than one engine.
+    Call before its first request."""
     eng = _engine_of(scheduler)
     if eng is None:
         raise ValueError("not a scheduler built after kvtrail_vllm.install()")
