@@ -21,6 +21,12 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   decode 1) and the producer's reuse of a block by the other group is
   seen; decode's sliding window drops blocks mid-request
   (remove_skipped_blocks);
+- offload, offload-stale: vLLM's own CPU offload (OffloadingConnector with
+  its CPUOffloadingSpec) on one engine (pool 0, its CPU tier pool 2): a's
+  blocks are stored to the tier, evicted from the GPU by b, and loaded back
+  for a2 (same prompt, same salt); in offload-stale the tier's index is
+  corrupted first (a's chunks pointed at b's, as a tier that reused a chunk
+  without dropping its key would), so a2 loads b's KV;
 - broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
@@ -252,6 +258,66 @@ elif MODE == "hybrid":
     facts["stale_blocks_now_r2"] = [sorted(set(a) & set(b)) for a, b in
                                     zip(facts["r1_remote"], facts["r2_remote"])]
     facts["groups"] = [type(m).__name__ for m in D.kv_cache_manager.coordinator.single_type_managers]
+elif MODE in ("offload", "offload-stale"):
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import \
+        OffloadingWorkerMetadata  # noqa: E402
+    O = make_scheduler(12, KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                            engine_id="E0",
+                                            kv_connector_extra_config={"cpu_bytes_to_use": 1 << 16}))
+    kh.tag(O, [0], role="mixed", cache_pool=2)
+    jobs = {"store": [], "load": []}
+
+    def ostep(loads_done=()):
+        """One step; the CPU worker finishes every job of the step at once
+        (synthetic OffloadingWorkerMetadata), loads reported received."""
+        out = O.schedule()
+        meta = out.kv_connector_metadata
+        done = {}
+        recv = set(loads_done)
+        for kind, js in (("load", meta.load_jobs), ("store", meta.store_jobs)):
+            for j, t in js.items():
+                done[j] = 1
+                jobs[kind].append({"req": t.req_id, "src": [int(x) for x in t.src_spec.block_ids],
+                                   "dst": [int(x) for x in t.dst_spec.block_ids]})
+                if kind == "load":
+                    recv.add(t.req_id)
+        ids = list(out.num_scheduled_tokens)
+        m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=[[] if O.requests[r].is_prefill_chunk else [7] for r in ids],
+                              kv_connector_output=KVConnectorOutput(
+                                  finished_recving=recv or None,
+                                  kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done)))
+        res = O.update_from_output(out, m)
+        for eco in res.values():
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = (str(o.finish_reason), None)
+
+    def orun(rid, tokens, salt, max_tokens=2):
+        O.add_request(make_req(rid, tokens, salt, max_tokens))
+        for _ in range(12):
+            ostep()
+            if rid in finished and not O.connector.connector_scheduler._jobs:
+                break
+
+    A3 = list(range(100, 164))  # 64 tokens: 4 full blocks
+    orun("a", A3, "tenant-a")
+    orun("b", list(range(300, 460)), "tenant-b")  # 160 tokens: evicts a's GPU blocks
+    if MODE == "offload-stale":
+        # The plant: the tier's index sends a's keys to b's chunks.
+        pol = O.connector.connector_scheduler.manager._policy
+        a_chunks = {c for j in jobs["store"] if j["req"] == "a" for c in j["dst"]}
+        b_chunks = [c for j in jobs["store"] if j["req"] == "b" for c in j["dst"]]
+        n = 0
+        for st in pol.chunks.values():
+            if st.chunk_id in a_chunks:
+                st.chunk_id = b_chunks[n]
+                n += 1
+        facts["planted"] = n
+    orun("a2", A3 + [5, 6], "tenant-a")
+    facts["offload_jobs"] = jobs
+    facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
+    facts["p_free_blocks_o"] = O.kv_cache_manager.block_pool.get_num_free_blocks()
 elif MODE == "broken":
     # A hook failure must never reach the engine: make the hook's own
     # slot mapping raise and run a request on the producer to its end.

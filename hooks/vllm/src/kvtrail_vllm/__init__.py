@@ -41,6 +41,11 @@ its arguments or results; a failure inside the hook is counted in
 - ``Scheduler.update_from_output``: a finished, failed or partial remote
   load (``finished_recving``, ``failed_recving``, ``invalid_block_ids``) as
   an ``xfer_pull`` the sidecar turns into copies from the producer's pool;
+- ``Scheduler.schedule`` / ``update_from_output`` with vLLM's
+  OffloadingConnector: the store and load jobs of its metadata, and when
+  every worker reported one done (``completed_jobs``), a copy between the
+  engine's pool and its cache pool (``KVTRAIL_CACHE_POOL``), a load also a
+  ``share`` to the loading request;
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
 """
@@ -86,6 +91,21 @@ class _Engine:
         self.client = None
         self.reqs = {}  # vLLM request_id -> dict
         self.plans = {}  # request_id -> (local ids per group, remote ids per group, engine id, hits)
+        # CPU offload (OffloadingConnector): the cache pool, and the jobs
+        # in flight: job id -> [store?, request id, GPU ids, group sizes,
+        # first block index per group, CPU chunk ids, reports still due].
+        self.cache_pool = _H.cache_pool
+        self.jobs = {}
+        # CPU chunk -> the offload key (block hash) it was last stored under.
+        self.chunk_keys = {}
+        self.blocks_per_chunk = 1
+        self.workers = 1
+        try:
+            cfg = sched.connector.connector_scheduler.config
+            self.blocks_per_chunk = int(getattr(cfg, "blocks_per_chunk", 1))
+            self.workers = int(getattr(cfg, "num_workers", 1))
+        except Exception:
+            pass
         self.block_sizes = []
         self.attention = []
         try:
@@ -127,6 +147,8 @@ class _Engine:
     def put(self, pool, item):
         if self.client is None:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
+            if self.cache_pool is not None:
+                used.add(self.cache_pool)
             pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
                 return
@@ -136,8 +158,10 @@ class _Engine:
 
 
 class _Hook:
-    def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize):
+    def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize,
+                 cache_pool=None):
         self.capture = capture
+        self.cache_pool = cache_pool
         self.default_pools = pools
         self.worker = worker
         self.tenant_field = tenant_field
@@ -149,6 +173,7 @@ class _Hook:
         self.originals = {}
         self.errors = 0
         self.pulls_unmapped = 0
+        self.offload_key_mismatch = 0
         self._warned = 0.0
 
 
@@ -431,6 +456,24 @@ def on_schedule(sched, out):
         if r is not None:
             r["covered"] = max(r["covered"], end)
     meta = getattr(out, "kv_connector_metadata", None)
+    if eng.cache_pool is not None:
+        try:
+            status = sched.connector.connector_scheduler._jobs
+        except Exception:
+            status = {}
+        for store, jobs in ((False, getattr(meta, "load_jobs", None)), (True, getattr(meta, "store_jobs", None))):
+            for jid, job in (jobs or {}).items():
+                gpu = job.src_spec if store else job.dst_spec
+                cpu = job.dst_spec if store else job.src_spec
+                if len(eng.jobs) > 100_000:  # never reported: keep memory bounded
+                    eng.jobs.pop(next(iter(eng.jobs)))
+                eng.jobs[int(jid)] = [
+                    store, str(job.req_id), [int(b) for b in gpu.block_ids],
+                    [int(n) for n in (getattr(gpu, "group_sizes", None) or [len(gpu.block_ids)])],
+                    [int(n) for n in (getattr(gpu, "block_indices", None) or [0])],
+                    [int(c) for c in cpu.block_ids], eng.workers,
+                    _job_keys(status, jid),
+                ]
     recv = getattr(meta, "reqs_to_recv", None)
     if recv:
         for rid_s, m in recv.items():
@@ -488,6 +531,8 @@ def on_update(sched, out, mro):
     kco = getattr(mro, "kv_connector_output", None)
     if kco is None:
         return
+    if eng.jobs:
+        _offload_done(sched, eng, getattr(kco, "kv_connector_worker_meta", None))
     done = set(getattr(kco, "finished_recving", None) or ())
     failed = set(getattr(kco, "failed_recving", None) or ())
     invalid = set(getattr(kco, "invalid_block_ids", None) or ())
@@ -533,6 +578,94 @@ def on_update(sched, out, mro):
                 continue
             eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs if outcome != "failed" else [], outcome,
                            eng.policy))
+
+
+def _job_keys(status, jid):
+    """The offload keys (one per CPU chunk) of a job, or None."""
+    st = status.get(jid) if hasattr(status, "get") else None
+    keys = getattr(st, "keys", None)
+    return [bytes(k) for k in keys] if keys is not None else None
+
+
+def _offload_runs(eng, gpu, sizes, first, chunks, bs, grant=None):
+    """(gpu_slot, cpu_slot, count, token_pos) per GPU block of group 0.
+    GPU block i of a group whose first block index is k lies in chunk
+    (k % bpc + i) // bpc at block offset (k % bpc + i) % bpc (a chunk is
+    ``blocks_per_chunk`` blocks; the first GPU block may start inside one)."""
+    bpc = max(1, eng.blocks_per_chunk)
+    n = sizes[0] if sizes else len(gpu)
+    k = first[0] if first else 0
+    out = []
+    for i, b in enumerate(gpu[:n]):
+        if b == 0:
+            continue
+        j = k % bpc + i
+        c = j // bpc
+        if c >= len(chunks):
+            break
+        if grant is not None and not grant(c):
+            continue
+        g_slot, c_slot, pos = b * bs, (chunks[c] * bpc + j % bpc) * bs, (k + i) * bs
+        if out and out[-1][0] + out[-1][2] == g_slot and out[-1][1] + out[-1][2] == c_slot:
+            d, s, m, tp = out[-1]
+            out[-1] = (d, s, m + bs, tp)
+        else:
+            out.append((g_slot, c_slot, bs, pos))
+    return out
+
+
+def _offload_done(sched, eng, wm):
+    """Offload jobs every worker reported done this step (the
+    OffloadingConnector's ``completed_jobs``): a store is a copy of GPU
+    blocks into the cache pool, a load a copy back into GPU blocks plus a
+    ``share`` of them to the loading request (an offload hit is a prefix
+    hit: the KV is another request's, handed out by the engine), but only
+    of chunks last stored under the key the load asked for: a chunk stored
+    under another key holds another prefix, and reading it without a grant
+    is reported foreign with its true source. Only group 0 is recorded
+    (docs/capture-vllm.md)."""
+    completed = getattr(wm, "completed_jobs", None) or {}
+    pool = eng.pool(0)
+    if pool is None or pool < 0:
+        return
+    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    for jid, count in sorted(completed.items()):
+        job = eng.jobs.get(int(jid))
+        if job is None:
+            continue
+        job[6] -= int(count)
+        if job[6] > 0:
+            continue
+        del eng.jobs[int(jid)]
+        store, rid_s, gpu, sizes, first, chunks, _, keys = job
+        r = eng.reqs.get(rid_s)
+        req = sched.requests.get(rid_s)
+        rid = r["id"] if r else (request_id(req) if req is not None else _c.id_of(rid_s))
+        runs = _offload_runs(eng, gpu, sizes, first, chunks, bs)
+        if not runs:
+            continue
+        ts = _time_ns()
+        if store:
+            # (dst, src) = (cache slot, GPU slot)
+            eng.put(eng.cache_pool, (_c.PULL, eng.cache_pool, ts, rid, pool,
+                                     [(c, g, n, tp) for g, c, n, tp in runs], "ok", None))
+            if keys is not None:
+                if len(eng.chunk_keys) > 1 << 22:
+                    eng.chunk_keys.clear()  # bounded; later loads go unverified
+                for c, key in zip(chunks, keys):
+                    eng.chunk_keys[c] = key
+        else:
+            eng.put(pool, (_c.PULL, pool, ts, rid, eng.cache_pool, runs, "ok", None))
+
+            def grant(c):
+                stored = eng.chunk_keys.get(chunks[c])
+                ok = keys is None or stored is None or c >= len(keys) or stored == keys[c]
+                if not ok:
+                    _H.offload_key_mismatch += 1
+                return ok
+
+            granted = _offload_runs(eng, gpu, sizes, first, chunks, bs, grant)
+            _kv_runs(eng, pool, rid, SHARE, [(g, n, tp) for g, _, n, tp in granted], True)
 
 
 def request_row(eng, req):
@@ -681,7 +814,7 @@ def _parse_remote(s):
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
-            remote_pools=None, max_queue=None, pseudonymize=None):
+            remote_pools=None, max_queue=None, pseudonymize=None, cache_pool=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
@@ -697,7 +830,10 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     - ``KVTRAIL_TENANT_FIELD``: the Request attribute (dotted path into
       dicts allowed) naming the customer, default ``cache_salt``;
     - ``KVTRAIL_TENANT_PSEUDONYMIZE=1``: record a blake3 pseudonym instead;
-    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes.
+    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
+    - ``KVTRAIL_CACHE_POOL``: the pool (role ``cache``) of this engine's CPU
+      offload tier (OffloadingConnector): stores and loads are recorded as
+      copies to and from it.
     """
     global _H
     if _H is not None:
@@ -718,6 +854,8 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
         {str(k): list(v) for k, v in remote_pools.items()},
         int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
         bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
+        cache_pool if cache_pool is not None else (
+            int(os.environ["KVTRAIL_CACHE_POOL"]) if os.environ.get("KVTRAIL_CACHE_POOL") else None),
     )
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
@@ -727,7 +865,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     return _H
 
 
-def tag(scheduler, pools, role=None):
+def tag(scheduler, pools, role=None, cache_pool=None):
     """Declares a scheduler's pool (first entry: every group of group 0's
     block size, which alias its blocks; further entries: groups of another
     block size) and role, for processes that run more than one engine.
@@ -738,6 +876,8 @@ def tag(scheduler, pools, role=None):
     if eng.client is not None:
         raise ValueError("tag() after the engine's first event")
     eng.pools = [int(p) for p in pools]
+    if cache_pool is not None:
+        eng.cache_pool = int(cache_pool)
     if role is not None:
         eng.role = role
     return scheduler
@@ -770,9 +910,12 @@ def stats():
     """Counters per connection (sent lines, drops, losses), and the hook's
     own: ``hook_errors`` (a patched entry point whose recording failed; the
     engine went on) and ``pulls_unmapped`` (loads from a producer engine
-    not named in KVTRAIL_REMOTE_POOLS, sent as holes)."""
+    not named in KVTRAIL_REMOTE_POOLS, sent as holes), ``offload_key_mismatch``
+    (CPU-offload chunks loaded under another key than they were stored
+    under: no share granted)."""
     if _H is None:
         return {}
     out = {cl.worker: dict(cl.stats) for cl in _H.clients}
-    out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped}
+    out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped,
+                   "offload_key_mismatch": _H.offload_key_mismatch}
     return out
