@@ -237,6 +237,12 @@ pub struct SimConfig {
     /// the producer, so a lease runs out while decode still holds the
     /// reference (None: false).
     pub bug_lease_expiry: Option<bool>,
+    /// vLLM sibling bug trigger (vllm-project/vllm#52234, "out-of-range
+    /// remote_block_ids: 200, garbage"): parts per million of decode
+    /// dispatches whose reference names remote block ids past the end of
+    /// the producer's pool for its second half of blocks (all of a
+    /// one-block reference); NIXL reports the read done (None: 0).
+    pub bug_out_of_range_ppm: Option<u32>,
     /// vLLM: parts per million of transfers NIXL reports failed (None: 0).
     pub transfer_failure_ppm: Option<u32>,
     /// Mitigation, not a vLLM option: the producer refuses a read of blocks
@@ -246,13 +252,14 @@ pub struct SimConfig {
 }
 
 /// The vLLM-only keys (null and left out of trace.json for SGLang).
-pub const VLLM_KEYS: [&str; 8] = [
+pub const VLLM_KEYS: [&str; 9] = [
     "block_size",
     "cache_salt",
     "kv_load_failure_policy",
     "kv_lease_duration",
     "bug_stale_reference_ppm",
     "bug_lease_expiry",
+    "bug_out_of_range_ppm",
     "transfer_failure_ppm",
     "reference_check",
 ];
@@ -348,6 +355,7 @@ impl Default for SimConfig {
             kv_lease_duration: None,
             bug_stale_reference_ppm: None,
             bug_lease_expiry: None,
+            bug_out_of_range_ppm: None,
             transfer_failure_ppm: None,
             reference_check: None,
         }
@@ -466,6 +474,7 @@ impl SimConfig {
         c.kv_lease_duration = Some(self.lease_s() as i64);
         c.bug_stale_reference_ppm = Some(self.bug_stale_reference_ppm.unwrap_or(0));
         c.bug_lease_expiry = Some(self.bug_lease_expiry.unwrap_or(false));
+        c.bug_out_of_range_ppm = Some(self.bug_out_of_range_ppm.unwrap_or(0));
         c.transfer_failure_ppm = Some(self.transfer_failure_ppm.unwrap_or(0));
         c.reference_check = Some(self.reference_check.unwrap_or(false));
         c
@@ -614,6 +623,7 @@ impl SimConfig {
         }
         for (key, v) in [
             ("bug_stale_reference_ppm", self.bug_stale_reference_ppm),
+            ("bug_out_of_range_ppm", self.bug_out_of_range_ppm),
             ("transfer_failure_ppm", self.transfer_failure_ppm),
         ] {
             if v.unwrap_or(0) > 1_000_000 {

@@ -22,6 +22,12 @@
 //! `cross_tenant_shared` lists responses with shared reads of another
 //! tenant's content (the prefix-cache side channel), counted the same way;
 //! it and its summary count are left out of the file when there are none.
+//! `garbage` lists responses that read KV of no request: content a load
+//! put there from outside the source pool (vLLM's out-of-range remote block
+//! ids, vllm-project/vllm#52234), counted as distinct (pool, slot) pairs;
+//! such a read is neither own, shared, blank nor foreign, and a capture
+//! records the load as a hole (docs/engine-vllm.md). It and its summary
+//! count are left out of the file when there are none.
 //!
 //! Written as JSON to the file given by `--truth`; the replay never reads it.
 
@@ -76,6 +82,17 @@ pub struct BlankReads {
     pub blank_tokens: u64,
 }
 
+/// A response that read slots holding KV of no request (loaded from
+/// outside the source pool): an integrity defect whose content nobody can
+/// name, answered with `http_status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GarbageReads {
+    pub request_id: u64,
+    pub tenant: String,
+    pub http_status: u16,
+    pub garbage_tokens: u64,
+}
+
 /// Totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
@@ -87,6 +104,9 @@ pub struct Summary {
     /// Responses listed in `cross_tenant_shared`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cross_tenant_shared_responses: u64,
+    /// Responses listed in `garbage`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub garbage_responses: u64,
     /// Customer HTTP status -> number of requests.
     pub status_counts: BTreeMap<u16, u64>,
     pub kv_events: u64,
@@ -108,6 +128,9 @@ pub struct Truth {
     /// Sorted by request_id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cross_tenant_shared: Vec<CrossTenantShared>,
+    /// Sorted by request_id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub garbage: Vec<GarbageReads>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -146,6 +169,8 @@ pub(crate) struct ReadLog {
     /// (source request, pool<<32|slot) read as shared with content of
     /// another tenant
     pub cross_shared: BTreeSet<(u64, u64)>,
+    /// pool<<32|slot read while holding KV of no request
+    pub garbage: BTreeSet<u64>,
     /// source request -> tenant index (the engine's tenant table)
     pub src_tenant: BTreeMap<u64, u32>,
 }
@@ -157,6 +182,7 @@ pub(crate) struct TruthBuilder {
     pub affected: Vec<Affected>,
     pub blank: Vec<BlankReads>,
     pub cross_tenant_shared: Vec<CrossTenantShared>,
+    pub garbage: Vec<GarbageReads>,
 }
 
 /// Distinct keys and per-source counts of (source, pool<<32|slot) pairs.
@@ -198,6 +224,15 @@ impl TruthBuilder {
                 blank_tokens: log.blank.len() as u64,
             });
         }
+        if !log.garbage.is_empty() {
+            self.summary.garbage_responses += 1;
+            self.garbage.push(GarbageReads {
+                request_id,
+                tenant: tenant.to_string(),
+                http_status,
+                garbage_tokens: log.garbage.len() as u64,
+            });
+        }
         if !log.cross_shared.is_empty() {
             let (tokens, sources) = by_source(&log.cross_shared, &tenant_of);
             self.summary.cross_tenant_shared_responses += 1;
@@ -230,6 +265,7 @@ impl TruthBuilder {
         self.affected.sort_by_key(|a| a.request_id);
         self.blank.sort_by_key(|b| b.request_id);
         self.cross_tenant_shared.sort_by_key(|c| c.request_id);
+        self.garbage.sort_by_key(|g| g.request_id);
         self.summary.kv_events = kv_events;
         Truth {
             format: TRUTH_FORMAT.into(),
@@ -241,6 +277,7 @@ impl TruthBuilder {
             affected: self.affected,
             blank: self.blank,
             cross_tenant_shared: self.cross_tenant_shared,
+            garbage: self.garbage,
         }
     }
 }

@@ -23,7 +23,12 @@
 //! heartbeats from the producer, whose lease then runs out while decode
 //! still holds the reference. Either way decode reads blocks the producer
 //! released (and may have reused), caches them and answers 200.
-//! `reference_check` (a mitigation, not a vLLM option) fails such a load.
+//! `bug_out_of_range_ppm` names remote blocks past the end of the
+//! producer's pool: the read brings in memory of no request (`garbage` in
+//! the truth), and the capture records each such run as a hole in the
+//! decode pool, as the sidecar records the hook's out-of-range `xfer_pull`
+//! run. `reference_check` (a mitigation, not a vLLM option) fails such a
+//! load.
 //!
 //! Simulated time only; the ground truth comes from the model's own slot
 //! bookkeeping at each read (`truth`), as in the SGLang model.
@@ -263,6 +268,8 @@ struct Live {
     /// The producer reference decode was handed: request and block table.
     ref_rid: u64,
     ref_blocks: Vec<u32>,
+    /// The reference names blocks past the end of the producer's pool.
+    out_of_range: bool,
     d_table: Vec<u32>,
     d_hits: u32,
     d_own: Vec<u32>,
@@ -319,6 +326,12 @@ pub(crate) struct Engine<'a> {
 const STALE_SALT: u64 = 0x5A1E_4EF0_52E3_4A11;
 const FAIL_SALT: u64 = 0xFA11_0AD5_0B1E_C7ED;
 const STRAGGLE_SALT: u64 = 0x57A6_61E5;
+const RANGE_SALT: u64 = 0x0B0B_4A96_E0FF_5E75;
+
+/// Content owner of a slot a load filled from outside the source pool:
+/// KV of no request (above `trace::read::MAX_REQUEST_ID`, so no request
+/// has this id).
+const GARBAGE: u64 = u64::MAX;
 
 fn picked(rid: u64, salt: u64, ppm: u32) -> bool {
     ppm > 0 && model::mix64(rid ^ salt) % 1_000_000 < ppm as u64
@@ -550,7 +563,11 @@ impl<'a> Engine<'a> {
         for &s in slots {
             let su = s as usize;
             let owner = st.owner[su];
-            if owner != rid {
+            if owner == GARBAGE {
+                // KV of no request (loaded from outside the producer's
+                // pool): neither own, shared, blank nor foreign.
+                live.log.garbage.insert((pool as u64) << 32 | s as u64);
+            } else if owner != rid {
                 let shared = live
                     .grants
                     .get(&(pool, s))
@@ -660,6 +677,7 @@ impl<'a> Engine<'a> {
             p_hit_owner: Vec::new(),
             ref_rid: rid,
             ref_blocks: Vec::new(),
+            out_of_range: false,
             d_table: Vec::new(),
             d_hits: 0,
             d_own: Vec::new(),
@@ -782,7 +800,17 @@ impl<'a> Engine<'a> {
         } else {
             None
         };
-        let (ref_rid, ref_blocks) = stale.unwrap_or((rid, table));
+        let (ref_rid, mut ref_blocks) = stale.unwrap_or((rid, table));
+        // Sibling bug: the reference's second half of blocks (all of a
+        // one-block reference) names ids past the producer's last block.
+        let out_of_range = picked(rid, RANGE_SALT, self.cfg.bug_out_of_range_ppm.unwrap_or(0));
+        if out_of_range {
+            let n = self.p.blocks.len() as u32;
+            let half = ref_blocks.len() / 2;
+            for b in &mut ref_blocks[half..] {
+                *b = b.saturating_add(n);
+            }
+        }
         // Decode's `on_new_request` starts heartbeats for the reference.
         if !self.cfg.bug_lease_expiry.unwrap_or(false)
             && let Some(h) = self.holds.get_mut(&ref_rid)
@@ -792,6 +820,7 @@ impl<'a> Engine<'a> {
         let l = self.live.get_mut(&rid).expect("live");
         l.ref_rid = ref_rid;
         l.ref_blocks = ref_blocks;
+        l.out_of_range = out_of_range;
         self.d_queue.push_back(rid);
         Ok(())
     }
@@ -909,7 +938,7 @@ impl<'a> Engine<'a> {
     /// (vllm-project/vllm#52234), unless `reference_check` fails it.
     fn transfer_land(&mut self, rid: u64) -> Result<()> {
         let bs = self.bs();
-        let (ref_rid, ref_blocks, d_table, d_hits, len) = {
+        let (ref_rid, ref_blocks, d_table, d_hits, len, out_of_range) = {
             let l = &self.live[&rid];
             (
                 l.ref_rid,
@@ -917,12 +946,13 @@ impl<'a> Engine<'a> {
                 l.d_table.clone(),
                 l.d_hits,
                 l.len,
+                l.out_of_range,
             )
         };
         self.stop_heartbeat(ref_rid);
         let held = self.holds.contains_key(&ref_rid);
         let failed = picked(rid, FAIL_SALT, self.cfg.transfer_failure_ppm.unwrap_or(0))
-            || (!held && self.cfg.reference_check.unwrap_or(false));
+            || ((!held || out_of_range) && self.cfg.reference_check.unwrap_or(false));
         if failed {
             return self.load_failed(rid);
         }
@@ -931,6 +961,7 @@ impl<'a> Engine<'a> {
         let off = ref_blocks.len() - local.len();
         let remote = &ref_blocks[off..];
         let src_seq = self.rec.next_seq(PREFILL_POOL)?.saturating_sub(1);
+        let src_slots = self.pf_state.owner.len() as u64;
         let mut i = 0;
         while i < local.len() {
             let mut j = i + 1;
@@ -939,6 +970,30 @@ impl<'a> Engine<'a> {
                 j += 1;
             }
             let count = (j - i) as u32 * bs;
+            let src0 = remote[i] as u64 * bs as u64;
+            if src0 + count as u64 > src_slots {
+                // Out of the producer's pool: NIXL reads memory of no
+                // request and reports the read done. The hook's run names
+                // source slots past the pool; the sidecar records it as one
+                // lost event of the decode pool (a hole), never a copy.
+                self.rec.lose(DECODE_POOL, 1)?;
+                for k in 0..count as u64 {
+                    let d = (local[i] * bs) as usize + k as usize;
+                    let st = &mut self.dec_state;
+                    if src0 + k < src_slots {
+                        st.copy_from(d, &self.pf_state, (src0 + k) as usize);
+                    } else {
+                        st.owner[d] = GARBAGE;
+                        st.seed[d] = model::mix64(GARBAGE ^ (src0 + k));
+                        st.pos[d] = 0;
+                        st.tenant[d] = u32::MAX;
+                        st.current[d] = true;
+                        st.wgen[d] = st.wgen[d].wrapping_add(1);
+                    }
+                }
+                i = j;
+                continue;
+            }
             self.emit(
                 DECODE_POOL,
                 rid,

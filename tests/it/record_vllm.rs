@@ -3,11 +3,13 @@
 //! vLLM's real Scheduler, KV cache manager, block pool and NixlConnector
 //! scheduler side with synthetic model-runner outputs (the driver's
 //! docstring says which parts are real), with the kvtrail_vllm hook
-//! installed. Three captures: a clean P/D run scopes clean; the
+//! installed. The captures: a clean P/D run scopes clean; the
 //! vllm-project/vllm#52234 stale reference (decode loads blocks the
 //! producer reused for another tenant's request, NIXL reports done) is found
-//! by `kvtrail scope` with its true source; out-of-range block ids, a failed
-//! and a partial load leave evidence (holes, counters, the failure policy).
+//! by `kvtrail scope` with its true source, also on a hybrid model (full
+//! attention + sliding window, whose groups alias one block pool);
+//! out-of-range block ids, a failed and a partial load leave evidence
+//! (holes, counters, the failure policy).
 //!
 //! Needs the venv of .ci/setup.d/32-vllm.sh (+ the hook's dependencies from
 //! 33-kvtrail-vllm-hook.sh); a missing venv FAILS these tests. The wire
@@ -55,6 +57,15 @@ fn capture_with(
     d: &tempfile::TempDir,
     hook_ok: bool,
 ) -> (serde_json::Value, PathBuf, String) {
+    capture_in(mode, d, hook_ok, "deploy-vllm-cpu.json")
+}
+
+fn capture_in(
+    mode: &str,
+    d: &tempfile::TempDir,
+    hook_ok: bool,
+    deploy: &str,
+) -> (serde_json::Value, PathBuf, String) {
     let py = python();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sock = d.path().join("kvtrail.sock");
@@ -64,7 +75,7 @@ fn capture_with(
         "--listen",
         &format!("unix:{}", sock.display()),
         "--deployment",
-        s(&root.join("tests/data/record/deploy-vllm-cpu.json")),
+        s(&root.join("tests/data/record").join(deploy)),
         "--out",
         s(&out),
         "--health-secs",
@@ -224,6 +235,191 @@ fn vllm_stale_reference_is_found_with_its_true_source() {
     // 39 itself after the load).
     assert_eq!(a["foreign_tokens"], 39, "{a}");
     assert_ne!(r1, r2);
+}
+
+/// The stale reference on a hybrid model: full attention + a sliding
+/// window, two KV cache groups over one shared BlockPool on each engine
+/// (vLLM's HybridKVCacheCoordinator). The groups alias the same blocks, so
+/// the producer's reuse of r1's full-attention block by r2's sliding-window
+/// layers is what r3 reads: the true source of each slot is whoever wrote
+/// that block last, in either group.
+#[test]
+fn vllm_hybrid_stale_reference_is_found_with_its_true_sources() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture("hybrid", &d);
+    assert_eq!(
+        facts["groups"],
+        serde_json::json!(["FullAttentionManager", "SlidingWindowManager"])
+    );
+    assert_eq!(facts["r3"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r3"]["remote"], facts["r1_remote"], "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    let trace = Trace::open(&out).unwrap();
+    let (r1, r2, r3) = (
+        id_of(&trace, "r1"),
+        id_of(&trace, "r2"),
+        id_of(&trace, "r3"),
+    );
+    // Independent expectation from the blocks vLLM handed out: r3 reads
+    // positions 0..39 (it recomputes position 39) of each group through
+    // r1's reference; a slot holds r2's KV when r2 (40 tokens) wrote that
+    // offset of that block in either group, else r1's.
+    let blocks = |k: &str| -> Vec<Vec<u64>> {
+        facts[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                g.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b.as_u64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let (ref1, tab2) = (blocks("r1_remote"), blocks("r2_remote"));
+    assert_eq!(ref1.len(), 2, "{facts}");
+    let mut want: std::collections::BTreeMap<u64, u64> = Default::default();
+    for group in &ref1 {
+        for pos in 0..39u64 {
+            let b = group[(pos / 16) as usize];
+            let off = pos % 16;
+            let by_r2 = tab2.iter().any(|t| {
+                t.iter()
+                    .position(|&x| x == b)
+                    .is_some_and(|i| i as u64 * 16 + off < 40)
+            });
+            *want.entry(if by_r2 { r2 } else { r1 }).or_default() += 1;
+        }
+    }
+    assert!(
+        want.len() == 2,
+        "the plant needs both sources: {want:?} {facts}"
+    );
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], r3, "{a}");
+    assert_eq!(a["http_status"], 200, "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    let got: std::collections::BTreeMap<u64, u64> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["request_id"].as_u64().unwrap(),
+                x["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{a}");
+    assert_eq!(a["foreign_tokens"], 2 * 39, "{a}");
+    // Decode's sliding window dropped r3's blocks mid-request: those frees
+    // are r3's (before its last read), none is the engine's.
+    let ev = &record::events(&trace)[&1];
+    assert!(
+        !ev.iter().any(|e| e.op == Op::Free && e.request_id == 0),
+        "engine frees"
+    );
+    let last_read = ev
+        .iter()
+        .filter(|e| e.op == Op::Read && e.request_id == r3)
+        .map(|e| e.seq)
+        .max()
+        .unwrap();
+    assert!(
+        ev.iter()
+            .any(|e| e.op == Op::Free && e.request_id == r3 && e.seq < last_read),
+        "no mid-request free"
+    );
+}
+
+/// vLLM's own CPU offload (OffloadingConnector, CPUOffloadingSpec), scheduler
+/// side for real with a synthetic CPU worker: a's blocks are stored to the
+/// tier (pool 2, role cache), evicted from the GPU by b, loaded back for a2.
+/// The copies carry their first owner; a load of chunks stored under the
+/// key it asked for is a share (clean), a load of a chunk the tier's index
+/// wrongly names (the plant: b's chunks under a's keys) is a foreign read
+/// with the true source, b.
+#[test]
+fn vllm_cpu_offload_is_recorded_as_tier_copies() {
+    for (mode, stale) in [("offload", false), ("offload-stale", true)] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_in(mode, &d, true, "deploy-vllm-offload.json");
+        assert_eq!(
+            facts["finish"],
+            serde_json::json!({"a": "length", "b": "length", "a2": "length"}),
+            "{facts}"
+        );
+        let jobs = &facts["offload_jobs"];
+        assert_eq!(jobs["store"].as_array().unwrap().len(), 2, "{facts}");
+        let load = &jobs["load"].as_array().unwrap();
+        assert_eq!(load.len(), 1, "{facts}");
+        assert_eq!(load[0]["req"], "a2");
+        let v = kvtrail(["verify", s(&out)]).run();
+        assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+        let trace = Trace::open(&out).unwrap();
+        let ev = record::events(&trace);
+        // Stores: copies into the cache pool from the GPU pool, one run per
+        // contiguous pair; the load: a copy back from the cache pool.
+        let cache: Vec<_> = ev[&2]
+            .iter()
+            .filter(|e| e.op == Op::Write)
+            .map(|e| e.src.expect("a tier write is a copy").pool)
+            .collect();
+        assert!(
+            !cache.is_empty() && cache.iter().all(|&p| p == 0),
+            "{cache:?}"
+        );
+        let a2 = id_of(&trace, "a2");
+        let loaded: u32 = ev[&0]
+            .iter()
+            .filter(|e| {
+                e.op == Op::Write && e.request_id == a2 && e.src.is_some_and(|c| c.pool == 2)
+            })
+            .map(|e| e.slot_count)
+            .sum();
+        assert_eq!(loaded, 64, "a's four blocks come back");
+        let mismatch = facts["hook_stats"]["hook"]["offload_key_mismatch"]
+            .as_u64()
+            .unwrap();
+        let j = scope(&out);
+        assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+        let affected = j["affected_responses"].as_array().unwrap();
+        if !stale {
+            assert_eq!(mismatch, 0);
+            assert!(affected.is_empty(), "{j:#}");
+            continue;
+        }
+        assert_eq!(facts["planted"], 4, "{facts}");
+        assert_eq!(mismatch, 4);
+        assert_eq!(affected.len(), 1, "{j:#}");
+        let a = &affected[0];
+        assert_eq!(a["request_id"], a2, "{a}");
+        assert_eq!(a["confidence"], "confirmed", "{a}");
+        assert_eq!(a["foreign_tokens"], 64, "{a}");
+        let src: Vec<(u64, String)> = a["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                (
+                    x["request_id"].as_u64().unwrap(),
+                    x["tenant"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            src,
+            vec![(id_of(&trace, "b"), "tenant-b".to_string())],
+            "{a}"
+        );
+    }
 }
 
 #[test]

@@ -177,6 +177,129 @@ fn stale_reference_reproduces_52234_as_a_cross_tenant_200() {
     }
 }
 
+/// vllm-project/vllm#52234's "out-of-range remote_block_ids: 200, garbage"
+/// row: the load reads memory of no request; the hook's run names source
+/// slots past the producer's pool, which the sidecar records as a hole in
+/// the decode pool. Scope must never call such a trace complete nor any
+/// garbage reader unaffected, and what it confirms must be true.
+#[test]
+fn out_of_range_block_ids_are_holes_and_never_complete() {
+    let knob = "bug_out_of_range_ppm=30000";
+    let mut garbage = 0;
+    for seed in [1, 2] {
+        let run = simulate("vllm-stale-reference", Some(600), seed, &[knob]);
+        let t = &run.truth;
+        garbage += t.garbage.len();
+        assert_eq!(t.summary.garbage_responses, t.garbage.len() as u64);
+        // Fail-open: NIXL reported the reads done; every garbage reader is
+        // answered 200.
+        assert!(t.garbage.iter().all(|g| g.http_status == 200), "{t:?}");
+        assert!(t.garbage.iter().all(|g| g.garbage_tokens > 0));
+        // The files verify; the holes are the decode pool's (inspect).
+        let dir = run.trace.to_str().unwrap();
+        let v = kvtrail(["verify", dir]).run();
+        assert_eq!(v.code, 0, "{}", v.stderr);
+        let i = kvtrail(["inspect", dir, "--json"]).run();
+        let ij: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
+        let holes = |pool: u64| {
+            ij["kv"]["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["pool"] == pool)
+                .unwrap()["holes"]
+                .as_u64()
+                .unwrap()
+        };
+        assert_eq!(holes(0), 0, "seed {seed}");
+        assert!(holes(1) >= 1, "seed {seed}");
+        let r = scope(&run.trace);
+        assert!(!r.coverage.complete, "seed {seed}");
+        assert!(r.coverage.lost_events >= 1, "seed {seed}");
+        assert!(r.verdict.contains("INCOMPLETE"), "{}", r.verdict);
+        let found: BTreeMap<u64, &kvtrail::scope::Response> = r
+            .affected_responses
+            .iter()
+            .map(|a| (a.request_id, a))
+            .collect();
+        let foreign: BTreeMap<u64, &kvtrail::sim::truth::Affected> =
+            t.affected.iter().map(|a| (a.request_id, a)).collect();
+        for g in &t.garbage {
+            let a = found.get(&g.request_id).unwrap_or_else(|| {
+                panic!("seed {seed}: garbage reader r{} not reported", g.request_id)
+            });
+            // Every garbage slot it read is reported (as a possibly foreign
+            // or an uncertain read), none as own.
+            assert!(
+                a.foreign_tokens + a.unknown_tokens + a.uncertain_tokens >= g.garbage_tokens,
+                "seed {seed}: {a:?} {g:?}"
+            );
+            assert_eq!(a.http_status, Some(200));
+            if !foreign.contains_key(&g.request_id) {
+                assert_eq!(a.confidence, Confidence::Possible, "r{}", g.request_id);
+            }
+        }
+        // Every true foreign read is reported; whatever scope confirms is
+        // true, with its true sources among them.
+        for a in &t.affected {
+            assert!(
+                found.contains_key(&a.request_id),
+                "seed {seed}: r{}",
+                a.request_id
+            );
+        }
+        for a in &r.affected_responses {
+            if a.confidence != Confidence::Confirmed {
+                continue;
+            }
+            let want = foreign
+                .get(&a.request_id)
+                .unwrap_or_else(|| panic!("seed {seed}: r{} confirmed, truth clean", a.request_id));
+            let truth_src: Vec<u64> = want.sources.iter().map(|s| s.request_id).collect();
+            assert!(
+                a.sources.iter().any(|s| truth_src.contains(&s.request_id)),
+                "seed {seed}: r{} sources {:?} vs {truth_src:?}",
+                a.request_id,
+                a.sources
+            );
+        }
+        assert_eq!(r.counts.requests, t.summary.requests, "seed {seed}");
+    }
+    assert!(garbage >= 2, "the knob must fire: {garbage}");
+    // The reference check refuses blocks the producer does not hold for
+    // that reference: the loads fail, no garbage, no hole, and the policy
+    // decides (500 under fail, a local prefill under recompute).
+    for (sets, status) in [
+        (&[knob, "reference_check=true"][..], 500),
+        (
+            &[
+                knob,
+                "reference_check=true",
+                "kv_load_failure_policy=recompute",
+            ][..],
+            200,
+        ),
+    ] {
+        let run = simulate("vllm-stale-reference", Some(600), 1, sets);
+        assert!(run.truth.garbage.is_empty(), "{sets:?}");
+        assert_eq!(run.truth.summary.garbage_responses, 0);
+        check_against_truth(&format!("{sets:?}"), &run);
+        if status == 500 {
+            assert!(
+                run.truth
+                    .summary
+                    .status_counts
+                    .get(&500)
+                    .copied()
+                    .unwrap_or(0)
+                    >= 1
+            );
+        } else {
+            assert!(!run.truth.summary.status_counts.contains_key(&500));
+        }
+    }
+}
+
 #[test]
 fn steady_is_clean() {
     for seed in [1, 4] {
@@ -547,6 +670,8 @@ fn bad_input_names_the_key() {
         ("kv_lease_duration=100000000", "kv_lease_duration"),
         ("kv_load_failure_policy=retry", "kv_load_failure_policy"),
         ("bug_stale_reference_ppm=2000000", "bug_stale_reference_ppm"),
+        ("bug_out_of_range_ppm=1000001", "bug_out_of_range_ppm"),
+        ("bug_out_of_range_ppm=-3", "bug_out_of_range_ppm"),
         ("transfer_failure_ppm=-1", "transfer_failure_ppm"),
         ("cache_salt=user", "cache_salt"),
         ("prefill.page_size=32", "block_size"),

@@ -14,11 +14,25 @@ Usage: record_driver.py SOCKET MODE, MODE one of
 - faults: out-of-range remote block ids reported done (fail-open), a
   failed load and a partial load (invalid block ids) under
   kv_load_failure_policy "fail";
+- hybrid: the stale reference again, on a hybrid model: two KV cache
+  groups (full attention + a 32-token sliding window, vLLM's
+  HybridKVCacheCoordinator over one shared BlockPool) on both engines; the
+  groups alias the same blocks, so each engine is one pool (producer 0,
+  decode 1) and the producer's reuse of a block by the other group is
+  seen; decode's sliding window drops blocks mid-request
+  (remove_skipped_blocks);
+- offload, offload-stale: vLLM's own CPU offload (OffloadingConnector with
+  its CPUOffloadingSpec) on one engine (pool 0, its CPU tier pool 2): a's
+  blocks are stored to the tier, evicted from the GPU by b, and loaded back
+  for a2 (same prompt, same salt); in offload-stale the tier's index is
+  corrupted first (a's chunks pointed at b's, as a tier that reused a chunk
+  without dropping its key would), so a2 loads b's KV;
 - broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
 / schedule / update_from_output / _free_request, KVCacheManager, the
-coordinator, FullAttentionManager, BlockPool (allocation, prefix cache,
+coordinator (unitary, or hybrid), FullAttentionManager,
+SlidingWindowManager, BlockPool (allocation, prefix cache,
 eviction), NixlPullConnectorScheduler (get_num_new_matched_tokens,
 update_state_after_alloc, build_connector_meta, request_finished with the
 producer's block hold), the load-failure handling of the scheduler.
@@ -54,13 +68,16 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
+                                        KVCacheGroupSpec, SlidingWindowSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 BS = 16
 NB_P, NB_D = 8, 32  # the producer's pool is small, so freed blocks are reused
+HYBRID = MODE == "hybrid"
+WINDOW = 32  # the sliding-window group's window (tokens)
 
 model_dir = tempfile.mkdtemp()
 with open(os.path.join(model_dir, "config.json"), "w") as f:
@@ -79,8 +96,14 @@ def make_scheduler(nb, kv):
                     cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
                     kv_transfer_config=kv)
     vc.cache_config.num_gpu_blocks = nb
-    kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
+                                                            dtype=torch.float32))]
+    if HYBRID:
+        # As vLLM's own hybrid tests build one: a second group of
+        # sliding-window layers sharing the block pool.
+        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
+            block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=WINDOW)))
+    kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=True,
                      structured_output_manager=StructuredOutputManager(vc))
 
@@ -88,7 +111,8 @@ def make_scheduler(nb, kv):
 P = kh.tag(make_scheduler(NB_P, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_producer",
                                                    engine_id="P0")), [0])
 D = kh.tag(make_scheduler(NB_D, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_consumer",
-                                                   engine_id="D0", kv_load_failure_policy="fail")), [1])
+                                                   engine_id="D0", kv_load_failure_policy="fail")),
+           [1])
 
 
 def make_req(rid, tokens, salt, max_tokens, ktp=None):
@@ -212,6 +236,88 @@ elif MODE == "faults":
             break
         step(D)
     facts["r7"] = {"local": local, "finish": finished.get("r7", (None,))[0]}
+elif MODE == "hybrid":
+    A2 = list(range(100, 140))  # 40 tokens: 3 blocks per group
+    B2 = list(range(300, 340))  # another 40: reuses the producer's freed blocks
+    ktp1 = prefill("r1", A2, "tenant-a")
+    facts["r1_remote"] = ktp1["remote_block_ids"]
+    sync()
+    facts["r1"] = decode("r1", A2, "tenant-a", ktp1)
+    release("r1")
+    ktp2 = prefill("r2", B2, "tenant-b")
+    facts["r2_remote"] = ktp2["remote_block_ids"]
+    sync()
+    # r3 (tenant-c) gets r1's consumed reference; it decodes past the
+    # window, so decode's sliding-window group drops blocks as it goes.
+    facts["r3"] = decode("r3", C, "tenant-c", ktp1, max_tokens=40)
+    for _ in range(60):
+        if "r3" in finished:
+            break
+        step(D)
+    facts["r3"]["finish"] = finished.get("r3", (None,))[0]
+    facts["stale_blocks_now_r2"] = [sorted(set(a) & set(b)) for a, b in
+                                    zip(facts["r1_remote"], facts["r2_remote"])]
+    facts["groups"] = [type(m).__name__ for m in D.kv_cache_manager.coordinator.single_type_managers]
+elif MODE in ("offload", "offload-stale"):
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import \
+        OffloadingWorkerMetadata  # noqa: E402
+    O = make_scheduler(12, KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                            engine_id="E0",
+                                            kv_connector_extra_config={"cpu_bytes_to_use": 1 << 16}))
+    kh.tag(O, [0], role="mixed", cache_pool=2)
+    jobs = {"store": [], "load": []}
+
+    def ostep(loads_done=()):
+        """One step; the CPU worker finishes every job of the step at once
+        (synthetic OffloadingWorkerMetadata), loads reported received."""
+        out = O.schedule()
+        meta = out.kv_connector_metadata
+        done = {}
+        recv = set(loads_done)
+        for kind, js in (("load", meta.load_jobs), ("store", meta.store_jobs)):
+            for j, t in js.items():
+                done[j] = 1
+                jobs[kind].append({"req": t.req_id, "src": [int(x) for x in t.src_spec.block_ids],
+                                   "dst": [int(x) for x in t.dst_spec.block_ids]})
+                if kind == "load":
+                    recv.add(t.req_id)
+        ids = list(out.num_scheduled_tokens)
+        m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=[[] if O.requests[r].is_prefill_chunk else [7] for r in ids],
+                              kv_connector_output=KVConnectorOutput(
+                                  finished_recving=recv or None,
+                                  kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done)))
+        res = O.update_from_output(out, m)
+        for eco in res.values():
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = (str(o.finish_reason), None)
+
+    def orun(rid, tokens, salt, max_tokens=2):
+        O.add_request(make_req(rid, tokens, salt, max_tokens))
+        for _ in range(12):
+            ostep()
+            if rid in finished and not O.connector.connector_scheduler._jobs:
+                break
+
+    A3 = list(range(100, 164))  # 64 tokens: 4 full blocks
+    orun("a", A3, "tenant-a")
+    orun("b", list(range(300, 460)), "tenant-b")  # 160 tokens: evicts a's GPU blocks
+    if MODE == "offload-stale":
+        # The plant: the tier's index sends a's keys to b's chunks.
+        pol = O.connector.connector_scheduler.manager._policy
+        a_chunks = {c for j in jobs["store"] if j["req"] == "a" for c in j["dst"]}
+        b_chunks = [c for j in jobs["store"] if j["req"] == "b" for c in j["dst"]]
+        n = 0
+        for st in pol.chunks.values():
+            if st.chunk_id in a_chunks:
+                st.chunk_id = b_chunks[n]
+                n += 1
+        facts["planted"] = n
+    orun("a2", A3 + [5, 6], "tenant-a")
+    facts["offload_jobs"] = jobs
+    facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
+    facts["p_free_blocks_o"] = O.kv_cache_manager.block_pool.get_num_free_blocks()
 elif MODE == "broken":
     # A hook failure must never reach the engine: make the hook's own
     # slot mapping raise and run a request on the producer to its end.

@@ -14,8 +14,14 @@ Patched entry points (each wrapper calls vLLM's original and never changes
 its arguments or results; a failure inside the hook is counted in
 ``stats()["hook_errors"]``, logged, and the engine goes on):
 
-- ``Scheduler.__init__``: one engine state per scheduler (pools per KV cache
-  group, role from the KV connector);
+- ``Scheduler.__init__``: one engine state per scheduler (its pool, role
+  from the KV connector). vLLM's KV cache groups overlay the same memory
+  (``kv_cache_planning.get_kv_cache_config_from_groups``: "groups alias
+  from byte 0"; a block id is owned by one group at a time), so every
+  attention group of the first group's block size is recorded in the
+  engine's one pool: a block one group freed and another reused is seen as
+  the same slots. A group of another block size has its own pool id when
+  one is given for it, else it is not recorded (docs/capture-vllm.md);
 - ``Scheduler.add_request``: arrival, the ORIGINAL prompt length and hash
   (before a connector may truncate it), tenant (``cache_salt``);
 - ``BlockPool.get_new_blocks``: ``alloc`` of the blocks' slots, for the
@@ -26,14 +32,20 @@ its arguments or results; a failure inside the hook is counted in
 - ``SingleTypeKVCacheManager.add_local_computed_blocks``: prefix-cache hit,
   ``share`` of the hit blocks;
 - ``SingleTypeKVCacheManager.allocate_new_blocks`` /
-  ``allocate_external_computed_blocks``, ``KVCacheManager.free``:
-  attribute the allocator calls inside them to their request;
+  ``allocate_external_computed_blocks`` / ``remove_skipped_blocks`` (a
+  sliding window dropping blocks mid-request), ``KVCacheManager.free``:
+  attribute the allocator calls inside them to their request and group;
 - ``Scheduler.schedule``: per scheduled request ``write`` of the tokens
   computed this step and ``read`` of its whole context; the NIXL consumer's
   transfer plan (``kv_connector_metadata.reqs_to_recv``);
 - ``Scheduler.update_from_output``: a finished, failed or partial remote
   load (``finished_recving``, ``failed_recving``, ``invalid_block_ids``) as
   an ``xfer_pull`` the sidecar turns into copies from the producer's pool;
+- ``Scheduler.schedule`` / ``update_from_output`` with vLLM's
+  OffloadingConnector: the store and load jobs of its metadata, and when
+  every worker reported one done (``completed_jobs``), a copy between the
+  engine's pool and its cache pool (``KVTRAIL_CACHE_POOL``), a load also a
+  ``share`` to the loading request;
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
 """
@@ -67,8 +79,10 @@ _ctx = _Ctx()
 
 
 class _Engine:
-    """One scheduler (one engine core): its pools (one per KV cache group),
-    role, connection and per-request state."""
+    """One scheduler (one engine core): its pool (groups of the first
+    group's block size share it: they alias the same blocks; a group of
+    another block size takes its own entry of ``pools`` if given), role,
+    connection and per-request state."""
 
     def __init__(self, sched):
         self.pools = list(_H.default_pools)
@@ -77,6 +91,21 @@ class _Engine:
         self.client = None
         self.reqs = {}  # vLLM request_id -> dict
         self.plans = {}  # request_id -> (local ids per group, remote ids per group, engine id, hits)
+        # CPU offload (OffloadingConnector): the cache pool, and the jobs
+        # in flight: job id -> [store?, request id, GPU ids, group sizes,
+        # first block index per group, CPU chunk ids, reports still due].
+        self.cache_pool = _H.cache_pool
+        self.jobs = {}
+        # CPU chunk -> the offload key (block hash) it was last stored under.
+        self.chunk_keys = {}
+        self.blocks_per_chunk = 1
+        self.workers = 1
+        try:
+            cfg = sched.connector.connector_scheduler.config
+            self.blocks_per_chunk = int(getattr(cfg, "blocks_per_chunk", 1))
+            self.workers = int(getattr(cfg, "num_workers", 1))
+        except Exception:
+            pass
         self.block_sizes = []
         self.attention = []
         try:
@@ -96,12 +125,31 @@ class _Engine:
         if kt is not None and getattr(kt, "kv_connector", None):
             self.policy = getattr(kt, "kv_load_failure_policy", None)
 
+    def aliased(self, group):
+        """The group overlays group 0's blocks slot for slot (same block
+        size): recorded in the engine's first pool."""
+        bs = self.block_sizes
+        return group == 0 or (group < len(bs) and bs[group] == bs[0])
+
     def pool(self, group):
+        if self.aliased(group):
+            return self.pools[0] if self.pools else None
         return self.pools[group] if group < len(self.pools) else None
+
+    def remote_pool(self, src, group):
+        """The producer's pool for ``group`` (its groups alias as ours)."""
+        if src is None:
+            return None
+        if self.aliased(group):
+            return src[0] if src else None
+        return src[group] if group < len(src) else None
 
     def put(self, pool, item):
         if self.client is None:
-            pools = sorted({p for p in self.pools if p is not None and p >= 0})
+            used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
+            if self.cache_pool is not None:
+                used.add(self.cache_pool)
+            pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
                 return
             self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue)
@@ -110,8 +158,10 @@ class _Engine:
 
 
 class _Hook:
-    def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize):
+    def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize,
+                 cache_pool=None):
         self.capture = capture
+        self.cache_pool = cache_pool
         self.default_pools = pools
         self.worker = worker
         self.tenant_field = tenant_field
@@ -123,6 +173,7 @@ class _Hook:
         self.originals = {}
         self.errors = 0
         self.pulls_unmapped = 0
+        self.offload_key_mismatch = 0
         self._warned = 0.0
 
 
@@ -405,6 +456,24 @@ def on_schedule(sched, out):
         if r is not None:
             r["covered"] = max(r["covered"], end)
     meta = getattr(out, "kv_connector_metadata", None)
+    if eng.cache_pool is not None:
+        try:
+            status = sched.connector.connector_scheduler._jobs
+        except Exception:
+            status = {}
+        for store, jobs in ((False, getattr(meta, "load_jobs", None)), (True, getattr(meta, "store_jobs", None))):
+            for jid, job in (jobs or {}).items():
+                gpu = job.src_spec if store else job.dst_spec
+                cpu = job.dst_spec if store else job.src_spec
+                if len(eng.jobs) > 100_000:  # never reported: keep memory bounded
+                    eng.jobs.pop(next(iter(eng.jobs)))
+                eng.jobs[int(jid)] = [
+                    store, str(job.req_id), [int(b) for b in gpu.block_ids],
+                    [int(n) for n in (getattr(gpu, "group_sizes", None) or [len(gpu.block_ids)])],
+                    [int(n) for n in (getattr(gpu, "block_indices", None) or [0])],
+                    [int(c) for c in cpu.block_ids], eng.workers,
+                    _job_keys(status, jid),
+                ]
     recv = getattr(meta, "reqs_to_recv", None)
     if recv:
         for rid_s, m in recv.items():
@@ -462,6 +531,8 @@ def on_update(sched, out, mro):
     kco = getattr(mro, "kv_connector_output", None)
     if kco is None:
         return
+    if eng.jobs:
+        _offload_done(sched, eng, getattr(kco, "kv_connector_worker_meta", None))
     done = set(getattr(kco, "finished_recving", None) or ())
     failed = set(getattr(kco, "failed_recving", None) or ())
     invalid = set(getattr(kco, "invalid_block_ids", None) or ())
@@ -480,17 +551,23 @@ def on_update(sched, out, mro):
             bad = True
         else:
             groups, bad = _pull_runs(eng, local, remote, hits, invalid)
+        # Groups that alias one pool (and read one producer pool) make one
+        # load line: their runs name distinct blocks of the same slots.
+        lines = {}
         for g, runs in groups:
             pool = eng.pool(g)
             if pool is None or pool < 0:
                 continue
-            sp = src[g] if src is not None and g < len(src) else None
+            sp = eng.remote_pool(src, g)
             if sp is None:
                 # Which pool the producer is: not configured. The copy cannot
                 # be named: a hole in this pool, never a guess.
                 _H.pulls_unmapped += 1
                 eng.put(pool, (_c.LOST, pool, max(1, len(runs))))
                 continue
+            lines.setdefault((pool, sp), []).extend(runs)
+        for (pool, sp), runs in lines.items():
+            runs.sort(key=lambda r: r[0])
             if rid_s in failed:
                 outcome = "failed"
             elif bad:
@@ -501,6 +578,94 @@ def on_update(sched, out, mro):
                 continue
             eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs if outcome != "failed" else [], outcome,
                            eng.policy))
+
+
+def _job_keys(status, jid):
+    """The offload keys (one per CPU chunk) of a job, or None."""
+    st = status.get(jid) if hasattr(status, "get") else None
+    keys = getattr(st, "keys", None)
+    return [bytes(k) for k in keys] if keys is not None else None
+
+
+def _offload_runs(eng, gpu, sizes, first, chunks, bs, grant=None):
+    """(gpu_slot, cpu_slot, count, token_pos) per GPU block of group 0.
+    GPU block i of a group whose first block index is k lies in chunk
+    (k % bpc + i) // bpc at block offset (k % bpc + i) % bpc (a chunk is
+    ``blocks_per_chunk`` blocks; the first GPU block may start inside one)."""
+    bpc = max(1, eng.blocks_per_chunk)
+    n = sizes[0] if sizes else len(gpu)
+    k = first[0] if first else 0
+    out = []
+    for i, b in enumerate(gpu[:n]):
+        if b == 0:
+            continue
+        j = k % bpc + i
+        c = j // bpc
+        if c >= len(chunks):
+            break
+        if grant is not None and not grant(c):
+            continue
+        g_slot, c_slot, pos = b * bs, (chunks[c] * bpc + j % bpc) * bs, (k + i) * bs
+        if out and out[-1][0] + out[-1][2] == g_slot and out[-1][1] + out[-1][2] == c_slot:
+            d, s, m, tp = out[-1]
+            out[-1] = (d, s, m + bs, tp)
+        else:
+            out.append((g_slot, c_slot, bs, pos))
+    return out
+
+
+def _offload_done(sched, eng, wm):
+    """Offload jobs every worker reported done this step (the
+    OffloadingConnector's ``completed_jobs``): a store is a copy of GPU
+    blocks into the cache pool, a load a copy back into GPU blocks plus a
+    ``share`` of them to the loading request (an offload hit is a prefix
+    hit: the KV is another request's, handed out by the engine), but only
+    of chunks last stored under the key the load asked for: a chunk stored
+    under another key holds another prefix, and reading it without a grant
+    is reported foreign with its true source. Only group 0 is recorded
+    (docs/capture-vllm.md)."""
+    completed = getattr(wm, "completed_jobs", None) or {}
+    pool = eng.pool(0)
+    if pool is None or pool < 0:
+        return
+    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    for jid, count in sorted(completed.items()):
+        job = eng.jobs.get(int(jid))
+        if job is None:
+            continue
+        job[6] -= int(count)
+        if job[6] > 0:
+            continue
+        del eng.jobs[int(jid)]
+        store, rid_s, gpu, sizes, first, chunks, _, keys = job
+        r = eng.reqs.get(rid_s)
+        req = sched.requests.get(rid_s)
+        rid = r["id"] if r else (request_id(req) if req is not None else _c.id_of(rid_s))
+        runs = _offload_runs(eng, gpu, sizes, first, chunks, bs)
+        if not runs:
+            continue
+        ts = _time_ns()
+        if store:
+            # (dst, src) = (cache slot, GPU slot)
+            eng.put(eng.cache_pool, (_c.PULL, eng.cache_pool, ts, rid, pool,
+                                     [(c, g, n, tp) for g, c, n, tp in runs], "ok", None))
+            if keys is not None:
+                if len(eng.chunk_keys) > 1 << 22:
+                    eng.chunk_keys.clear()  # bounded; later loads go unverified
+                for c, key in zip(chunks, keys):
+                    eng.chunk_keys[c] = key
+        else:
+            eng.put(pool, (_c.PULL, pool, ts, rid, eng.cache_pool, runs, "ok", None))
+
+            def grant(c):
+                stored = eng.chunk_keys.get(chunks[c])
+                ok = keys is None or stored is None or c >= len(keys) or stored == keys[c]
+                if not ok:
+                    _H.offload_key_mismatch += 1
+                return ok
+
+            granted = _offload_runs(eng, gpu, sizes, first, chunks, bs, grant)
+            _kv_runs(eng, pool, rid, SHARE, [(g, n, tp) for g, _, n, tp in granted], True)
 
 
 def request_row(eng, req):
@@ -594,6 +759,10 @@ _PATCHES = [
     (_STM, "SingleTypeKVCacheManager", "allocate_external_computed_blocks",
      lambda o: _w_manager_ctx(o, "allocate_external_computed_blocks")),
     (_STM, "SingleTypeKVCacheManager", "free", lambda o: _w_manager_ctx(o, "free")),
+    # Sliding-window (and chunked-local, Mamba) groups free blocks that left
+    # the window mid-request: the request's, in the manager's group.
+    (_STM, "SingleTypeKVCacheManager", "remove_skipped_blocks",
+     lambda o: _w_manager_ctx(o, "remove_skipped_blocks")),
 ]
 
 
@@ -645,12 +814,14 @@ def _parse_remote(s):
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
-            remote_pools=None, max_queue=None, pseudonymize=None):
+            remote_pools=None, max_queue=None, pseudonymize=None, cache_pool=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
-    - ``KVTRAIL_POOL``: this engine's pool id per KV cache group
-      (comma-separated; :func:`tag` for several engines in one process);
+    - ``KVTRAIL_POOL``: this engine's pool id (comma-separated, one per KV
+      cache group, for groups of another block size than group 0's; groups
+      of group 0's block size alias its blocks and share the first id;
+      :func:`tag` for several engines in one process);
     - ``KVTRAIL_ROLE``: prefill, decode or mixed (default: from the KV
       connector's ``kv_role``);
     - ``KVTRAIL_REMOTE_POOLS``: ``engine_id=pool[/pool...]`` per producer
@@ -659,7 +830,10 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     - ``KVTRAIL_TENANT_FIELD``: the Request attribute (dotted path into
       dicts allowed) naming the customer, default ``cache_salt``;
     - ``KVTRAIL_TENANT_PSEUDONYMIZE=1``: record a blake3 pseudonym instead;
-    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes.
+    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
+    - ``KVTRAIL_CACHE_POOL``: the pool (role ``cache``) of this engine's CPU
+      offload tier (OffloadingConnector): stores and loads are recorded as
+      copies to and from it.
     """
     global _H
     if _H is not None:
@@ -680,6 +854,8 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
         {str(k): list(v) for k, v in remote_pools.items()},
         int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
         bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
+        cache_pool if cache_pool is not None else (
+            int(os.environ["KVTRAIL_CACHE_POOL"]) if os.environ.get("KVTRAIL_CACHE_POOL") else None),
     )
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
@@ -689,15 +865,19 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     return _H
 
 
-def tag(scheduler, pools, role=None):
-    """Declares a scheduler's pools (one per KV cache group) and role, for
-    processes that run more than one engine. Call before its first request."""
+def tag(scheduler, pools, role=None, cache_pool=None):
+    """Declares a scheduler's pool (first entry: every group of group 0's
+    block size, which alias its blocks; further entries: groups of another
+    block size) and role, for processes that run more than one engine.
+    Call before its first request."""
     eng = _engine_of(scheduler)
     if eng is None:
         raise ValueError("not a scheduler built after kvtrail_vllm.install()")
     if eng.client is not None:
         raise ValueError("tag() after the engine's first event")
     eng.pools = [int(p) for p in pools]
+    if cache_pool is not None:
+        eng.cache_pool = int(cache_pool)
     if role is not None:
         eng.role = role
     return scheduler
@@ -730,9 +910,12 @@ def stats():
     """Counters per connection (sent lines, drops, losses), and the hook's
     own: ``hook_errors`` (a patched entry point whose recording failed; the
     engine went on) and ``pulls_unmapped`` (loads from a producer engine
-    not named in KVTRAIL_REMOTE_POOLS, sent as holes)."""
+    not named in KVTRAIL_REMOTE_POOLS, sent as holes), ``offload_key_mismatch``
+    (CPU-offload chunks loaded under another key than they were stored
+    under: no share granted)."""
     if _H is None:
         return {}
     out = {cl.worker: dict(cl.stats) for cl in _H.clients}
-    out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped}
+    out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped,
+                   "offload_key_mismatch": _H.offload_key_mismatch}
     return out
