@@ -33,7 +33,15 @@ pub struct VerifyReport {
     pub files_checked: usize,
     pub bytes_hashed: u64,
     pub rows_checked: u64,
+    /// The evidence is whole: the capture closed cleanly (trace.json's
+    /// `capture.complete`) and no pool has a seq hole (lost events).
     pub complete: bool,
+    /// trace.json's `capture.complete`: the recorder closed cleanly.
+    pub capture_closed: bool,
+    /// Seq holes over all pools, and the events they lost (0 where the
+    /// trace-wide checks could not run).
+    pub seq_holes: u64,
+    pub lost_events: u64,
     pub problems: Vec<Problem>,
 }
 
@@ -248,6 +256,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             "invalid" | "truncated" | "refused" | "unreadable"
         )
     });
+    let (mut seq_holes, mut lost_events) = (0, 0);
     if !unreadable {
         let mut seen = seen.into_inner().unwrap_or_default();
         let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
@@ -255,6 +264,10 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             Some(runs) => check::finish(&trace, &runs, None, None),
             None => check::check_kv(&trace, None, None),
         };
+        if let Ok(k) = &kv {
+            seq_holes = k.pools.iter().map(|p| p.holes).sum();
+            lost_events = k.pools.iter().map(|p| p.missing_events).sum();
+        }
         let checks = [load_request_index(&trace).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
             problems.push(Problem {
@@ -275,7 +288,10 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         files_checked: listed.len(),
         bytes_hashed,
         rows_checked,
-        complete: m.capture.complete,
+        complete: m.capture.complete && seq_holes == 0,
+        capture_closed: m.capture.complete,
+        seq_holes,
+        lost_events,
         problems,
     })
 }

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         writeln!(
             out,
-            "{}: {} files, {} bytes hashed, {} rows checked, capture {}",
+            "{}: {} files, {} bytes hashed, {} rows checked, capture {}{}",
             if report.ok { "OK" } else { "FAILED" },
             report.files_checked,
             report.bytes_hashed,
@@ -47,6 +47,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             } else {
                 "INCOMPLETE"
             },
+            if report.seq_holes > 0 {
+                format!(
+                    " ({} lost in {}: no analysis of this trace is complete)",
+                    count(report.lost_events, "event"),
+                    count(report.seq_holes, "seq hole")
+                )
+            } else {
+                String::new()
+            }
         )
     })?;
     Ok(if report.ok { 0 } else { 1 })
@@ -101,4 +110,9 @@ fn run_folder(args: Args) -> anyhow::Result<i32> {
     let r = verify_folder(&args.trace, true)?;
     output::print(args.json, &r, |out| print_folder(out, &r, 0))?;
     Ok(if r.ok { 0 } else { 1 })
+}
+
+/// `1 event`, `2 events`.
+fn count(n: u64, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
