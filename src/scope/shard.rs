@@ -34,10 +34,16 @@ pub struct Scoped {
 
 impl ScopeRun {
     /// Opens the trace and the backend `choice` asks for (`Cuda` fails
-    /// with what is missing).
+    /// with what is missing), the CPU one on every core.
     pub fn open(trace_dir: &Path, choice: BackendChoice) -> Result<Self> {
+        Self::open_threads(trace_dir, choice, 0)
+    }
+
+    /// As `open`, the CPU backend on `threads` threads (0: every core,
+    /// `lineage::default_threads`); the report does not depend on it.
+    pub fn open_threads(trace_dir: &Path, choice: BackendChoice, threads: usize) -> Result<Self> {
         let trace = Trace::open(trace_dir)?;
-        let opened = crate::lineage::make_backend_for(choice, &trace)?;
+        let opened = crate::lineage::make_backend_for_threads(choice, &trace, threads)?;
         Ok(ScopeRun {
             trace,
             choice,
@@ -60,6 +66,7 @@ impl ScopeRun {
             chunk: None,
             pools: pools.clone(),
             tenants: Some(super::tenant_source(&self.trace)),
+            threads: 0, // the backend is open already
         };
         let outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
