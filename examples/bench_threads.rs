@@ -161,7 +161,7 @@ fn generate(dir: &Path, target: u64, groups: u16) -> kvtrail::Result<()> {
             active: Vec::new(),
         })
         .collect();
-    let mut ts: i64 = 1_700_000_000_000_000_000;
+    let ts = std::cell::Cell::new(1_700_000_000_000_000_000i64);
     let mut next_id = 1u64;
     let mut events = 0u64;
     let ev = |pool, rid, op, start, count, tpos: Option<u32>, src| KvEvent {
@@ -175,9 +175,9 @@ fn generate(dir: &Path, target: u64, groups: u16) -> kvtrail::Result<()> {
         token_pos: tpos,
         src,
     };
-    let mut emit = |rec: &mut Recorder, mut e: KvEvent, n: &mut u64| {
-        ts += 1_000;
-        e.ts_ns = ts;
+    let emit = |rec: &mut Recorder, mut e: KvEvent, n: &mut u64| {
+        ts.set(ts.get() + 1_000);
+        e.ts_ns = ts.get();
         *n += 1;
         rec.kv(e)
     };
@@ -253,8 +253,8 @@ fn generate(dir: &Path, target: u64, groups: u16) -> kvtrail::Result<()> {
                     request_id: id,
                     external_id: Some(format!("req-{id:08x}")),
                     tenant,
-                    arrival_ns: ts,
-                    finish_ns: Some(ts + 1_000_000),
+                    arrival_ns: ts.get(),
+                    finish_ns: Some(ts.get() + 1_000_000),
                     prompt_tokens: prompt,
                     prefilled_tokens: Some(prefilled),
                     output_tokens: out,

@@ -94,6 +94,25 @@ pub fn default_threads() -> usize {
         })
 }
 
+/// Runs `f` with rayon's parallel iterators on `threads` threads (0:
+/// `default_threads`): on the current pool when it has as many, else on a
+/// pool of its own for the call.
+pub fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    let n = if threads == 0 {
+        default_threads()
+    } else {
+        threads
+    };
+    if n == rayon::current_num_threads() {
+        return Ok(f());
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map(|pool| pool.install(f))
+        .map_err(|e| crate::error::Error::Other(format!("cannot start {n} threads: {e}")))
+}
+
 /// The CPU backend on `threads` threads (0: `default_threads`), and its
 /// note with `why` (e.g. "auto: no CUDA device").
 fn cpu_backend(threads: usize, why: Option<String>) -> Result<OpenedBackend> {
@@ -219,8 +238,9 @@ pub struct LineageOptions {
     /// Requests' tenants: shared reads within one tenant are dropped as
     /// they arrive (scope lists only cross-tenant prefix-cache hits).
     pub tenants: Option<exposure::TenantKeysSource>,
-    /// Threads of the CPU backend `run` opens (0: `default_threads`); the
-    /// outcome is the same for every value.
+    /// Threads of the replay (0: `default_threads`): of the index pass
+    /// over the kv files, and of the CPU backend `run` opens (`run_with`
+    /// takes the backend's own). The outcome is the same for every value.
     pub threads: usize,
 }
 
@@ -257,7 +277,10 @@ pub fn run_with(
     reporter: &dyn Reporter,
 ) -> Result<LineageOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
-    let mut plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
+    let spill = opts.spill_dir.as_deref().map(Path::new);
+    let mut plan = on_threads(opts.threads, || {
+        input::Plan::build(trace, spill, opts.chunk)
+    })??;
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
     // A shard: restrict the plan, hide the source-only pools' reads.

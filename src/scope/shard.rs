@@ -22,6 +22,8 @@ pub struct ScopeRun {
     trace: Trace,
     choice: BackendChoice,
     opened: OpenedBackend,
+    /// Threads of the run (resolved: at least 1).
+    threads: usize,
 }
 
 /// What a scope run gives: the trace it read, its report and, for a shard,
@@ -43,11 +45,16 @@ impl ScopeRun {
     /// `lineage::default_threads`); the report does not depend on it.
     pub fn open_threads(trace_dir: &Path, choice: BackendChoice, threads: usize) -> Result<Self> {
         let trace = Trace::open(trace_dir)?;
+        let threads = match threads {
+            0 => crate::lineage::default_threads(),
+            n => n,
+        };
         let opened = crate::lineage::make_backend_for_threads(choice, &trace, threads)?;
         Ok(ScopeRun {
             trace,
             choice,
             opened,
+            threads,
         })
     }
 
@@ -58,7 +65,9 @@ impl ScopeRun {
 
     /// Replays the trace and scopes it: every pool, or only `pools` (the
     /// pools their copies read from are replayed but not reported); a
-    /// shard's report is marked as one.
+    /// shard's report is marked as one. The parallel steps besides the
+    /// replay (the index pass over the kv files, the file digests) run on
+    /// the run's threads too.
     pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
         let opts = LineageOptions {
             backend: self.choice,
@@ -66,11 +75,14 @@ impl ScopeRun {
             chunk: None,
             pools: pools.clone(),
             tenants: Some(super::tenant_source(&self.trace)),
-            threads: 0, // the backend is open already
+            threads: self.threads,
         };
         let outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
-        let mut report = super::scope_outcome(&self.trace, &outcome, reporter)?;
+        let trace = &self.trace;
+        let mut report = crate::lineage::on_threads(self.threads, || {
+            super::scope_outcome(trace, &outcome, reporter)
+        })??;
         let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
         if let Some(s) = &shard {
             s.mark(&mut report);
