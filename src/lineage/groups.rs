@@ -1,7 +1,8 @@
 //! Pools no copy connects, replayed at once: each group of the copy graph
 //! (`engine::groups`) runs its own scheduler on a thread of its own with a
 //! forked backend (`Backend::forks`), and their read runs come back through
-//! a bounded channel to the one `Exposures` of the replay.
+//! a bounded channel to the one `Exposures` of the replay. Many small
+//! groups are packed into a few work units first (`pack`).
 //!
 //! Nothing a group computes depends on another group, so the outcome is
 //! the single scheduler's: exposures aggregate independently of the order
@@ -23,6 +24,46 @@ use crate::trace::read::Trace;
 
 /// Batches of read runs in flight from the groups to the aggregation.
 const RUN_BATCHES: usize = 64;
+
+/// Work units per thread: groups are packed into at most this many units
+/// per thread, so that thousands of small groups cost a few schedulers,
+/// not one each.
+const UNITS_PER_THREAD: usize = 4;
+
+/// Packs `groups` into at most `threads * UNITS_PER_THREAD` units of
+/// similar event counts (largest group first, into the lightest unit; ties
+/// by position, so the packing is deterministic). A union of groups is
+/// closed under copies as each group is, so a unit replays on its own.
+pub fn pack(plan: &Plan, groups: Vec<BTreeSet<u16>>, threads: usize) -> Vec<BTreeSet<u16>> {
+    let n = (threads * UNITS_PER_THREAD).max(1);
+    if groups.len() <= n {
+        return groups;
+    }
+    let events = |g: &BTreeSet<u16>| -> u64 {
+        g.iter()
+            .flat_map(|p| plan.runs.get(p).into_iter().flatten())
+            .map(|r| r.rows)
+            .sum()
+    };
+    let mut sized: Vec<(u64, usize, BTreeSet<u16>)> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| (events(&g), i, g))
+        .collect();
+    sized.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut units: Vec<(u64, BTreeSet<u16>)> = vec![(0, BTreeSet::new()); n];
+    for (e, _, g) in sized {
+        let (_, lightest) = units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (u.0, i))
+            .min()
+            .expect("a unit");
+        units[lightest].0 += e;
+        units[lightest].1.extend(g);
+    }
+    units.into_iter().map(|u| u.1).collect()
+}
 
 /// What a replay of some groups gives: counters, sorted gaps, late sources.
 pub type GroupsOutcome = (Counters, Vec<Gap>, BTreeMap<u16, (u64, u64)>);

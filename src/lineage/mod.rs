@@ -302,6 +302,7 @@ pub fn run_with(
     if threads > 1 && groups.len() > 1 {
         let workers = threads.min(groups.len());
         if let Some(forks) = backend.forks(workers, (threads / workers).max(1)) {
+            let groups = groups::pack(&plan, groups, workers);
             let mut exposures = new_exposures();
             let res = groups::run(
                 trace,

@@ -150,6 +150,33 @@ fn threads_give_the_bytes_of_one_thread_on_hand_made_pool_groups() {
 }
 
 #[test]
+fn threads_give_the_bytes_of_one_thread_on_many_small_groups() {
+    // Twelve pools no copy connects, more than two threads take one group
+    // each: they are packed into work units of several groups.
+    let mut tb = TraceBuilder::with_pools((0..12).map(|p| pool(p, Role::Mixed, 4096)).collect());
+    for (id, tenant) in [(1, "acme"), (2, "initech"), (3, "umbrella")] {
+        tb.req(id, tenant);
+    }
+    for p in 0..12u16 {
+        let (a, b) = (1 + u64::from(p) % 3, 1 + u64::from(p + 1) % 3);
+        tb.write(p, a, 0, 100 + 200 * u32::from(p));
+        tb.alloc(p, b, 50, 900);
+        tb.read(p, b, 0, 1200 + 100 * u32::from(p));
+        tb.write(p, b, 10, 20);
+        tb.read(p, a, 0, 40);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tb.record(&tmp.path().join("t"));
+    same_bytes(&t);
+    let r = crate::support::trace_builder::scope(&t);
+    assert!(
+        r.affected_responses.len() >= 3,
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+#[test]
 fn threads_give_the_bytes_of_one_thread_on_committed_traces() {
     same_bytes(&repo().join("traces/incident-mini"));
     same_bytes(&repo().join("tests/data/golden-v1"));
