@@ -51,7 +51,7 @@ pub struct Args {
     /// shard.json; combine shards with `kvtrail merge`.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub pools: Option<Vec<u16>>,
-    /// Threads of the CPU replay (default: every core, or RAYON_NUM_THREADS
+    /// Threads of the replay and its other parallel steps on the CPU (default: every core, or RAYON_NUM_THREADS
     /// when set); the report is byte-identical for every value.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
