@@ -67,6 +67,20 @@ pub trait Backend {
     fn slot_limit(&self) -> Option<u64> {
         None
     }
+    /// The threads this backend applies a batch on (1 unless it was opened
+    /// with more).
+    fn threads(&self) -> usize {
+        1
+    }
+    /// `n` fresh backends of the same kind, each on `threads` threads and
+    /// holding no pool, that together keep this backend's limits (one
+    /// touched-slot budget for all), so that pools no copy connects can
+    /// replay on threads of their own; None when the backend cannot run
+    /// beside itself (the GPU backends drive one device). The outcome of a
+    /// replay never depends on whether it was used.
+    fn forks(&self, _n: usize, _threads: usize) -> Option<Vec<Box<dyn Backend + Send>>> {
+        None
+    }
     /// Events are missing just before seq `before_seq` of `pool`: every slot
     /// whose content was set before it becomes uncertain.
     fn mark_gap(&mut self, pool: u16, before_seq: u64);

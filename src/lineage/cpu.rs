@@ -2,6 +2,15 @@
 //! write (`slots`), reads classified slice by slice with an own-read fast
 //! path.
 //!
+//! Threads (`with_threads`): a pool's pages are dealt to `n` shards (page
+//! `i` to shard `i % n`), each with its own slot pages, stale bits and
+//! share grants. A batch is applied by every shard at once, each to the
+//! slots of its own pages, so each slot sees the same operations in the
+//! same order as with one thread; the shards' read runs are merged back
+//! into slot order and joined where they meet, which gives the very runs
+//! one thread emits. The touched-slot budget is checked for the whole
+//! batch before any shard starts, so the refusal names the same event.
+//!
 //! Memory is proportional to the slots the trace writes (17 bytes a slot,
 //! in pages of `slots::PAGE` slots, or of the whole pool when it is
 //! smaller) plus the share grants of requests, never to the number of
@@ -63,34 +72,62 @@ const BLANK: View<'static> = View {
     flags: &ZERO_FLAGS,
 };
 
-struct PoolState {
+/// What a shard knows of its pool, and which pages are its own.
+#[derive(Clone, Copy)]
+struct Ctx {
     id: u16,
     capacity: u64,
-    pages: Pages<Page>,
     /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
     gap_mark: u64,
     never_kind: ReadKind,
+    /// This shard's number and the number of shards: it owns page `i`
+    /// when `i % n == k`.
+    k: usize,
+    n: usize,
+}
+
+impl Ctx {
+    /// The pieces of slots `a..b` on this shard's pages, as slot ranges:
+    /// `a..b` itself with one shard.
+    #[inline]
+    fn owned(self, a: u64, b: u64) -> impl Iterator<Item = (u64, u64)> {
+        let whole = (self.n == 1 && a < b).then_some((a, b));
+        let pieces = (self.n > 1).then(move || {
+            segments(a, b)
+                .filter(move |&(pi, _, _)| pi % self.n == self.k)
+                .map(|(pi, lo, hi)| {
+                    let base = (pi as u64) << PAGE_BITS;
+                    (base + lo as u64, base + hi as u64)
+                })
+        });
+        whole.into_iter().chain(pieces.into_iter().flatten())
+    }
+}
+
+/// One shard of a pool: the state of the slots on its pages.
+struct Shard {
+    pages: Pages<Page>,
     /// Which written slots hold content that predates their latest alloc.
     stale: StaleBits,
     grants: Grants,
 }
 
-impl PoolState {
+impl Shard {
     #[inline]
     fn page(&self, page: usize) -> View<'_> {
         self.pages.get(page).map_or(BLANK, Page::view)
     }
 
     #[inline]
-    fn page_mut(&mut self, page: usize) -> &mut Page {
-        let n = page_len(self.capacity, page);
+    fn page_mut(&mut self, capacity: u64, page: usize) -> &mut Page {
+        let n = page_len(capacity, page);
         self.pages.get_or_insert_with(page, || Page::blank(n))
     }
 
-    /// Sets the content of slots `a..b`.
-    fn set(&mut self, a: u64, b: u64, owner: u64, seq1: u64) {
+    /// Sets the content of slots `a..b` (all on this shard's pages).
+    fn set(&mut self, capacity: u64, a: u64, b: u64, owner: u64, seq1: u64) {
         for (pi, lo, hi) in segments(a, b) {
-            let pg = self.page_mut(pi);
+            let pg = self.page_mut(capacity, pi);
             pg.owner[lo..hi].fill(owner);
             pg.wseq1[lo..hi].fill(seq1);
             pg.flags[lo..hi].fill(0);
@@ -111,16 +148,102 @@ impl PoolState {
         });
     }
 
+    /// Applies `events` to this shard's slots: the budget is taken here
+    /// (one shard) or was checked for the batch beforehand (`None`).
+    fn apply(
+        &mut self,
+        cx: Ctx,
+        events: &[KvEvent],
+        mut budget: Option<&mut Budget>,
+        out: &mut Vec<ReadRun>,
+        c: &mut Counters,
+    ) -> Result<()> {
+        for (at, e) in events.iter().enumerate() {
+            let (a, b) = (e.slot_start as u64, e.slot_end());
+            match e.op {
+                Op::Alloc => {
+                    for (x, y) in cx.owned(a, b) {
+                        self.stale.alloc(x, y);
+                    }
+                }
+                Op::Free => {}
+                Op::Write | Op::Scrub => {
+                    debug_assert!(e.src.is_none(), "copies go through apply_copy");
+                    if let Some(bu) = budget.as_deref_mut() {
+                        bu.take(|pi| self.pages.get(pi).is_some(), e, at, a, b)?;
+                    }
+                    let owner = if e.op == Op::Write {
+                        e.request_id
+                    } else {
+                        SCRUBBED
+                    };
+                    for (x, y) in cx.owned(a, b) {
+                        self.set(cx.capacity, x, y, owner, e.seq + 1);
+                    }
+                }
+                Op::Share => {
+                    let mut sweep = false;
+                    for (x, y) in cx.owned(a, b) {
+                        sweep |= self.grants.share(&self.stale, e.request_id, x, y, e.seq);
+                    }
+                    if sweep {
+                        self.sweep_grants();
+                    }
+                }
+                Op::Read => {
+                    for (x, y) in cx.owned(a, b) {
+                        read(cx, self, e, x, y, out, c);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[inline]
+fn uncertain(gap_mark: u64, pg: View, o: usize) -> bool {
+    pg.flags[o] != 0 || pg.wseq1[o] < gap_mark
+}
+
+/// Classification of slot `s` (offset `o` of page `pg`) read by `r`.
+#[inline]
+fn classify(cx: Ctx, pg: View, o: usize, s: u64, r: u64, grants: &[Grant]) -> Class {
+    let unc = uncertain(cx.gap_mark, pg, o);
+    state::classify(pg.owner[o], pg.wseq1[o], unc, s, r, grants, cx.never_kind)
+}
+
+struct PoolState {
+    id: u16,
+    capacity: u64,
+    /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
+    gap_mark: u64,
+    never_kind: ReadKind,
+    /// Shard `k` holds the pages `i` with `i % shards.len() == k`.
+    shards: Vec<Shard>,
+}
+
+impl PoolState {
     #[inline]
-    fn uncertain(&self, pg: View, o: usize) -> bool {
-        pg.flags[o] != 0 || pg.wseq1[o] < self.gap_mark
+    fn cx(&self, k: usize) -> Ctx {
+        Ctx {
+            id: self.id,
+            capacity: self.capacity,
+            gap_mark: self.gap_mark,
+            never_kind: self.never_kind,
+            k,
+            n: self.shards.len(),
+        }
     }
 
-    /// Classification of slot `s` (offset `o` of page `pg`) read by `r`.
     #[inline]
-    fn classify(&self, pg: View, o: usize, s: u64, r: u64, grants: &[Grant]) -> Class {
-        let unc = self.uncertain(pg, o);
-        state::classify(pg.owner[o], pg.wseq1[o], unc, s, r, grants, self.never_kind)
+    fn shard_of(&self, page: usize) -> usize {
+        page % self.shards.len()
+    }
+
+    #[inline]
+    fn allocated(&self, page: usize) -> bool {
+        self.shards[self.shard_of(page)].pages.get(page).is_some()
     }
 }
 
@@ -140,37 +263,45 @@ pub fn max_touched_slots() -> u64 {
         .unwrap_or(DEFAULT_MAX_TOUCHED_SLOTS)
 }
 
-/// Pages of state the backend has allocated, and the limit in slots.
+/// Pages of state the backend has allocated, and the limit in slots. The
+/// count is shared by the backends `forks` makes (one budget per replay).
 struct Budget {
-    used: u64,
+    used: std::sync::Arc<std::sync::atomic::AtomicU64>,
     max: u64,
 }
 
 impl Default for Budget {
     fn default() -> Self {
         Budget {
-            used: 0,
+            used: Default::default(),
             max: max_touched_slots(),
         }
     }
 }
 
 impl Budget {
-    /// Takes the pages a store to slots `a..b` of `p` would allocate, or
-    /// refuses (an `Invalid` error whose `row` is `at`, the event's index
-    /// in its batch: the scheduler puts the file and row there).
-    fn take(&mut self, p: &PoolState, e: &KvEvent, at: usize, a: u64, b: u64) -> Result<()> {
-        let new = segments(a, b)
-            .filter(|&(pi, _, _)| p.pages.get(pi).is_none())
-            .count() as u64;
+    /// Takes the pages a store to slots `a..b` would allocate (those for
+    /// which `allocated` is false), or refuses (an `Invalid` error whose
+    /// `row` is `at`, the event's index in its batch: the scheduler puts
+    /// the file and row there).
+    fn take(
+        &mut self,
+        allocated: impl Fn(usize) -> bool,
+        e: &KvEvent,
+        at: usize,
+        a: u64,
+        b: u64,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let new = segments(a, b).filter(|&(pi, _, _)| !allocated(pi)).count() as u64;
         if new == 0 {
             return Ok(());
         }
-        let used = self.used.saturating_add(new);
+        let used = self.used.fetch_add(new, Relaxed).saturating_add(new);
         if used.saturating_mul(PAGE as u64) > self.max {
+            self.used.fetch_sub(new, Relaxed);
             return Err(over_budget(e, at, self.max));
         }
-        self.used = used;
         Ok(())
     }
 }
@@ -195,18 +326,71 @@ pub(crate) fn over_budget(e: &KvEvent, at: usize, max: u64) -> Error {
     }
 }
 
+/// Touched slots in a batch from which its shards apply it in parallel
+/// (below, one thread applies them in turn: less work than waking others).
+pub const PAR_MIN_TOUCHES: u64 = 1 << 14;
+
 /// The CPU backend.
-#[derive(Default)]
 pub struct CpuBackend {
     pools: Vec<PoolState>,
     /// pool id -> index in `pools`.
     index: HashMap<u16, usize>,
     budget: Budget,
+    /// Shards per pool (the threads); 1: no pool of threads.
+    threads: usize,
+    workers: Option<rayon::ThreadPool>,
+    /// Slot touches from which a batch's shards run in parallel.
+    par_min: u64,
+    /// Each shard's read runs of the batch being applied.
+    scratch: Vec<Vec<ReadRun>>,
+    /// Pages a batch allocates (the budget check of a sharded batch).
+    fresh: std::collections::HashSet<usize>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend {
+            pools: Vec::new(),
+            index: HashMap::new(),
+            budget: Budget::default(),
+            threads: 1,
+            workers: None,
+            par_min: PAR_MIN_TOUCHES,
+            scratch: Vec::new(),
+            fresh: Default::default(),
+        }
+    }
 }
 
 impl CpuBackend {
+    /// The backend on one thread.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The backend applying each batch on `threads` threads (1: on the
+    /// caller's). The output does not depend on the number of threads.
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        let threads = threads.max(1);
+        let workers = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("kvtrail-replay-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        Error::Other(format!("replay: cannot start {threads} threads: {e}"))
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(CpuBackend {
+            threads,
+            workers,
+            scratch: (0..threads).map(|_| Vec::new()).collect(),
+            ..Self::default()
+        })
     }
 
     /// A backend that holds state for at most `max` touched slots.
@@ -214,6 +398,14 @@ impl CpuBackend {
         let mut b = Self::default();
         b.budget.max = max;
         b
+    }
+
+    /// Applies batches of at least `touches` slot touches on the threads
+    /// (default `PAR_MIN_TOUCHES`; smaller batches are applied shard after
+    /// shard on the caller's thread). Changes speed only, never output.
+    pub fn parallel_from(mut self, touches: u64) -> Self {
+        self.par_min = touches;
+        self
     }
 
     fn pool(&mut self, id: u16) -> Result<&mut PoolState> {
@@ -225,7 +417,74 @@ impl CpuBackend {
 
     /// Slot pages allocated over all pools (each holds `slots::PAGE` slots).
     pub fn pages_allocated(&self) -> usize {
-        self.pools.iter().map(|p| p.pages.allocated()).sum()
+        self.pools
+            .iter()
+            .flat_map(|p| &p.shards)
+            .map(|s| s.pages.allocated())
+            .sum()
+    }
+}
+
+/// Checks the budget for a whole batch before its shards apply it: the
+/// pages its writes and scrubs allocate, event by event, so the refusal
+/// names the event one thread would have stopped at.
+fn take_batch(
+    budget: &mut Budget,
+    fresh: &mut std::collections::HashSet<usize>,
+    p: &PoolState,
+    events: &[KvEvent],
+) -> Result<()> {
+    fresh.clear();
+    for (at, e) in events.iter().enumerate() {
+        if !matches!(e.op, Op::Write | Op::Scrub) {
+            continue;
+        }
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        budget.take(|pi| p.allocated(pi) || fresh.contains(&pi), e, at, a, b)?;
+        fresh.extend(
+            segments(a, b)
+                .map(|(pi, _, _)| pi)
+                .filter(|&pi| !p.allocated(pi)),
+        );
+    }
+    Ok(())
+}
+
+/// Merges the shards' read runs of one batch (each sorted by seq, then
+/// slot) into `out` in that order, joining runs that meet: the maximal
+/// runs one thread emits.
+fn merge_runs(parts: &mut [Vec<ReadRun>], out: &mut Vec<ReadRun>) {
+    let first = out.len();
+    let mut pos = vec![0usize; parts.len()];
+    loop {
+        let mut best: Option<(usize, (u64, u32))> = None;
+        for (k, part) in parts.iter().enumerate() {
+            if let Some(r) = part.get(pos[k]) {
+                let key = (r.seq, r.slot_start);
+                if best.is_none_or(|(_, b)| key < b) {
+                    best = Some((k, key));
+                }
+            }
+        }
+        let Some((k, _)) = best else { break };
+        let r = parts[k][pos[k]];
+        pos[k] += 1;
+        let joined = out.len() > first;
+        match out.last_mut() {
+            Some(l)
+                if joined
+                    && l.seq == r.seq
+                    && l.pool == r.pool
+                    && l.slot_start as u64 + l.count as u64 == r.slot_start as u64
+                    && (l.kind, l.source, l.uncertain) == (r.kind, r.source, r.uncertain) =>
+            {
+                l.count += r.count;
+            }
+            _ => out.push(r),
+        }
+    }
+    for part in parts {
+        part.clear();
     }
 }
 
@@ -234,20 +493,44 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn forks(&self, n: usize, threads: usize) -> Option<Vec<Box<dyn Backend + Send>>> {
+        let budget = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        (0..n)
+            .map(|_| {
+                let mut b = CpuBackend::with_threads(threads)
+                    .ok()?
+                    .parallel_from(self.par_min);
+                b.budget = Budget {
+                    used: budget.clone(),
+                    max: self.budget.max,
+                };
+                Some(Box::new(b) as Box<dyn Backend + Send>)
+            })
+            .collect()
+    }
+
     fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
         self.index.insert(pool, self.pools.len());
         self.pools.push(PoolState {
             id: pool,
             capacity,
-            pages: Pages::new(),
             gap_mark: 0,
             never_kind: if from_engine_start {
                 ReadKind::Blank
             } else {
                 ReadKind::Unknown
             },
-            stale: StaleBits::new(capacity),
-            grants: Grants::default(),
+            shards: (0..self.threads)
+                .map(|_| Shard {
+                    pages: Pages::new(),
+                    stale: StaleBits::new(capacity),
+                    grants: Grants::default(),
+                })
+                .collect(),
         });
         Ok(())
     }
@@ -269,36 +552,52 @@ impl Backend for CpuBackend {
             .index
             .get(&pool)
             .ok_or_else(|| Error::Other(format!("replay: pool {pool} was not declared")))?;
-        let (p, budget) = (&mut self.pools[i], &mut self.budget);
+        let p = &mut self.pools[i];
         debug_assert!(events.iter().all(|e| e.pool == p.id));
-        for (at, e) in events.iter().enumerate() {
-            let (a, b) = (e.slot_start as u64, e.slot_end());
+        let mut touches = 0u64;
+        for e in events {
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
-            match e.op {
-                Op::Alloc => p.stale.alloc(a, b),
-                Op::Free => {}
-                Op::Write => {
-                    debug_assert!(e.src.is_none(), "copies go through apply_copy");
-                    budget.take(p, e, at, a, b)?;
-                    p.set(a, b, e.request_id, e.seq + 1);
-                }
-                Op::Scrub => {
-                    budget.take(p, e, at, a, b)?;
-                    p.set(a, b, SCRUBBED, e.seq + 1)
-                }
-                Op::Share => {
-                    if p.grants.share(&p.stale, e.request_id, a, b, e.seq) {
-                        p.sweep_grants();
-                    }
-                }
-                Op::Read => {
-                    c.read_events += 1;
-                    c.read_slots += e.slot_count as u64;
-                    read(p, e, a, b, out, c);
-                }
+            touches += e.slot_count as u64;
+            if e.op == Op::Read {
+                c.read_events += 1;
+                c.read_slots += e.slot_count as u64;
             }
         }
+        if p.shards.len() == 1 {
+            let cx = p.cx(0);
+            return p.shards[0].apply(cx, events, Some(&mut self.budget), out, c);
+        }
+        take_batch(&mut self.budget, &mut self.fresh, p, events)?;
+        let cxs: Vec<Ctx> = (0..p.shards.len()).map(|k| p.cx(k)).collect();
+        let work = |(k, (sh, part)): (usize, (&mut Shard, &mut Vec<ReadRun>))| {
+            let mut cc = Counters::default();
+            sh.apply(cxs[k], events, None, part, &mut cc).map(|()| cc)
+        };
+        let parts: Vec<Result<Counters>> = match &self.workers {
+            Some(w) if touches >= self.par_min => w.install(|| {
+                use rayon::prelude::*;
+                p.shards
+                    .par_iter_mut()
+                    .zip(self.scratch.par_iter_mut())
+                    .enumerate()
+                    .map(work)
+                    .collect()
+            }),
+            _ => p
+                .shards
+                .iter_mut()
+                .zip(self.scratch.iter_mut())
+                .enumerate()
+                .map(work)
+                .collect(),
+        };
+        for part in parts {
+            let cc = part?;
+            c.own_slots += cc.own_slots;
+            c.shared_slots += cc.shared_slots;
+        }
+        merge_runs(&mut self.scratch, out);
         Ok(())
     }
 
@@ -315,7 +614,7 @@ impl Backend for CpuBackend {
             .ok_or_else(|| Error::Other(format!("replay: pool {pool} was not declared")))?;
         let (p, budget) = (&mut self.pools[i], &mut self.budget);
         let (a, b) = (e.slot_start as u64, e.slot_end());
-        budget.take(p, e, 0, a, b)?;
+        budget.take(|pi| p.allocated(pi), e, 0, a, b)?;
         if payload.len() as u64 != b - a {
             return Err(Error::Other(format!(
                 "replay: copy payload of {} slots for an extent of {}",
@@ -325,16 +624,22 @@ impl Backend for CpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        let mut vals = payload.iter();
+        let mut at = 0usize;
         for (pi, lo, hi) in segments(a, b) {
-            let pg = p.page_mut(pi);
-            for (o, v) in (lo..hi).zip(&mut vals) {
+            let k = p.shard_of(pi);
+            let sh = &mut p.shards[k];
+            let vals = &payload[at..at + (hi - lo)];
+            let pg = sh.page_mut(p.capacity, pi);
+            for (o, v) in (lo..hi).zip(vals) {
                 pg.owner[o] = v.owner;
                 pg.flags[o] = v.uncertain as u8;
             }
             pg.wseq1[lo..hi].fill(e.seq + 1);
+            let base = (pi as u64) << PAGE_BITS;
+            sh.stale
+                .copy(base + lo as u64, base + hi as u64, |i| vals[i].stale);
+            at += hi - lo;
         }
-        p.stale.copy(a, b, |i| payload[i].stale);
         Ok(())
     }
 
@@ -368,12 +673,13 @@ impl Backend for CpuBackend {
         let a = slot_start as u64;
         out.clear();
         for (pi, lo, hi) in segments(a, a + count as u64) {
-            let pg = p.page(pi);
+            let sh = &p.shards[p.shard_of(pi)];
+            let pg = sh.page(pi);
             let base = (pi as u64) << PAGE_BITS;
             out.extend((lo..hi).map(|o| SlotVal {
                 owner: pg.owner[o],
-                uncertain: uncertain || p.uncertain(pg, o),
-                stale: p.stale.is_stale(base + o as u64),
+                uncertain: uncertain || self::uncertain(p.gap_mark, pg, o),
+                stale: sh.stale.is_stale(base + o as u64),
             }));
         }
         Ok(())
@@ -401,11 +707,12 @@ fn all_own(pg: View, lo: usize, hi: usize, r: u64, gap_mark: u64) -> bool {
         && (gap_mark == 0 || pg.wseq1[lo..hi].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
 }
 
-/// Classifies the slots `a..b` read by `e.request_id`.
+/// Classifies the slots `a..b` (on shard `p`'s pages) read by
+/// `e.request_id`.
 #[inline]
-fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &mut Counters) {
+fn read(cx: Ctx, p: &Shard, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &mut Counters) {
     let r = e.request_id;
-    let gap_mark = p.gap_mark;
+    let gap_mark = cx.gap_mark;
     let grants: &[Grant] = p.grants.of(r);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
@@ -420,7 +727,7 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
     let mut emit = |start: u64, end: u64, cls: (ReadKind, u64, bool)| {
         out.push(ReadRun {
             reader: r,
-            pool: p.id,
+            pool: cx.id,
             slot_start: start as u32,
             count: (end - start) as u32,
             kind: cls.0,
@@ -436,7 +743,7 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
             // Never written: every slot classifies alike (the owner is
             // NEVER, so grants do not matter), one step for the page.
             let s = base + lo as u64;
-            let cls = p.classify(BLANK, 0, s, r, grants);
+            let cls = classify(cx, BLANK, 0, s, r, grants);
             if run.map(|(_, k)| k) != cls {
                 if let Some((start, k)) = run.take() {
                     emit(start, s, k);
@@ -452,7 +759,7 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
                 own += 1;
                 None
             } else {
-                let cls = p.classify(pg, o, s, r, grants);
+                let cls = classify(cx, pg, o, s, r, grants);
                 if matches!(cls, Some((ReadKind::Shared, ..))) {
                     shared += 1;
                 }
@@ -471,4 +778,147 @@ fn read(p: &PoolState, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &
     }
     c.own_slots += own;
     c.shared_slots += shared;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::CopySrc;
+
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n.max(1)
+        }
+    }
+
+    fn event(pool: u16, seq: u64, rid: u64, op: Op, start: u32, count: u32) -> KvEvent {
+        KvEvent {
+            pool,
+            seq,
+            ts_ns: seq as i64,
+            request_id: rid,
+            op,
+            slot_start: start,
+            slot_count: count,
+            token_pos: None,
+            src: None,
+        }
+    }
+
+    /// Everything a backend answers for a random workload of two pools
+    /// (batches, gaps, copies between them, captures), call by call.
+    fn replay(b: &mut CpuBackend, seed: u64) -> Vec<String> {
+        const CAP: u64 = 9 * PAGE as u64 + 77;
+        let mut rng = Rng(seed | 1);
+        let mut log = Vec::new();
+        b.add_pool(0, CAP, seed % 2 == 0).unwrap();
+        b.add_pool(1, CAP, true).unwrap();
+        let mut seq = [0u64; 2];
+        let ops = [
+            Op::Alloc,
+            Op::Write,
+            Op::Write,
+            Op::Read,
+            Op::Read,
+            Op::Share,
+            Op::Scrub,
+            Op::Free,
+        ];
+        for round in 0..60 {
+            let pool = (round % 2) as u16;
+            let n = 1 + rng.below(40) as usize;
+            let mut batch = Vec::new();
+            for _ in 0..n {
+                let op = ops[rng.below(ops.len() as u64) as usize];
+                let long = rng.below(4) == 0;
+                let count = 1 + rng.below(if long { 3 * PAGE as u64 } else { 40 });
+                let start = rng.below(CAP - count);
+                let rid = 1 + rng.below(4);
+                batch.push(event(
+                    pool,
+                    seq[pool as usize],
+                    rid,
+                    op,
+                    start as u32,
+                    count as u32,
+                ));
+                seq[pool as usize] += 1;
+            }
+            let (mut out, mut c) = (Vec::new(), Counters::default());
+            let r = b.apply(pool, &batch, &mut out, &mut c);
+            log.push(format!("apply {pool}: {r:?} {out:?} {c:?}"));
+            if rng.below(7) == 0 {
+                b.mark_gap(pool, seq[pool as usize]);
+                seq[pool as usize] += 1 + rng.below(3);
+            }
+            // a copy from the other pool
+            let (src, count) = (1 - pool, 1 + rng.below(2 * PAGE as u64) as u32);
+            let ss = rng.below(CAP - count as u64) as u32;
+            let ds = rng.below(CAP - count as u64) as u32;
+            let mut payload = Vec::new();
+            let unc = rng.below(5) == 0;
+            let r = b.capture(src, ss, count, unc, &mut payload);
+            log.push(format!("capture {src}: {r:?} {payload:?}"));
+            let rid = 1 + rng.below(4);
+            let mut e = event(pool, seq[pool as usize], rid, Op::Write, ds, count);
+            e.src = Some(CopySrc {
+                pool: src,
+                slot_start: ss,
+                seq: seq[src as usize].saturating_sub(1),
+            });
+            seq[pool as usize] += 1;
+            let mut c = Counters::default();
+            let r = b.apply_copy(pool, &e, &payload, &mut c);
+            log.push(format!("copy {pool}: {r:?} {c:?}"));
+        }
+        for pool in 0..2u16 {
+            let mut all = Vec::new();
+            let r = b.capture(pool, 0, CAP as u32, false, &mut all);
+            log.push(format!("final {pool}: {r:?} {all:?}"));
+        }
+        log
+    }
+
+    #[test]
+    fn sharded_batches_answer_exactly_as_one_thread() {
+        for seed in 1..25u64 {
+            let want = replay(&mut CpuBackend::new(), seed);
+            for threads in [2, 3] {
+                for par in [0, PAR_MIN_TOUCHES] {
+                    let mut b = CpuBackend::with_threads(threads)
+                        .unwrap()
+                        .parallel_from(par);
+                    let got = replay(&mut b, seed);
+                    assert_eq!(got.len(), want.len());
+                    for (g, w) in got.iter().zip(&want) {
+                        assert_eq!(g, w, "seed {seed}, {threads} threads, parallel from {par}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sharded_batch_over_the_budget_names_the_same_event() {
+        let batch: Vec<KvEvent> = (0..6)
+            .map(|i| event(0, i, 1, Op::Write, (i as u32) * 700, 600))
+            .collect();
+        let refusal = |mut b: CpuBackend| {
+            b.budget.max = 3 * PAGE as u64;
+            b.add_pool(0, 1 << 20, true).unwrap();
+            let (mut out, mut c) = (Vec::new(), Counters::default());
+            format!("{:?}", b.apply(0, &batch, &mut out, &mut c).unwrap_err())
+        };
+        let one = refusal(CpuBackend::new());
+        assert!(one.contains("row: Some(4)"), "{one}");
+        assert_eq!(
+            refusal(CpuBackend::with_threads(2).unwrap().parallel_from(0)),
+            one
+        );
+        assert_eq!(refusal(CpuBackend::with_threads(3).unwrap()), one);
+    }
 }

@@ -24,6 +24,38 @@ use crate::error::{Error, Location, Result};
 use crate::progress::Reporter;
 use crate::trace::read::Trace;
 
+/// The pools of the plan in groups no copy connects (connected parts of
+/// the copy graph), each in the plan's order, the groups by their first
+/// pool in that order. Groups share no state: each may replay apart.
+pub fn groups(plan: &Plan) -> Vec<std::collections::BTreeSet<u16>> {
+    let pos: HashMap<u16, usize> = plan
+        .order
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| (p, i))
+        .collect();
+    let mut root: Vec<usize> = (0..plan.order.len()).collect();
+    fn find(root: &mut [usize], mut i: usize) -> usize {
+        while root[i] != i {
+            root[i] = root[root[i]];
+            i = root[i];
+        }
+        i
+    }
+    for (s, d) in &plan.edges {
+        if let (Some(&a), Some(&b)) = (pos.get(s), pos.get(d)) {
+            let (ra, rb) = (find(&mut root, a), find(&mut root, b));
+            root[ra.max(rb)] = ra.min(rb);
+        }
+    }
+    let mut by_root: BTreeMap<usize, std::collections::BTreeSet<u16>> = BTreeMap::new();
+    for (i, &p) in plan.order.iter().enumerate() {
+        let r = find(&mut root, i);
+        by_root.entry(r).or_default().insert(p);
+    }
+    by_root.into_values().collect()
+}
+
 /// Events a pool applies per turn before the next pool gets its turn.
 const TURN_EVENTS: usize = 64 * 1024;
 
@@ -105,6 +137,25 @@ impl<'a> Sched<'a> {
         reporter: &'a dyn Reporter,
         sink: &'a mut dyn FnMut(&[ReadRun]),
     ) -> Result<Self> {
+        Self::for_pools(trace, plan, None, backend, reporter, sink)
+    }
+
+    /// As `new`, replaying only `pools` of the plan (None: all), which
+    /// must hold every source of their copies: a group `groups` found.
+    pub fn for_pools(
+        trace: &'a Trace,
+        plan: &'a Plan,
+        pools: Option<&std::collections::BTreeSet<u16>>,
+        backend: &'a mut dyn Backend,
+        reporter: &'a dyn Reporter,
+        sink: &'a mut dyn FnMut(&[ReadRun]),
+    ) -> Result<Self> {
+        let order: Vec<u16> = plan
+            .order
+            .iter()
+            .copied()
+            .filter(|p| pools.is_none_or(|s| s.contains(p)))
+            .collect();
         let from_start = trace.manifest.from_engine_start();
         // pool id -> (position in the manifest's list, capacity)
         let declared: HashMap<u16, (usize, u64)> = trace
@@ -117,7 +168,7 @@ impl<'a> Sched<'a> {
         let capacity = |id: u16| declared.get(&id).copied().unwrap_or((0, 0));
         if let Some(limit) = backend.slot_limit() {
             let mut total = 0u64;
-            for &id in &plan.order {
+            for &id in &order {
                 let (i, cap) = capacity(id);
                 total = total.saturating_add(cap);
                 if total > limit {
@@ -127,7 +178,7 @@ impl<'a> Sched<'a> {
         }
         let mut pools = Vec::new();
         let mut index = HashMap::new();
-        for &id in &plan.order {
+        for &id in &order {
             backend.add_pool(id, capacity(id).1, from_start)?;
             index.insert(id, pools.len());
             pools.push(PoolRt {

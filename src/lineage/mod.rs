@@ -10,6 +10,7 @@
 //! - `backend` / `cpu`: the per-slot state behind a batch-shaped trait;
 //!   `slots`: the paged slot table (pages allocated on first write).
 //! - `exposure`: aggregation of read runs per reader and source.
+//! - `groups`: pools no copy connects replayed at once, a thread each.
 //!
 //! Memory: the slot pages the trace writes, copy payloads in flight, one
 //! batch per open run, share grants and the exposure sets. Nothing here
@@ -21,6 +22,7 @@ pub mod cpu;
 pub mod engine;
 pub mod exposure;
 pub mod gpu;
+pub mod groups;
 pub mod input;
 pub mod intervals;
 pub mod shard;
@@ -77,15 +79,73 @@ pub struct OpenedBackend {
     pub note: String,
 }
 
-/// Creates the backend for a choice. `Cuda` fails with a message that says
-/// what is missing (the `cuda` feature, libcuda, NVRTC or a device).
-pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
-    let cpu = |note: String| OpenedBackend {
-        backend: Box::new(cpu::CpuBackend::new()),
-        note,
+/// The threads a replay uses by default: `RAYON_NUM_THREADS` when set to
+/// a positive number (as for every other parallel step of kvtrail), else
+/// every core `std::thread::available_parallelism` reports.
+pub fn default_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+}
+
+/// Runs `f` with rayon's parallel iterators on `threads` threads (0:
+/// `default_threads`): on the current pool when it has as many, else on a
+/// pool of its own for the call.
+pub fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    let n = if threads == 0 {
+        default_threads()
+    } else {
+        threads
     };
+    if n == rayon::current_num_threads() {
+        return Ok(f());
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map(|pool| pool.install(f))
+        .map_err(|e| crate::error::Error::Other(format!("cannot start {n} threads: {e}")))
+}
+
+/// The CPU backend on `threads` threads (0: `default_threads`), and its
+/// note with `why` (e.g. "auto: no CUDA device").
+fn cpu_backend(threads: usize, why: Option<String>) -> Result<OpenedBackend> {
+    let n = if threads == 0 {
+        default_threads()
+    } else {
+        threads
+    };
+    let mut note = match why {
+        Some(w) => format!("cpu ({w})"),
+        None => "cpu".to_string(),
+    };
+    if n > 1 {
+        note.push_str(&format!(" on {n} threads"));
+    }
+    Ok(OpenedBackend {
+        backend: Box::new(cpu::CpuBackend::with_threads(n)?),
+        note,
+    })
+}
+
+/// Creates the backend for a choice, the CPU one on `default_threads`.
+/// `Cuda` fails with a message that says what is missing (the `cuda`
+/// feature, libcuda, NVRTC or a device).
+pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
+    make_backend_threads(choice, 0)
+}
+
+/// As `make_backend`, the CPU backend on `threads` threads (0: the
+/// default). The GPU backends ignore it; no backend's output depends on it.
+pub fn make_backend_threads(choice: BackendChoice, threads: usize) -> Result<OpenedBackend> {
     match choice {
-        BackendChoice::Cpu => Ok(cpu("cpu".into())),
+        BackendChoice::Cpu => cpu_backend(threads, None),
         BackendChoice::Emu => Ok(OpenedBackend {
             backend: Box::new(gpu::GpuBackend::named(
                 gpu::EmuDevice::new(),
@@ -101,13 +161,13 @@ pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
             None => open_cuda(),
         },
         BackendChoice::Auto => match gpu::unavailable() {
-            Some(why) => Ok(cpu(format!("cpu (auto: {why})"))),
+            Some(why) => cpu_backend(threads, Some(format!("auto: {why}"))),
             None => match open_cuda() {
                 Ok(b) => Ok(OpenedBackend {
                     note: format!("{} (auto)", b.note),
                     ..b
                 }),
-                Err(e) => Ok(cpu(format!("cpu (auto: CUDA could not start: {e})"))),
+                Err(e) => cpu_backend(threads, Some(format!("auto: CUDA could not start: {e}"))),
             },
         },
     }
@@ -117,6 +177,16 @@ pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
 /// that `Auto` replays on the CPU a deployment whose pools declare more
 /// slots than the GPU backend holds (`gpu::GPU_MAX_SLOTS`).
 pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBackend> {
+    make_backend_for_threads(choice, trace, 0)
+}
+
+/// As `make_backend_for`, the CPU backend on `threads` threads (0: the
+/// default).
+pub fn make_backend_for_threads(
+    choice: BackendChoice,
+    trace: &Trace,
+    threads: usize,
+) -> Result<OpenedBackend> {
     let slots = trace
         .deployment()
         .pools
@@ -129,12 +199,9 @@ pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBa
                 gpu::GPU_MAX_SLOTS
             )
         });
-        return Ok(OpenedBackend {
-            backend: Box::new(cpu::CpuBackend::new()),
-            note: format!("cpu (auto: {why})"),
-        });
+        return cpu_backend(threads, Some(format!("auto: {why}")));
     }
-    make_backend(choice)
+    make_backend_threads(choice, threads)
 }
 
 #[cfg(feature = "cuda")]
@@ -171,6 +238,10 @@ pub struct LineageOptions {
     /// Requests' tenants: shared reads within one tenant are dropped as
     /// they arrive (scope lists only cross-tenant prefix-cache hits).
     pub tenants: Option<exposure::TenantKeysSource>,
+    /// Threads of the replay (0: `default_threads`): of the index pass
+    /// over the kv files, and of the CPU backend `run` opens (`run_with`
+    /// takes the backend's own). The outcome is the same for every value.
+    pub threads: usize,
 }
 
 /// Everything replay found.
@@ -191,6 +262,14 @@ pub struct LineageOutcome {
 }
 
 /// Replays a trace with a backend.
+///
+/// With a backend on several threads that can fork (the CPU one), pools
+/// no copy connects (`engine::groups`) replay at once, a group per thread;
+/// within a group the causal merge runs as on one thread, each batch on
+/// the group's share of the threads. The outcome is the same either way:
+/// exposures aggregate independently of the order runs arrive in, counters
+/// add, gaps are sorted. A replay that fails on groups is run again on one
+/// scheduler, so that its error is the one a single-threaded run reports.
 pub fn run_with(
     trace: &Trace,
     backend: &mut dyn Backend,
@@ -198,34 +277,76 @@ pub fn run_with(
     reporter: &dyn Reporter,
 ) -> Result<LineageOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
-    let mut plan = input::Plan::build(trace, opts.spill_dir.as_deref().map(Path::new), opts.chunk)?;
+    let spill = opts.spill_dir.as_deref().map(Path::new);
+    let mut plan = on_threads(opts.threads, || {
+        input::Plan::build(trace, spill, opts.chunk)
+    })??;
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
     // A shard: restrict the plan, hide the source-only pools' reads.
-    let mut shard_backend;
-    let (backend, reported): (&mut dyn Backend, _) = match &opts.pools {
+    let reported: Option<std::collections::BTreeSet<u16>> = match &opts.pools {
         Some(pools) => {
             shard::restrict(&mut plan, pools)?;
-            let reported: std::collections::BTreeSet<u16> = pools.iter().copied().collect();
-            shard_backend = shard::Reported::new(backend, reported.clone());
-            (&mut shard_backend, Some(reported))
+            Some(pools.iter().copied().collect())
         }
-        None => (backend, None),
+        None => None,
     };
-    reporter.start("replay", plan.total_events);
-    let mut exposures = Exposures {
+    let new_exposures = || Exposures {
         tenant_source: opts.tenants.clone(),
         ..Default::default()
     };
-    let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
-    let (counters, gaps, late) = {
-        let mut sched = engine::Sched::new(trace, &plan, backend, reporter, &mut sink)?;
-        sched.run()?;
-        (
-            sched.counters,
-            sched.gaps.clone(),
-            sched.late_sources.clone(),
-        )
+    reporter.start("replay", plan.total_events);
+    let mut grouped = None;
+    let threads = backend.threads();
+    let groups = engine::groups(&plan);
+    if threads > 1 && groups.len() > 1 {
+        let workers = threads.min(groups.len());
+        if let Some(forks) = backend.forks(workers, (threads / workers).max(1)) {
+            let groups = groups::pack(&plan, groups, workers);
+            let mut exposures = new_exposures();
+            let res = groups::run(
+                trace,
+                &plan,
+                forks,
+                &groups,
+                reported.as_ref(),
+                reporter,
+                &mut exposures,
+            );
+            match res {
+                Ok(r) => grouped = Some((exposures, r)),
+                Err(_) => {
+                    // Replayed again below on one scheduler, for its error.
+                    reporter.finish();
+                    reporter.start("replay", plan.total_events);
+                }
+            }
+        }
+    }
+    let (exposures, (counters, gaps, late)) = match grouped {
+        Some(g) => g,
+        None => {
+            let mut shard_backend;
+            let backend: &mut dyn Backend = match &reported {
+                Some(r) => {
+                    shard_backend = shard::Reported::new(backend, r.clone());
+                    &mut shard_backend
+                }
+                None => backend,
+            };
+            let mut exposures = new_exposures();
+            let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
+            let r = {
+                let mut sched = engine::Sched::new(trace, &plan, backend, reporter, &mut sink)?;
+                sched.run()?;
+                (
+                    sched.counters,
+                    sched.gaps.clone(),
+                    sched.late_sources.clone(),
+                )
+            };
+            (exposures, r)
+        }
     };
     reporter.finish();
     let (gaps, spilled_events) = match &reported {
@@ -253,6 +374,6 @@ pub fn run(
     opts: &LineageOptions,
     reporter: &dyn Reporter,
 ) -> Result<LineageOutcome> {
-    let mut b = make_backend_for(opts.backend, trace)?.backend;
+    let mut b = make_backend_for_threads(opts.backend, trace, opts.threads)?.backend;
     run_with(trace, b.as_mut(), opts, reporter)
 }

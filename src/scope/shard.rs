@@ -22,6 +22,8 @@ pub struct ScopeRun {
     trace: Trace,
     choice: BackendChoice,
     opened: OpenedBackend,
+    /// Threads of the run (resolved: at least 1).
+    threads: usize,
 }
 
 /// What a scope run gives: the trace it read, its report and, for a shard,
@@ -34,14 +36,25 @@ pub struct Scoped {
 
 impl ScopeRun {
     /// Opens the trace and the backend `choice` asks for (`Cuda` fails
-    /// with what is missing).
+    /// with what is missing), the CPU one on every core.
     pub fn open(trace_dir: &Path, choice: BackendChoice) -> Result<Self> {
+        Self::open_threads(trace_dir, choice, 0)
+    }
+
+    /// As `open`, the CPU backend on `threads` threads (0: every core,
+    /// `lineage::default_threads`); the report does not depend on it.
+    pub fn open_threads(trace_dir: &Path, choice: BackendChoice, threads: usize) -> Result<Self> {
         let trace = Trace::open(trace_dir)?;
-        let opened = crate::lineage::make_backend_for(choice, &trace)?;
+        let threads = match threads {
+            0 => crate::lineage::default_threads(),
+            n => n,
+        };
+        let opened = crate::lineage::make_backend_for_threads(choice, &trace, threads)?;
         Ok(ScopeRun {
             trace,
             choice,
             opened,
+            threads,
         })
     }
 
@@ -52,7 +65,9 @@ impl ScopeRun {
 
     /// Replays the trace and scopes it: every pool, or only `pools` (the
     /// pools their copies read from are replayed but not reported); a
-    /// shard's report is marked as one.
+    /// shard's report is marked as one. The parallel steps besides the
+    /// replay (the index pass over the kv files, the file digests) run on
+    /// the run's threads too.
     pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
         let opts = LineageOptions {
             backend: self.choice,
@@ -60,10 +75,14 @@ impl ScopeRun {
             chunk: None,
             pools: pools.clone(),
             tenants: Some(super::tenant_source(&self.trace)),
+            threads: self.threads,
         };
         let outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
-        let mut report = super::scope_outcome(&self.trace, &outcome, reporter)?;
+        let trace = &self.trace;
+        let mut report = crate::lineage::on_threads(self.threads, || {
+            super::scope_outcome(trace, &outcome, reporter)
+        })??;
         let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
         if let Some(s) = &shard {
             s.mark(&mut report);

@@ -39,6 +39,7 @@ mod scope_reference;
 mod scope_semantics;
 mod scope_shards;
 mod scope_sim_truth;
+mod scope_threads;
 mod shell;
 mod sim_admission;
 mod sim_cli;

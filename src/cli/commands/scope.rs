@@ -51,6 +51,10 @@ pub struct Args {
     /// shard.json; combine shards with `kvtrail merge`.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub pools: Option<Vec<u16>>,
+    /// Threads of the replay and its other parallel steps on the CPU (default: every core, or RAYON_NUM_THREADS
+    /// when set); the report is byte-identical for every value.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
 
 impl From<BackendArg> for BackendChoice {
@@ -66,17 +70,18 @@ impl From<BackendArg> for BackendChoice {
 
 /// Runs scope on a trace and returns the report (shared with `demo`).
 pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
-    Ok(compute_shard(trace_dir, backend, None)?.report)
+    Ok(compute_shard(trace_dir, backend, None, 0)?.report)
 }
 
 /// Runs scope on a trace, or on a shard of its pools, saying which backend
-/// replays it.
+/// replays it (the CPU one on `threads` threads, 0: every core).
 fn compute_shard(
     trace_dir: &std::path::Path,
     backend: BackendArg,
     pools: Option<Vec<u16>>,
+    threads: usize,
 ) -> anyhow::Result<Scoped> {
-    let run = ScopeRun::open(trace_dir, backend.into())?;
+    let run = ScopeRun::open_threads(trace_dir, backend.into(), threads)?;
     eprintln!("kvtrail: replay backend: {}", run.backend_note());
     Ok(run.run(pools, &BarReporter::default())?)
 }
@@ -90,7 +95,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         trace,
         report: r,
         shard,
-    } = compute_shard(&args.trace, args.backend, args.pools.clone())?;
+    } = compute_shard(
+        &args.trace,
+        args.backend,
+        args.pools.clone(),
+        args.threads.map_or(0, usize::from),
+    )?;
     // A remote read that failed anywhere makes the report rest on part of
     // the trace: an error, before anything is written.
     if let Some(e) = kvtrail::trace::files::remote_failure(&args.trace) {

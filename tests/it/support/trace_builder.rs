@@ -313,9 +313,10 @@ pub fn scope(dir: &Path) -> ScopeReport {
 }
 
 /// Runs scope in-process with options (e.g. tiny spill chunks), on the CPU
-/// backend and again on the GPU backend over the emulated device (the
-/// kernels of kernels/*.cu compiled as C++): both reports must be
-/// identical, so every trace of every scope test is a CPU/GPU parity test.
+/// backend (on the default threads, on one thread and on three), and again
+/// on the GPU backend over the emulated device (the kernels of
+/// kernels/*.cu compiled as C++): all reports must be identical, so every
+/// trace of every scope test is a CPU/GPU and a threads parity test.
 pub fn scope_with(dir: &Path, opts: &kvtrail::lineage::LineageOptions) -> ScopeReport {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
     let run = |backend| {
@@ -326,6 +327,29 @@ pub fn scope_with(dir: &Path, opts: &kvtrail::lineage::LineageOptions) -> ScopeR
         kvtrail::scope::scope(&trace, &o, &kvtrail::progress::NoReporter).unwrap()
     };
     let r = run(kvtrail::lineage::BackendChoice::Cpu);
+    // The CPU backend on one thread and sharded over three, every batch
+    // applied by the threads in parallel: the same bytes.
+    let on_threads = |threads: usize| {
+        let mut b = kvtrail::lineage::cpu::CpuBackend::with_threads(threads)
+            .unwrap()
+            .parallel_from(0);
+        let o = kvtrail::lineage::LineageOptions {
+            backend: kvtrail::lineage::BackendChoice::Cpu,
+            tenants: Some(kvtrail::scope::tenant_source(&trace)),
+            ..opts.clone()
+        };
+        let p = kvtrail::progress::NoReporter;
+        let out = kvtrail::lineage::run_with(&trace, &mut b, &o, &p).unwrap();
+        kvtrail::scope::scope_outcome(&trace, &out, &p).unwrap()
+    };
+    for threads in [1, 3] {
+        assert_eq!(
+            kvtrail::report::to_json(&on_threads(threads)),
+            kvtrail::report::to_json(&r),
+            "the CPU backend on {threads} threads disagrees with the default on {}",
+            dir.display()
+        );
+    }
     let g = run(kvtrail::lineage::BackendChoice::Emu);
     assert_eq!(
         kvtrail::report::to_json(&g),

@@ -1,0 +1,239 @@
+//! `scope --threads N`: the replay on every core gives the bytes of one
+//! thread. Every output file of `scope --out` and the `--json` report are
+//! compared between `--threads 1`, 2, 3 and the default (every core), on
+//! the committed incident, the golden v1 trace, simulated multi-pool
+//! traces (SGLang PD with HiCache tier copies out and back, vLLM), and
+//! hand-made traces of pool groups no copy connects (each replayed on a
+//! thread of its own) with copies both ways, tier copies, shares, scrubs,
+//! stale content and holes. A replay that fails names the same row on
+//! every number of threads.
+
+use std::path::{Path, PathBuf};
+
+use kvtrail::trace::Role;
+
+use crate::support::cli::{kvtrail, s};
+use crate::support::sim::simulate;
+use crate::support::trace_builder::{TraceBuilder, pool};
+
+/// The files of a scope folder that carry findings (evidence.json names
+/// the command line, which differs by `--threads`; report.html is
+/// compared without it).
+const FILES: &[&str] = &[
+    "requests.csv",
+    "timeline.json",
+    "summary.json",
+    "responses.csv",
+    "tenants.csv",
+    "findings.parquet",
+    "findings.ocsf.jsonl",
+    "timeline.jsonl",
+    "report.html",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The bytes of an output file without the command line report.html
+/// quotes (`with the command: <code>...</code>`).
+fn without_command_line(bytes: Vec<u8>) -> Vec<u8> {
+    let Ok(text) = String::from_utf8(bytes.clone()) else {
+        return bytes;
+    };
+    let mark = "with the command:</p><p><code>";
+    match text.find(mark) {
+        Some(i) => {
+            let rest = &text[i + mark.len()..];
+            let end = rest.find("</code>").expect("the command's end");
+            format!("{}{}", &text[..i], &rest[end..]).into_bytes()
+        }
+        None => bytes,
+    }
+}
+
+/// Scope `trace` with each thread count (None: the default) and compares
+/// every output with `--threads 1`.
+fn same_bytes(trace: &Path) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |threads: Option<&str>| {
+        let out = tmp
+            .path()
+            .join(format!("out-{}", threads.unwrap_or("default")));
+        let mut args = vec!["scope", s(trace), "--json", "--out", s(&out)];
+        if let Some(n) = threads {
+            args.extend(["--threads", n]);
+        }
+        let r = kvtrail(&args).run();
+        let json = r.ok();
+        let files: Vec<Vec<u8>> = FILES
+            .iter()
+            .map(|f| without_command_line(std::fs::read(out.join(f)).unwrap()))
+            .collect();
+        (json, files, r.stderr)
+    };
+    let (json1, files1, _) = run(Some("1"));
+    for n in [Some("2"), Some("3"), None] {
+        let (json, files, stderr) = run(n);
+        assert!(
+            json == json1,
+            "--threads {n:?}: the JSON report differs on {}",
+            trace.display()
+        );
+        for (i, f) in FILES.iter().enumerate() {
+            assert!(
+                files[i] == files1[i],
+                "--threads {n:?}: {f} differs on {}",
+                trace.display()
+            );
+        }
+        if n == Some("3") {
+            assert!(stderr.contains("on 3 threads"), "{stderr}");
+        }
+    }
+}
+
+/// Two pool groups no copy connects, and a third pool alone: a PD pair
+/// with a hole, a device pool and its host tier copying both ways (stale
+/// content offloaded and loaded back, a share of what came back, a scrub).
+fn groups() -> TraceBuilder {
+    let mut tb = TraceBuilder::with_pools(vec![
+        pool(0, Role::Prefill, 3000),
+        pool(1, Role::Decode, 3000),
+        pool(2, Role::Decode, 4096),
+        pool(3, Role::Cache, 4096),
+        pool(4, Role::Mixed, 2048),
+    ]);
+    for (id, tenant) in [(1, "acme"), (2, "initech"), (3, "umbrella"), (4, "acme")] {
+        tb.req(id, tenant);
+    }
+    // PD pair: prefill, copy across pages, a hole in decode, reads.
+    tb.alloc(0, 1, 1000, 1500);
+    let w = tb.write(0, 1, 1000, 1500);
+    tb.alloc(1, 1, 0, 2000);
+    tb.copy(1, 1, 100, 1500, 0, 1000, w);
+    tb.read(1, 1, 100, 1600);
+    tb.read(1, 2, 0, 1200); // foreign across pages, blank below
+    tb.lose(1, 2);
+    tb.read(1, 1, 900, 700); // uncertain after the hole
+    // Device pool and its host tier: offload, rewrite, load back.
+    tb.alloc(2, 3, 0, 1500);
+    let d = tb.write(2, 3, 0, 1500);
+    let off = tb.copy(3, 3, 2000, 1500, 2, 0, d);
+    tb.alloc(2, 2, 0, 700); // 0..700 now stale for request 2
+    tb.write(2, 2, 0, 300);
+    let stale = tb.copy(3, 2, 0, 1000, 2, 0, tb.next_seq(2) - 1);
+    tb.copy(2, 4, 1024, 1500, 3, 2000, off); // loaded back
+    tb.share(2, 4, 1024, 600);
+    tb.read(2, 4, 1024, 1500);
+    tb.share(2, 1, 1024, 400); // another tenant's hit
+    tb.read(2, 1, 1024, 400);
+    tb.copy(2, 2, 3000, 1000, 3, 0, stale);
+    tb.read(2, 2, 3000, 1000); // stale content of request 3 via the tier
+    tb.scrub(3, 0, 1000);
+    tb.read(3, 2, 0, 1100);
+    // A pool alone: stale pages read after realloc.
+    tb.write(4, 1, 0, 2048);
+    tb.alloc(4, 2, 0, 1500);
+    tb.read(4, 2, 0, 2048);
+    tb.read(4, 4, 10, 5);
+    tb
+}
+
+#[test]
+fn threads_give_the_bytes_of_one_thread_on_hand_made_pool_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    same_bytes(&t);
+    let r = crate::support::trace_builder::scope(&t);
+    assert!(!r.affected_responses.is_empty());
+}
+
+#[test]
+fn threads_give_the_bytes_of_one_thread_on_many_small_groups() {
+    // Twelve pools no copy connects, more than two threads take one group
+    // each: they are packed into work units of several groups.
+    let mut tb = TraceBuilder::with_pools((0..12).map(|p| pool(p, Role::Mixed, 4096)).collect());
+    for (id, tenant) in [(1, "acme"), (2, "initech"), (3, "umbrella")] {
+        tb.req(id, tenant);
+    }
+    for p in 0..12u16 {
+        let (a, b) = (1 + u64::from(p) % 3, 1 + u64::from(p + 1) % 3);
+        tb.write(p, a, 0, 100 + 200 * u32::from(p));
+        tb.alloc(p, b, 50, 900);
+        tb.read(p, b, 0, 1200 + 100 * u32::from(p));
+        tb.write(p, b, 10, 20);
+        tb.read(p, a, 0, 40);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tb.record(&tmp.path().join("t"));
+    same_bytes(&t);
+    let r = crate::support::trace_builder::scope(&t);
+    assert!(
+        r.affected_responses.len() >= 3,
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+#[test]
+fn threads_give_the_bytes_of_one_thread_on_committed_traces() {
+    same_bytes(&repo().join("traces/incident-mini"));
+    same_bytes(&repo().join("tests/data/golden-v1"));
+}
+
+#[test]
+fn threads_give_the_bytes_of_one_thread_on_simulated_multi_pool_traces() {
+    let hicache = simulate(
+        "incident",
+        Some(400),
+        5,
+        &[
+            "decode_radix_cache=true",
+            "hicache=true",
+            "hicache_host_tokens=8192",
+        ],
+    );
+    same_bytes(&hicache.trace);
+    let vllm = simulate("vllm-stale-reference", Some(300), 3, &[]);
+    same_bytes(&vllm.trace);
+}
+
+#[test]
+fn a_failed_replay_names_the_same_row_on_every_number_of_threads() {
+    // Both groups touch more pages than the limit allows: whichever group's
+    // thread fails first, the error is the single scheduler's.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    let run = |threads: &str| {
+        let r = kvtrail(["scope", s(&t), "--threads", threads])
+            .env("KVTRAIL_MAX_TOUCHED_SLOTS", "4096")
+            .run();
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("KVTRAIL_MAX_TOUCHED_SLOTS"),
+            "{}",
+            r.stderr
+        );
+        r.stderr
+            .lines()
+            .filter(|l| !l.contains("replay backend"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let one = run("1");
+    for n in ["2", "3", "8"] {
+        assert_eq!(run(n), one, "--threads {n}");
+    }
+}
+
+#[test]
+fn threads_must_be_a_positive_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    for bad in ["0", "many", "70000"] {
+        let r = kvtrail(["scope", s(&t), "--threads", bad]).run();
+        assert_eq!(r.code, 2, "--threads {bad}: {}", r.stderr);
+        assert!(r.stderr.contains("--threads"), "{}", r.stderr);
+    }
+}
