@@ -722,12 +722,15 @@ fn check_record(ev: &Evidence, p: &Path) -> Result<()> {
                 ),
             ));
         }
-        if !is_input_root(&inp.root) {
+        // A trace in object storage is recorded by its URL.
+        let remote_trace =
+            inp.kind == "trace" && crate::trace::files::is_remote(Path::new(&inp.root));
+        if !is_input_root(&inp.root) && !remote_trace {
             return Err(bad_record(
                 p,
                 &format!("inputs[{n}].root"),
                 format!(
-                    "{:?} does not lead out of the folder (an input root is relative and begins with `..`; an input is never the folder itself or inside it)",
+                    "{:?} does not lead out of the folder (an input root is relative and begins with `..`, or a trace's object-store URL; an input is never the folder itself or inside it)",
                     inp.root
                 ),
             ));

@@ -117,7 +117,10 @@ pub fn groups(
     let mut out: Vec<ShardGroup> = out
         .into_iter()
         .map(|(p, r)| ShardGroup {
-            events: r.iter().map(|&q| events_of(q)).fold(0u64, u64::saturating_add),
+            events: r
+                .iter()
+                .map(|&q| events_of(q))
+                .fold(0u64, u64::saturating_add),
             pools: p.into_iter().collect(),
             replays: r.into_iter().collect(),
         })
@@ -292,7 +295,17 @@ mod tests {
     fn every_pool_is_reported_exactly_once() {
         // Chains and fans over 12 pools: the shards partition them, and each
         // replays exactly the closure of what it reports.
-        let edges: Vec<(u16, u16)> = vec![(0, 3), (1, 3), (3, 6), (2, 7), (7, 8), (8, 7), (6, 9), (6, 10), (5, 10)];
+        let edges: Vec<(u16, u16)> = vec![
+            (0, 3),
+            (1, 3),
+            (3, 6),
+            (2, 7),
+            (7, 8),
+            (8, 7),
+            (6, 9),
+            (6, 10),
+            (5, 10),
+        ];
         let pools: Vec<u16> = (0..12).collect();
         let g = groups(&pools, &edges, |_| 1);
         let mut seen: Vec<u16> = g.iter().flat_map(|s| s.pools.clone()).collect();
@@ -305,7 +318,9 @@ mod tests {
             assert_eq!(s.replays, want, "{s:?}");
         }
         assert_eq!(
-            replayed(edges.iter().copied(), [10]).into_iter().collect::<Vec<_>>(),
+            replayed(edges.iter().copied(), [10])
+                .into_iter()
+                .collect::<Vec<_>>(),
             vec![0, 1, 3, 5, 6, 10]
         );
     }

@@ -162,7 +162,10 @@ fn same_as_local_scope(merged: &Path, single: &Path) {
         );
     }
     let html = std::fs::read_to_string(merged.join("report.html")).unwrap();
-    assert!(html.contains("fleet spark"), "report.html names the command");
+    assert!(
+        html.contains("fleet spark"),
+        "report.html names the command"
+    );
 }
 
 #[test]
@@ -175,7 +178,13 @@ fn plan_follows_copies() {
         .unwrap()
         .iter()
         .map(|g| {
-            let ids = |k: &str| g[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            let ids = |k: &str| {
+                g[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect()
+            };
             (ids("pools"), ids("replays"))
         })
         .collect();
@@ -257,7 +266,12 @@ fn a_shard_failing_on_an_executor_is_reported_and_nothing_is_left() {
     let r = fleet_spark(s(dup), &out, &submit, &py).run();
     refused(
         &r,
-        &["3 of 3 shards failed", "--pools 0,1", "request_id 2", "exited 2"],
+        &[
+            "3 of 3 shards failed",
+            "--pools 0,1",
+            "request_id 2",
+            "exited 2",
+        ],
     );
     assert!(entries(tmp.path()).is_empty(), "{:?}", entries(tmp.path()));
 }
@@ -299,7 +313,10 @@ fn bad_input_is_refused_before_spark_starts() {
     refused(&r, &["s3://empty/fleet", "no trace under this prefix"]);
     let u = format!("s3://{BUCKET}/changing");
     let r = run(&u).run();
-    refused(&r, &[&format!("{u}/kv/pool=2/"), "changed while kvtrail read it"]);
+    refused(
+        &r,
+        &[&format!("{u}/kv/pool=2/"), "changed while kvtrail read it"],
+    );
     let r = objstore::on_s3(srv, kvtrail(["fleet", "plan", "s3://empty/fleet"])).run();
     refused(&r, &["no trace under this prefix"]);
     assert!(entries(tmp.path()).is_empty(), "{:?}", entries(tmp.path()));

@@ -9,7 +9,6 @@
 //! them). Both folders are written under temporary names next to DIR and
 //! renamed at the end: on any failure neither is left (docs/fleet.md).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -228,7 +227,9 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     kvtrail::custody::prepare_out(&shards_dir, "scope", &inputs, false)?;
     let binary = match &args.binary {
         Some(b) => b.clone(),
-        None => std::env::current_exe().context("cannot find this kvtrail binary (pass --binary)")?,
+        None => {
+            std::env::current_exe().context("cannot find this kvtrail binary (pass --binary)")?
+        }
     };
     let binary = std::path::absolute(&binary)?;
     if !binary.is_file() {
@@ -307,7 +308,9 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     }
     for c in &args.conf {
         if !c.contains('=') {
-            bail!("--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g");
+            bail!(
+                "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
+            );
         }
         cmd.args(["--conf", c]);
     }
@@ -320,7 +323,8 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         .arg(&result_path)
         .env("KVTRAIL_NO_PROGRESS", "1")
         .stdin(Stdio::null());
-    let log = std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
+    let log =
+        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
     cmd.stdout(log.try_clone()?).stderr(log);
     let status = cmd.status().map_err(|e| {
         anyhow!(
@@ -410,7 +414,10 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     );
     for f in files {
         let rel = f.strip_prefix(&merged).unwrap_or(&f);
-        eprintln!("kvtrail: wrote {}", term(&args.out.join(rel).display().to_string()));
+        eprintln!(
+            "kvtrail: wrote {}",
+            term(&args.out.join(rel).display().to_string())
+        );
     }
     eprintln!(
         "kvtrail: shard folders (cited by the merged evidence.json): {}",
