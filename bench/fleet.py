@@ -106,7 +106,7 @@ def bench_trace(trace, kvt, engines, tmp, py):
     manifest = json.load(open(os.path.join(trace, "trace.json")))
     pools = sorted(p["id"] for p in manifest["deployment"]["pools"])
     name = os.path.basename(trace.rstrip("/"))
-    work = os.path.join(tmp, name)
+    work = os.path.join(tmp, "out", name)
     os.makedirs(work, exist_ok=True)
 
     s, m = run([kvt, "scope", trace, "--out", f"{work}/single"])
@@ -155,7 +155,7 @@ def bench_trace(trace, kvt, engines, tmp, py):
         same = open(f"{work}/fleet/summary.json").read() == open(f"{work}/single/summary.json").read()
         ok &= same
         fleet_wall[0] = secs
-        row(f"fleet spark, {shards} shards, local[2]", secs, fleet_query, mb,
+        row(f"fleet spark, {shards} shard(s), local[2]", secs, fleet_query, mb,
             "identical summary.json" if same else "MISMATCH")
     for engine in ("duckdb", "spark"):
         if engine not in engines:
