@@ -317,6 +317,10 @@ fn bad_input_is_refused_before_spark_starts() {
         &r,
         &[&format!("{u}/kv/pool=2/"), "changed while kvtrail read it"],
     );
+    let r = run(&format!("s3://{BUCKET}/fleet"))
+        .args(["--conf", "spark.executor.memory"])
+        .run();
+    refused(&r, &["--conf spark.executor.memory: not KEY=VALUE"]);
     let r = objstore::on_s3(srv, kvtrail(["fleet", "plan", "s3://empty/fleet"])).run();
     refused(&r, &["no trace under this prefix"]);
     assert!(entries(tmp.path()).is_empty(), "{:?}", entries(tmp.path()));

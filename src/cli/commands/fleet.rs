@@ -221,6 +221,11 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         _ => PathBuf::from("."),
     };
     let shards_dir = parent.join(format!("{name}.shards"));
+    if let Some(c) = args.conf.iter().find(|c| !c.contains('=')) {
+        bail!(
+            "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
+        );
+    }
     let remote = kvtrail::trace::files::is_remote(&args.trace);
     let inputs = [args.trace.as_path()];
     kvtrail::custody::prepare_out(&args.out, "scope", &inputs, false)?;
@@ -307,11 +312,6 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         cmd.args(["--master", m]);
     }
     for c in &args.conf {
-        if !c.contains('=') {
-            bail!(
-                "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
-            );
-        }
         cmd.args(["--conf", c]);
     }
     cmd.arg("--name")
