@@ -1,12 +1,17 @@
 """Fleet figures: native `kvtrail scope` (one process, and sharded by pool +
-`kvtrail merge`) vs the DuckDB dialect vs the Spark dialect on local Spark
-(local[2]), on the same simulated traces, in one run. For each engine: wall
+`kvtrail merge`), native shards on Spark (`kvtrail fleet spark`, local[2])
+vs the DuckDB dialect vs the Spark dialect on local Spark (local[2]), on
+the same simulated traces, in one run. For each engine: wall
 time (and, for the SQL engines, the query time without the engine's start),
 peak memory of the whole process tree (the JVM included: /proc is sampled
 every 20 ms, and wait4's max RSS is taken when larger), and ratios against
 the native single run on the same trace. Every engine must find the same
-affected responses with the same foreign tokens, or the row says MISMATCH
-and the script exits 1.
+affected responses with the same foreign tokens (and the merged folders of
+the shards the same summary.json as the single run), or the row says
+MISMATCH and the script exits 1. For `fleet spark`, "query s" is the Spark
+job (tasks and the shards' return, from the job's SparkContext up) plus the
+merge, without spark-submit's JVM and Python start; the last line of each
+trace compares it with the Spark dialect's query, both measured here.
 
 Rows are printed as each engine finishes (a slow engine does not hide the
 others' figures).
@@ -18,7 +23,7 @@ Usage (after .ci/setup.d/50-sql.sh and `cargo build --release`):
                      at --requests sizes, seed 1)
   --requests N,M     incident sizes to simulate (default 1000,3000; 3000 is
                      the size of the committed traces/incident-mini)
-  --engines LIST     any of native,sharded,duckdb,spark (default: all)
+  --engines LIST     any of native,sharded,fleet-spark,duckdb,spark (default: all)
   --kvtrail BIN      the kvtrail binary (default target/release/kvtrail)
 """
 import json
@@ -59,10 +64,12 @@ def tree_rss_kb(root_pid):
     return total
 
 
-def run(cmd):
-    """Runs cmd; returns (wall seconds, peak RSS MB of the process tree)."""
+def run(cmd, env=None, want_stderr=False):
+    """Runs cmd; returns (wall seconds, peak RSS MB of the process tree),
+    and its stderr with want_stderr."""
     t = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=None if env is None else {**os.environ, **env})
     peak = [0]
     done = threading.Event()
 
@@ -84,7 +91,10 @@ def run(cmd):
     if status != 0:
         msg = (err[0] if err else b"").decode(errors="replace")
         sys.exit(f"failed: {' '.join(cmd)}\n{msg[-3000:]}")
-    return secs, max(peak[0], ru.ru_maxrss) / 1024
+    mb = max(peak[0], ru.ru_maxrss) / 1024
+    if want_stderr:
+        return secs, mb, (err[0] if err else b"").decode(errors="replace")
+    return secs, mb
 
 
 def affected(rows):
@@ -96,7 +106,7 @@ def bench_trace(trace, kvt, engines, tmp, py):
     manifest = json.load(open(os.path.join(trace, "trace.json")))
     pools = sorted(p["id"] for p in manifest["deployment"]["pools"])
     name = os.path.basename(trace.rstrip("/"))
-    work = os.path.join(tmp, name)
+    work = os.path.join(tmp, "out", name)
     os.makedirs(work, exist_ok=True)
 
     s, m = run([kvt, "scope", trace, "--out", f"{work}/single"])
@@ -130,6 +140,23 @@ def bench_trace(trace, kvt, engines, tmp, py):
         ok &= same
         row(f"native, {len(pools)} pool shards + merge", time.time() - t0, None, peak,
             "identical summary.json" if same else "MISMATCH")
+    fleet_query, fleet_wall = None, [None]
+    if "fleet-spark" in engines:
+        submit = os.path.join(os.path.dirname(py), "spark-submit")
+        secs, mb, err = run([kvt, "fleet", "spark", trace, "--out", f"{work}/fleet", "--master", "local[2]",
+                             "--spark-submit", submit, "--backend", "cpu",
+                             "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=2g"],
+                            env={"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py}, want_stderr=True)
+        job = [ln for ln in err.splitlines() if ln.startswith("kvtrail: fleet spark: job ")]
+        # "kvtrail: fleet spark: job J s (N shards), merge M s"
+        words = job[-1].split() if job else []
+        fleet_query = float(words[4]) + float(words[-2]) if job else None
+        shards = words[6].lstrip("(") if job else "?"
+        same = open(f"{work}/fleet/summary.json").read() == open(f"{work}/single/summary.json").read()
+        ok &= same
+        fleet_wall[0] = secs
+        row(f"fleet spark, {shards} shard(s), local[2]", secs, fleet_query, mb,
+            "identical summary.json" if same else "MISMATCH")
     for engine in ("duckdb", "spark"):
         if engine not in engines:
             continue
@@ -143,13 +170,16 @@ def bench_trace(trace, kvt, engines, tmp, py):
         ok &= got == want
         row(f"{engine} dialect ({'local[2]' if engine == 'spark' else '2 threads'})", secs, res["_secs"], mb,
             f"{len(got)} affected, same" if got == want else f"MISMATCH {got}")
+        if engine == "spark" and fleet_query:
+            print(f"fleet spark vs Spark dialect on local[2]: query {res['_secs'] / fleet_query:.0f}x faster, "
+                  f"wall {secs / fleet_wall[0]:.0f}x faster", flush=True)
     return ok
 
 
 def main():
     args = sys.argv[1:]
     kvt = os.path.join(ROOT, "target/release/kvtrail")
-    engines = {"native", "sharded", "duckdb", "spark"}
+    engines = {"native", "sharded", "fleet-spark", "duckdb", "spark"}
     sizes = [1000, 3000]
     traces = []
     i = 0

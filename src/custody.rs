@@ -14,7 +14,8 @@
 //! refuses a record whose digests are not blake3 hex, whose file paths are
 //! absolute, contain `..` or name evidence.json itself, or whose input roots
 //! do not lead out of the folder (a root must begin with `..`: an input is
-//! never inside the output). `verify_folder` follows input folders at most
+//! never inside the output; a trace in object storage is recorded by its
+//! URL, which `verify_folder` lists as not re-read). `verify_folder` follows input folders at most
 //! `MAX_NESTING` deep, and refuses a root that names the folder itself, a
 //! folder holding it, or one already being verified (a cycle).
 //!
@@ -864,12 +865,15 @@ fn check_record(ev: &Evidence, p: &Path) -> Result<()> {
                 ),
             ));
         }
-        if !is_input_root(&inp.root) {
+        // A trace in object storage is recorded by its URL.
+        let remote_trace =
+            inp.kind == "trace" && crate::trace::files::is_remote(Path::new(&inp.root));
+        if !is_input_root(&inp.root) && !remote_trace {
             return Err(bad_record(
                 p,
                 &format!("inputs[{n}].root"),
                 format!(
-                    "{:?} does not lead out of the folder (an input root is relative and begins with `..`; an input is never the folder itself or inside it)",
+                    "{:?} does not lead out of the folder (an input root is relative and begins with `..`, or a trace's object-store URL; an input is never the folder itself or inside it)",
                     inp.root
                 ),
             ));

@@ -52,6 +52,8 @@ pub enum Command {
     Export(commands::export::Args),
     /// Combine `scope --pools` shard outputs into the report of a single run.
     Merge(commands::merge::Args),
+    /// Fan native scope out by pool: print the shards (plan), or run them on Spark and merge them (spark).
+    Fleet(commands::fleet::Args),
     /// Print the lineage as SQL for DuckDB, Spark or Trino (fleet-scale traces in a warehouse).
     Sql(commands::sql::Args),
     /// Re-run a trace's workload under another engine or config and capture a new trace.
@@ -111,6 +113,7 @@ pub fn run() -> Exit {
         Command::Lookup(a) => commands::lookup::run(a),
         Command::Export(a) => commands::export::run(a),
         Command::Merge(a) => commands::merge::run(a),
+        Command::Fleet(a) => commands::fleet::run(a),
         Command::Sql(a) => commands::sql::run(a),
         Command::Replay(a) => commands::replay::run(a),
         Command::Diff(a) => commands::diff::run(a),

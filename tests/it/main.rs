@@ -14,6 +14,7 @@ mod cuda_cli;
 mod cuda_emu;
 mod cuda_nvrtc;
 mod export;
+mod fleet_spark;
 mod fuzz_regressions;
 mod golden_v1;
 mod hostile_capacity;

@@ -7,65 +7,15 @@
 //! credential, an unreachable endpoint, a bucket without the trace and an
 //! object replaced between listing and reading (no `--out` folder left).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::support::cli::{Ran, kvtrail};
-use crate::support::venv;
+use crate::support::objstore::{Server, start};
 
-const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/objstore/server.py");
 const MINI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/incident-mini");
 const BUCKET: &str = "traces";
-
-fn python() -> PathBuf {
-    venv::MOTO.python().unwrap_or_else(|| {
-        panic!(
-            "the moto venv is missing: run .ci/setup.d/56-moto.sh (an S3 server for these tests)"
-        )
-    })
-}
-
-/// A server process, ended when the test binary ends (its stdin closes).
-struct Server {
-    _child: Child,
-    endpoint: String,
-    key_id: String,
-    secret: String,
-}
-
-fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(python())
-        .arg(SERVER)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start tests/objstore/server.py");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the test object store did not start within 120 s");
-    let v: serde_json::Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("server said {line:?}: {e}"));
-    let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
-    Server {
-        endpoint: s("endpoint"),
-        key_id: s("key_id"),
-        secret: s("secret"),
-        _child: child,
-    }
-}
 
 /// Local copies of incident-mini, one per case.
 struct Cases {
@@ -177,15 +127,7 @@ fn on_s3(args: &[&str]) -> crate::support::cli::Kvtrail {
 }
 
 fn on(s: &Server, args: &[&str]) -> crate::support::cli::Kvtrail {
-    kvtrail(args)
-        .env("AWS_ENDPOINT", &s.endpoint)
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", &s.key_id)
-        .env("AWS_SECRET_ACCESS_KEY", &s.secret)
-        .env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
-        .env("KVTRAIL_OBJECT_STORE_RETRIES", "0")
-        .timeout(Duration::from_secs(300))
+    crate::support::objstore::on_s3(s, kvtrail(args))
 }
 
 fn url(prefix: &str) -> String {

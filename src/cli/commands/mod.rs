@@ -6,6 +6,7 @@ pub mod counterfactual;
 pub mod demo;
 pub mod diff;
 pub mod export;
+pub mod fleet;
 pub mod ingest;
 pub mod inspect;
 pub mod lookup;

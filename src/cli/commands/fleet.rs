@@ -1,0 +1,449 @@
+//! `kvtrail fleet plan|spark`: native scope fanned out by pool.
+//! `plan TRACE` prints the shards (`lineage::shard::plan_shards`: pools a
+//! shard reports, pools it replays, events). `spark TRACE --out DIR`
+//! plans them, submits the PySpark job fleet/spark_scope.py (built in)
+//! with this binary shipped to the executors, one `scope --pools` task per
+//! shard reading the trace where it lives, and merges the shards here, as
+//! `kvtrail merge` does (`scope::merge`), into the single-run folder DIR;
+//! the shard folders stay in `DIR.shards/` (the merged evidence.json cites
+//! them). Both folders are written under temporary names next to DIR and
+//! renamed at the end: on any failure neither is left (docs/fleet.md).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, anyhow, bail};
+use kvtrail::lineage::shard::{ShardGroup, plan_shards};
+use kvtrail::report;
+use kvtrail::report::fmt::term;
+use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::trace::read::Trace;
+use serde::{Deserialize, Serialize};
+
+use super::scope::BackendArg;
+use crate::cli::output;
+
+/// The PySpark job `fleet spark` submits.
+pub const SPARK_JOB: &str = include_str!("../../../fleet/spark_scope.py");
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: FleetCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum FleetCommand {
+    /// Print a trace's shards: the pools each reports (`scope --pools`) and replays, with their events.
+    Plan(PlanArgs),
+    /// Run the shards as Spark tasks (spark-submit, this binary shipped to the executors) and merge them into one scope folder.
+    Spark(SparkArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// Trace directory or URL (s3://, gs://, az://, http(s)://).
+    pub trace: PathBuf,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print only each shard's pools, one comma-separated line per shard
+    /// (a shards.txt for other schedulers).
+    #[arg(long, conflicts_with = "json")]
+    pub list: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SparkArgs {
+    /// Trace URL (s3://, gs://, az://, http(s)://) or a directory every executor sees at this path.
+    pub trace: PathBuf,
+    /// Write the merged scope folder here (a new or empty folder); the shard folders go to DIR.shards.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Spark master (spark-submit --master); default: spark-submit's own (spark-defaults.conf, else local[*]).
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+    /// A Spark setting for spark-submit (repeatable), e.g. spark.executor.memory=4g.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub conf: Vec<String>,
+    /// The spark-submit to run; default: $SPARK_HOME/bin/spark-submit, else spark-submit on PATH.
+    #[arg(long, value_name = "PATH")]
+    pub spark_submit: Option<PathBuf>,
+    /// The kvtrail binary shipped to the executors (default: this one; a
+    /// build for the executors' platform where it differs).
+    #[arg(long, value_name = "PATH")]
+    pub binary: Option<PathBuf>,
+    /// Replay backend of every shard.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Print the merged report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    match args.command {
+        FleetCommand::Plan(a) => plan(a),
+        FleetCommand::Spark(a) => spark(a),
+    }
+}
+
+/// What `fleet plan --json` prints.
+#[derive(Serialize)]
+struct PlanOut<'a> {
+    trace: String,
+    shards: &'a [ShardGroup],
+}
+
+fn plan_of(trace: &Path) -> anyhow::Result<Vec<ShardGroup>> {
+    let t = Trace::open(trace)?;
+    let shards = plan_shards(&t)?;
+    if let Some(e) = kvtrail::trace::files::remote_failure(trace) {
+        return Err(e.into());
+    }
+    Ok(shards)
+}
+
+fn ids(p: &[u16]) -> String {
+    p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn plan(args: PlanArgs) -> anyhow::Result<i32> {
+    let shards = plan_of(&args.trace)?;
+    let value = PlanOut {
+        trace: args.trace.display().to_string(),
+        shards: &shards,
+    };
+    output::print(args.json, &value, |out| {
+        for (i, s) in shards.iter().enumerate() {
+            if args.list {
+                writeln!(out, "{}", ids(&s.pools))?;
+            } else {
+                writeln!(
+                    out,
+                    "shard {i}: --pools {} (replays {}; {} events)",
+                    ids(&s.pools),
+                    ids(&s.replays),
+                    s.events
+                )?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(0)
+}
+
+/// The plan file the job reads.
+#[derive(Serialize)]
+struct JobPlan<'a> {
+    format: &'static str,
+    trace: String,
+    binary: String,
+    backend: &'static str,
+    direct: bool,
+    staging: String,
+    shards: Vec<JobShard<'a>>,
+}
+
+#[derive(Serialize)]
+struct JobShard<'a> {
+    index: usize,
+    pools: &'a [u16],
+}
+
+/// The job's result file.
+#[derive(Deserialize)]
+struct JobResult {
+    format: String,
+    secs: f64,
+    shards: Vec<JobDone>,
+    errors: Vec<JobError>,
+}
+
+#[derive(Deserialize)]
+struct JobDone {
+    index: usize,
+    dir: String,
+}
+
+#[derive(Deserialize)]
+struct JobError {
+    pools: Vec<u16>,
+    exit: Option<i32>,
+    stderr: String,
+}
+
+const HINT: &str = "\n  hint: ";
+
+/// Removes what this run created when it fails before the end.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn backend_name(b: BackendArg) -> &'static str {
+    match b {
+        BackendArg::Auto => "auto",
+        BackendArg::Cpu => "cpu",
+        BackendArg::Cuda => "cuda",
+        BackendArg::Emu => "emu",
+    }
+}
+
+/// Replaces `to` (absent, or an empty folder) by the folder `from`.
+fn rename_into(from: &Path, to: &Path) -> anyhow::Result<()> {
+    if to.is_dir() {
+        std::fs::remove_dir(to).with_context(|| format!("{}: cannot replace", to.display()))?;
+    }
+    std::fs::rename(from, to)
+        .with_context(|| format!("{}: cannot rename to {}", from.display(), to.display()))
+}
+
+fn spark(args: SparkArgs) -> anyhow::Result<i32> {
+    let name = args
+        .out
+        .file_name()
+        .filter(|n| *n != "..")
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| {
+            anyhow!(
+                "--out {}: not a folder name{HINT}pass the merged folder's path, e.g. out/incident",
+                args.out.display()
+            )
+        })?;
+    let parent = match args.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let shards_dir = parent.join(format!("{name}.shards"));
+    if let Some(c) = args.conf.iter().find(|c| !c.contains('=')) {
+        bail!(
+            "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
+        );
+    }
+    let remote = kvtrail::trace::files::is_remote(&args.trace);
+    let inputs = [args.trace.as_path()];
+    kvtrail::custody::prepare_out(&args.out, "scope", &inputs, false)?;
+    kvtrail::custody::prepare_out(&shards_dir, "scope", &inputs, false)?;
+    let binary = match &args.binary {
+        Some(b) => b.clone(),
+        None => {
+            std::env::current_exe().context("cannot find this kvtrail binary (pass --binary)")?
+        }
+    };
+    let binary = std::path::absolute(&binary)?;
+    if !binary.is_file() {
+        bail!(
+            "--binary {}: not a file{HINT}pass the kvtrail binary the executors run",
+            binary.display()
+        );
+    }
+    let trace_arg = if remote {
+        args.trace.display().to_string()
+    } else {
+        std::path::absolute(&args.trace)?.display().to_string()
+    };
+
+    // Planned here, natively: a trace that cannot be read or replayed is
+    // refused before Spark starts.
+    let shards = plan_of(&args.trace)?;
+    eprintln!(
+        "kvtrail: fleet spark: {} shards ({})",
+        shards.len(),
+        shards
+            .iter()
+            .map(|s| format!("--pools {}", ids(&s.pools)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+
+    std::fs::create_dir_all(&parent).with_context(|| format!("{}", parent.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("kvtrail-fleet-")
+        .tempdir()
+        .context("cannot create a temporary folder")?;
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}.shards."))
+        .tempdir_in(&parent)
+        .with_context(|| format!("{}: cannot create a folder", parent.display()))?
+        .keep();
+    let mut cleanup = Cleanup(vec![std::path::absolute(&staging)?]);
+    let staging = cleanup.0[0].clone();
+
+    let job = work.path().join("spark_scope.py");
+    std::fs::write(&job, SPARK_JOB).with_context(|| format!("{}", job.display()))?;
+    let plan_path = work.path().join("plan.json");
+    let result_path = work.path().join("result.json");
+    let log_path = work.path().join("spark.log");
+    let plan = JobPlan {
+        format: "kvtrail-fleet-spark-plan",
+        trace: trace_arg,
+        binary: binary
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "kvtrail".into()),
+        backend: backend_name(args.backend),
+        direct: !remote,
+        staging: staging.display().to_string(),
+        shards: shards
+            .iter()
+            .enumerate()
+            .map(|(index, s)| JobShard {
+                index,
+                pools: &s.pools,
+            })
+            .collect(),
+    };
+    std::fs::write(&plan_path, serde_json::to_vec_pretty(&plan)?)
+        .with_context(|| format!("{}", plan_path.display()))?;
+
+    let submit = args.spark_submit.clone().unwrap_or_else(|| {
+        std::env::var_os("SPARK_HOME")
+            .map(|h| PathBuf::from(h).join("bin/spark-submit"))
+            .unwrap_or_else(|| PathBuf::from("spark-submit"))
+    });
+    let mut cmd = Command::new(&submit);
+    if let Some(m) = &args.master {
+        cmd.args(["--master", m]);
+    }
+    for c in &args.conf {
+        cmd.args(["--conf", c]);
+    }
+    cmd.arg("--name")
+        .arg("kvtrail fleet spark")
+        .arg("--files")
+        .arg(&binary)
+        .arg(&job)
+        .arg(&plan_path)
+        .arg(&result_path)
+        .env("KVTRAIL_NO_PROGRESS", "1")
+        .stdin(Stdio::null());
+    let log =
+        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
+    cmd.stdout(log.try_clone()?).stderr(log);
+    let status = cmd.status().map_err(|e| {
+        anyhow!(
+            "cannot run {}: {e}{HINT}install Spark (pip install pyspark gives spark-submit) and set SPARK_HOME or pass --spark-submit",
+            submit.display()
+        )
+    })?;
+
+    let result: Option<JobResult> = std::fs::read(&result_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(|r: &JobResult| r.format == "kvtrail-fleet-spark-result");
+    let Some(result) = result else {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("kvtrail: spark: {}", term(l));
+        }
+        bail!(
+            "{} exited with {status} before the job finished (its last lines are above){HINT}check the Spark installation and master, and that PYSPARK_PYTHON names a python with pyspark",
+            submit.display()
+        );
+    };
+    if let Some(first) = result.errors.first() {
+        for e in &result.errors {
+            for l in e.stderr.lines() {
+                eprintln!("kvtrail: shard --pools {}: {}", ids(&e.pools), term(l));
+            }
+        }
+        let (what, hint) = shard_error(&first.stderr);
+        bail!(
+            "{} of {} shards failed; the first, --pools {} ({}): {what}{HINT}{hint}",
+            result.errors.len(),
+            shards.len(),
+            ids(&first.pools),
+            match first.exit {
+                Some(c) => format!("kvtrail scope exited {c} on an executor"),
+                None => "the Spark task itself failed".into(),
+            },
+        );
+    }
+    let mut got: Vec<usize> = result.shards.iter().map(|s| s.index).collect();
+    got.sort_unstable();
+    if got != (0..shards.len()).collect::<Vec<_>>()
+        || result
+            .shards
+            .iter()
+            .any(|s| s.dir != format!("shard-{:04}", s.index) || !staging.join(&s.dir).is_dir())
+    {
+        bail!(
+            "the Spark job reported shards {got:?} of 0..{}{HINT}run it again; a shard lost on the way is never merged",
+            shards.len()
+        );
+    }
+
+    // The shards in their place, then the merge beside them (the merged
+    // evidence.json names them relative to itself, as they will lie).
+    rename_into(&staging, &shards_dir)?;
+    cleanup.0 = vec![std::path::absolute(&shards_dir)?];
+    let dirs: Vec<PathBuf> = (0..shards.len())
+        .map(|i| shards_dir.join(format!("shard-{i:04}")))
+        .collect();
+    let merged = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .tempdir_in(&parent)
+        .with_context(|| format!("{}: cannot create a folder", parent.display()))?
+        .keep();
+    cleanup.0.push(std::path::absolute(&merged)?);
+    let merge_start = std::time::Instant::now();
+    let loaded = load_shards(&dirs)?;
+    let parts: Vec<_> = loaded
+        .iter()
+        .map(|s| (s.report.clone(), s.info.clone()))
+        .collect();
+    let r = merge(&parts)?;
+    let mut files = report::write_out(&r, &merged)?;
+    let (extra, digest) =
+        report::bundle::write_merge_extras(&loaded, &r, &merged, &crate::cli::command_line())?;
+    files.extend(extra);
+    rename_into(&merged, &args.out)?;
+    cleanup.0.clear();
+    eprintln!(
+        "kvtrail: fleet spark: job {:.2} s ({} shards), merge {:.2} s",
+        result.secs,
+        shards.len(),
+        merge_start.elapsed().as_secs_f64()
+    );
+    for f in files {
+        let rel = f.strip_prefix(&merged).unwrap_or(&f);
+        eprintln!(
+            "kvtrail: wrote {}",
+            term(&args.out.join(rel).display().to_string())
+        );
+    }
+    eprintln!(
+        "kvtrail: shard folders (cited by the merged evidence.json): {}",
+        term(&shards_dir.display().to_string())
+    );
+    eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
+    output::print(args.json, &r, |out| {
+        out.write_all(report::human(&r).as_bytes())
+    })?;
+    Ok(0)
+}
+
+/// A shard's error message and hint, from its kvtrail's stderr.
+fn shard_error(stderr: &str) -> (String, String) {
+    let text = stderr
+        .lines()
+        .filter(|l| !l.starts_with("kvtrail: "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let text = text.trim();
+    let text = text.strip_prefix("error: ").unwrap_or(text);
+    match text.split_once(HINT) {
+        Some((what, hint)) => (what.replace('\n', " "), hint.replace('\n', " ")),
+        None => (
+            text.replace('\n', " "),
+            "fix what the shard's error names (its full stderr is above), then run again".into(),
+        ),
+    }
+}
