@@ -22,7 +22,6 @@
 //! per-slot arrays it replaced (`support/flat_cpu.rs`), alternated in the
 //! same process on the same trace, best of 3 each, as a ratio.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -32,70 +31,12 @@ use kvtrail::lineage::Backend;
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role, Trace};
 
+#[path = "support/synth.rs"]
+mod synth;
+use synth::{PAGE, Pages, Rng, runs, slot};
+
 #[path = "support/flat_cpu.rs"]
 mod flat_cpu;
-
-const PAGE: u32 = 64;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// SGLang PD-mode page allocator: lowest free pages first; freed KV stays.
-struct Pages {
-    free: BTreeSet<u32>,
-}
-impl Pages {
-    fn new(pages: u32) -> Self {
-        Pages {
-            free: (1..pages).collect(), // page 0 reserved
-        }
-    }
-    fn alloc(&mut self, n: u32) -> Option<Vec<u32>> {
-        if (self.free.len() as u32) < n {
-            return None;
-        }
-        Some(
-            (0..n)
-                .map(|_| self.free.pop_first().expect("free page"))
-                .collect(),
-        )
-    }
-    fn release(&mut self, pages: &[u32]) {
-        self.free.extend(pages.iter().copied());
-    }
-}
-
-/// Slot of token position `t` in a page list.
-fn slot(pages: &[u32], t: u32) -> u32 {
-    pages[(t / PAGE) as usize] * PAGE + t % PAGE
-}
-
-/// Maximal contiguous slot runs covering token positions `a..b`, each at
-/// most `max` slots: (first token position, slot, count).
-fn runs(pages: &[u32], a: u32, b: u32, max: u32) -> Vec<(u32, u32, u32)> {
-    let mut out: Vec<(u32, u32, u32)> = Vec::new();
-    let mut t = a;
-    while t < b {
-        let s = slot(pages, t);
-        let n = (PAGE - t % PAGE).min(b - t);
-        match out.last_mut() {
-            Some(l) if l.1 + l.2 == s && l.2 + n <= max => l.2 += n,
-            _ => out.push((t, s, n)),
-        }
-        t += n;
-    }
-    out
-}
 
 struct Active {
     id: u64,

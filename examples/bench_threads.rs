@@ -27,7 +27,7 @@
 //! Run: `cargo run --release --example bench_threads -- [EVENTS] [GROUPS]`
 //! (defaults 900000 and 2). Traces are cached under target/bench/.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -36,73 +36,16 @@ use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role, Trace};
 
-const PAGE: u32 = 64;
+#[path = "support/synth.rs"]
+mod synth;
+use synth::{PAGE, Pages, Rng, runs, slot};
+
 const PREFILL_SLOTS: u64 = 262_144;
 const DECODE_SLOTS: u64 = 1_048_576;
 /// Longest read extent (8 pages).
 const READ_MAX: u32 = 8 * PAGE;
 /// Requests in decode at once, per PD pair.
 const ACTIVE: usize = 16;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// A page allocator that hands out the lowest free pages first (freed KV
-/// stays in the slots, as in SGLang's PD mode).
-struct Pages {
-    free: BTreeSet<u32>,
-}
-impl Pages {
-    fn new(pages: u32) -> Self {
-        Pages {
-            free: (1..pages).collect(),
-        }
-    }
-    fn alloc(&mut self, n: u32) -> Option<Vec<u32>> {
-        if (self.free.len() as u32) < n {
-            return None;
-        }
-        Some(
-            (0..n)
-                .map(|_| self.free.pop_first().expect("free page"))
-                .collect(),
-        )
-    }
-    fn release(&mut self, pages: &[u32]) {
-        self.free.extend(pages.iter().copied());
-    }
-}
-
-fn slot(pages: &[u32], t: u32) -> u32 {
-    pages[(t / PAGE) as usize] * PAGE + t % PAGE
-}
-
-/// Contiguous slot runs covering token positions `a..b`, each at most
-/// `max` slots: (first token position, slot, count).
-fn runs(pages: &[u32], a: u32, b: u32, max: u32) -> Vec<(u32, u32, u32)> {
-    let mut out: Vec<(u32, u32, u32)> = Vec::new();
-    let mut t = a;
-    while t < b {
-        let s = slot(pages, t);
-        let n = (PAGE - t % PAGE).min(b - t);
-        match out.last_mut() {
-            Some(l) if l.1 + l.2 == s && l.2 + n <= max => l.2 += n,
-            _ => out.push((t, s, n)),
-        }
-        t += n;
-    }
-    out
-}
 
 fn deployment(groups: u16) -> Deployment {
     let mut pools = Vec::new();

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::trace::check::{self, FileRuns};
 use crate::trace::files;
-use crate::trace::index::load_request_index;
+use crate::trace::index::check_request_ids;
 use crate::trace::read::{KvFileReader, RequestFileReader, Trace, rel_path};
 
 /// One problem found by `verify`.
@@ -268,7 +268,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             seq_holes = k.pools.iter().map(|p| p.holes).sum();
             lost_events = k.pools.iter().map(|p| p.missing_events).sum();
         }
-        let checks = [load_request_index(&trace).map(|_| ()), kv.map(|_| ())];
+        let checks = [check_request_ids(&trace).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
             problems.push(Problem {
                 path: error_path(&e).map_or_else(|| "kv".into(), |p| rel_path(dir, p)),
