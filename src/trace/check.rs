@@ -342,7 +342,7 @@ pub fn finish(
 
 fn add_hole(ps: &mut PoolSeqs, h: Hole, listing: bool) {
     ps.holes += 1;
-    ps.missing_events += h.missing;
+    ps.missing_events = ps.missing_events.saturating_add(h.missing);
     if listing && ps.holes_listed.len() < MAX_HOLES_LISTED {
         ps.holes_listed.push(h);
     }
@@ -375,7 +375,7 @@ fn merge_runs(runs: &[(u32, &Run)], ps: &mut PoolSeqs) {
             add_hole(ps, h, listing);
         }
         ps.holes += r.holes_total;
-        ps.missing_events += r.missing;
+        ps.missing_events = ps.missing_events.saturating_add(r.missing);
         for h in &r.holes {
             if listing && ps.holes_listed.len() < MAX_HOLES_LISTED {
                 ps.holes_listed.push(*h);

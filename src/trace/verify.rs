@@ -256,7 +256,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             "invalid" | "truncated" | "refused" | "unreadable"
         )
     });
-    let (mut seq_holes, mut lost_events) = (0, 0);
+    let (mut seq_holes, mut lost_events) = (0u64, 0u64);
     if !unreadable {
         let mut seen = seen.into_inner().unwrap_or_default();
         let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
@@ -265,8 +265,11 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             None => check::check_kv(&trace, None, None),
         };
         if let Ok(k) = &kv {
-            seq_holes = k.pools.iter().map(|p| p.holes).sum();
-            lost_events = k.pools.iter().map(|p| p.missing_events).sum();
+            // Saturating: a pool's stream may start near seq 2^64.
+            for p in &k.pools {
+                seq_holes = p.holes.saturating_add(seq_holes);
+                lost_events = p.missing_events.saturating_add(lost_events);
+            }
         }
         let checks = [check_request_ids(&trace).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
