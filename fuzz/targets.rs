@@ -143,7 +143,7 @@ pub fn analyse(dir: &Path, spill: &Path) {
             }
         }
     }
-    if let Err(e) = kvtrail::trace::load_request_index(&t) {
+    if let Err(e) = kvtrail::trace::scan_requests(&t, |_| {}) {
         let _ = e.to_string();
     }
     if let Err(e) = kvtrail::inspect::inspect(&t, &NoReporter) {

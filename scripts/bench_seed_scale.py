@@ -14,6 +14,7 @@ not the events, bound what kvtrail holds):
     python3 scripts/bench_seed_scale.py --requests 400000 --dir /tmp/seed-1e8
 
 Each run prints one table, and with --json the same as JSON on stdout.
+--reuse-trace keeps a trace an earlier run simulated in the same --dir.
 Plain Python 3 (no packages); Linux (wait4 rusage).
 """
 
@@ -67,11 +68,22 @@ def main():
     ap.add_argument("--dir", required=True, help="work folder (emptied first)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/kvtrail"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--reuse-trace", action="store_true",
+                    help="keep DIR/trace when an earlier run simulated it (no simulate row)")
     a = ap.parse_args()
-    if os.path.exists(a.dir):
-        shutil.rmtree(a.dir)
-    os.makedirs(a.dir)
     trace = os.path.join(a.dir, "trace")
+    reuse = a.reuse_trace and os.path.exists(os.path.join(trace, "trace.json"))
+    if reuse:
+        for name in ("scope", "packs", "notify.toml"):
+            p = os.path.join(a.dir, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
+    else:
+        if os.path.exists(a.dir):
+            shutil.rmtree(a.dir)
+        os.makedirs(a.dir)
     scope = os.path.join(a.dir, "scope")
     packs = os.path.join(a.dir, "packs")
     toml = os.path.join(a.dir, "notify.toml")
@@ -86,8 +98,10 @@ def main():
         ("notify", [a.bin, "notify", scope, "--out", packs, "--config", toml], (0,)),
     ]
     rows = []
-    events = None
+    events = kv_events(trace) if reuse else None
     for name, argv, ok in steps:
+        if reuse and name == "simulate":
+            continue
         code, wall, cpu, rss = run(argv, ok)
         if name == "simulate":
             events = kv_events(trace)

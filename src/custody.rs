@@ -347,16 +347,31 @@ fn remove_empty_dirs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// blake3 and size of a file.
+/// Bytes of a file hashed at once (on every thread, `update_rayon`).
+const HASH_BLOCK: usize = 8 << 20;
+
+/// blake3 and size (the bytes hashed) of a file, read in blocks of
+/// [`HASH_BLOCK`]: memory stays one block per file hashed at once, where a
+/// memory map would keep every page of the file resident while it is
+/// hashed (a 450 MB trace hashed by files in parallel held as much).
 pub fn hash_file(path: &Path) -> Result<(String, u64)> {
     if crate::trace::files::is_remote(path) {
         return crate::trace::files::hash_remote(path);
     }
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
-    let bytes = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, e))?
-        .len();
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut buf = vec![0u8; (len as usize).clamp(1, HASH_BLOCK)];
+    let mut bytes = 0u64;
+    loop {
+        let n =
+            crate::trace::chunked::read_full(&mut f, &mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update_rayon(&buf[..n]);
+        bytes += n as u64;
+    }
     Ok((h.finalize().to_hex().to_string(), bytes))
 }
 

@@ -20,10 +20,10 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::progress::Reporter;
-use crate::schema::{ENGINE_REQUEST, Op};
+use crate::schema::{ENGINE_REQUEST, Op, RequestRecord};
 use crate::scope::anomalies::{answered_ok, short_prefill};
 use crate::trace::check::{self, FileRuns};
-use crate::trace::index::{RequestIndex, load_request_index};
+use crate::trace::index::{RequestKeys, scan_requests};
 use crate::trace::manifest::{Deployment, Role};
 use crate::trace::read::Trace;
 
@@ -175,7 +175,8 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
     // Requests first, through the index (duplicates are an error), so the
     // KV pass can tell events of requests the table does not have.
     reporter.start("requests", trace.request_files.len() as u64);
-    let index = load_request_index(trace)?;
+    let mut req_acc = RequestAcc::new(dep);
+    let index = scan_requests(trace, |r| req_acc.add(&r))?;
     reporter.finish();
     let mut orphans = FindingAcc::default();
 
@@ -196,7 +197,7 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
                 // The reader rejected unknown pools already.
                 let pi = pool_index[ev.pool as usize] as usize;
                 accs[pi].by_op[ev.op as usize] += 1;
-                if ev.request_id != ENGINE_REQUEST && index.get(ev.request_id).is_none() {
+                if ev.request_id != ENGINE_REQUEST && !index.contains(ev.request_id) {
                     orphans.add(ev.request_id, 0);
                 }
                 lo = lo.min(ev.ts_ns);
@@ -236,13 +237,11 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
         });
     }
 
-    for r in index.rows() {
-        see(r.arrival_ns);
-        if let Some(f) = r.finish_ns {
-            see(f);
-        }
+    if let Some((lo, hi)) = req_acc.span {
+        see(lo);
+        see(hi);
     }
-    let requests = summarize_requests(&index, dep);
+    let requests = req_acc.finish(&index);
 
     let mut total_ops = [0u64; 6];
     for acc in &accs {
@@ -355,14 +354,32 @@ impl FindingAcc {
     }
 }
 
-fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary {
-    let mut per_tenant = vec![0u64; index.tenants().len()];
-    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
-    let mut short = FindingAcc::default();
-    let mut long = FindingAcc::default();
-    // Prompt limit of a request without prefill_pool: the smallest of the
-    // prefill-capable pools (the strictest one it could have landed on).
-    let limit_of = |pool: Option<u16>| -> Option<u64> {
+/// The request summary, gathered row by row as the request keys are read
+/// (nothing per request is kept here).
+struct RequestAcc<'a> {
+    dep: &'a Deployment,
+    /// Earliest and latest arrival or finish time.
+    span: Option<(i64, i64)>,
+    statuses: BTreeMap<u16, u64>,
+    short: FindingAcc,
+    long: FindingAcc,
+}
+
+impl<'a> RequestAcc<'a> {
+    fn new(dep: &'a Deployment) -> Self {
+        RequestAcc {
+            dep,
+            span: None,
+            statuses: BTreeMap::new(),
+            short: FindingAcc::default(),
+            long: FindingAcc::default(),
+        }
+    }
+
+    /// Prompt limit of a request without prefill_pool: the smallest of the
+    /// prefill-capable pools (the strictest one it could have landed on).
+    fn limit_of(&self, pool: Option<u16>) -> Option<u64> {
+        let dep = self.dep;
         match pool.and_then(|id| dep.pool(id)) {
             Some(p) => Some(dep.prompt_limit(p)),
             None => dep
@@ -372,39 +389,50 @@ fn summarize_requests(index: &RequestIndex, dep: &Deployment) -> RequestSummary 
                 .map(|p| dep.prompt_limit(p))
                 .min(),
         }
-    };
-    for r in index.rows() {
-        per_tenant[r.tenant as usize] += 1;
-        *statuses.entry(r.http_status).or_default() += 1;
-        if short_prefill(r.prompt_tokens, r.prefilled_tokens) {
-            short.add(r.request_id, r.http_status);
+    }
+
+    fn add(&mut self, r: &RequestRecord) {
+        for t in std::iter::once(r.arrival_ns).chain(r.finish_ns) {
+            self.span = Some(self.span.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))));
         }
-        if let Some(limit) = limit_of(r.prefill_pool)
+        *self.statuses.entry(r.http_status).or_default() += 1;
+        if short_prefill(r.prompt_tokens, r.prefilled_tokens) {
+            self.short.add(r.request_id, r.http_status);
+        }
+        if let Some(limit) = self.limit_of(r.prefill_pool)
             && r.prompt_tokens as u64 >= limit
         {
-            long.add(r.request_id, r.http_status);
+            self.long.add(r.request_id, r.http_status);
         }
     }
-    let mut top: Vec<Count<String>> = per_tenant
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| Count {
-            key: index.tenants()[i].to_string(),
-            count: n,
-        })
-        .collect();
-    top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
-    top.truncate(TOP_TENANTS);
-    RequestSummary {
-        count: index.len() as u64,
-        tenants: per_tenant.len() as u64,
-        top_tenants: top,
-        statuses: statuses
-            .into_iter()
-            .map(|(key, count)| Count { key, count })
-            .collect(),
-        short_prefill: short.finish(),
-        over_long_prompts: long.finish(),
+
+    fn finish(self, index: &RequestKeys) -> RequestSummary {
+        let mut per_tenant = vec![0u64; index.tenants().len()];
+        for (_, t) in index.iter() {
+            per_tenant[t as usize] += 1;
+        }
+        let mut top: Vec<Count<String>> = per_tenant
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Count {
+                key: index.tenants()[i].to_string(),
+                count: n,
+            })
+            .collect();
+        top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+        top.truncate(TOP_TENANTS);
+        RequestSummary {
+            count: index.len() as u64,
+            tenants: per_tenant.len() as u64,
+            top_tenants: top,
+            statuses: self
+                .statuses
+                .into_iter()
+                .map(|(key, count)| Count { key, count })
+                .collect(),
+            short_prefill: self.short.finish(),
+            over_long_prompts: self.long.finish(),
+        }
     }
 }
 

@@ -58,7 +58,7 @@ impl AuditBackend {
 /// Whether `r` held a share grant on slot `s` of `p` (whatever happened to
 /// the slot since).
 fn granted(p: &PoolSt, r: u64, s: u64) -> bool {
-    p.grants.of(r).iter().any(|g| g.start <= s && s < g.end)
+    p.grants.of(r).iter().any(|g| g.start() <= s && s < g.end())
 }
 
 impl Backend for AuditBackend {

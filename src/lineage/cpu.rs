@@ -140,7 +140,7 @@ impl Shard {
     fn sweep_grants(&mut self) {
         let pages = &self.pages;
         self.grants.sweep(|g| {
-            segments(g.start, g.end).any(|(pi, lo, hi)| {
+            segments(g.start(), g.end()).any(|(pi, lo, hi)| {
                 pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
                     .iter()
                     .any(|&w| w <= g.seq)

@@ -127,6 +127,8 @@ pub struct Sched<'a> {
     applied: u64,
     reporter: &'a dyn Reporter,
     sink: &'a mut dyn FnMut(&[ReadRun]),
+    /// Copies to and from pools replayed on other threads.
+    exchange: Option<&'a super::exchange::Exchange>,
 }
 
 impl<'a> Sched<'a> {
@@ -207,7 +209,15 @@ impl<'a> Sched<'a> {
             applied: 0,
             reporter,
             sink,
+            exchange: None,
         })
+    }
+
+    /// Copies whose source or destination pool is not among this
+    /// scheduler's go through `exchange` (pools on other threads).
+    pub fn with_exchange(mut self, exchange: &'a super::exchange::Exchange) -> Self {
+        self.exchange = Some(exchange);
+        self
     }
 
     /// Runs every pool to the end.
@@ -350,8 +360,15 @@ impl<'a> Sched<'a> {
             self.pools[p].caps.pop()?;
             self.backend
                 .capture(id, c.src_start, c.count, lost, &mut self.scratch)?;
-            self.payloads
-                .insert((c.dst_pool, c.dst_seq), std::mem::take(&mut self.scratch));
+            let payload = std::mem::take(&mut self.scratch);
+            match self.exchange {
+                Some(x) if !self.index.contains_key(&c.dst_pool) => {
+                    x.put(c.dst_pool, c.dst_seq, payload)?
+                }
+                _ => {
+                    self.payloads.insert((c.dst_pool, c.dst_seq), payload);
+                }
+            }
         }
     }
 
@@ -458,6 +475,13 @@ impl<'a> Sched<'a> {
             // A copy: make sure its source state is captured, then apply it.
             let src = e.ev.src.expect("copy");
             let key = (id, e.ev.seq);
+            if !self.payloads.contains_key(&key)
+                && let (None, Some(x)) = (self.index.get(&src.pool), self.exchange)
+            {
+                // The source replays on another thread.
+                let payload = x.take(id, e.ev.seq, src.pool)?;
+                self.payloads.insert(key, payload);
+            }
             if !self.payloads.contains_key(&key) {
                 let q = *self.index.get(&src.pool).ok_or_else(|| {
                     Error::Other(format!("replay: unknown source pool {}", src.pool))

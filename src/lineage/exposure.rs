@@ -49,13 +49,13 @@ pub struct ReaderAgg {
     pub last_ts_ns: i64,
 }
 
-/// Each request's tenant as a small key (interned by whoever builds it): a
+/// Each request's tenant as a small key (the trace's request keys): a
 /// shared read between two requests of the same known tenant is no
 /// cross-tenant prefix-cache hit and is dropped as it arrives, so memory
 /// follows cross-tenant hits, not every prefix hit.
 #[derive(Debug, Clone, Default)]
 pub struct TenantKeys {
-    keys: HashMap<u64, u32>,
+    keys: crate::trace::index::RequestKeys,
 }
 
 /// Where [`TenantKeys`] come from: loaded when the first shared read of
@@ -77,13 +77,13 @@ impl std::fmt::Debug for TenantKeysSource {
 }
 
 impl TenantKeys {
-    pub fn insert(&mut self, request: u64, tenant: u32) {
-        self.keys.insert(request, tenant);
+    pub fn new(keys: crate::trace::index::RequestKeys) -> Self {
+        TenantKeys { keys }
     }
 
     /// Whether both requests are known and of the same tenant.
     pub fn same(&self, a: u64, b: u64) -> bool {
-        matches!((self.keys.get(&a), self.keys.get(&b)), (Some(x), Some(y)) if x == y)
+        matches!((self.keys.tenant_key(a), self.keys.tenant_key(b)), (Some(x), Some(y)) if x == y)
     }
 }
 

@@ -9,12 +9,19 @@
 //! runs arrive in, counters add, gaps are sorted and each pool's late
 //! sources belong to its one group. Memory is the single scheduler's plus
 //! at most `RUN_BATCHES` batches of read runs in flight.
+//!
+//! The same runner replays units that copy to each other (every pool on a
+//! thread of its own) when given an `Exchange`: each unit's scheduler
+//! hands the copies it captures for another unit to the exchange and takes
+//! the copies it applies from there (`lineage::exchange`); every unit then
+//! needs a thread of its own, and the caller gives one per unit.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::backend::{Backend, Counters, ReadRun};
 use super::engine::Sched;
+use super::exchange::Exchange;
 use super::exposure::Exposures;
 use super::input::Plan;
 use super::{Gap, shard};
@@ -65,23 +72,52 @@ pub fn pack(plan: &Plan, groups: Vec<BTreeSet<u16>>, threads: usize) -> Vec<BTre
     units.into_iter().map(|u| u.1).collect()
 }
 
+/// A thread's leaving of the exchange: done, and failed unless it ended
+/// well.
+struct Leave<'a> {
+    exchange: Option<&'a Exchange>,
+    ok: bool,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if let Some(x) = self.exchange {
+            if !self.ok {
+                x.fail();
+            }
+            x.thread_done();
+        }
+    }
+}
+
 /// What a replay of some groups gives: counters, sorted gaps, late sources.
 pub type GroupsOutcome = (Counters, Vec<Gap>, BTreeMap<u16, (u64, u64)>);
 
-/// Replays `groups` of `plan` on one thread per backend of `forks`, each
-/// thread taking the next group left; read runs go to `exposures` (of the
-/// `reported` pools only, for a shard). The first error of any group is
+/// What to replay on the threads: the units (sets of pools), and the
+/// exchange their copies pass through when they copy to each other.
+pub struct Units<'a> {
+    pub pools: &'a [BTreeSet<u16>],
+    pub exchange: Option<&'a Exchange>,
+}
+
+/// Replays the units of `plan` on one thread per backend of `forks`, each
+/// thread taking the next unit left; read runs go to `exposures` (of the
+/// `reported` pools only, for a shard). The first error of any unit is
 /// returned (the caller replays again on one scheduler for the error a
 /// single-threaded run gives).
 pub fn run(
     trace: &Trace,
     plan: &Plan,
     forks: Vec<Box<dyn Backend + Send>>,
-    groups: &[BTreeSet<u16>],
+    units: Units<'_>,
     reported: Option<&BTreeSet<u16>>,
     reporter: &dyn Reporter,
     exposures: &mut Exposures,
 ) -> Result<GroupsOutcome> {
+    let Units {
+        pools: groups,
+        exchange,
+    } = units;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<ReadRun>>(RUN_BATCHES);
@@ -91,6 +127,12 @@ pub fn run(
             .map(|mut backend| {
                 let (tx, next, failed) = (tx.clone(), &next, &failed);
                 s.spawn(move || -> Result<GroupsOutcome> {
+                    // Leaves the exchange however the thread ends (an
+                    // error or a panic fails the others' waits).
+                    let mut leave = Leave {
+                        exchange,
+                        ok: false,
+                    };
                     let mut counters = Counters::default();
                     let mut gaps = Vec::new();
                     let mut late = BTreeMap::new();
@@ -119,6 +161,10 @@ pub fn run(
                             reporter,
                             &mut sink,
                         )
+                        .map(|sched| match exchange {
+                            Some(x) => sched.with_exchange(x),
+                            None => sched,
+                        })
                         .and_then(|mut sched| {
                             sched.run()?;
                             Ok((
@@ -132,6 +178,9 @@ pub fn run(
                                 counters.add(&c);
                                 gaps.extend(g);
                                 late.extend(l);
+                                if let Some(x) = exchange {
+                                    x.pools_done(pools);
+                                }
                             }
                             Err(e) => {
                                 failed.store(true, Ordering::Relaxed);
@@ -139,6 +188,7 @@ pub fn run(
                             }
                         }
                     }
+                    leave.ok = true;
                     Ok((counters, gaps, late))
                 })
             })
@@ -164,6 +214,11 @@ pub fn run(
         counters.add(&c);
         gaps.extend(g);
         late.extend(l);
+    }
+    if let Some((pool, seq)) = exchange.and_then(Exchange::leftover) {
+        return Err(Error::Other(format!(
+            "replay: the copy at pool {pool} seq {seq} was captured but never applied"
+        )));
     }
     gaps.sort_by_key(|g: &Gap| (g.pool, g.after_seq, g.before_seq));
     Ok((counters, gaps, late))

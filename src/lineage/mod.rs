@@ -20,6 +20,7 @@ pub mod backend;
 pub mod copies;
 pub mod cpu;
 pub mod engine;
+pub mod exchange;
 pub mod exposure;
 pub mod gpu;
 pub mod groups;
@@ -264,9 +265,11 @@ pub struct LineageOutcome {
 /// Replays a trace with a backend.
 ///
 /// With a backend on several threads that can fork (the CPU one), pools
-/// no copy connects (`engine::groups`) replay at once, a group per thread;
-/// within a group the causal merge runs as on one thread, each batch on
-/// the group's share of the threads. The outcome is the same either way:
+/// no copy connects (`engine::groups`) replay at once, a group per thread,
+/// each batch on the group's share of the threads; with fewer groups than
+/// threads, every pool replays on a thread of its own and copies pass
+/// between them under the causal merge (`exchange`: a copy waits only for
+/// its source pool's src_seq). The outcome is the same either way:
 /// exposures aggregate independently of the order runs arrive in, counters
 /// add, gaps are sorted. A replay that fails on groups is run again on one
 /// scheduler, so that its error is the one a single-threaded run reports.
@@ -299,16 +302,48 @@ pub fn run_with(
     let mut grouped = None;
     let threads = backend.threads();
     let groups = engine::groups(&plan);
-    if threads > 1 && groups.len() > 1 {
-        let workers = threads.min(groups.len());
+    // Fewer groups than threads, and a group of several pools: every pool
+    // on a thread of its own, copies through an exchange; else the groups
+    // packed onto the threads.
+    // (At most two pools per thread: each pool on its thread holds a
+    // stream open from the start.)
+    let by_pool = threads > 1
+        && groups.len() < threads
+        && plan.order.len() > groups.len()
+        && plan.order.len() <= 2 * threads;
+    let units: Vec<std::collections::BTreeSet<u16>> = if by_pool {
+        plan.order
+            .iter()
+            .map(|&p| std::collections::BTreeSet::from([p]))
+            .collect()
+    } else {
+        groups
+    };
+    if threads > 1 && units.len() > 1 {
+        // One thread per unit when units wait on each other (each must be
+        // running for its copies to move).
+        let workers = if by_pool {
+            units.len()
+        } else {
+            threads.min(units.len())
+        };
         if let Some(forks) = backend.forks(workers, (threads / workers).max(1)) {
-            let groups = groups::pack(&plan, groups, workers);
+            let units = if by_pool {
+                units
+            } else {
+                groups::pack(&plan, units, workers)
+            };
+            let exchange =
+                by_pool.then(|| exchange::Exchange::new(&units, workers, exchange::PAYLOAD_LIMIT));
             let mut exposures = new_exposures();
             let res = groups::run(
                 trace,
                 &plan,
                 forks,
-                &groups,
+                groups::Units {
+                    pools: &units,
+                    exchange: exchange.as_ref(),
+                },
                 reported.as_ref(),
                 reporter,
                 &mut exposures,

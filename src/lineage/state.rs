@@ -97,31 +97,60 @@ pub fn classify(
     Some((ReadKind::Foreign, owner, uncertain))
 }
 
-/// A share grant: slots `start..end` (all current when granted), granted
-/// at `seq`.
+/// A share grant: slots `start..=last` (all current when granted),
+/// granted at `seq`. 16 bytes: slots are below 2^32 (a pool holds at most
+/// 2^32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
-    pub start: u64,
-    pub end: u64,
+    start: u32,
+    last: u32,
     pub seq: u64,
 }
 
 impl Grant {
+    /// The grant of slots `start..end` (non-empty, `end` at most 2^32).
+    pub fn new(start: u64, end: u64, seq: u64) -> Self {
+        debug_assert!(start < end && end <= 1 << 32);
+        Grant {
+            start: start as u32,
+            last: (end - 1) as u32,
+            seq,
+        }
+    }
+
+    /// The first slot.
+    #[inline]
+    pub fn start(&self) -> u64 {
+        self.start as u64
+    }
+
+    /// One past the last slot.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.last as u64 + 1
+    }
+
     /// Whether the grant makes a read of slot `s` shared, the slot's
     /// content having been set by the event with seq `wseq1 - 1`: the slot
     /// is in the grant and was not written since it.
     #[inline]
     pub fn covers(&self, s: u64, wseq1: u64) -> bool {
-        self.start <= s && s < self.end && wseq1 <= self.seq
+        self.start() <= s && s <= self.last as u64 && wseq1 <= self.seq
     }
 }
 
 /// Grants held before the first sweep of dead grants.
 const GRANT_SWEEP_MIN: usize = 1 << 16;
 
-/// The share grants of one pool, per request.
+/// The share grants of one pool, per request. Most readers hold one grant
+/// (one prefix-cache hit): those are kept inline in a map of their own (24
+/// bytes an entry), the others in a vector each. Grants live until every
+/// slot of theirs is rewritten (a `free` does not end one), so they follow
+/// live sharing: a prefix kept in the cache and hit by every request holds
+/// one grant per request until it is evicted and rewritten.
 pub struct Grants {
-    by_reader: HashMap<u64, Vec<Grant>>,
+    one: HashMap<u64, Grant>,
+    many: HashMap<u64, Vec<Grant>>,
     /// Number of grants held, and the count at which to sweep dead ones.
     n: usize,
     sweep_at: usize,
@@ -130,7 +159,8 @@ pub struct Grants {
 impl Default for Grants {
     fn default() -> Self {
         Grants {
-            by_reader: HashMap::new(),
+            one: HashMap::new(),
+            many: HashMap::new(),
             n: 0,
             sweep_at: GRANT_SWEEP_MIN,
         }
@@ -138,24 +168,36 @@ impl Default for Grants {
 }
 
 impl Grants {
+    fn push(&mut self, reader: u64, g: Grant) {
+        if let Some(v) = self.many.get_mut(&reader) {
+            v.push(g);
+        } else if let Some(first) = self.one.remove(&reader) {
+            self.many.insert(reader, vec![first, g]);
+        } else {
+            self.one.insert(reader, g);
+        }
+        self.n += 1;
+    }
+
     /// A `share` of slots `a..b` to `reader` at `seq`: one grant per run of
     /// slots whose content is current (a grant on stale content covers
     /// nothing: the cache handed out pages their holder never wrote).
     /// Returns true when enough grants piled up that the caller should
     /// [`sweep`](Self::sweep) the dead ones.
     pub fn share(&mut self, stale: &StaleBits, reader: u64, a: u64, b: u64, seq: u64) -> bool {
-        let v = self.by_reader.entry(reader).or_default();
         for (start, end) in stale.current_runs(a, b) {
-            v.push(Grant { start, end, seq });
-            self.n += 1;
+            self.push(reader, Grant::new(start, end, seq));
         }
         self.n >= self.sweep_at
     }
 
-    /// The grants `reader` holds.
+    /// The grants `reader` holds, in the order they were given.
     #[inline]
     pub fn of(&self, reader: u64) -> &[Grant] {
-        self.by_reader.get(&reader).map(|v| &v[..]).unwrap_or(&[])
+        if let Some(g) = self.one.get(&reader) {
+            return std::slice::from_ref(g);
+        }
+        self.many.get(&reader).map(|v| &v[..]).unwrap_or(&[])
     }
 
     /// Whether `reader` may read slot `s` (content generation `wseq1`) as
@@ -164,16 +206,43 @@ impl Grants {
         self.of(reader).iter().any(|g| g.covers(s, wseq1))
     }
 
+    /// Puts a reader's grants back where they belong after some were
+    /// dropped (none: no entry; one: inline).
+    fn settle(&mut self, reader: u64) {
+        if let Some(v) = self.many.get(&reader)
+            && v.len() <= 1
+        {
+            let v = self.many.remove(&reader).expect("present");
+            if let Some(&g) = v.first() {
+                self.one.insert(reader, g);
+            }
+        }
+    }
+
     /// Keeps only the grants `alive` says can still make a read shared (a
     /// slot of it was not rewritten since), so grants stay bounded by live
     /// sharing.
     pub fn sweep(&mut self, mut alive: impl FnMut(&Grant) -> bool) {
-        let mut n = 0;
-        self.by_reader.retain(|_, v| {
+        self.one.retain(|_, g| alive(g));
+        let mut moved = Vec::new();
+        self.many.retain(|&r, v| {
             v.retain(&mut alive);
-            n += v.len();
-            !v.is_empty()
+            match v.len() {
+                0 => false,
+                1 => {
+                    moved.push((r, v[0]));
+                    false
+                }
+                _ => {
+                    v.shrink_to_fit();
+                    true
+                }
+            }
         });
+        self.one.extend(moved);
+        self.one.shrink_to_fit();
+        self.many.shrink_to_fit();
+        let n = self.one.len() + self.many.values().map(Vec::len).sum::<usize>();
         self.n = n;
         self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
     }
@@ -181,10 +250,17 @@ impl Grants {
     /// Drops `reader`'s grants that overlap slots `a..b` (the reader freed
     /// them).
     pub fn release(&mut self, reader: u64, a: u64, b: u64) {
-        if let Some(v) = self.by_reader.get_mut(&reader) {
+        let off = |g: &Grant| g.end() <= a || g.start() >= b;
+        if let Some(g) = self.one.get(&reader) {
+            if !off(g) {
+                self.one.remove(&reader);
+                self.n -= 1;
+            }
+        } else if let Some(v) = self.many.get_mut(&reader) {
             let before = v.len();
-            v.retain(|g| g.end <= a || g.start >= b);
+            v.retain(off);
             self.n -= before - v.len();
+            self.settle(reader);
         }
     }
 }
@@ -360,18 +436,25 @@ mod tests {
         assert!(!g.covered(7, 3, 12)); // rewritten after the grant
         assert!(!g.covered(8, 3, 5)); // another reader
         g.release(7, 0, 2);
-        assert_eq!(g.of(7).len(), 1);
+        assert_eq!(g.of(7), &[Grant::new(6, 8, 10)]);
+        assert!(g.one.contains_key(&7) && g.many.is_empty());
+        // A second and third grant, then a sweep that keeps one: inline
+        // again; the last slot of a 2^32-slot pool fits.
+        g.share(&st, 7, 1, 3, 11);
+        let top = Grant::new((1 << 32) - 1, 1 << 32, 12);
+        g.push(7, top);
+        assert_eq!(g.of(7).len(), 3);
+        assert!(g.covered(7, (1 << 32) - 1, 12));
+        g.sweep(|x| x.seq == 12);
+        assert_eq!(g.of(7), &[top]);
+        assert!(g.many.is_empty() && g.n == 1);
         g.sweep(|_| false);
         assert!(g.of(7).is_empty() && g.n == 0);
     }
 
     #[test]
     fn classify_follows_the_semantics() {
-        let g = [Grant {
-            start: 0,
-            end: 4,
-            seq: 9,
-        }];
+        let g = [Grant::new(0, 4, 9)];
         let c = |owner, wseq1, unc, s| classify(owner, wseq1, unc, s, 5, &g, ReadKind::Blank);
         assert_eq!(c(5, 3, false, 0), None);
         assert_eq!(c(5, 3, true, 0), Some((ReadKind::Uncertain, 0, true)));

@@ -22,7 +22,9 @@
 //! costs a row read). It is built from requests.csv as written, by the
 //! same parser `lookup` uses, and records requests.csv's digest and size,
 //! so an index is only used with the requests.csv it was built from.
-//! Building it holds 16 bytes per key (48 per request) while sorting.
+//! Building it holds at most 16 MiB of keys, whatever the number of
+//! requests: sorted runs are spilled into the folder as unnamed temporary
+//! files and merged (`trace::sorted::PairSorter`).
 
 use std::path::Path;
 
@@ -35,7 +37,7 @@ use crate::scope::ScopeReport;
 use crate::scope::anomalies::answered_ok;
 use crate::trace::chunked::ChunkedFile;
 use crate::trace::read::Trace;
-use crate::trace::sorted::{SortedReader, SortedWriter};
+use crate::trace::sorted::{PairSorter, SortedReader, SortedWriter};
 
 /// File names inside a scope output folder.
 pub const REQUESTS_CSV: &str = "requests.csv";
@@ -339,20 +341,31 @@ const INDEX_VERSION: &str = "1";
 
 /// Builds requests.index.parquet from the folder's requests.csv.
 pub fn write_lookup_index(dir: &Path) -> Result<()> {
-    let mut pairs: Vec<(u64, u64)> = Vec::new();
+    let mut pairs = PairSorter::new(dir);
     let mut n = 0u64;
+    let mut failed = None;
     read_index_at(&open_requests(dir)?, |row, off| {
         n += 1;
-        if let Some(x) = &row.external_id {
-            pairs.push((lookup_key(KeyKind::ExternalId, x), off));
+        let keys = [
+            Some(lookup_key(KeyKind::Tenant, &row.tenant)),
+            row.external_id
+                .as_ref()
+                .map(|x| lookup_key(KeyKind::ExternalId, x)),
+            row.output_hash
+                .as_ref()
+                .map(|x| lookup_key(KeyKind::OutputHash, x)),
+        ];
+        for k in keys.into_iter().flatten() {
+            if let Err(e) = pairs.push(k, off) {
+                failed = Some(e);
+                return false;
+            }
         }
-        if let Some(x) = &row.output_hash {
-            pairs.push((lookup_key(KeyKind::OutputHash, x), off));
-        }
-        pairs.push((lookup_key(KeyKind::Tenant, &row.tenant), off));
         true
     })?;
-    pairs.sort_unstable();
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let (blake3, bytes) = crate::custody::hash_file(&dir.join(REQUESTS_CSV))?;
     let path = dir.join(LOOKUP_INDEX);
     let file = crate::custody::create_private(&path)?;
@@ -367,9 +380,7 @@ pub fn write_lookup_index(dir: &Path) -> Result<()> {
             ("kvtrail.requests_csv_blake3", blake3),
         ],
     )?;
-    for (k, off) in pairs {
-        w.push(k, off)?;
-    }
+    pairs.finish(|k, off| w.push(k, off))?;
     w.finish()?;
     Ok(())
 }

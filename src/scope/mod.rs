@@ -29,7 +29,6 @@ use crate::lineage::exposure::{PoolSets, TenantKeys, TenantKeysSource, count};
 use crate::lineage::{LineageOptions, LineageOutcome, run};
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
-use crate::trace::index::RequestIndex;
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, footer_rows, rel_path};
 
@@ -50,30 +49,10 @@ pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> R
 pub fn tenant_source(trace: &Trace) -> TenantKeysSource {
     let trace = trace.clone();
     TenantKeysSource::new(move || {
-        crate::trace::index::load_request_index(&trace)
-            .map(|index| tenant_keys(&index))
+        crate::trace::index::scan_requests(&trace, |_| {})
+            .map(TenantKeys::new)
             .unwrap_or_default()
     })
-}
-
-/// The requests table, through the shared request index (a duplicate
-/// request_id is bad input there, for every analysis).
-pub fn requests(trace: &Trace, reporter: &dyn Reporter) -> Result<RequestIndex> {
-    reporter.start("requests", trace.request_files.len() as u64);
-    let index = crate::trace::index::load_request_index(trace)?;
-    reporter.advance(trace.request_files.len() as u64);
-    reporter.finish();
-    Ok(index)
-}
-
-/// Each request's tenant as a key, for the replay to drop shared reads
-/// within one tenant as they arrive.
-pub fn tenant_keys(index: &RequestIndex) -> TenantKeys {
-    let mut k = TenantKeys::default();
-    for r in index.rows() {
-        k.insert(r.request_id, r.tenant);
-    }
-    k
 }
 
 fn tenant_of(id: u64, reqs: &HashMap<u64, RequestRecord>) -> Tenant {
@@ -95,21 +74,12 @@ fn union(sets: &[&PoolSets]) -> u64 {
     count(&u)
 }
 
-/// Builds the report from a replay outcome (reads the requests table once).
+/// Builds the report from a replay outcome: one pass over the requests
+/// table checks every row, finds the anomalies and keeps the rows of the
+/// requests in findings (and nothing else of the others but their keys).
 pub fn scope_outcome(
     trace: &Trace,
     outcome: &LineageOutcome,
-    reporter: &dyn Reporter,
-) -> Result<ScopeReport> {
-    let index = requests(trace, reporter)?;
-    scope_outcome_with(trace, outcome, &index, reporter)
-}
-
-/// Builds the report from a replay outcome and the trace's request index.
-pub fn scope_outcome_with(
-    trace: &Trace,
-    outcome: &LineageOutcome,
-    index: &RequestIndex,
     reporter: &dyn Reporter,
 ) -> Result<ScopeReport> {
     let m = &trace.manifest;
@@ -130,15 +100,18 @@ pub fn scope_outcome_with(
     involved.remove(&ENGINE_REQUEST);
     let mut reqs: HashMap<u64, RequestRecord> = HashMap::new();
     let mut anomalies = Vec::new();
-    let n_requests = index.len() as u64;
     let checker = anomalies::Checker::new(trace.deployment());
-    for row in index.rows() {
-        let r = index.record(row);
+    reporter.start("requests", trace.request_files.len() as u64);
+    let keys = crate::trace::index::scan_requests(trace, |r| {
         checker.check(&r, &mut anomalies);
         if involved.contains(&r.request_id) {
             reqs.insert(r.request_id, r);
         }
-    }
+    })?;
+    reporter.advance(trace.request_files.len() as u64);
+    reporter.finish();
+    let n_requests = keys.len() as u64;
+    drop(keys);
     anomalies
         .sort_by(|a: &Anomaly, b: &Anomaly| (a.request_id, &a.kind).cmp(&(b.request_id, &b.kind)));
 

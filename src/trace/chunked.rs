@@ -99,7 +99,7 @@ fn hash(b: &[u8]) -> blake3::Hash {
 }
 
 /// Reads until `buf` is full or the file ends; the number of bytes read.
-fn read_full(f: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_full(f: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match f.read(&mut buf[n..]) {

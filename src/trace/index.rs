@@ -1,18 +1,16 @@
-//! The request index: every request of a trace by `request_id`, loaded once,
-//! compact, with duplicate ids rejected.
+//! The request keys: every request id of a trace with its tenant, read in
+//! one streaming pass, compact, with duplicate ids rejected.
 //!
-//! Analyses (inspect, scope, reports) join KV events to requests by id; this
+//! Analyses (inspect, scope, verify) join KV events to requests by id; this
 //! is the one place that reads the requests table for that purpose, so a
 //! duplicate `request_id` is caught the same way everywhere: an error naming
 //! both files and rows (bad input, exit 2).
 //!
-//! Memory: the index grows with the number of requests, not with the
-//! number of KV events: measured at about 600 bytes per request at its
-//! peak (the row, its external id, and the hash map's spare capacity while
-//! it grows; scripts/bench_seed_scale.py: 139 MB for 233,000 requests),
-//! plus each distinct tenant/finish_reason string once. That is accepted
-//! for now: a request is a customer-visible response, and reports must
-//! name them.
+//! Memory: 16 bytes per request (its id and tenant key, sorted, no hash
+//! map), plus each distinct tenant string once; whatever else an analysis
+//! needs of a row it takes from the row as the pass hands it over
+//! ([`scan_requests`]), so the full rows are never all held (they were, at
+//! about 600 bytes per request: 1.2 GB for 2 million requests).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,228 +19,125 @@ use crate::error::{Error, Location, Result};
 use crate::schema::{RequestRecord, req_col};
 use crate::trace::read::{RequestFileReader, Trace};
 
-/// One request, compactly: strings interned, hashes kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRow {
-    pub request_id: u64,
-    /// Index into [`RequestIndex::tenants`].
-    pub tenant: u32,
-    pub external_id: Option<Box<str>>,
-    pub arrival_ns: i64,
-    pub finish_ns: Option<i64>,
-    pub prompt_tokens: u32,
-    pub prefilled_tokens: Option<u32>,
-    pub output_tokens: u32,
-    pub http_status: u16,
-    /// Index into [`RequestIndex::finish_reasons`].
-    pub finish_reason: Option<u32>,
-    pub prefill_pool: Option<u16>,
-    pub decode_pool: Option<u16>,
-    pub prompt_hash: Option<[u8; 32]>,
-    pub output_hash: Option<[u8; 32]>,
-    /// Where the row is: index into [`RequestIndex::files`] and 0-based row.
-    pub file: u32,
-    pub row: u64,
-}
-
-/// Every request of a trace, by id.
+/// Every request id of a trace, sorted, each with its tenant as a small key.
 #[derive(Debug, Clone, Default)]
-pub struct RequestIndex {
-    rows: HashMap<u64, RequestRow>,
+pub struct RequestKeys {
+    /// (request_id, index into `tenants`), ascending by id, ids unique.
+    keys: Vec<(u64, u32)>,
     tenants: Vec<Box<str>>,
-    tenant_ids: HashMap<Box<str>, u32>,
-    finish_reasons: Vec<Box<str>>,
-    reason_ids: HashMap<Box<str>, u32>,
-    files: Vec<PathBuf>,
 }
 
-impl RequestIndex {
+impl RequestKeys {
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.keys.is_empty()
     }
 
-    pub fn get(&self, request_id: u64) -> Option<&RequestRow> {
-        self.rows.get(&request_id)
+    /// The tenant key of a request, when the requests table has it.
+    pub fn tenant_key(&self, request_id: u64) -> Option<u32> {
+        self.keys
+            .binary_search_by_key(&request_id, |&(id, _)| id)
+            .ok()
+            .map(|i| self.keys[i].1)
     }
 
-    /// The tenant of a row.
-    pub fn tenant(&self, row: &RequestRow) -> &str {
-        &self.tenants[row.tenant as usize]
+    /// Whether the requests table has this request.
+    pub fn contains(&self, request_id: u64) -> bool {
+        self.tenant_key(request_id).is_some()
     }
 
-    /// The finish reason of a row.
-    pub fn finish_reason(&self, row: &RequestRow) -> Option<&str> {
-        row.finish_reason.map(|i| &*self.finish_reasons[i as usize])
+    /// The tenant of a request, when the requests table has it.
+    pub fn tenant(&self, request_id: u64) -> Option<&str> {
+        self.tenant_key(request_id)
+            .map(|k| &*self.tenants[k as usize])
     }
 
-    /// Distinct tenants, in order of first appearance.
+    /// Distinct tenants, in order of first appearance (a tenant key
+    /// indexes it).
     pub fn tenants(&self) -> &[Box<str>] {
         &self.tenants
     }
 
-    /// Distinct finish reasons, in order of first appearance.
-    pub fn finish_reasons(&self) -> &[Box<str>] {
-        &self.finish_reasons
-    }
-
-    /// The requests files, in reading order ([`RequestRow::file`] indexes it).
-    pub fn files(&self) -> &[PathBuf] {
-        &self.files
-    }
-
-    /// Every row in unspecified order (use [`Self::sorted_ids`] for output).
-    pub fn rows(&self) -> impl Iterator<Item = &RequestRow> {
-        self.rows.values()
-    }
-
-    /// Every request id, ascending (deterministic output order).
-    pub fn sorted_ids(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.rows.keys().copied().collect();
-        ids.sort_unstable();
-        ids
-    }
-
-    /// Rebuilds the full record of a row.
-    pub fn record(&self, row: &RequestRow) -> RequestRecord {
-        RequestRecord {
-            request_id: row.request_id,
-            external_id: row.external_id.as_deref().map(str::to_string),
-            tenant: self.tenant(row).to_string(),
-            arrival_ns: row.arrival_ns,
-            finish_ns: row.finish_ns,
-            prompt_tokens: row.prompt_tokens,
-            prefilled_tokens: row.prefilled_tokens,
-            output_tokens: row.output_tokens,
-            http_status: row.http_status,
-            finish_reason: self.finish_reason(row).map(str::to_string),
-            prefill_pool: row.prefill_pool,
-            decode_pool: row.decode_pool,
-            prompt_hash: row.prompt_hash,
-            output_hash: row.output_hash,
-        }
-    }
-
-    fn intern(map: &mut HashMap<Box<str>, u32>, list: &mut Vec<Box<str>>, s: &str) -> u32 {
-        if let Some(&i) = map.get(s) {
-            return i;
-        }
-        let i = list.len() as u32;
-        list.push(s.into());
-        map.insert(s.into(), i);
-        i
-    }
-
-    /// Adds one record read from `file` (an index into `files`) at `row`.
-    fn insert(&mut self, r: RequestRecord, file: u32, row: u64) -> Result<()> {
-        if let Some(prev) = self.rows.get(&r.request_id) {
-            return Err(duplicate_id(
-                r.request_id,
-                &self.files[file as usize],
-                row,
-                &self.files[prev.file as usize],
-                prev.row,
-            ));
-        }
-        let tenant = Self::intern(&mut self.tenant_ids, &mut self.tenants, &r.tenant);
-        let finish_reason = r
-            .finish_reason
-            .as_deref()
-            .map(|s| Self::intern(&mut self.reason_ids, &mut self.finish_reasons, s));
-        self.rows.insert(
-            r.request_id,
-            RequestRow {
-                request_id: r.request_id,
-                tenant,
-                external_id: r.external_id.map(String::into_boxed_str),
-                arrival_ns: r.arrival_ns,
-                finish_ns: r.finish_ns,
-                prompt_tokens: r.prompt_tokens,
-                prefilled_tokens: r.prefilled_tokens,
-                output_tokens: r.output_tokens,
-                http_status: r.http_status,
-                finish_reason,
-                prefill_pool: r.prefill_pool,
-                decode_pool: r.decode_pool,
-                prompt_hash: r.prompt_hash,
-                output_hash: r.output_hash,
-                file,
-                row,
-            },
-        );
-        Ok(())
+    /// Every (request_id, tenant key), ascending by id.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.keys.iter().copied()
     }
 }
 
-/// Loads every request of `trace` into an index. Errors (exit 2) on any
-/// invalid row, on a pool id the deployment does not list, and on a
-/// duplicate `request_id` (naming both places).
-pub fn load_request_index(trace: &Trace) -> Result<RequestIndex> {
-    let mut idx = RequestIndex::default();
-    // Declared pool ids, a flat table: one lookup per row, whatever the
-    // number of pools.
+/// Reads every request of `trace` once, in reading order (files sorted by
+/// path, rows in file order), handing each row to `visit`, and returns the
+/// request keys. Errors (exit 2) on any invalid row, on a pool id the
+/// deployment does not list, and on a duplicate `request_id` (naming both
+/// places: the first row, in reading order, whose id came before, and where
+/// it came first). A duplicate is found once the pass is over (the keys are
+/// sorted then), so `visit` may have seen both rows of it; its caller
+/// discards what it gathered on an error.
+pub fn scan_requests(trace: &Trace, mut visit: impl FnMut(RequestRecord)) -> Result<RequestKeys> {
     let mut known = vec![false; 1 << 16];
     for p in &trace.deployment().pools {
         known[p.id as usize] = true;
     }
-    for (fi, path) in trace.request_files.iter().enumerate() {
-        idx.files.push(path.clone());
-        let mut row = 0u64;
-        for batch in RequestFileReader::open(path)? {
-            for r in batch? {
-                check_pools(&known, path, row, &r)?;
-                idx.insert(r, fi as u32, row)?;
-                row += 1;
-            }
-        }
-    }
-    Ok(idx)
-}
-
-/// The checks `load_request_index` makes (every row valid, pool ids
-/// declared, no `request_id` twice: the same errors), holding 8 bytes per
-/// request instead of the index: for `verify`, which needs no request
-/// data. A duplicate is located by a second pass over the table.
-pub fn check_request_ids(trace: &Trace) -> Result<u64> {
-    let mut known = vec![false; 1 << 16];
-    for p in &trace.deployment().pools {
-        known[p.id as usize] = true;
-    }
-    let mut ids: Vec<u64> = Vec::new();
+    let mut keys = RequestKeys::default();
+    let mut tenant_ids: HashMap<Box<str>, u32> = HashMap::new();
     for path in &trace.request_files {
         let mut row = 0u64;
         for batch in RequestFileReader::open(path)? {
             for r in batch? {
                 check_pools(&known, path, row, &r)?;
-                ids.push(r.request_id);
+                let tenant = match tenant_ids.get(r.tenant.as_str()) {
+                    Some(&k) => k,
+                    None => {
+                        let k = keys.tenants.len() as u32;
+                        keys.tenants.push(r.tenant.as_str().into());
+                        tenant_ids.insert(r.tenant.as_str().into(), k);
+                        k
+                    }
+                };
+                keys.keys.push((r.request_id, tenant));
+                visit(r);
                 row += 1;
             }
         }
     }
-    ids.sort_unstable();
-    let mut dups: Vec<u64> = ids
+    drop(tenant_ids);
+    keys.keys.shrink_to_fit();
+    keys.keys.sort_unstable_by_key(|&(id, _)| id);
+    let mut dups: Vec<u64> = keys
+        .keys
         .windows(2)
-        .filter(|w| w[0] == w[1])
-        .map(|w| w[0])
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| w[0].0)
         .collect();
     if dups.is_empty() {
-        return Ok(ids.len() as u64);
+        return Ok(keys);
     }
-    drop(ids);
+    drop(keys);
     dups.dedup();
-    // The error the index gives: at the first row, in reading order, whose
-    // id came before, naming where it came first.
+    Err(locate_duplicate(trace, &dups))
+}
+
+/// The error for the first row, in reading order, whose id is among `dups`
+/// and came before (a second pass, holding only the duplicated ids).
+fn locate_duplicate(trace: &Trace, dups: &[u64]) -> Error {
     let mut first: HashMap<u64, (PathBuf, u64)> = HashMap::new();
     for path in &trace.request_files {
         let mut row = 0u64;
-        for batch in RequestFileReader::open(path)? {
-            for r in batch? {
+        let reader = match RequestFileReader::open(path) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        for batch in reader {
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => return e,
+            };
+            for r in batch {
                 if dups.binary_search(&r.request_id).is_ok() {
                     if let Some((f, fr)) = first.get(&r.request_id) {
-                        return Err(duplicate_id(r.request_id, path, row, f, *fr));
+                        return duplicate_id(r.request_id, path, row, f, *fr);
                     }
                     first.insert(r.request_id, (path.clone(), row));
                 }
@@ -250,9 +145,9 @@ pub fn check_request_ids(trace: &Trace) -> Result<u64> {
             }
         }
     }
-    Err(Error::Other(
+    Error::Other(
         "a request_id occurs twice, but not on a second reading: the requests table changed while it was read".into(),
-    ))
+    )
 }
 
 fn duplicate_id(id: u64, path: &Path, row: u64, first: &Path, first_row: u64) -> Error {

@@ -16,6 +16,6 @@ pub mod store;
 pub mod verify;
 pub mod write;
 
-pub use index::{RequestIndex, RequestRow, load_request_index};
+pub use index::{RequestKeys, scan_requests};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
 pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};

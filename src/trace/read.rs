@@ -31,7 +31,7 @@ use crate::trace::hive::{self, HivePairs};
 use crate::trace::manifest::{Deployment, Manifest};
 use crate::trace::store::Source;
 
-pub use crate::trace::index::load_request_index;
+pub use crate::trace::index::scan_requests;
 
 /// Rows per record batch when reading.
 pub const READ_BATCH_ROWS: usize = 64 * 1024;

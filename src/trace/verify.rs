@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::trace::check::{self, FileRuns};
 use crate::trace::files;
-use crate::trace::index::check_request_ids;
+use crate::trace::index::scan_requests;
 use crate::trace::read::{KvFileReader, RequestFileReader, Trace, rel_path};
 
 /// One problem found by `verify`.
@@ -271,7 +271,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                 lost_events = p.missing_events.saturating_add(lost_events);
             }
         }
-        let checks = [check_request_ids(&trace).map(|_| ()), kv.map(|_| ())];
+        let checks = [scan_requests(&trace, |_| {}).map(|_| ()), kv.map(|_| ())];
         for e in checks.into_iter().filter_map(|r| r.err()) {
             problems.push(Problem {
                 path: error_path(&e).map_or_else(|| "kv".into(), |p| rel_path(dir, p)),

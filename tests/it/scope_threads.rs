@@ -5,8 +5,9 @@
 //! traces (SGLang PD with HiCache tier copies out and back, vLLM), and
 //! hand-made traces of pool groups no copy connects (each replayed on a
 //! thread of its own) with copies both ways, tier copies, shares, scrubs,
-//! stale content and holes. A replay that fails names the same row on
-//! every number of threads.
+//! stale content and holes, and one group of pools each on a thread of
+//! its own, copies passing between the threads. A replay that fails names
+//! the same row on every number of threads.
 
 use std::path::{Path, PathBuf};
 
@@ -147,6 +148,102 @@ fn threads_give_the_bytes_of_one_thread_on_hand_made_pool_groups() {
     same_bytes(&t);
     let r = crate::support::trace_builder::scope(&t);
     assert!(!r.affected_responses.is_empty());
+}
+
+/// One group of three pools on threads of their own: a prefill pool
+/// copying to a decode pool, which offloads to its host tier and loads
+/// back, with copies whose source lies far ahead of or behind the
+/// destination's position, a copy whose source seq fell in a hole, and a
+/// late source (past the end of its stream).
+fn one_group() -> TraceBuilder {
+    let mut tb = TraceBuilder::with_pools(vec![
+        pool(0, Role::Prefill, 8192),
+        pool(1, Role::Decode, 8192),
+        pool(2, Role::Cache, 8192),
+    ]);
+    for (id, tenant) in [(1, "acme"), (2, "initech"), (3, "umbrella"), (4, "acme")] {
+        tb.req(id, tenant);
+    }
+    let mut prefilled = Vec::new();
+    for r in 1..=4u64 {
+        let start = (r as u32 - 1) * 1500;
+        tb.alloc(0, r, start, 1500);
+        prefilled.push((r, start, tb.write(0, r, start, 1500)));
+    }
+    // Prefill overwrites request 1's slots before decode copies them: the
+    // copy must see the content as of its src_seq.
+    tb.write(0, 2, 0, 700);
+    tb.lose(0, 3);
+    let lost_seq = tb.next_seq(0) - 2;
+    for (r, start, seq) in prefilled {
+        let d = (r as u32 - 1) * 2000;
+        tb.alloc(1, r, d, 2000);
+        tb.copy(1, r, d, 1500, 0, start, seq);
+        tb.read(1, r, d, 1700); // own, then blank or stale above
+    }
+    tb.copy(1, 3, 7000, 100, 0, 0, lost_seq); // its source seq is in the hole
+    tb.read(1, 3, 7000, 100);
+    // Offload request 2's decode KV, reuse its slots, load it back for 4.
+    let off = tb.copy(2, 2, 0, 1500, 1, 2000, tb.next_seq(1) - 1);
+    tb.alloc(1, 4, 2000, 1500);
+    tb.write(1, 4, 2000, 200);
+    tb.copy(1, 4, 2000, 1500, 2, 0, off);
+    tb.read(1, 4, 2000, 1500); // request 2's KV, tenant initech
+    tb.share(1, 1, 2000, 300);
+    tb.read(1, 1, 2000, 300);
+    // A copy from past the prefill stream's end.
+    let end = tb.next_seq(0) + 5;
+    tb.copy(1, 2, 7500, 10, 0, 0, end);
+    tb.read(1, 2, 7500, 10);
+    tb
+}
+
+#[test]
+fn threads_give_the_bytes_of_one_thread_on_one_group_of_pools_on_threads_of_their_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = one_group().record(&tmp.path().join("t"));
+    same_bytes(&t);
+    let r = crate::support::trace_builder::scope(&t);
+    assert!(
+        r.affected_responses
+            .iter()
+            .any(|a| a.request_id == 4 && a.sources.iter().any(|s| s.request_id == 2)),
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+#[test]
+fn copies_that_wait_on_each_other_across_threads_fail_as_on_one_thread() {
+    // Pool 0's next event copies pool 1 as of pool 1's next event, which
+    // copies pool 0 as of this one: each pool's thread would wait for the
+    // other's.
+    let mut tb =
+        TraceBuilder::with_pools(vec![pool(0, Role::Mixed, 4096), pool(1, Role::Cache, 4096)]);
+    tb.req(1, "acme");
+    tb.req(2, "initech");
+    tb.write(0, 1, 0, 100);
+    tb.write(1, 2, 0, 100);
+    let (s0, s1) = (tb.next_seq(0), tb.next_seq(1));
+    tb.copy(0, 1, 200, 50, 1, 0, s1);
+    tb.copy(1, 2, 200, 50, 0, 0, s0);
+    tb.read(0, 1, 0, 300);
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tb.record(&tmp.path().join("t"));
+    let run = |threads: &str| {
+        let r = kvtrail(["scope", s(&t), "--threads", threads]).run();
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("wait on each other"), "{}", r.stderr);
+        r.stderr
+            .lines()
+            .filter(|l| !l.contains("replay backend"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let one = run("1");
+    for n in ["2", "3", "4"] {
+        assert_eq!(run(n), one, "--threads {n}");
+    }
 }
 
 #[test]

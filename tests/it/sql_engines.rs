@@ -547,8 +547,8 @@ fn engine_shared_lines(dir: &Path) -> Vec<String> {
     let trace = kvtrail::trace::Trace::open(dir).unwrap();
     let run =
         kvtrail::lineage::run(&trace, &Default::default(), &kvtrail::progress::NoReporter).unwrap();
-    let idx = kvtrail::trace::load_request_index(&trace).unwrap();
-    let tenant = |id: u64| idx.get(id).map(|r| idx.tenant(r).to_string());
+    let idx = kvtrail::trace::scan_requests(&trace, |_| {}).unwrap();
+    let tenant = |id: u64| idx.tenant(id).map(str::to_string);
     let who = |id: u64| match (id, tenant(id)) {
         (0, _) => "engine".to_string(),
         (_, Some(t)) => format!("tenant:{t}"),

@@ -284,11 +284,11 @@ impl<D: Device> GpuBackend<D> {
             let gofs = st.g_start.len() as u32;
             if kind == EV_READ {
                 for g in pool.grants.of(e.request_id) {
-                    if g.start < b && a < g.end {
+                    if g.start() < b && a < g.end() {
                         // device slot numbers are u32: pools hold at most
                         // GPU_MAX_SLOTS slots
-                        st.g_start.push(g.start as u32);
-                        st.g_end.push(g.end as u32);
+                        st.g_start.push(g.start() as u32);
+                        st.g_end.push(g.end() as u32);
                         st.g_seq.push(g.seq);
                     }
                 }

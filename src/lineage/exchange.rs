@@ -1,0 +1,261 @@
+//! Copies between pools that replay on threads of their own: the captured
+//! source content of a copy passes from the source pool's thread to the
+//! destination's through here.
+//!
+//! The rule is the causal merge's (`engine`): a destination waits only
+//! while its next event is a copy whose source pool has not yet moved past
+//! the copy's `src_seq` (the source captures each planned copy just before
+//! that, as on one scheduler, and puts it here). A source never waits for
+//! its destinations, except to bound memory: while more than
+//! [`PAYLOAD_LIMIT`] bytes of captured content wait here, a source that
+//! captures more is held back, as long as another thread is still running
+//! (so the replay always moves; past the limit only as far as one
+//! scheduler would hold). Two copies that wait on each other, a copy whose
+//! source pool ended without capturing it, or a failure on any thread end
+//! the replay with an error; the caller replays again on one scheduler for
+//! the error a single-threaded run gives.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use super::backend::SlotVal;
+use crate::error::{Error, Result};
+
+/// Captured content waiting for its destination, before sources are held
+/// back (16 MiB).
+pub const PAYLOAD_LIMIT: usize = 16 << 20;
+
+/// Copy payloads in flight between units (threads) of one replay.
+pub struct Exchange {
+    state: Mutex<State>,
+    cv: Condvar,
+    limit: usize,
+    /// The unit each pool replays in.
+    unit_of: HashMap<u16, usize>,
+}
+
+struct State {
+    payloads: HashMap<(u16, u64), Vec<SlotVal>>,
+    bytes: usize,
+    /// Unit -> the unit it waits on for a copy's source.
+    waiting_on: HashMap<usize, usize>,
+    /// Pools whose stream has ended (everything they capture is here).
+    done: HashSet<u16>,
+    /// Threads that are neither waiting, held back nor finished.
+    running: usize,
+    failed: bool,
+}
+
+fn bytes_of(p: &[SlotVal]) -> usize {
+    std::mem::size_of_val(p)
+}
+
+impl Exchange {
+    /// An exchange between `units` (each a set of pools), each replayed on
+    /// one of `threads` threads, holding back sources past `limit` bytes.
+    pub fn new(units: &[std::collections::BTreeSet<u16>], threads: usize, limit: usize) -> Self {
+        let unit_of = units
+            .iter()
+            .enumerate()
+            .flat_map(|(u, pools)| pools.iter().map(move |&p| (p, u)))
+            .collect();
+        Exchange {
+            state: Mutex::new(State {
+                payloads: HashMap::new(),
+                bytes: 0,
+                waiting_on: HashMap::new(),
+                done: HashSet::new(),
+                running: threads,
+                failed: false,
+            }),
+            cv: Condvar::new(),
+            limit,
+            unit_of,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A thread that panicked while holding the lock fails the replay
+        // anyway (its join reports it); the state stays consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, s: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.cv.wait(s).unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn aborted() -> Error {
+        Error::Other("replay: another pool's thread failed".into())
+    }
+
+    /// The captured source of the copy at (`pool`, `seq`), whose source is
+    /// `src_pool`: waits until the source pool has captured it.
+    pub fn take(&self, pool: u16, seq: u64, src_pool: u16) -> Result<Vec<SlotVal>> {
+        let me = self.unit_of.get(&pool).copied();
+        let src = self.unit_of.get(&src_pool).copied();
+        let (Some(me), Some(src)) = (me, src) else {
+            return Err(Error::Other(format!(
+                "replay: unknown source pool {src_pool}"
+            )));
+        };
+        let mut s = self.lock();
+        loop {
+            if s.failed {
+                return Err(Self::aborted());
+            }
+            if let Some(p) = s.payloads.remove(&(pool, seq)) {
+                s.bytes -= bytes_of(&p);
+                self.cv.notify_all();
+                return Ok(p);
+            }
+            if s.done.contains(&src_pool) {
+                s.failed = true;
+                self.cv.notify_all();
+                return Err(Error::Other(format!(
+                    "replay: no captured source for the copy at pool {pool} seq {seq}"
+                )));
+            }
+            // Waiting on a unit that (through others) waits on this one:
+            // no order applies both copies.
+            let mut at = src;
+            for _ in 0..=s.waiting_on.len() {
+                match s.waiting_on.get(&at) {
+                    Some(&next) if next == me => {
+                        s.failed = true;
+                        self.cv.notify_all();
+                        return Err(Error::Other(format!(
+                            "replay: copies wait on each other (pool {pool} seq {seq})"
+                        )));
+                    }
+                    Some(&next) => at = next,
+                    None => break,
+                }
+            }
+            s.waiting_on.insert(me, src);
+            s.running -= 1;
+            self.cv.notify_all();
+            s = self.wait(s);
+            s.running += 1;
+            s.waiting_on.remove(&me);
+        }
+    }
+
+    /// Puts the captured source of the copy at (`pool`, `seq`); holds the
+    /// caller back while too much waits here and another thread runs.
+    pub fn put(&self, pool: u16, seq: u64, payload: Vec<SlotVal>) -> Result<()> {
+        let mut s = self.lock();
+        if s.failed {
+            return Err(Self::aborted());
+        }
+        s.bytes += bytes_of(&payload);
+        if s.payloads.insert((pool, seq), payload).is_some() {
+            s.failed = true;
+            self.cv.notify_all();
+            return Err(Error::Other(format!(
+                "replay: the copy at pool {pool} seq {seq} was captured twice"
+            )));
+        }
+        self.cv.notify_all();
+        while s.bytes > self.limit && s.running > 1 && !s.failed {
+            s.running -= 1;
+            self.cv.notify_all();
+            s = self.wait(s);
+            s.running += 1;
+        }
+        if s.failed {
+            return Err(Self::aborted());
+        }
+        Ok(())
+    }
+
+    /// The streams of `pools` have ended.
+    pub fn pools_done(&self, pools: &std::collections::BTreeSet<u16>) {
+        let mut s = self.lock();
+        s.done.extend(pools.iter().copied());
+        self.cv.notify_all();
+    }
+
+    /// A thread has no more units to replay.
+    pub fn thread_done(&self) {
+        let mut s = self.lock();
+        s.running -= 1;
+        self.cv.notify_all();
+    }
+
+    /// A thread failed: every other one stops at its next copy.
+    pub fn fail(&self) {
+        let mut s = self.lock();
+        s.failed = true;
+        self.cv.notify_all();
+    }
+
+    /// Whether any thread failed.
+    pub fn failed(&self) -> bool {
+        self.lock().failed
+    }
+
+    /// A copy captured but never applied, once every thread is done.
+    pub fn leftover(&self) -> Option<(u16, u64)> {
+        self.lock().payloads.keys().min().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn units(n: u16) -> Vec<BTreeSet<u16>> {
+        (0..n).map(|p| BTreeSet::from([p])).collect()
+    }
+
+    fn val(owner: u64) -> Vec<SlotVal> {
+        vec![SlotVal {
+            owner,
+            uncertain: false,
+            stale: false,
+        }]
+    }
+
+    #[test]
+    fn a_destination_waits_for_the_capture_and_a_source_past_the_limit_waits_for_it() {
+        let x = Exchange::new(&units(2), 2, 0);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                // Pool 1 takes two copies from pool 0, the first before
+                // pool 0 has captured it.
+                let a = x.take(1, 10, 0).unwrap();
+                let b = x.take(1, 11, 0).unwrap();
+                x.pools_done(&BTreeSet::from([1]));
+                x.thread_done();
+                (a[0].owner, b[0].owner)
+            });
+            // Limit 0: each put holds pool 0 back until pool 1 took it or
+            // is the only other thread and waits.
+            x.put(1, 10, val(7)).unwrap();
+            x.put(1, 11, val(8)).unwrap();
+            x.pools_done(&BTreeSet::from([0]));
+            x.thread_done();
+            assert_eq!(t.join().unwrap(), (7, 8));
+        });
+        assert_eq!(x.leftover(), None);
+    }
+
+    #[test]
+    fn copies_that_wait_on_each_other_and_a_source_that_ended_fail() {
+        let x = Exchange::new(&units(2), 2, PAYLOAD_LIMIT);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| x.take(1, 5, 0));
+            // Either the second to wait sees the cycle, or the first is
+            // woken by the failure.
+            let r0 = x.take(0, 5, 1);
+            let r1 = t.join().unwrap();
+            assert!(r0.is_err() && r1.is_err());
+            assert!(x.failed());
+        });
+        let x = Exchange::new(&units(2), 2, PAYLOAD_LIMIT);
+        x.pools_done(&BTreeSet::from([0]));
+        let e = x.take(1, 3, 0).unwrap_err().to_string();
+        assert!(e.contains("no captured source"), "{e}");
+    }
+}
