@@ -43,6 +43,9 @@ struct State {
     done: HashSet<u16>,
     /// Threads that are neither waiting, held back nor finished.
     running: usize,
+    /// Threads waiting for a copy, and sources held back.
+    waiters: usize,
+    held: usize,
     failed: bool,
 }
 
@@ -66,6 +69,8 @@ impl Exchange {
                 waiting_on: HashMap::new(),
                 done: HashSet::new(),
                 running: threads,
+                waiters: 0,
+                held: 0,
                 failed: false,
             }),
             cv: Condvar::new(),
@@ -105,7 +110,11 @@ impl Exchange {
             }
             if let Some(p) = s.payloads.remove(&(pool, seq)) {
                 s.bytes -= bytes_of(&p);
-                self.cv.notify_all();
+                // A held source goes on once half the limit is free (not
+                // at every copy taken).
+                if s.held > 0 && s.bytes <= self.limit / 2 {
+                    self.cv.notify_all();
+                }
                 return Ok(p);
             }
             if s.done.contains(&src_pool) {
@@ -133,8 +142,13 @@ impl Exchange {
             }
             s.waiting_on.insert(me, src);
             s.running -= 1;
-            self.cv.notify_all();
+            s.waiters += 1;
+            if s.held > 0 {
+                // One fewer thread runs: a held source may have to go on.
+                self.cv.notify_all();
+            }
             s = self.wait(s);
+            s.waiters -= 1;
             s.running += 1;
             s.waiting_on.remove(&me);
         }
@@ -155,12 +169,20 @@ impl Exchange {
                 "replay: the copy at pool {pool} seq {seq} was captured twice"
             )));
         }
-        self.cv.notify_all();
-        while s.bytes > self.limit && s.running > 1 && !s.failed {
-            s.running -= 1;
+        if s.waiters > 0 {
             self.cv.notify_all();
-            s = self.wait(s);
-            s.running += 1;
+        }
+        if s.bytes > self.limit {
+            // Held until half the limit is free again, or no other thread
+            // runs.
+            while s.bytes > self.limit / 2 && s.running > 1 && !s.failed {
+                s.running -= 1;
+                s.held += 1;
+                self.cv.notify_all();
+                s = self.wait(s);
+                s.held -= 1;
+                s.running += 1;
+            }
         }
         if s.failed {
             return Err(Self::aborted());

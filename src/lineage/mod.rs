@@ -243,6 +243,25 @@ pub struct LineageOptions {
     /// over the kv files, and of the CPU backend `run` opens (`run_with`
     /// takes the backend's own). The outcome is the same for every value.
     pub threads: usize,
+    /// Whether the pools of a copy-connected group replay on threads of
+    /// their own (`exchange`) when there are fewer groups than threads:
+    /// None decides by the events (`pool_threads_pay`); tests force it.
+    pub pool_threads: Option<bool>,
+}
+
+/// Whether pools on threads of their own beat slot shards for `groups`:
+/// only when no pool holds more than two thirds of its group's events
+/// (the heaviest pool bounds a pipeline; a PD pair whose decode pool
+/// holds nearly every event gains nothing from running its prefill pool
+/// beside it, and its decode batches lose the slot shards' threads:
+/// `examples/bench_threads.rs`, one PD pair, 0.84x).
+pub fn pool_threads_pay(plan: &input::Plan, groups: &[std::collections::BTreeSet<u16>]) -> bool {
+    let events = |p: &u16| -> u64 { plan.runs.get(p).into_iter().flatten().map(|r| r.rows).sum() };
+    groups.iter().filter(|g| g.len() > 1).any(|g| {
+        let all: u64 = g.iter().map(events).sum();
+        let top = g.iter().map(events).max().unwrap_or(0);
+        all > 0 && top.saturating_mul(3) <= all.saturating_mul(2)
+    })
 }
 
 /// Everything replay found.
@@ -310,7 +329,10 @@ pub fn run_with(
     let by_pool = threads > 1
         && groups.len() < threads
         && plan.order.len() > groups.len()
-        && plan.order.len() <= 2 * threads;
+        && plan.order.len() <= 2 * threads
+        && opts
+            .pool_threads
+            .unwrap_or_else(|| pool_threads_pay(&plan, &groups));
     let units: Vec<std::collections::BTreeSet<u16>> = if by_pool {
         plan.order
             .iter()

@@ -38,7 +38,10 @@ pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> R
         tenants: Some(tenant_source(trace)),
         ..opts.clone()
     };
-    let outcome = run(trace, &opts, reporter)?;
+    let mut outcome = run(trace, &opts, reporter)?;
+    // The replay's tenant keys are done with: scope_outcome reads the
+    // requests table again, and holding both would double them.
+    outcome.exposures.tenants = None;
     scope_outcome(trace, &outcome, reporter)
 }
 

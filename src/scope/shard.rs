@@ -76,9 +76,12 @@ impl ScopeRun {
             pools: pools.clone(),
             tenants: Some(super::tenant_source(&self.trace)),
             threads: self.threads,
+            pool_threads: None,
         };
-        let outcome =
+        let mut outcome =
             crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
+        // Done with the replay's tenant keys: scope_outcome reads its own.
+        outcome.exposures.tenants = None;
         let trace = &self.trace;
         let mut report = crate::lineage::on_threads(self.threads, || {
             super::scope_outcome(trace, &outcome, reporter)

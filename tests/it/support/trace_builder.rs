@@ -333,9 +333,12 @@ pub fn scope_with(dir: &Path, opts: &kvtrail::lineage::LineageOptions) -> ScopeR
         let mut b = kvtrail::lineage::cpu::CpuBackend::with_threads(threads)
             .unwrap()
             .parallel_from(0);
+        // On 3 threads the pools of a copy-connected group replay on
+        // threads of their own (the exchange), whatever their events.
         let o = kvtrail::lineage::LineageOptions {
             backend: kvtrail::lineage::BackendChoice::Cpu,
             tenants: Some(kvtrail::scope::tenant_source(&trace)),
+            pool_threads: (threads > 1).then_some(true),
             ..opts.clone()
         };
         let p = kvtrail::progress::NoReporter;
