@@ -230,20 +230,7 @@ fn copies_that_wait_on_each_other_across_threads_fail_as_on_one_thread() {
     tb.read(0, 1, 0, 300);
     let tmp = tempfile::tempdir().unwrap();
     let t = tb.record(&tmp.path().join("t"));
-    let run = |threads: &str| {
-        let r = kvtrail(["scope", s(&t), "--threads", threads]).run();
-        assert_eq!(r.code, 2, "{}", r.stderr);
-        assert!(r.stderr.contains("wait on each other"), "{}", r.stderr);
-        r.stderr
-            .lines()
-            .filter(|l| !l.contains("replay backend"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let one = run("1");
-    for n in ["2", "3", "4"] {
-        assert_eq!(run(n), one, "--threads {n}");
-    }
+    same_error(&t, &[], "wait on each other", &["2", "3", "4"]);
 }
 
 #[test]
@@ -302,16 +289,25 @@ fn a_failed_replay_names_the_same_row_on_every_number_of_threads() {
     // thread fails first, the error is the single scheduler's.
     let tmp = tempfile::tempdir().unwrap();
     let t = groups().record(&tmp.path().join("t"));
-    let run = |threads: &str| {
-        let r = kvtrail(["scope", s(&t), "--threads", threads])
-            .env("KVTRAIL_MAX_TOUCHED_SLOTS", "4096")
-            .run();
+    same_error(
+        &t,
+        &[("KVTRAIL_MAX_TOUCHED_SLOTS", "4096")],
+        "KVTRAIL_MAX_TOUCHED_SLOTS",
+        &["2", "3", "8"],
+    );
+}
+
+/// `scope` fails (exit 2, `what` in the message) on `--threads 1` and on
+/// each of `threads` with the same message (the backend line aside).
+fn same_error(t: &Path, env: &[(&str, &str)], what: &str, threads: &[&str]) {
+    let run = |n: &str| {
+        let mut c = kvtrail(["scope", s(t), "--threads", n]);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        let r = c.run();
         assert_eq!(r.code, 2, "{}", r.stderr);
-        assert!(
-            r.stderr.contains("KVTRAIL_MAX_TOUCHED_SLOTS"),
-            "{}",
-            r.stderr
-        );
+        assert!(r.stderr.contains(what), "{}", r.stderr);
         r.stderr
             .lines()
             .filter(|l| !l.contains("replay backend"))
@@ -319,7 +315,7 @@ fn a_failed_replay_names_the_same_row_on_every_number_of_threads() {
             .join("\n")
     };
     let one = run("1");
-    for n in ["2", "3", "8"] {
+    for n in threads {
         assert_eq!(run(n), one, "--threads {n}");
     }
 }
