@@ -187,6 +187,7 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
     }
     let mut accs: Vec<PoolAcc> = dep.pools.iter().map(|_| PoolAcc::default()).collect();
     reporter.start("kv files", trace.kv_files.len() as u64);
+    let (mut last_id, mut last_known) = (ENGINE_REQUEST, true);
     let mut file_runs = Vec::with_capacity(trace.kv_files.len());
     for path in &trace.kv_files {
         let mut runs = FileRuns::new(path);
@@ -197,7 +198,13 @@ pub fn inspect(trace: &Trace, reporter: &dyn Reporter) -> Result<InspectReport> 
                 // The reader rejected unknown pools already.
                 let pi = pool_index[ev.pool as usize] as usize;
                 accs[pi].by_op[ev.op as usize] += 1;
-                if ev.request_id != ENGINE_REQUEST && !index.contains(ev.request_id) {
+                // A request's events come in runs: one binary search per
+                // run of ids, not per event.
+                if ev.request_id != last_id {
+                    last_id = ev.request_id;
+                    last_known = ev.request_id == ENGINE_REQUEST || index.contains(ev.request_id);
+                }
+                if !last_known {
                     orphans.add(ev.request_id, 0);
                 }
                 lo = lo.min(ev.ts_ns);
