@@ -7,7 +7,7 @@
 
 use super::{DeploymentView, Finding, Severity, finding};
 use crate::error::{Error, Result};
-use crate::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
+use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
 use crate::lineage::slots::SlotVec;
 use crate::lineage::state::{Grants, StaleBits};
 use crate::lineage::{LineageOptions, run_with};
@@ -112,7 +112,7 @@ impl Backend for AuditBackend {
                     p.stale.set_current(a, b);
                 }
                 Op::Share => {
-                    p.grants.share(&p.stale, r, a, b, e.seq);
+                    p.grants.share(&p.stale, r, a, b, e.seq)?;
                 }
                 Op::Read => {
                     if !p.decode {
@@ -136,7 +136,7 @@ impl Backend for AuditBackend {
         &mut self,
         pool: u16,
         e: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
         c.events += 1;
@@ -161,7 +161,7 @@ impl Backend for AuditBackend {
         let reused = p.holder.range(a, b).filter(|&h| h != r).count() as u64;
         p.writer.fill(a, b, r);
         p.wseq1.fill(a, b, e.seq + 1);
-        p.stale.copy(a, b, |i| payload[i].stale);
+        p.stale.copy(a, payload);
         if stale > 0 {
             *self.f.stale_src.entry(r).or_default() += stale;
         }
@@ -177,7 +177,7 @@ impl Backend for AuditBackend {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         let p = self.pool(pool)?;
         let a = slot_start as u64;

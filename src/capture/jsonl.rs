@@ -340,7 +340,7 @@ fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
         ));
     }
     if let Some(s) = seq {
-        reader_rule("seq", crate::trace::read::check_seq(at("seq"), s))?;
+        reader_rule("seq", crate::trace::read::check_seq(|| at("seq"), s))?;
     }
     let event = KvEvent {
         pool,
@@ -365,10 +365,10 @@ pub fn check_kv(event: &KvEvent) -> Result<(), LineError> {
     use crate::trace::read::{check_request_id, check_seq};
     reader_rule(
         "request_id",
-        check_request_id(at("request_id"), event.request_id),
+        check_request_id(|| at("request_id"), event.request_id),
     )?;
     if let Some(src) = event.src {
-        reader_rule("src_seq", check_seq(at("src_seq"), src.seq))?;
+        reader_rule("src_seq", check_seq(|| at("src_seq"), src.seq))?;
     }
     Ok(())
 }
@@ -377,7 +377,7 @@ pub fn check_kv(event: &KvEvent) -> Result<(), LineError> {
 pub fn check_request_id(id: u64) -> Result<(), LineError> {
     reader_rule(
         "request_id",
-        crate::trace::read::check_request_id(at("request_id"), id),
+        crate::trace::read::check_request_id(|| at("request_id"), id),
     )
 }
 

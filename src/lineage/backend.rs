@@ -9,7 +9,7 @@
 use crate::error::Result;
 use crate::schema::KvEvent;
 
-pub use super::state::{NEVER, ReadKind, SCRUBBED, SlotVal};
+pub use super::state::{NEVER, Payload, ReadKind, SCRUBBED, SlotVal};
 
 /// A maximal run of slots of one read event with one classification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,10 @@ pub trait Backend {
     fn forks(&self, _n: usize, _threads: usize) -> Option<Vec<Box<dyn Backend + Send>>> {
         None
     }
+    /// Share grants a pool keeps in memory before the older ones go to
+    /// disk, for a backend that spills them (`state::Grants::spilling`;
+    /// its forks keep the limit). Changes memory, never the outcome.
+    fn limit_grants(&mut self, _grants: usize) {}
     /// Events are missing just before seq `before_seq` of `pool`: every slot
     /// whose content was set before it becomes uncertain.
     fn mark_gap(&mut self, pool: u16, before_seq: u64);
@@ -95,12 +99,12 @@ pub trait Backend {
         counters: &mut Counters,
     ) -> Result<()>;
     /// Applies one copy (write with src) whose source content is `payload`
-    /// (one value per destination slot).
+    /// (one value per destination slot, in runs).
     fn apply_copy(
         &mut self,
         pool: u16,
         event: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         counters: &mut Counters,
     ) -> Result<()>;
     /// Reads the current content of `count` slots from `slot_start`;
@@ -111,6 +115,6 @@ pub trait Backend {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()>;
 }

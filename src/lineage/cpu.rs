@@ -13,12 +13,14 @@
 //!
 //! Memory is proportional to the slots the trace writes (17 bytes a slot,
 //! in pages of `slots::PAGE` slots, or of the whole pool when it is
-//! smaller) plus the share grants of requests, never to the number of
-//! events or to a pool's declared capacity.
+//! smaller) plus at most `state::GRANTS_IN_MEMORY` share grants per shard
+//! of a pool (the rest spilled to disk), never to the number of events or
+//! to a pool's declared capacity. A copy's source is captured as runs of
+//! equal slots (`state::Payload`) and applied a run at a time.
 
 use std::collections::HashMap;
 
-use super::backend::{Backend, Counters, ReadKind, ReadRun, SlotVal};
+use super::backend::{Backend, Counters, Payload, ReadKind, ReadRun, SlotVal};
 use super::slots::{PAGE, PAGE_BITS, Pages, page_len, segments};
 use super::state::{self, Class, Grant, Grants, NEVER, SCRUBBED, StaleBits};
 use crate::error::{Error, Result};
@@ -137,7 +139,7 @@ impl Shard {
 
     /// Drops grants whose every slot was rewritten since (they can never
     /// make a read shared again), so grants stay bounded by live sharing.
-    fn sweep_grants(&mut self) {
+    fn sweep_grants(&mut self) -> Result<()> {
         let pages = &self.pages;
         self.grants.sweep(|g| {
             segments(g.start(), g.end()).any(|(pi, lo, hi)| {
@@ -145,7 +147,7 @@ impl Shard {
                     .iter()
                     .any(|&w| w <= g.seq)
             })
-        });
+        })
     }
 
     /// Applies `events` to this shard's slots: the budget is taken here
@@ -184,15 +186,15 @@ impl Shard {
                 Op::Share => {
                     let mut sweep = false;
                     for (x, y) in cx.owned(a, b) {
-                        sweep |= self.grants.share(&self.stale, e.request_id, x, y, e.seq);
+                        sweep |= self.grants.share(&self.stale, e.request_id, x, y, e.seq)?;
                     }
                     if sweep {
-                        self.sweep_grants();
+                        self.sweep_grants()?;
                     }
                 }
                 Op::Read => {
                     for (x, y) in cx.owned(a, b) {
-                        read(cx, self, e, x, y, out, c);
+                        read(cx, self, e, x, y, out, c)?;
                     }
                 }
             }
@@ -204,6 +206,65 @@ impl Shard {
 #[inline]
 fn uncertain(gap_mark: u64, pg: View, o: usize) -> bool {
     pg.flags[o] != 0 || pg.wseq1[o] < gap_mark
+}
+
+/// Captures slots `lo..hi` of page `pi` (on shard `sh`) into `out`, a run
+/// at a time: a stretch of one owner whose flags, generations and stale
+/// bits are alike is one run, checked in bulk; anything else slot by slot.
+fn capture_segment(
+    sh: &Shard,
+    gap_mark: u64,
+    pi: usize,
+    lo: usize,
+    hi: usize,
+    uncertain: bool,
+    out: &mut Payload,
+) {
+    let pg = sh.page(pi);
+    let base = (pi as u64) << PAGE_BITS;
+    let slot = |o: usize| SlotVal {
+        owner: pg.owner[o],
+        uncertain: uncertain || self::uncertain(gap_mark, pg, o),
+        stale: sh.stale.is_stale(base + o as u64),
+    };
+    let mut o = lo;
+    while o < hi {
+        let owner = pg.owner[o];
+        let end = o + pg.owner[o..hi]
+            .iter()
+            .position(|&w| w != owner)
+            .unwrap_or(hi - o);
+        let unc = if uncertain {
+            Some(true)
+        } else if pg.flags[o..end].iter().fold(0u8, |acc, &f| acc | f) != 0 {
+            None
+        } else if gap_mark == 0 {
+            Some(false)
+        } else {
+            let min = pg.wseq1[o..end].iter().fold(u64::MAX, |m, &w| m.min(w));
+            let max = pg.wseq1[o..end].iter().fold(0, |m, &w| m.max(w));
+            if min >= gap_mark {
+                Some(false)
+            } else if max < gap_mark {
+                Some(true)
+            } else {
+                None
+            }
+        };
+        let stale = sh.stale.uniform(base + o as u64, base + end as u64);
+        match (unc, stale) {
+            (Some(uncertain), Some(stale)) => out.push_run(
+                end - o,
+                SlotVal {
+                    owner,
+                    uncertain,
+                    stale,
+                },
+            ),
+            _ => out.extend((o..end).map(slot)),
+        }
+        o = end;
+    }
 }
 
 /// Classification of slot `s` (offset `o` of page `pg`) read by `r`.
@@ -345,6 +406,8 @@ pub struct CpuBackend {
     scratch: Vec<Vec<ReadRun>>,
     /// Pages a batch allocates (the budget check of a sharded batch).
     fresh: std::collections::HashSet<usize>,
+    /// Share grants each shard of a pool holds in memory before spilling.
+    grant_limit: usize,
 }
 
 impl Default for CpuBackend {
@@ -358,6 +421,7 @@ impl Default for CpuBackend {
             par_min: PAR_MIN_TOUCHES,
             scratch: Vec::new(),
             fresh: Default::default(),
+            grant_limit: state::GRANTS_IN_MEMORY,
         }
     }
 }
@@ -504,6 +568,7 @@ impl Backend for CpuBackend {
                 let mut b = CpuBackend::with_threads(threads)
                     .ok()?
                     .parallel_from(self.par_min);
+                b.grant_limit = self.grant_limit;
                 b.budget = Budget {
                     used: budget.clone(),
                     max: self.budget.max,
@@ -511,6 +576,15 @@ impl Backend for CpuBackend {
                 Some(Box::new(b) as Box<dyn Backend + Send>)
             })
             .collect()
+    }
+
+    fn limit_grants(&mut self, grants: usize) {
+        self.grant_limit = grants;
+        for p in &mut self.pools {
+            for sh in &mut p.shards {
+                sh.grants.set_limit(grants);
+            }
+        }
     }
 
     fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
@@ -528,7 +602,7 @@ impl Backend for CpuBackend {
                 .map(|_| Shard {
                     pages: Pages::new(),
                     stale: StaleBits::new(capacity),
-                    grants: Grants::default(),
+                    grants: Grants::spilling(self.grant_limit),
                 })
                 .collect(),
         });
@@ -605,7 +679,7 @@ impl Backend for CpuBackend {
         &mut self,
         pool: u16,
         e: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
         let i = *self
@@ -624,21 +698,31 @@ impl Backend for CpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        let mut at = 0usize;
+        // The payload's runs, cut where pages end.
+        let mut runs = payload.runs().iter();
+        let (mut left, mut val) = (0usize, None);
         for (pi, lo, hi) in segments(a, b) {
             let k = p.shard_of(pi);
             let sh = &mut p.shards[k];
-            let vals = &payload[at..at + (hi - lo)];
-            let pg = sh.page_mut(p.capacity, pi);
-            for (o, v) in (lo..hi).zip(vals) {
-                pg.owner[o] = v.owner;
-                pg.flags[o] = v.uncertain as u8;
-            }
-            pg.wseq1[lo..hi].fill(e.seq + 1);
             let base = (pi as u64) << PAGE_BITS;
-            sh.stale
-                .copy(base + lo as u64, base + hi as u64, |i| vals[i].stale);
-            at += hi - lo;
+            let pg = sh.page_mut(p.capacity, pi);
+            pg.wseq1[lo..hi].fill(e.seq + 1);
+            let mut o = lo;
+            while o < hi {
+                if left == 0 {
+                    let &(n, v) = runs.next().expect("payload length checked");
+                    (left, val) = (n as usize, Some(v));
+                }
+                let v: SlotVal = val.expect("set with left");
+                let n = left.min(hi - o);
+                let pg = sh.page_mut(p.capacity, pi);
+                pg.owner[o..o + n].fill(v.owner);
+                pg.flags[o..o + n].fill(v.uncertain as u8);
+                sh.stale
+                    .set_range(base + o as u64, base + (o + n) as u64, v.stale);
+                o += n;
+                left -= n;
+            }
         }
         Ok(())
     }
@@ -649,7 +733,7 @@ impl Backend for CpuBackend {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         if u64::from(count) > self.budget.max {
             return Err(Error::Invalid {
@@ -674,13 +758,7 @@ impl Backend for CpuBackend {
         out.clear();
         for (pi, lo, hi) in segments(a, a + count as u64) {
             let sh = &p.shards[p.shard_of(pi)];
-            let pg = sh.page(pi);
-            let base = (pi as u64) << PAGE_BITS;
-            out.extend((lo..hi).map(|o| SlotVal {
-                owner: pg.owner[o],
-                uncertain: uncertain || self::uncertain(p.gap_mark, pg, o),
-                stale: sh.stale.is_stale(base + o as u64),
-            }));
+            capture_segment(sh, p.gap_mark, pi, lo, hi, uncertain, out);
         }
         Ok(())
     }
@@ -710,16 +788,25 @@ fn all_own(pg: View, lo: usize, hi: usize, r: u64, gap_mark: u64) -> bool {
 /// Classifies the slots `a..b` (on shard `p`'s pages) read by
 /// `e.request_id`.
 #[inline]
-fn read(cx: Ctx, p: &Shard, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>, c: &mut Counters) {
+fn read(
+    cx: Ctx,
+    p: &mut Shard,
+    e: &KvEvent,
+    a: u64,
+    b: u64,
+    out: &mut Vec<ReadRun>,
+    c: &mut Counters,
+) -> Result<()> {
     let r = e.request_id;
     let gap_mark = cx.gap_mark;
-    let grants: &[Grant] = p.grants.of(r);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
     if segments(a, b).all(|(pi, lo, hi)| all_own(p.page(pi), lo, hi, r, gap_mark)) {
         c.own_slots += b - a;
-        return;
+        return Ok(());
     }
+    let Shard { pages, grants, .. } = p;
+    let grants: &[Grant] = grants.lookup(r)?;
     let mut own = 0u64;
     let mut shared = 0u64;
     // The run being built: its first slot and classification.
@@ -739,7 +826,7 @@ fn read(cx: Ctx, p: &Shard, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>,
     };
     for (pi, lo, hi) in segments(a, b) {
         let base = (pi as u64) << PAGE_BITS;
-        let Some(pg) = p.pages.get(pi).map(Page::view) else {
+        let Some(pg) = pages.get(pi).map(Page::view) else {
             // Never written: every slot classifies alike (the owner is
             // NEVER, so grants do not matter), one step for the page.
             let s = base + lo as u64;
@@ -778,6 +865,7 @@ fn read(cx: Ctx, p: &Shard, e: &KvEvent, a: u64, b: u64, out: &mut Vec<ReadRun>,
     }
     c.own_slots += own;
     c.shared_slots += shared;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -859,7 +947,7 @@ mod tests {
             let (src, count) = (1 - pool, 1 + rng.below(2 * PAGE as u64) as u32);
             let ss = rng.below(CAP - count as u64) as u32;
             let ds = rng.below(CAP - count as u64) as u32;
-            let mut payload = Vec::new();
+            let mut payload = Payload::default();
             let unc = rng.below(5) == 0;
             let r = b.capture(src, ss, count, unc, &mut payload);
             log.push(format!("capture {src}: {r:?} {payload:?}"));
@@ -876,7 +964,7 @@ mod tests {
             log.push(format!("copy {pool}: {r:?} {c:?}"));
         }
         for pool in 0..2u16 {
-            let mut all = Vec::new();
+            let mut all = Payload::default();
             let r = b.capture(pool, 0, CAP as u32, false, &mut all);
             log.push(format!("final {pool}: {r:?} {all:?}"));
         }

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::Gap;
-use super::backend::{Backend, Counters, ReadRun, SlotVal};
+use super::backend::{Backend, Counters, Payload, ReadRun};
 use super::input::{Ev, Plan, PoolStream, duplicate};
 use crate::error::{Error, Location, Result};
 use crate::progress::Reporter;
@@ -116,8 +116,8 @@ pub struct Sched<'a> {
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
     index: HashMap<u16, usize>,
-    payloads: HashMap<(u16, u64), Vec<SlotVal>>,
-    scratch: Vec<SlotVal>,
+    payloads: HashMap<(u16, u64), Payload>,
+    scratch: Payload,
     pub runs: Vec<ReadRun>,
     pub counters: Counters,
     pub gaps: Vec<Gap>,
@@ -201,7 +201,7 @@ impl<'a> Sched<'a> {
             pools,
             index,
             payloads: HashMap::new(),
-            scratch: Vec::new(),
+            scratch: Payload::default(),
             runs: Vec::new(),
             counters: Counters::default(),
             gaps: Vec::new(),

@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use super::backend::SlotVal;
+use super::backend::Payload;
 use crate::error::{Error, Result};
 
 /// Captured content waiting for its destination, before sources are held
@@ -35,7 +35,7 @@ pub struct Exchange {
 }
 
 struct State {
-    payloads: HashMap<(u16, u64), Vec<SlotVal>>,
+    payloads: HashMap<(u16, u64), Payload>,
     bytes: usize,
     /// Unit -> the unit it waits on for a copy's source.
     waiting_on: HashMap<usize, usize>,
@@ -49,8 +49,8 @@ struct State {
     failed: bool,
 }
 
-fn bytes_of(p: &[SlotVal]) -> usize {
-    std::mem::size_of_val(p)
+fn bytes_of(p: &Payload) -> usize {
+    p.bytes()
 }
 
 impl Exchange {
@@ -95,7 +95,7 @@ impl Exchange {
 
     /// The captured source of the copy at (`pool`, `seq`), whose source is
     /// `src_pool`: waits until the source pool has captured it.
-    pub fn take(&self, pool: u16, seq: u64, src_pool: u16) -> Result<Vec<SlotVal>> {
+    pub fn take(&self, pool: u16, seq: u64, src_pool: u16) -> Result<Payload> {
         let me = self.unit_of.get(&pool).copied();
         let src = self.unit_of.get(&src_pool).copied();
         let (Some(me), Some(src)) = (me, src) else {
@@ -156,7 +156,7 @@ impl Exchange {
 
     /// Puts the captured source of the copy at (`pool`, `seq`); holds the
     /// caller back while too much waits here and another thread runs.
-    pub fn put(&self, pool: u16, seq: u64, payload: Vec<SlotVal>) -> Result<()> {
+    pub fn put(&self, pool: u16, seq: u64, payload: Payload) -> Result<()> {
         let mut s = self.lock();
         if s.failed {
             return Err(Self::aborted());
@@ -231,12 +231,13 @@ mod tests {
         (0..n).map(|p| BTreeSet::from([p])).collect()
     }
 
-    fn val(owner: u64) -> Vec<SlotVal> {
-        vec![SlotVal {
+    fn val(owner: u64) -> Payload {
+        std::iter::once(crate::lineage::backend::SlotVal {
             owner,
             uncertain: false,
             stale: false,
-        }]
+        })
+        .collect()
     }
 
     #[test]
@@ -250,7 +251,7 @@ mod tests {
                 let b = x.take(1, 11, 0).unwrap();
                 x.pools_done(&BTreeSet::from([1]));
                 x.thread_done();
-                (a[0].owner, b[0].owner)
+                (a.runs()[0].1.owner, b.runs()[0].1.owner)
             });
             // Limit 0: each put holds pool 0 back until pool 1 took it or
             // is the only other thread and waits.

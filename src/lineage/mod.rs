@@ -229,9 +229,10 @@ pub struct LineageOptions {
     /// Where unsorted files and large copy indexes are spilled (default:
     /// the system temp dir).
     pub spill_dir: Option<std::path::PathBuf>,
-    /// Events (external sort) and copies (copy index) held in memory before
-    /// spilling; None = the defaults (`input::SPILL_CHUNK_EVENTS`,
-    /// `copies::COPY_CHUNK`). Small values exercise the spill paths.
+    /// Events (external sort), copies (copy index) and share grants (per
+    /// pool, CPU backend) held in memory before spilling; None = the
+    /// defaults (`input::SPILL_CHUNK_EVENTS`, `copies::COPY_CHUNK`,
+    /// `state::GRANTS_IN_MEMORY`). Small values exercise the spill paths.
     pub chunk: Option<usize>,
     /// Report only these pools (a shard, see `shard`); the pools their
     /// copies read from are replayed too, but not reported. None: all.
@@ -299,6 +300,9 @@ pub fn run_with(
     reporter: &dyn Reporter,
 ) -> Result<LineageOutcome> {
     reporter.start("index", trace.kv_files.len() as u64);
+    if let Some(chunk) = opts.chunk {
+        backend.limit_grants(chunk);
+    }
     let spill = opts.spill_dir.as_deref().map(Path::new);
     let mut plan = on_threads(opts.threads, || {
         input::Plan::build(trace, spill, opts.chunk)

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::backend::{Backend, Counters, ReadRun, SlotVal};
+use super::backend::{Backend, Counters, Payload, ReadRun};
 use super::input::{Plan, RunSource};
 use crate::error::{Error, Result};
 use crate::schema::KvEvent;
@@ -200,6 +200,9 @@ impl Backend for Reported<'_> {
     fn slot_limit(&self) -> Option<u64> {
         self.inner.slot_limit()
     }
+    fn limit_grants(&mut self, grants: usize) {
+        self.inner.limit_grants(grants)
+    }
     fn mark_gap(&mut self, pool: u16, before_seq: u64) {
         self.inner.mark_gap(pool, before_seq)
     }
@@ -222,7 +225,7 @@ impl Backend for Reported<'_> {
         &mut self,
         pool: u16,
         event: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         counters: &mut Counters,
     ) -> Result<()> {
         if self.reported.contains(&pool) {
@@ -238,7 +241,7 @@ impl Backend for Reported<'_> {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         self.inner.capture(pool, slot_start, count, uncertain, out)
     }

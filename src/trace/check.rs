@@ -92,6 +92,31 @@ impl Run {
         }
     }
 
+    /// Rows with seqs `seqs`, from row `row` on, in order: a stretch of
+    /// consecutive seqs after the last one in one step, else row by row.
+    fn push_all(&mut self, seqs: &[u64], row: u64, pool: u16, path: &Path) -> Result<()> {
+        if let (true, Some(&last)) = (self.sorted, seqs.last()) {
+            // seqs are at most 2^64 - 2 (the reader checks), so no wrap.
+            let next = self.last.wrapping_add(1);
+            if seqs
+                .iter()
+                .enumerate()
+                .all(|(k, &s)| s == next.wrapping_add(k as u64))
+            {
+                self.max = self.max.max(last);
+                self.min = self.min.min(seqs[0]);
+                self.rows += seqs.len() as u64;
+                self.last = last;
+                self.last_row = row + seqs.len() as u64 - 1;
+                return Ok(());
+            }
+        }
+        for (k, &seq) in seqs.iter().enumerate() {
+            self.push(seq, row + k as u64, pool, path)?;
+        }
+        Ok(())
+    }
+
     fn push(&mut self, seq: u64, row: u64, pool: u16, path: &Path) -> Result<()> {
         self.min = self.min.min(seq);
         self.max = self.max.max(seq);
@@ -174,18 +199,44 @@ impl FileRuns {
         Ok(())
     }
 
-    /// Adds one batch of the light reader.
+    /// Adds one batch of the light reader: a stretch of one pool's rows at
+    /// a time (the same checks, in the same row order, as [`push`]).
+    ///
+    /// [`push`]: Self::push
     pub fn push_batch(&mut self, b: &KvIndexBatch) -> Result<()> {
-        let mut copies = b.copies.iter().peekable();
-        for (i, (&pool, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
-            let src = match copies.peek() {
-                Some(&&(ci, src, _)) if ci as usize == i => Some(src.pool),
-                _ => None,
+        let n = b.pool.len().min(b.seq.len());
+        let mut i = 0;
+        while i < n {
+            let pool = b.pool[i];
+            let j = i + b.pool[i..n]
+                .iter()
+                .position(|&p| p != pool)
+                .unwrap_or(n - i);
+            let row = b.first_row + i as u64;
+            let mut seqs = &b.seq[i..j];
+            let k = if self.runs.get(self.last).is_some_and(|(p, _)| *p == pool) {
+                self.last
+            } else {
+                match self.runs.binary_search_by_key(&pool, |(p, _)| *p) {
+                    Ok(k) => k,
+                    Err(k) => {
+                        self.runs.insert(k, (pool, Run::new(seqs[0], row)));
+                        seqs = &seqs[1..];
+                        k
+                    }
+                }
             };
-            if src.is_some() {
-                copies.next();
+            self.last = k;
+            let first = row + (j - i - seqs.len()) as u64;
+            self.runs[k].1.push_all(seqs, first, pool, &self.path)?;
+            i = j;
+        }
+        for &(ci, src, _) in &b.copies {
+            if let Some(&pool) = b.pool.get(ci as usize) {
+                self.edges
+                    .entry((src.pool, pool))
+                    .or_insert(b.first_row + ci as u64);
             }
-            self.push(pool, seq, src, b.first_row + i as u64)?;
         }
         Ok(())
     }

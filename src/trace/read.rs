@@ -821,7 +821,7 @@ impl KvFileReader {
                 )
             })?;
             last_pool = Some((pool[i], cap));
-            check_seq(loc(kv_col::SEQ), seq[i])?;
+            check_seq(|| loc(kv_col::SEQ), seq[i])?;
             if rid[i] > MAX_REQUEST_ID {
                 return Err(reserved_id(loc(kv_col::REQUEST_ID), rid[i]));
             }
@@ -878,7 +878,7 @@ impl KvFileReader {
                             "slots are numbered 0..capacity_tokens of their pool",
                         ));
                     }
-                    check_seq(loc(kv_col::SRC_SEQ), sq)?;
+                    check_seq(|| loc(kv_col::SRC_SEQ), sq)?;
                     Some(CopySrc {
                         pool: sp,
                         slot_start: ss,
@@ -1167,7 +1167,7 @@ impl KvIndexReader {
         let pool = cpool.ints::<u16>("UInt16")?.into_owned();
         let seq = cseq.ints::<u64>("UInt64")?.into_owned();
         if let Some(i) = seq.iter().position(|&s| s > MAX_SEQ) {
-            check_seq(cseq.loc(i), seq[i])?;
+            check_seq(|| cseq.loc(i), seq[i])?;
         }
         let mut copies = Vec::new();
         let csp = c(kv_col::SRC_POOL);
@@ -1186,7 +1186,7 @@ impl KvIndexReader {
                         (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i))
                     {
                         check_seq(
-                            Location::file(p).row(r0 + i as u64).column(kv_col::SRC_SEQ),
+                            || Location::file(p).row(r0 + i as u64).column(kv_col::SRC_SEQ),
                             s,
                         )?;
                         copies.push((
@@ -1231,9 +1231,9 @@ pub const MAX_REQUEST_ID: u64 = u64::MAX - 2;
 
 /// The reader's request-id rule (shared with the JSONL line parser, so a
 /// capture never writes a row the readers refuse).
-pub fn check_request_id(loc: Location, id: u64) -> Result<()> {
+pub fn check_request_id(loc: impl FnOnce() -> Location, id: u64) -> Result<()> {
     if id > MAX_REQUEST_ID {
-        return Err(reserved_id(loc, id));
+        return Err(reserved_id(loc(), id));
     }
     Ok(())
 }
@@ -1254,8 +1254,9 @@ fn reserved_id(loc: Location, id: u64) -> Error {
 /// misread.
 pub const MAX_SEQ: u64 = u64::MAX - 1;
 
-pub fn check_seq(loc: Location, seq: u64) -> Result<()> {
+pub fn check_seq(loc: impl FnOnce() -> Location, seq: u64) -> Result<()> {
     if seq > MAX_SEQ {
+        let loc = loc();
         let col = loc.column.clone().unwrap_or_default();
         return Err(Error::invalid(
             loc,

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::lineage::backend::{Backend, Counters, NEVER, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::backend::{Backend, Counters, NEVER, Payload, ReadRun, SCRUBBED, SlotVal};
 use crate::lineage::slots::SlotVec;
 use crate::lineage::state::{Grants, StaleBits};
 use crate::lineage::{LineageOptions, run_with};
@@ -258,7 +258,7 @@ impl Backend for ModelBackend<'_> {
                         p.stale.set_current(a, b);
                     }
                     Op::Share => {
-                        p.grants.share(&p.stale, e.request_id, a, b, e.seq);
+                        p.grants.share(&p.stale, e.request_id, a, b, e.seq)?;
                     }
                     Op::Read => {
                         if !p.decode {
@@ -300,20 +300,19 @@ impl Backend for ModelBackend<'_> {
         &mut self,
         pool: u16,
         e: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
         let p = self.pool(pool)?;
         let a = e.slot_start as u64;
         c.events += 1;
-        for (s, v) in (a..).zip(payload) {
+        for (s, v) in (a..).zip(payload.iter()) {
             let (o, pos) = unpack(v.owner);
             p.owner.set(s, o);
             p.pos.set(s, pos);
         }
         p.wseq1.fill(a, a + payload.len() as u64, e.seq + 1);
-        p.stale
-            .copy(a, a + payload.len() as u64, |i| payload[i].stale);
+        p.stale.copy(a, payload);
         Ok(())
     }
 
@@ -323,7 +322,7 @@ impl Backend for ModelBackend<'_> {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         let p = self.pool(pool)?;
         let a = slot_start as u64;

@@ -14,7 +14,7 @@
 //! `kvtrail scope --json`) lives in scope_semantics.rs through
 //! `support::trace_builder::scope`, and in cuda_cli.rs.
 
-use kvtrail::lineage::backend::{Backend, Counters, ReadRun, SlotVal};
+use kvtrail::lineage::backend::{Backend, Counters, Payload, ReadRun};
 use kvtrail::lineage::cpu::CpuBackend;
 use kvtrail::lineage::gpu::model::{BLANK_POS, DeviceModel};
 use kvtrail::lineage::gpu::prims::{Prims, ScanOp};
@@ -85,7 +85,7 @@ fn run_script(
     b: &mut dyn Backend,
     steps: &[Step],
     engine_start: bool,
-) -> (Vec<ReadRun>, Counters, Vec<Vec<SlotVal>>) {
+) -> (Vec<ReadRun>, Counters, Vec<Payload>) {
     b.add_pool(0, CAPS[0] as u64, engine_start).unwrap();
     b.add_pool(1, CAPS[1] as u64, !engine_start).unwrap();
     let mut seq = [0u64; 2];
@@ -126,7 +126,7 @@ fn run_script(
                 let (a, n) = extent(*p, *a, *n);
                 let q = 1 - *p;
                 let (sa, n) = extent(q, *sa, n);
-                let mut payload = Vec::new();
+                let mut payload = Payload::default();
                 b.capture(q, sa, n, *u, &mut payload).unwrap();
                 let (a, n) = extent(*p, a, n);
                 let e = KvEvent {
@@ -147,7 +147,7 @@ fn run_script(
             }
             Step::Capture(p, a, n, u) => {
                 let (a, n) = extent(*p, *a, *n);
-                let mut out = Vec::new();
+                let mut out = Payload::default();
                 b.capture(*p, a, n, *u, &mut out).unwrap();
                 caps.push(out);
             }

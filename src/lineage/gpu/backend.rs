@@ -27,7 +27,9 @@ use super::device::{
 };
 use super::prims::{Prims, ScanOp};
 use crate::error::{Error, Result};
-use crate::lineage::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::backend::{
+    Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SCRUBBED, SlotVal,
+};
 use crate::lineage::state::{Grants, StaleBits};
 use crate::schema::{KvEvent, Op};
 
@@ -244,7 +246,7 @@ impl<D: Device> GpuBackend<D> {
     }
 
     /// Host pass over a sub-batch: counters, grants, staging.
-    fn stage(&mut self, pi: usize, events: &[KvEvent], c: &mut Counters) -> u64 {
+    fn stage(&mut self, pi: usize, events: &[KvEvent], c: &mut Counters) -> Result<u64> {
         let st = &mut self.stage;
         st.clear();
         let pool = &mut self.pools[pi];
@@ -261,7 +263,7 @@ impl<D: Device> GpuBackend<D> {
                 Op::Free => continue,
                 Op::Share => {
                     // Device slot state is not swept for dead grants here.
-                    let _ = pool.grants.share(&pool.stale, e.request_id, a, b, e.seq);
+                    pool.grants.share(&pool.stale, e.request_id, a, b, e.seq)?;
                     continue;
                 }
                 Op::Write => {
@@ -303,7 +305,7 @@ impl<D: Device> GpuBackend<D> {
             st.ev_gcnt.push(st.g_start.len() as u32 - gofs);
             touches += e.slot_count as u64;
         }
-        touches
+        Ok(touches)
     }
 
     fn run_batch(
@@ -313,7 +315,7 @@ impl<D: Device> GpuBackend<D> {
         out: &mut Vec<ReadRun>,
         c: &mut Counters,
     ) -> Result<()> {
-        let n_touch = self.stage(pi, events, c);
+        let n_touch = self.stage(pi, events, c)?;
         if n_touch == 0 {
             return Ok(());
         }
@@ -610,7 +612,7 @@ impl<D: Device> Backend for GpuBackend<D> {
         &mut self,
         pool: u16,
         e: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
         let pi = self.pool_index(pool)?;
@@ -632,8 +634,7 @@ impl<D: Device> Backend for GpuBackend<D> {
         let flags: Vec<u32> = payload.iter().map(|v| v.uncertain as u32).collect();
         self.dev.upload(p.pay_owner, bytes_of(&owners))?;
         self.dev.upload(p.pay_flag, bytes_of(&flags))?;
-        let (a, b) = (e.slot_start as u64, e.slot_end());
-        self.pools[pi].stale.copy(a, b, |i| payload[i].stale);
+        self.pools[pi].stale.copy(e.slot_start as u64, payload);
         self.dev.launch(&COPY_SCATTER, p.count, p)
     }
 
@@ -643,7 +644,7 @@ impl<D: Device> Backend for GpuBackend<D> {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         let pi = self.pool_index(pool)?;
         out.clear();
