@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 
 use kvtrail::error::{Error, Result};
-use kvtrail::lineage::backend::{Backend, Counters, NEVER, ReadKind, ReadRun, SCRUBBED, SlotVal};
+use kvtrail::lineage::backend::{
+    Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SCRUBBED, SlotVal,
+};
 use kvtrail::schema::{KvEvent, Op};
 
 /// A share grant: slots `start..end`, granted at `seq`.
@@ -196,7 +198,7 @@ impl Backend for FlatCpuBackend {
         &mut self,
         pool: u16,
         e: &KvEvent,
-        payload: &[SlotVal],
+        payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
         let p = self.pool(pool)?;
@@ -225,7 +227,7 @@ impl Backend for FlatCpuBackend {
         slot_start: u32,
         count: u32,
         uncertain: bool,
-        out: &mut Vec<SlotVal>,
+        out: &mut Payload,
     ) -> Result<()> {
         let p = self.pool(pool)?;
         let a = slot_start as usize;

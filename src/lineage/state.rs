@@ -73,7 +73,13 @@ impl Payload {
         self.len += n;
         match self.runs.last_mut() {
             Some((k, last)) if *last == v => *k += n as u32,
-            _ => self.runs.push((n as u32, v)),
+            _ => {
+                // Most payloads are one run: room for exactly one first.
+                if self.runs.capacity() == 0 {
+                    self.runs.reserve_exact(1);
+                }
+                self.runs.push((n as u32, v))
+            }
         }
     }
 
@@ -114,9 +120,13 @@ impl Payload {
             .flat_map(|&(n, v)| std::iter::repeat_n(v, n as usize))
     }
 
-    /// Bytes held (for the exchange's limit on payloads in flight).
+    /// Bytes a payload in flight costs (for the exchange's limit): its
+    /// runs' buffer, itself, and about 64 bytes of map entry and
+    /// allocator overhead.
     pub fn bytes(&self) -> usize {
-        std::mem::size_of_val(&self.runs[..]) + std::mem::size_of::<Self>()
+        self.runs.capacity() * std::mem::size_of::<(u32, SlotVal)>()
+            + std::mem::size_of::<Self>()
+            + 64
     }
 }
 
@@ -656,7 +666,9 @@ impl Grants {
     fn next_sweep(&self) -> usize {
         let base = (2 * self.n).max(GRANT_SWEEP_MIN);
         match &self.spill {
-            Some(sp) => base.min(sp.limit + 1).max(self.n + 1 + sp.limit / 2),
+            // still over the limit after a spill: one reader's grants
+            Some(sp) if self.n > sp.limit => self.n + 1 + sp.limit / 2,
+            Some(sp) => base.min(sp.limit + 1),
             None => base,
         }
     }
@@ -938,7 +950,7 @@ mod tests {
         st.set_current(0, 8);
         st.alloc(4, 6);
         let mut g = Grants::default();
-        g.share(&st, 7, 0, 8, 10);
+        g.share(&st, 7, 0, 8, 10).unwrap();
         assert_eq!(g.of(7).len(), 2);
         assert!(g.covered(7, 3, 5)); // written at seq 4, granted at 10
         assert!(!g.covered(7, 4, 5)); // stale when granted
@@ -949,15 +961,15 @@ mod tests {
         assert!(g.one.contains_key(&7) && g.many.is_empty());
         // A second and third grant, then a sweep that keeps one: inline
         // again; the last slot of a 2^32-slot pool fits.
-        g.share(&st, 7, 1, 3, 11);
+        g.share(&st, 7, 1, 3, 11).unwrap();
         let top = Grant::new((1 << 32) - 1, 1 << 32, 12);
         g.push(7, top);
         assert_eq!(g.of(7).len(), 3);
         assert!(g.covered(7, (1 << 32) - 1, 12));
-        g.sweep(|x| x.seq == 12);
+        g.sweep(|x| x.seq == 12).unwrap();
         assert_eq!(g.of(7), &[top]);
         assert!(g.many.is_empty() && g.n == 1);
-        g.sweep(|_| false);
+        g.sweep(|_| false).unwrap();
         assert!(g.of(7).is_empty() && g.n == 0);
     }
 
