@@ -440,14 +440,15 @@ impl OpenRun {
         out.locs.clear();
         match self {
             OpenRun::File { pool, fi, reader } => {
-                for chunk in reader.by_ref() {
+                while let Some(chunk) = reader.next() {
                     let chunk = chunk?;
                     let r0 = chunk.first_row;
                     if chunk.events.iter().all(|e| e.pool == *pool) {
                         // the usual layout (one pool per file): no filtering
                         out.locs
                             .extend((0..chunk.events.len() as u64).map(|i| (*fi, r0 + i)));
-                        out.events = chunk.events;
+                        let used = std::mem::replace(&mut out.events, chunk.events);
+                        reader.recycle(used);
                     } else {
                         for (i, e) in chunk.events.iter().enumerate() {
                             if e.pool == *pool {
@@ -455,6 +456,7 @@ impl OpenRun {
                                 out.locs.push((*fi, r0 + i as u64));
                             }
                         }
+                        reader.recycle(chunk.events);
                     }
                     if !out.events.is_empty() {
                         break;

@@ -257,7 +257,7 @@ const GRANT_SWEEP_MIN: usize = 1 << 16;
 /// Grants a spilling [`Grants`] holds in memory (about 40 bytes each)
 /// before it writes the older half to disk: live sharing beyond this costs
 /// disk, not memory.
-pub const GRANTS_IN_MEMORY: usize = 1 << 19;
+pub const GRANTS_IN_MEMORY: usize = 1 << 17;
 
 /// The share grants of one pool, per request. Most readers hold one grant
 /// (one prefix-cache hit): those are kept inline in a map of their own (24
@@ -314,6 +314,11 @@ struct SpillRun {
     file: std::fs::File,
     records: u64,
     index: Vec<u64>,
+    /// The readers in the run, as a Bloom filter (10 bits a record, 1%
+    /// false positives): a reader not in the run costs no read.
+    readers: Bloom,
+    /// The last reader in the run (the first is `index[0]`).
+    last: u64,
 }
 
 /// A spilled record: reader, start, last, seq (little-endian).
@@ -354,16 +359,59 @@ fn grant_key(g: &Grant) -> (u64, u32, u32) {
     (g.seq, g.start, g.last)
 }
 
+/// A Bloom filter of u64 keys: 10 bits a key, 7 probes.
+struct Bloom {
+    bits: Vec<u64>,
+}
+
+impl Bloom {
+    fn new(keys: u64) -> Bloom {
+        let words = (keys.saturating_mul(10) / 64 + 1).min(1 << 32) as usize;
+        Bloom {
+            bits: vec![0; words],
+        }
+    }
+
+    /// The probes of `key`: double hashing over a 64-bit mix.
+    fn probes(&self, key: u64) -> impl Iterator<Item = usize> + use<> {
+        let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let (h1, h2) = (z & 0xffff_ffff, (z >> 32) | 1);
+        let m = self.bits.len() as u64 * 64;
+        (0..7u64).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) % m) as usize)
+    }
+
+    fn insert(&mut self, key: u64) {
+        for b in self.probes(key) {
+            self.bits[b / 64] |= 1 << (b % 64);
+        }
+    }
+
+    fn may_hold(&self, key: u64) -> bool {
+        self.probes(key)
+            .all(|b| self.bits[b / 64] >> (b % 64) & 1 != 0)
+    }
+}
+
 impl SpillRun {
     /// Writes `grants` (sorted by reader, then [`grant_key`]) as a run.
-    fn write(grants: impl Iterator<Item = (u64, Grant)>) -> Result<SpillRun> {
+    /// `expect` is the most records it may hold (sizes its filter).
+    fn write(grants: impl Iterator<Item = (u64, Grant)>, expect: u64) -> Result<SpillRun> {
         use std::io::Write;
         let file = tempfile::tempfile().map_err(spill_err)?;
         let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
         let (mut records, mut index, mut buf) = (0u64, Vec::new(), Vec::with_capacity(SPILL_REC));
+        let mut readers = Bloom::new(expect);
+        let mut last = None;
         for (r, g) in grants {
             if records % SPILL_INDEX_EVERY as u64 == 0 {
                 index.push(r);
+            }
+            if last != Some(r) {
+                readers.insert(r);
+                last = Some(r);
             }
             buf.clear();
             encode(r, &g, &mut buf);
@@ -375,12 +423,21 @@ impl SpillRun {
             file,
             records,
             index,
+            readers,
+            last: last.unwrap_or(0),
         })
     }
 
     /// Appends `reader`'s grants in this run to `out`.
     fn find(&mut self, reader: u64, out: &mut Vec<Grant>) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
+        if self.records == 0
+            || reader < self.index[0]
+            || reader > self.last
+            || !self.readers.may_hold(reader)
+        {
+            return Ok(());
+        }
         // Blocks that start below the reader may hold it at their end;
         // the first block that starts above it holds none of it.
         let first = self
@@ -414,6 +471,7 @@ impl SpillRun {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
         let key = |r: u64, g: &Grant| (r, g.seq, g.start, g.last);
+        let expect = runs.iter().map(|r| r.records).sum();
         let mut readers = Vec::with_capacity(runs.len());
         for run in runs.iter_mut() {
             readers.push(run.reader()?);
@@ -450,7 +508,7 @@ impl SpillRun {
             }
             None
         });
-        let run = SpillRun::write(out)?;
+        let run = SpillRun::write(out, expect)?;
         match err {
             Some(e) => Err(e),
             None => Ok(run),
@@ -711,7 +769,8 @@ impl Grants {
         }
         self.many.retain(|_, v| !v.is_empty());
         self.empty = 0;
-        let run = SpillRun::write(out.into_iter())?;
+        let n = out.len() as u64;
+        let run = SpillRun::write(out.into_iter(), n)?;
         self.spill.as_mut().expect("spilling").runs.push(run);
         self.recount();
         Ok(())
@@ -1003,6 +1062,18 @@ mod tests {
         assert!(t.is_empty() && t.runs().is_empty());
         let back: Payload = p.iter().collect();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn a_bloom_filter_holds_every_key_and_few_others() {
+        let mut b = Bloom::new(10_000);
+        for k in 0..10_000u64 {
+            b.insert(k * 7919);
+        }
+        assert!((0..10_000u64).all(|k| b.may_hold(k * 7919)));
+        let false_hits = (0..10_000u64).filter(|k| b.may_hold(k * 7919 + 1)).count();
+        assert!(false_hits < 300, "{false_hits} false positives in 10,000");
+        assert!(!Bloom::new(0).may_hold(5));
     }
 
     #[test]

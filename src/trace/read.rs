@@ -726,6 +726,9 @@ pub struct KvFileReader {
     /// capacity_tokens by pool id (0: not in the deployment), a flat table
     /// so the per-row lookup is one index.
     capacity: Vec<u64>,
+    /// A used batch's buffer handed back ([`KvFileReader::recycle`]): the
+    /// next batch is decoded into it instead of a new allocation.
+    spare: Vec<KvEvent>,
 }
 
 const KV_REQUIRED: [&str; 7] = [
@@ -759,7 +762,18 @@ impl KvFileReader {
                 }
                 cap
             },
+            spare: Vec::new(),
         })
+    }
+
+    /// Hands back a batch's buffer once its events are used: the next
+    /// batch is decoded into it (the larger of two kept), so a stream of
+    /// batches allocates once instead of once per batch.
+    pub fn recycle(&mut self, mut buf: Vec<KvEvent>) {
+        if buf.capacity() > self.spare.capacity() {
+            buf.clear();
+            self.spare = buf;
+        }
     }
 
     #[inline]
@@ -770,7 +784,7 @@ impl KvFileReader {
         }
     }
 
-    fn decode(&self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
+    fn decode(&mut self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
         let p = &self.cur.path;
         let r0 = self.cur.rows;
         let c = |name| Col::get(batch, p, r0, name);
@@ -803,7 +817,9 @@ impl KvFileReader {
         let sq = csq.arr.map(|_| csq.ints::<u64>("UInt64")).transpose()?;
         let (tpn, spn, ssn, sqn) = (ctp.nulls(), csp.nulls(), css.nulls(), csq.nulls());
         let n = batch.num_rows();
-        let mut out = Vec::with_capacity(n);
+        let mut out = std::mem::take(&mut self.spare);
+        out.clear();
+        out.reserve(n);
         // (pool, capacity) of the previous row: rows of one pool come in
         // runs. None before the first row (every u16 is a valid pool id).
         let mut last_pool: Option<(u16, u64)> = None;
