@@ -912,45 +912,42 @@ impl StaleBits {
     }
 }
 
+/// The words that bits `lo..hi` of a page fall in, each with the mask of
+/// those bits.
+fn word_masks(lo: usize, hi: usize) -> impl Iterator<Item = (usize, u64)> {
+    let mut o = lo;
+    std::iter::from_fn(move || {
+        (o < hi).then(|| {
+            let (w, b) = (o / 64, o % 64);
+            let n = (64 - b).min(hi - o);
+            o += n;
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << b
+            };
+            (w, mask)
+        })
+    })
+}
+
 /// Whether bits `lo..hi` (non-empty) of a page's words are all set
 /// (Some(true)), all clear (Some(false)) or mixed.
 fn bits_uniform(words: &[u64], lo: usize, hi: usize) -> Option<bool> {
     let first = words[lo / 64] >> (lo % 64) & 1 != 0;
-    let mut o = lo;
-    while o < hi {
-        let (w, b) = (o / 64, o % 64);
-        let n = (64 - b).min(hi - o);
-        let mask = if n == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << n) - 1) << b
-        };
-        let got = words[w] & mask;
-        if got != if first { mask } else { 0 } {
-            return None;
-        }
-        o += n;
-    }
-    Some(first)
+    word_masks(lo, hi)
+        .all(|(w, m)| words[w] & m == if first { m } else { 0 })
+        .then_some(first)
 }
 
 /// Sets or clears bits `lo..hi` of a page's words.
 fn set_bits(words: &mut [u64], lo: usize, hi: usize, on: bool) {
-    let mut o = lo;
-    while o < hi {
-        let (w, b) = (o / 64, o % 64);
-        let n = (64 - b).min(hi - o);
-        let mask = if n == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << n) - 1) << b
-        };
+    for (w, m) in word_masks(lo, hi) {
         if on {
-            words[w] |= mask;
+            words[w] |= m;
         } else {
-            words[w] &= !mask;
+            words[w] &= !m;
         }
-        o += n;
     }
 }
 
