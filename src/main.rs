@@ -13,8 +13,8 @@ fn main() {
 /// that grew) end up in per-thread arenas that keep them after they are
 /// freed: a seed-scale scope held about 410 MB of RSS for some 210 MB of
 /// live heap. Fixed thresholds hand blocks of 256 KiB and more straight
-/// back to the system when freed (the same scope: about 340 MB, no slower;
-/// docs/fleet.md). Other allocators are left as they are.
+/// back to the system when freed, at no cost in time (docs/fleet.md, "Seed
+/// scale"). Other allocators are left as they are.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn tune_malloc() {
     // SAFETY: mallopt only sets allocator parameters; it is called before

@@ -208,6 +208,13 @@ fn uncertain(gap_mark: u64, pg: View, o: usize) -> bool {
     pg.flags[o] != 0 || pg.wseq1[o] < gap_mark
 }
 
+/// A placeholder value (never applied: a run of 0 slots).
+const BLANK_VAL: SlotVal = SlotVal {
+    owner: NEVER,
+    uncertain: false,
+    stale: false,
+};
+
 /// Captures slots `lo..hi` of page `pi` (on shard `sh`) into `out`, a run
 /// at a time: a stretch of one owner whose flags, generations and stale
 /// bits are alike is one run, checked in bulk; anything else slot by slot.
@@ -698,30 +705,27 @@ impl Backend for CpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        // The payload's runs, cut where pages end.
-        let mut runs = payload.runs().iter();
-        let (mut left, mut val) = (0usize, None);
+        // The payload's runs, cut where pages end: (slots left, value).
+        let mut runs = payload.runs().iter().map(|&(n, v)| (n as usize, v));
+        let mut cur = (0usize, BLANK_VAL);
         for (pi, lo, hi) in segments(a, b) {
             let k = p.shard_of(pi);
-            let sh = &mut p.shards[k];
+            let Shard { pages, stale, .. } = &mut p.shards[k];
             let base = (pi as u64) << PAGE_BITS;
-            let pg = sh.page_mut(p.capacity, pi);
+            let n = page_len(p.capacity, pi);
+            let pg = pages.get_or_insert_with(pi, || Page::blank(n));
             pg.wseq1[lo..hi].fill(e.seq + 1);
             let mut o = lo;
             while o < hi {
-                if left == 0 {
-                    let &(n, v) = runs.next().expect("payload length checked");
-                    (left, val) = (n as usize, Some(v));
+                if cur.0 == 0 {
+                    cur = runs.next().expect("payload length checked");
                 }
-                let v: SlotVal = val.expect("set with left");
-                let n = left.min(hi - o);
-                let pg = sh.page_mut(p.capacity, pi);
+                let (n, v) = (cur.0.min(hi - o), cur.1);
                 pg.owner[o..o + n].fill(v.owner);
                 pg.flags[o..o + n].fill(v.uncertain as u8);
-                sh.stale
-                    .set_range(base + o as u64, base + (o + n) as u64, v.stale);
+                stale.set_range(base + o as u64, base + (o + n) as u64, v.stale);
                 o += n;
-                left -= n;
+                cur.0 -= n;
             }
         }
         Ok(())
