@@ -10,15 +10,19 @@ PLAN.json (written by `kvtrail fleet spark` from `kvtrail fleet plan`):
    "backend": "auto"|"cpu"|"cuda", "direct": BOOL, "staging": DIR,
    "shards": [{"index": I, "pools": [P, ...]}, ...]}
 
-One Spark task per shard: the kvtrail binary (shipped to the executors with
---files, found through SparkFiles) runs `kvtrail scope TRACE --pools P,...
---out DIR` on the executor, reading the trace where it lives (an object
-store URL, or a path every executor sees). With "direct" (a local trace,
-so a file system the executors share) the shard is written straight into
-STAGING/shard-I; otherwise into the executor's temporary folder, from
-where its files travel back to the driver as the task's result (persisted
-on the executors' disks, then fetched one shard at a time, so the driver
-holds one chunk at a time) and are written into STAGING/shard-I.
+One Spark task per shard, run in the executor's JVM without Python: the
+job pipes the shard's "INDEX POOLS" line (JavaRDD.pipe) through the kvtrail
+binary (shipped to the executors with --files; a small sh wrapper finds it
+in the driver's SparkFiles folder in local mode, else in the executor's
+working folder, where Spark puts shipped files), whose hidden `kvtrail fleet
+task` runs `kvtrail scope TRACE --pools P,... --out DIR`, reading the trace
+where it lives (an object store URL, or a path every executor sees), and
+prints one JSON line per event. With "direct" (a local trace, so a file
+system the executors share) the shard is written straight into
+STAGING/shard-I; otherwise into the executor's temporary folder, from where
+its files travel back to the driver as base64 lines (persisted on the
+executors' disks, then fetched one shard at a time, so the driver holds one
+shard's lines at a time) and are written into STAGING/shard-I.
 
 A shard whose kvtrail exits non-zero is not retried (its errors are bad
 input, the same on every attempt): its exit code and stderr are reported.
@@ -29,84 +33,44 @@ RESULT.json, written last (atomically), says what happened:
    "errors": [{"index": I, "pools": [...], "exit": N|null, "stderr": S}]}
 The merge of the shards is kvtrail's, on the driver, after this job.
 """
+import base64
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
-CHUNK = 4 << 20
 PLAN_FORMAT = "kvtrail-fleet-spark-plan"
 RESULT_FORMAT = "kvtrail-fleet-spark-result"
+
+# Runs on the executor: finds the shipped binary ($1) in the driver's
+# SparkFiles folder ($2: local mode) or the working folder (executors),
+# copies it where it may run when the shipped file is not executable, and
+# runs `kvtrail fleet task` with the remaining arguments.
+WRAPPER = r"""
+name=$1; root=$2; shift 2
+exe=
+for e in "$root/$name" "./$name"; do
+    if [ -f "$e" ]; then exe=$e; break; fi
+done
+if [ -z "$exe" ]; then
+    echo "kvtrail fleet spark: the shipped binary $name is in neither $root nor $(pwd)" >&2
+    exit 127
+fi
+tmp=
+if [ ! -x "$exe" ]; then
+    tmp=$(mktemp -d) || exit 1
+    if ! { cp "$exe" "$tmp/$name" && chmod 700 "$tmp/$name"; }; then rm -rf "$tmp"; exit 1; fi
+    exe=$tmp/$name
+fi
+"$exe" fleet task "$@"
+rc=$?
+if [ -n "$tmp" ]; then rm -rf "$tmp"; fi
+exit $rc
+"""
 
 
 def shard_name(index):
     return "shard-%04d" % index
-
-
-def executable(name, tmp):
-    """The shipped binary, made executable (a copy when the shipped file
-    is not)."""
-    from pyspark import SparkFiles
-
-    exe = SparkFiles.get(name)
-    if os.access(exe, os.X_OK):
-        return exe
-    local = os.path.join(tmp, name)
-    shutil.copyfile(exe, local)
-    os.chmod(local, 0o700)
-    return local
-
-
-def shard_files(out):
-    """(relative path, absolute path) of every file of a shard folder, sorted."""
-    found = []
-    for root, dirs, files in os.walk(out):
-        dirs.sort()
-        for f in sorted(files):
-            full = os.path.join(root, f)
-            found.append((os.path.relpath(full, out), full))
-    return found
-
-
-def task(plan):
-    trace, binary, backend = plan["trace"], plan["binary"], plan["backend"]
-    direct, staging = plan["direct"], plan["staging"]
-
-    def run(items):
-        for index, pools in items:
-            tmp = tempfile.mkdtemp(prefix="kvtrail-shard-")
-            try:
-                exe = executable(binary, tmp)
-                name = shard_name(index)
-                out = os.path.join(staging if direct else tmp, name)
-                cmd = [exe, "scope", trace, "--pools", ",".join(str(p) for p in pools),
-                       "--backend", backend, "--out", out]
-                env = dict(os.environ, KVTRAIL_NO_PROGRESS="1")
-                p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, env=env)
-                if p.returncode != 0:
-                    yield ("error", index, pools, p.returncode, p.stderr.decode(errors="replace")[-8000:])
-                    continue
-                if not direct:
-                    for rel, full in shard_files(out):
-                        with open(full, "rb") as fh:
-                            n = 0
-                            while True:
-                                b = fh.read(CHUNK)
-                                yield ("chunk", index, rel, n, b)
-                                n += 1
-                                if len(b) < CHUNK:
-                                    break
-                yield ("done", index, pools, name)
-            except Exception as e:  # the task's own failure, reported like a shard's
-                yield ("error", index, pools, None, "%s: %s" % (type(e).__name__, e))
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-
-    return run
 
 
 def safe_rel(rel):
@@ -127,35 +91,50 @@ def write_chunk(staging, index, rel, n, data):
         f.write(data)
 
 
+def java_list(sc, items):
+    out = sc._jvm.java.util.ArrayList()
+    for i in items:
+        out.add(i)
+    return out
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: spark_scope.py PLAN.json RESULT.json")
     plan = json.load(open(sys.argv[1]))
     if plan.get("format") != PLAN_FORMAT:
         sys.exit("%s: not a %s file" % (sys.argv[1], PLAN_FORMAT))
-    from pyspark import SparkContext, StorageLevel
+    from pyspark import SparkContext, SparkFiles, StorageLevel
 
     sc = SparkContext(appName="kvtrail fleet spark")
     sc.setLogLevel("ERROR")
     started = time.time()
-    shards = [(s["index"], s["pools"]) for s in plan["shards"]]
-    rdd = sc.parallelize(shards, len(shards)).mapPartitions(task(plan))
+    shards = plan["shards"]
+    lines = ["%d %s" % (s["index"], ",".join(str(p) for p in s["pools"])) for s in shards]
+    cmd = ["sh", "-c", WRAPPER, "kvtrail-fleet-task", plan["binary"], SparkFiles.getRootDirectory(),
+           "--trace", plan["trace"], "--backend", plan["backend"]]
+    if plan["direct"]:
+        cmd += ["--staging", plan["staging"]]
+    rdd = sc._jsc.parallelize(java_list(sc, lines), len(lines)).pipe(java_list(sc, cmd))
     if plan["direct"]:
         records = rdd.collect()
     else:
         # Every shard runs at once; their files are then fetched one shard
         # (partition) at a time from the executors' disks.
-        rdd.persist(StorageLevel.DISK_ONLY)
+        rdd.persist(sc._getJavaStorageLevel(StorageLevel.DISK_ONLY))
         rdd.count()
         records = rdd.toLocalIterator()
     done, errors = [], []
-    for rec in records:
-        if rec[0] == "chunk":
-            write_chunk(plan["staging"], *rec[1:])
-        elif rec[0] == "done":
-            done.append({"index": rec[1], "pools": rec[2], "dir": rec[3]})
+    for line in records:
+        rec = json.loads(line)
+        kind = rec["kind"]
+        if kind == "chunk":
+            write_chunk(plan["staging"], rec["index"], rec["rel"], rec["n"], base64.b64decode(rec["data"]))
+        elif kind == "done":
+            done.append({"index": rec["index"], "pools": rec["pools"], "dir": rec["dir"]})
         else:
-            errors.append({"index": rec[1], "pools": rec[2], "exit": rec[3], "stderr": rec[4]})
+            errors.append({"index": rec["index"], "pools": rec["pools"], "exit": rec["exit"],
+                           "stderr": rec["stderr"]})
     secs = time.time() - started
     sc.stop()
     result = {"format": RESULT_FORMAT, "secs": secs, "shards": sorted(done, key=lambda s: s["index"]),

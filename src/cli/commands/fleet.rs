@@ -38,6 +38,23 @@ pub enum FleetCommand {
     Plan(PlanArgs),
     /// Run the shards as Spark tasks (spark-submit, this binary shipped to the executors) and merge them into one scope folder.
     Spark(SparkArgs),
+    /// A Spark task of `fleet spark` (the job pipes shards through it): reads "INDEX POOLS" lines on stdin, runs `scope --pools` for each and prints JSON lines.
+    #[command(hide = true)]
+    Task(TaskArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TaskArgs {
+    /// The trace, as the job's plan gives it.
+    #[arg(long)]
+    pub trace: String,
+    /// Replay backend of every shard.
+    #[arg(long, value_enum)]
+    pub backend: BackendArg,
+    /// Write each shard folder into this folder (one every executor sees);
+    /// without it the folders' files travel back as lines.
+    #[arg(long, value_name = "DIR")]
+    pub staging: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     match args.command {
         FleetCommand::Plan(a) => plan(a),
         FleetCommand::Spark(a) => spark(a),
+        FleetCommand::Task(a) => task(a),
     }
 }
 
@@ -428,6 +446,207 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         out.write_all(report::human(&r).as_bytes())
     })?;
     Ok(0)
+}
+
+/// One line a task prints (JSON): a chunk of a shard folder's file, a
+/// shard done, or a shard failed. fleet/spark_scope.py reads them.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum TaskLine<'a> {
+    Chunk {
+        index: usize,
+        rel: &'a str,
+        n: u64,
+        data: String,
+    },
+    Done {
+        index: usize,
+        pools: &'a [u16],
+        dir: &'a str,
+    },
+    Error {
+        index: usize,
+        pools: &'a [u16],
+        exit: Option<i32>,
+        stderr: String,
+    },
+}
+
+/// Bytes of a shard file a chunk line carries (4 MiB, base64 in the line).
+const TASK_CHUNK: usize = 4 << 20;
+/// What a failed shard's stderr keeps (its end).
+const TASK_STDERR: usize = 8000;
+
+/// `fleet task`: the Spark task's side of the job's pipe (Spark writes the
+/// task's shards on stdin, one "INDEX POOLS" line each, and collects what
+/// it prints). Each shard is this binary's own `scope TRACE --pools POOLS
+/// --out DIR`, in a child process whose exit code and stderr are reported.
+/// A shard that fails is not retried (its errors are bad input, the same
+/// on every attempt); the task itself exits 0 unless its own input or
+/// output fails, which fails the Spark task.
+fn task(args: TaskArgs) -> anyhow::Result<i32> {
+    use std::io::{BufRead, Write};
+    let exe = std::env::current_exe().context("cannot find this kvtrail binary")?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut emit = |line: &TaskLine| -> anyhow::Result<()> {
+        serde_json::to_writer(&mut out, line)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        Ok(())
+    };
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading the task's shards on stdin")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (index, pools) = parse_task_line(&line)
+            .with_context(|| format!("task line {:?}: not \"INDEX POOLS\"", term(&line)))?;
+        let name = format!("shard-{index:04}");
+        let tmp = tempfile::Builder::new()
+            .prefix("kvtrail-shard-")
+            .tempdir()
+            .context("cannot create a temporary folder")?;
+        let dir = match &args.staging {
+            Some(s) => s.join(&name),
+            None => tmp.path().join(&name),
+        };
+        let ran = Command::new(&exe)
+            .arg("scope")
+            .arg(&args.trace)
+            .arg("--pools")
+            .arg(ids(&pools))
+            .arg("--backend")
+            .arg(backend_name(args.backend))
+            .arg("--out")
+            .arg(&dir)
+            .env("KVTRAIL_NO_PROGRESS", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        let failed = match ran {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some((o.status.code(), tail(&o.stderr))),
+            Err(e) => Some((None, format!("cannot run {}: {e}", exe.display()))),
+        };
+        if let Some((exit, stderr)) = failed {
+            emit(&TaskLine::Error {
+                index,
+                pools: &pools,
+                exit,
+                stderr,
+            })?;
+            continue;
+        }
+        if args.staging.is_none() {
+            let sent = send_folder(&dir, |rel, n, data| {
+                emit(&TaskLine::Chunk {
+                    index,
+                    rel,
+                    n,
+                    data,
+                })
+            });
+            if let Err(e) = sent {
+                emit(&TaskLine::Error {
+                    index,
+                    pools: &pools,
+                    exit: None,
+                    stderr: format!("{e:#}"),
+                })?;
+                continue;
+            }
+        }
+        emit(&TaskLine::Done {
+            index,
+            pools: &pools,
+            dir: &name,
+        })?;
+    }
+    Ok(0)
+}
+
+/// "INDEX P,P,..." as the job writes it.
+fn parse_task_line(line: &str) -> Option<(usize, Vec<u16>)> {
+    let (index, pools) = line.trim().split_once(' ')?;
+    let pools = pools
+        .split(',')
+        .map(|p| p.parse().ok())
+        .collect::<Option<Vec<u16>>>()?;
+    Some((index.parse().ok()?, pools))
+}
+
+/// The end of a child's stderr, as text.
+fn tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let mut start = text.len().saturating_sub(TASK_STDERR);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}
+
+/// Every file under `dir` (sorted, "/"-separated relative paths), in
+/// chunks of [`TASK_CHUNK`] bytes, base64 (an empty file is one empty
+/// chunk).
+fn send_folder(
+    dir: &Path,
+    mut send: impl FnMut(&str, u64, String) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use base64::Engine;
+    use std::io::Read;
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("{}", d.display()))? {
+            let e = e?;
+            let ty = e.file_type()?;
+            if ty.is_dir() {
+                stack.push(e.path());
+            } else if ty.is_file() {
+                files.push(e.path());
+            }
+        }
+    }
+    let mut rels: Vec<(String, PathBuf)> = files
+        .into_iter()
+        .map(|f| {
+            let rel = f.strip_prefix(dir).unwrap_or(&f);
+            let rel = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            (rel, f)
+        })
+        .collect();
+    rels.sort();
+    let mut buf = vec![0u8; TASK_CHUNK];
+    for (rel, path) in &rels {
+        let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+        let mut n = 0u64;
+        loop {
+            let mut len = 0;
+            while len < buf.len() {
+                let got = f.read(&mut buf[len..])?;
+                if got == 0 {
+                    break;
+                }
+                len += got;
+            }
+            send(
+                rel,
+                n,
+                base64::engine::general_purpose::STANDARD.encode(&buf[..len]),
+            )?;
+            n += 1;
+            if len < buf.len() {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A shard's error message and hint, from its kvtrail's stderr.
