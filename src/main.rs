@@ -14,14 +14,21 @@ fn main() {
 /// freed: a seed-scale scope held about 410 MB of RSS for some 210 MB of
 /// live heap. Fixed thresholds hand blocks of 256 KiB and more straight
 /// back to the system when freed, at no cost in time (docs/fleet.md, "Seed
-/// scale"). Other allocators are left as they are.
+/// scale"). The arenas are capped at half the cores (at least 2): each
+/// thread's arena kept its own freed small blocks, which grew with the run
+/// (at 2 million requests, 2 arenas instead of glibc's default of 8 a core
+/// took scope from 231 to 203 MiB, and from 198 to 182 MiB at 233,000, at no
+/// cost in time). Other allocators are left as they are.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn tune_malloc() {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let arenas = (cores / 2).max(2) as libc::c_int;
     // SAFETY: mallopt only sets allocator parameters; it is called before
     // any thread is started.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, arenas);
     }
 }
 
