@@ -209,6 +209,120 @@ fn plan_follows_copies() {
     );
 }
 
+/// `fleet task`, the Spark task's side of the job's pipe, without Spark:
+/// shards on stdin, JSON lines out. Without --staging a shard's files come
+/// back as base64 chunks that rebuild the folder a `scope --pools` writes;
+/// a shard that fails is a line with its exit code and stderr (the task
+/// itself succeeds); a line that is no shard fails the task (exit 2).
+#[test]
+fn fleet_task_prints_shards_as_lines() {
+    use base64::Engine;
+    let (_, t, dup) = local();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = kvtrail(["fleet", "task", "--trace", s(t), "--backend", "cpu"])
+        .stdin("7 2,3\n\n")
+        .run();
+    let lines: Vec<serde_json::Value> = o
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rebuilt = tmp.path().join("rebuilt");
+    let mut chunks = 0;
+    for l in &lines[..lines.len() - 1] {
+        assert_eq!(l["kind"], "chunk", "{l}");
+        assert_eq!(l["index"], 7);
+        let rel = l["rel"].as_str().unwrap();
+        assert!(!rel.contains("..") && !rel.starts_with('/'), "{rel}");
+        let path = rebuilt.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(l["data"].as_str().unwrap())
+            .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        chunks += 1;
+    }
+    assert!(chunks >= 10, "{chunks} chunks");
+    let done = lines.last().unwrap();
+    assert_eq!(done["kind"], "done");
+    assert_eq!(done["index"], 7);
+    assert_eq!(done["dir"], "shard-0007");
+    assert_eq!(done["pools"], serde_json::json!([2, 3]));
+    let single = tmp.path().join("single");
+    kvtrail([
+        "scope",
+        s(t),
+        "--pools",
+        "2,3",
+        "--backend",
+        "cpu",
+        "--out",
+        s(&single),
+    ])
+    .expect(&[0, 1])
+    .run();
+    let names = entries(&single);
+    assert_eq!(entries(&rebuilt), names);
+    for n in names {
+        if n == "report.html" || n == "evidence.json" {
+            continue;
+        }
+        assert!(
+            std::fs::read(single.join(&n)).unwrap() == std::fs::read(rebuilt.join(&n)).unwrap(),
+            "{n} differs"
+        );
+    }
+
+    // A shard that fails: reported as a line, the task goes on.
+    let staging = tmp.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let o = kvtrail([
+        "fleet",
+        "task",
+        "--trace",
+        s(dup),
+        "--backend",
+        "cpu",
+        "--staging",
+        s(&staging),
+    ])
+    .stdin("0 0,1\n1 4\n")
+    .run();
+    let lines: Vec<serde_json::Value> = o
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (l, pools) in lines
+        .iter()
+        .zip([serde_json::json!([0, 1]), serde_json::json!([4])])
+    {
+        assert_eq!(l["kind"], "error", "{l}");
+        assert_eq!(l["exit"], 2);
+        assert_eq!(l["pools"], pools);
+        assert!(
+            l["stderr"].as_str().unwrap().contains("request_id 2"),
+            "{l}"
+        );
+    }
+    assert!(entries(&staging).is_empty(), "{:?}", entries(&staging));
+
+    // Not a shard line: the task fails (Spark then fails the job).
+    for bad in ["x 1\n", "0\n", "0 1,,2\n", "0 70000\n"] {
+        let r = kvtrail(["fleet", "task", "--trace", s(t), "--backend", "cpu"])
+            .stdin(bad)
+            .expect(&[2])
+            .run();
+        assert!(r.stderr.contains("INDEX POOLS"), "{bad:?}: {}", r.stderr);
+    }
+}
+
 #[test]
 fn spark_shards_equal_a_local_scope_for_s3_and_local_traces() {
     let Some((submit, py)) = spark() else { return };
