@@ -503,13 +503,18 @@ fn task(args: TaskArgs) -> anyhow::Result<i32> {
         let (index, pools) = parse_task_line(&line)
             .with_context(|| format!("task line {:?}: not \"INDEX POOLS\"", term(&line)))?;
         let name = format!("shard-{index:04}");
-        let tmp = tempfile::Builder::new()
-            .prefix("kvtrail-shard-")
-            .tempdir()
-            .context("cannot create a temporary folder")?;
-        let dir = match &args.staging {
-            Some(s) => s.join(&name),
-            None => tmp.path().join(&name),
+        // Without --staging the shard is written to a temporary folder of
+        // the executor's, removed once its lines are out.
+        let (_tmp, dir) = match &args.staging {
+            Some(s) => (None, s.join(&name)),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("kvtrail-shard-")
+                    .tempdir()
+                    .context("cannot create a temporary folder")?;
+                let d = t.path().join(&name);
+                (Some(t), d)
+            }
         };
         let ran = Command::new(&exe)
             .arg("scope")
