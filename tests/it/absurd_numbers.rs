@@ -358,10 +358,18 @@ fn check(spec: &Spec) -> Result<(), TestCaseError> {
     // A refusal at a documented resource limit (docs/limits.md: the
     // replay's touched-slot limit) is no verdict on validity: the trace is
     // valid, the run declined the work. It must say which limit and how to
-    // raise it.
+    // raise it. Copies that wait on each other are refused by the commands
+    // that replay (scope) and accepted by verify and inspect, which check
+    // structure only (docs/trace-format.md, "Copies both ways"): the
+    // generator can draw two copies that each read the other pool past the
+    // other copy.
     let verdicts: Vec<_> = verdicts
         .into_iter()
-        .filter(|(_, c, err)| !(*c == 2 && err.contains("KVTRAIL_MAX_TOUCHED_SLOTS")))
+        .filter(|(name, c, err)| {
+            !(*c == 2
+                && (err.contains("KVTRAIL_MAX_TOUCHED_SLOTS")
+                    || (name.starts_with("scope") && err.contains("copies wait on each other"))))
+        })
         .collect();
     let valid: Vec<bool> = verdicts.iter().map(|(_, c, _)| *c == 0).collect();
     prop_assert!(
