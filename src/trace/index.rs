@@ -65,11 +65,6 @@ impl RequestKeys {
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         Cursor::new(&self.keys)
     }
-
-    /// Bytes the keys hold (not the tenant names).
-    pub fn key_bytes(&self) -> usize {
-        self.keys.bytes()
-    }
 }
 
 /// Keys gathered (16 bytes each) before they are sorted and packed into a
@@ -112,6 +107,8 @@ fn read_bits(bits: &[u64], pos: u64, w: u32) -> u64 {
 }
 
 impl PackedKeys {
+    /// Bytes the packed keys hold (the test of their size).
+    #[cfg(test)]
     fn bytes(&self) -> usize {
         (self.firsts.capacity() + self.heads.capacity() + self.bits.capacity()) * 8
     }

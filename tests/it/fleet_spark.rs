@@ -141,10 +141,29 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
+/// The lines a run printed on stdout, each a JSON value.
+fn json_lines(r: &Ran) -> Vec<serde_json::Value> {
+    r.ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// The merged folder against a local single run: every file byte for byte
 /// but report.html (the command line) and evidence.json (the shards as
 /// inputs); both present, and the folder lists the same files.
 fn same_as_local_scope(merged: &Path, single: &Path) {
+    same_files(merged, single);
+    let html = std::fs::read_to_string(merged.join("report.html")).unwrap();
+    assert!(
+        html.contains("fleet spark"),
+        "report.html names the command"
+    );
+}
+
+/// Two scope folders list the same files, equal byte for byte but
+/// report.html and evidence.json (which name the command and inputs).
+fn same_files(merged: &Path, single: &Path) {
     let names = entries(single);
     assert_eq!(entries(merged), names);
     assert!(names.len() >= 10, "{names:?}");
@@ -161,11 +180,6 @@ fn same_as_local_scope(merged: &Path, single: &Path) {
             String::from_utf8_lossy(&b)
         );
     }
-    let html = std::fs::read_to_string(merged.join("report.html")).unwrap();
-    assert!(
-        html.contains("fleet spark"),
-        "report.html names the command"
-    );
 }
 
 #[test]
@@ -222,11 +236,7 @@ fn fleet_task_prints_shards_as_lines() {
     let o = kvtrail(["fleet", "task", "--trace", s(t), "--backend", "cpu"])
         .stdin("7 2,3\n\n")
         .run();
-    let lines: Vec<serde_json::Value> = o
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&o);
     let rebuilt = tmp.path().join("rebuilt");
     let mut chunks = 0;
     for l in &lines[..lines.len() - 1] {
@@ -266,17 +276,7 @@ fn fleet_task_prints_shards_as_lines() {
     ])
     .expect(&[0, 1])
     .run();
-    let names = entries(&single);
-    assert_eq!(entries(&rebuilt), names);
-    for n in names {
-        if n == "report.html" || n == "evidence.json" {
-            continue;
-        }
-        assert!(
-            std::fs::read(single.join(&n)).unwrap() == std::fs::read(rebuilt.join(&n)).unwrap(),
-            "{n} differs"
-        );
-    }
+    same_files(&rebuilt, &single);
 
     // A shard that fails: reported as a line, the task goes on.
     let staging = tmp.path().join("staging");
@@ -293,11 +293,7 @@ fn fleet_task_prints_shards_as_lines() {
     ])
     .stdin("0 0,1\n1 4\n")
     .run();
-    let lines: Vec<serde_json::Value> = o
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&o);
     assert_eq!(lines.len(), 2, "{lines:?}");
     for (l, pools) in lines
         .iter()

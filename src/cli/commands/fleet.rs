@@ -627,26 +627,23 @@ fn send_folder(
         })
         .collect();
     rels.sort();
-    let mut buf = vec![0u8; TASK_CHUNK];
+    let mut buf = Vec::with_capacity(TASK_CHUNK);
     for (rel, path) in &rels {
         let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
         let mut n = 0u64;
         loop {
-            let mut len = 0;
-            while len < buf.len() {
-                let got = f.read(&mut buf[len..])?;
-                if got == 0 {
-                    break;
-                }
-                len += got;
-            }
+            buf.clear();
+            (&mut f)
+                .take(TASK_CHUNK as u64)
+                .read_to_end(&mut buf)
+                .with_context(|| format!("{}", path.display()))?;
             send(
                 rel,
                 n,
-                base64::engine::general_purpose::STANDARD.encode(&buf[..len]),
+                base64::engine::general_purpose::STANDARD.encode(&buf),
             )?;
             n += 1;
-            if len < buf.len() {
+            if buf.len() < TASK_CHUNK {
                 break;
             }
         }
