@@ -10,8 +10,12 @@ affected responses with the same foreign tokens (and the merged folders of
 the shards the same summary.json as the single run), or the row says
 MISMATCH and the script exits 1. For `fleet spark`, "query s" is the Spark
 job (tasks and the shards' return, from the job's SparkContext up) plus the
-merge, without spark-submit's JVM and Python start; the last line of each
-trace compares it with the Spark dialect's query, both measured here.
+merge, without spark-submit's JVM and Python start. Beside it, "Spark
+floor" is a fresh spark-submit running a job of the same shape (one
+JavaRDD.pipe task per shard, `cat` in kvtrail's place), timed the same way:
+what any job of this shape costs on this machine. The last line of each
+trace compares the job and the floor with the Spark dialect's query, all
+measured here.
 
 Rows are printed as each engine finishes (a slow engine does not hide the
 others' figures).
@@ -97,6 +101,42 @@ def run(cmd, env=None, want_stderr=False):
     return secs, mb
 
 
+# Spark's floor for a job of fleet spark's shape: the same SparkContext
+# start, then one pipe task per shard line (JavaRDD.pipe, as the job), with
+# `cat` in kvtrail's place, timed as the job times itself.
+FLOOR_JOB = r"""
+import json, sys, time
+from pyspark import SparkContext
+sc = SparkContext(appName="kvtrail fleet bench floor")
+sc.setLogLevel("ERROR")
+started = time.time()
+def jl(items):
+    out = sc._jvm.java.util.ArrayList()
+    for i in items:
+        out.add(i)
+    return out
+n = int(sys.argv[2])
+lines = ["%d 0" % i for i in range(n)]
+got = list(sc._jsc.parallelize(jl(lines), n).pipe(jl(["sh", "-c", "cat"])).collect())
+secs = time.time() - started
+sc.stop()
+assert sorted(got) == sorted(lines), got
+json.dump({"secs": secs}, open(sys.argv[1], "w"))
+"""
+
+
+def spark_floor(py, tmp, shards):
+    """Seconds of a no-op Spark job of fleet spark's shape (`cat` in
+    kvtrail's place) in a fresh spark-submit, local[2]."""
+    job, out = os.path.join(tmp, "floor_job.py"), os.path.join(tmp, "floor.json")
+    with open(job, "w") as f:
+        f.write(FLOOR_JOB)
+    submit = os.path.join(os.path.dirname(py), "spark-submit")
+    run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=2g",
+         job, out, str(shards)], env={"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py})
+    return json.load(open(out))["secs"]
+
+
 def affected(rows):
     return sorted((a["request_id"], a["foreign_tokens"]) for a in rows)
 
@@ -140,7 +180,7 @@ def bench_trace(trace, kvt, engines, tmp, py):
         ok &= same
         row(f"native, {len(pools)} pool shards + merge", time.time() - t0, None, peak,
             "identical summary.json" if same else "MISMATCH")
-    fleet_query, fleet_wall = None, [None]
+    fleet_query, fleet_wall, floor = None, [None], None
     if "fleet-spark" in engines:
         submit = os.path.join(os.path.dirname(py), "spark-submit")
         secs, mb, err = run([kvt, "fleet", "spark", trace, "--out", f"{work}/fleet", "--master", "local[2]",
@@ -157,6 +197,9 @@ def bench_trace(trace, kvt, engines, tmp, py):
         fleet_wall[0] = secs
         row(f"fleet spark, {shards} shard(s), local[2]", secs, fleet_query, mb,
             "identical summary.json" if same else "MISMATCH")
+        floor = spark_floor(py, tmp, int(shards))
+        print(f"{'  Spark floor: same job, cat':<34} {'':>8} {floor:8.2f}   (fleet spark's job above it: "
+              f"{fleet_query - floor:.2f} s)", flush=True)
     for engine in ("duckdb", "spark"):
         if engine not in engines:
             continue
@@ -170,9 +213,11 @@ def bench_trace(trace, kvt, engines, tmp, py):
         ok &= got == want
         row(f"{engine} dialect ({'local[2]' if engine == 'spark' else '2 threads'})", secs, res["_secs"], mb,
             f"{len(got)} affected, same" if got == want else f"MISMATCH {got}")
-        if engine == "spark" and fleet_query:
+        if engine == "spark" and fleet_query and floor:
             print(f"fleet spark vs Spark dialect on local[2]: query {res['_secs'] / fleet_query:.0f}x faster, "
-                  f"wall {secs / fleet_wall[0]:.0f}x faster", flush=True)
+                  f"wall {secs / fleet_wall[0]:.0f}x faster; the Spark floor's job is "
+                  f"{res['_secs'] / floor:.0f}x faster than the dialect (the most a Spark job of this shape "
+                  f"can reach here)", flush=True)
     return ok
 
 

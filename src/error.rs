@@ -96,17 +96,29 @@ impl Error {
             hint: hint.into(),
         }
     }
+    /// A failed read or write of `path`; a kvtrail error carried through
+    /// `io::Read` (a remote object's read) comes back as itself.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.to_path_buf(),
-            source,
+        match source.downcast::<Error>() {
+            Ok(inner) => inner,
+            Err(source) => Error::Io {
+                path: path.to_path_buf(),
+                source,
+            },
         }
     }
-    pub fn parquet(loc: Location, e: impl fmt::Display) -> Self {
-        Error::Parquet {
-            loc,
-            msg: e.to_string(),
+    /// A Parquet decoding error; a kvtrail error carried through the
+    /// Parquet reader (a remote object's read) comes back as itself.
+    pub fn parquet(loc: Location, e: impl fmt::Display + 'static) -> Self {
+        let msg = e.to_string();
+        let any: Box<dyn std::any::Any> = Box::new(e);
+        if let Ok(pe) = any.downcast::<parquet::errors::ParquetError>()
+            && let parquet::errors::ParquetError::External(inner) = *pe
+            && let Ok(inner) = inner.downcast::<Error>()
+        {
+            return *inner;
         }
+        Error::Parquet { loc, msg }
     }
 }
 

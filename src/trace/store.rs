@@ -13,7 +13,10 @@
 //! ([`Remote::open`]); every later read of an object asks for the ETag
 //! (or version) the listing saw (`If-Match`) and compares the answer's, so
 //! an object replaced between listing and reading is an error naming it,
-//! never a mix of two uploads. HTTP(S) servers cannot list a folder: the
+//! never a mix of two uploads. An object listed without an ETag or version
+//! (a bare static server) is read once into a temporary file, hashed on
+//! the way, and served from there ([`Remote::spool`]). HTTP(S) servers
+//! cannot list a folder: the
 //! files of an `http(s)://` trace are the ones its trace.json lists, each
 //! asked for with a HEAD.
 //!
@@ -55,6 +58,13 @@ pub const CACHE_BLOCKS: usize = 16;
 pub const STREAM_BYTES: u64 = 8 << 20;
 /// The most objects kvtrail lists under one trace prefix.
 pub const MAX_OBJECTS: usize = 1_000_000;
+/// The most bytes of object names (and ETags) a listing keeps: with long
+/// names the listing is refused before [`MAX_OBJECTS`].
+pub const MAX_LISTING_BYTES: usize = 256 << 20;
+/// The longest trace URL, and the longest URL of a file in it (object
+/// stores name at most 1,024 bytes; HTTP servers refuse long request
+/// lines).
+pub const MAX_URL_BYTES: usize = 4096;
 
 /// Seconds one request may take, unless `KVTRAIL_OBJECT_STORE_TIMEOUT` says.
 pub const DEFAULT_TIMEOUT_S: f64 = 30.0;
@@ -203,6 +213,18 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
             .any(|w| lower.contains(w))
             {
                 Error::invalid(loc, format!("access failed: {text}"), CREDENTIALS_HINT)
+            } else if lower.contains("invalid path") {
+                Error::invalid(
+                    loc,
+                    format!("the listing holds an object whose name is not an object path: {text}"),
+                    "remove or rename the object under the trace's prefix whose name has an empty, `.` or `..` segment or a control character (a trace's objects are trace.json, requests/*.parquet and kv/pool=N/*.parquet), or copy the trace to a clean prefix",
+                )
+            } else if lower.contains("range request not supported") {
+                Error::invalid(
+                    loc,
+                    format!("the server ignores Range requests: {text}"),
+                    "serve the trace from object storage (s3://, gs://, az://) or from an HTTP server that answers Range requests (206) and sends ETags, or copy it to a local folder",
+                )
             } else if lower.contains("nosuchbucket") || lower.contains("containernotfound") {
                 Error::invalid(
                     loc,
@@ -261,6 +283,11 @@ pub(crate) struct Remote {
     /// blake3 and length of objects hashed so far: an object is read at
     /// the ETag it was listed with, so its digest is computed once.
     digests: Mutex<HashMap<String, (String, u64)>>,
+    /// Objects the store names no ETag or version for (HTTP servers that
+    /// send no ETag): each is downloaded once into a temporary file,
+    /// hashed on the way, and every read is served from that copy, so the
+    /// bytes replayed are the bytes hashed.
+    spools: Mutex<HashMap<String, Arc<File>>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -343,12 +370,31 @@ impl Remote {
         if let Some(r) = registry().lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(r);
         }
+        if key.len() > MAX_URL_BYTES {
+            let shown: String = key.chars().take(80).collect();
+            return Err(bad_url(
+                &format!("{shown}..."),
+                format!(
+                    "is {} bytes long, over kvtrail's limit of {MAX_URL_BYTES} for a trace URL",
+                    key.len()
+                ),
+            ));
+        }
         let url = url::Url::parse(&key).map_err(|e| bad_url(&key, format!("is not a URL: {e}")))?;
         if url.host_str().is_none_or(str::is_empty) {
             return Err(bad_url(&key, "names no bucket, container or host".into()));
         }
         if url.query().is_some() || url.fragment().is_some() {
             return Err(bad_url(&key, "has a query or fragment (`?`, `#`)".into()));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            // Not echoed: the URL holds a secret.
+            let shown = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
+            return Err(Error::invalid(
+                Location::file(Path::new(&shown)),
+                "names a user or password in the URL (`USER:PASSWORD@`): kvtrail takes credentials only from the environment, and would write the URL into its reports",
+                CREDENTIALS_HINT,
+            ));
         }
         let limits = Limits::from_env()?;
         let (store, listable) = build_store(&url, &limits).map_err(|e| {
@@ -368,6 +414,7 @@ impl Remote {
             objects: Mutex::default(),
             failure: Mutex::default(),
             digests: Mutex::default(),
+            spools: Mutex::default(),
         };
         if listable {
             remote.list()?;
@@ -385,16 +432,26 @@ impl Remote {
         let url = self.url.clone();
         let listed = block_on(async move {
             let mut out = BTreeMap::new();
+            let mut kept = 0usize;
             let mut stream = store.list(Some(&prefix));
             while let Some(meta) = stream.next().await {
                 let meta = meta.map_err(|e| request_error(&url, e))?;
                 let Some(rel) = rel_of(&prefix, &meta.location) else {
                     continue;
                 };
-                if out.len() >= MAX_OBJECTS {
+                kept += rel.len()
+                    + meta.location.as_ref().len()
+                    + meta.e_tag.as_ref().map_or(0, String::len)
+                    + meta.version.as_ref().map_or(0, String::len)
+                    + 128;
+                if out.len() >= MAX_OBJECTS || kept > MAX_LISTING_BYTES {
                     return Err(Error::invalid(
                         Location::file(Path::new(&url)),
-                        format!("holds more than {MAX_OBJECTS} objects"),
+                        format!(
+                            "holds more than {} objects (or more than {} MiB of object names)",
+                            out.len(),
+                            MAX_LISTING_BYTES >> 20
+                        ),
                         "point kvtrail at one trace's prefix (the one that holds trace.json), not at a bucket of many",
                     ));
                 }
@@ -469,12 +526,26 @@ impl Remote {
             .unwrap_or_default()
     }
 
+    /// Where the object at `rel` lives: as the listing named it, else (a
+    /// path trace.json lists, read over HTTP(S)) the prefix joined with
+    /// `rel` as it is written, so that a name the store or server encodes
+    /// is asked for once encoded, not twice.
     fn location(&self, rel: &str) -> ObjPath {
-        let mut loc = self.prefix.clone();
-        for part in rel.split('/').filter(|p| !p.is_empty()) {
-            loc = loc.clone().join(part);
+        if let Some(m) = self.objects.lock().ok().and_then(|o| o.get(rel).cloned()) {
+            return m.location;
         }
-        loc
+        let joined = if self.prefix.as_ref().is_empty() {
+            rel.to_string()
+        } else {
+            format!("{}/{rel}", self.prefix.as_ref())
+        };
+        ObjPath::parse(&joined).unwrap_or_else(|_| {
+            let mut loc = self.prefix.clone();
+            for part in rel.split('/').filter(|p| !p.is_empty()) {
+                loc = loc.clone().join(part);
+            }
+            loc
+        })
     }
 
     /// The URL of a path in the trace.
@@ -492,19 +563,111 @@ impl Remote {
                 "check the URL (bucket or container, prefix, object name); a trace's prefix holds trace.json, requests/ and kv/",
             )
         })?;
+        if url.len() > MAX_URL_BYTES {
+            return Err(Error::invalid(
+                Location::file(Path::new(&self.url)),
+                format!(
+                    "names a file whose URL is {} bytes long, over kvtrail's limit of {MAX_URL_BYTES}",
+                    url.len()
+                ),
+                "keep the trace's prefix and file paths short (the trace format's paths are kv/pool=N/part-NNNNN.parquet)",
+            ));
+        }
+        let pinned = meta.e_tag.is_some() || meta.version.is_some();
+        let mut inner = Inner {
+            remote: self.clone(),
+            url,
+            location: meta.location.clone(),
+            size: meta.size,
+            e_tag: meta.e_tag,
+            version: meta.version,
+            cache: Mutex::default(),
+            spool: None,
+        };
+        if !pinned {
+            inner.spool = Some(self.spool(rel, &inner)?);
+        }
         Ok(RemoteFile {
-            inner: Arc::new(Inner {
-                remote: self.clone(),
-                url,
-                location: self.location(rel),
-                size: meta.size,
-                e_tag: meta.e_tag,
-                version: meta.version,
-                cache: Mutex::default(),
-            }),
+            inner: Arc::new(inner),
             pos: 0,
             buf: Bytes::new(),
         })
+    }
+
+    /// The local copy of an object that cannot be pinned to an ETag or
+    /// version (see [`Remote::spools`]): downloaded front to back in
+    /// [`STREAM_BYTES`] ranges on first use, its blake3 recorded as the
+    /// object's digest.
+    fn spool(&self, rel: &str, inner: &Inner) -> Result<Arc<File>> {
+        use std::io::Write;
+        let mut spools = self
+            .spools
+            .lock()
+            .map_err(|_| Error::Other(format!("{}: a reader thread failed", inner.url)))?;
+        if let Some(f) = spools.get(rel) {
+            return Ok(f.clone());
+        }
+        let tmp_err = |e: io::Error| {
+            Error::invalid(
+                Location::file(Path::new(&inner.url)),
+                format!("cannot keep a local copy of the object: {e}"),
+                "the server sends no ETag, so kvtrail reads each object once into a temporary file (TMPDIR): free space there, or serve the trace from object storage",
+            )
+        };
+        let mut file = tempfile::tempfile().map_err(tmp_err)?;
+        // One GET of the whole object, streamed to the file (a server that
+        // sends no ETag often answers no Range request either).
+        let store = self.store.clone();
+        let loc = inner.location.clone();
+        let url = inner.url.clone();
+        let size = inner.size;
+        let copied = block_on(async {
+            let got = store
+                .get_opts(&loc, GetOptions::default())
+                .await
+                .map_err(|e| request_error(&url, e))?;
+            let mut stream = got.into_stream();
+            let mut h = blake3::Hasher::new();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| request_error(&url, e))?;
+                n += chunk.len() as u64;
+                if n > size {
+                    break;
+                }
+                h.update(&chunk);
+                file.write_all(&chunk).map_err(tmp_err)?;
+            }
+            if n != size {
+                return Err(Error::invalid(
+                    Location::file(Path::new(&url)),
+                    format!(
+                        "the server sent {n}{} bytes of an object of {size}",
+                        if n > size { " or more" } else { "" }
+                    ),
+                    "the object changed while kvtrail read it, or the server is damaged: do not modify a trace while kvtrail reads it",
+                ));
+            }
+            Ok::<_, Error>(h)
+        });
+        let h = match copied {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) | Err(e) => {
+                if let Ok(mut f) = self.failure.lock()
+                    && f.is_none()
+                {
+                    *f = Some(copy(&e));
+                }
+                return Err(e);
+            }
+        };
+        let d = (h.finalize().to_hex().to_string(), inner.size);
+        if let Ok(mut m) = self.digests.lock() {
+            m.insert(rel.to_string(), d);
+        }
+        let file = Arc::new(file);
+        spools.insert(rel.to_string(), file.clone());
+        Ok(file)
     }
 
     /// blake3 and length of the object at `rel`, streamed front to back
@@ -595,6 +758,8 @@ struct Inner {
     e_tag: Option<String>,
     version: Option<String>,
     cache: Mutex<Cache>,
+    /// The object's local copy, when it cannot be pinned.
+    spool: Option<Arc<File>>,
 }
 
 impl Inner {
@@ -602,6 +767,13 @@ impl Inner {
     fn fetch(&self, start: u64, end: u64) -> Result<Bytes> {
         if start >= end {
             return Ok(Bytes::new());
+        }
+        if let Some(f) = &self.spool {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0; (end - start) as usize];
+            f.read_exact_at(&mut buf, start)
+                .map_err(|e| Error::io(Path::new(&self.url), e))?;
+            return Ok(Bytes::from(buf));
         }
         let res = self.fetch_inner(start, end);
         if let Err(e) = &res

@@ -17,6 +17,7 @@ use std::time::Duration;
 use kvtrail::trace::Role;
 
 use crate::support::cli::{Kvtrail, Ran, kvtrail, s};
+use crate::support::files::copy_dir;
 use crate::support::objstore::{self, Server};
 use crate::support::trace_builder::{TraceBuilder, pool};
 use crate::support::venv;
@@ -310,7 +311,9 @@ fn fleet_task_prints_shards_as_lines() {
     assert!(entries(&staging).is_empty(), "{:?}", entries(&staging));
 
     // Not a shard line: the task fails (Spark then fails the job).
-    for bad in ["x 1\n", "0\n", "0 1,,2\n", "0 70000\n"] {
+    // A line past the task's limit (1 MiB) is refused without being held.
+    let long = format!("0 {}", "1,".repeat(600_000));
+    for bad in ["x 1\n", "0\n", "0 1,,2\n", "0 70000\n", long.as_str()] {
         let r = kvtrail(["fleet", "task", "--trace", s(t), "--backend", "cpu"])
             .stdin(bad)
             .expect(&[2])
@@ -434,4 +437,40 @@ fn bad_input_is_refused_before_spark_starts() {
     let r = objstore::on_s3(srv, kvtrail(["fleet", "plan", "s3://empty/fleet"])).run();
     refused(&r, &["no trace under this prefix"]);
     assert!(entries(tmp.path()).is_empty(), "{:?}", entries(tmp.path()));
+}
+
+/// The shards must have read the trace the driver planned from: a trace
+/// changed after planning (here trace.json, rewritten by a spark-submit
+/// wrapper just before the job starts: the same manifest with one more
+/// space, another digest) is refused before anything is merged, and no
+/// folder is left.
+#[test]
+fn shards_of_a_trace_changed_after_planning_are_refused() {
+    let Some((submit, py)) = spark() else { return };
+    let (_, t, _) = local();
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("trace");
+    copy_dir(t, &trace);
+    let wrapper = tmp.path().join("spark-submit");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nprintf ' ' >> '{}'\nexec '{}' \"$@\"\n",
+            trace.join("trace.json").display(),
+            submit.display()
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&wrapper).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&wrapper, perm).unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = work.join("out");
+    let r = fleet_spark(s(&trace), &out, &wrapper, &py).run();
+    refused(
+        &r,
+        &["the shards read other trace.json", "nothing was merged"],
+    );
+    assert!(entries(&work).is_empty(), "{:?}", entries(&work));
 }

@@ -9,14 +9,7 @@
 use std::path::Path;
 
 use crate::support::cli::{kvtrail, s, simulate};
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
+use crate::support::files::copy_dir;
 
 fn answer(dir: &Path, q: &[&str]) -> serde_json::Value {
     let r = kvtrail(["lookup", s(dir), "--json"])

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::support::cli::{Ran, kvtrail};
+use crate::support::files::copy_dir;
 use crate::support::objstore::{Server, start};
 
 const MINI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/incident-mini");
@@ -26,19 +27,12 @@ struct Cases {
     bad_digest: PathBuf,
     /// kv/pool=1's file is gone.
     missing: PathBuf,
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let p = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &p);
-        } else {
-            std::fs::copy(e.path(), p).unwrap();
-        }
-    }
+    /// kv/pool=1's file with one byte flipped (as tests/objstore/server.py
+    /// flips it), trace.json unchanged.
+    flipped: PathBuf,
+    /// kv/pool=1's file named `part%3A00000.parquet` (a name stores and
+    /// servers percent-encode), trace.json listing it so.
+    pct: PathBuf,
 }
 
 fn cases() -> &'static Cases {
@@ -61,11 +55,38 @@ fn cases() -> &'static Cases {
         let missing = tmp.path().join("missing");
         copy_dir(&mini, &missing);
         std::fs::remove_file(missing.join("kv/pool=1/part-00000.parquet")).unwrap();
+        let flipped = tmp.path().join("flipped");
+        copy_dir(&mini, &flipped);
+        let f = flipped.join("kv/pool=1/part-00000.parquet");
+        let mut data = std::fs::read(&f).unwrap();
+        let i = data.len() / 2;
+        data[i] ^= 0xFF;
+        std::fs::write(&f, data).unwrap();
+        let pct = tmp.path().join("pct");
+        copy_dir(&mini, &pct);
+        std::fs::rename(
+            pct.join("kv/pool=1/part-00000.parquet"),
+            pct.join("kv/pool=1/part%3A00000.parquet"),
+        )
+        .unwrap();
+        let tj = pct.join("trace.json");
+        let text = std::fs::read_to_string(&tj).unwrap();
+        assert!(text.contains("kv/pool=1/part-00000.parquet"));
+        std::fs::write(
+            &tj,
+            text.replace(
+                "kv/pool=1/part-00000.parquet",
+                "kv/pool=1/part%3A00000.parquet",
+            ),
+        )
+        .unwrap();
         Cases {
             _tmp: tmp,
             mini,
             bad_digest,
             missing,
+            flipped,
+            pct,
         }
     })
 }
@@ -89,6 +110,7 @@ fn s3() -> &'static Server {
                     up(&c.bad_digest, "bad_digest"),
                     up(&c.missing, "missing"),
                     up(&c.mini, "changing"),
+                    up(&c.pct, "pct"),
                 ],
                 "changing": "changing/kv/pool=0/part-00000.parquet",
             })
@@ -426,4 +448,103 @@ fn http_results_equal_a_local_copy_and_a_change_is_refused() {
         ],
     );
     assert!(!out.exists(), "scope --out left {}", out.display());
+}
+
+/// A bare static server (no ETag, Range ignored: what `python -m
+/// http.server` is) over the cases; `changing`: kv/pool=1 of `mini` served
+/// altered on its first GET only ("first") or on every later GET ("later").
+fn plain(changing: Option<&str>) -> Server {
+    let c = cases();
+    let mut args = vec!["plain", c._tmp.path().to_str().unwrap()];
+    if let Some(when) = changing {
+        args.extend(["mini/kv/pool=1/part-00000.parquet", when]);
+    }
+    start(&args)
+}
+
+/// verify, inspect and scope (`--json`) of the trace at `prefix` on a
+/// server `serve` starts afresh for each command (its "first" and "later"
+/// count one command's requests), against the local copy `dir`.
+fn compare_http(serve: impl Fn() -> Server, prefix: &str, dir: &Path, what: &str) {
+    for args in [
+        vec!["verify", "--json"],
+        vec!["inspect", "--json"],
+        vec!["scope", "--json"],
+    ] {
+        let srv = serve();
+        let u = format!("{}/{prefix}", srv.endpoint);
+        let remote = kvtrail([args[0], u.as_str(), args[1]])
+            .timeout(Duration::from_secs(300))
+            .run();
+        let local = kvtrail([args[0], dir.to_str().unwrap(), args[1]]).run();
+        assert!(!remote.stderr.contains("panicked"), "{}", remote.stderr);
+        same(&remote, &local, &u, dir, &format!("{what} {}", args[0]));
+    }
+}
+
+/// A server that names no ETag cannot pin a read: each object is read
+/// once (one GET, no Range) into a local copy that is hashed and replayed
+/// alike, so what the evidence hashes is what the answer rests on, whatever
+/// the server sends on later requests.
+#[test]
+fn http_without_etag_or_range_replays_the_bytes_it_hashed() {
+    let c = cases();
+    compare_http(|| plain(None), "mini", &c.mini, "plain");
+    // Altered after the first GET: never seen.
+    compare_http(|| plain(Some("later")), "mini", &c.mini, "later");
+    // Altered on the first GET only: what was read is the altered file,
+    // exactly as a local copy of it reads (a digest that differs from
+    // trace.json's), never a mix.
+    compare_http(|| plain(Some("first")), "mini", &c.flipped, "first");
+    let srv = plain(Some("first"));
+    let r = kvtrail(["verify", &format!("{}/mini", srv.endpoint)])
+        .timeout(Duration::from_secs(300))
+        .expect(&[1])
+        .run();
+    assert!(r.stdout.contains("modified"), "{}", r.stdout);
+}
+
+/// An object whose name a store or server percent-encodes (`%`) is asked
+/// for as the listing (or trace.json) names it, on S3 and over HTTP.
+#[test]
+fn object_names_with_percent_signs_are_read_as_named() {
+    let c = cases();
+    compare("pct", &c.pct);
+    compare_http(|| plain(None), "pct", &c.pct, "plain pct");
+}
+
+/// A URL with a user or password is refused without echoing the secret;
+/// an over-long URL is refused, not a panic; a failed evidence read into
+/// an existing empty --out folder leaves it empty.
+#[test]
+fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
+    for u in [
+        "http://alice:s3cr3t@127.0.0.1:9/mini",
+        "s3://KEYID:s3cr3t@traces/mini",
+    ] {
+        let r = kvtrail(["verify", u]).run();
+        refused(&r, &["names a user or password"]);
+        assert!(!r.stderr.contains("s3cr3t"), "{}", r.stderr);
+    }
+    let long = format!("s3://{BUCKET}/{}t", "a/".repeat(22_000));
+    for args in [vec!["verify", long.as_str()], vec!["scope", long.as_str()]] {
+        let r = on_s3(&args).run();
+        refused(&r, &["bytes long", "4096"]);
+    }
+    let flat = format!("http://127.0.0.1:9/{}", "a".repeat(70_000));
+    let r = kvtrail(["inspect", flat.as_str()]).run();
+    refused(&r, &["bytes long"]);
+
+    let c = cases();
+    let changing = http(c._tmp.path(), Some("mini/kv/pool=1/part-00000.parquet"));
+    let u = format!("{}/mini", changing.endpoint);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let r = kvtrail(["scope", u.as_str(), "--out", out.to_str().unwrap()])
+        .timeout(Duration::from_secs(300))
+        .run();
+    refused(&r, &["changed while kvtrail read it"]);
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert!(left.is_empty(), "scope --out left {left:?}");
 }

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use crate::support::cli::{Ran, kvtrail};
+use crate::support::files::copy_dir;
 use crate::support::trace_builder::TraceBuilder;
 
 /// Request 1 of tenant `t1` writes four slots; request 2 of `t2` reads two
@@ -365,19 +366,6 @@ fn edit_evidence(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut ev: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     f(&mut ev);
     std::fs::write(&p, serde_json::to_string(&ev).unwrap()).unwrap();
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 /// A scope folder of `leak("acme", "globex")` under `root/scope`.

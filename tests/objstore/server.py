@@ -5,6 +5,13 @@ with Range, ETag and If-Match.
 Usage:
   server.py s3 SPEC.json     moto in server mode; SPEC uploads traces
   server.py http ROOT [REL]  serves folder ROOT; REL: see "changing" below
+  server.py plain ROOT [REL WHEN]
+                             serves folder ROOT as a bare static server
+                             does: no ETag, Range ignored (200, the whole
+                             file); REL served altered (one byte flipped,
+                             same size) on its first GET only (WHEN
+                             "first") or on every GET after the first
+                             ("later")
 
 SPEC.json: {"bucket": NAME, "empty_bucket": NAME, "auth": BOOL,
             "uploads": [{"dir": LOCAL_TRACE, "prefix": PREFIX,
@@ -26,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -140,7 +148,7 @@ def serve_http(root, changing):
             pass
 
         def body(self):
-            rel = self.path.split("?", 1)[0].lstrip("/")
+            rel = urllib.parse.unquote(self.path.split("?", 1)[0]).lstrip("/")
             with lock:
                 if rel in overlay:
                     return rel, overlay[rel]
@@ -208,11 +216,63 @@ def serve_http(root, changing):
     wait_stdin_then_exit(srv)
 
 
+def serve_plain(root, changing, when):
+    gets = {}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def body(self):
+            rel = urllib.parse.unquote(self.path.split("?", 1)[0]).lstrip("/")
+            p = os.path.realpath(os.path.join(root, rel))
+            if not p.startswith(os.path.realpath(root) + os.sep) or not os.path.isfile(p):
+                return rel, None
+            with open(p, "rb") as f:
+                return rel, f.read()
+
+        def answer(self, head):
+            rel, data = self.body()
+            if data is None:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if not head:
+                with lock:
+                    gets[rel] = gets.get(rel, 0) + 1
+                    n = gets[rel]
+                if rel == changing and ((when == "first") == (n == 1)):
+                    data = flip(data)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(data)
+
+        def do_HEAD(self):
+            self.answer(True)
+
+        def do_GET(self):
+            self.answer(False)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print(json.dumps({"endpoint": "http://127.0.0.1:%d" % srv.server_port}), flush=True)
+    wait_stdin_then_exit(srv)
+
+
 def main():
     # The tests end the server by closing stdin; a lost parent ends it too.
     threading.Thread(target=lambda: (time.sleep(600), os._exit(3)), daemon=True).start()
     if sys.argv[1] == "s3":
         serve_s3(sys.argv[2])
+    elif sys.argv[1] == "plain":
+        rest = sys.argv[3:] + [None, None]
+        serve_plain(sys.argv[2], rest[0], rest[1])
     else:
         serve_http(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
 

@@ -222,7 +222,13 @@ fn rename_into(from: &Path, to: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("{}: cannot rename to {}", from.display(), to.display()))
 }
 
-fn spark(args: SparkArgs) -> anyhow::Result<i32> {
+fn spark(mut args: SparkArgs) -> anyhow::Result<i32> {
+    // A link to a folder is written through, as `scope --out` does: the
+    // merged folder replaces the link's target, and the shards go beside it.
+    if args.out.is_symlink() {
+        args.out = std::fs::canonicalize(&args.out)
+            .with_context(|| format!("--out {}: a link to nothing", args.out.display()))?;
+    }
     let name = args
         .out
         .file_name()
@@ -239,6 +245,12 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         _ => PathBuf::from("."),
     };
     let shards_dir = parent.join(format!("{name}.shards"));
+    if shards_dir.is_symlink() {
+        bail!(
+            "{}: a link; the shard folders go beside --out, where the merged evidence.json cites them{HINT}remove the link, or pass another --out",
+            shards_dir.display()
+        );
+    }
     if let Some(c) = args.conf.iter().find(|c| !c.contains('=')) {
         bail!(
             "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
@@ -270,6 +282,7 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     // Planned here, natively: a trace that cannot be read or replayed is
     // refused before Spark starts.
     let shards = plan_of(&args.trace)?;
+    let planned = TraceView::of(&args.trace)?;
     eprintln!(
         "kvtrail: fleet spark: {} shards ({})",
         shards.len(),
@@ -280,7 +293,12 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
             .join("; ")
     );
 
-    std::fs::create_dir_all(&parent).with_context(|| format!("{}", parent.display()))?;
+    std::fs::create_dir_all(&parent).map_err(|e| {
+        anyhow!(
+            "{}: cannot create the folder: {e}{HINT}pass --out inside a folder you can write",
+            parent.display()
+        )
+    })?;
     let work = tempfile::Builder::new()
         .prefix("kvtrail-fleet-")
         .tempdir()
@@ -356,7 +374,9 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         .and_then(|b| serde_json::from_slice(&b).ok())
         .filter(|r: &JobResult| r.format == "kvtrail-fleet-spark-result");
     let Some(result) = result else {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let text = std::fs::read(&log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         for l in &lines[lines.len().saturating_sub(40)..] {
             eprintln!("kvtrail: spark: {}", term(l));
@@ -413,6 +433,9 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     cleanup.0.push(std::path::absolute(&merged)?);
     let merge_start = std::time::Instant::now();
     let loaded = load_shards(&dirs)?;
+    if let Some(first) = loaded.first() {
+        planned.check(&args.trace, &first.trace)?;
+    }
     let parts: Vec<_> = loaded
         .iter()
         .map(|s| (s.report.clone(), s.info.clone()))
@@ -448,6 +471,60 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// What the driver saw of the trace when it planned the shards: the
+/// blake3 of trace.json and the data files present. The shards (read on
+/// the executors, later, perhaps from another copy at the same path) must
+/// have read the same, or their merge would be another trace's answer.
+struct TraceView {
+    trace_json: String,
+    files: std::collections::BTreeSet<String>,
+}
+
+impl TraceView {
+    fn of(trace: &Path) -> anyhow::Result<TraceView> {
+        let (trace_json, _) = kvtrail::custody::hash_file(&trace.join("trace.json"))?;
+        let mut files = std::collections::BTreeSet::new();
+        for sub in ["requests", "kv"] {
+            for p in kvtrail::trace::read::list_parquet(&trace.join(sub))? {
+                let rel = p
+                    .strip_prefix(trace)
+                    .map(|r| r.to_string_lossy().replace('\\', "/"))
+                    .unwrap_or_else(|_| p.display().to_string());
+                files.insert(rel);
+            }
+        }
+        Ok(TraceView { trace_json, files })
+    }
+
+    /// Refuses shards whose evidence records another trace.json, or other
+    /// data files, than the driver planned from.
+    fn check(&self, trace: &Path, read: &kvtrail::custody::Inputs) -> anyhow::Result<()> {
+        let json = read.files.iter().find(|f| f.path == "trace.json");
+        let data: std::collections::BTreeSet<String> = read
+            .files
+            .iter()
+            .filter(|f| f.path != "trace.json")
+            .map(|f| f.path.clone())
+            .collect();
+        let what = if json.is_none_or(|f| !f.blake3.eq_ignore_ascii_case(&self.trace_json)) {
+            "trace.json".to_string()
+        } else if data != self.files {
+            let differs = data
+                .symmetric_difference(&self.files)
+                .next()
+                .cloned()
+                .unwrap_or_default();
+            format!("the data files ({differs})")
+        } else {
+            return Ok(());
+        };
+        bail!(
+            "{}: the shards read other {what} than this command planned from: the trace changed while the job ran, or the executors see another copy at this path; nothing was merged{HINT}do not modify a trace while kvtrail reads it (upload a changed trace to a new prefix), give the executors the same trace (an object-store URL, or a shared folder), then run kvtrail again",
+            term(&trace.display().to_string())
+        )
+    }
+}
+
 /// One line a task prints (JSON): a chunk of a shard folder's file, a
 /// shard done, or a shard failed. fleet/spark_scope.py reads them.
 #[derive(Serialize)]
@@ -476,6 +553,9 @@ enum TaskLine<'a> {
 const TASK_CHUNK: usize = 4 << 20;
 /// What a failed shard's stderr keeps (its end).
 const TASK_STDERR: usize = 8000;
+/// The longest "INDEX POOLS" line a task reads (a shard of every one of
+/// the 65,536 pool ids is under 400 KiB).
+const TASK_LINE_MAX: u64 = 1 << 20;
 
 /// `fleet task`: the Spark task's side of the job's pipe (Spark writes the
 /// task's shards on stdin, one "INDEX POOLS" line each, and collects what
@@ -485,7 +565,7 @@ const TASK_STDERR: usize = 8000;
 /// on every attempt); the task itself exits 0 unless its own input or
 /// output fails, which fails the Spark task.
 fn task(args: TaskArgs) -> anyhow::Result<i32> {
-    use std::io::{BufRead, Write};
+    use std::io::{BufRead, Read, Write};
     let exe = std::env::current_exe().context("cannot find this kvtrail binary")?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -495,13 +575,29 @@ fn task(args: TaskArgs) -> anyhow::Result<i32> {
         out.flush()?;
         Ok(())
     };
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("reading the task's shards on stdin")?;
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = Vec::new();
+    for number in 1.. {
+        buf.clear();
+        let n = (&mut stdin)
+            .take(TASK_LINE_MAX + 1)
+            .read_until(b'\n', &mut buf)
+            .context("reading the task's shards on stdin")?;
+        if n == 0 {
+            break;
+        }
+        if buf.len() as u64 > TASK_LINE_MAX {
+            anyhow::bail!(
+                "task line {number} is longer than {TASK_LINE_MAX} bytes: not \"INDEX POOLS\""
+            );
+        }
+        let line = String::from_utf8_lossy(&buf);
         if line.trim().is_empty() {
             continue;
         }
-        let (index, pools) = parse_task_line(&line)
-            .with_context(|| format!("task line {:?}: not \"INDEX POOLS\"", term(&line)))?;
+        let (index, pools) = parse_task_line(&line).with_context(|| {
+            format!("task line {number} {:?}: not \"INDEX POOLS\"", term(&line))
+        })?;
         let name = format!("shard-{index:04}");
         // Without --staging the shard is written to a temporary folder of
         // the executor's, removed once its lines are out.

@@ -120,13 +120,17 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             files.extend(extra);
             Ok((files, digest))
         })();
-        // A trace in object storage is read again for the evidence: when
-        // that fails (an object replaced meanwhile), no partial folder stays.
+        // The trace is read again for the evidence (a remote object may
+        // have been replaced meanwhile), and a write may fail: then no
+        // partial report stays. The folder was new or empty (custody::
+        // prepare_out), so what is in it now is this run's.
         let (files, digest) = match written {
             Ok(w) => w,
             Err(e) => {
-                if fresh && kvtrail::trace::files::is_remote(&args.trace) {
+                if fresh {
                     let _ = std::fs::remove_dir_all(dir);
+                } else {
+                    kvtrail::custody::empty_folder(dir);
                 }
                 return Err(e);
             }

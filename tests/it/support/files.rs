@@ -1,4 +1,4 @@
-//! Listing the files under a folder (a trace, an output folder).
+//! Listing and copying the files under a folder (a trace, an output folder).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,4 +32,18 @@ pub fn paths(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+/// Copies the folder `from` to `to` (created), recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &p);
+        } else {
+            std::fs::copy(e.path(), p).unwrap();
+        }
+    }
 }
