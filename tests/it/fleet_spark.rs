@@ -349,15 +349,18 @@ fn spark_shards_equal_a_local_scope_for_s3_and_local_traces() {
     assert_eq!(v.code, 0, "verify: {}\n{}", v.stdout, v.stderr);
 
     // A local trace: the executors see the same path and write their
-    // shards in place.
+    // shards in place. --out is a link to an empty folder: written
+    // through, as `scope --out` is, the shards beside the link's target.
     let out = tmp.path().join("local");
+    std::fs::create_dir(tmp.path().join("real")).unwrap();
+    std::os::unix::fs::symlink("real", &out).unwrap();
     let r = fleet_spark(s(t), &out, &submit, &py).run();
     assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     same_as_local_scope(&out, &single);
     kvtrail(["verify", s(&out)]).expect(&[0]).run();
     assert_eq!(
         entries(tmp.path()),
-        ["local", "local.shards", "s3", "s3.shards", "single"]
+        ["local", "real", "real.shards", "s3", "s3.shards", "single"]
     );
 }
 
@@ -473,4 +476,60 @@ fn shards_of_a_trace_changed_after_planning_are_refused() {
         &["the shards read other trace.json", "nothing was merged"],
     );
     assert!(entries(&work).is_empty(), "{:?}", entries(&work));
+}
+
+/// SIGTERM while the Spark job runs: spark-submit is stopped, exit 2, and
+/// neither the folders next to --out nor the job's temporary folder stay.
+/// (A stand-in spark-submit that waits: no Spark needed.)
+#[test]
+fn sigterm_during_the_job_leaves_nothing() {
+    let (_, t, _) = local();
+    let tmp = tempfile::tempdir().unwrap();
+    let started = tmp.path().join("started");
+    let submit = tmp.path().join("spark-submit");
+    std::fs::write(
+        &submit,
+        format!("#!/bin/sh\ntouch '{}'\nexec sleep 60\n", started.display()),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&submit).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&submit, perm).unwrap();
+    let work = tmp.path().join("work");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::create_dir(&scratch).unwrap();
+    let child = std::process::Command::new(crate::support::cli::bin())
+        .args(["fleet", "spark", s(t), "--out"])
+        .arg(work.join("out"))
+        .arg("--spark-submit")
+        .arg(&submit)
+        .env("TMPDIR", &scratch)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !started.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "spark-submit never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !entries(&work).is_empty(),
+        "no staging folder while the job runs"
+    );
+    let t1 = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(entries(&work).is_empty(), "{:?}", entries(&work));
+    assert!(entries(&scratch).is_empty(), "{:?}", entries(&scratch));
 }

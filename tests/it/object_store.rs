@@ -548,3 +548,22 @@ fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
     let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
     assert!(left.is_empty(), "scope --out left {left:?}");
 }
+
+/// A server that sends ETags but ignores Range (answers 200 with the whole
+/// object) is refused with one message that says so (exit 2), not a
+/// network hint, and not a message nested in another.
+#[test]
+fn a_server_ignoring_range_is_named_as_such() {
+    let c = cases();
+    let srv = start(&["http", c._tmp.path().to_str().unwrap(), "-", "norange"]);
+    let u = format!("{}/mini", srv.endpoint);
+    for cmd in ["verify", "scope"] {
+        let r = kvtrail([cmd, u.as_str()])
+            .env("KVTRAIL_OBJECT_STORE_RETRIES", "0")
+            .timeout(Duration::from_secs(300))
+            .run();
+        refused(&r, &["ignores Range requests", &format!("{u}/trace.json")]);
+        assert_eq!(r.stderr.matches("hint:").count(), 1, "{}", r.stderr);
+        assert!(!r.stderr.contains("\\u{a}"), "{}", r.stderr);
+    }
+}

@@ -5,6 +5,8 @@ with Range, ETag and If-Match.
 Usage:
   server.py s3 SPEC.json     moto in server mode; SPEC uploads traces
   server.py http ROOT [REL]  serves folder ROOT; REL: see "changing" below
+                             ("-" for none); a third argument "norange":
+                             Range ignored (200, the whole file)
   server.py plain ROOT [REL WHEN]
                              serves folder ROOT as a bare static server
                              does: no ETag, Range ignored (200, the whole
@@ -137,7 +139,7 @@ def serve_s3(spec_path):
     wait_stdin_then_exit(srv)
 
 
-def serve_http(root, changing):
+def serve_http(root, changing, norange=False):
     overlay = {}
     lock = threading.Lock()
 
@@ -193,7 +195,7 @@ def serve_http(root, changing):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            rng = self.headers.get("Range")
+            rng = None if norange else self.headers.get("Range")
             if rng and rng.startswith("bytes="):
                 a, b = rng[6:].split("-", 1)
                 start = int(a)
@@ -274,7 +276,8 @@ def main():
         rest = sys.argv[3:] + [None, None]
         serve_plain(sys.argv[2], rest[0], rest[1])
     else:
-        serve_http(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+        changing = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+        serve_http(sys.argv[2], changing, len(sys.argv) > 4 and sys.argv[4] == "norange")
 
 
 if __name__ == "__main__":

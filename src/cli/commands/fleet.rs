@@ -362,12 +362,31 @@ fn spark(mut args: SparkArgs) -> anyhow::Result<i32> {
     let log =
         std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
     cmd.stdout(log.try_clone()?).stderr(log);
-    let status = cmd.status().map_err(|e| {
+    // SIGTERM or SIGINT while the job runs stops spark-submit and leaves
+    // nothing behind (the temporary folders go as this function returns).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let mut child = cmd.spawn().map_err(|e| {
         anyhow!(
             "cannot run {}: {e}{HINT}install Spark (pip install pyspark gives spark-submit) and set SPARK_HOME or pass --spark-submit",
             submit.display()
         )
     })?;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "interrupted: the Spark job was stopped and nothing was written{HINT}run kvtrail fleet spark again"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
 
     let result: Option<JobResult> = std::fs::read(&result_path)
         .ok()
