@@ -110,15 +110,13 @@ impl Error {
     /// A Parquet decoding error; a kvtrail error carried through the
     /// Parquet reader (a remote object's read) comes back as itself.
     pub fn parquet(loc: Location, e: impl fmt::Display + 'static) -> Self {
-        let msg = e.to_string();
-        let any: Box<dyn std::any::Any> = Box::new(e);
-        if let Ok(pe) = any.downcast::<parquet::errors::ParquetError>()
-            && let parquet::errors::ParquetError::External(inner) = *pe
-            && let Ok(inner) = inner.downcast::<Error>()
-        {
-            return *inner;
+        if let Some(inner) = crate::trace::store::carried_by_parquet(&e) {
+            return inner;
         }
-        Error::Parquet { loc, msg }
+        Error::Parquet {
+            loc,
+            msg: e.to_string(),
+        }
     }
 }
 

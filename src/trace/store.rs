@@ -700,6 +700,15 @@ impl Remote {
     }
 }
 
+/// The kvtrail error a Parquet error carries (a remote read that failed
+/// inside the Parquet reader), as itself; None for any other error.
+pub(crate) fn carried_by_parquet(e: &dyn std::any::Any) -> Option<Error> {
+    match e.downcast_ref::<parquet::errors::ParquetError>()? {
+        parquet::errors::ParquetError::External(inner) => inner.downcast_ref::<Error>().map(copy),
+        _ => None,
+    }
+}
+
 /// A copy of an error (errors are not `Clone`: an I/O error's source).
 fn copy(e: &Error) -> Error {
     match e {
