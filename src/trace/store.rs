@@ -479,6 +479,18 @@ impl Remote {
         if self.listable {
             return Ok(None);
         }
+        // Asked for by a path trace.json names: a request for an over-long
+        // URL would fail inside the client, not with an error.
+        if self.file_url(rel).len() > MAX_URL_BYTES {
+            return Err(Error::invalid(
+                Location::file(Path::new(&self.url)),
+                format!(
+                    "names a file whose URL is {} bytes long, over kvtrail's limit of {MAX_URL_BYTES}",
+                    self.file_url(rel).len()
+                ),
+                "keep the trace's prefix and file paths short (the trace format's paths are kv/pool=N/part-NNNNN.parquet)",
+            ));
+        }
         let loc = self.location(rel);
         let store = self.store.clone();
         let url = self.file_url(rel);
@@ -563,16 +575,6 @@ impl Remote {
                 "check the URL (bucket or container, prefix, object name); a trace's prefix holds trace.json, requests/ and kv/",
             )
         })?;
-        if url.len() > MAX_URL_BYTES {
-            return Err(Error::invalid(
-                Location::file(Path::new(&self.url)),
-                format!(
-                    "names a file whose URL is {} bytes long, over kvtrail's limit of {MAX_URL_BYTES}",
-                    url.len()
-                ),
-                "keep the trace's prefix and file paths short (the trace format's paths are kv/pool=N/part-NNNNN.parquet)",
-            ));
-        }
         let pinned = meta.e_tag.is_some() || meta.version.is_some();
         let mut inner = Inner {
             remote: self.clone(),
@@ -683,10 +685,7 @@ impl Remote {
         }
         let mut h = blake3::Hasher::new();
         h.update_reader(file)
-            .map_err(|e| match e.downcast::<Error>() {
-                Ok(inner) => inner,
-                Err(e) => Error::io(Path::new(&self.file_url(rel)), e),
-            })?;
+            .map_err(|e| Error::io(Path::new(&self.file_url(rel)), e))?;
         let d = (h.finalize().to_hex().to_string(), h.count());
         if let Ok(mut m) = self.digests.lock() {
             m.insert(rel.to_string(), d.clone());

@@ -455,18 +455,14 @@ fn shards_of_a_trace_changed_after_planning_are_refused() {
     let trace = tmp.path().join("trace");
     copy_dir(t, &trace);
     let wrapper = tmp.path().join("spark-submit");
-    std::fs::write(
+    write_script(
         &wrapper,
-        format!(
-            "#!/bin/sh\nprintf ' ' >> '{}'\nexec '{}' \"$@\"\n",
+        &format!(
+            "printf ' ' >> '{}'\nexec '{}' \"$@\"",
             trace.join("trace.json").display(),
             submit.display()
         ),
-    )
-    .unwrap();
-    let mut perm = std::fs::metadata(&wrapper).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
-    std::fs::set_permissions(&wrapper, perm).unwrap();
+    );
     let work = tmp.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let out = work.join("out");
@@ -487,14 +483,10 @@ fn sigterm_during_the_job_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let started = tmp.path().join("started");
     let submit = tmp.path().join("spark-submit");
-    std::fs::write(
+    write_script(
         &submit,
-        format!("#!/bin/sh\ntouch '{}'\nexec sleep 60\n", started.display()),
-    )
-    .unwrap();
-    let mut perm = std::fs::metadata(&submit).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
-    std::fs::set_permissions(&submit, perm).unwrap();
+        &format!("touch '{}'\nexec sleep 60", started.display()),
+    );
     let work = tmp.path().join("work");
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir(&work).unwrap();
@@ -532,4 +524,12 @@ fn sigterm_during_the_job_leaves_nothing() {
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(entries(&work).is_empty(), "{:?}", entries(&work));
     assert!(entries(&scratch).is_empty(), "{:?}", entries(&scratch));
+}
+
+/// An executable sh script at `path` (a stand-in or wrapper spark-submit).
+fn write_script(path: &Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    let mut perm = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(path, perm).unwrap();
 }

@@ -534,6 +534,20 @@ fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
     let flat = format!("http://127.0.0.1:9/{}", "a".repeat(70_000));
     let r = kvtrail(["inspect", flat.as_str()]).run();
     refused(&r, &["bytes long"]);
+    // A file path in trace.json too long for a URL: refused before it is
+    // asked for (over HTTP each listed file is asked for by name).
+    let long = tempfile::tempdir().unwrap();
+    let t = long.path().join("t");
+    copy_dir(&cases().mini, &t);
+    let tj = t.join("trace.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&tj).unwrap()).unwrap();
+    let mut entry = m["files"][0].clone();
+    entry["path"] = format!("kv/pool=1/{}.parquet", "a".repeat(70_000)).into();
+    m["files"].as_array_mut().unwrap().push(entry);
+    std::fs::write(&tj, serde_json::to_vec(&m).unwrap()).unwrap();
+    let srv = start(&["plain", long.path().to_str().unwrap()]);
+    let r = kvtrail(["verify", &format!("{}/t", srv.endpoint)]).run();
+    refused(&r, &["names a file whose URL is", "bytes long"]);
 
     let c = cases();
     let changing = http(c._tmp.path(), Some("mini/kv/pool=1/part-00000.parquet"));

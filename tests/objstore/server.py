@@ -139,6 +139,25 @@ def serve_s3(spec_path):
     wait_stdin_then_exit(srv)
 
 
+def read_under(root, path):
+    """The request path's file under root: (its relative path, its bytes or
+    None when it is not a file there)."""
+    rel = urllib.parse.unquote(path.split("?", 1)[0]).lstrip("/")
+    p = os.path.realpath(os.path.join(root, rel))
+    if not p.startswith(os.path.realpath(root) + os.sep) or not os.path.isfile(p):
+        return rel, None
+    with open(p, "rb") as f:
+        return rel, f.read()
+
+
+def serve(handler):
+    """Serves handler on 127.0.0.1 at a free port; prints the ready line."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print(json.dumps({"endpoint": "http://127.0.0.1:%d" % srv.server_port}), flush=True)
+    wait_stdin_then_exit(srv)
+
+
 def serve_http(root, changing, norange=False):
     overlay = {}
     lock = threading.Lock()
@@ -150,15 +169,9 @@ def serve_http(root, changing, norange=False):
             pass
 
         def body(self):
-            rel = urllib.parse.unquote(self.path.split("?", 1)[0]).lstrip("/")
+            rel, data = read_under(root, self.path)
             with lock:
-                if rel in overlay:
-                    return rel, overlay[rel]
-            p = os.path.realpath(os.path.join(root, rel))
-            if not p.startswith(os.path.realpath(root) + os.sep) or not os.path.isfile(p):
-                return rel, None
-            with open(p, "rb") as f:
-                return rel, f.read()
+                return rel, overlay.get(rel, data)
 
         def not_found(self):
             self.send_response(404)
@@ -212,10 +225,7 @@ def serve_http(root, changing, norange=False):
             self.end_headers()
             self.wfile.write(part)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print(json.dumps({"endpoint": "http://127.0.0.1:%d" % srv.server_port}), flush=True)
-    wait_stdin_then_exit(srv)
+    serve(Handler)
 
 
 def serve_plain(root, changing, when):
@@ -228,16 +238,8 @@ def serve_plain(root, changing, when):
         def log_message(self, *a):
             pass
 
-        def body(self):
-            rel = urllib.parse.unquote(self.path.split("?", 1)[0]).lstrip("/")
-            p = os.path.realpath(os.path.join(root, rel))
-            if not p.startswith(os.path.realpath(root) + os.sep) or not os.path.isfile(p):
-                return rel, None
-            with open(p, "rb") as f:
-                return rel, f.read()
-
         def answer(self, head):
-            rel, data = self.body()
+            rel, data = read_under(root, self.path)
             if data is None:
                 self.send_response(404)
                 self.send_header("Content-Length", "0")
@@ -261,10 +263,7 @@ def serve_plain(root, changing, when):
         def do_GET(self):
             self.answer(False)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print(json.dumps({"endpoint": "http://127.0.0.1:%d" % srv.server_port}), flush=True)
-    wait_stdin_then_exit(srv)
+    serve(Handler)
 
 
 def main():

@@ -464,6 +464,10 @@ fn spark(mut args: SparkArgs) -> anyhow::Result<i32> {
     let (extra, digest) =
         report::bundle::write_merge_extras(&loaded, &r, &merged, &crate::cli::command_line())?;
     files.extend(extra);
+    // A signal during the merge: nothing is put in place either.
+    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+        bail!("interrupted: nothing was written{HINT}run kvtrail fleet spark again");
+    }
     rename_into(&merged, &args.out)?;
     cleanup.0.clear();
     eprintln!(
