@@ -5,6 +5,12 @@ mod cli;
 
 fn main() {
     tune_malloc();
+    // rayon's global pool (the parallel steps outside a replay) would
+    // otherwise start as many threads as RAYON_NUM_THREADS says, however
+    // many; building it fails only when it exists, which it cannot yet.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(kvtrail::lineage::default_threads())
+        .build_global();
     std::process::exit(cli::run());
 }
 

@@ -80,9 +80,14 @@ pub struct OpenedBackend {
     pub note: String,
 }
 
+/// The most threads kvtrail starts for one step (`--threads`, and
+/// `RAYON_NUM_THREADS`, which is capped to it): more only costs memory.
+pub const MAX_THREADS: usize = 1024;
+
 /// The threads a replay uses by default: `RAYON_NUM_THREADS` when set to
 /// a positive number (as for every other parallel step of kvtrail), else
-/// every core `std::thread::available_parallelism` reports.
+/// every core `std::thread::available_parallelism` reports; at most
+/// [`MAX_THREADS`].
 pub fn default_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")
         .ok()
@@ -93,6 +98,7 @@ pub fn default_threads() -> usize {
                 .map(|n| n.get())
                 .unwrap_or(1)
         })
+        .min(MAX_THREADS)
 }
 
 /// Runs `f` with rayon's parallel iterators on `threads` threads (0:

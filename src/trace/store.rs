@@ -286,9 +286,13 @@ pub(crate) struct Remote {
     /// Objects the store names no ETag or version for (HTTP servers that
     /// send no ETag): each is downloaded once into a temporary file,
     /// hashed on the way, and every read is served from that copy, so the
-    /// bytes replayed are the bytes hashed.
-    spools: Mutex<HashMap<String, Arc<File>>>,
+    /// bytes replayed are the bytes hashed. One slot per object, locked
+    /// while it downloads: other objects download meanwhile.
+    spools: Mutex<HashMap<String, Spool>>,
 }
+
+/// An object's local copy, once downloaded (see [`Remote::spools`]).
+type Spool = Arc<Mutex<Option<Arc<File>>>>;
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -597,16 +601,21 @@ impl Remote {
     }
 
     /// The local copy of an object that cannot be pinned to an ETag or
-    /// version (see [`Remote::spools`]): downloaded front to back in
-    /// [`STREAM_BYTES`] ranges on first use, its blake3 recorded as the
-    /// object's digest.
+    /// version (see [`Remote::spools`]): downloaded in one GET on first
+    /// use, its blake3 recorded as the object's digest. Callers for the
+    /// same object wait for that download; other objects' go on.
     fn spool(&self, rel: &str, inner: &Inner) -> Result<Arc<File>> {
         use std::io::Write;
-        let mut spools = self
+        let poisoned = || Error::Other(format!("{}: a reader thread failed", inner.url));
+        let slot = self
             .spools
             .lock()
-            .map_err(|_| Error::Other(format!("{}: a reader thread failed", inner.url)))?;
-        if let Some(f) = spools.get(rel) {
+            .map_err(|_| poisoned())?
+            .entry(rel.to_string())
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().map_err(|_| poisoned())?;
+        if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
         }
         let tmp_err = |e: io::Error| {
@@ -668,7 +677,7 @@ impl Remote {
             m.insert(rel.to_string(), d);
         }
         let file = Arc::new(file);
-        spools.insert(rel.to_string(), file.clone());
+        *slot = Some(file.clone());
         Ok(file)
     }
 

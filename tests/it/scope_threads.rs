@@ -321,12 +321,26 @@ fn same_error(t: &Path, env: &[(&str, &str)], what: &str, threads: &[&str]) {
 }
 
 #[test]
-fn threads_must_be_a_positive_number() {
+fn threads_must_be_a_positive_number_up_to_1024() {
     let tmp = tempfile::tempdir().unwrap();
     let t = groups().record(&tmp.path().join("t"));
-    for bad in ["0", "many", "70000"] {
+    for bad in ["0", "many", "1025", "70000"] {
         let r = kvtrail(["scope", s(&t), "--threads", bad]).run();
         assert_eq!(r.code, 2, "--threads {bad}: {}", r.stderr);
         assert!(r.stderr.contains("--threads"), "{}", r.stderr);
     }
+}
+
+#[test]
+fn a_huge_rayon_num_threads_is_capped_at_1024_threads() {
+    // Without the cap, a million threads were asked of the system.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    let one = kvtrail(["scope", s(&t), "--json", "--threads", "1"]).run();
+    let many = kvtrail(["scope", s(&t), "--json"])
+        .env("RAYON_NUM_THREADS", "1000000")
+        .run();
+    assert_eq!(many.code, one.code, "{}", many.stderr);
+    assert!(many.stderr.contains("on 1024 threads"), "{}", many.stderr);
+    assert_eq!(many.stdout, one.stdout);
 }

@@ -52,8 +52,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub pools: Option<Vec<u16>>,
     /// Threads of the replay and its other parallel steps on the CPU (default: every core, or RAYON_NUM_THREADS
-    /// when set); the report is byte-identical for every value.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    /// when set; at most 1024); the report is byte-identical for every value.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=kvtrail::lineage::MAX_THREADS as i64))]
     pub threads: Option<u16>,
 }
 
