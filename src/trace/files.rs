@@ -164,7 +164,6 @@ fn open_local(path: &Path) -> Result<File> {
 /// Reads a regular file of at most `limit` bytes (`what` names the limit
 /// in the message).
 pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
-    let file = open_regular(path)?;
     let too_big = |n: u64| {
         Error::invalid(
             Location::file(path),
@@ -174,6 +173,15 @@ pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
             ),
         )
     };
+    // A remote object's size is known from its listing (or HEAD) before
+    // any of it is read: one without an ETag would be downloaded whole.
+    if let Some((r, rel)) = remote(path)?
+        && let Some(meta) = r.meta(&rel)?
+        && meta.size > limit
+    {
+        return Err(too_big(meta.size));
+    }
+    let file = open_regular(path)?;
     let len = file.size().map_err(|e| Error::io(path, e))?;
     if len > limit {
         return Err(too_big(len));

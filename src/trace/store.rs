@@ -13,7 +13,11 @@
 //! ([`Remote::open`]); every later read of an object asks for the ETag
 //! (or version) the listing saw (`If-Match`) and compares the answer's, so
 //! an object replaced between listing and reading is an error naming it,
-//! never a mix of two uploads. An object listed without an ETag or version
+//! never a mix of two uploads. A store may ignore `If-Match`, so the first
+//! read of a pinned object goes front to back and keeps the blake3 of each
+//! block ([`Remote::seal`]); every later read asks for whole blocks and
+//! checks them, so the bytes replayed are the bytes hashed.
+//! An object listed without an ETag or version
 //! (a bare static server) is read once into a temporary file, hashed on
 //! the way, and served from there ([`Remote::spool`]). HTTP(S) servers
 //! cannot list a folder: the
@@ -265,6 +269,15 @@ fn changed(url: &str) -> Error {
     )
 }
 
+/// A ranged read that sent other bytes than the object's first read.
+fn changed_bytes(url: &str) -> Error {
+    Error::invalid(
+        Location::file(Path::new(url)),
+        "changed while kvtrail read it: a ranged read sent other bytes than the object's first read (the object was replaced, and the store ignores If-Match)",
+        "do not modify a trace while kvtrail reads it: upload a changed trace to a new prefix, then run kvtrail again; if nothing changed it, the store or a proxy in front of it is damaged",
+    )
+}
+
 /// One remote trace: its object store, the prefix of its root, and the
 /// objects listed under it when it was opened.
 pub(crate) struct Remote {
@@ -288,11 +301,50 @@ pub(crate) struct Remote {
     /// hashed on the way, and every read is served from that copy, so the
     /// bytes replayed are the bytes hashed. One slot per object, locked
     /// while it downloads: other objects download meanwhile.
-    spools: Mutex<HashMap<String, Spool>>,
+    spools: Mutex<HashMap<String, Slot<Arc<File>>>>,
+    /// Objects pinned to an ETag or version: what one front-to-back read
+    /// of each saw ([`Sealed`]), against which every later ranged read is
+    /// checked, so the bytes replayed are the bytes hashed even where the
+    /// store ignores `If-Match`. One slot per object, as for `spools`.
+    sealed: Mutex<HashMap<String, Slot<Arc<Sealed>>>>,
 }
 
-/// An object's local copy, once downloaded (see [`Remote::spools`]).
-type Spool = Arc<Mutex<Option<Arc<File>>>>;
+/// One object's slot in [`Remote::spools`] or [`Remote::sealed`], locked
+/// while it is filled.
+type Slot<T> = Arc<Mutex<Option<T>>>;
+
+/// What one front-to-back read of a pinned object saw: its blake3, and
+/// the blake3 of each of its [`BLOCK_BYTES`] blocks (32 bytes a block: 64
+/// bytes of memory per MiB of the object).
+struct Sealed {
+    digest: String,
+    size: u64,
+    blocks: Vec<[u8; 32]>,
+}
+
+/// The filled slot of `rel` in `slots`, filling it with `fill` (once per
+/// object; callers for the same object wait, other objects go on).
+fn slot<T: Clone>(
+    slots: &Mutex<HashMap<String, Slot<T>>>,
+    rel: &str,
+    url: &str,
+    fill: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let poisoned = || Error::Other(format!("{url}: a reader thread failed"));
+    let one = slots
+        .lock()
+        .map_err(|_| poisoned())?
+        .entry(rel.to_string())
+        .or_default()
+        .clone();
+    let mut one = one.lock().map_err(|_| poisoned())?;
+    if let Some(v) = one.as_ref() {
+        return Ok(v.clone());
+    }
+    let v = fill()?;
+    *one = Some(v.clone());
+    Ok(v)
+}
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -419,6 +471,7 @@ impl Remote {
             failure: Mutex::default(),
             digests: Mutex::default(),
             spools: Mutex::default(),
+            sealed: Mutex::default(),
         };
         if listable {
             remote.list()?;
@@ -582,6 +635,7 @@ impl Remote {
         let pinned = meta.e_tag.is_some() || meta.version.is_some();
         let mut inner = Inner {
             remote: self.clone(),
+            rel: rel.to_string(),
             url,
             location: meta.location.clone(),
             size: meta.size,
@@ -605,19 +659,13 @@ impl Remote {
     /// use, its blake3 recorded as the object's digest. Callers for the
     /// same object wait for that download; other objects' go on.
     fn spool(&self, rel: &str, inner: &Inner) -> Result<Arc<File>> {
+        slot(&self.spools, rel, &inner.url, || self.download(rel, inner))
+    }
+
+    /// Downloads an unpinned object into a temporary file (see
+    /// [`Remote::spool`]).
+    fn download(&self, rel: &str, inner: &Inner) -> Result<Arc<File>> {
         use std::io::Write;
-        let poisoned = || Error::Other(format!("{}: a reader thread failed", inner.url));
-        let slot = self
-            .spools
-            .lock()
-            .map_err(|_| poisoned())?
-            .entry(rel.to_string())
-            .or_default()
-            .clone();
-        let mut slot = slot.lock().map_err(|_| poisoned())?;
-        if let Some(f) = slot.as_ref() {
-            return Ok(f.clone());
-        }
         let tmp_err = |e: io::Error| {
             Error::invalid(
                 Location::file(Path::new(&inner.url)),
@@ -676,9 +724,37 @@ impl Remote {
         if let Ok(mut m) = self.digests.lock() {
             m.insert(rel.to_string(), d);
         }
-        let file = Arc::new(file);
-        *slot = Some(file.clone());
-        Ok(file)
+        Ok(Arc::new(file))
+    }
+
+    /// What one front-to-back read of the pinned object `inner` saw (see
+    /// [`Remote::sealed`]), read in [`STREAM_BYTES`] ranges on first use.
+    fn seal(&self, inner: &Inner) -> Result<Arc<Sealed>> {
+        slot(&self.sealed, &inner.rel, &inner.url, || {
+            let mut whole = blake3::Hasher::new();
+            let mut blocks = Vec::with_capacity(inner.size.div_ceil(BLOCK_BYTES) as usize);
+            let mut pos = 0;
+            while pos < inner.size {
+                let end = (pos + STREAM_BYTES).min(inner.size);
+                let bytes = inner.fetch_inner(pos, end)?;
+                whole.update(&bytes);
+                blocks.extend(
+                    bytes
+                        .chunks(BLOCK_BYTES as usize)
+                        .map(|b| *blake3::hash(b).as_bytes()),
+                );
+                pos = end;
+            }
+            let sealed = Sealed {
+                digest: whole.finalize().to_hex().to_string(),
+                size: inner.size,
+                blocks,
+            };
+            if let Ok(mut m) = self.digests.lock() {
+                m.insert(inner.rel.clone(), (sealed.digest.clone(), sealed.size));
+            }
+            Ok(Arc::new(sealed))
+        })
     }
 
     /// blake3 and length of the object at `rel`, streamed front to back
@@ -692,14 +768,8 @@ impl Remote {
         if let Some(d) = self.digests.lock().ok().and_then(|m| m.get(rel).cloned()) {
             return Ok(d);
         }
-        let mut h = blake3::Hasher::new();
-        h.update_reader(file)
-            .map_err(|e| Error::io(Path::new(&self.file_url(rel)), e))?;
-        let d = (h.finalize().to_hex().to_string(), h.count());
-        if let Ok(mut m) = self.digests.lock() {
-            m.insert(rel.to_string(), d.clone());
-        }
-        Ok(d)
+        let sealed = file.inner.sealed()?;
+        Ok((sealed.digest.clone(), sealed.size))
     }
 
     /// The first failed read of any of its objects, if one failed.
@@ -773,6 +843,8 @@ struct Cache {
 
 struct Inner {
     remote: Arc<Remote>,
+    /// The object's path in the trace.
+    rel: String,
     url: String,
     location: ObjPath,
     size: u64,
@@ -784,7 +856,9 @@ struct Inner {
 }
 
 impl Inner {
-    /// One ranged GET of `start..end`, pinned to the listed ETag/version.
+    /// Bytes `start..end`: from the local copy of an unpinned object; of
+    /// a pinned one, in ranged GETs of whole blocks, each checked against
+    /// what the object's first read saw ([`Remote::seal`]).
     fn fetch(&self, start: u64, end: u64) -> Result<Bytes> {
         if start >= end {
             return Ok(Bytes::new());
@@ -796,7 +870,7 @@ impl Inner {
                 .map_err(|e| Error::io(Path::new(&self.url), e))?;
             return Ok(Bytes::from(buf));
         }
-        let res = self.fetch_inner(start, end);
+        let res = self.fetch_sealed(start, end);
         if let Err(e) = &res
             && let Ok(mut f) = self.remote.failure.lock()
             && f.is_none()
@@ -806,6 +880,57 @@ impl Inner {
         res
     }
 
+    /// The object's [`Sealed`] blocks, read now if not yet.
+    fn sealed(&self) -> Result<Arc<Sealed>> {
+        let res = self.remote.seal(self);
+        if let Err(e) = &res
+            && let Ok(mut f) = self.remote.failure.lock()
+            && f.is_none()
+        {
+            *f = Some(copy(e));
+        }
+        res
+    }
+
+    /// Bytes `start..end` of a pinned object, in GETs of at most
+    /// [`STREAM_BYTES`] of whole blocks, each block checked.
+    fn fetch_sealed(&self, start: u64, end: u64) -> Result<Bytes> {
+        let sealed = self.remote.seal(self)?;
+        if sealed.size != self.size {
+            return Err(changed(&self.url));
+        }
+        let per = STREAM_BYTES / BLOCK_BYTES;
+        let (b0, b1) = (start / BLOCK_BYTES, (end - 1) / BLOCK_BYTES);
+        let mut pieces = Vec::new();
+        let mut b = b0;
+        while b <= b1 {
+            let n = (b1 - b + 1).min(per);
+            let lo = b * BLOCK_BYTES;
+            let hi = ((b + n) * BLOCK_BYTES).min(self.size);
+            let bytes = self.fetch_inner(lo, hi)?;
+            for (i, block) in bytes.chunks(BLOCK_BYTES as usize).enumerate() {
+                if sealed.blocks.get((b + i as u64) as usize)
+                    != Some(blake3::hash(block).as_bytes())
+                {
+                    return Err(changed_bytes(&self.url));
+                }
+            }
+            let from = (start.max(lo) - lo) as usize;
+            let to = (end.min(hi) - lo) as usize;
+            pieces.push(bytes.slice(from..to));
+            b += n;
+        }
+        if pieces.len() == 1 {
+            return Ok(pieces.pop().unwrap_or_default());
+        }
+        let mut out = Vec::with_capacity((end - start) as usize);
+        for p in pieces {
+            out.extend_from_slice(&p);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    /// One ranged GET of `start..end`, pinned to the listed ETag/version.
     fn fetch_inner(&self, start: u64, end: u64) -> Result<Bytes> {
         let opts = GetOptions {
             if_match: self.e_tag.clone(),
@@ -825,7 +950,8 @@ impl Inner {
             let bytes = got.bytes().await.map_err(|e| request_error(&url, e))?;
             Ok::<_, Error>((meta, bytes))
         })??;
-        // A server that ignores If-Match still names the ETag it served.
+        // A server that ignores If-Match may still name the ETag it
+        // served; what it served is checked block by block in any case.
         if let (Some(want), Some(got)) = (&self.e_tag, &meta.e_tag)
             && want != got
         {

@@ -581,3 +581,37 @@ fn a_server_ignoring_range_is_named_as_such() {
         assert!(!r.stderr.contains("\\u{a}"), "{}", r.stderr);
     }
 }
+
+/// A store that ignores If-Match and serves other bytes under the ETag it
+/// listed, after the object's first read: every command that reads the
+/// object is refused (the bytes replayed must be the bytes hashed), and
+/// scope leaves no folder. Before, scope replayed the altered bytes and
+/// recorded the first read's digest.
+#[test]
+fn a_store_ignoring_if_match_cannot_swap_bytes_under_one_etag() {
+    let c = cases();
+    let rel = "mini/kv/pool=1/part-00000.parquet";
+    let tmp = tempfile::tempdir().unwrap();
+    for cmd in ["verify", "inspect", "scope"] {
+        let srv = start(&["http", c._tmp.path().to_str().unwrap(), rel, "lies"]);
+        let u = format!("{}/mini", srv.endpoint);
+        let out = tmp.path().join(cmd);
+        let mut args = vec![cmd, u.as_str()];
+        if cmd == "scope" {
+            args.extend(["--out", out.to_str().unwrap()]);
+        }
+        let r = kvtrail(args)
+            .env("KVTRAIL_OBJECT_STORE_RETRIES", "0")
+            .timeout(Duration::from_secs(300))
+            .run();
+        refused(
+            &r,
+            &[
+                &format!("{u}/kv/pool=1/part-00000.parquet"),
+                "changed while kvtrail read it",
+                "other bytes than the object's first read",
+            ],
+        );
+        assert!(!out.exists(), "{cmd} left {}", out.display());
+    }
+}

@@ -6,7 +6,11 @@ Usage:
   server.py s3 SPEC.json     moto in server mode; SPEC uploads traces
   server.py http ROOT [REL]  serves folder ROOT; REL: see "changing" below
                              ("-" for none); a third argument "norange":
-                             Range ignored (200, the whole file)
+                             Range ignored (200, the whole file); "lies":
+                             REL is not replaced after its HEAD but served
+                             altered on every GET after its first, under
+                             its first ETag, If-Match ignored (a store
+                             that does not honour If-Match)
   server.py plain ROOT [REL WHEN]
                              serves folder ROOT as a bare static server
                              does: no ETag, Range ignored (200, the whole
@@ -158,8 +162,11 @@ def serve(handler):
     wait_stdin_then_exit(srv)
 
 
-def serve_http(root, changing, norange=False):
+def serve_http(root, changing, mode=None):
+    norange = mode == "norange"
+    lies = mode == "lies"
     overlay = {}
+    gets = {}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -178,8 +185,8 @@ def serve_http(root, changing, norange=False):
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def headers_for(self, data):
-            etag = '"%s"' % hashlib.md5(data).hexdigest()
+        def headers_for(self, data, etag=None):
+            etag = etag or '"%s"' % hashlib.md5(data).hexdigest()
             self.send_header("ETag", etag)
             self.send_header("Last-Modified", formatdate(1_700_000_000, usegmt=True))
             self.send_header("Accept-Ranges", "bytes")
@@ -193,7 +200,7 @@ def serve_http(root, changing, norange=False):
             self.headers_for(data)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            if changing == rel:
+            if changing == rel and not lies:
                 with lock:
                     overlay.setdefault(rel, flip(data))
 
@@ -202,6 +209,12 @@ def serve_http(root, changing, norange=False):
             if data is None:
                 return self.not_found()
             etag = '"%s"' % hashlib.md5(data).hexdigest()
+            if lies and rel == changing:
+                with lock:
+                    gets[rel] = gets.get(rel, 0) + 1
+                    later = gets[rel] > 1
+                if later:
+                    data = flip(data)
             want = self.headers.get("If-Match")
             if want is not None and want != etag:
                 self.send_response(412)
@@ -215,12 +228,12 @@ def serve_http(root, changing, norange=False):
                 end = min(int(b), len(data) - 1) if b else len(data) - 1
                 part = data[start : end + 1]
                 self.send_response(206)
-                self.headers_for(data)
+                self.headers_for(data, etag)
                 self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, len(data)))
             else:
                 part = data
                 self.send_response(200)
-                self.headers_for(data)
+                self.headers_for(data, etag)
             self.send_header("Content-Length", str(len(part)))
             self.end_headers()
             self.wfile.write(part)
@@ -276,7 +289,7 @@ def main():
         serve_plain(sys.argv[2], rest[0], rest[1])
     else:
         changing = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-        serve_http(sys.argv[2], changing, len(sys.argv) > 4 and sys.argv[4] == "norange")
+        serve_http(sys.argv[2], changing, sys.argv[4] if len(sys.argv) > 4 else None)
 
 
 if __name__ == "__main__":
