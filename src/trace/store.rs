@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as ObjPath;
 use object_store::{
     ClientConfigKey, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig,
@@ -65,6 +66,10 @@ pub const MAX_OBJECTS: usize = 1_000_000;
 /// The most bytes of object names (and ETags) a listing keeps: with long
 /// names the listing is refused before [`MAX_OBJECTS`].
 pub const MAX_LISTING_BYTES: usize = 256 << 20;
+/// The most pages a listing may take (a store lists up to 1,000 objects
+/// a page: 1,000 pages for [`MAX_OBJECTS`]); a page token seen before
+/// ends it at once.
+pub const MAX_LIST_PAGES: usize = 10_000;
 /// The longest trace URL, and the longest URL of a file in it (object
 /// stores name at most 1,024 bytes; HTTP servers refuse long request
 /// lines).
@@ -285,8 +290,9 @@ pub(crate) struct Remote {
     url: String,
     store: Arc<dyn ObjectStore>,
     prefix: ObjPath,
-    /// False for HTTP(S): objects are found by HEAD, not by listing.
-    listable: bool,
+    /// How its objects are listed, page by page; None for HTTP(S):
+    /// objects are found by HEAD, not by listing.
+    lister: Option<Arc<dyn PaginatedListStore>>,
     /// Path in the trace (`kv/pool=0/part-00000.parquet`) → what the
     /// listing (or HEAD) saw.
     objects: Mutex<BTreeMap<String, ObjectMeta>>,
@@ -365,10 +371,10 @@ fn bad_url(url: &str, what: String) -> Error {
     )
 }
 
-fn build_store(
-    url: &url::Url,
-    limits: &Limits,
-) -> object_store::Result<(Arc<dyn ObjectStore>, bool)> {
+/// The store of `url`, and its lister (none for HTTP(S)).
+type Built = (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>);
+
+fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<Built> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -382,7 +388,8 @@ fn build_store(
             for (k, v) in client {
                 b = b.with_config(AmazonS3ConfigKey::Client(k), v);
             }
-            (Arc::new(b.build()?), true)
+            let s = Arc::new(b.build()?);
+            (s.clone(), Some(s))
         }
         "gs" => {
             let mut b = GoogleCloudStorageBuilder::from_env()
@@ -391,7 +398,8 @@ fn build_store(
             for (k, v) in client {
                 b = b.with_config(GoogleConfigKey::Client(k), v);
             }
-            (Arc::new(b.build()?), true)
+            let s = Arc::new(b.build()?);
+            (s.clone(), Some(s))
         }
         "http" | "https" => {
             let origin = &url[..url::Position::BeforePath];
@@ -402,7 +410,7 @@ fn build_store(
             for (k, v) in client {
                 b = b.with_config(k, v);
             }
-            (Arc::new(b.build()?), false)
+            (Arc::new(b.build()?), None)
         }
         _ => {
             let mut b = MicrosoftAzureBuilder::from_env()
@@ -411,7 +419,8 @@ fn build_store(
             for (k, v) in client {
                 b = b.with_config(AzureConfigKey::Client(k), v);
             }
-            (Arc::new(b.build()?), true)
+            let s = Arc::new(b.build()?);
+            (s.clone(), Some(s))
         }
     })
 }
@@ -453,7 +462,7 @@ impl Remote {
             ));
         }
         let limits = Limits::from_env()?;
-        let (store, listable) = build_store(&url, &limits).map_err(|e| {
+        let (store, lister) = build_store(&url, &limits).map_err(|e| {
             Error::invalid(
                 Location::file(Path::new(&key)),
                 format!("cannot set up the object-store client: {}", chain(&e)),
@@ -466,14 +475,14 @@ impl Remote {
             url: key.clone(),
             store,
             prefix,
-            listable,
+            lister,
             objects: Mutex::default(),
             failure: Mutex::default(),
             digests: Mutex::default(),
             spools: Mutex::default(),
             sealed: Mutex::default(),
         };
-        if listable {
+        if remote.lister.is_some() {
             remote.list()?;
         }
         let remote = Arc::new(remote);
@@ -483,36 +492,81 @@ impl Remote {
         Ok(remote)
     }
 
+    /// Lists the objects under the prefix, page by page. Every entry a
+    /// page holds counts against the listing's limits, kept or not (outside
+    /// the prefix), and so does every page; an object named twice or a
+    /// page token given twice ends the listing at once: a store that lists
+    /// endlessly is refused, never waited on.
     fn list(&self) -> Result<()> {
-        let store = self.store.clone();
+        let Some(lister) = self.lister.clone() else {
+            return Ok(());
+        };
         let prefix = self.prefix.clone();
         let url = self.url.clone();
-        let listed = block_on(async move {
+        let too_many = |n: usize| {
+            Error::invalid(
+                Location::file(Path::new(&url)),
+                format!(
+                    "holds more than {n} objects (or more than {} MiB of object names, or {MAX_LIST_PAGES} pages)",
+                    MAX_LISTING_BYTES >> 20
+                ),
+                "point kvtrail at one trace's prefix (the one that holds trace.json), not at a bucket of many",
+            )
+        };
+        let repeats = |what: String| {
+            Error::invalid(
+                Location::file(Path::new(&url)),
+                format!(
+                    "cannot be listed: the object store's listing {what}, so it cannot be trusted to end"
+                ),
+                "the store or a proxy in front of it is damaged: list the prefix with the store's own tools, or copy the trace to a local folder",
+            )
+        };
+        let listed = block_on(async {
             let mut out = BTreeMap::new();
             let mut kept = 0usize;
-            let mut stream = store.list(Some(&prefix));
-            while let Some(meta) = stream.next().await {
-                let meta = meta.map_err(|e| request_error(&url, e))?;
-                let Some(rel) = rel_of(&prefix, &meta.location) else {
-                    continue;
-                };
-                kept += rel.len()
-                    + meta.location.as_ref().len()
-                    + meta.e_tag.as_ref().map_or(0, String::len)
-                    + meta.version.as_ref().map_or(0, String::len)
-                    + 128;
-                if out.len() >= MAX_OBJECTS || kept > MAX_LISTING_BYTES {
-                    return Err(Error::invalid(
-                        Location::file(Path::new(&url)),
-                        format!(
-                            "holds more than {} objects (or more than {} MiB of object names)",
-                            out.len(),
-                            MAX_LISTING_BYTES >> 20
-                        ),
-                        "point kvtrail at one trace's prefix (the one that holds trace.json), not at a bucket of many",
-                    ));
+            let mut tokens = std::collections::HashSet::new();
+            let mut token: Option<String> = None;
+            let under = (!prefix.as_ref().is_empty()).then(|| format!("{}/", prefix.as_ref()));
+            for page in 1.. {
+                if page > MAX_LIST_PAGES {
+                    return Err(too_many(out.len()));
                 }
-                out.insert(rel, meta);
+                let opts = PaginatedListOptions {
+                    page_token: token.take(),
+                    ..Default::default()
+                };
+                let got = lister
+                    .list_paginated(under.as_deref(), opts)
+                    .await
+                    .map_err(|e| request_error(&url, e))?;
+                for meta in got.result.objects {
+                    kept += meta.location.as_ref().len()
+                        + meta.e_tag.as_ref().map_or(0, String::len)
+                        + meta.version.as_ref().map_or(0, String::len)
+                        + 128;
+                    if out.len() >= MAX_OBJECTS || kept > MAX_LISTING_BYTES {
+                        return Err(too_many(out.len()));
+                    }
+                    if let Some(rel) = rel_of(&prefix, &meta.location) {
+                        kept += rel.len();
+                        if out.insert(rel, meta).is_some() {
+                            return Err(repeats(format!("named an object twice (page {page})")));
+                        }
+                    }
+                }
+                match got.page_token {
+                    None => break,
+                    Some(t) => {
+                        kept += t.len();
+                        if !tokens.insert(*blake3::hash(t.as_bytes()).as_bytes()) {
+                            return Err(repeats(format!(
+                                "came back to a page it had given (page {page})"
+                            )));
+                        }
+                        token = Some(t);
+                    }
+                }
             }
             Ok(out)
         })??;
@@ -533,7 +587,7 @@ impl Remote {
         if let Some(m) = self.objects.lock().ok().and_then(|o| o.get(rel).cloned()) {
             return Ok(Some(m));
         }
-        if self.listable {
+        if self.lister.is_some() {
             return Ok(None);
         }
         // Asked for by a path trace.json names: a request for an over-long
@@ -566,7 +620,7 @@ impl Remote {
     /// Asks for each path (HTTP(S) only: the files trace.json lists), so
     /// that [`Remote::files`] knows them.
     pub(crate) fn discover<'a>(&self, rels: impl Iterator<Item = &'a str>) -> Result<()> {
-        if self.listable {
+        if self.lister.is_some() {
             return Ok(());
         }
         for rel in rels {
@@ -577,7 +631,7 @@ impl Remote {
 
     /// Whether objects are found by listing (false: HTTP(S)).
     pub(crate) fn listable(&self) -> bool {
-        self.listable
+        self.lister.is_some()
     }
 
     /// Whether the listing found no object.

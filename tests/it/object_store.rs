@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::support::cli::{Ran, kvtrail};
 use crate::support::files::copy_dir;
-use crate::support::objstore::{Server, start};
+use crate::support::objstore::{Server, on_s3 as s3_env, start};
 
 const MINI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/incident-mini");
 const BUCKET: &str = "traces";
@@ -613,5 +613,19 @@ fn a_store_ignoring_if_match_cannot_swap_bytes_under_one_etag() {
             ],
         );
         assert!(!out.exists(), "{cmd} left {}", out.display());
+    }
+}
+
+/// A store whose listing never ends (the same page token again, or new
+/// tokens naming the same object again) is refused on the page that
+/// repeats, not listed until a limit is reached.
+#[test]
+fn a_listing_that_never_ends_is_refused_at_once() {
+    for what in ["token", "names"] {
+        let srv = start(&["s3loop", what]);
+        let r = s3_env(&srv, kvtrail(["verify", "s3://b/t"]))
+            .timeout(Duration::from_secs(60))
+            .run();
+        refused(&r, &["s3://b/t", "cannot be listed", "page 2"]);
     }
 }

@@ -18,6 +18,12 @@ Usage:
                              same size) on its first GET only (WHEN
                              "first") or on every GET after the first
                              ("later")
+  server.py s3loop WHAT        an S3 endpoint whose listing never ends:
+                             every ListObjectsV2 page is truncated and
+                             names one object under the asked prefix;
+                             WHAT "token": every page gives the same next
+                             token; "names": each page a new token, the
+                             same object again
 
 SPEC.json: {"bucket": NAME, "empty_bucket": NAME, "auth": BOOL,
             "uploads": [{"dir": LOCAL_TRACE, "prefix": PREFIX,
@@ -279,11 +285,44 @@ def serve_plain(root, changing, when):
     serve(Handler)
 
 
+def serve_s3loop(what):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            prefix = q.get("prefix", [""])[0]
+            page = int(q.get("continuation-token", ["0"])[0])
+            token = "1" if what == "token" else str(page + 1)
+            body = (
+                '<?xml version="1.0" encoding="UTF-8"?>'
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                "<Name>b</Name><Prefix>%s</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+                "<IsTruncated>true</IsTruncated><Contents><Key>%strace.json</Key>"
+                "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag>"
+                "<Size>10</Size><StorageClass>STANDARD</StorageClass></Contents>"
+                "<NextContinuationToken>%s</NextContinuationToken></ListBucketResult>"
+                % (prefix, prefix, token)
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    serve(Handler)
+
+
 def main():
     # The tests end the server by closing stdin; a lost parent ends it too.
     threading.Thread(target=lambda: (time.sleep(600), os._exit(3)), daemon=True).start()
     if sys.argv[1] == "s3":
         serve_s3(sys.argv[2])
+    elif sys.argv[1] == "s3loop":
+        serve_s3loop(sys.argv[2])
     elif sys.argv[1] == "plain":
         rest = sys.argv[3:] + [None, None]
         serve_plain(sys.argv[2], rest[0], rest[1])
