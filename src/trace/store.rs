@@ -452,7 +452,10 @@ impl Remote {
         if url.query().is_some() || url.fragment().is_some() {
             return Err(bad_url(&key, "has a query or fragment (`?`, `#`)".into()));
         }
-        if !url.username().is_empty() || url.password().is_some() {
+        // abfs(s)://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH names its
+        // container where other URLs name a user: that is no secret.
+        let container_at = matches!(url.scheme(), "abfs" | "abfss") && url.password().is_none();
+        if (!url.username().is_empty() && !container_at) || url.password().is_some() {
             // Not echoed: the URL holds a secret.
             let shown = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
             return Err(Error::invalid(

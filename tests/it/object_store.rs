@@ -526,6 +526,15 @@ fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
         refused(&r, &["names a user or password"]);
         assert!(!r.stderr.contains("s3cr3t"), "{}", r.stderr);
     }
+    // abfs(s) names the container before `@`: read as any URL (here from
+    // the Azure emulator's address, where nothing answers).
+    let abfss = "abfss://c@acct.dfs.core.windows.net/t";
+    let r = kvtrail(["verify", abfss])
+        .env("AZURE_STORAGE_USE_EMULATOR", "true")
+        .env("KVTRAIL_OBJECT_STORE_RETRIES", "0")
+        .run();
+    refused(&r, &[abfss, "did not answer"]);
+    assert!(!r.stderr.contains("user or password"), "{}", r.stderr);
     let long = format!("s3://{BUCKET}/{}t", "a/".repeat(22_000));
     for args in [vec!["verify", long.as_str()], vec!["scope", long.as_str()]] {
         let r = on_s3(&args).run();
