@@ -189,6 +189,16 @@ impl Limits {
 
 const CREDENTIALS_HINT: &str = "give credentials through the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or `eval \"$(aws configure export-credentials --format env)\"` for a profile), GOOGLE_APPLICATION_CREDENTIALS, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY; and read access to the objects (docs/object-storage.md)";
 
+/// What to do when access is refused: HTTP(S) is read without
+/// credentials.
+fn credentials_hint(url: &str) -> &'static str {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        "kvtrail sends no credentials over HTTP(S): serve the trace without access control to the machine that runs kvtrail, or put it in object storage (s3://, gs://, az://) and give credentials through the environment (docs/object-storage.md)"
+    } else {
+        CREDENTIALS_HINT
+    }
+}
+
 /// A kvtrail error for a failed request on `url`.
 fn request_error(url: &str, e: object_store::Error) -> Error {
     let loc = Location::file(Path::new(url));
@@ -204,8 +214,8 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
         object_store::Error::PermissionDenied { source, .. }
         | object_store::Error::Unauthenticated { source, .. } => Error::invalid(
             loc,
-            format!("access was refused: {source}"),
-            CREDENTIALS_HINT,
+            format!("access was refused: {}", clip(source.to_string())),
+            credentials_hint(url),
         ),
         other => {
             let text = chain(&other);
@@ -221,7 +231,7 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
             .iter()
             .any(|w| lower.contains(w))
             {
-                Error::invalid(loc, format!("access failed: {text}"), CREDENTIALS_HINT)
+                Error::invalid(loc, format!("access failed: {text}"), credentials_hint(url))
             } else if lower.contains("invalid path") {
                 Error::invalid(
                     loc,
@@ -233,6 +243,12 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
                     loc,
                     format!("the server ignores Range requests: {text}"),
                     "serve the trace from object storage (s3://, gs://, az://) or from an HTTP server that answers Range requests (206) and sends ETags, or copy it to a local folder",
+                )
+            } else if lower.contains("bytes kvtrail accepts for it") {
+                Error::invalid(
+                    loc,
+                    format!("the object store sent an answer too long to be one: {text}"),
+                    "a listing page or an error answer is never this long: check that the URL and endpoint point at an object store, and that no proxy in between rewrites its answers",
                 )
             } else if lower.contains("nosuchbucket") || lower.contains("containernotfound") {
                 Error::invalid(
@@ -253,10 +269,10 @@ fn request_error(url: &str, e: object_store::Error) -> Error {
 
 /// An error's message with its sources, one line.
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
+    let mut out = clip(e.to_string());
     let mut src = e.source();
     while let Some(s) = src {
-        let t = s.to_string();
+        let t = clip(s.to_string());
         if !out.contains(&t) {
             out.push_str(": ");
             out.push_str(&t);
@@ -264,6 +280,22 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = s.source();
     }
     out.replace('\n', " ")
+}
+
+/// Bytes of one error's text kept in a message: a server's error answer
+/// may be any size.
+const MAX_ERROR_TEXT: usize = 2048;
+
+/// `t` cut to [`MAX_ERROR_TEXT`] bytes (at a character boundary).
+fn clip(t: String) -> String {
+    if t.len() <= MAX_ERROR_TEXT {
+        return t;
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !t.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &t[..end], t.len())
 }
 
 fn changed(url: &str) -> Error {
@@ -371,6 +403,96 @@ fn bad_url(url: &str, what: String) -> Error {
     )
 }
 
+/// The most bytes of an answer kvtrail lets the object-store client hold
+/// when it is not an object's bytes: a listing page (1,000 names of at most
+/// 1,024 bytes, a few MB) or an error's text.
+pub const MAX_ANSWER_BYTES: u64 = 32 << 20;
+/// The most bytes of an error answer (its body is only read for a message).
+const MAX_ERROR_ANSWER_BYTES: u64 = 64 << 10;
+
+/// The object-store client's HTTP service with every answer it would hold
+/// whole bounded: a ranged GET to its range, an error to
+/// [`MAX_ERROR_ANSWER_BYTES`], any other GET with a query (a listing page)
+/// to [`MAX_ANSWER_BYTES`]. A whole-object GET (the copy of an object
+/// without an ETag) is streamed and checked against the listed size.
+#[derive(Debug)]
+struct Bounded(object_store::client::HttpClient);
+
+#[derive(Debug, Default)]
+struct BoundedConnector;
+
+impl object_store::client::HttpConnector for BoundedConnector {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(Bounded(inner)))
+    }
+}
+
+/// A body longer than a [`Bounded`] answer may be.
+#[derive(Debug)]
+struct TooLong(u64);
+
+impl std::fmt::Display for TooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the answer is longer than the {} bytes kvtrail accepts for it",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TooLong {}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for Bounded {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> std::result::Result<object_store::client::HttpResponse, object_store::client::HttpError>
+    {
+        use http_body_util::BodyExt;
+        let range = req
+            .headers()
+            .get(http::header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("bytes="))
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(a, b)| Some(b.parse::<u64>().ok()?.saturating_sub(a.parse().ok()?) + 1));
+        let listing = req.method() == http::Method::GET && req.uri().query().is_some();
+        let res = self.0.execute(req).await?;
+        let cap = if res.status().is_client_error() || res.status().is_server_error() {
+            MAX_ERROR_ANSWER_BYTES
+        } else if let Some(n) = range {
+            n
+        } else if listing {
+            MAX_ANSWER_BYTES
+        } else {
+            return Ok(res);
+        };
+        let (parts, body) = res.into_parts();
+        let mut seen = 0u64;
+        let body = http_body_util::StreamBody::new(body.into_data_stream().map(move |chunk| {
+            let chunk = chunk?;
+            seen += chunk.len() as u64;
+            if seen > cap {
+                return Err(object_store::client::HttpError::new(
+                    object_store::client::HttpErrorKind::Decode,
+                    TooLong(cap),
+                ));
+            }
+            Ok(http_body::Frame::data(chunk))
+        }));
+        Ok(object_store::client::HttpResponse::from_parts(
+            parts,
+            object_store::client::HttpResponseBody::new(body),
+        ))
+    }
+}
+
 /// The store of `url`, and its lister (none for HTTP(S)).
 type Built = (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>);
 
@@ -383,6 +505,7 @@ fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<Built> {
     Ok(match url.scheme() {
         "s3" | "s3a" => {
             let mut b = AmazonS3Builder::from_env()
+                .with_http_connector(BoundedConnector)
                 .with_url(url.as_str())
                 .with_retry(limits.retry());
             for (k, v) in client {
@@ -393,6 +516,7 @@ fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<Built> {
         }
         "gs" => {
             let mut b = GoogleCloudStorageBuilder::from_env()
+                .with_http_connector(BoundedConnector)
                 .with_url(url.as_str())
                 .with_retry(limits.retry());
             for (k, v) in client {
@@ -404,6 +528,7 @@ fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<Built> {
         "http" | "https" => {
             let origin = &url[..url::Position::BeforePath];
             let mut b = HttpBuilder::new()
+                .with_http_connector(BoundedConnector)
                 .with_url(origin)
                 .with_retry(limits.retry())
                 .with_config(ClientConfigKey::AllowHttp, "true");
@@ -414,6 +539,7 @@ fn build_store(url: &url::Url, limits: &Limits) -> object_store::Result<Built> {
         }
         _ => {
             let mut b = MicrosoftAzureBuilder::from_env()
+                .with_http_connector(BoundedConnector)
                 .with_url(url.as_str())
                 .with_retry(limits.retry());
             for (k, v) in client {

@@ -638,3 +638,18 @@ fn a_listing_that_never_ends_is_refused_at_once() {
         refused(&r, &["s3://b/t", "cannot be listed", "page 2"]);
     }
 }
+
+/// A listing page or an error answer of 40 MB is refused as too long,
+/// without being held whole (the client bounds what it buffers), and the
+/// server's text in the message is cut short.
+#[test]
+fn answers_too_long_to_be_a_listing_or_an_error_are_refused() {
+    for what in ["huge", "error"] {
+        let srv = start(&["s3loop", what]);
+        let r = s3_env(&srv, kvtrail(["verify", "s3://b/t"]))
+            .timeout(Duration::from_secs(60))
+            .run();
+        refused(&r, &["s3://b/t", "too long to be one"]);
+        assert!(r.stderr.len() < 8192, "{} bytes of stderr", r.stderr.len());
+    }
+}

@@ -23,7 +23,9 @@ Usage:
                              names one object under the asked prefix;
                              WHAT "token": every page gives the same next
                              token; "names": each page a new token, the
-                             same object again
+                             same object again; "huge": one page of 40 MB
+                             (one name of that length); "error": a 403
+                             whose body is 40 MB
 
 SPEC.json: {"bucket": NAME, "empty_bucket": NAME, "auth": BOOL,
             "uploads": [{"dir": LOCAL_TRACE, "prefix": PREFIX,
@@ -297,6 +299,16 @@ def serve_s3loop(what):
             prefix = q.get("prefix", [""])[0]
             page = int(q.get("continuation-token", ["0"])[0])
             token = "1" if what == "token" else str(page + 1)
+            if what in ("huge", "error"):
+                big = b"<Error><Code>AccessDenied</Code><Message>" + b"x" * (40 << 20)
+                self.send_response(403 if what == "error" else 200)
+                self.send_header("Content-Length", str(len(big)))
+                self.end_headers()
+                try:
+                    self.wfile.write(big)
+                except OSError:
+                    pass
+                return
             body = (
                 '<?xml version="1.0" encoding="UTF-8"?>'
                 '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
