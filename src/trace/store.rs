@@ -1164,7 +1164,8 @@ impl Inner {
         }
         let (b0, b1) = (start / BLOCK_BYTES, (end - 1) / BLOCK_BYTES);
         if b1 - b0 >= CACHE_BLOCKS as u64 / 2 {
-            // A long range (a whole column chunk): one request, uncached.
+            // A long range (a whole column chunk): uncached, in requests
+            // of at most STREAM_BYTES.
             return self.fetch(start, end);
         }
         let mut out = Vec::with_capacity((end - start) as usize);
