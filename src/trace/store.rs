@@ -578,6 +578,18 @@ impl Remote {
         if url.query().is_some() || url.fragment().is_some() {
             return Err(bad_url(&key, "has a query or fragment (`?`, `#`)".into()));
         }
+        // The URL parser resolves `.` and `..`: the prefix read would not
+        // be the one the reports name.
+        let path = key.split_once("://").map_or("", |(_, rest)| rest);
+        if path.split('/').skip(1).any(|seg| {
+            let seg = seg.to_ascii_lowercase().replace("%2e", ".");
+            seg == "." || seg == ".."
+        }) {
+            return Err(bad_url(
+                &key,
+                "has a `.` or `..` segment: name the trace's prefix as the store holds it".into(),
+            ));
+        }
         // abfs(s)://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH names its
         // container where other URLs name a user: that is no secret.
         let container_at = matches!(url.scheme(), "abfs" | "abfss") && url.password().is_none();
@@ -590,7 +602,14 @@ impl Remote {
                 CREDENTIALS_HINT,
             ));
         }
-        let limits = Limits::from_env()?;
+        let limits = Limits::from_env().map_err(|e| match e {
+            Error::Invalid { what, hint, .. } => Error::Invalid {
+                loc: Location::file(Path::new(&key)),
+                what,
+                hint,
+            },
+            other => other,
+        })?;
         let (store, lister) = build_store(&url, &limits).map_err(|e| {
             Error::invalid(
                 Location::file(Path::new(&key)),

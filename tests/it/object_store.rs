@@ -316,7 +316,10 @@ fn unreachable_endpoint_fails_fast() {
     let r = on_s3(&["inspect", &u])
         .env("KVTRAIL_OBJECT_STORE_TIMEOUT", "soon")
         .run();
-    refused(&r, &["KVTRAIL_OBJECT_STORE_TIMEOUT"]);
+    refused(
+        &r,
+        &[&format!("error: {u}:"), "KVTRAIL_OBJECT_STORE_TIMEOUT"],
+    );
 }
 
 #[test]
@@ -525,6 +528,16 @@ fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
         let r = kvtrail(["verify", u]).run();
         refused(&r, &["names a user or password"]);
         assert!(!r.stderr.contains("s3cr3t"), "{}", r.stderr);
+    }
+    // The URL parser would resolve `.` and `..`: the prefix read would not
+    // be the one reports name.
+    for u in [
+        "s3://traces/x/../mini",
+        "s3://traces/./mini",
+        "http://127.0.0.1:9/t/%2E%2e/mini",
+    ] {
+        let r = kvtrail(["verify", u]).run();
+        refused(&r, &[u, "`.` or `..` segment"]);
     }
     // abfs(s) names the container before `@`: read as any URL (here from
     // the Azure emulator's address, where nothing answers).
