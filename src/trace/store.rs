@@ -70,6 +70,15 @@ pub const MAX_LISTING_BYTES: usize = 256 << 20;
 /// a page: 1,000 pages for [`MAX_OBJECTS`]); a page token seen before
 /// ends it at once.
 pub const MAX_LIST_PAGES: usize = 10_000;
+/// Pages in a row that add no object before a listing is refused (a store
+/// may send an empty page now and then, never a long run of them).
+pub const MAX_EMPTY_PAGES: usize = 100;
+/// The longest object name a listing may hold (S3, GCS and Azure allow
+/// 1,024 bytes).
+pub const MAX_NAME_BYTES: usize = 1024;
+/// The largest object kvtrail reads (1 PiB): a larger size named by a
+/// listing or a HEAD is no trace file.
+pub const MAX_OBJECT_BYTES: u64 = 1 << 50;
 /// The longest trace URL, and the longest URL of a file in it (object
 /// stores name at most 1,024 bytes; HTTP servers refuse long request
 /// lines).
@@ -571,6 +580,17 @@ impl Remote {
                 ),
             ));
         }
+        // The URL parser drops tabs and line breaks, trims spaces and reads
+        // `\` as `/`: the prefix read would not be the one reports name.
+        if key
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == '\\')
+        {
+            return Err(bad_url(
+                &key.escape_debug().to_string(),
+                "holds a space, control character or backslash: percent-encode it as the store names the object".into(),
+            ));
+        }
         let url = url::Url::parse(&key).map_err(|e| bad_url(&key, format!("is not a URL: {e}")))?;
         if url.host_str().is_none_or(str::is_empty) {
             return Err(bad_url(&key, "names no bucket, container or host".into()));
@@ -651,22 +671,17 @@ impl Remote {
         };
         let prefix = self.prefix.clone();
         let url = self.url.clone();
-        let too_many = |n: usize| {
+        let too_many = |what: String| {
             Error::invalid(
                 Location::file(Path::new(&url)),
-                format!(
-                    "holds more than {n} objects (or more than {} MiB of object names, or {MAX_LIST_PAGES} pages)",
-                    MAX_LISTING_BYTES >> 20
-                ),
+                format!("holds more than {what}"),
                 "point kvtrail at one trace's prefix (the one that holds trace.json), not at a bucket of many",
             )
         };
         let repeats = |what: String| {
             Error::invalid(
                 Location::file(Path::new(&url)),
-                format!(
-                    "cannot be listed: the object store's listing {what}, so it cannot be trusted to end"
-                ),
+                format!("cannot be listed: the object store's listing {what}"),
                 "the store or a proxy in front of it is damaged: list the prefix with the store's own tools, or copy the trace to a local folder",
             )
         };
@@ -675,11 +690,21 @@ impl Remote {
             let mut kept = 0usize;
             let mut tokens = std::collections::HashSet::new();
             let mut token: Option<String> = None;
+            // The last page that named a new object (0: none yet).
+            let mut last_new = 0;
             let under = (!prefix.as_ref().is_empty()).then(|| format!("{}/", prefix.as_ref()));
             for page in 1.. {
                 if page > MAX_LIST_PAGES {
-                    return Err(too_many(out.len()));
+                    return Err(too_many(format!("{MAX_LIST_PAGES} pages of objects")));
                 }
+                if page - last_new > MAX_EMPTY_PAGES {
+                    return Err(repeats(format!(
+                        "gave {MAX_EMPTY_PAGES} pages in a row that name no new object (pages {} to {})",
+                        last_new + 1,
+                        page - 1
+                    )));
+                }
+                let before = out.len();
                 let opts = PaginatedListOptions {
                     page_token: token.take(),
                     ..Default::default()
@@ -689,27 +714,51 @@ impl Remote {
                     .await
                     .map_err(|e| request_error(&url, e))?;
                 for meta in got.result.objects {
+                    if meta.location.as_ref().len() > MAX_NAME_BYTES {
+                        return Err(repeats(format!(
+                            "names an object of {} bytes, longer than any store allows ({MAX_NAME_BYTES})",
+                            meta.location.as_ref().len()
+                        )));
+                    }
                     kept += meta.location.as_ref().len()
                         + meta.e_tag.as_ref().map_or(0, String::len)
                         + meta.version.as_ref().map_or(0, String::len)
                         + 128;
-                    if out.len() >= MAX_OBJECTS || kept > MAX_LISTING_BYTES {
-                        return Err(too_many(out.len()));
+                    if out.len() >= MAX_OBJECTS {
+                        return Err(too_many(format!("{MAX_OBJECTS} objects")));
+                    }
+                    if kept > MAX_LISTING_BYTES {
+                        return Err(too_many(format!(
+                            "{} MiB of object names ({} objects)",
+                            MAX_LISTING_BYTES >> 20,
+                            out.len()
+                        )));
                     }
                     if let Some(rel) = rel_of(&prefix, &meta.location) {
                         kept += rel.len();
                         if out.insert(rel, meta).is_some() {
-                            return Err(repeats(format!("named an object twice (page {page})")));
+                            return Err(repeats(format!(
+                                "named an object twice (page {page}), so it would never end"
+                            )));
                         }
                     }
+                }
+                if out.len() > before {
+                    last_new = page;
                 }
                 match got.page_token {
                     None => break,
                     Some(t) => {
+                        if t.len() > MAX_URL_BYTES {
+                            return Err(repeats(format!(
+                                "gave a page token of {} bytes (page {page})",
+                                t.len()
+                            )));
+                        }
                         kept += t.len();
                         if !tokens.insert(*blake3::hash(t.as_bytes()).as_bytes()) {
                             return Err(repeats(format!(
-                                "came back to a page it had given (page {page})"
+                                "came back to a page it had given (page {page}), so it would never end"
                             )));
                         }
                         token = Some(t);
@@ -834,6 +883,16 @@ impl Remote {
                 "check the URL (bucket or container, prefix, object name); a trace's prefix holds trace.json, requests/ and kv/",
             )
         })?;
+        if meta.size > MAX_OBJECT_BYTES {
+            return Err(Error::invalid(
+                Location::file(Path::new(&url)),
+                format!(
+                    "is {} bytes long by the object store's answer, more than kvtrail reads ({MAX_OBJECT_BYTES})",
+                    meta.size
+                ),
+                "no trace file is this large: the store or a proxy in front of it is damaged",
+            ));
+        }
         let pinned = meta.e_tag.is_some() || meta.version.is_some();
         let mut inner = Inner {
             remote: self.clone(),
@@ -934,7 +993,8 @@ impl Remote {
     fn seal(&self, inner: &Inner) -> Result<Arc<Sealed>> {
         slot(&self.sealed, &inner.rel, &inner.url, || {
             let mut whole = blake3::Hasher::new();
-            let mut blocks = Vec::with_capacity(inner.size.div_ceil(BLOCK_BYTES) as usize);
+            // Grown as blocks arrive, not from the size the store claims.
+            let mut blocks = Vec::new();
             let mut pos = 0;
             while pos < inner.size {
                 let end = (pos + STREAM_BYTES).min(inner.size);

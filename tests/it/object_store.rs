@@ -539,6 +539,16 @@ fn userinfo_long_urls_and_a_failed_run_into_an_empty_folder() {
         let r = kvtrail(["verify", u]).run();
         refused(&r, &[u, "`.` or `..` segment"]);
     }
+    // ...and drops tabs and line breaks, trims spaces, reads `\` as `/`.
+    for u in [
+        "s3://traces/evil/.\t./mini",
+        "s3://traces/mini ",
+        "s3://traces/mi\nni",
+        "http://127.0.0.1:9/evil\\..\\mini",
+    ] {
+        let r = kvtrail(["verify", u]).run();
+        refused(&r, &["space, control character or backslash"]);
+    }
     // abfs(s) names the container before `@`: read as any URL (here from
     // the Azure emulator's address, where nothing answers).
     let abfss = "abfss://c@acct.dfs.core.windows.net/t";
@@ -650,6 +660,28 @@ fn a_listing_that_never_ends_is_refused_at_once() {
             .run();
         refused(&r, &["s3://b/t", "cannot be listed", "page 2"]);
     }
+    for (what, words) in [
+        ("empty", &["100 pages in a row", "pages 2 to 101"][..]),
+        ("longtoken", &["a page token of 70000 bytes"][..]),
+        (
+            "longname",
+            &["an object of", "longer than any store allows"][..],
+        ),
+    ] {
+        let srv = start(&["s3loop", what]);
+        let r = s3_env(&srv, kvtrail(["verify", "s3://b/t"]))
+            .timeout(Duration::from_secs(60))
+            .run();
+        refused(&r, &[&["s3://b/t", "cannot be listed"][..], words].concat());
+        assert!(r.stderr.len() < 8192, "{} bytes of stderr", r.stderr.len());
+    }
+    // A size no trace file has: refused before any of it is asked for
+    // (a list of block digests sized from it could not be allocated).
+    let srv = start(&["s3loop", "hugesize"]);
+    let r = s3_env(&srv, kvtrail(["inspect", "s3://b/t"]))
+        .timeout(Duration::from_secs(60))
+        .run();
+    refused(&r, &["s3://b/t/trace.json", "18446744073709551615 bytes"]);
 }
 
 /// A listing page or an error answer of 40 MB is refused as too long,

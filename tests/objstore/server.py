@@ -25,7 +25,11 @@ Usage:
                              token; "names": each page a new token, the
                              same object again; "huge": one page of 40 MB
                              (one name of that length); "error": a 403
-                             whose body is 40 MB
+                             whose body is 40 MB; "empty": every page
+                             empty, each with a new token; "longtoken":
+                             a 70,000-byte token; "longname": one object
+                             of a 70,000-byte name; "hugesize": trace.json
+                             listed as 2^64-1 bytes, then the page ends
 
 SPEC.json: {"bucket": NAME, "empty_bucket": NAME, "auth": BOOL,
             "uploads": [{"dir": LOCAL_TRACE, "prefix": PREFIX,
@@ -299,6 +303,21 @@ def serve_s3loop(what):
             prefix = q.get("prefix", [""])[0]
             page = int(q.get("continuation-token", ["0"])[0])
             token = "1" if what == "token" else str(page + 1)
+            if what == "longtoken":
+                token = "9" * 70000
+            name = "trace.json"
+            if what == "longname":
+                name = "kv/pool=0/%s.parquet" % ("a" * 70000)
+            size = 18446744073709551615 if what == "hugesize" else 10
+            truncated = "false" if what == "hugesize" else "true"
+            contents = (
+                "<Contents><Key>%s%s</Key>"
+                "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag>"
+                "<Size>%d</Size><StorageClass>STANDARD</StorageClass></Contents>" % (prefix, name, size)
+            )
+            if what == "empty" and page > 0:
+                contents = ""
+            next_token = "" if what == "hugesize" else "<NextContinuationToken>%s</NextContinuationToken>" % token
             if what in ("huge", "error"):
                 big = b"<Error><Code>AccessDenied</Code><Message>" + b"x" * (40 << 20)
                 self.send_response(403 if what == "error" else 200)
@@ -313,11 +332,8 @@ def serve_s3loop(what):
                 '<?xml version="1.0" encoding="UTF-8"?>'
                 '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                 "<Name>b</Name><Prefix>%s</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
-                "<IsTruncated>true</IsTruncated><Contents><Key>%strace.json</Key>"
-                "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag>"
-                "<Size>10</Size><StorageClass>STANDARD</StorageClass></Contents>"
-                "<NextContinuationToken>%s</NextContinuationToken></ListBucketResult>"
-                % (prefix, prefix, token)
+                "<IsTruncated>%s</IsTruncated>%s%s</ListBucketResult>"
+                % (prefix, truncated, contents, next_token)
             ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/xml")
