@@ -83,6 +83,8 @@ pub struct Recorder {
     files: Vec<FileEntry>,
     stats: RecorderStats,
     max_ts: i64,
+    /// Request ids whose rows are removed at close (see [`Recorder::unattribute`]).
+    unattributed: std::collections::BTreeSet<u64>,
 }
 
 const NO_POOL: u32 = u32::MAX;
@@ -133,6 +135,7 @@ impl Recorder {
             dir: dir.to_path_buf(),
             req_writer: PartWriter::new(dir, "requests", requests_schema(), opts.part.clone()),
             max_ts: i64::MIN,
+            unattributed: Default::default(),
             manifest,
             opts,
             pools,
@@ -391,8 +394,53 @@ impl Recorder {
         if let Some(f) = self.req_writer.finish_part()? {
             self.files.push(f);
         }
+        self.drop_unattributed()?;
         self.store_manifest(complete)?;
         Ok(self.manifest.clone())
+    }
+
+    /// Leaves a request unattributed: at close its rows are removed from
+    /// the requests table (its KV events stay, as events of a request with
+    /// no row). For a request id two disagreeing requests reported: no row
+    /// may speak for both.
+    pub fn unattribute(&mut self, request_id: u64) {
+        self.unattributed.insert(request_id);
+    }
+
+    /// Rewrites each completed requests file that holds an unattributed id
+    /// without those rows (one file at a time), with its new digest.
+    fn drop_unattributed(&mut self) -> Result<()> {
+        if self.unattributed.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.unattributed);
+        for f in &mut self.files {
+            if !f.path.starts_with("requests/") {
+                continue;
+            }
+            let path = self.dir.join(&f.path);
+            let batches = read_batches(&path)?;
+            let mut kept = Vec::with_capacity(batches.len());
+            let mut removed = 0u64;
+            for b in batches {
+                let keep = unattributed_filter(&b, &ids);
+                removed += (b.num_rows() - keep.true_count()) as u64;
+                kept.push(
+                    arrow_select::filter::filter_record_batch(&b, &keep)
+                        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?,
+                );
+            }
+            if removed == 0 {
+                continue;
+            }
+            let tmp = path.with_extension("parquet.inprogress");
+            let digest = crate::trace::write::write_single_file(&tmp, &kept)?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            f.rows -= removed;
+            f.blake3 = digest;
+            self.stats.requests = self.stats.requests.saturating_sub(removed);
+        }
+        Ok(())
     }
 
     /// Sets `capture.started_ns` (importers learn the first timestamp only
@@ -411,6 +459,32 @@ impl Recorder {
     pub fn pool_counts(&self) -> Vec<(u16, u64)> {
         self.pools.iter().map(|p| (p.id, p.events)).collect()
     }
+}
+
+/// Every batch of a Parquet file this recorder wrote.
+fn read_batches(path: &Path) -> Result<Vec<arrow_array::RecordBatch>> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .map_err(|e| Error::parquet(Location::file(path), e))?;
+    reader
+        .map(|b| b.map_err(|e| Error::Other(format!("{}: {e}", path.display()))))
+        .collect()
+}
+
+/// Rows of a requests batch whose id is not in `ids`.
+fn unattributed_filter(
+    b: &arrow_array::RecordBatch,
+    ids: &std::collections::BTreeSet<u64>,
+) -> arrow_array::BooleanArray {
+    use arrow_array::{Array, UInt64Array};
+    let col = b
+        .column_by_name(crate::schema::req_col::REQUEST_ID)
+        .and_then(|c| c.as_any().downcast_ref::<UInt64Array>());
+    (0..b.num_rows())
+        .map(|i| Some(col.is_none_or(|c| c.is_null(i) || !ids.contains(&c.value(i)))))
+        .collect()
 }
 
 fn wall_ns() -> i64 {

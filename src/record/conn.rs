@@ -59,6 +59,8 @@ struct Conn {
     /// `lost` lines of the hook carried over a full queue, summed per pool.
     pending_hook: BTreeMap<u16, u64>,
     logged: u32,
+    /// The client's closing line, once it came.
+    bye: Option<super::wire::Bye>,
 }
 
 /// Counts a connection as live from accept until its thread ends.
@@ -85,7 +87,7 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     let deadline = Instant::now() + shared.cfg.hello_timeout;
     let hello = match read_bounded(&mut reader, max, &shared, Some(deadline)) {
         Got::Line(l) => l,
-        Got::TooLong | Got::End => return,
+        Got::TooLong | Got::End | Got::Stopped => return,
         Got::Deadline | Got::Cut => {
             // It may have been an engine too slow to say hello: whatever it
             // would have sent is missing, so it is counted.
@@ -143,6 +145,17 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         "connection #{id} ({}) declares pools {:?}",
         hello.worker, pools
     ));
+    // The writer learns the claim before the client does (a blocking hand
+    // over), so whatever any connection sends after this client's welcome
+    // is seen with the claim in place.
+    hand_over(
+        &shared,
+        id,
+        view,
+        Msg::Open {
+            pools: pools.clone(),
+        },
+    );
     // The claim holds: say so, so a client knows its events will be kept
     // (a refused hello gets an `error` line instead, then the close).
     let welcome = serde_json::json!({"type": "welcome", "connection": id, "pools": pools});
@@ -151,7 +164,22 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         .write_all(format!("{welcome}\n").as_bytes())
         .is_err()
     {
-        // The client is gone before its first event: release the claim.
+        // The client is gone before its first event: release the claim
+        // (it sent nothing, so nothing of it is missing).
+        let bye = super::wire::Bye {
+            enqueued: 0,
+            sent: 0,
+            dropped: 0,
+        };
+        hand_over(
+            &shared,
+            id,
+            view,
+            Msg::End {
+                bye: Some(bye),
+                at_stop: false,
+            },
+        );
         let mut claims = shared.claims.lock().expect("claims lock");
         for p in &pools {
             claims.remove(p);
@@ -168,7 +196,9 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         pending_loss: BTreeMap::new(),
         pending_hook: BTreeMap::new(),
         logged: 0,
+        bye: None,
     };
+    let mut at_stop = false;
     loop {
         match read_bounded(&mut reader, max, &shared, None) {
             Got::Line(line) => {
@@ -181,6 +211,10 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
                 c.reject_unattributed("a line longer than --max-line-bytes (dropped unread)");
             }
             Got::End | Got::Deadline => break,
+            Got::Stopped => {
+                at_stop = true;
+                break;
+            }
             Got::Cut => {
                 add(&shared.stats.connections_cut, 1);
                 shared.log(&format!(
@@ -192,6 +226,10 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
             }
         }
     }
+    c.batch.push(Msg::End {
+        bye: c.bye,
+        at_stop,
+    });
     c.flush(true);
     {
         let mut claims = shared.claims.lock().expect("claims lock");
@@ -200,6 +238,22 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         }
     }
     shared.log(&format!("connection #{id} ({}) closed", c.name));
+}
+
+/// Hands one message to the writer, waiting for room.
+fn hand_over(shared: &Shared, conn: u64, view: View, m: Msg) {
+    add(&shared.stats.queue_depth, 1);
+    if shared
+        .tx
+        .send(Batch {
+            conn,
+            view,
+            msgs: vec![m],
+        })
+        .is_err()
+    {
+        shared.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 fn refuse(mut stream: Box<dyn Stream>, shared: &Shared, id: u64, why: &str) {
@@ -221,6 +275,8 @@ enum Got {
     Deadline,
     /// The stop's grace period ran out while the client was still sending.
     Cut,
+    /// The sidecar stopped while the stream was idle (read to its end).
+    Stopped,
 }
 
 /// Reads one line of at most `max` bytes, before `deadline` if one is set.
@@ -251,7 +307,10 @@ fn read_bounded(
             {
                 // Idle: on shutdown an idle stream is finished.
                 if shared.stop.load(Ordering::Relaxed) {
-                    return finish(line, discarding);
+                    return match finish(line, discarding) {
+                        Got::End => Got::Stopped,
+                        g => g,
+                    };
                 }
                 continue;
             }
@@ -328,7 +387,14 @@ impl Conn {
         let Ok(line) = std::str::from_utf8(raw) else {
             return self.reject_unattributed("a line that is not UTF-8");
         };
+        if self.bye.is_some() {
+            // `bye` is the last line: whatever follows it breaks the
+            // client's own count.
+            self.bye = None;
+            return self.reject_unattributed("a line after the closing `bye` line");
+        }
         match parse_msg(line) {
+            Ok(Msg::Bye(b)) => self.bye = Some(b),
             Ok(m) => {
                 if let Some(p) = m.pool()
                     && !self.pools.contains(&p)
@@ -417,7 +483,13 @@ impl Conn {
                 // apart from our own holes (each is counted once).
                 for m in b.msgs.into_iter().skip(head) {
                     match m {
-                        r @ Msg::Request(_) => self.batch.push(r),
+                        r @ (Msg::Request(_) | Msg::Open { .. } | Msg::End { .. }) => {
+                            self.batch.push(r)
+                        }
+                        // A mark must not pass the holes dropped with it; the
+                        // next one says as much.
+                        Msg::Mark { .. } => {}
+                        Msg::Bye(_) => {}
                         Msg::Lost { pool, n } => {
                             let e = self.pending_hook.entry(pool).or_default();
                             *e = e.saturating_add(n);

@@ -204,6 +204,17 @@ pub struct Stats {
     pub pulls_partial: AtomicU64,
     /// Loads the consumer engine reported failed (nothing copied).
     pub pulls_failed: AtomicU64,
+    /// Connections that ended without a `bye` line (the engine exited or
+    /// crashed with events still queued, or a client that does not say
+    /// goodbye): what they had not sent is unknown, so the capture is
+    /// incomplete.
+    pub connections_unclosed: AtomicU64,
+    /// Events a `bye` line left unaccounted for (queued, neither sent nor
+    /// reported lost); the capture is incomplete.
+    pub events_unaccounted: AtomicU64,
+    /// Request ids reported by two requests that disagree (a reused client
+    /// id): the request is left unattributed and the capture incomplete.
+    pub request_conflicts: AtomicU64,
 }
 
 /// Adds to a counter, stopping at u64::MAX instead of wrapping (counts on
@@ -242,6 +253,9 @@ pub struct StatsSnapshot {
     pub pulls_written: u64,
     pub pulls_partial: u64,
     pub pulls_failed: u64,
+    pub connections_unclosed: u64,
+    pub events_unaccounted: u64,
+    pub request_conflicts: u64,
 }
 
 impl StatsSnapshot {
@@ -284,6 +298,9 @@ impl StatsSnapshot {
             || self.lost_unrecorded > 0
             || self.lost_requests > 0
             || self.lost_max_bytes > 0
+            || self.connections_unclosed > 0
+            || self.events_unaccounted > 0
+            || self.request_conflicts > 0
     }
 }
 
@@ -316,6 +333,9 @@ impl Stats {
             pulls_written: g(&self.pulls_written),
             pulls_partial: g(&self.pulls_partial),
             pulls_failed: g(&self.pulls_failed),
+            connections_unclosed: g(&self.connections_unclosed),
+            events_unaccounted: g(&self.events_unaccounted),
+            request_conflicts: g(&self.request_conflicts),
         }
     }
 }

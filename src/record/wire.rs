@@ -20,7 +20,13 @@
 //!   reported whole by the consumer: slot runs of a source pool copied into
 //!   its own pool, stamped by the writer with the source pool's latest seq
 //!   (docs/capture-vllm.md); or a failed / partial load with the engine's
-//!   failure policy.
+//!   failure policy;
+//! - `{"type":"mark","ts_ns":T}`: every event of this connection's pools
+//!   stamped at or before T has been sent (the sidecar holds a pull from
+//!   these pools until their connection has marked past the pull's time);
+//! - `{"type":"bye","enqueued":E,"sent":S,"dropped":D}`: the last line, the
+//!   hook's own counts of events; a connection that ends without it, or
+//!   whose counts do not add up (E > S + D), leaves the capture incomplete.
 //!
 //! KV lines take two fast paths: a byte scanner for the exact canonical line
 //! the hook writes, then a typed serde struct for the fully-known shape in any
@@ -182,6 +188,64 @@ pub enum Msg {
     XferSend(Box<XferSend>),
     XferCommit(Box<XferCommit>),
     XferPull(Box<XferPull>),
+    /// A `mark` line: every event of the connection's pools stamped at or
+    /// before `ts_ns` has been sent.
+    Mark {
+        ts_ns: i64,
+    },
+    /// A `bye` line: the connection's last, with the hook's counts.
+    Bye(Bye),
+    /// Never on the wire: a connection's claim on `pools`, first in its
+    /// stream.
+    Open {
+        pools: Vec<u16>,
+    },
+    /// Never on the wire: the connection ended; `bye` is its closing line
+    /// if one came. `at_stop`: the sidecar's stop ended it (idle, everything
+    /// it sent was read): the capture ends there, nothing of it is missing.
+    End {
+        bye: Option<Bye>,
+        at_stop: bool,
+    },
+}
+
+/// The closing line's counts (events, as the hook queued them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bye {
+    /// Events the hook accepted onto its queue.
+    pub enqueued: u64,
+    /// Events it sent to a sidecar.
+    pub sent: u64,
+    /// Events it dropped and reported as `lost` (queue full, sidecar
+    /// unreachable, not sent by the exit flush's deadline).
+    pub dropped: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ByeLine {
+    #[serde(rename = "type")]
+    _kind: String,
+    enqueued: u64,
+    sent: u64,
+    dropped: u64,
+}
+
+impl Bye {
+    /// Events the counts leave unaccounted for (queued, neither sent nor
+    /// reported lost).
+    pub fn unaccounted(&self) -> u64 {
+        self.enqueued
+            .saturating_sub(self.sent.saturating_add(self.dropped))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Mark {
+    #[serde(rename = "type")]
+    _kind: String,
+    ts_ns: i64,
 }
 
 impl Msg {
@@ -194,6 +258,7 @@ impl Msg {
             Msg::XferSend(s) => Some(s.pool),
             Msg::XferCommit(c) => Some(c.pool),
             Msg::XferPull(p) => Some(p.pool),
+            Msg::Mark { .. } | Msg::Bye(_) | Msg::Open { .. } | Msg::End { .. } => None,
         }
     }
 }
@@ -389,8 +454,17 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
     if let Some(m) = canonical_kv(line.as_bytes()).or_else(|| fast_kv(line)) {
         return Ok(m);
     }
-    // Protocol messages are told apart by their "type" prefix, cheaply.
-    let kind = sniff_type(line);
+    // Protocol messages are told apart by their "type" prefix, cheaply;
+    // a line whose "type" is not its first key is read whole for it (key
+    // order is the client's JSON library's business).
+    let owned;
+    let kind = match sniff_type(line) {
+        Some(k) => Some(k),
+        None => {
+            owned = type_key(line);
+            owned.as_deref()
+        }
+    };
     match kind {
         Some("lost") => {
             let l: Lost = serde_json::from_str(line)
@@ -430,6 +504,20 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
                 .map_err(|e| plain(format!("bad `xfer_pull` message: {e}")))?;
             check_pull(&p)?;
             Ok(Msg::XferPull(Box::new(p)))
+        }
+        Some("mark") => {
+            let m: Mark = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `mark` message: {e}")))?;
+            Ok(Msg::Mark { ts_ns: m.ts_ns })
+        }
+        Some("bye") => {
+            let b: ByeLine =
+                serde_json::from_str(line).map_err(|e| plain(format!("bad `bye` message: {e}")))?;
+            Ok(Msg::Bye(Bye {
+                enqueued: b.enqueued,
+                sent: b.sent,
+                dropped: b.dropped,
+            }))
         }
         Some("hello") => Err(plain("a second hello on one connection".into())),
         _ => match parse_line(line)? {
@@ -477,6 +565,17 @@ fn check_pull(p: &XferPull) -> Result<(), LineError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// The value of a top-level `"type"` key anywhere in the object (`None`
+/// when the line is no such object: the full parser names the error).
+fn type_key(line: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct TypeOnly {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    serde_json::from_str::<TypeOnly>(line).ok()?.kind
 }
 
 /// The value of a top-level `"type"` key when it is the first key (the

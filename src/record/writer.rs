@@ -24,7 +24,7 @@
 //!
 //! [`Recorder`]: crate::capture::Recorder
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
@@ -57,8 +57,37 @@ struct Room {
     bytes: u64,
 }
 
+/// What a parked stream waits for.
+enum Wait {
+    /// A commit waits for its room's last send.
+    Commit(Box<XferCommit>),
+    /// A pull waits until the connection holding its source pool has marked
+    /// past the pull's time (or ended).
+    Pull(Box<XferPull>),
+}
+
+/// The feed of one pool: the connection that holds it and how far that
+/// connection has promised its events are sent.
+struct Feed {
+    conn: Option<u64>,
+    /// Every event of the pool stamped at or before this has arrived
+    /// (`i64::MAX` once its connection ended cleanly).
+    mark: i64,
+    /// A pull waited for this feed until `--copy-timeout` and it had not
+    /// marked since: later pulls from it are holes at once (a client that
+    /// sends no marks holds up one pull, not every one).
+    silent: bool,
+}
+
+/// Whether a pull can be stamped now.
+enum Ready {
+    Now,
+    Wait,
+    Never(String),
+}
+
 struct Parked {
-    commit: Box<XferCommit>,
+    wait: Wait,
     /// The view of the parked connection's stream.
     view: View,
     since: Instant,
@@ -101,7 +130,13 @@ fn msg_bytes(m: &Msg) -> u64 {
         }
         Msg::XferCommit(x) => size_of::<XferCommit>() as u64 + 8 * x.dst_pages.len() as u64,
         Msg::XferPull(x) => size_of::<XferPull>() as u64 + 16 * x.runs.len() as u64,
-        Msg::Kv { .. } | Msg::Lost { .. } | Msg::Hole { .. } => 0,
+        Msg::Open { pools } => 2 * pools.len() as u64,
+        Msg::Kv { .. }
+        | Msg::Lost { .. }
+        | Msg::Hole { .. }
+        | Msg::Mark { .. }
+        | Msg::Bye(_)
+        | Msg::End { .. } => 0,
     };
     size_of::<Msg>() as u64 + boxed
 }
@@ -126,10 +161,22 @@ struct W<'a> {
     /// Per consumer pool: the load-failure policies its pulls reported
     /// (kept for trace.json's `capture.kv_load_failure_policy`).
     policies: std::collections::BTreeMap<u16, Vec<LoadPolicy>>,
-    /// Per pool: (ts_ns, seq) of its latest written events, at most
-    /// [`RECENT`] each, so a pull can be stamped with the source pool's last
-    /// event at or before the load (`xfer_pull`'s ts_ns).
+    /// Per pool: (ts_ns, seq) of its latest content changes, at most
+    /// [`RECENT`] each: every written event (plain, committed copy, pull)
+    /// and every hole (at the time of the event before it: the lost events
+    /// may be anywhere after it), so a pull is stamped with the source
+    /// pool's last change at or before the load (`xfer_pull`'s ts_ns).
     recent: HashMap<u16, VecDeque<(i64, u64)>>,
+    /// Per pool: who feeds it and how far (stamping pulls causally).
+    feeds: HashMap<u16, Feed>,
+    /// Per live connection: the pools it holds.
+    conns: HashMap<u64, Vec<u16>>,
+    /// Ids of the request rows written so far (a second row for one id is a
+    /// conflict). About 16 bytes per request, like the request keys every
+    /// analysis holds.
+    written_ids: HashSet<u64>,
+    /// Request ids reported by two requests (left unattributed at close).
+    conflicts: BTreeSet<u64>,
 }
 
 /// How many recent (ts_ns, seq) pairs the writer keeps per pool for
@@ -178,6 +225,10 @@ fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Res
         written_next: HashMap::new(),
         policies: Default::default(),
         recent: HashMap::new(),
+        feeds: HashMap::new(),
+        conns: HashMap::new(),
+        written_ids: HashSet::new(),
+        conflicts: BTreeSet::new(),
     };
     let mut last_tick = Instant::now();
     let res: Result<()> = (|| {
@@ -262,14 +313,35 @@ impl W<'_> {
     /// the pool's seq space cannot take the hole, the events are counted as
     /// `lost_unrecorded` (the capture is then incomplete).
     fn lose(&mut self, pool: u16, n: u64) -> Result<()> {
-        if let Err(e) = self.rec.lose(pool, n) {
-            add(&self.sh.stats.lost_unrecorded, n);
-            self.log(&format!(
-                "{n} lost events of pool {pool} cannot be recorded as a hole: {}",
-                e.to_string().replace('\n', " ")
-            ));
+        match self.rec.lose(pool, n) {
+            Ok(()) => {
+                // The hole is part of the pool's history: a later pull from
+                // it stamps inside the hole, never before it.
+                let ts = self
+                    .recent
+                    .get(&pool)
+                    .and_then(|r| r.back())
+                    .map_or(i64::MIN, |x| x.0);
+                let next = self.rec.next_seq(pool)?;
+                self.note(pool, ts, next - 1);
+            }
+            Err(e) => {
+                add(&self.sh.stats.lost_unrecorded, n);
+                self.log(&format!(
+                    "{n} lost events of pool {pool} cannot be recorded as a hole: {}",
+                    e.to_string().replace('\n', " ")
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// Bookkeeping for an event just written at `seq`: counted, the pool's
+    /// written end, and the stamping history. Every write path calls it.
+    fn written(&mut self, pool: u16, ts_ns: i64, seq: u64) {
+        self.sh.stats.kv_written.fetch_add(1, Ordering::Relaxed);
+        self.written_next.insert(pool, seq + 1);
+        self.note(pool, ts_ns, seq);
     }
 
     fn apply(&mut self, conn: u64, view: View, m: Msg) -> Result<()> {
@@ -289,10 +361,8 @@ impl W<'_> {
                 };
                 match r {
                     Ok(()) => {
-                        st.kv_written.fetch_add(1, Ordering::Relaxed);
                         let next = self.rec.next_seq(event.pool)?;
-                        self.written_next.insert(event.pool, next);
-                        self.note(event.pool, event.ts_ns, next - 1);
+                        self.written(event.pool, event.ts_ns, next - 1);
                     }
                     Err(e) => {
                         st.rejected_contract.fetch_add(1, Ordering::Relaxed);
@@ -371,7 +441,33 @@ impl W<'_> {
                     self.unpark_room(s.room)?;
                 }
             }
-            Msg::XferPull(p) => self.pull(&p)?,
+            Msg::XferPull(p) => self.pull(conn, view, p)?,
+            Msg::Mark { ts_ns } => {
+                let pools = self.conns.get(&conn).cloned().unwrap_or_default();
+                for p in &pools {
+                    if let Some(f) = self.feeds.get_mut(p) {
+                        f.mark = f.mark.max(ts_ns);
+                        f.silent = false;
+                    }
+                }
+                self.wake(&pools)?;
+            }
+            // Kept by the connection, which hands it over with `End`.
+            Msg::Bye(_) => {}
+            Msg::Open { pools } => {
+                for &p in &pools {
+                    self.feeds.insert(
+                        p,
+                        Feed {
+                            conn: Some(conn),
+                            mark: i64::MIN,
+                            silent: false,
+                        },
+                    );
+                }
+                self.conns.insert(conn, pools);
+            }
+            Msg::End { bye, at_stop } => self.end(conn, bye, at_stop)?,
             Msg::XferCommit(c) => {
                 let ready = self.rooms.get(&c.room).is_some_and(|r| r.last);
                 if ready {
@@ -385,7 +481,7 @@ impl W<'_> {
                     self.parked.insert(
                         conn,
                         Parked {
-                            commit: c,
+                            wait: Wait::Commit(c),
                             view,
                             since: Instant::now(),
                             queue: VecDeque::new(),
@@ -406,13 +502,107 @@ impl W<'_> {
         let conns: Vec<u64> = self
             .parked
             .iter()
-            .filter(|(_, p)| p.commit.room == room)
+            .filter(|(_, p)| matches!(&p.wait, Wait::Commit(c) if c.room == room))
             .map(|(c, _)| *c)
             .collect();
         for conn in conns {
             let p = self.parked.remove(&conn).expect("listed above");
             self.held -= p.bytes;
-            self.commit(&p.commit)?;
+            if let Wait::Commit(c) = &p.wait {
+                self.commit(c)?;
+            }
+            self.replay(conn, p.view, p.queue)?;
+        }
+        Ok(())
+    }
+
+    /// A connection ended: its pools' feeds are final. A clean end (a
+    /// `bye` whose counts add up) means every event was sent; otherwise
+    /// what it had not sent is unknown (counted: the capture is incomplete)
+    /// and pulls waiting on its pools past its last mark become holes.
+    fn end(&mut self, conn: u64, bye: Option<super::wire::Bye>, at_stop: bool) -> Result<()> {
+        let st = &self.sh.stats;
+        let clean = match bye {
+            // The sidecar's stop ended an idle connection: the capture ends
+            // with what it had sent, nothing of it is missing; but it never
+            // marked past its last mark, so loads waiting on it stay unknown.
+            None if at_stop => false,
+            None => {
+                add(&st.connections_unclosed, 1);
+                self.log(&format!(
+                    "connection #{conn} ended without its closing `bye` line: events it had queued may be missing (capture incomplete)"
+                ));
+                false
+            }
+            Some(b) if b.unaccounted() > 0 => {
+                add(&st.events_unaccounted, b.unaccounted());
+                self.log(&format!(
+                    "connection #{conn} closed with {} queued events neither sent nor reported lost (capture incomplete)",
+                    b.unaccounted()
+                ));
+                false
+            }
+            Some(_) => true,
+        };
+        let pools = self.conns.remove(&conn).unwrap_or_default();
+        for p in &pools {
+            if let Some(f) = self.feeds.get_mut(p)
+                && f.conn == Some(conn)
+            {
+                f.conn = None;
+                if clean {
+                    f.mark = i64::MAX;
+                }
+            }
+        }
+        self.wake(&pools)
+    }
+
+    /// Whether a pull from `src` by connection `conn` at `ts` can be
+    /// stamped: the source pool's history must hold every change at or
+    /// before `ts`.
+    fn ready(&self, conn: u64, src: u16, ts: i64) -> Ready {
+        match self.feeds.get(&src) {
+            None => Ready::Never(format!("no connection has reported pool {src}")),
+            // One stream: everything before the pull has arrived.
+            Some(f) if f.conn == Some(conn) => Ready::Now,
+            Some(f) if f.mark >= ts => Ready::Now,
+            Some(f) if f.conn.is_none() => Ready::Never(format!(
+                "the connection feeding pool {src} ended without a clean `bye` before the load's time"
+            )),
+            Some(f) if f.silent => Ready::Never(format!(
+                "the connection feeding pool {src} has not marked past the load's time within --copy-timeout before"
+            )),
+            Some(_) => Ready::Wait,
+        }
+    }
+
+    /// Resolves parked pulls whose source is one of `pools` and is ready.
+    fn wake(&mut self, pools: &[u16]) -> Result<()> {
+        if self.parked.is_empty() {
+            return Ok(());
+        }
+        let conns: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(c, p)| match &p.wait {
+                Wait::Pull(x) => {
+                    pools.contains(&x.src_pool)
+                        && !matches!(self.ready(**c, x.src_pool, x.ts_ns), Ready::Wait)
+                }
+                Wait::Commit(_) => false,
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in conns {
+            let p = self.parked.remove(&conn).expect("listed above");
+            self.held -= p.bytes;
+            if let Wait::Pull(x) = &p.wait {
+                match self.ready(conn, x.src_pool, x.ts_ns) {
+                    Ready::Never(why) => self.unstamped(x, &why)?,
+                    _ => self.stamp(x)?,
+                }
+            }
             self.replay(conn, p.view, p.queue)?;
         }
         Ok(())
@@ -439,13 +629,39 @@ impl W<'_> {
     fn give_up(&mut self, conn: u64, why: &str) -> Result<()> {
         let p = self.parked.remove(&conn).expect("parked");
         self.held -= p.bytes;
-        add(&self.sh.stats.copies_unresolved, 1);
-        self.lose(p.commit.pool, 1)?;
-        self.log(&format!(
-            "transfer into pool {} for request {} (room {}): {why}; recorded as a lost event",
-            p.commit.pool, p.commit.request_id, p.commit.room
-        ));
+        match &p.wait {
+            Wait::Commit(c) => {
+                add(&self.sh.stats.copies_unresolved, 1);
+                self.lose(c.pool, 1)?;
+                self.log(&format!(
+                    "transfer into pool {} for request {} (room {}): {why}; recorded as a lost event",
+                    c.pool, c.request_id, c.room
+                ));
+            }
+            Wait::Pull(x) => {
+                if let Some(f) = self.feeds.get_mut(&x.src_pool) {
+                    f.silent = true;
+                }
+                let why = format!(
+                    "pool {} never reported past the load's time ({why})",
+                    x.src_pool
+                );
+                self.unstamped(x, &why)?;
+            }
+        }
         self.replay(conn, p.view, p.queue)
+    }
+
+    /// A pull whose source state cannot be known: its runs are lost
+    /// events (holes), never a guess.
+    fn unstamped(&mut self, p: &XferPull, why: &str) -> Result<()> {
+        let n = p.runs.len().max(1) as u64;
+        add(&self.sh.stats.copies_unresolved, n);
+        self.log(&format!(
+            "load into pool {} for request {} from pool {}: {why}; recorded as lost events",
+            p.pool, p.request_id, p.src_pool
+        ));
+        self.lose(p.pool, n)
     }
 
     fn commit(&mut self, c: &XferCommit) -> Result<()> {
@@ -466,11 +682,9 @@ impl W<'_> {
         match self.copy_events(c, &room) {
             Ok(evs) => {
                 for ev in evs {
+                    let ts = ev.ts_ns;
                     match self.rec.kv(ev) {
-                        Ok(seq) => {
-                            self.sh.stats.kv_written.fetch_add(1, Ordering::Relaxed);
-                            self.written_next.insert(c.pool, seq + 1);
-                        }
+                        Ok(seq) => self.written(c.pool, ts, seq),
                         Err(e) => {
                             self.sh
                                 .stats
@@ -501,13 +715,17 @@ impl W<'_> {
         }
     }
 
-    /// A pull-based transfer reported whole by its consumer: each run
-    /// becomes one `write` with `src` on the consumer's pool, stamped with
-    /// the source pool's last written event whose ts_ns is at or before the
+    /// A pull-based transfer reported by its consumer: each run becomes one
+    /// `write` with `src` on the consumer's pool, stamped with the source
+    /// pool's last change (event or hole) whose ts_ns is at or before the
     /// pull's (the consumer reports the time the load was seen done; a
-    /// one-sided read leaves no event on the producer). A run outside either
-    /// pool, or a source pool with no such event, is a hole, never a guess.
-    fn pull(&mut self, p: &XferPull) -> Result<()> {
+    /// one-sided read leaves no event on the producer). The pull waits (its
+    /// stream parked) until the source pool's connection has marked past
+    /// that time or ended, so the stamp does not depend on which
+    /// connection's lines arrived first. A run outside either pool, a source
+    /// pool with no such change, or one whose feed cannot say, is a hole,
+    /// never a guess.
+    fn pull(&mut self, conn: u64, view: View, p: Box<XferPull>) -> Result<()> {
         let st = &self.sh.stats;
         if let Some(pol) = p.policy {
             let v = self.policies.entry(p.pool).or_default();
@@ -517,7 +735,15 @@ impl W<'_> {
         }
         match p.outcome {
             PullOutcome::Ok => {}
-            PullOutcome::Partial => add(&st.pulls_partial, 1),
+            PullOutcome::Partial => {
+                add(&st.pulls_partial, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} was partial (policy {}); the blocks that loaded are recorded",
+                    p.pool,
+                    p.request_id,
+                    policy_name(p.policy)
+                ));
+            }
             PullOutcome::Failed => {
                 add(&st.pulls_failed, 1);
                 self.log(&format!(
@@ -529,18 +755,40 @@ impl W<'_> {
                 return Ok(());
             }
         }
-        if p.outcome == PullOutcome::Partial {
-            self.log(&format!(
-                "load into pool {} for request {} was partial (policy {}); the blocks that loaded are recorded",
-                p.pool,
-                p.request_id,
-                policy_name(p.policy)
-            ));
-        }
         if self.stopped_at_max {
             add(&st.lost_max_bytes, p.runs.len() as u64);
             return self.lose(p.pool, p.runs.len() as u64);
         }
+        match self.ready(conn, p.src_pool, p.ts_ns) {
+            Ready::Now => self.stamp(&p),
+            Ready::Never(why) => self.unstamped(&p, &why),
+            Ready::Wait => {
+                let bytes = size_of::<(u64, Parked)>() as u64
+                    + ENTRY
+                    + size_of::<XferPull>() as u64
+                    + 16 * p.runs.len() as u64;
+                self.held += bytes;
+                self.parked.insert(
+                    conn,
+                    Parked {
+                        wait: Wait::Pull(p),
+                        view,
+                        since: Instant::now(),
+                        queue: VecDeque::new(),
+                        bytes,
+                    },
+                );
+                if self.held > self.sh.cfg.max_pending_bytes {
+                    self.give_up(conn, "--max-pending-bytes reached")?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes a ready pull's runs (see [`W::pull`]).
+    fn stamp(&mut self, p: &XferPull) -> Result<()> {
+        let st = &self.sh.stats;
         let dep = &self.sh.deployment;
         let src_cap = dep.pool(p.src_pool).map(|sp| sp.capacity_tokens);
         // The source pool's last event at or before the load, among those
@@ -553,19 +801,12 @@ impl W<'_> {
             r.iter().rev().find(|&&(ts, _)| ts <= p.ts_ns).map(|x| x.1)
         });
         if src_cap.is_none() || src_seq.is_none() {
-            add(&st.copies_unresolved, p.runs.len() as u64);
-            self.log(&format!(
-                "load into pool {} for request {} from pool {}: {}; recorded as lost events",
-                p.pool,
-                p.request_id,
-                p.src_pool,
-                if src_cap.is_none() {
-                    "no such pool in the deployment"
-                } else {
-                    "the source pool has no written event at or before the load (no state to copy)"
-                }
-            ));
-            return self.lose(p.pool, p.runs.len() as u64);
+            let why = if src_cap.is_none() {
+                "no such pool in the deployment"
+            } else {
+                "the source pool has no recorded change at or before the load (no state to copy)"
+            };
+            return self.unstamped(p, why);
         }
         let src_cap = src_cap.unwrap_or(0);
         let src_seq = src_seq.unwrap_or(0);
@@ -615,10 +856,8 @@ impl W<'_> {
             };
             match self.rec.kv(ev) {
                 Ok(seq) => {
-                    st.kv_written.fetch_add(1, Ordering::Relaxed);
                     add(&st.pulls_written, 1);
-                    self.written_next.insert(p.pool, seq + 1);
-                    self.note(p.pool, p.ts_ns, seq);
+                    self.written(p.pool, p.ts_ns, seq);
                 }
                 Err(e) => {
                     st.rejected_contract.fetch_add(1, Ordering::Relaxed);
@@ -709,6 +948,9 @@ impl W<'_> {
             add(&st.lost_max_bytes, 1);
             return Ok(());
         }
+        if self.conflicts.contains(&r.request_id) {
+            return Ok(());
+        }
         let row = match view {
             View::Full => r,
             _ => match self.pending.remove(&r.request_id).map(|b| *b) {
@@ -730,14 +972,11 @@ impl W<'_> {
                         .insert(r.request_id, Box::new((view, r, Instant::now())));
                     return Ok(());
                 }
-                Some((v, other, t)) if v == view => {
-                    st.rejected_contract.fetch_add(1, Ordering::Relaxed);
-                    self.pending
-                        .insert(other.request_id, Box::new((v, other, t)));
-                    self.log(&format!(
-                        "request {}: a second {view:?} view (duplicate request_id); dropped",
-                        r.request_id
-                    ));
+                Some((v, other, _)) if v == view => {
+                    // Two requests under one id (a reused client id): no row
+                    // may speak for both.
+                    self.held -= view_bytes(&other);
+                    self.conflict(r.request_id, &format!("a second {view:?} view"));
                     return Ok(());
                 }
                 Some((_, other, _)) => {
@@ -752,10 +991,32 @@ impl W<'_> {
         self.write_request(row)
     }
 
+    /// Two requests reported one request_id: the id is left unattributed
+    /// (its rows removed at close, its KV events kept as events of a
+    /// request with no row), counted and named in trace.json; the capture
+    /// is incomplete and stays analysable.
+    fn conflict(&mut self, id: u64, what: &str) {
+        if self.conflicts.insert(id) {
+            add(&self.sh.stats.request_conflicts, 1);
+            self.rec.unattribute(id);
+            self.log(&format!(
+                "request {id}: {what} (two requests reported one request_id); the request is left unattributed and the capture incomplete"
+            ));
+        }
+    }
+
     fn write_request(&mut self, row: RequestRecord) -> Result<()> {
         let id = row.request_id;
+        if self.conflicts.contains(&id) {
+            return Ok(());
+        }
+        if self.written_ids.contains(&id) {
+            self.conflict(id, "a second request row");
+            return Ok(());
+        }
         match self.rec.request(row) {
             Ok(()) => {
+                self.written_ids.insert(id);
                 self.sh
                     .stats
                     .requests_written
@@ -785,7 +1046,12 @@ impl W<'_> {
             .map(|(c, _)| *c)
             .collect();
         for c in late {
-            self.give_up(c, "the prefill side never reported it")?;
+            let why = match self.parked.get(&c).map(|p| &p.wait) {
+                Some(Wait::Pull(_)) if end => "the capture ended first",
+                Some(Wait::Pull(_)) => "--copy-timeout passed",
+                _ => "the prefill side never reported it",
+            };
+            self.give_up(c, why)?;
         }
         let pair_to = self.sh.cfg.pair_timeout;
         let mut alone: Vec<u64> = self
@@ -856,6 +1122,25 @@ impl W<'_> {
             // Lost after the pool's last written event: invisible as a hole.
             rec.set_capture_extra("trailing_lost_events", trailing.into());
         }
+        if !self.conflicts.is_empty() {
+            let ids: Vec<u64> = self.conflicts.iter().take(20).copied().collect();
+            rec.set_capture_extra(
+                "request_conflicts",
+                serde_json::json!({"count": self.conflicts.len(), "request_ids": ids}),
+            );
+        }
+        // No KV event and no hole: nothing was captured, which is no
+        // evidence, never a clean capture (a hook that never connected, or
+        // sent to another socket).
+        let nothing =
+            rec.pool_counts().iter().all(|&(_, n)| n == 0) && rec.stats().lost_events == 0;
+        if nothing {
+            rec.set_capture_extra("no_kv_events", true.into());
+            self.sh.log(
+                "no KV event was recorded: the trace holds no evidence and is marked incomplete",
+            );
+        }
+        let unattributed = unattributed || nothing;
         let manifest = if unattributed {
             rec.close_unclean()?
         } else {

@@ -29,6 +29,7 @@ mod object_store;
 mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;
+mod record_causal;
 mod record_hostile;
 mod record_protocol;
 mod record_sglang;

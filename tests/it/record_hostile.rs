@@ -218,7 +218,7 @@ fn refused_connection_makes_the_capture_incomplete() {
 
 /// Sends one byte of a never-ending line every 100 ms until the peer
 /// closes (or 60 s pass).
-fn trickle(mut c: UnixStream) -> std::thread::JoinHandle<()> {
+fn trickle(mut c: impl Write + Send + 'static) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(60) {

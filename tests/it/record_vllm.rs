@@ -66,6 +66,18 @@ fn capture_in(
     hook_ok: bool,
     deploy: &str,
 ) -> (serde_json::Value, PathBuf, String) {
+    capture_exit(mode, d, hook_ok, deploy, "uninstall")
+}
+
+/// `exit`: "uninstall" (the driver uninstalls the hook) or "plain" (it
+/// exits as an engine does; the hook's exit handler flushes).
+fn capture_exit(
+    mode: &str,
+    d: &tempfile::TempDir,
+    hook_ok: bool,
+    deploy: &str,
+    exit: &str,
+) -> (serde_json::Value, PathBuf, String) {
     let py = python();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sock = d.path().join("kvtrail.sock");
@@ -96,6 +108,7 @@ fn capture_in(
                 .unwrap(),
         )
         .env("HF_HUB_OFFLINE", "1")
+        .env("KVTRAIL_DRIVER_EXIT", exit)
         .current_dir(d.path())
         .output()
         .unwrap();
@@ -192,6 +205,24 @@ fn vllm_clean_pd_run_scopes_clean() {
 fn vllm_stale_reference_is_found_with_its_true_source() {
     let d = tempfile::tempdir().unwrap();
     let (facts, out, side_err) = capture("stale", &d);
+    check_stale(&facts, &out, &side_err);
+}
+
+/// The same script, run again without any pause between the engines and
+/// exiting without uninstall(): the same answer every run (the pull waits
+/// for the producer's mark; the exit handler sends the queue and `bye`).
+#[test]
+fn vllm_stale_reference_same_answer_every_run() {
+    for (i, exit) in ["plain", "uninstall", "plain"].into_iter().enumerate() {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_exit("stale", &d, true, "deploy-vllm-cpu.json", exit);
+        eprintln!("run {i} ({exit}): checked");
+        check_stale(&facts, &out, &side_err);
+    }
+}
+
+fn check_stale(facts: &serde_json::Value, out: &Path, side_err: &str) {
+    let out = out.to_path_buf();
     // The premise: r3 was handed r1's reference after the producer reused
     // those blocks for r2, NIXL reported the read done, r3 answered.
     assert_eq!(facts["r3"]["finish"], "length", "{facts}");
@@ -503,7 +534,7 @@ fn vllm_hook_failure_is_counted_not_raised() {
 
 // ---------------------------------------------------------------- the wire
 
-fn send(c: &mut std::os::unix::net::UnixStream, lines: &[String]) {
+fn send(c: &mut impl Write, lines: &[String]) {
     for l in lines {
         writeln!(c, "{l}").unwrap();
     }

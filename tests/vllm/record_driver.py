@@ -48,7 +48,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -179,13 +178,6 @@ def decode(rid, tokens, salt, ktp, max_tokens=3, **load):
             "finish": finished.get(rid, (None,))[0]}
 
 
-def sync():
-    """The producer's events reach the sidecar before decode reports the
-    next load (the sidecar stamps a pull with the producer's latest seq)."""
-    kh.flush()
-    time.sleep(0.3)
-
-
 facts = {"vllm": vllm.__version__, "mode": MODE}
 A = list(range(100, 140))  # 40 tokens
 B = list(range(300, 412))  # 112 tokens: 7 full blocks, the producer's whole pool
@@ -194,12 +186,10 @@ C = list(range(600, 640))  # 40 tokens
 if MODE in ("clean", "stale"):
     ktp1 = prefill("r1", A, "tenant-a")
     facts["r1_remote"] = ktp1["remote_block_ids"]
-    sync()
     facts["r1"] = decode("r1", A, "tenant-a", ktp1)
     release("r1")
     ktp2 = prefill("r2", B, "tenant-b")
     facts["r2_remote"] = ktp2["remote_block_ids"]
-    sync()
     if MODE == "clean":
         facts["r2"] = decode("r2", B, "tenant-b", ktp2)
         release("r2")
@@ -218,7 +208,6 @@ if MODE in ("clean", "stale"):
         facts["stale_blocks_now_r2"] = sorted(set(facts["r1_remote"][0]) & set(facts["r2_remote"][0]))
 elif MODE == "faults":
     ktp1 = prefill("r1", A, "tenant-a")
-    sync()
     facts["r1"] = decode("r1", A, "tenant-a", ktp1)
     release("r1")
     bad = dict(ktp1, remote_block_ids=[[100, 101, 102]], remote_request_id="gone")
@@ -241,12 +230,10 @@ elif MODE == "hybrid":
     B2 = list(range(300, 340))  # another 40: reuses the producer's freed blocks
     ktp1 = prefill("r1", A2, "tenant-a")
     facts["r1_remote"] = ktp1["remote_block_ids"]
-    sync()
     facts["r1"] = decode("r1", A2, "tenant-a", ktp1)
     release("r1")
     ktp2 = prefill("r2", B2, "tenant-b")
     facts["r2_remote"] = ktp2["remote_block_ids"]
-    sync()
     # r3 (tenant-c) gets r1's consumed reference; it decodes past the
     # window, so decode's sliding-window group drops blocks as it goes.
     facts["r3"] = decode("r3", C, "tenant-c", ktp1, max_tokens=40)
@@ -334,8 +321,15 @@ elif MODE == "broken":
 else:
     raise SystemExit(f"unknown mode {MODE}")
 
-kh.flush()
-facts["hook_stats"] = kh.stats()
 facts["p_free_blocks"] = P.kv_cache_manager.block_pool.get_num_free_blocks()
-kh.uninstall()
-print(json.dumps(facts))
+if os.environ.get("KVTRAIL_DRIVER_EXIT") == "plain":
+    # Exit as an engine does, without uninstall(): the hook's exit handler
+    # must send what is queued and say goodbye.
+    facts["hook_stats"] = kh.stats()
+    print(json.dumps(facts))
+    sys.stdout.flush()
+else:
+    kh.flush()
+    facts["hook_stats"] = kh.stats()
+    kh.uninstall()
+    print(json.dumps(facts))

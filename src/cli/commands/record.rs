@@ -145,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     output::print_human(|out| {
         writeln!(
             out,
-            "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}; requests lost {}; capture {}",
+            "{}: {} kv events, {} requests, {} files, {} connections; lost {} (queue {}, hooks {}, max-bytes {}, copies {}; not recordable as holes {}); rejected malformed {}, forged {}, contract {}, unattributed {}; connections refused {}, dropped before hello {}, cut at shutdown {}, ended without bye {}; events unaccounted {}; requests lost {}, conflicting ids {}; capture {}",
             term(&args.out.display().to_string()),
             s.kv_written,
             s.requests_written,
@@ -164,7 +164,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             s.refused_connections,
             s.dropped_before_hello,
             s.connections_cut,
+            s.connections_unclosed,
+            s.events_unaccounted,
             s.lost_requests,
+            s.request_conflicts,
             if sum.complete {
                 "complete"
             } else {

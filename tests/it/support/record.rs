@@ -54,26 +54,66 @@ pub fn start(tune: impl FnOnce(&mut RecordConfig)) -> Rig {
     }
 }
 
+/// A test client's connection: says `bye` (with counts that add up) when
+/// dropped, as the hooks do on a clean close; [`Hook::crash`] drops it
+/// without one.
+pub struct Hook(Option<UnixStream>);
+
+impl Hook {
+    pub fn new(s: UnixStream) -> Hook {
+        Hook(Some(s))
+    }
+    /// Ends the connection without the closing line (an engine that died).
+    pub fn crash(mut self) {
+        self.0.take();
+    }
+}
+
+impl Write for Hook {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.as_mut().expect("open").write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.as_mut().expect("open").flush()
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        if let Some(s) = &mut self.0 {
+            let _ = writeln!(s, r#"{{"type":"bye","enqueued":0,"sent":0,"dropped":0}}"#);
+        }
+    }
+}
+
 impl Rig {
     /// A connection whose hello the sidecar has acknowledged (its claim
     /// on `pools` holds when this returns).
-    pub fn connect(&self, pools: &[u16]) -> UnixStream {
-        let mut c = UnixStream::connect(&self.sock).unwrap();
-        writeln!(
-            c,
-            "{}",
-            serde_json::json!({"type": "hello", "pools": pools, "worker": "test"})
-        )
-        .unwrap();
-        // A missing reply fails the test instead of hanging it.
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut reply = String::new();
-        BufReader::new(&c).read_line(&mut reply).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(v["type"], "welcome", "{reply}");
-        assert_eq!(v["pools"], serde_json::json!(pools), "{reply}");
-        c
+    pub fn connect(&self, pools: &[u16]) -> Hook {
+        connect_to(&self.sock, pools)
     }
+}
+
+/// Connects to a sidecar's socket and waits for the welcome.
+pub fn connect_to(sock: &Path, pools: &[u16]) -> Hook {
+    let mut c = UnixStream::connect(sock).unwrap();
+    writeln!(
+        c,
+        "{}",
+        serde_json::json!({"type": "hello", "pools": pools, "worker": "test"})
+    )
+    .unwrap();
+    // A missing reply fails the test instead of hanging it.
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reply = String::new();
+    BufReader::new(&c).read_line(&mut reply).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["type"], "welcome", "{reply}");
+    assert_eq!(v["pools"], serde_json::json!(pools), "{reply}");
+    Hook::new(c)
+}
+
+impl Rig {
     pub fn stop(self) -> (RecordSummary, Trace, tempfile::TempDir, PathBuf) {
         let sum = self.sidecar.shutdown().unwrap();
         let t = Trace::open(&self.out).unwrap();

@@ -12,8 +12,22 @@ the next event of that pool, which the sidecar records as an explicit seq
 hole. When the sidecar is unreachable, batches are counted as lost and
 reported (log + `stats()`), and reported again as `lost` lines once a
 connection is back.
+
+Marks. Whenever the sender has emptied the queue it sends
+`{"type":"mark","ts_ns":T}`: every event stamped at or before T has been
+sent (T trails the clock by MARK_LAG_NS, more than an engine thread ever
+sits between stamping an event and queueing it). The sidecar holds a pull
+from these pools until their connection has marked past the pull's time,
+so a pull is stamped against the producer's whole history up to the load,
+whatever order the connections' lines arrive in.
+
+Close. `close()` (and the exit handler the hooks register) flushes the
+queue within a deadline, reports what it could not send as `lost`, and
+ends with `{"type":"bye","enqueued":E,"sent":S,"dropped":D}`. A connection
+that ends without it (a crash, a kill) leaves the capture incomplete.
 """
 
+import atexit
 import collections
 import importlib.abc
 import json
@@ -33,6 +47,12 @@ ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
 
 # Index lists longer than this are copied as numpy arrays (vectorised runs).
 SMALL = 4096
+
+# How far a mark trails the clock: longer than an engine thread holds an
+# event between stamping it and queueing it (a few GIL switch intervals).
+MARK_LAG_NS = 100_000_000
+# Idle marks at most this often (seconds).
+MARK_EVERY = 0.02
 
 
 def parse_addr(addr):
@@ -99,6 +119,28 @@ def capture_indices(t):
     return np.array(t, dtype=np.int64)
 
 
+# Live clients, closed by the exit handler (bounded: KVTRAIL_EXIT_FLUSH_S
+# seconds in all, default 5) so an engine that exits without uninstalling
+# still sends what it queued and says goodbye.
+_LIVE = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _exit_flush():
+    try:
+        budget = float(os.environ.get("KVTRAIL_EXIT_FLUSH_S", "5"))
+    except ValueError:
+        budget = 5.0
+    end = time.monotonic() + max(0.0, budget)
+    with _LIVE_LOCK:
+        clients = list(_LIVE)
+    for c in clients:
+        c.close(max(0.0, end - time.monotonic()))
+
+
+atexit.register(_exit_flush)
+
+
 class Client:
     """One connection (one hello) for a set of pools."""
 
@@ -118,11 +160,17 @@ class Client:
                       "connect_failures": 0, "requests_lost": 0}
         self.enqueued = 0  # items accepted (engine thread)
         self.handled = 0  # items sent or counted lost (sender thread)
+        self.sent_items = 0  # items whose lines reached a socket
+        self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
+        self._last_mark = 0.0
+        self._deadline = float("inf")
         self._stop = False
         self._wake = threading.Event()
         self._last_warn = 0.0
         self._next_try = 0.0
         self.thread = threading.Thread(target=self._run, name="kvtrail-sender", daemon=True)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self.thread.start()
 
     # ---- hot path (engine thread) ----
@@ -130,6 +178,8 @@ class Client:
         if len(self.q) >= self.max_queue:
             self.dropped[pool] = self.dropped.get(pool, 0) + 1
             self.stats["dropped_queue"] += 1
+            self.enqueued += 1
+            self.dropped_items += 1
             return
         if self.dropped:
             # The loss goes into the stream where it happened: before this event.
@@ -237,13 +287,19 @@ class Client:
             if not self.q:
                 if self._stop:
                     break
+                self._mark(time.time_ns())
                 self._wake.wait(self.interval)
                 self._wake.clear()
                 continue
+            if self._stop and time.monotonic() > self._deadline:
+                self._abandon()
+                break
+            t0 = time.time_ns()
             items = []
             q = self.q
             for _ in range(min(self.batch, len(q))):
                 items.append(q.popleft())
+            drained = not q
             lines = []
             for it in items:
                 try:
@@ -254,7 +310,49 @@ class Client:
                     log.warning("kvtrail: could not encode an event: %s", e)
             self._send(lines, items)
             self.handled += len(items)
+            if drained:
+                self._mark(t0, force=True)
+            else:
+                # Busy: what is left starts at the head's stamp (the queue is
+                # in stamping order), so everything before it has been sent.
+                try:
+                    head = q[0]
+                except IndexError:
+                    head = None
+                if head is not None and head[0] in (KV, SEND, COMMIT, PULL):
+                    self._mark(min(t0, head[2]), force=True, busy=True)
         self._close()
+
+    def _abandon(self):
+        """The close's deadline passed: what is still queued is counted lost
+        per pool (reported in the closing lines)."""
+        while self.q:
+            it = self.q.popleft()
+            self.handled += 1
+            self.dropped_items += 1
+            if it[0] == REQ:
+                self.stats["requests_lost"] += 1
+                continue
+            k = it[2] if it[0] == LOST else 1
+            self.dropped[it[1]] = self.dropped.get(it[1], 0) + k
+
+    def _mark(self, t0, force=False, busy=False):
+        """Tells the sidecar every event stamped before t0 - MARK_LAG_NS
+        has been sent (t0: a time the queue was seen empty after, or the
+        stamp of the queue's head)."""
+        now = time.monotonic()
+        if self.sock is None or (not force and now - self._last_mark < MARK_EVERY):
+            return
+        if self.q and not busy:
+            return
+        self._last_mark = now
+        try:
+            self.sock.sendall(('{"type":"mark","ts_ns":%d}\n' % (t0 - MARK_LAG_NS)).encode())
+        except OSError:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
 
     def _send(self, lines, items):
         carried = {}
@@ -277,6 +375,7 @@ class Client:
         try:
             self.sock.sendall(data)
             self.stats["sent_lines"] += len(lines)
+            self.sent_items += len(items)
         except OSError as e:
             try:
                 self.sock.close()
@@ -289,6 +388,7 @@ class Client:
         for p, k in carried.items():
             self.down_lost[p] = self.down_lost.get(p, 0) + k
         n = 0
+        self.dropped_items += len(items)
         for it in items:
             if it[0] == REQ:
                 self.stats["requests_lost"] += 1
@@ -312,24 +412,38 @@ class Client:
             time.sleep(0.0005)
 
     def close(self, timeout=10.0):
+        """Sends what is queued within `timeout` seconds, then the closing
+        `bye` (what could not be sent by then is reported lost)."""
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if self._stop:
+            return
+        self._deadline = time.monotonic() + timeout
         self._stop = True
         self._wake.set()
-        self.thread.join(timeout)
+        self.thread.join(timeout + 1.0)
 
     def _close(self):
-        if self.sock is not None:
-            if self.dropped or self.down_lost:
-                counts = dict(self.down_lost)
-                for p, n in self.dropped.items():
-                    counts[p] = counts.get(p, 0) + n
-                try:
-                    self.sock.sendall(("\n".join(self._lost_lines(counts)) + "\n").encode())
-                except OSError:
-                    pass
+        if self.sock is None:
             try:
-                self.sock.close()
-            finally:
-                self.sock = None
+                self._connect()
+            except OSError:
+                return
+        counts = dict(self.down_lost)
+        for p, n in self.dropped.items():
+            counts[p] = counts.get(p, 0) + n
+        self.down_lost, self.dropped = {}, {}
+        lines = self._lost_lines(counts)
+        lines.append('{"type":"bye","enqueued":%d,"sent":%d,"dropped":%d}'
+                     % (self.enqueued, self.sent_items, self.dropped_items))
+        try:
+            self.sock.sendall(("\n".join(lines) + "\n").encode())
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        finally:
+            self.sock = None
 
 
 def hash_tokens(ids):
