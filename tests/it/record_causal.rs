@@ -489,7 +489,11 @@ fn defect13_record_with_no_events_is_not_complete() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 6,
+        failure_persistence: crate::support::regressions_beside_source(),
+        ..ProptestConfig::default()
+    })]
     /// Random split points and delays for the stale reference: always the
     /// one true answer.
     #[test]
