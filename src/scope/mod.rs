@@ -582,7 +582,7 @@ fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     }
     if !c.files_unread.is_empty() {
         let mut note = format!(
-            "{} files may hold rows that were not read (part files left open, *.parquet under a name starting with `_` or `.`, or files listed in trace.json or named like data files that the readers skip)",
+            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, *.parquet under a name starting with `_` or `.`, or files trace.json lists, or named like data files, that the readers skip)",
             c.files_unread.len()
         );
         if paths {

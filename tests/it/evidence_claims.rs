@@ -274,7 +274,8 @@ fn defect3_one_rule_decides_what_the_readers_read() {
 
 #[test]
 fn defect8_null_prefix_cache_scope_is_refused() {
-    let cases: Vec<(&str, fn(&mut Value))> = vec![
+    type Edit = fn(&mut Value);
+    let cases: Vec<(&str, Edit)> = vec![
         ("prefix_cache_scope", |m| {
             m["deployment"]["prefix_cache_scope"] = Value::Null
         }),
