@@ -445,6 +445,9 @@ impl<'a> RequestAcc<'a> {
 
 fn warnings(capture: &CaptureSummary, files: &FilesSummary, kv: &KvSummary) -> Vec<String> {
     let mut w = Vec::new();
+    if kv.events == 0 {
+        w.push(crate::trace::NO_KV_EVENTS.to_string());
+    }
     if !capture.complete {
         w.push("capture is incomplete (capture.complete = false): events may be missing at the end; findings are lower bounds".to_string());
     }

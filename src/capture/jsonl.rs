@@ -519,11 +519,18 @@ pub fn ingest(
     let mut report = report;
     if report.skipped_lines > 0 {
         rec.set_capture_extra("skipped_lines", report.skipped_lines.into());
-        rec.close_unclean()?;
-    } else {
-        rec.close()?;
     }
-    report.complete = report.skipped_lines == 0;
+    // No KV events is no evidence (an empty file, or the wrong one): such
+    // a trace is never a complete capture.
+    if report.kv_events == 0 {
+        rec.set_capture_extra("no_kv_events", true.into());
+    }
+    report.complete = report.skipped_lines == 0 && report.kv_events > 0;
+    if report.complete {
+        rec.close()?;
+    } else {
+        rec.close_unclean()?;
+    }
     report.files = crate::trace::read::list_parquet(&out.join("kv"))?.len()
         + crate::trace::read::list_parquet(&out.join("requests"))?.len();
     Ok(report)

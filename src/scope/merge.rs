@@ -423,6 +423,8 @@ pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
     cov.gaps
         .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
     cov.lost_events = lost_events(&cov.gaps);
+    // The trace holds no KV event only when no shard replayed one.
+    cov.no_kv_events = parts.iter().all(|(r, _)| r.coverage.no_kv_events);
     let mut past: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
     for (r, _) in parts {
         for c in &r.coverage.copies_past_end {

@@ -367,11 +367,16 @@ pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage
             .filter(|p| !listed.contains_key(p.as_str()))
             .cloned()
             .collect();
-        cov.files_missing = listed
-            .keys()
-            .filter(|p| !on_disk.contains_key(**p))
-            .map(|p| p.to_string())
-            .collect();
+        // A listed file the readers skip (`x.PARQUET`, outside requests/
+        // and kv/) is unread, not missing: it may be on disk, holding the
+        // rows trace.json counts, and no analysis sees them.
+        for p in listed.keys().filter(|p| !on_disk.contains_key(**p)) {
+            if crate::trace::files::reader_skips(p).is_some() {
+                cov.files_unread.push(p.to_string());
+            } else {
+                cov.files_missing.push(p.to_string());
+            }
+        }
         let present: Vec<(&str, &Path, &[&FileEntry])> = listed
             .iter()
             .filter_map(|(rel, entries)| on_disk.get(*rel).map(|p| (*rel, *p, entries.as_slice())))
@@ -392,11 +397,12 @@ pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage
         }
     }
     for sub in ["requests", "kv"] {
-        let (open, hidden) = crate::trace::verify::list_inprogress(&trace.dir.join(sub));
+        let unread = crate::trace::verify::unread_files(&trace.dir.join(sub));
         cov.files_unread
-            .extend(open.iter().chain(&hidden).map(|p| rel_path(&trace.dir, p)));
+            .extend(unread.iter().map(|(p, _)| rel_path(&trace.dir, p)));
     }
     cov.files_unread.sort();
+    cov.files_unread.dedup();
     finish_coverage(&mut cov);
     Ok(cov)
 }
@@ -412,6 +418,7 @@ pub fn replay_coverage(
     let mut cov = trace_evidence(trace, reporter)?;
     cov.gaps = outcome.gaps.clone();
     cov.lost_events = lost_events(&outcome.gaps);
+    cov.no_kv_events = outcome.counters.events == 0;
     for (&pool, &(lo, hi)) in &outcome.late_sources {
         cov.copies_past_end.push(CopiesPastEnd {
             pool,
@@ -490,7 +497,8 @@ pub(crate) fn finish_coverage(c: &mut Coverage) {
         && c.files_modified.is_empty()
         && c.files_rows_differ.is_empty()
         && c.skipped_lines == 0
-        && c.requests_missing.is_empty();
+        && c.requests_missing.is_empty()
+        && !c.no_kv_events;
     c.notes = coverage_notes(c, true);
 }
 
@@ -506,6 +514,9 @@ pub fn customer_notes(c: &Coverage) -> Vec<String> {
 /// report) or only count files (anything that reaches a customer).
 fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     let mut n = Vec::new();
+    if c.no_kv_events {
+        n.push(crate::trace::NO_KV_EVENTS.into());
+    }
     if !c.capture_complete {
         n.push("capture.complete is false: the recorder did not close cleanly; events may be missing and every finding is at most `possible`".into());
     }
@@ -571,7 +582,7 @@ fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     }
     if !c.files_unread.is_empty() {
         let mut note = format!(
-            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, or *.parquet under a name starting with `_` or `.`)",
+            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, *.parquet under a name starting with `_` or `.`, or files trace.json lists, or named like data files, that the readers skip)",
             c.files_unread.len()
         );
         if paths {
@@ -665,7 +676,13 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage, tenant_prefix_cache: bool) -> 
         )
     };
     if c.affected_responses == 0 {
-        if hits > 0 && tenant_prefix_cache {
+        if cov.no_kv_events {
+            // Nothing was recorded: "no exposure found" would read as a
+            // clean result.
+            format!(
+                "no KV evidence: the trace holds no KV events, so exposure can be neither found nor ruled out; {evidence}"
+            )
+        } else if hits > 0 && tenant_prefix_cache {
             format!("{hits_note}; no foreign KV read; {evidence}")
         } else if cov.complete {
             let sep = if hits > 0 { "; " } else { "" };

@@ -270,6 +270,10 @@ pub struct Coverage {
     /// their events are lost.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_lines: u64,
+    /// The replayed pools hold no KV event at all: the trace records
+    /// nothing of what any request read, so it is no evidence either way.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_kv_events: bool,
     /// Set only in a shard's report (`scope --pools`): the pools it
     /// reports. A shard is never complete evidence (`scope::merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -489,6 +493,10 @@ impl ScopeReport {
     pub fn any_exposure(&self) -> bool {
         self.exposed_responses() > 0
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -196,32 +196,103 @@ pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// What the readers make of a file below `requests/` or `kv/`, decided by
+/// [`table_file`] from its path alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TableFile {
+    /// A `*.parquet` file, no part of its path hidden: the readers read it.
+    Data,
+    /// A `*.parquet` file under a name (of the file or a folder above it)
+    /// starting with `.` or `_`: skipped (Spark/Hadoop temporary files).
+    Hidden,
+    /// `*.parquet.inprogress`: a part file that never closed; skipped.
+    InProgress,
+    /// A name that looks like a data file but is not `*.parquet` exactly
+    /// (`x.PARQUET`, `x.Parquet`, `x.parquet ` with a trailing space):
+    /// skipped, although it may hold rows.
+    NearMiss,
+    /// Anything else (`x.parquet.bak`, `README`): not a data file.
+    Other,
+}
+
+/// The one rule of which files the readers take: `below` is a file's path
+/// below `requests/` or `kv/`, with `/` separators. Every reader
+/// ([`walk`] and what lists through it), `verify`, `inspect` and `scope`
+/// decide through this function (or [`reader_skips`], built on it).
+pub fn table_file(below: &str) -> TableFile {
+    let name = below.rsplit('/').next().unwrap_or_default();
+    let hidden = below
+        .split('/')
+        .any(|c| c.starts_with('.') || c.starts_with('_'));
+    if name.ends_with(".parquet.inprogress") {
+        TableFile::InProgress
+    } else if name.ends_with(".parquet") {
+        if hidden {
+            TableFile::Hidden
+        } else {
+            TableFile::Data
+        }
+    } else if name
+        .trim_end()
+        .to_ascii_lowercase()
+        .trim_end_matches(".inprogress")
+        .ends_with(".parquet")
+    {
+        TableFile::NearMiss
+    } else {
+        TableFile::Other
+    }
+}
+
+/// Why the readers do not read the trace file at `rel` (relative to the
+/// trace root, `/` separators, as trace.json's `files` spells it), or None
+/// when they read it: [`table_file`] below `requests/` or `kv/`, and
+/// nothing anywhere else.
+pub fn reader_skips(rel: &str) -> Option<String> {
+    let (table, below) = rel.split_once('/').unwrap_or((rel, ""));
+    if (table != "requests" && table != "kv") || below.is_empty() {
+        return Some("it lies outside requests/ and kv/, where the readers take data files".into());
+    }
+    match table_file(below) {
+        TableFile::Data => None,
+        TableFile::Hidden => Some(
+            "a name on its path starts with `_` or `.` (Spark/Hadoop temporary or marker files), which the readers skip".into(),
+        ),
+        TableFile::InProgress => Some(
+            "it is a part file left open (`*.parquet.inprogress`), which the readers skip".into(),
+        ),
+        TableFile::NearMiss | TableFile::Other => Some(format!(
+            "its name {:?} does not end in `.parquet` (exactly, lower case), so the readers skip it",
+            below.rsplit('/').next().unwrap_or_default()
+        )),
+    }
+}
+
 /// What a walk of `requests/` or `kv/` found.
 #[derive(Debug, Default)]
 pub struct Walk {
-    /// Every `*.parquet` and `*.parquet.inprogress` file, with whether it
-    /// or a folder above it (below the walked folder) is hidden (a name
-    /// starting with `.` or `_`). Sorted by path.
-    pub files: Vec<(PathBuf, bool)>,
+    /// Every file [`table_file`] does not call `Other`, with what it is.
+    /// Sorted by path.
+    pub files: Vec<(PathBuf, TableFile)>,
     /// Entries refused: links out of the trace, FIFOs, devices, sockets,
     /// folders reached twice, folders that cannot be listed.
     pub refused: Vec<Error>,
 }
 
 impl Walk {
-    /// The data files the readers take: `*.parquet`, not hidden.
+    /// The data files the readers take ([`TableFile::Data`]).
     pub fn data_files(&self) -> Vec<PathBuf> {
+        self.of(TableFile::Data)
+    }
+
+    /// The files of one kind.
+    pub fn of(&self, kind: TableFile) -> Vec<PathBuf> {
         self.files
             .iter()
-            .filter(|(p, hidden)| !hidden && has_suffix(p, ".parquet"))
+            .filter(|(_, k)| *k == kind)
             .map(|(p, _)| p.clone())
             .collect()
     }
-}
-
-fn has_suffix(p: &Path, suffix: &str) -> bool {
-    p.file_name()
-        .is_some_and(|n| n.to_string_lossy().ends_with(suffix))
 }
 
 /// Walks `dir` (a folder of the trace `root`, which is resolved) at any
@@ -233,14 +304,11 @@ pub fn walk(root: &Path, dir: &Path) -> Walk {
             Ok(Some((r, sub))) => {
                 for rel in r.files(&sub) {
                     let below = &rel[sub.len() + 1..];
-                    let name = below.rsplit('/').next().unwrap_or_default();
-                    if !(name.ends_with(".parquet") || name.ends_with(".parquet.inprogress")) {
+                    let kind = table_file(below);
+                    if kind == TableFile::Other {
                         continue;
                     }
-                    let hidden = below
-                        .split('/')
-                        .any(|p| p.starts_with('.') || p.starts_with('_'));
-                    out.files.push((store::file_path(&r, &rel), hidden));
+                    out.files.push((store::file_path(&r, &rel), kind));
                 }
                 out.files.sort();
             }
@@ -271,8 +339,8 @@ pub fn walk(root: &Path, dir: &Path) -> Walk {
         }
     }
     let mut seen: HashSet<PathBuf> = HashSet::from([real]);
-    let mut stack = vec![(dir.to_path_buf(), false)];
-    while let Some((d, hidden)) = stack.pop() {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
         let rd = match std::fs::read_dir(&d) {
             Ok(rd) => rd,
             Err(e) => {
@@ -289,9 +357,15 @@ pub fn walk(root: &Path, dir: &Path) -> Walk {
                 }
             };
             let p = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let is_hidden = hidden || name.starts_with('.') || name.starts_with('_');
-            let data = name.ends_with(".parquet") || name.ends_with(".parquet.inprogress");
+            let below = p
+                .strip_prefix(dir)
+                .unwrap_or(&p)
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/");
+            let kind = table_file(&below);
+            let data = kind != TableFile::Other;
             // lstat: the entry itself, a link not followed.
             let ft = match entry.file_type() {
                 Ok(ft) => ft,
@@ -323,7 +397,7 @@ pub fn walk(root: &Path, dir: &Path) -> Walk {
             };
             if md.is_dir() {
                 match std::fs::canonicalize(&p) {
-                    Ok(real) if seen.insert(real.clone()) => stack.push((p, is_hidden)),
+                    Ok(real) if seen.insert(real.clone()) => stack.push(p),
                     Ok(real) => out.refused.push(Error::invalid(
                         Location::file(&p),
                         format!(
@@ -336,7 +410,7 @@ pub fn walk(root: &Path, dir: &Path) -> Walk {
                 }
             } else if data {
                 if md.is_file() {
-                    out.files.push((p, is_hidden));
+                    out.files.push((p, kind));
                 } else {
                     out.refused.push(not_regular(&p, &md));
                 }

@@ -193,6 +193,117 @@ impl Deployment {
     }
 }
 
+/// The manifest keys the contract lets be JSON `null` (read as absent):
+/// a pool's or the deployment's `name`, `engine`, the capture's `writer`,
+/// `started_ns`, `ended_ns` and `complete` (docs/trace-format.md).
+const NULLABLE_DEPLOYMENT: [&str; 2] = ["name", "engine"];
+const NULLABLE_POOL: [&str; 1] = ["name"];
+const NULLABLE_CAPTURE: [&str; 4] = ["writer", "started_ns", "ended_ns", "complete"];
+
+/// The manifest keys kvtrail reads that are not in the nullable lists
+/// above: a `null` there is an error naming the key, never read as
+/// absent (`"prefix_cache_scope": null` is not `global`, nor
+/// `"from_engine_start": null` "not said").
+const DEPLOYMENT_KEYS: [&str; 3] = ["context_window", "pools", "prefix_cache_scope"];
+const POOL_KEYS: [&str; 4] = ["id", "role", "capacity_tokens", "page_size"];
+const CAPTURE_KEYS: [&str; 3] = ["from_engine_start", "skipped_lines", "no_kv_events"];
+const TOP_KEYS: [&str; 5] = ["format", "version", "deployment", "capture", "files"];
+const FILE_KEYS: [&str; 3] = ["path", "rows", "blake3"];
+
+fn null_key(path: &Path, key: &str) -> Error {
+    Error::invalid(
+        Location::file(path).column(key),
+        format!("{key} is null, and the contract does not let it be null"),
+        "give the key a value or leave it out; only a pool's or the deployment's name, engine, and \
+         the capture's writer, started_ns, ended_ns and complete may be null (docs/trace-format.md)",
+    )
+}
+
+/// Refuses a `null` at a key the contract does not let be null, naming
+/// the key (`prefix` is `deployment.` in trace.json, empty in a deployment
+/// file). The nullable keys are not checked here: they read as absent.
+fn check_deployment_nulls(dep: &serde_json::Value, path: &Path, prefix: &str) -> Result<()> {
+    debug_assert!(
+        NULLABLE_DEPLOYMENT
+            .iter()
+            .all(|k| !DEPLOYMENT_KEYS.contains(k))
+    );
+    for k in DEPLOYMENT_KEYS {
+        if dep.get(k).is_some_and(|v| v.is_null()) {
+            return Err(null_key(path, &format!("{prefix}{k}")));
+        }
+    }
+    if let Some(pools) = dep.get("pools").and_then(|p| p.as_array()) {
+        debug_assert!(NULLABLE_POOL.iter().all(|k| !POOL_KEYS.contains(k)));
+        for (i, p) in pools.iter().enumerate() {
+            if p.is_null() {
+                return Err(null_key(path, &format!("{prefix}pools[{i}]")));
+            }
+            for k in POOL_KEYS {
+                if p.get(k).is_some_and(|v| v.is_null()) {
+                    return Err(null_key(path, &format!("{prefix}pools[{i}].{k}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`check_deployment_nulls`] for a whole trace.json.
+fn check_nulls(value: &serde_json::Value, path: &Path) -> Result<()> {
+    for k in TOP_KEYS {
+        if value.get(k).is_some_and(|v| v.is_null()) {
+            return Err(null_key(path, k));
+        }
+    }
+    if let Some(dep) = value.get("deployment") {
+        check_deployment_nulls(dep, path, "deployment.")?;
+    }
+    if let Some(c) = value.get("capture") {
+        debug_assert!(NULLABLE_CAPTURE.iter().all(|k| !CAPTURE_KEYS.contains(k)));
+        for k in CAPTURE_KEYS {
+            if c.get(k).is_some_and(|v| v.is_null()) {
+                return Err(null_key(path, &format!("capture.{k}")));
+            }
+        }
+        // kvtrail's own keys, which lower what the capture is worth: a
+        // value that cannot be read is never read as absent.
+        if let Some(v) = c.get("skipped_lines")
+            && !v.is_u64()
+        {
+            return Err(Error::invalid(
+                Location::file(path).column("capture.skipped_lines"),
+                format!("capture.skipped_lines is {v}, not a count"),
+                "capture.skipped_lines counts the input lines dropped at import: a whole number \
+                 of at least 0 (docs/trace-format.md)",
+            ));
+        }
+        if let Some(v) = c.get("no_kv_events")
+            && !v.is_boolean()
+        {
+            return Err(Error::invalid(
+                Location::file(path).column("capture.no_kv_events"),
+                format!("capture.no_kv_events is {v}, not true or false"),
+                "capture.no_kv_events says the import found no KV events: true or false \
+                 (docs/trace-format.md)",
+            ));
+        }
+    }
+    if let Some(files) = value.get("files").and_then(|f| f.as_array()) {
+        for (i, f) in files.iter().enumerate() {
+            if f.is_null() {
+                return Err(null_key(path, &format!("files[{i}]")));
+            }
+            for k in FILE_KEYS {
+                if f.get(k).is_some_and(|v| v.is_null()) {
+                    return Err(null_key(path, &format!("files[{i}].{k}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The closed sets of trace.json's deployment (pool roles, the prefix-cache
 /// scope), checked before the full shape so that a wrong value is named by
 /// its key, not by serde's position in the text.
@@ -214,7 +325,7 @@ fn check_enums(dep: &serde_json::Value, path: &Path, prefix: &str) -> Result<()>
         }
     }
     match dep.get("prefix_cache_scope") {
-        None | Some(serde_json::Value::Null) => Ok(()),
+        None => Ok(()),
         Some(serde_json::Value::String(s)) if s == "global" || s == "tenant" => Ok(()),
         Some(v) => Err(Error::invalid(
             Location::file(path).column(&format!("{prefix}prefix_cache_scope")),
@@ -242,6 +353,7 @@ impl Deployment {
         if value.get("deployment").is_some() {
             return Ok(Manifest::from_value(value, path)?.deployment);
         }
+        check_deployment_nulls(&value, path, "")?;
         check_enums(&value, path, "")?;
         let dep: Deployment = serde_json::from_value(value).map_err(|e| {
             Error::invalid(
@@ -416,6 +528,7 @@ impl Manifest {
                 ));
             }
         }
+        check_nulls(&value, path)?;
         if let Some(dep) = value.get("deployment") {
             check_enums(dep, path, "deployment.")?;
         }

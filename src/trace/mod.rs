@@ -16,6 +16,10 @@ pub mod store;
 pub mod verify;
 pub mod write;
 
+/// What every command says of a trace without KV events (`verify`,
+/// `inspect`, `scope`'s coverage): it is no evidence.
+pub const NO_KV_EVENTS: &str = "the trace holds no KV events: it records nothing of what any request read, so it is no evidence of exposure or of its absence (a hook that wrote nothing, or the wrong file, looks like this)";
+
 pub use index::{RequestKeys, scan_requests};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
 pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};

@@ -21,7 +21,8 @@ pub struct Problem {
     /// Path relative to the trace root (or "trace.json").
     pub path: String,
     /// missing | extra | modified | truncated | rows | unreadable | invalid |
-    /// unclean | skipped | unverifiable | inprogress | hidden | refused
+    /// unclean | skipped | unverifiable | inprogress | hidden | refused |
+    /// unread | empty
     pub kind: String,
     pub detail: String,
 }
@@ -34,7 +35,9 @@ pub struct VerifyReport {
     pub bytes_hashed: u64,
     pub rows_checked: u64,
     /// The evidence is whole: the capture closed cleanly (trace.json's
-    /// `capture.complete`) and no pool has a seq hole (lost events).
+    /// `capture.complete`), no pool has a seq hole (lost events), no file
+    /// that may hold rows is skipped by the readers, and the trace holds
+    /// KV events at all.
     pub complete: bool,
     /// trace.json's `capture.complete`: the recorder closed cleanly.
     pub capture_closed: bool,
@@ -56,7 +59,11 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         problems.push(Problem {
             path: "trace.json".into(),
             kind: "unclean".into(),
-            detail: "capture.complete is false: the recorder did not close cleanly; events may be missing at the end".into(),
+            detail: if m.capture.extra.get("no_kv_events") == Some(&serde_json::Value::Bool(true)) {
+                "capture.complete is false: the import found no KV events (capture.no_kv_events)".into()
+            } else {
+                "capture.complete is false: the recorder did not close cleanly; events may be missing at the end".into()
+            },
         });
     }
     if let Some(n) = m
@@ -118,22 +125,32 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             });
         }
     }
+    // Files the readers skip: listed ones are reported with the digests
+    // below (with the reason), the others here.
     for sub in ["requests", "kv"] {
-        let (inprogress, hidden) = list_inprogress(&dir.join(sub));
-        for p in inprogress {
+        for (p, kind) in unread_files(&dir.join(sub)) {
+            let path = rel_path(dir, &p);
+            if listed_paths.contains(&path) {
+                continue;
+            }
+            let (kind, detail) = match kind {
+                files::TableFile::InProgress => (
+                    "inprogress",
+                    "part file left open by a capture that did not close; its rows are lost",
+                ),
+                files::TableFile::Hidden => (
+                    "hidden",
+                    "a *.parquet file under a name starting with `_` or `.` (Spark/Hadoop temporary or marker files): readers skip it; if it holds rows of the trace, rename it",
+                ),
+                _ => (
+                    "unread",
+                    "named like a data file but not `*.parquet` exactly (lower case, nothing after it): readers skip it; if it holds rows of the trace, rename it to end in `.parquet`",
+                ),
+            };
             problems.push(Problem {
-                path: rel_path(dir, &p),
-                kind: "inprogress".into(),
-                detail: "part file left open by a capture that did not close; its rows are lost"
-                    .into(),
-            });
-        }
-        for p in hidden {
-            problems.push(Problem {
-                path: rel_path(dir, &p),
-                kind: "hidden".into(),
-                detail: "a *.parquet file under a name starting with `_` or `.` (Spark/Hadoop temporary or marker files): readers skip it; if it holds rows of the trace, rename it"
-                    .into(),
+                path,
+                kind: kind.into(),
+                detail: detail.into(),
             });
         }
     }
@@ -155,6 +172,18 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     detail: "listed in trace.json but not on disk".into(),
                 });
                 return (probs, 0, 0);
+            }
+            // A listed file no reader reads: its rows are in no analysis.
+            let skipped = files::reader_skips(&f.path);
+            if let Some(why) = &skipped {
+                probs.push(Problem {
+                    path: f.path.clone(),
+                    kind: "unread".into(),
+                    detail: format!(
+                        "listed in trace.json with {} rows, but no reader reads it: {why}; no analysis (inspect, scope) sees its rows, so the trace is not the recorded evidence. Restore the file's name as the capture wrote it (a data file ends in `.parquet` under requests/ or kv/)",
+                        f.rows
+                    ),
+                });
             }
             // Never read (or hash) a file outside the trace or a FIFO.
             let file = match files::inside(&root, &path).and_then(|_| files::open_regular(&path)) {
@@ -192,6 +221,11 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
                     kind: "unreadable".into(),
                     detail: e.to_string(),
                 }),
+            }
+            if skipped.is_some() {
+                // Its rows are read by no analysis, so they are not
+                // checked as if they were part of the trace either.
+                return (probs, bytes, 0);
             }
             match count_rows(&trace, &path, &seen) {
                 Ok(n) => {
@@ -257,6 +291,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         )
     });
     let (mut seq_holes, mut lost_events) = (0u64, 0u64);
+    let mut kv_events = None;
     if !unreadable {
         let mut seen = seen.into_inner().unwrap_or_default();
         let runs: Option<Vec<FileRuns>> = trace.kv_files.iter().map(|p| seen.remove(p)).collect();
@@ -266,6 +301,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         };
         if let Ok(k) = &kv {
             // Saturating: a pool's stream may start near seq 2^64.
+            kv_events = Some(k.pools.iter().fold(0u64, |n, p| n.saturating_add(p.events)));
             for p in &k.pools {
                 seq_holes = p.holes.saturating_add(seq_holes);
                 lost_events = p.missing_events.saturating_add(lost_events);
@@ -285,13 +321,25 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     if let Some(e) = files::remote_failure(dir) {
         return Err(e);
     }
+    // No KV events is no evidence of what any request read: a hook that
+    // wrote nothing, or the wrong file, must not pass for a clean capture.
+    if kv_events == Some(0) {
+        problems.push(Problem {
+            path: "kv".into(),
+            kind: "empty".into(),
+            detail: crate::trace::NO_KV_EVENTS.into(),
+        });
+    }
+    let unread = problems
+        .iter()
+        .any(|p| matches!(p.kind.as_str(), "unread" | "hidden" | "inprogress"));
     problems.sort();
     Ok(VerifyReport {
         ok: problems.is_empty(),
         files_checked: listed.len(),
         bytes_hashed,
         rows_checked,
-        complete: m.capture.complete && seq_holes == 0,
+        complete: m.capture.complete && seq_holes == 0 && !unread && kv_events != Some(0),
         capture_closed: m.capture.complete,
         seq_holes,
         lost_events,
@@ -329,34 +377,26 @@ fn count_rows(trace: &Trace, path: &Path, seen: &Mutex<HashMap<PathBuf, FileRuns
     Ok(n)
 }
 
-/// Files the reader does not take but that may hold rows: part files left
-/// open (`*.parquet.inprogress`), and `*.parquet` files that the reader
-/// skips because they or a folder above them start with `_` or `.`
-/// (see [`crate::trace::read::list_parquet`]).
-pub(crate) fn list_inprogress(dir: &Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
-    let mut inprogress = Vec::new();
-    let mut hidden = Vec::new();
+/// Files under `dir` (`requests/` or `kv/` of a trace) that the readers
+/// do not take but that may hold rows, with what each is
+/// ([`files::table_file`]): part files left open (`*.parquet.inprogress`),
+/// `*.parquet` files under a name starting with `_` or `.`, and names that
+/// look like data files but are not `*.parquet` exactly (`x.PARQUET`).
+pub(crate) fn unread_files(dir: &Path) -> Vec<(PathBuf, files::TableFile)> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     let Ok(root) = files::root(if parent.as_os_str().is_empty() {
         Path::new(".")
     } else {
         parent
     }) else {
-        return (inprogress, hidden);
+        return Vec::new();
     };
     // Refused entries are reported where the trace is opened.
-    for (p, is_hidden) in files::walk(&root, dir).files {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if name.ends_with(".parquet.inprogress") {
-            inprogress.push(p);
-        } else if is_hidden {
-            hidden.push(p);
-        }
-    }
-    (inprogress, hidden)
+    files::walk(&root, dir)
+        .files
+        .into_iter()
+        .filter(|(_, k)| *k != files::TableFile::Data)
+        .collect()
 }
 
 /// The file an error names, if any.

@@ -82,6 +82,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report.skipped_lines - report.skipped.len() as u64
         )?;
     }
+    if report.kv_events == 0 {
+        writeln!(
+            err,
+            "kvtrail: warning: {} held no KV events: the trace is marked incomplete (capture.no_kv_events); it is no evidence of what any request read. Check that the hook wrote this file",
+            term(&name.display().to_string())
+        )?;
+    }
     output::print_human(|out| {
         writeln!(
             out,

@@ -43,7 +43,7 @@ pub struct Args {
     /// Replay backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// Exit with 1 when any response is affected (confirmed or possible).
+    /// Exit with 1 when any response is affected (confirmed or possible), or when the trace holds no KV events (no evidence either way).
     #[arg(long)]
     pub fail_on_exposure: bool,
     /// Shard: report only these pools (comma-separated ids); the pools their
@@ -143,9 +143,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     output::print(args.json, &r, |out| {
         out.write_all(report::human(&r).as_bytes())
     })?;
-    Ok(if args.fail_on_exposure && r.any_exposure() {
-        1
-    } else {
-        0
-    })
+    // A gate never passes a trace that records nothing: no KV events is
+    // no evidence that nothing was exposed.
+    Ok(
+        if args.fail_on_exposure && (r.any_exposure() || r.coverage.no_kv_events) {
+            if !r.any_exposure() {
+                eprintln!(
+                    "kvtrail: --fail-on-exposure: the trace holds no KV events, so exposure cannot be ruled out"
+                );
+            }
+            1
+        } else {
+            0
+        },
+    )
 }
