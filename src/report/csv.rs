@@ -33,8 +33,7 @@
 use std::borrow::Cow;
 use std::io::{Read, Write};
 
-use crate::report::fmt::source_tenants;
-use crate::scope::ScopeReport;
+use crate::scope::{ScopeReport, Tenant};
 
 /// Characters that make a spreadsheet read a cell as a formula, plus `'`.
 const LEADING: [char; 7] = ['=', '+', '-', '@', '\t', '\r', '\''];
@@ -46,7 +45,7 @@ const ENCODED: &str = "'%";
 /// docs). The empty value is the empty cell: for a column that is never
 /// absent (an optional column uses `text_opt`).
 pub fn text(s: &str) -> Cow<'_, str> {
-    encode(s, &[])
+    encode(s, &[], false)
 }
 
 /// An optional text value's cell: absent is the empty cell, the empty
@@ -60,9 +59,9 @@ pub fn text_opt(v: Option<&str>) -> Cow<'_, str> {
 }
 
 /// `s` as a cell, with the characters in `also` percent-encoded as well
-/// (a list's separator).
-fn encode<'a>(s: &'a str, also: &[char]) -> Cow<'a, str> {
-    if s.contains(['\0', '\u{fffd}']) || s.contains(also) {
+/// (a list's separator); with `force`, percent-encoded whatever it holds.
+fn encode<'a>(s: &'a str, also: &[char], force: bool) -> Cow<'a, str> {
+    if force || s.contains(['\0', '\u{fffd}']) || s.contains(also) {
         let mut o = String::with_capacity(s.len() + 8);
         o.push_str(ENCODED);
         for c in s.chars() {
@@ -147,8 +146,43 @@ pub fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
         .into_iter()
         .map(|s| match s {
             "" => Cow::Borrowed("'"),
-            s => encode(s, &[';']),
+            s => encode(s, &[';'], false),
         })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// A tenant's cell in responses.csv and tenants.csv: as people see it
+/// (`Tenant`'s `Display`: `(engine)`, `(unknown)`, a customer's name, in
+/// double quotes where it reads like one of those labels) through `text`.
+/// A customer whose name is itself such a quoted label (`"(engine)"`),
+/// which `Display` shows like the customer named `(engine)`, is
+/// percent-encoded (`'%"(engine)"`), so that no two tenants share a cell.
+pub fn tenant_cell(t: &Tenant) -> String {
+    tenant_item(t, &[])
+}
+
+fn tenant_item(t: &Tenant, also: &[char]) -> String {
+    let shown = t.to_string();
+    let quoted_label = matches!(t, Tenant::Customer(s)
+        if [Tenant::ENGINE_LABEL, Tenant::UNKNOWN_LABEL]
+            .iter()
+            .any(|l| s.strip_prefix('"').and_then(|r| r.strip_suffix('"')) == Some(*l)));
+    match shown.as_str() {
+        "" if !also.is_empty() => "'".into(),
+        _ => encode(&shown, also, quoted_label).into_owned(),
+    }
+}
+
+/// The distinct tenants of a response's sources as one `text_list` cell,
+/// in the order people see them (`report::fmt::source_tenants`), each as
+/// its `tenant_cell`.
+fn source_tenant_cell(a: &crate::scope::Response) -> String {
+    let mut ts: Vec<&Tenant> = a.sources.iter().map(|x| &x.tenant).collect();
+    ts.sort_by(|x, y| x.to_string().cmp(&y.to_string()).then(x.cmp(y)));
+    ts.dedup();
+    ts.iter()
+        .map(|t| tenant_item(t, &[';']))
         .collect::<Vec<_>>()
         .join(";")
 }
@@ -216,12 +250,11 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 /// spreadsheets by `text`).
 pub fn responses_csv(r: &ScopeReport) -> String {
     let rows = r.affected_responses.iter().map(|a| {
-        let st = source_tenants(a);
         let ids: Vec<String> = a.sources.iter().map(|x| x.request_id.to_string()).collect();
         [
             a.request_id.to_string(),
             text_opt(a.external_id.as_deref()).into_owned(),
-            text(&a.tenant.to_string()).into_owned(),
+            tenant_cell(&a.tenant),
             opt(&a.arrival_ns),
             opt(&a.http_status),
             opt(&a.output_hash),
@@ -231,7 +264,7 @@ pub fn responses_csv(r: &ScopeReport) -> String {
             a.cross_tenant.to_string(),
             a.confidence.as_str().to_string(),
             text_list(a.reasons.iter().map(String::as_str)),
-            text_list(st.iter().map(String::as_str)),
+            source_tenant_cell(a),
             ids.join(";"),
         ]
     });
@@ -261,7 +294,7 @@ pub fn tenants_csv(r: &ScopeReport) -> String {
     let rec = r.recipients.iter().map(|t| {
         [
             "recipient".to_string(),
-            text(&t.tenant.to_string()).into_owned(),
+            tenant_cell(&t.tenant),
             t.responses.to_string(),
             t.responses.to_string(),
             t.foreign_tokens.to_string(),
@@ -271,7 +304,7 @@ pub fn tenants_csv(r: &ScopeReport) -> String {
     let src = r.sources.iter().map(|t| {
         [
             "source".to_string(),
-            text(&t.tenant.to_string()).into_owned(),
+            tenant_cell(&t.tenant),
             t.recipient_responses.to_string(),
             t.requests.to_string(),
             t.tokens.to_string(),
@@ -377,6 +410,34 @@ mod tests {
             let cell = text_list(items.iter().copied());
             assert_eq!(read_text_list(&cell).unwrap(), items, "{cell:?}");
         }
+    }
+
+    #[test]
+    fn defect4_no_two_tenants_share_a_cell() {
+        let c = |s: &str| Tenant::Customer(s.into());
+        let tenants = [
+            Tenant::Engine,
+            Tenant::Unknown,
+            c("(engine)"),
+            c("\"(engine)\""),
+            c("(unknown)"),
+            c("\"(unknown)\""),
+            c("acme"),
+            c("acme\0"),
+            c("acme\u{fffd}"),
+            c("=x"),
+        ];
+        let mut cells = std::collections::BTreeMap::new();
+        for t in &tenants {
+            if let Some(other) = cells.insert(tenant_cell(t), t) {
+                panic!("{t:?} and {other:?} share {:?}", tenant_cell(t));
+            }
+            let item = tenant_item(t, &[';']);
+            assert_eq!(read_text_list(&item).unwrap().len(), 1, "{item:?}");
+        }
+        assert_eq!(tenant_cell(&c("(engine)")), "\"(engine)\"");
+        assert_eq!(tenant_cell(&c("\"(engine)\"")), "'%\"(engine)\"");
+        assert_eq!(tenant_cell(&c("acme")), "acme");
     }
 
     #[test]
