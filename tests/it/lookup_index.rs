@@ -411,6 +411,27 @@ fn defect5_lookup_never_trusts_a_record_whose_chunks_contradict_its_digest() {
     let q = ["--external-id", &large_ext(id)];
     let before = answer(&good, &q);
     assert_eq!(before["evidence_intact"], true, "{before}");
+    // A record of an earlier version (plain chunk digests, no `digest`
+    // key), unedited: still read, checked whole (its chunks are bound to
+    // nothing), and intact.
+    let old = root.join("older-record");
+    copy_dir(&good, &old);
+    let bytes = std::fs::read(old.join("requests.csv")).unwrap();
+    edit_evidence(&old, |v| {
+        let c = csv_chunks(v);
+        c.as_object_mut().unwrap().remove("digest");
+        for (j, piece) in bytes.chunks(1 << 20).enumerate() {
+            c["blake3"][j] = chunk_digest(false, 0, piece).into();
+        }
+    });
+    let a = answer(&old, &q);
+    assert_eq!(
+        (a["evidence_intact"].as_bool(), a["evidence_check"].as_str()),
+        (Some(true), Some("whole_folder")),
+        "{a}"
+    );
+    assert_eq!(a["matches"], before["matches"], "{a}");
+    kvtrail(["verify", s(&old)]).expect(&[0]).run();
     // The row asked about is edited (same size) and only its chunk's
     // digest updated in evidence.json; the file's blake3 is left stale.
     // Variants: the digest kvtrail writes, a plain one with the record's
