@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Location, Result};
-use crate::trace::chunked::{self, ChunkedFile, MismatchLog};
+use crate::trace::chunked::{self, ChunkDigest, ChunkedFile, MismatchLog};
 use crate::trace::manifest::Manifest;
 
 /// File name of the custody record inside an output folder.
@@ -74,16 +74,33 @@ pub struct FileDigest {
     pub chunks: Option<Chunks>,
 }
 
-/// The chunk digests of one file (`trace::chunked`): chunk `i` is the
-/// blake3 of bytes `i*chunk_bytes .. (i+1)*chunk_bytes` (the last one
-/// shorter). `chunk_bytes` follows from the file's size
+/// The chunk digests of one file (`trace::chunked`): chunk `i` is bytes
+/// `i*chunk_bytes .. (i+1)*chunk_bytes` (the last one shorter).
+/// `chunk_bytes` follows from the file's size
 /// (`trace::chunked::chunk_bytes_for`); it is recorded so the record
-/// reads on its own.
+/// reads on its own. `digest` says what the digests are: `blake3-subtree`
+/// (what kvtrail writes), each chunk's chaining value in the file's BLAKE3
+/// tree, so that they make up the file's `blake3` and a record that
+/// contradicts itself is found without reading the file; absent (records
+/// of earlier versions), the plain blake3 of each chunk, bound to nothing,
+/// so such a file is always checked whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Chunks {
     pub chunk_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
     pub blake3: Vec<String>,
+}
+
+impl Chunks {
+    /// What the digests are (`check_record` refuses any other `digest`).
+    pub fn kind(&self) -> ChunkDigest {
+        match self.digest.as_deref() {
+            Some(ChunkDigest::SUBTREE) => ChunkDigest::Subtree,
+            _ => ChunkDigest::Plain,
+        }
+    }
 }
 
 /// The inputs of a run, under one root directory.
@@ -627,6 +644,7 @@ impl CheckedFolder {
             &path,
             name,
             f.bytes,
+            chunks.kind(),
             &chunks.blake3,
             self.mismatches.clone(),
         )
@@ -682,7 +700,7 @@ pub fn write_evidence(
         if r == EVIDENCE_JSON {
             continue;
         }
-        let (h, b, chunks) = chunked::digest_file(&dir.join(&r))?;
+        let (h, b, chunks) = chunked::digest_file(&dir.join(&r), ChunkDigest::Subtree)?;
         outputs.push(FileDigest {
             path: r,
             bytes: b,
@@ -691,6 +709,7 @@ pub fn write_evidence(
             matches_manifest: None,
             chunks: chunks.map(|blake3| Chunks {
                 chunk_bytes: chunked::chunk_bytes_for(b),
+                digest: Some(ChunkDigest::SUBTREE.into()),
                 blake3,
             }),
         });
@@ -873,6 +892,16 @@ fn check_record(ev: &Evidence, p: &Path) -> Result<()> {
                         ),
                     ));
                 }
+                if let Some(d) = c.digest.as_deref().filter(|d| *d != ChunkDigest::SUBTREE) {
+                    return Err(bad_record(
+                        p,
+                        &format!("{key}.digest"),
+                        format!(
+                            "unknown chunk digest {d:?} (kvtrail writes {:?}; records without it hold plain blake3 digests)",
+                            ChunkDigest::SUBTREE
+                        ),
+                    ));
+                }
                 if let Some(j) = c.blake3.iter().position(|d| !is_digest(d)) {
                     return Err(bad_record(
                         p,
@@ -980,6 +1009,24 @@ fn verify_record(
     let mut problems = Vec::new();
     let listed: BTreeMap<&str, &FileDigest> =
         ev.outputs.iter().map(|f| (f.path.as_str(), f)).collect();
+    // Contradictions in the record first, for every file it lists, read
+    // or not, at hand or not.
+    let inputs_listed = ev.inputs.iter().flat_map(|i| {
+        i.files
+            .iter()
+            .map(move |f| ("input", shown_path(&i.root, &f.path), f))
+    });
+    let outputs_listed = ev.outputs.iter().map(|f| ("output", f.path.clone(), f));
+    for (side, path, f) in outputs_listed.chain(inputs_listed) {
+        if let Some(detail) = contradiction(f) {
+            problems.push(FolderProblem {
+                side: side.into(),
+                path,
+                kind: "modified".into(),
+                detail,
+            });
+        }
+    }
     for f in &ev.outputs {
         let deferred = defer.is_some() && f.chunks.is_some();
         if check_file(dir, f, "output", "", deferred, &mut problems)?
@@ -1120,9 +1167,42 @@ fn verify_record(
     })
 }
 
-/// Checks one listed file, adding what differs to `out`. With `defer`,
-/// a file that is there with its recorded size is not hashed, and the
-/// result is true (its bytes are checked as they are read).
+/// Where a file's record contradicts itself (`manifest_blake3` against
+/// `matches_manifest`), what. Checked for every file a record lists,
+/// whether or not the file is read or at hand (`verify_record`), so that
+/// `verify` and a look-up find it alike. (Chunk digests that do not make
+/// up the file's blake3 are the other contradiction: `check_file`.)
+fn contradiction(f: &FileDigest) -> Option<String> {
+    let (Some(m), Some(matched)) = (&f.manifest_blake3, f.matches_manifest) else {
+        return None;
+    };
+    ((*m == f.blake3) != matched).then(|| {
+        format!(
+            "evidence.json contradicts itself: manifest_blake3 {} and blake3 {} with matches_manifest {matched}",
+            m.get(..16).unwrap_or(m),
+            f.blake3.get(..16).unwrap_or(&f.blake3)
+        )
+    })
+}
+
+/// A listed file as problems name it: inputs prefixed with their root.
+fn shown_path(prefix: &str, path: &str) -> String {
+    if prefix.is_empty() {
+        path.to_string()
+    } else {
+        format!("{}/{}", prefix.trim_end_matches('/'), path)
+    }
+}
+
+/// Checks one listed file, adding what differs to `out`: the one check of a
+/// file against its record, for `verify` and a look-up alike. With
+/// `defer`, a file whose chunk digests make up its recorded blake3
+/// (`chunked::binds`) and that is there with its recorded size is not
+/// hashed, and the result is true (its bytes are checked as they are read,
+/// so what is read is what `verify` would find); a record whose chunk
+/// digests do not make up its blake3 contradicts itself and is a problem
+/// (a look-up then checks the folder whole); a file with chunk digests of
+/// an earlier version's kind (bound to nothing) is hashed whole.
 fn check_file(
     root: &Path,
     f: &FileDigest,
@@ -1132,27 +1212,7 @@ fn check_file(
     out: &mut Vec<FolderProblem>,
 ) -> Result<bool> {
     let p = root.join(&f.path);
-    let shown = if prefix.is_empty() {
-        f.path.clone()
-    } else {
-        format!("{}/{}", prefix.trim_end_matches('/'), f.path)
-    };
-    // A trace file's record says whether its digest matched trace.json's;
-    // a record contradicting itself was edited.
-    if let (Some(m), Some(matched)) = (&f.manifest_blake3, f.matches_manifest)
-        && (*m == f.blake3) != matched
-    {
-        out.push(FolderProblem {
-            side: side.into(),
-            path: shown.clone(),
-            kind: "modified".into(),
-            detail: format!(
-                "evidence.json contradicts itself: manifest_blake3 {} and blake3 {} with matches_manifest {matched}",
-                m.get(..16).unwrap_or(m),
-                f.blake3.get(..16).unwrap_or(&f.blake3)
-            ),
-        });
-    }
+    let shown = shown_path(prefix, &f.path);
     // Outputs are the folder's own files: never followed through a link.
     if side == "output" && std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
         out.push(FolderProblem {
@@ -1172,7 +1232,25 @@ fn check_file(
         });
         return Ok(false);
     }
-    if defer {
+    let kind = f.chunks.as_ref().map(Chunks::kind);
+    if defer
+        && let Some(c) = f
+            .chunks
+            .as_ref()
+            .filter(|c| c.kind() == ChunkDigest::Subtree)
+    {
+        if !chunked::binds(&c.blake3, f.bytes, &f.blake3) {
+            out.push(FolderProblem {
+                side: side.into(),
+                path: shown,
+                kind: "modified".into(),
+                detail: format!(
+                    "evidence.json contradicts itself: its chunk digests do not make up the blake3 {} it records for the file (the record was edited)",
+                    f.blake3.get(..16).unwrap_or(&f.blake3)
+                ),
+            });
+            return Ok(false);
+        }
         let b = std::fs::metadata(&p).map_err(|e| Error::io(&p, e))?.len();
         if b == f.bytes {
             return Ok(true);
@@ -1185,22 +1263,24 @@ fn check_file(
         });
         return Ok(false);
     }
-    let (h, b, chunks) = match &f.chunks {
-        Some(_) => chunked::digest_file(&p)?,
+    let (h, b, chunks) = match kind {
+        Some(k) => chunked::digest_file(&p, k)?,
         None => {
             let (h, b) = hash_file(&p)?;
             (h, b, None)
         }
     };
-    if h == f.blake3
-        && b == f.bytes
-        && let Some(rec) = &f.chunks
-        && chunks.as_ref() != Some(&rec.blake3)
+    let whole = h == f.blake3 && b == f.bytes;
+    let rec = f.chunks.as_ref().map(|c| &c.blake3);
+    let same_chunks = rec.is_some() && chunks.as_ref() == rec;
+    if whole
+        && let Some(rec) = rec
+        && !same_chunks
     {
         let first = chunks
             .iter()
             .flatten()
-            .zip(&rec.blake3)
+            .zip(rec)
             .position(|(a, b)| a != b)
             .unwrap_or(0);
         out.push(FolderProblem {
@@ -1213,17 +1293,39 @@ fn check_file(
         });
         return Ok(false);
     }
-    if h != f.blake3 || b != f.bytes {
+    if !whole && same_chunks {
         out.push(FolderProblem {
             side: side.into(),
             path: shown,
             kind: "modified".into(),
             detail: format!(
-                "blake3 {} ({} bytes) differs from evidence.json {} ({} bytes)",
+                "the file matches evidence.json's chunk digests but not the blake3 {} it records: the record contradicts itself (it was edited)",
+                f.blake3.get(..16).unwrap_or(&f.blake3)
+            ),
+        });
+        return Ok(false);
+    }
+    if !whole {
+        // A record of kvtrail's chunk digests that do not make up its own
+        // blake3 was edited as well: said, as a look-up says it.
+        let unbound = f.chunks.as_ref().is_some_and(|c| {
+            c.kind() == ChunkDigest::Subtree && !chunked::binds(&c.blake3, f.bytes, &f.blake3)
+        });
+        out.push(FolderProblem {
+            side: side.into(),
+            path: shown,
+            kind: "modified".into(),
+            detail: format!(
+                "blake3 {} ({} bytes) differs from evidence.json {} ({} bytes){}",
                 &h[..16],
                 b,
                 f.blake3.get(..16).unwrap_or(&f.blake3),
-                f.bytes
+                f.bytes,
+                if unbound {
+                    "; evidence.json also contradicts itself: its chunk digests do not make up that blake3 (the record was edited)"
+                } else {
+                    ""
+                }
             ),
         });
     }

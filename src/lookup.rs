@@ -20,6 +20,12 @@
 //! older kvtrail's, or one that no longer matches its evidence.json) is
 //! scanned row by row, with the same answer and a note saying so.
 //!
+//! Ids and tenants are compared exactly as the trace holds them:
+//! requests.csv's cells read back exactly (`report::csv`), so two tenants
+//! that differ only in a NUL are two customers, and an empty external id
+//! is not an absent one (`--external-id=` finds the requests whose id is
+//! empty).
+//!
 //! Cross-tenant prefix-cache hits (`cross_tenant_shared`) are answered in a
 //! match's `prefix_cache`, on either side (reader or source), with the
 //! other side counted, never named. Where the deployment promised
@@ -194,6 +200,10 @@ fn evidence_check(folder: &ScopeFolder) -> String {
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
+
+/// The note of an empty external id not found: requests.csv of earlier
+/// versions wrote it as an empty cell, like an absent one.
+pub const EMPTY_ID_NOTE: &str = "requests.csv writes an empty external id as a lone `'` and an absent one as an empty cell; a folder written by an earlier kvtrail wrote both as an empty cell, so there an empty id cannot be found: run `kvtrail scope TRACE --out DIR` again if the folder predates that";
 
 /// `Answer::evidence_check` after a check of every byte of the folder.
 pub const CHECKED_WHOLE_FOLDER: &str = "whole_folder";
@@ -408,6 +418,9 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
         });
     }
     let found = !matches.is_empty() || unaffected > 0;
+    if !found && matches!(q, Query::ExternalId(id) if id.is_empty()) {
+        notes.push(EMPTY_ID_NOTE.into());
+    }
     let any = matches.iter().any(|m| m.affected);
     let (status, message) = if !found {
         (

@@ -10,8 +10,10 @@
 //! order): the same trace gives the same bytes.
 //!
 //! requests.csv is for people and for `lookup`: its text cells (external_id,
-//! tenant) follow the spreadsheet rule of `report::csv` and `read_index`
-//! undoes it exactly, so an external id that begins with `=` is found.
+//! tenant) follow the reversible cell encoding of `report::csv` and
+//! `read_index` undoes it exactly, so an external id that begins with `=`
+//! is found, two tenants that differ only in a NUL stay two, and an empty
+//! external id (a lone `'`) is not an absent one (the empty cell).
 //!
 //! requests.index.parquet is `lookup`'s index into requests.csv: one
 //! `trace::sorted` key file of (key, byte offset of the row) pairs, three
@@ -163,7 +165,7 @@ pub fn write_index(trace: &Trace, report: &ScopeReport, dir: &Path) -> Result<Ti
             let opt = |v: Option<String>| v.unwrap_or_default();
             w.write_record([
                 r.request_id.to_string(),
-                csv::text(r.external_id.as_deref().unwrap_or("")).into_owned(),
+                csv::text_opt(r.external_id.as_deref()).into_owned(),
                 csv::text(&r.tenant).into_owned(),
                 r.arrival_ns.to_string(),
                 opt(r.finish_ns.map(|v| v.to_string())),
@@ -211,7 +213,7 @@ pub fn copy_index(src: &Path, report: &ScopeReport, dir: &Path) -> Result<Timeli
 /// Reads requests.csv of a scope folder, calling `f` for every row until it
 /// returns false. Streams record by record (a quoted field may span lines),
 /// so memory does not grow with the trace. Text cells are returned as they
-/// were in the trace (`csv::untext`). Errors name the file and row.
+/// were in the trace (`csv::read_text`, exact). Errors name the file and row.
 pub fn read_index(dir: &Path, f: impl FnMut(IndexRow) -> bool) -> Result<()> {
     read_index_from(&open_requests(dir)?, f)
 }
@@ -301,10 +303,15 @@ fn parse_row(rec: &::csv::StringRecord) -> std::result::Result<IndexRow, String>
     let need = |k: usize| -> std::result::Result<i128, String> {
         num(k)?.ok_or_else(|| format!("field {} is empty", k + 1))
     };
+    let cell = |k: usize, name: &str, e: String| format!("field {} ({name}) {e}", k + 1);
     Ok(IndexRow {
         request_id: need(0)? as u64,
-        external_id: (!r[1].is_empty()).then(|| csv::untext(r[1]).to_string()),
-        tenant: csv::untext(r[2]).to_string(),
+        external_id: csv::read_text_opt(r[1])
+            .map_err(|e| cell(1, "external_id", e))?
+            .map(|v| v.into_owned()),
+        tenant: csv::read_text(r[2])
+            .map_err(|e| cell(2, "tenant", e))?
+            .into_owned(),
         arrival_ns: need(3)? as i64,
         finish_ns: num(4)?.map(|v| v as i64),
         http_status: need(5)? as u16,
@@ -497,6 +504,46 @@ mod tests {
         assert!(
             e.contains("requests.csv") && e.contains("row 1") && e.contains("2 fields"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn defect6_cells_of_earlier_versions_read_as_before_or_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = |text: &str| {
+            std::fs::write(
+                dir.path().join(REQUESTS_CSV),
+                format!("{REQUESTS_HEADER}\n{text}"),
+            )
+            .unwrap();
+            let mut rows = Vec::new();
+            read_index(dir.path(), |r| {
+                rows.push((r.external_id, r.tenant));
+                true
+            })
+            .map(|_| rows)
+        };
+        // An empty cell is an absent id (all an earlier version wrote for
+        // "" too); a lone `'` is the empty id.
+        assert_eq!(
+            rows("1,,t,5,,200,8,,2,\n2,',t,5,,200,8,,2,\n").unwrap(),
+            [(None, "t".into()), (Some(String::new()), "t".into())]
+        );
+        // U+FFFD outside `'%`: an earlier version's NUL, refused naming
+        // the row and the field.
+        let e = rows("1,x,acme\u{fffd},5,,200,8,,2,\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("requests.csv")
+                && e.contains("row 1")
+                && e.contains("tenant")
+                && e.contains("earlier kvtrail"),
+            "{e}"
+        );
+        assert_eq!(
+            rows("1,'%a%00,'%acme%00,5,,200,8,,2,\n").unwrap(),
+            [(Some("a\0".into()), "acme\0".into())]
         );
     }
 }

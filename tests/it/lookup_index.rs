@@ -384,3 +384,110 @@ fn a_lookup_in_a_large_folder_checks_the_bytes_it_reads_and_answers_a_changed_on
         );
     }
 }
+
+/// A chunk's digest as an attacker would recompute it: plain blake3 (the
+/// kind earlier records hold) or the chunk's chaining value in the file's
+/// BLAKE3 tree (`blake3-subtree`).
+fn chunk_digest(subtree: bool, offset: u64, bytes: &[u8]) -> String {
+    use blake3::hazmat::HasherExt as _;
+    if !subtree {
+        return blake3::hash(bytes).to_hex().to_string();
+    }
+    let mut h = blake3::Hasher::new();
+    h.set_input_offset(offset);
+    h.update(bytes);
+    blake3::Hash::from(h.finalize_non_root())
+        .to_hex()
+        .to_string()
+}
+
+#[test]
+fn defect5_lookup_never_trusts_a_record_whose_chunks_contradict_its_digest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let good = root.join("scope");
+    large_folder(&good, 36_000);
+    let id = 7u64;
+    let q = ["--external-id", &large_ext(id)];
+    let before = answer(&good, &q);
+    assert_eq!(before["evidence_intact"], true, "{before}");
+    // A record of an earlier version (plain chunk digests, no `digest`
+    // key), unedited: still read, checked whole (its chunks are bound to
+    // nothing), and intact.
+    let old = root.join("older-record");
+    copy_dir(&good, &old);
+    let bytes = std::fs::read(old.join("requests.csv")).unwrap();
+    edit_evidence(&old, |v| {
+        let c = csv_chunks(v);
+        c.as_object_mut().unwrap().remove("digest");
+        for (j, piece) in bytes.chunks(1 << 20).enumerate() {
+            c["blake3"][j] = chunk_digest(false, 0, piece).into();
+        }
+    });
+    let a = answer(&old, &q);
+    assert_eq!(
+        (a["evidence_intact"].as_bool(), a["evidence_check"].as_str()),
+        (Some(true), Some("whole_folder")),
+        "{a}"
+    );
+    assert_eq!(a["matches"], before["matches"], "{a}");
+    kvtrail(["verify", s(&old)]).expect(&[0]).run();
+    // The row asked about is edited (same size) and only its chunk's
+    // digest updated in evidence.json; the file's blake3 is left stale.
+    // Variants: the digest kvtrail writes, a plain one with the record's
+    // `digest` key kept, and a record of an earlier version's kind (no
+    // `digest` key, every chunk's plain digest).
+    for (name, subtree, drop_kind) in [
+        ("plain", false, false),
+        ("plain-legacy", false, true),
+        ("subtree", true, false),
+    ] {
+        let d = root.join(name);
+        copy_dir(&good, &d);
+        let p = d.join("requests.csv");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let row = row_offset(&d, id);
+        let arrival = row + text[row..].find(",1788220800").unwrap() + 12;
+        flip(&p, arrival);
+        let bytes = std::fs::read(&p).unwrap();
+        let chunk = 1usize << 20;
+        let i = arrival / chunk;
+        let piece = &bytes[i * chunk..((i + 1) * chunk).min(bytes.len())];
+        let digest = chunk_digest(subtree, (i * chunk) as u64, piece);
+        edit_evidence(&d, |v| {
+            let c = csv_chunks(v);
+            c["blake3"][i] = digest.clone().into();
+            if drop_kind {
+                // Every chunk's plain digest, as an earlier version wrote.
+                c.as_object_mut().unwrap().remove("digest");
+                for (j, piece) in bytes.chunks(chunk).enumerate() {
+                    c["blake3"][j] = chunk_digest(false, 0, piece).into();
+                }
+            }
+        });
+        let r = kvtrail(["verify", s(&d)]).expect(&[1]).run();
+        assert!(r.stdout.contains("requests.csv"), "{name}: {}", r.stdout);
+        for full in [false, true] {
+            let mut args = q.to_vec();
+            if full {
+                args.push("--full-check");
+            }
+            let a = answer(&d, &args);
+            assert_eq!(a["evidence_intact"], false, "{name} full {full}: {a}");
+            assert_eq!(a["evidence_check"], "whole_folder", "{name}: {a}");
+            let problems = a["evidence_problems"].to_string();
+            assert!(
+                problems.contains("requests.csv") && problems.contains("contradicts itself"),
+                "{name}: {problems}"
+            );
+            assert!(
+                a["notes"][0]
+                    .as_str()
+                    .unwrap()
+                    .contains("does not match its evidence.json"),
+                "{name}: {a}"
+            );
+            kvtrail(["lookup", s(&d), q[0], q[1]]).expect(&[1]).run();
+        }
+    }
+}

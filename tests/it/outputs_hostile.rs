@@ -812,3 +812,133 @@ fn trace_writers_refuse_a_non_empty_out_folder_or_one_inside_the_input_trace() {
     .ok();
     kvtrail(["verify", "t"]).cwd(root).run().ok();
 }
+
+fn lookup_json(root: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["lookup", "scope", "--json"];
+    a.extend_from_slice(args);
+    let out = kvtrail(&a).cwd(root).expect(&[0, 1]).run();
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{a:?}: {e}: {}", out.stderr))
+}
+
+/// The folder's requests.csv rows as `lookup` and `notify` read them.
+fn index_rows(dir: &Path) -> Vec<kvtrail::report::index::IndexRow> {
+    let mut rows = Vec::new();
+    kvtrail::report::index::read_index(dir, |r| {
+        rows.push(r);
+        true
+    })
+    .unwrap();
+    rows
+}
+
+#[test]
+fn defect4_tenants_that_differ_only_in_a_nul_stay_two_customers() {
+    // acme\0's response (request 1) read globex's KV; acme\u{fffd}'s
+    // request (2) is a bystander with the same external id.
+    let (nul, repl) = ("acme\0", "acme\u{fffd}");
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "globex");
+    tb.req(2, nul);
+    tb.req(3, repl);
+    tb.write(0, 1, 0, 4);
+    tb.read(0, 2, 0, 2);
+    for r in &mut tb.requests[1..] {
+        r.external_id = Some("chatcmpl-shared".into());
+    }
+    // The same pair as external ids of one tenant's two requests.
+    tb.req(4, "initech").external_id = Some("id\0".into());
+    tb.req(5, "initech").external_id = Some("id\u{fffd}".into());
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tb.record(&root.join("trace"));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .expect(&[0, 1])
+        .run();
+    // Every CSV cell reads back as the trace holds it.
+    let rows = index_rows(&root.join("scope"));
+    let tenants: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
+    assert_eq!(tenants, ["globex", nul, repl, "initech", "initech"]);
+    let id = |n: usize| rows[n].external_id.as_deref();
+    assert_eq!((id(3), id(4)), (Some("id\0"), Some("id\u{fffd}")));
+    for f in ["requests.csv", "responses.csv", "tenants.csv"] {
+        let bytes = std::fs::read(root.join("scope").join(f)).unwrap();
+        assert!(!bytes.contains(&0), "{f} holds a NUL byte");
+    }
+    // Without --tenant: two customers share the id, counts only.
+    let a = lookup_json(root, &["--external-id", "chatcmpl-shared"]);
+    assert_eq!(a["status"], "ambiguous", "{a}");
+    assert_eq!(a["ambiguous_customers"], 2, "{a}");
+    assert_eq!(a["matches"], serde_json::json!([]), "{a}");
+    // As acme\u{fffd}: only its own request, which is not affected.
+    for q in [
+        vec!["--external-id", "chatcmpl-shared", "--tenant", repl],
+        vec!["--tenant", repl],
+    ] {
+        let a = lookup_json(root, &q);
+        assert!(
+            a["status"].as_str().unwrap().starts_with("not_affected"),
+            "{q:?}: {a}"
+        );
+        for m in a["matches"].as_array().unwrap() {
+            assert_eq!(m["request_id"], 3, "{q:?}: {a}");
+        }
+        assert!(!a.to_string().contains("\\u0000"), "{q:?}: {a}");
+    }
+    // The ids of one tenant are two ids.
+    let a = lookup_json(root, &["--external-id", "id\u{fffd}"]);
+    assert_eq!(a["matches"].as_array().unwrap().len(), 1, "{a}");
+    assert_eq!(a["matches"][0]["request_id"], 5, "{a}");
+    // The notification packs still work and name acme\0 only to itself.
+    kvtrail(["notify", "scope", "--out", "packs"])
+        .cwd(root)
+        .expect(&[0, 1])
+        .run();
+}
+
+#[test]
+fn defect6_an_empty_external_id_is_not_an_absent_one() {
+    // Request 2 (external id "") read request 1's KV; request 3 has none.
+    let mut tb = leak("acme", "globex");
+    tb.requests[0].external_id = Some("chatcmpl-1".into());
+    tb.requests[1].external_id = Some(String::new());
+    tb.requests[2].external_id = None;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tb.record(&root.join("trace"));
+    kvtrail(["scope", "trace", "--out", "scope"])
+        .cwd(root)
+        .expect(&[0, 1])
+        .run();
+    let ids: Vec<Option<String>> = index_rows(&root.join("scope"))
+        .into_iter()
+        .map(|r| r.external_id)
+        .collect();
+    assert_eq!(ids, [Some("chatcmpl-1".into()), Some(String::new()), None]);
+    // responses.csv keeps the difference too.
+    let resp = std::fs::read_to_string(root.join("scope/responses.csv")).unwrap();
+    assert!(resp.lines().nth(1).unwrap().starts_with("2,',"), "{resp}");
+    let check = |a: &serde_json::Value| {
+        assert_eq!(a["status"], "affected", "{a}");
+        assert_eq!(a["matches"].as_array().unwrap().len(), 1, "{a}");
+        assert_eq!(a["matches"][0]["request_id"], 2, "{a}");
+        assert_eq!(a["matches"][0]["external_id"], "", "{a}");
+    };
+    // Through the look-up index, and by a scan of requests.csv.
+    let a = lookup_json(root, &["--external-id="]);
+    assert!(a.get("notes").is_none(), "{a}");
+    check(&a);
+    check(&lookup_json(
+        root,
+        &["--external-id=", "--tenant", "globex"],
+    ));
+    let b = lookup_json(root, &["--external-id=", "--tenant", "bystander"]);
+    assert_eq!(b["status"], "not_found", "{b}");
+    std::fs::remove_file(root.join("scope/requests.index.parquet")).unwrap();
+    let a = lookup_json(root, &["--external-id="]);
+    assert!(
+        a["notes"][0].as_str().unwrap().contains("look-up index"),
+        "{a}"
+    );
+    check(&a);
+}

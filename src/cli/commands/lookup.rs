@@ -61,7 +61,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 out,
                 "  request {} ext {} tenant {} arrived {} HTTP {}: {side}",
                 m.request_id,
-                term(m.external_id.as_deref().unwrap_or("-")),
+                match m.external_id.as_deref() {
+                    None => "-".into(),
+                    // An empty id is shown as one, never as the absent one.
+                    Some("") => "\"\"".into(),
+                    Some(x) => term(x),
+                },
                 term(&m.tenant),
                 utc(m.arrival_ns),
                 m.http_status
