@@ -30,9 +30,11 @@ fn side(s: &Side) -> String {
     let reads = match &s.foreign_reads {
         None => String::new(),
         Some(f) => {
-            let from: Vec<String> = f
+            const SHOWN: usize = 3;
+            let mut from: Vec<String> = f
                 .sources
                 .iter()
+                .take(SHOWN)
                 .map(|x| {
                     format!(
                         "{} ({}) {} {}",
@@ -43,6 +45,9 @@ fn side(s: &Side) -> String {
                     )
                 })
                 .collect();
+            if f.sources.len() > SHOWN {
+                from.push(format!("{} more", f.sources.len() - SHOWN));
+            }
             format!(
                 " [{}{}{}]",
                 f.confidence.as_str(),
