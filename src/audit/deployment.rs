@@ -7,11 +7,12 @@
 //! `kv_lease_duration` against its heartbeats and the transfer times.
 
 use super::{Finding, Severity, finding, fmt_n};
-use crate::error::{Error, Result};
-use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig};
-use crate::trace::manifest::{Manifest, max_req_input_len};
-use crate::whatif::workload::{parse_engine, pool_tokens};
+use crate::error::{Error, Location, Result};
+use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig, is_vllm_engine};
+use crate::trace::manifest::{Manifest, prompt_limit};
+use crate::whatif::workload::{pool_tokens, simulator_config};
 use serde::Serialize;
+use serde_json::{Map, Value};
 use std::path::Path;
 
 /// One pool as the audit sees it.
@@ -23,7 +24,19 @@ pub struct PoolView {
     /// SGLang max_total_num_tokens.
     pub capacity_tokens: u64,
     pub page_size: u32,
+    /// The prompt length at or over which the engine refuses a request on
+    /// this pool ([`prompt_limit`]): SGLang's max_req_input_len, vLLM's
+    /// max_model_len (at most the pool).
     pub max_req_input_len: u64,
+}
+
+/// A defect of the engine model that the deployment declares (a `bug_*`
+/// key set to true or a rate above 0).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeclaredBug {
+    pub key: String,
+    /// The value as written (JSON).
+    pub value: String,
 }
 
 /// The deployment as audited; knobs are None when the source does not say.
@@ -39,6 +52,9 @@ pub struct DeploymentView {
     /// vLLM's P/D settings (a vLLM deployment only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vllm: Option<VllmView>,
+    /// Known defects the deployment declares (a gate never passes them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub declared_bugs: Vec<DeclaredBug>,
 }
 
 /// A vLLM deployment's P/D settings as the audit sees them; None where
@@ -59,44 +75,204 @@ pub struct VllmView {
     pub reference_check: Option<bool>,
 }
 
+/// A short JSON rendering of a value for messages.
+fn shown(v: &Value) -> String {
+    let s = serde_json::to_string(v).unwrap_or_default();
+    if s.chars().count() > 40 {
+        format!("{}...", s.chars().take(40).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// A key that is present but cannot be read: an error naming it, never
+/// "the deployment does not say".
+fn unreadable(loc: &Location, key: &str, v: &Value, want: &str) -> Error {
+    Error::invalid(
+        loc.clone().column(key),
+        format!("`{key}` is {}, which is not {want}", shown(v)),
+        format!("write {key} as {want}, or leave the key out when the deployment does not say"),
+    )
+}
+
+/// An object-valued key (absent: None).
+fn object<'a>(
+    v: Option<&'a Value>,
+    loc: &Location,
+    key: &str,
+) -> Result<Option<&'a Map<String, Value>>> {
+    match v {
+        None => Ok(None),
+        Some(Value::Object(o)) => Ok(Some(o)),
+        Some(v) => Err(unreadable(loc, key, v, "an object")),
+    }
+}
+
+/// A boolean key (absent: None; null, strings and numbers are errors).
+fn boolean(v: Option<&Value>, loc: &Location, key: &str) -> Result<Option<bool>> {
+    match v {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(unreadable(loc, key, v, "true or false")),
+    }
+}
+
+/// A whole number of seconds (absent: None; a string, a fraction, a
+/// boolean or a number outside i64 is an error).
+fn whole_seconds(v: Option<&Value>, loc: &Location, key: &str) -> Result<Option<i64>> {
+    match v {
+        None => Ok(None),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => match n.as_i64() {
+            Some(i) => Ok(Some(i)),
+            None => Err(unreadable(
+                loc,
+                key,
+                v.expect("present"),
+                "a whole number of seconds within range",
+            )),
+        },
+        Some(v) => Err(unreadable(
+            loc,
+            key,
+            v,
+            "a whole number of seconds (an integer, e.g. 30)",
+        )),
+    }
+}
+
+/// A string key (absent: None).
+fn string(v: Option<&Value>, loc: &Location, key: &str) -> Result<Option<String>> {
+    match v {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(unreadable(loc, key, v, "a string")),
+    }
+}
+
+/// One setting written in two places (top level and vLLM's nesting): the
+/// one given, or an error when both are given and disagree.
+fn one_of<T: PartialEq>(
+    loc: &Location,
+    a: (&str, Option<T>),
+    b: (&str, Option<T>),
+) -> Result<Option<T>> {
+    match (a.1, b.1) {
+        (Some(x), Some(y)) if x != y => Err(Error::invalid(
+            loc.clone().column(a.0),
+            format!("`{}` and `{}` disagree", a.0, b.0),
+            "write the setting once (vLLM reads kv_transfer_config), or give both the same value",
+        )),
+        (Some(x), _) => Ok(Some(x)),
+        (None, y) => Ok(y),
+    }
+}
+
 impl VllmView {
     /// Reads vLLM's keys from a manifest's `deployment` extras: top level
     /// (`kv_load_failure_policy`, `kv_lease_duration`) or nested as vLLM's
     /// own config has them (`kv_transfer_config.kv_load_failure_policy`,
     /// `kv_transfer_config.kv_connector_extra_config.kv_lease_duration`).
-    fn from_extra(extra: &serde_json::Map<String, serde_json::Value>) -> VllmView {
-        let ktc = extra.get("kv_transfer_config");
-        let policy = extra
-            .get("kv_load_failure_policy")
-            .or_else(|| ktc.and_then(|k| k.get("kv_load_failure_policy")))
-            .and_then(|v| v.as_str())
-            .map(String::from);
-        let lease = extra
-            .get("kv_lease_duration")
-            .or_else(|| {
-                ktc.and_then(|k| k.get("kv_connector_extra_config"))
-                    .and_then(|k| k.get("kv_lease_duration"))
-            })
-            .and_then(|v| v.as_i64());
-        VllmView {
+    /// A key that is present but cannot be read is an error naming it
+    /// (`loc` is the manifest), never "the deployment does not say".
+    pub fn from_extra(extra: &Map<String, Value>, loc: &Location) -> Result<VllmView> {
+        const KTC: &str = "deployment.kv_transfer_config";
+        const KCE: &str = "deployment.kv_transfer_config.kv_connector_extra_config";
+        let ktc = object(extra.get("kv_transfer_config"), loc, KTC)?;
+        let kce = object(
+            ktc.and_then(|k| k.get("kv_connector_extra_config")),
+            loc,
+            KCE,
+        )?;
+        let policy = one_of(
+            loc,
+            (
+                "deployment.kv_load_failure_policy",
+                string(
+                    extra.get("kv_load_failure_policy"),
+                    loc,
+                    "deployment.kv_load_failure_policy",
+                )?,
+            ),
+            (
+                "deployment.kv_transfer_config.kv_load_failure_policy",
+                string(
+                    ktc.and_then(|k| k.get("kv_load_failure_policy")),
+                    loc,
+                    "deployment.kv_transfer_config.kv_load_failure_policy",
+                )?,
+            ),
+        )?;
+        let lease = one_of(
+            loc,
+            (
+                "deployment.kv_lease_duration",
+                whole_seconds(
+                    extra.get("kv_lease_duration"),
+                    loc,
+                    "deployment.kv_lease_duration",
+                )?,
+            ),
+            (
+                "deployment.kv_transfer_config.kv_connector_extra_config.kv_lease_duration",
+                whole_seconds(
+                    kce.and_then(|k| k.get("kv_lease_duration")),
+                    loc,
+                    "deployment.kv_transfer_config.kv_connector_extra_config.kv_lease_duration",
+                )?,
+            ),
+        )?;
+        Ok(VllmView {
             kv_load_failure_policy: policy,
             kv_lease_duration: lease,
             heartbeats: None,
             slowest_transfer_ms: None,
             reference_check: None,
+        })
+    }
+}
+
+/// The `bug_*` keys of an object that declare a defect: true, or a number
+/// above 0. Null, false and 0 declare none; any other value is an error
+/// naming the key (`prefix` + key).
+fn declared_bugs(o: &Map<String, Value>, loc: &Location, prefix: &str) -> Result<Vec<DeclaredBug>> {
+    let mut out = Vec::new();
+    for (k, v) in o {
+        if !k.starts_with("bug_") {
+            continue;
+        }
+        let on = match v {
+            Value::Null | Value::Bool(false) => false,
+            Value::Bool(true) => true,
+            Value::Number(n) if n.as_u64().is_some() => n.as_u64() != Some(0),
+            v => {
+                return Err(unreadable(
+                    loc,
+                    &format!("{prefix}{k}"),
+                    v,
+                    "true, false or a whole number (parts per million)",
+                ));
+            }
+        };
+        if on {
+            out.push(DeclaredBug {
+                key: k.clone(),
+                value: shown(v),
+            });
         }
     }
+    Ok(out)
 }
 
 impl DeploymentView {
     pub fn from_config(cfg: &SimConfig, source: &str) -> DeploymentView {
+        let engine = cfg.engine.name();
         let pool = |id: u16, name: &str, role: &str, p: &crate::sim::config::PoolConfig| PoolView {
             id,
             name: name.into(),
             role: role.into(),
             capacity_tokens: p.capacity_tokens,
             page_size: p.page_size,
-            max_req_input_len: max_req_input_len(cfg.context_window, p.capacity_tokens),
+            max_req_input_len: prompt_limit(engine, cfg.context_window, p.capacity_tokens),
         };
         let vllm = cfg.engine.is_vllm().then(|| {
             let t = &cfg.timing;
@@ -123,9 +299,15 @@ impl DeploymentView {
             }
         });
         let sglang = !cfg.engine.is_vllm();
+        // Every bug_* switch the engine model has, read from the config
+        // itself (a switch added later is checked without a change here).
+        let bugs = match serde_json::to_value(cfg) {
+            Ok(Value::Object(o)) => declared_bugs(&o, &Location::default(), "").unwrap_or_default(),
+            _ => Vec::new(),
+        };
         DeploymentView {
             source: source.into(),
-            engine: cfg.engine.name().into(),
+            engine: engine.into(),
             context_window: cfg.context_window,
             pools: vec![
                 pool(0, "prefill-0", "prefill", &cfg.prefill),
@@ -135,37 +317,58 @@ impl DeploymentView {
             kv_checksum: sglang.then_some(cfg.kv_checksum),
             scrub_on_free: Some(cfg.scrub_on_free),
             vllm,
+            declared_bugs: bugs,
         }
     }
 
-    pub fn from_manifest(m: &Manifest, source: &str) -> DeploymentView {
-        if let Some(v) = m.deployment.extra.get("simulator")
-            && let Ok(cfg) = serde_json::from_value::<SimConfig>(v.clone())
-        {
-            return DeploymentView::from_config(&cfg, source);
-        }
+    /// The deployment of a manifest read from `manifest_path` (named in
+    /// errors): its simulator config when it carries one, else its pools
+    /// and the keys audit reads (`allow_auto_truncate`, `kv_checksum`,
+    /// `scrub_on_free`, `bug_*` and vLLM's keys, docs/what-if.md). A key
+    /// that is present but cannot be read is an error naming it.
+    pub fn from_manifest(
+        m: &Manifest,
+        source: &str,
+        manifest_path: &Path,
+    ) -> Result<DeploymentView> {
+        let loc = Location::file(manifest_path);
         let d = &m.deployment;
-        DeploymentView {
+        if let Some(cfg) = simulator_config(d, &loc)? {
+            return Ok(DeploymentView::from_config(&cfg, source));
+        }
+        let vllm = is_vllm_engine(&d.engine);
+        let mut pools = Vec::with_capacity(d.pools.len());
+        for (i, p) in d.pools.iter().enumerate() {
+            let tokens = pool_tokens(p, i, &loc)?;
+            pools.push(PoolView {
+                id: p.id,
+                name: p.name.clone(),
+                role: p.role.as_str().into(),
+                capacity_tokens: tokens,
+                page_size: p.page_size,
+                max_req_input_len: prompt_limit(&d.engine, d.context_window, tokens),
+            });
+        }
+        let key = |k: &str| format!("deployment.{k}");
+        let sglang_knob = |k: &str| -> Result<Option<bool>> {
+            let v = boolean(d.extra.get(k), &loc, &key(k))?;
+            Ok(if vllm { None } else { v })
+        };
+        Ok(DeploymentView {
             source: source.into(),
             engine: d.engine.clone(),
             context_window: d.context_window,
-            pools: d
-                .pools
-                .iter()
-                .map(|p| PoolView {
-                    id: p.id,
-                    name: p.name.clone(),
-                    role: p.role.as_str().into(),
-                    capacity_tokens: pool_tokens(p),
-                    page_size: p.page_size,
-                    max_req_input_len: max_req_input_len(d.context_window, pool_tokens(p)),
-                })
-                .collect(),
-            allow_auto_truncate: None,
-            kv_checksum: None,
-            scrub_on_free: None,
-            vllm: is_vllm_engine(&d.engine).then(|| VllmView::from_extra(&d.extra)),
-        }
+            pools,
+            allow_auto_truncate: sglang_knob("allow_auto_truncate")?,
+            kv_checksum: sglang_knob("kv_checksum")?,
+            scrub_on_free: boolean(d.extra.get("scrub_on_free"), &loc, &key("scrub_on_free"))?,
+            vllm: if vllm {
+                Some(VllmView::from_extra(&d.extra, &loc)?)
+            } else {
+                None
+            },
+            declared_bugs: declared_bugs(&d.extra, &loc, "deployment.")?,
+        })
     }
 
     /// Reads a deployment file: a simulator config (TOML, or JSON), or a
@@ -173,10 +376,11 @@ impl DeploymentView {
     pub fn load(path: &Path) -> Result<DeploymentView> {
         let source = path.display().to_string();
         if path.is_dir() {
-            return Ok(DeploymentView::from_manifest(
+            return DeploymentView::from_manifest(
                 &Manifest::load(path)?,
                 &source,
-            ));
+                &path.join("trace.json"),
+            );
         }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         if path.extension().is_some_and(|e| e == "json")
@@ -184,7 +388,7 @@ impl DeploymentView {
             && v.get("format").and_then(|f| f.as_str()) == Some("kvtrail-trace")
         {
             let m = Manifest::parse(&text, path)?;
-            return Ok(DeploymentView::from_manifest(&m, &source));
+            return DeploymentView::from_manifest(&m, &source, path);
         }
         let cfg = SimConfig::load(path).map_err(|e| match e {
             Error::Invalid { loc, what, .. } => Error::Invalid {
@@ -196,11 +400,6 @@ impl DeploymentView {
         })?;
         Ok(DeploymentView::from_config(&cfg, &source))
     }
-}
-
-/// An engine string naming vLLM (`vllm-0.33.0`, `vllm 0.33.0`, `vLLM`).
-pub fn is_vllm_engine(engine: &str) -> bool {
-    engine.trim().to_ascii_lowercase().starts_with("vllm")
 }
 
 /// vLLM's deployment checks (docs/engine-vllm.md "Audit").
@@ -327,12 +526,69 @@ pub fn audit_vllm(d: &DeploymentView, v: &VllmView) -> Vec<Finding> {
     out
 }
 
+/// What a declared `bug_*` switch of the engine model does.
+fn bug_effect(key: &str) -> &'static str {
+    match key {
+        "bug_inflight_reuse" => {
+            "decode frees a failed request's slots while a transfer into them is in flight, and the late transfer lands in slots already given to another request, which reads that KV and answers HTTP 200 (#24527 class)"
+        }
+        "bug_stale_copy" => {
+            "prefill frees its slots when the forward ends, before the transfer has copied them, and the copy carries whatever another request wrote there into decode, answered HTTP 200 (vLLM #52234 class)"
+        }
+        "bug_stale_reference_ppm" => {
+            "decode dispatches handed an earlier, consumed producer reference read blocks the producer released and reused, and answer HTTP 200 (vllm-project/vllm#52234)"
+        }
+        "bug_lease_expiry" => {
+            "decode's heartbeats never reach the producer, so a lease runs out while decode still holds the reference and a later read takes reused blocks with HTTP 200 (vllm-project/vllm#52234)"
+        }
+        "bug_out_of_range_ppm" => {
+            "decode dispatches whose reference names blocks past the end of the producer's pool read memory of no request, which NIXL reports done and decode answers with HTTP 200 (vllm-project/vllm#52234)"
+        }
+        _ => "a defect of the engine model that exposes KV across requests",
+    }
+}
+
+/// The `bug_*` switches a deployment declares: an error each (a warning
+/// where the simulator's `reference_check` fails the loads they spoil).
+fn declared_bug_findings(d: &DeploymentView) -> Vec<Finding> {
+    let checked = d.vllm.as_ref().and_then(|v| v.reference_check) == Some(true);
+    d.declared_bugs
+        .iter()
+        .map(|b| {
+            let (sev, tail) = if checked {
+                (
+                    Severity::Warning,
+                    "; reference_check (a mitigation, not a vLLM option) fails such loads, so kv_load_failure_policy applies instead of a stale read",
+                )
+            } else {
+                (Severity::Error, "")
+            };
+            finding(
+                sev,
+                "declared_engine_defect",
+                Some(b.key.clone()),
+                format!(
+                    "the deployment declares {} = {}: {}{tail}",
+                    b.key,
+                    b.value,
+                    bug_effect(&b.key)
+                ),
+                Some(format!(
+                    "do not deploy an engine with this defect: take the engine's fix, then set {} to its default (off)",
+                    b.key
+                )),
+            )
+        })
+        .collect()
+}
+
 /// Deployment checks.
 pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
+    let mut out = declared_bug_findings(d);
     if let Some(v) = &d.vllm {
-        return audit_vllm(d, v);
+        out.extend(audit_vllm(d, v));
+        return out;
     }
-    let mut out = Vec::new();
     let ctx = d.context_window;
     let rec_cap = 2 * ctx;
     let recommend = format!(
@@ -347,7 +603,7 @@ pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
         .filter(|p| p.role == "decode" || p.role == "mixed")
         .map(|p| p.max_req_input_len)
         .max();
-    let engine = parse_engine(&d.engine);
+    let engine = EngineVersion::parse(&d.engine);
     for p in &d.pools {
         let subject = Some(format!("pool {} ({})", p.id, p.name));
         // The pool binds when capacity - 1 < context_window - 1; otherwise
@@ -449,6 +705,19 @@ pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
             "the manifest does not say whether freed KV is zeroed; SGLang does not zero it".into(),
             None,
         )),
+    }
+    if engine.is_none() {
+        out.push(finding(
+            Severity::Note,
+            "engine_version_unknown",
+            None,
+            format!(
+                "engine `{}` names no release kvtrail models ({}): what it does with a prompt only prefill rejects is not known here",
+                d.engine,
+                EngineVersion::NAMES
+            ),
+            Some("record the engine's release in deployment.engine (e.g. sglang-0.5.22)".into()),
+        ));
     }
     if matches!(engine, Some(EngineVersion::V0519)) {
         out.push(finding(

@@ -124,10 +124,19 @@ pub fn report(d: DeploymentView, mut findings: Vec<Finding>, trace_checked: bool
         .sort_by(|a, b| (a.severity, &a.kind, &a.subject).cmp(&(b.severity, &b.kind, &b.subject)));
     let n = |s: Severity| findings.iter().filter(|f| f.severity == s).count() as u64;
     let (errors, warnings, notes) = (n(Severity::Error), n(Severity::Warning), n(Severity::Note));
+    use crate::whatif::count;
     let verdict = if errors + warnings == 0 {
-        format!("pass: no errors or warnings ({notes} notes)")
+        format!(
+            "pass: no errors or warnings ({})",
+            count(notes, "note", "notes")
+        )
     } else {
-        format!("FAIL: {errors} errors, {warnings} warnings, {notes} notes")
+        format!(
+            "FAIL: {}, {}, {}",
+            count(errors, "error", "errors"),
+            count(warnings, "warning", "warnings"),
+            count(notes, "note", "notes")
+        )
     };
     AuditReport {
         format: "kvtrail-audit".into(),
@@ -155,7 +164,11 @@ pub fn audit_trace(
     opts: &LineageOptions,
     rep: &dyn Reporter,
 ) -> Result<AuditReport> {
-    let d = DeploymentView::from_manifest(&trace.manifest, &trace.dir.display().to_string());
+    let d = DeploymentView::from_manifest(
+        &trace.manifest,
+        &trace.dir.display().to_string(),
+        &trace.dir.join("trace.json"),
+    )?;
     let mut f = audit_deployment(&d);
     f.extend(audit_trace_events(trace, &d, opts, rep)?);
     Ok(report(d, f, true))

@@ -216,36 +216,87 @@ pub fn audit_trace_events(
         .collect();
     let only_prefill =
         (prefill_limits.len() == 1).then(|| *prefill_limits.keys().next().expect("one"));
-    let (mut rejected_ok, mut short_ok) = (Vec::new(), Vec::new());
+    // What the engine does with a prompt at or over its prefill pool's
+    // limit (docs/what-if.md, "Trace checks"): SGLang rejects it, or
+    // truncates it to the limit under --allow-auto-truncate (every
+    // version); vLLM's limit is max_model_len, refused at its front end.
+    let truncation = if d.vllm.is_some() {
+        Some(false)
+    } else {
+        d.allow_auto_truncate
+    };
+    let (mut rejected_ok, mut short_ok, mut truncated, mut maybe_truncated) =
+        (Vec::new(), Vec::new(), 0u64, Vec::new());
     for b in trace.requests() {
         for r in b? {
             if !(200..300).contains(&r.http_status) {
                 continue;
             }
-            if let Some(pool) = r.prefill_pool.or(only_prefill)
-                && let Some(&lim) = prefill_limits.get(&pool)
-                && r.prompt_tokens as u64 >= lim
-                && r.prompt_tokens as u64 + 1 < d.context_window
-            {
-                rejected_ok.push(r.request_id);
-            }
-            if let Some(pf) = r.prefilled_tokens
-                && pf < r.prompt_tokens
-            {
-                short_ok.push(r.request_id);
+            let prompt = r.prompt_tokens as u64;
+            let lim = r
+                .prefill_pool
+                .or(only_prefill)
+                .and_then(|pool| prefill_limits.get(&pool).copied());
+            let over = lim.is_some_and(|l| prompt >= l);
+            // The length auto-truncation leaves: the tokenizer cuts to
+            // context_window - 1, the scheduler to max_req_input_len.
+            let cut = prompt
+                .min(d.context_window.saturating_sub(1))
+                .min(lim.unwrap_or(u64::MAX));
+            let pf = r.prefilled_tokens.map(u64::from);
+            // Without truncation the front end refuses prompt >=
+            // context_window; a shorter one over the limit is the
+            // scheduler's to reject.
+            let rejected = over && prompt < d.context_window;
+            match truncation {
+                Some(true) => {
+                    // Nothing is rejected; truncation to `cut` is what the
+                    // engine documents, anything shorter is not.
+                    if pf.is_some_and(|pf| pf < cut) {
+                        short_ok.push(r.request_id);
+                    } else if over || cut < prompt {
+                        truncated += 1;
+                    }
+                }
+                Some(false) => {
+                    if rejected {
+                        rejected_ok.push(r.request_id);
+                    }
+                    if pf.is_some_and(|pf| pf < prompt) {
+                        short_ok.push(r.request_id);
+                    }
+                }
+                None => {
+                    // The deployment does not say whether it truncates: a
+                    // prompt over the limit prefilled to exactly the
+                    // truncated length is either; anything else is an
+                    // error either way.
+                    if over && pf == Some(cut) {
+                        maybe_truncated.push(r.request_id);
+                        continue;
+                    }
+                    if rejected {
+                        rejected_ok.push(r.request_id);
+                    }
+                    if pf.is_some_and(|pf| pf < prompt) {
+                        short_ok.push(r.request_id);
+                    }
+                }
             }
         }
     }
     rejected_ok.sort_unstable();
     short_ok.sort_unstable();
+    maybe_truncated.sort_unstable();
     if !rejected_ok.is_empty() {
         let mut f = finding(
             Severity::Error,
             "rejected_yet_2xx",
             None,
             format!(
-                "{} requests had prompts at or above their prefill pool's max_req_input_len (prefill must reject them) yet were answered 2xx",
-                rejected_ok.len()
+                "{} had prompts at or above their prefill pool's max_req_input_len (prefill must reject them) yet {} answered 2xx",
+                crate::whatif::count(rejected_ok.len() as u64, "request", "requests"),
+                if rejected_ok.len() == 1 { "was" } else { "were" }
             ),
             Some("run `kvtrail scope` on this trace and fix the pool sizes (see the deployment findings)".into()),
         );
@@ -254,16 +305,52 @@ pub fn audit_trace_events(
         out.push(f);
     }
     if !short_ok.is_empty() {
+        let truncating = if truncation == Some(true) {
+            ", and fewer than auto-truncation to max_req_input_len leaves"
+        } else {
+            ""
+        };
         let mut f = finding(
             Severity::Error,
             "prefilled_less_than_prompt_2xx",
             None,
-            format!("{} requests were answered 2xx although prefill computed fewer tokens than their prompt", short_ok.len()),
+            format!(
+                "{} answered 2xx although prefill computed fewer tokens than their prompt{truncating}",
+                crate::whatif::count(short_ok.len() as u64, "request was", "requests were"),
+            ),
             Some("an error that looked like success: run `kvtrail scope` to see what decode read instead".into()),
         );
         f.count = short_ok.len() as u64;
         f.request_ids = listed(&short_ok);
         out.push(f);
+    }
+    if !maybe_truncated.is_empty() {
+        let mut f = finding(
+            Severity::Warning,
+            "truncated_or_rejected_2xx",
+            None,
+            format!(
+                "{} at or above their prefill pool's max_req_input_len answered 2xx with exactly the tokens --allow-auto-truncate leaves prefilled; the deployment does not say whether it truncates (if it does not, prefill must have rejected them)",
+                crate::whatif::count(maybe_truncated.len() as u64, "prompt", "prompts"),
+            ),
+            Some("record deployment.allow_auto_truncate in trace.json (true or false) so the audit can tell, and run `kvtrail scope` on the trace".into()),
+        );
+        f.count = maybe_truncated.len() as u64;
+        f.request_ids = listed(&maybe_truncated);
+        out.push(f);
+    }
+    if truncated > 0 {
+        out.push(finding(
+            Severity::Note,
+            "auto_truncated_2xx",
+            None,
+            format!(
+                "{} at or above max_req_input_len {} truncated as --allow-auto-truncate does and answered 2xx; a decode pool with a larger limit reads past the truncated transfer (see the KV checks)",
+                crate::whatif::count(truncated, "prompt", "prompts"),
+                if truncated == 1 { "was" } else { "were" }
+            ),
+            None,
+        ));
     }
     let mut backend = AuditBackend {
         pools: HashMap::new(),
@@ -306,7 +393,12 @@ pub fn audit_trace_events(
             Severity::Error,
             kind,
             None,
-            format!("{}: {} requests, {} slots", what, ids.len(), slots),
+            format!(
+                "{}: {}, {}",
+                what,
+                crate::whatif::count(ids.len() as u64, "request", "requests"),
+                crate::whatif::count(slots, "slot", "slots")
+            ),
             Some(rec.into()),
         );
         f.count = ids.len() as u64;
@@ -324,8 +416,8 @@ pub fn audit_trace_events(
             "evidence_incomplete",
             None,
             format!(
-                "the evidence is incomplete ({} coverage notes: {}): the checks above cover only the recorded events",
-                notes.len(),
+                "the evidence is incomplete ({}: {}): the checks above cover only the recorded events",
+                crate::whatif::count(notes.len() as u64, "coverage note", "coverage notes"),
                 notes.join("; ")
             ),
             Some("a clean audit needs complete evidence: run `kvtrail verify` and `kvtrail scope` on the trace for the files and holes".into()),

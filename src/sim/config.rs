@@ -83,7 +83,7 @@ impl EngineVersion {
     /// the flag and the engines modelled.
     pub fn parse_arg(s: &str) -> Result<EngineVersion> {
         EngineVersion::parse(s).ok_or_else(|| {
-            let hint = if s.trim().to_ascii_lowercase().starts_with("vllm") {
+            let hint = if is_vllm_engine(s) {
                 "the vLLM version modelled is vllm-0.33.0; no vLLM release fixes vllm-project/vllm#52234, so a fix is named with --set (e.g. --set reference_check=true, --set kv_load_failure_policy=recompute; docs/engine-vllm.md)".to_string()
             } else {
                 format!("choose {}", EngineVersion::NAMES)
@@ -101,14 +101,115 @@ impl EngineVersion {
         matches!(self, EngineVersion::Vllm0330)
     }
 
+    /// The one parser of engine strings, for every caller (`--engine`,
+    /// trace.json's `deployment.engine`, audit, replay): the modelled
+    /// release an engine string names, or None when it names none.
+    ///
+    /// Accepted: the names above, `sglang 0.5.19`, `sglang==0.5.19`,
+    /// `sglang v0.5.19`, `SGLang-0.5.19 (PD)`, a bare `0.5.19` (SGLang),
+    /// `vllm 0.33.0`, and post releases and local builds of a modelled
+    /// release (`sglang-0.5.19.post1`, `0.5.19+cu128`), which behave as
+    /// the release. A pre-release (`0.5.20rc1`, `0.5.20.dev3`), a fourth
+    /// version number or another release is None: its behaviour is not
+    /// known.
     pub fn parse(s: &str) -> Option<EngineVersion> {
-        EngineVersion::ALL.into_iter().find(|v| v.name() == s)
+        let (family, rest) = engine_family_and_rest(s);
+        let version = release_version(rest)?;
+        let name = match family {
+            Some(EngineFamily::Vllm) => format!("vllm-{version}"),
+            Some(EngineFamily::Sglang) | None => format!("sglang-{version}"),
+        };
+        EngineVersion::ALL.into_iter().find(|v| v.name() == name)
     }
 
     /// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE default.
     pub fn deferred_release_default(self) -> bool {
         self >= EngineVersion::V0521 && !self.is_vllm()
     }
+}
+
+/// The engine family an engine string names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineFamily {
+    Sglang,
+    Vllm,
+}
+
+/// The family an engine string names (`vllm-0.33.0`, `vLLM`, ` sglang
+/// 0.5.19`: case and surrounding blanks do not matter) and the text after
+/// the family's name; None for a string that names neither (a bare
+/// version reads as SGLang, see [`EngineVersion::parse`]).
+fn engine_family_and_rest(s: &str) -> (Option<EngineFamily>, String) {
+    let t = s.trim().to_ascii_lowercase();
+    for (prefix, family) in [
+        ("vllm", EngineFamily::Vllm),
+        ("sglang", EngineFamily::Sglang),
+    ] {
+        if let Some(rest) = t.strip_prefix(prefix) {
+            return (Some(family), rest.to_string());
+        }
+    }
+    (None, t)
+}
+
+/// The family of an engine string ([`EngineVersion::parse`] for the
+/// release): every reader that decides "is this vLLM" calls this.
+pub fn engine_family(s: &str) -> Option<EngineFamily> {
+    engine_family_and_rest(s).0
+}
+
+/// Whether an engine string names vLLM (`vllm-0.33.0`, `vLLM 0.33.0`).
+pub fn is_vllm_engine(s: &str) -> bool {
+    engine_family(s) == Some(EngineFamily::Vllm)
+}
+
+/// `N.N.N` at the start of `rest` (after separators and a `v`), when what
+/// follows it keeps the release's behaviour: nothing, a post release
+/// (`.post1`, `-post1`, `post1`), a local build (`+cu128`) or a blank or
+/// bracket before a comment (`(PD)`). None for a pre-release, a fourth
+/// number or anything else attached to the version.
+fn release_version(rest: String) -> Option<String> {
+    let r = rest.trim_start_matches(['-', '_', ' ', '=', ':', '@', '/']);
+    let r = r.strip_prefix('v').unwrap_or(r);
+    let mut parts = Vec::new();
+    let mut i = 0;
+    let b = r.as_bytes();
+    for k in 0..3 {
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start || i - start > 9 {
+            return None;
+        }
+        parts.push(&r[start..i]);
+        if k < 2 {
+            if i >= b.len() || b[i] != b'.' {
+                return None;
+            }
+            i += 1;
+        }
+    }
+    let mut tail = &r[i..];
+    for post in [".post", "-post", "_post", "post"] {
+        if let Some(t) = tail.strip_prefix(post) {
+            let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+            tail = &t[digits..];
+            break;
+        }
+    }
+    let clean = match tail.chars().next() {
+        None => true,
+        Some(c) => c == '+' || c == '(' || c == ',' || c == ';' || c.is_whitespace(),
+    };
+    clean.then(|| {
+        parts
+            .iter()
+            .map(|p| p.trim_start_matches('0'))
+            .map(|p| if p.is_empty() { "0" } else { p })
+            .collect::<Vec<_>>()
+            .join(".")
+    })
 }
 
 /// What the customer gets back from the router.
@@ -823,6 +924,46 @@ mod tests {
         c.set("decode_radix_cache=true").unwrap();
         c.validate().unwrap();
         assert!(c.hicache && c.decode_radix_cache);
+    }
+
+    #[test]
+    fn one_parser_reads_every_spelling_of_a_release() {
+        use EngineVersion::*;
+        for (s, v) in [
+            ("sglang-0.5.19", Some(V0519)),
+            ("sglang 0.5.19", Some(V0519)),
+            ("sglang==0.5.22", Some(V0522)),
+            ("SGLang v0.5.20", Some(V0520)),
+            ("sglang 0.5.19 (PD)", Some(V0519)),
+            ("  sglang-0.5.19.post1 ", Some(V0519)),
+            ("sglang-0.5.19-post2", Some(V0519)),
+            ("sglang-0.5.21+cu128", Some(V0521)),
+            ("0.5.23", Some(V0523)),
+            ("0.5.19.post1", Some(V0519)),
+            ("vllm-0.33.0", Some(Vllm0330)),
+            ("vLLM 0.33.0", Some(Vllm0330)),
+            ("vllm==0.33.0.post1", Some(Vllm0330)),
+            ("sglang-0.5.20rc1", None),
+            ("sglang-0.5.20.dev3", None),
+            ("sglang-0.5.19.1", None),
+            ("sglang-0.5.19.", None),
+            ("sglang-0.5.24", None),
+            ("sglang-0.5", None),
+            ("sglang", None),
+            ("vllm-0.34.0", None),
+            ("vllm 0.5.19", None),
+            ("sglang-9", None),
+            ("", None),
+        ] {
+            assert_eq!(EngineVersion::parse(s), v, "{s:?}");
+        }
+        for v in EngineVersion::ALL {
+            assert_eq!(EngineVersion::parse(v.name()), Some(v));
+        }
+        assert!(is_vllm_engine(" vLLM"));
+        assert!(is_vllm_engine("vllm-0.34.0"));
+        assert!(!is_vllm_engine("sglang-0.5.19"));
+        assert!(!is_vllm_engine("0.33.0"));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::error::{Error, Location, Result};
 use crate::lineage::LineageOptions;
 use crate::progress::Reporter;
 use crate::schema::{Op, RequestRecord};
+use crate::scope::model::{Confidence, Response, Tenant};
 use crate::scope::{ScopeReport, scope};
 use crate::trace::manifest::Role;
 use crate::trace::read::Trace;
@@ -106,6 +107,9 @@ pub struct Side {
     pub prefilled_tokens: Option<u32>,
     pub output_tokens: u32,
     pub foreign_tokens: u64,
+    /// The foreign reads behind `foreign_tokens` (scope): how sure, and
+    /// whose KV, per source request. None when the request read none.
+    pub foreign_reads: Option<ForeignReads>,
     pub latency_ms: Option<f64>,
     /// First decode allocation - arrival.
     pub decode_queue_ms: Option<f64>,
@@ -119,6 +123,70 @@ pub struct Side {
     pub decode_prompt_tokens: u64,
 }
 
+/// A response's foreign reads as scope reports them, without what differs
+/// between two runs of the same workload by construction (seq numbers and
+/// times): two requests read the same foreign KV when these are equal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ForeignReads {
+    pub confidence: Confidence,
+    pub cross_tenant: bool,
+    /// Distinct (pool, slot) read as foreign, of unknown origin, and
+    /// uncertain after a hole.
+    pub foreign_tokens: u64,
+    pub unknown_tokens: u64,
+    pub uncertain_tokens: u64,
+    /// foreign | unknown_predates_capture | after_gap
+    pub reasons: Vec<String>,
+    /// Sorted by request id.
+    pub sources: Vec<ForeignSource>,
+}
+
+/// One request whose KV a response read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ForeignSource {
+    pub request_id: u64,
+    pub tenant: Tenant,
+    /// Distinct (pool, slot) of this source read.
+    pub tokens: u64,
+    /// The pools the reads were on.
+    pub pools: Vec<u16>,
+    pub cross_tenant: bool,
+    pub confidence: Confidence,
+}
+
+impl ForeignReads {
+    fn of(a: &Response) -> ForeignReads {
+        let mut sources: Vec<ForeignSource> = a
+            .sources
+            .iter()
+            .map(|s| {
+                let mut pools = s.pools.clone();
+                pools.sort_unstable();
+                ForeignSource {
+                    request_id: s.request_id,
+                    tenant: s.tenant.clone(),
+                    tokens: s.tokens,
+                    pools,
+                    cross_tenant: s.cross_tenant,
+                    confidence: s.confidence,
+                }
+            })
+            .collect();
+        sources.sort_by(|x, y| (x.request_id, &x.tenant).cmp(&(y.request_id, &y.tenant)));
+        let mut reasons = a.reasons.clone();
+        reasons.sort();
+        ForeignReads {
+            confidence: a.confidence,
+            cross_tenant: a.cross_tenant,
+            foreign_tokens: a.foreign_tokens,
+            unknown_tokens: a.unknown_tokens,
+            uncertain_tokens: a.uncertain_tokens,
+            reasons,
+            sources,
+        }
+    }
+}
+
 /// A request whose outcome changed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Changed {
@@ -126,7 +194,9 @@ pub struct Changed {
     pub external_id: Option<String>,
     pub tenant: String,
     pub prompt_tokens: u32,
-    /// status, prefilled, foreign_reads_gone / foreign_reads_new, output.
+    /// status, prefilled, foreign_reads_gone / foreign_reads_new /
+    /// foreign_reads_changed (other sources, tenants, token counts, pools
+    /// or confidence), output.
     pub what: Vec<String>,
     pub before: Side,
     pub after: Side,
@@ -141,6 +211,15 @@ pub struct Exposure {
     pub foreign_tokens: u64,
     pub evidence_complete: bool,
     pub verdict: String,
+    /// Requests of this trace that the other trace does not hold (no
+    /// request row and no finding there): the comparison cannot speak
+    /// for them.
+    pub requests_not_in_other: u64,
+    /// Of those, the ones scope found affected in this trace.
+    pub affected_not_in_other: u64,
+    /// Said when the other trace holds requests this one does not: what
+    /// this side's verdict cannot speak for.
+    pub comparison_note: Option<String>,
 }
 
 /// Decode capacity held by rejected requests (status >= 400).
@@ -210,8 +289,30 @@ struct TraceView {
     reqs: BTreeMap<u64, RequestRecord>,
     holds: HashMap<u64, Hold>,
     end: i64,
-    foreign: HashMap<u64, u64>,
+    foreign: HashMap<u64, (u64, ForeignReads)>,
     scope: ScopeReport,
+}
+
+impl TraceView {
+    /// The requests of this trace that `other` cannot be compared on:
+    /// those with a request row or a finding here but no request row
+    /// there (a response without a row on both sides is in both scopes
+    /// and counted by each; it has no row to compare).
+    fn not_in(&self, other: &TraceView) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .reqs
+            .keys()
+            .chain(self.foreign.keys())
+            .copied()
+            .filter(|id| {
+                !other.reqs.contains_key(id)
+                    && (self.reqs.contains_key(id) || !other.foreign.contains_key(id))
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
 }
 
 fn requests(trace: &Trace) -> Result<BTreeMap<u64, RequestRecord>> {
@@ -305,7 +406,7 @@ fn view(
     let foreign = scope
         .affected_responses
         .iter()
-        .map(|a| (a.request_id, a.exposed_tokens))
+        .map(|a| (a.request_id, (a.exposed_tokens, ForeignReads::of(a))))
         .collect();
     Ok(TraceView {
         reqs,
@@ -326,7 +427,8 @@ fn side(v: &TraceView, r: &RequestRecord, other: Option<&RequestRecord>) -> Side
         http_status: r.http_status,
         prefilled_tokens: r.prefilled_tokens,
         output_tokens: r.output_tokens,
-        foreign_tokens: v.foreign.get(&r.request_id).copied().unwrap_or(0),
+        foreign_tokens: v.foreign.get(&r.request_id).map_or(0, |f| f.0),
+        foreign_reads: v.foreign.get(&r.request_id).map(|f| f.1.clone()),
         latency_ms: r.finish_ns.map(|f| ms(f - r.arrival_ns)),
         decode_queue_ms: h.first_alloc.map(|t| ms(t - r.arrival_ns)),
         decode_slot_seconds: h.slot_ns(v.end) as f64 / 1e9,
@@ -343,8 +445,27 @@ fn side(v: &TraceView, r: &RequestRecord, other: Option<&RequestRecord>) -> Side
     }
 }
 
-fn exposure(v: &TraceView) -> Exposure {
+/// `v`'s exposure, compared with `other` (named `other_name`, "first"
+/// or "second", in the note).
+fn exposure(v: &TraceView, other: &TraceView, other_name: &str) -> Exposure {
     let c = &v.scope.counts;
+    let not_in_other = v.not_in(other);
+    let affected_not_in_other = not_in_other
+        .iter()
+        .filter(|id| v.foreign.contains_key(id))
+        .count() as u64;
+    let missing_here = other.not_in(v);
+    let missing_affected = missing_here
+        .iter()
+        .filter(|id| other.foreign.contains_key(id))
+        .count() as u64;
+    let comparison_note = (!missing_here.is_empty()).then(|| {
+        format!(
+            "this trace does not hold {} of the {other_name} trace ({missing_affected} affected there): this side's verdict cannot speak for {}",
+            super::count(missing_here.len() as u64, "request", "requests"),
+            if missing_here.len() == 1 { "it" } else { "them" }
+        )
+    });
     Exposure {
         engine: v.scope.deployment.engine.clone(),
         affected_responses: c.affected_responses,
@@ -352,6 +473,9 @@ fn exposure(v: &TraceView) -> Exposure {
         foreign_tokens: c.foreign_tokens,
         evidence_complete: v.scope.coverage.complete,
         verdict: v.scope.verdict.clone(),
+        requests_not_in_other: not_in_other.len() as u64,
+        affected_not_in_other,
+        comparison_note,
     }
 }
 
@@ -427,10 +551,8 @@ pub fn diff(
     let mut clean_output_differs = 0;
     let mut moved = 0;
     let mut compared = 0;
-    let mut only_before = Vec::new();
     for (id, rb) in &b.reqs {
         let Some(ra) = a.reqs.get(id) else {
-            only_before.push(*id);
             continue;
         };
         compared += 1;
@@ -448,14 +570,15 @@ pub fn diff(
         if sb.prefilled_tokens != sa.prefilled_tokens {
             what.push("prefilled".to_string());
         }
-        if sb.foreign_tokens > 0 && sa.foreign_tokens == 0 {
-            what.push("foreign_reads_gone".to_string());
-        } else if sb.foreign_tokens == 0 && sa.foreign_tokens > 0 {
-            what.push("foreign_reads_new".to_string());
-        } else if sb.foreign_tokens != sa.foreign_tokens {
-            what.push("foreign_reads_changed".to_string());
+        match (&sb.foreign_reads, &sa.foreign_reads) {
+            (Some(_), None) => what.push("foreign_reads_gone".to_string()),
+            (None, Some(_)) => what.push("foreign_reads_new".to_string()),
+            (Some(x), Some(y)) if x != y || sb.foreign_tokens != sa.foreign_tokens => {
+                what.push("foreign_reads_changed".to_string())
+            }
+            _ => {}
         }
-        let clean = sb.foreign_tokens == 0 && sa.foreign_tokens == 0;
+        let clean = sb.foreign_reads.is_none() && sa.foreign_reads.is_none();
         if sb.output_hash_same == Some(false) {
             if clean && what.is_empty() {
                 clean_output_differs += 1;
@@ -486,12 +609,7 @@ pub fn diff(
             after: sa,
         });
     }
-    let only_after: Vec<u64> = a
-        .reqs
-        .keys()
-        .filter(|id| !b.reqs.contains_key(id))
-        .copied()
-        .collect();
+    let (only_before, only_after) = (b.not_in(&a), a.not_in(&b));
     let counts = |v: &TraceView| {
         let mut m = BTreeMap::new();
         for r in v.reqs.values() {
@@ -500,8 +618,8 @@ pub fn diff(
         m
     };
     let exposure = Pair {
-        before: exposure(&b),
-        after: exposure(&a),
+        before: exposure(&b, &a, "second"),
+        after: exposure(&a, &b, "first"),
     };
     let rejected = Pair {
         before: rejected_hold(&b),
@@ -565,6 +683,7 @@ fn headline(
     unchanged: u64,
     compared: u64,
 ) -> String {
+    use super::count;
     let evid = |x: &Exposure| {
         if x.evidence_complete {
             ""
@@ -573,31 +692,52 @@ fn headline(
         }
     };
     let mut s = format!(
-        "exposure: {} affected responses ({} cross-tenant, {} foreign tokens) under {}{} -> {} ({} cross-tenant, {} foreign tokens) under {}{}",
-        e.before.affected_responses,
+        "exposure: {} ({} cross-tenant, {}) under {}{} -> {} ({} cross-tenant, {}) under {}{}",
+        count(
+            e.before.affected_responses,
+            "affected response",
+            "affected responses"
+        ),
         e.before.cross_tenant_responses,
-        e.before.foreign_tokens,
+        count(e.before.foreign_tokens, "foreign token", "foreign tokens"),
         e.before.engine,
         evid(&e.before),
         e.after.affected_responses,
         e.after.cross_tenant_responses,
-        e.after.foreign_tokens,
+        count(e.after.foreign_tokens, "foreign token", "foreign tokens"),
         e.after.engine,
         evid(&e.after),
     );
+    let (ob, oa) = (&e.before, &e.after);
+    if ob.requests_not_in_other + oa.requests_not_in_other > 0 {
+        s.push_str(&format!(
+            "; NOT COMPARED: {} only in the first trace ({} affected there), {} only in the second ({} affected there): the comparison cannot speak for them",
+            count(ob.requests_not_in_other, "request", "requests"),
+            ob.affected_not_in_other,
+            oa.requests_not_in_other,
+            oa.affected_not_in_other
+        ));
+    }
     if !t.is_empty() {
         let parts: Vec<String> = t.iter().map(|(k, v)| format!("{v} x {k}")).collect();
         s.push_str(&format!("; status: {}", parts.join(", ")));
     }
     if held.requests > 0 {
         s.push_str(&format!(
-            "; {} rejected requests hold decode capacity: {:.1} slot-seconds, peak {} slots, up to {:.1} s each",
-            held.requests,
+            "; {} decode capacity: {:.1} slot-seconds, peak {}, up to {:.1} s each",
+            count(
+                held.requests,
+                "rejected request holds",
+                "rejected requests hold"
+            ),
             held.slot_seconds,
-            held.peak_slots,
+            count(held.peak_slots, "slot", "slots"),
             held.max_hold_ms / 1000.0
         ));
     }
-    s.push_str(&format!("; {unchanged} of {compared} requests unchanged"));
+    s.push_str(&format!(
+        "; {unchanged} of {} unchanged",
+        count(compared, "request", "requests")
+    ));
     s
 }

@@ -36,6 +36,13 @@ pub struct ReplaySpec {
     pub sets: Vec<String>,
 }
 
+/// `n` with the noun that agrees with it: `count(1, "response",
+/// "responses")` is "1 response", `count(0, ..)` "0 responses". The
+/// what-if and audit outputs word every count through it.
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// The config a replay runs: recorded (or `--config`), then engine, then sets.
 pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
     let mut cfg = match &spec.config {
@@ -48,7 +55,10 @@ pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
                         "engine `{}` is not one the model knows",
                         trace.deployment().engine
                     ),
-                    "name the behaviour to replay with --engine sglang-0.5.19 ... sglang-0.5.23",
+                    format!(
+                        "name the behaviour to replay with --engine ({})",
+                        EngineVersion::NAMES
+                    ),
                 ));
             }
             workload::recorded_config(trace)?
@@ -127,6 +137,12 @@ pub struct ReplayRun {
     pub config: SimConfig,
     pub workload: Workload,
     pub output: sim::RunOutput,
+    /// Whether the replayed trace's evidence is complete (scope's rule on
+    /// its files and capture, plus the prefill pools' seq streams that the
+    /// prefix structure is read from); when it is not, `evidence_notes`
+    /// says what the replayed workload may lack.
+    pub evidence_complete: bool,
+    pub evidence_notes: Vec<String>,
 }
 
 /// Re-runs `trace`'s workload under `spec` and writes the new trace to
@@ -140,6 +156,20 @@ pub fn replay_trace(
 ) -> Result<ReplayRun> {
     let config = resolve_config(trace, spec)?;
     let workload = workload::extract(trace)?;
+    let cov = crate::scope::trace_evidence(trace, reporter)?;
+    let mut evidence_notes = cov.notes.clone();
+    if workload.prefill_seq_missing > 0 {
+        evidence_notes.push(format!(
+            "the prefill pools' seq streams miss {}: prefix sharing recorded in them is not in the replayed workload",
+            count(workload.prefill_seq_missing, "event", "events")
+        ));
+    }
+    if !cov.files_missing.is_empty() || !cov.files_unread.is_empty() {
+        evidence_notes.push(
+            "requests and prefix groups of files that are missing or were not read are not in the replayed workload".into(),
+        );
+    }
+    let evidence_complete = cov.complete && workload.prefill_seq_missing == 0;
     let label = RunLabel {
         scenario: format!("replay:{}", trace.deployment().name),
         seed: 0,
@@ -155,5 +185,7 @@ pub fn replay_trace(
         config,
         workload,
         output,
+        evidence_complete,
+        evidence_notes,
     })
 }

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use crate::error::{Error, Location, Result};
 use crate::lineage::slots::SlotVec;
 use crate::schema::{Op, RequestRecord};
-use crate::sim::config::{EngineVersion, PoolConfig, SimConfig};
-use crate::sim::engine::EPOCH_NS;
+use crate::sim::config::{EngineVersion, PoolConfig, SimConfig, is_vllm_engine};
+use crate::sim::engine::{EPOCH_NS, MAX_CLOCK_NS};
 use crate::sim::workload::Arrival;
 use crate::trace::manifest::{Deployment, Pool, Role};
 use crate::trace::read::Trace;
@@ -46,30 +46,53 @@ pub struct Workload {
     pub prefix_groups: u64,
     /// Rows skipped: request_id 0 (the engine itself).
     pub skipped_engine_rows: u64,
+    /// Events missing from the prefill pools' seq streams (holes, and a
+    /// stream that does not start at seq 0): prefix sharing recorded in
+    /// them is lost to the replay.
+    pub prefill_seq_missing: u64,
 }
 
-/// SGLang's max_total_num_tokens of a pool: `max_total_num_tokens` from
-/// the pool's extra keys (the simulator writes it: its slot space also
-/// holds the reserved page 0), else capacity_tokens.
-pub fn pool_tokens(p: &Pool) -> u64 {
-    p.extra
-        .get("max_total_num_tokens")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(p.capacity_tokens)
+/// SGLang's max_total_num_tokens of pool `i` of a manifest read from
+/// `loc`: `max_total_num_tokens` from the pool's extra keys (the simulator
+/// writes it: its slot space also holds the reserved page 0), else
+/// capacity_tokens. A value that is present but not a whole number from 1
+/// to the pool's capacity_tokens is an error naming the key.
+pub fn pool_tokens(p: &Pool, i: usize, loc: &Location) -> Result<u64> {
+    match p.extra.get("max_total_num_tokens") {
+        None => Ok(p.capacity_tokens),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n >= 1 && n <= p.capacity_tokens)
+            .ok_or_else(|| {
+                Error::invalid(
+                    loc.clone()
+                        .column(&format!("deployment.pools[{i}].max_total_num_tokens")),
+                    format!(
+                        "max_total_num_tokens is {v}, not a whole number from 1 to the pool's capacity_tokens {}",
+                        p.capacity_tokens
+                    ),
+                    "write SGLang's max_total_num_tokens as an integer, or leave it out (capacity_tokens is used)",
+                )
+            }),
+    }
 }
 
-/// Parses a manifest engine string: `sglang-0.5.19`, `sglang 0.5.19`,
-/// `sglang==0.5.19`, `0.5.19`.
-/// `sglang 0.5.19 (PD)`, `0.5.19`: the first `N.N.N` after `sglang`.
-pub fn parse_engine(s: &str) -> Option<EngineVersion> {
-    let t = s.trim().to_ascii_lowercase();
-    let rest = t.strip_prefix("sglang").unwrap_or(&t);
-    let v: String = rest
-        .trim_start_matches(['-', ' ', '=', 'v'])
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .collect();
-    EngineVersion::parse(&format!("sglang-{v}"))
+/// The simulator config a manifest carries (`deployment.simulator`), if
+/// any; one that does not parse is an error naming the key (never read
+/// as "no config").
+pub fn simulator_config(d: &Deployment, loc: &Location) -> Result<Option<SimConfig>> {
+    match d.extra.get("simulator") {
+        None => Ok(None),
+        Some(v) => serde_json::from_value::<SimConfig>(v.clone())
+            .map(Some)
+            .map_err(|e| {
+                Error::invalid(
+                    loc.clone().column("deployment.simulator"),
+                    format!("the simulator config in the manifest does not parse: {e}"),
+                    "give the deployment with --config FILE (docs/simulator.md), or remove the broken deployment.simulator",
+                )
+            }),
+    }
 }
 
 /// True when the trace was written by the simulator (its outputs come from
@@ -82,19 +105,18 @@ pub fn is_reference_model_trace(d: &Deployment, writer: &str) -> bool {
 pub fn recorded_config(trace: &Trace) -> Result<SimConfig> {
     let d = trace.deployment();
     let loc = Location::file(&trace.dir.join("trace.json"));
-    if let Some(v) = d.extra.get("simulator") {
-        return serde_json::from_value::<SimConfig>(v.clone()).map_err(|e| {
-            Error::invalid(
-                loc.clone().column("deployment.simulator"),
-                format!("the simulator config in the manifest does not parse: {e}"),
-                "give the deployment with --config FILE",
-            )
-        });
+    if let Some(cfg) = simulator_config(d, &loc)? {
+        return Ok(cfg);
     }
-    let one = |role: Role| -> Result<&Pool> {
-        let ps: Vec<&Pool> = d.pools.iter().filter(|p| p.role == role).collect();
+    let one = |role: Role| -> Result<(usize, &Pool)> {
+        let ps: Vec<(usize, &Pool)> = d
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.role == role)
+            .collect();
         match ps.as_slice() {
-            [p] => Ok(p),
+            [p] => Ok(*p),
             _ => Err(Error::invalid(
                 loc.clone().column("deployment.pools"),
                 format!(
@@ -107,25 +129,47 @@ pub fn recorded_config(trace: &Trace) -> Result<SimConfig> {
         }
     };
     let (pf, dc) = (one(Role::Prefill)?, one(Role::Decode)?);
-    let pool = |p: &Pool| PoolConfig {
-        capacity_tokens: pool_tokens(p) / p.page_size.max(1) as u64 * p.page_size.max(1) as u64,
-        page_size: p.page_size,
+    let pool = |(i, p): (usize, &Pool)| -> Result<PoolConfig> {
+        let ps = p.page_size.max(1) as u64;
+        Ok(PoolConfig {
+            capacity_tokens: pool_tokens(p, i, &loc)? / ps * ps,
+            page_size: p.page_size,
+        })
     };
-    let engine = parse_engine(&d.engine).unwrap_or(EngineVersion::V0519);
-    Ok(SimConfig {
+    let mut cfg = SimConfig {
         name: d.name.clone(),
-        engine,
         context_window: d.context_window,
-        prefill: pool(pf),
-        decode: pool(dc),
+        prefill: pool(pf)?,
+        decode: pool(dc)?,
         ..SimConfig::default()
-    })
+    };
+    if let Some(engine) = EngineVersion::parse(&d.engine) {
+        cfg.set_engine(engine);
+    }
+    if cfg.engine.is_vllm() {
+        // The recorded vLLM settings, read as audit reads them.
+        let v = crate::audit::VllmView::from_extra(&d.extra, &loc)?;
+        cfg.kv_lease_duration = v.kv_lease_duration;
+        cfg.kv_load_failure_policy = match v.kv_load_failure_policy.as_deref() {
+            None => None,
+            Some("fail") => Some(crate::sim::config::FailurePolicy::Fail),
+            Some("recompute") => Some(crate::sim::config::FailurePolicy::Recompute),
+            Some(other) => {
+                return Err(Error::invalid(
+                    loc.column("deployment.kv_transfer_config.kv_load_failure_policy"),
+                    format!("kv_load_failure_policy `{other}` is not one vLLM accepts"),
+                    "replay with --set kv_load_failure_policy=fail or =recompute",
+                ));
+            }
+        };
+    }
+    Ok(cfg)
 }
 
 /// True when the manifest's engine string names a modelled version (or the
 /// trace carries a simulator config).
 pub fn engine_known(d: &Deployment) -> bool {
-    d.extra.contains_key("simulator") || parse_engine(&d.engine).is_some()
+    d.extra.contains_key("simulator") || EngineVersion::parse(&d.engine).is_some()
 }
 
 struct Row {
@@ -188,14 +232,32 @@ pub fn extract(trace: &Trace) -> Result<Workload> {
     // Simulator traces keep their clock; other traces start at the
     // simulator's epoch.
     let time_base_ns = if first >= EPOCH_NS { EPOCH_NS } else { first };
-    let mut prefix = prefix_structure(trace)?;
-    if trace
-        .deployment()
-        .engine
-        .trim()
-        .to_ascii_lowercase()
-        .starts_with("vllm")
+    // The engine model's clock starts at its epoch and ends where a trace
+    // timestamp ends (2262-04-11); a recorded arrival past that (less a
+    // week for the requests to finish) cannot be replayed. Said here, so
+    // the message blames the arrivals, not the timing keys.
+    const FINISH_ROOM_NS: i64 = 7 * 86_400 * 1_000_000_000;
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.arrival_ns.saturating_sub(time_base_ns) > MAX_CLOCK_NS - FINISH_ROOM_NS)
     {
+        return Err(Error::invalid(
+            Location::file(&trace.dir.join("requests")).column("arrival_ns"),
+            format!(
+                "request_id {} arrives {} s after {}: the engine model's clock runs from 2026-09-01 to 2262-04-11, so the recorded arrivals do not fit it (the timing keys are not the cause)",
+                r.id,
+                (r.arrival_ns as i128 - time_base_ns as i128) / 1_000_000_000,
+                if time_base_ns == EPOCH_NS {
+                    "the simulator's epoch (2026-09-01)"
+                } else {
+                    "the trace's first request"
+                }
+            ),
+            "replay a trace whose arrival_ns values lie within about 236 years of each other; check the recorded arrival_ns of that request",
+        ));
+    }
+    let (mut prefix, prefill_seq_missing) = prefix_structure(trace)?;
+    if is_vllm_engine(&trace.deployment().engine) {
         // vLLM: a member's hit is cut short by block eviction, not by its
         // prefix; the group's prefix is the longest hit of any member (a
         // generated group's prefix length is one per group).
@@ -248,11 +310,16 @@ pub fn extract(trace: &Trace) -> Result<Workload> {
         prefix_members: members,
         prefix_groups: groups,
         skipped_engine_rows: skipped,
+        prefill_seq_missing,
     })
 }
 
-/// request -> (group root, prefix tokens), from the prefill pools' events.
-fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
+/// request -> (group root, prefix tokens).
+type Prefixes = HashMap<u64, (u64, u32)>;
+
+/// The prefix groups from the prefill pools' events, and how many events
+/// the prefill pools' seq streams miss.
+fn prefix_structure(trace: &Trace) -> Result<(Prefixes, u64)> {
     let d = trace.deployment();
     let prefill: Vec<&Pool> = d
         .pools
@@ -278,6 +345,7 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
     // (allocated, freed by itself) slots per request on prefill pools.
     let mut held: HashMap<u64, (u64, u64)> = HashMap::new();
     let mut last_seq: HashMap<u16, u64> = HashMap::new();
+    let mut missing = 0u64;
     for chunk in trace.kv_chunks() {
         let chunk = chunk?;
         for (i, e) in chunk.events.iter().enumerate() {
@@ -298,6 +366,10 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
                     "replay reads prefix sharing from prefill pools written in seq order; rewrite the trace sorted (kvtrail ingest)",
                 ));
             }
+            missing = missing.saturating_add(match last_seq.get(&e.pool) {
+                Some(&prev) => e.seq - prev - 1,
+                None => e.seq,
+            });
             last_seq.insert(e.pool, e.seq);
             let a = e.slot_start as u64;
             let b = e.slot_end().min(*cap);
@@ -329,7 +401,7 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
         }
         r
     };
-    let mut out: HashMap<u64, (u64, u32)> = HashMap::new();
+    let mut out: Prefixes = HashMap::new();
     for (&r, &t) in &shared {
         let g = root(r);
         out.insert(r, (g, t));
@@ -350,5 +422,5 @@ fn prefix_structure(trace: &Trace) -> Result<HashMap<u64, (u64, u32)>> {
             e.1 = e.1.max(kept);
         }
     }
-    Ok(out)
+    Ok((out, missing))
 }

@@ -184,3 +184,366 @@ fn traces() {
     );
     assert!(ids(&r, "decode_read_beyond_transfer").is_empty());
 }
+
+// ---- issue 32: audit ----------------------------------------------------
+
+use crate::support::cli::s;
+use crate::support::trace_builder::{TraceBuilder, pool};
+use kvtrail::trace::Role;
+
+/// A vLLM manifest with `deployment_keys` (JSON members) added to its
+/// deployment.
+fn vllm_manifest(deployment_keys: &str) -> String {
+    format!(
+        r#"{{"format":"kvtrail-trace","version":1,
+ "deployment":{{"name":"fleet","engine":"vllm-0.33.0","context_window":32768,{deployment_keys}
+  "pools":[{{"id":0,"name":"prefill-0","role":"prefill","capacity_tokens":65536,"page_size":16}},
+           {{"id":1,"name":"decode-0","role":"decode","capacity_tokens":65536,"page_size":16}}]}},
+ "capture":{{"writer":"hook","started_ns":0,"ended_ns":0,"complete":true}}}}"#
+    )
+}
+
+/// An SGLang manifest (the incident's engine, pools at 2x the context
+/// window) with `deployment_keys` added to its deployment.
+fn sglang_manifest(engine: &str, deployment_keys: &str) -> String {
+    format!(
+        r#"{{"format":"kvtrail-trace","version":1,
+ "deployment":{{"name":"glm","engine":"{engine}","context_window":1048576,{deployment_keys}
+  "pools":[{{"id":0,"name":"prefill-0","role":"prefill","capacity_tokens":2097152,"page_size":64}},
+           {{"id":1,"name":"decode-0","role":"decode","capacity_tokens":2097152,"page_size":64}}]}},
+ "capture":{{"writer":"hook","started_ns":0,"ended_ns":0,"complete":true}}}}"#
+    )
+}
+
+fn audit_cli(path: &std::path::Path) -> (i32, String, String) {
+    kvtrail(["audit", "--deployment", s(path)])
+        .run()
+        .into_parts()
+}
+
+#[test]
+fn defect11_audit_refuses_a_deployment_value_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = "kv_lease_duration";
+    let cases: Vec<(String, &str)> = [
+        r#""kv_lease_duration":"1","#,
+        r#""kv_lease_duration":1.5,"#,
+        r#""kv_lease_duration":true,"#,
+        r#""kv_lease_duration":1e30,"#,
+        r#""kv_lease_duration":null,"#,
+        r#""kv_lease_duration":18446744073709551615,"#,
+        r#""kv_transfer_config":{"kv_connector_extra_config":{"kv_lease_duration":"30"}},"#,
+        r#""kv_transfer_config":{"kv_connector_extra_config":{"kv_lease_duration":2.0}},"#,
+    ]
+    .iter()
+    .map(|k| (vllm_manifest(k), lease))
+    .chain(
+        [
+            (r#""kv_load_failure_policy":5,"#, "kv_load_failure_policy"),
+            (
+                r#""kv_transfer_config":{"kv_load_failure_policy":["fail"]},"#,
+                "kv_load_failure_policy",
+            ),
+            (r#""kv_transfer_config":"fail","#, "kv_transfer_config"),
+            (
+                r#""kv_transfer_config":{"kv_connector_extra_config":30},"#,
+                "kv_connector_extra_config",
+            ),
+            (
+                r#""kv_lease_duration":30,"kv_transfer_config":{"kv_connector_extra_config":{"kv_lease_duration":1}},"#,
+                "kv_lease_duration",
+            ),
+        ]
+        .iter()
+        .map(|(k, key)| (vllm_manifest(k), *key)),
+    )
+    .chain(
+        [
+            (r#""allow_auto_truncate":"yes","#, "allow_auto_truncate"),
+            (r#""kv_checksum":1,"#, "kv_checksum"),
+            (r#""scrub_on_free":null,"#, "scrub_on_free"),
+            (r#""simulator":{"engine":5},"#, "simulator"),
+            (r#""bug_stale_copy":"on","#, "bug_stale_copy"),
+        ]
+        .iter()
+        .map(|(k, key)| (sglang_manifest("sglang-0.5.22", k), *key)),
+    )
+    .collect();
+    for (i, (text, key)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("m{i}.json"));
+        std::fs::write(&p, text).unwrap();
+        let (code, out, err) = audit_cli(&p);
+        assert_eq!(code, 2, "case {i} ({key}): {out}{err}");
+        assert!(err.contains(key), "case {i}: {err}");
+        assert!(!out.contains("does not say"), "case {i}: {out}");
+    }
+    // A pool's max_total_num_tokens that is not a number.
+    let bad_pool = sglang_manifest("sglang-0.5.22", "").replacen(
+        r#""page_size":64}"#,
+        r#""page_size":64,"max_total_num_tokens":"681280"}"#,
+        1,
+    );
+    assert!(bad_pool.contains("max_total_num_tokens"));
+    let p = dir.path().join("pool.json");
+    std::fs::write(&p, &bad_pool).unwrap();
+    let (code, _, err) = audit_cli(&p);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pools[0].max_total_num_tokens"), "{err}");
+    // Readable values still work, nested or not.
+    for (k, code) in [
+        (r#""kv_lease_duration":1,"#, 1),
+        (
+            r#""kv_lease_duration":30,"kv_load_failure_policy":"recompute","#,
+            0,
+        ),
+        (
+            r#""kv_transfer_config":{"kv_load_failure_policy":"fail","kv_connector_extra_config":{"kv_lease_duration":30}},"#,
+            0,
+        ),
+    ] {
+        let p = dir.path().join("ok.json");
+        std::fs::write(&p, vllm_manifest(k)).unwrap();
+        let (c, out, err) = audit_cli(&p);
+        assert_eq!(c, code, "{k}: {out}{err}");
+    }
+}
+
+#[test]
+fn defect12_audit_fails_a_deployment_that_declares_a_known_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = {
+        let mut c = SimConfig::default();
+        c.set("prefill.capacity_tokens=32768").unwrap();
+        c.set("engine=sglang-0.5.22").unwrap();
+        c
+    };
+    let vllm = kvtrail::sim::scenario::scenario("vllm-steady", None, 1)
+        .unwrap()
+        .config;
+    let mut cases: Vec<(&str, SimConfig)> = Vec::new();
+    for set in ["bug_stale_copy=true", "bug_inflight_reuse=true"] {
+        let mut c = fixed.clone();
+        c.set(set).unwrap();
+        cases.push((set, c));
+    }
+    for set in [
+        "bug_stale_reference_ppm=2000",
+        "bug_lease_expiry=true",
+        "bug_out_of_range_ppm=1000",
+    ] {
+        let mut c = vllm.clone();
+        c.set(set).unwrap();
+        cases.push((set, c));
+    }
+    // Every bug_* switch of the model is among the cases.
+    let keys: Vec<String> = serde_json::to_value(SimConfig::default())
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("bug_"))
+        .cloned()
+        .collect();
+    for k in &keys {
+        assert!(cases.iter().any(|(s, _)| s.starts_with(k.as_str())), "{k}");
+    }
+    let clean = dir.path().join("clean.toml");
+    std::fs::write(&clean, toml::to_string(&fixed).unwrap()).unwrap();
+    assert_eq!(audit_file(&clean).unwrap().exit_code(), 0);
+    for (set, c) in cases {
+        let p = dir.path().join("bug.toml");
+        std::fs::write(&p, toml::to_string(&c).unwrap()).unwrap();
+        let r = audit_file(&p).unwrap();
+        assert_eq!(r.exit_code(), 1, "{set}: {:#?}", r.findings);
+        let key = set.split('=').next().unwrap();
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.severity == kvtrail::audit::Severity::Error && f.detail.contains(key)),
+            "{set}: {:#?}",
+            r.findings
+        );
+        let (code, out, err) = audit_cli(&p);
+        assert_eq!(code, 1, "{set}: {out}{err}");
+    }
+    // A manifest that declares one, at the deployment's top level.
+    let p = dir.path().join("m.json");
+    std::fs::write(
+        &p,
+        sglang_manifest("sglang-0.5.22", r#""bug_inflight_reuse":true,"#),
+    )
+    .unwrap();
+    let (code, out, err) = audit_cli(&p);
+    assert_eq!(code, 1, "{out}{err}");
+    // And the trace of a simulated sibling, whose manifest carries the config.
+    let sib = simulate("sibling-stale-copy", Some(200), 1, &[]);
+    let (code, out, err) = kvtrail(["audit", "--deployment", s(&sib.trace.join("trace.json"))])
+        .run()
+        .into_parts();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("bug_stale_copy"), "{out}");
+}
+
+/// A hand-made SGLang trace: context window 48 and pools of 64 slots
+/// (max_req_input_len = min(47, 63) - 5 = 42). Each (prompt, prefilled)
+/// request is answered 200 and reads only KV it wrote.
+fn truncation_trace(
+    dir: &std::path::Path,
+    name: &str,
+    engine: &str,
+    extra: &[(&str, serde_json::Value)],
+    reqs: &[(u32, u32)],
+) -> std::path::PathBuf {
+    let mut tb =
+        TraceBuilder::with_pools(vec![pool(0, Role::Prefill, 64), pool(1, Role::Decode, 64)]);
+    tb.deployment.engine = engine.into();
+    tb.deployment.context_window = 48;
+    for (k, v) in extra {
+        tb.deployment.extra.insert(k.to_string(), v.clone());
+    }
+    for (i, &(prompt, prefilled)) in reqs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let r = tb.req(id, "acme");
+        r.prompt_tokens = prompt;
+        r.prefilled_tokens = Some(prefilled);
+        r.prefill_pool = Some(0);
+        r.decode_pool = Some(1);
+        tb.alloc(1, id, 0, 8);
+        tb.write(1, id, 0, 8);
+        tb.read(1, id, 0, 8);
+        tb.free(1, id, 0, 8);
+    }
+    tb.record(&dir.join(name))
+}
+
+#[test]
+fn defect15_audit_knows_what_auto_truncation_does() {
+    let dir = tempfile::tempdir().unwrap();
+    // At the limit (fully prefilled), past it (truncated to 42) and past
+    // the context window (truncated to 42).
+    let clean = [(42, 42), (45, 42), (100, 42), (10, 10)];
+    let sim_cfg = {
+        let mut c = SimConfig::default();
+        c.set("engine=sglang-0.5.22").unwrap();
+        c.set("allow_auto_truncate=true").unwrap();
+        c.set("context_window=48").unwrap();
+        c.set("prefill.capacity_tokens=64").unwrap();
+        c.set("decode.capacity_tokens=64").unwrap();
+        c.set("prefill.page_size=1").unwrap();
+        c.set("decode.page_size=1").unwrap();
+        serde_json::to_value(c).unwrap()
+    };
+    for (name, engine, extra) in [
+        ("sim", "sglang-0.5.22", vec![("simulator", sim_cfg.clone())]),
+        (
+            "recorded",
+            "sglang 0.5.22",
+            vec![("allow_auto_truncate", serde_json::json!(true))],
+        ),
+    ] {
+        let t = truncation_trace(dir.path(), name, engine, &extra, &clean);
+        let r = audit(&t);
+        assert_eq!(kinds(&r), Vec::<String>::new(), "{name}: {:#?}", r.findings);
+        assert_eq!(r.exit_code(), 0, "{name}");
+        // Shorter than truncation leaves is still an error.
+        let bad = truncation_trace(
+            dir.path(),
+            &format!("{name}-short"),
+            engine,
+            &extra,
+            &[(45, 40), (42, 42)],
+        );
+        let r = audit(&bad);
+        assert_eq!(ids(&r, "prefilled_less_than_prompt_2xx"), vec![1], "{name}");
+        assert!(ids(&r, "rejected_yet_2xx").is_empty(), "{name}");
+    }
+    // Without truncation the same requests are errors (the scheduler
+    // rejects prompts of 42 and more).
+    let t = truncation_trace(
+        dir.path(),
+        "no-trunc",
+        "sglang-0.5.22",
+        &[("allow_auto_truncate", serde_json::json!(false))],
+        &[(42, 42), (45, 45), (10, 10)],
+    );
+    assert_eq!(ids(&audit(&t), "rejected_yet_2xx"), vec![1, 2]);
+    // vLLM admits up to max_model_len (48 here), not SGLang's limit.
+    let t = truncation_trace(
+        dir.path(),
+        "vllm",
+        "vllm-0.33.0",
+        &[],
+        &[(45, 45), (47, 47), (10, 10)],
+    );
+    let r = audit(&t);
+    assert_eq!(kinds(&r), Vec::<String>::new(), "{:#?}", r.findings);
+    // A simulated clean auto-truncate run: scope finds nothing, and
+    // neither does the audit.
+    let sim = simulate(
+        "incident",
+        Some(600),
+        1,
+        &[
+            "engine=sglang-0.5.22",
+            "prefill.capacity_tokens=32768",
+            "allow_auto_truncate=true",
+        ],
+    );
+    assert!(sim.truth.affected_ids().is_empty());
+    let r = audit(&sim.trace);
+    assert_eq!(kinds(&r), Vec::<String>::new(), "{:#?}", r.findings);
+}
+
+#[test]
+fn small_engine_string_with_a_suffix_keeps_the_placeholder_note() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in [
+        "sglang-0.5.19.post1",
+        "sglang 0.5.19 (PD)",
+        "SGLang==0.5.19+cu128",
+    ] {
+        let p = dir.path().join("m.json");
+        std::fs::write(&p, sglang_manifest(engine, "")).unwrap();
+        let r = audit_file(&p).unwrap();
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.kind == "engine_has_placeholder_bug"),
+            "{engine}: {:#?}",
+            r.findings
+        );
+    }
+    // A pre-release is not the release: no version-specific claim.
+    let p = dir.path().join("rc.json");
+    std::fs::write(&p, sglang_manifest("sglang-0.5.20rc1", "")).unwrap();
+    let r = audit_file(&p).unwrap();
+    assert!(
+        !r.findings
+            .iter()
+            .any(|f| f.kind == "engine_has_placeholder_bug")
+    );
+}
+
+#[test]
+fn small_audit_counts_agree_with_their_nouns() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = truncation_trace(
+        dir.path(),
+        "one",
+        "sglang-0.5.22",
+        &[("allow_auto_truncate", serde_json::json!(false))],
+        &[(45, 45), (10, 10)],
+    );
+    let r = audit(&t);
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.kind == "rejected_yet_2xx")
+        .unwrap();
+    assert!(f.detail.starts_with("1 request had"), "{}", f.detail);
+    assert!(
+        r.verdict.starts_with("FAIL: 1 error, 0 warnings"),
+        "{}",
+        r.verdict
+    );
+}

@@ -35,9 +35,13 @@ fn human(r: &CounterfactualReport) -> String {
     }
     let _ = writeln!(
         s,
-        "counterfactual replay ({} reference model): {} affected responses; fidelity ok {}, mismatch {}; output changed without the foreign KV: {}",
+        "counterfactual replay ({} reference model): {}; fidelity ok {}, mismatch {}; output changed without the foreign KV: {}",
         term(&r.evaluator),
-        r.affected_responses,
+        kvtrail::whatif::count(
+            r.affected_responses,
+            "affected response",
+            "affected responses"
+        ),
         r.fidelity_ok,
         r.fidelity_mismatch,
         r.outputs_changed

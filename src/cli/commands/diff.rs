@@ -27,8 +27,37 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 }
 
 fn side(s: &Side) -> String {
+    let reads = match &s.foreign_reads {
+        None => String::new(),
+        Some(f) => {
+            const SHOWN: usize = 3;
+            let mut from: Vec<String> = f
+                .sources
+                .iter()
+                .take(SHOWN)
+                .map(|x| {
+                    format!(
+                        "{} ({}) {} {}",
+                        x.request_id,
+                        term(&x.tenant.to_string()),
+                        x.tokens,
+                        x.confidence.as_str()
+                    )
+                })
+                .collect();
+            if f.sources.len() > SHOWN {
+                from.push(format!("{} more", f.sources.len() - SHOWN));
+            }
+            format!(
+                " [{}{}{}]",
+                f.confidence.as_str(),
+                if from.is_empty() { "" } else { ", from " },
+                from.join(", ")
+            )
+        }
+    };
     format!(
-        "{} prefilled {} foreign {} latency {} ms decode-held {:.1} slot-s",
+        "{} prefilled {} foreign {}{reads} latency {} ms decode-held {:.1} slot-s",
         s.http_status,
         opt(s.prefilled_tokens),
         s.foreign_tokens,
@@ -45,7 +74,10 @@ pub fn human(r: &DiffReport) -> String {
     let e = &r.exposure;
     let _ = writeln!(s, "exposure (scope on both traces)");
     for (n, x) in [("before", &e.before), ("after", &e.after)] {
-        let _ = writeln!(s, "  {n:<7} {}: {}", term(&x.engine), x.verdict);
+        let _ = writeln!(s, "  {n:<7} {}: {}", term(&x.engine), term(&x.verdict));
+        if let Some(note) = &x.comparison_note {
+            let _ = writeln!(s, "          BUT {}", term(note));
+        }
     }
     let _ = writeln!(s, "\nstatus counts");
     let _ = writeln!(s, "  before {:?}", r.status_counts.before);
@@ -63,8 +95,8 @@ pub fn human(r: &DiffReport) -> String {
     ] {
         let _ = writeln!(
             s,
-            "  {n:<7} {} requests, {:.1} slot-seconds, peak {} slots, hold mean {:.1} s max {:.1} s",
-            h.requests,
+            "  {n:<7} {}, {:.1} slot-seconds, peak {} slots, hold mean {:.1} s max {:.1} s",
+            kvtrail::whatif::count(h.requests, "request", "requests"),
             h.slot_seconds,
             h.peak_slots,
             h.mean_hold_ms / 1000.0,
@@ -103,12 +135,27 @@ pub fn human(r: &DiffReport) -> String {
         }
     }
     if !r.only_before.is_empty() || !r.only_after.is_empty() {
+        let ids = |v: &[u64]| {
+            let mut x: Vec<String> = v.iter().take(20).map(|i| i.to_string()).collect();
+            if v.len() > 20 {
+                x.push(format!("and {} more", v.len() - 20));
+            }
+            x.join(" ")
+        };
         let _ = writeln!(
             s,
-            "\nrequests only in the first trace: {}, only in the second: {}",
+            "\nnot compared (the comparison cannot speak for them): only in the first trace {} ({} affected there), only in the second {} ({} affected there)",
             r.only_before.len(),
-            r.only_after.len()
+            r.exposure.before.affected_not_in_other,
+            r.only_after.len(),
+            r.exposure.after.affected_not_in_other
         );
+        if !r.only_before.is_empty() {
+            let _ = writeln!(s, "  first only:  {}", ids(&r.only_before));
+        }
+        if !r.only_after.is_empty() {
+            let _ = writeln!(s, "  second only: {}", ids(&r.only_after));
+        }
     }
     s
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
-use kvtrail::whatif;
+use kvtrail::sim::config::EngineVersion;
+use kvtrail::whatif::{self, count};
 
 use super::simulate::EngineArgs;
 use crate::cli::output;
@@ -14,7 +15,7 @@ use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
 #[command(
-    mut_arg("engine", |a| a.help("Engine behaviour: sglang-0.5.19 ... sglang-0.5.23 (default: the recorded one)")),
+    mut_arg("engine", |a| a.help(format!("Engine behaviour: {} (default: the recorded one)", EngineVersion::NAMES))),
     mut_arg("config", |a| a.help("Deployment config (TOML or JSON) replacing the recorded deployment")),
     mut_arg("set", |a| a.help("Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable)")),
 )]
@@ -44,8 +45,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let secs = started.elapsed().as_secs_f64();
     let w = &run.workload;
     eprintln!(
-        "kvtrail: replayed {} requests of {} under {} in {:.2} s ({:.0} requests/s): {} kv events -> {}",
-        w.arrivals.len(),
+        "kvtrail: replayed {} of {} under {} in {:.2} s ({:.0} requests/s): {} kv events -> {}",
+        count(w.arrivals.len() as u64, "request", "requests"),
         term(&args.trace.display().to_string()),
         run.config.engine.name(),
         secs,
@@ -53,13 +54,33 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         run.output.stats.kv_events,
         term(&args.out.display().to_string())
     );
-    eprintln!(
-        "kvtrail: workload: {} prefix groups ({} members) from share events; {} requests without a recorded output length got {} tokens",
-        w.prefix_groups,
-        w.prefix_members,
-        w.inferred_output.len(),
-        w.default_output
+    let mut workload = format!(
+        "kvtrail: workload: {} ({}) from share events",
+        count(w.prefix_groups, "prefix group", "prefix groups"),
+        count(w.prefix_members, "member", "members")
     );
+    if !w.inferred_output.is_empty() {
+        workload.push_str(&format!(
+            "; {} without a recorded output length (not answered 2xx) got the median output length of the 2xx responses, {}",
+            count(w.inferred_output.len() as u64, "request", "requests"),
+            count(w.default_output as u64, "token", "tokens")
+        ));
+    }
+    eprintln!("{workload}");
+    if !run.evidence_complete {
+        eprintln!(
+            "kvtrail: warning: the evidence of {} is INCOMPLETE ({}); the replay re-runs only the recorded workload:",
+            term(&args.trace.display().to_string()),
+            count(
+                run.evidence_notes.len() as u64,
+                "coverage note",
+                "coverage notes"
+            )
+        );
+        for n in &run.evidence_notes {
+            eprintln!("  - {}", term(n));
+        }
+    }
     if args.compare {
         let new = kvtrail::trace::Trace::open(&args.out)?;
         let r = whatif::diff::diff(
