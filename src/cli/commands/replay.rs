@@ -14,7 +14,7 @@ use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
 #[command(
-    mut_arg("engine", |a| a.help("Engine behaviour: sglang-0.5.19 ... sglang-0.5.23 (default: the recorded one)")),
+    mut_arg("engine", |a| a.help("Engine behaviour (default: the recorded one)")),
     mut_arg("config", |a| a.help("Deployment config (TOML or JSON) replacing the recorded deployment")),
     mut_arg("set", |a| a.help("Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable)")),
 )]
