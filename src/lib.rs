@@ -22,5 +22,6 @@ pub mod sim;
 pub mod sql;
 pub mod trace;
 pub mod whatif;
+pub mod words;
 
 pub use error::{Error, Result};

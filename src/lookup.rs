@@ -65,7 +65,8 @@ impl Query {
 pub struct AsRecipient {
     pub foreign_tokens: u64,
     pub exposed_tokens: u64,
-    pub other_customer_data: bool,
+    /// `null` when it cannot be told (a source's customer is not known).
+    pub other_customer_data: Option<bool>,
     pub confidence: String,
     pub first_exposure_ns: i64,
     pub last_exposure_ns: i64,
@@ -76,7 +77,8 @@ pub struct AsRecipient {
 pub struct AsSource {
     pub responses: u64,
     pub tokens: u64,
-    pub reached_other_customers: bool,
+    /// `null` when it cannot be told (a reader's customer is not known).
+    pub reached_other_customers: Option<bool>,
     pub confidence: String,
 }
 
@@ -264,7 +266,7 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
             AsRecipient {
                 foreign_tokens: a.foreign_tokens,
                 exposed_tokens: a.exposed_tokens,
-                other_customer_data: a.cross_tenant,
+                other_customer_data: a.crossing().known(),
                 confidence: a.confidence.as_str().into(),
                 first_exposure_ns: a.first_read_ns,
                 last_exposure_ns: a.last_read_ns,
@@ -274,12 +276,15 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
             let e = src.entry(s.request_id).or_insert_with(|| AsSource {
                 responses: 0,
                 tokens: 0,
-                reached_other_customers: false,
+                reached_other_customers: Some(false),
                 confidence: s.confidence.as_str().into(),
             });
             e.responses += 1;
             e.tokens += s.tokens;
-            e.reached_other_customers |= s.cross_tenant;
+            e.reached_other_customers =
+                crate::scope::Crossing::from_known(e.reached_other_customers)
+                    .max(s.crossing(&a.tenant))
+                    .known();
             if s.confidence == crate::scope::model::Confidence::Confirmed {
                 e.confidence = "confirmed".into();
             }

@@ -714,7 +714,7 @@ pub fn audit_deployment(d: &DeploymentView) -> Vec<Finding> {
             format!(
                 "engine `{}` names no release kvtrail models ({}): what it does with a prompt only prefill rejects is not known here",
                 d.engine,
-                EngineVersion::NAMES
+                EngineVersion::names()
             ),
             Some("record the engine's release in deployment.engine (e.g. sglang-0.5.22)".into()),
         ));

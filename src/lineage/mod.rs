@@ -17,6 +17,7 @@
 //! holds the trace's events or grows with a pool's declared capacity.
 
 pub mod backend;
+pub mod chains;
 pub mod copies;
 pub mod cpu;
 pub mod engine;

@@ -74,24 +74,51 @@ impl Ctx {
             .count();
         let (first, last) = (utc_opt(w.first_exposure_ns), utc_opt(w.last_exposure_ns));
         let (service, engine) = (&sum.deployment.name, &sum.deployment.engine);
-        let (affected, cross) = (c.affected_responses, c.cross_tenant_responses);
+        // Certainly another customer's data; where a customer on either
+        // side is not known, it is said apart, never counted as certain.
+        let unknown = c
+            .cross_tenant_unknown_responses
+            .min(c.cross_tenant_responses);
+        let (affected, cross) = (c.affected_responses, c.cross_tenant_responses - unknown);
+        let unknown_en = if unknown == 0 {
+            String::new()
+        } else {
+            format!(
+                ", and in {unknown} more it may have (a customer on one side is not in the recorded requests, so it cannot be told)"
+            )
+        };
+        let unknown_de = if unknown == 0 {
+            String::new()
+        } else {
+            format!(
+                ", und bei {unknown} weiteren ist das möglich (ein Kunde auf einer Seite fehlt in den aufgezeichneten Anfragen, daher lässt es sich nicht feststellen)"
+            )
+        };
+        let affected_en = crate::words::count(affected, "response", "responses");
+        let affected_de = crate::words::count(affected, "Antwort", "Antworten");
+        let were = crate::words::noun(affected, "was", "were");
+        let wurden = crate::words::noun(affected, "wurde", "wurden");
         let mut nature = match lang {
             Lang::En => format!(
-                "Between {first} and {last}, {affected} responses of the service {service} were generated while the model read KV cache (the engine's stored intermediate state of earlier prompts) that held data of other requests; in {cross} of them that data belonged to another customer. A response generated this way can reproduce fragments of the other request's prompt. The serving engine ({engine}) reused cache memory that had not been cleared; in {short_ok} of the affected responses it had processed fewer prompt tokens than were sent and still answered with a success status, so the failure looked like a normal answer."
+                "Between {first} and {last}, {affected_en} of the service {service} {were} generated while the model read KV cache (the engine's stored intermediate state of earlier prompts) that held data of other requests; in {cross} of them that data belonged to another customer{unknown_en}. A response generated this way can reproduce fragments of the other request's prompt. The serving engine ({engine}) reused cache memory that had not been cleared; in {short_ok} of the affected responses it had processed fewer prompt tokens than were sent and still answered with a success status, so the failure looked like a normal answer."
             ),
             Lang::De => format!(
-                "Zwischen {first} und {last} wurden {affected} Antworten des Dienstes {service} erzeugt, während das Modell KV-Cache (den gespeicherten Zwischenzustand früherer Prompts in der Inferenz-Engine) las, der Daten anderer Anfragen enthielt; bei {cross} davon gehörten diese Daten einem anderen Kunden. Eine so erzeugte Antwort kann Bruchstücke des Prompts der anderen Anfrage wiedergeben. Die Inferenz-Engine ({engine}) hat Cache-Speicher wiederverwendet, der nicht gelöscht worden war; bei {short_ok} der betroffenen Antworten hatte sie weniger Prompt-Token verarbeitet, als gesendet worden waren, und dennoch mit einem Erfolgsstatus geantwortet, sodass der Fehler wie eine normale Antwort aussah."
+                "Zwischen {first} und {last} {wurden} {affected_de} des Dienstes {service} erzeugt, während das Modell KV-Cache (den gespeicherten Zwischenzustand früherer Prompts in der Inferenz-Engine) las, der Daten anderer Anfragen enthielt; bei {cross} davon gehörten diese Daten einem anderen Kunden{unknown_de}. Eine so erzeugte Antwort kann Bruchstücke des Prompts der anderen Anfrage wiedergeben. Die Inferenz-Engine ({engine}) hat Cache-Speicher wiederverwendet, der nicht gelöscht worden war; bei {short_ok} der betroffenen Antworten hatte sie weniger Prompt-Token verarbeitet, als gesendet worden waren, und dennoch mit einem Erfolgsstatus geantwortet, sodass der Fehler wie eine normale Antwort aussah."
             ),
         };
         let breach = sum.deployment.tenant_prefix_cache();
         let hits = sum.cross_tenant_shared.len() as u64;
         if breach && hits > 0 {
+            let hits_en = crate::words::count(hits, "response", "responses");
+            let hits_de = crate::words::count(hits, "Antwort", "Antworten");
+            let hits_were = crate::words::noun(hits, "was", "were");
+            let hits_wurden = crate::words::noun(hits, "wurde", "wurden");
             let pc = match lang {
                 Lang::En => format!(
-                    "{hits} responses of the service {service} were served from a prompt prefix that another customer's request had placed in the engine's prefix cache, although the service promises a prefix cache per customer: a prefix-cache isolation breach. No other customer's data entered those responses and no prompt content was disclosed in them; but the faster answer of a cache hit can reveal to whoever sent a request that another customer had sent the same prompt prefix."
+                    "{hits_en} of the service {service} {hits_were} served from a prompt prefix that another customer's request had placed in the engine's prefix cache, although the service promises a prefix cache per customer: a prefix-cache isolation breach. No other customer's data entered those responses and no prompt content was disclosed in them; but the faster answer of a cache hit can reveal to whoever sent a request that another customer had sent the same prompt prefix."
                 ),
                 Lang::De => format!(
-                    "{hits} Antworten des Dienstes {service} wurden aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden im Präfix-Cache der Engine abgelegt hatte, obwohl der Dienst einen eigenen Präfix-Cache je Kunde zusagt: eine Verletzung der Trennung des Präfix-Caches. In diese Antworten sind keine Daten eines anderen Kunden eingeflossen, und es wurden darin keine Prompt-Inhalte offengelegt; die schnellere Antwort bei einem Cache-Treffer kann dem Absender einer Anfrage jedoch verraten, dass ein anderer Kunde dasselbe Prompt-Präfix gesendet hatte."
+                    "{hits_de} des Dienstes {service} {hits_wurden} aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden im Präfix-Cache der Engine abgelegt hatte, obwohl der Dienst einen eigenen Präfix-Cache je Kunde zusagt: eine Verletzung der Trennung des Präfix-Caches. In diese Antworten sind keine Daten eines anderen Kunden eingeflossen, und es wurden darin keine Prompt-Inhalte offengelegt; die schnellere Antwort bei einem Cache-Treffer kann dem Absender einer Anfrage jedoch verraten, dass ein anderer Kunde dasselbe Prompt-Präfix gesendet hatte."
                 ),
             };
             if c.affected_responses == 0 {
@@ -292,13 +319,14 @@ impl Ctx {
                 });
             } else if de {
                 nature.push_str(&format!(
-                    " Zur Information: {} Antworten wurden aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden zwischengespeichert hatte; der Dienst nutzt seinen Präfix-Cache für alle Kunden gemeinsam, daher ist das keine Verletzung der Trennung, und deswegen wird kein Kunde benachrichtigt.",
-                    pc.responses
+                    " Zur Information: {} {} aus einem Prompt-Präfix bedient, das die Anfrage eines anderen Kunden zwischengespeichert hatte; der Dienst nutzt seinen Präfix-Cache für alle Kunden gemeinsam, daher ist das keine Verletzung der Trennung, und deswegen wird kein Kunde benachrichtigt.",
+                    crate::words::count(pc.responses, "Antwort", "Antworten"),
+                    crate::words::noun(pc.responses, "wurde", "wurden")
                 ));
             } else {
                 nature.push_str(&format!(
-                    " Information: {} responses were served from a prompt prefix another customer's request had cached; the deployment shares its prefix cache across customers, so these are no isolation breach and no customer is notified for them.",
-                    pc.responses
+                    " Information: {} served from a prompt prefix another customer's request had cached; the deployment shares its prefix cache across customers, so these are no isolation breach and no customer is notified for them.",
+                    crate::words::count(pc.responses, "response was", "responses were")
                 ));
             }
         }
@@ -316,7 +344,12 @@ impl Ctx {
             affected_responses: c.affected_responses,
             confirmed_responses: c.confirmed_responses,
             possible_responses: c.possible_responses,
-            cross_customer_responses: c.cross_tenant_responses,
+            cross_customer_responses: c.cross_tenant_responses
+                - c.cross_tenant_unknown_responses
+                    .min(c.cross_tenant_responses),
+            cross_customer_unknown_responses: c
+                .cross_tenant_unknown_responses
+                .min(c.cross_tenant_responses),
             source_requests: c.source_requests,
             foreign_tokens: c.foreign_tokens,
             recipient_customers: c.recipient_tenants,
@@ -424,13 +457,15 @@ pub(super) fn register_context(r: &RegisterEntry, lang: Lang) -> minijinja::Valu
     let mut v = serde_json::to_value(r).expect("register serializes");
     if let Some(m) = v.as_object_mut() {
         m.entry("prefix_cache").or_insert(serde_json::Value::Null);
+        m.entry("cross_customer_unknown_responses")
+            .or_insert(serde_json::Value::from(0));
     }
     minijinja::context! { register => minijinja::Value::from_serialize(&v), lang => lang.code() }
 }
 
-/// `n thing` / `n things`.
+/// `n thing` / `n things` ([`crate::words::count`]).
 fn count(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
+    crate::words::count(n as u64, one, many)
 }
 
 /// register.csv: header and one row for the incident. Every cell goes

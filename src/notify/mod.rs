@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::report::csv;
 use crate::report::fmt::utc;
 use crate::schema::ENGINE_REQUEST;
+use crate::scope::Crossing;
 use crate::scope::folder::ScopeFolder;
 
 /// One of the customer's responses that carried data not its own.
@@ -61,8 +62,9 @@ pub struct ReceivedResponse {
     pub foreign_tokens: u64,
     /// foreign + of unknown origin + uncertain after lost events.
     pub exposed_tokens: u64,
-    /// Whether any of that data belonged to another customer.
-    pub other_customer_data: bool,
+    /// Whether any of that data belonged to another customer: `null` when
+    /// it cannot be told (a source's customer is not known), never a guess.
+    pub other_customer_data: Option<bool>,
     pub confidence: String,
     pub first_exposure_ns: i64,
     pub last_exposure_ns: i64,
@@ -80,8 +82,10 @@ pub struct ExposedRequest {
     pub tokens: u64,
     /// Responses that read this request's KV.
     pub responses: u64,
-    /// Whether any of them went to another customer.
-    pub reached_other_customers: bool,
+    /// Whether any of them went to another customer: `null` when it
+    /// cannot be told (a reader's customer is not known and none is
+    /// certainly another customer), never a guess.
+    pub reached_other_customers: Option<bool>,
     pub confidence: String,
     pub first_exposure_ns: i64,
     pub last_exposure_ns: i64,
@@ -247,7 +251,12 @@ pub struct RegisterEntry {
     pub affected_responses: u64,
     pub confirmed_responses: u64,
     pub possible_responses: u64,
+    /// Responses that certainly carried another customer's data.
     pub cross_customer_responses: u64,
+    /// Responses where it cannot be told (a customer on either side is
+    /// not known); absent when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cross_customer_unknown_responses: u64,
     pub source_requests: u64,
     pub foreign_tokens: u64,
     pub recipient_customers: u64,
@@ -450,7 +459,7 @@ pub fn notify(
                     output_hash: a.output_hash.clone(),
                     foreign_tokens: a.foreign_tokens,
                     exposed_tokens: a.exposed_tokens,
-                    other_customer_data: a.cross_tenant,
+                    other_customer_data: a.crossing().known(),
                     confidence: a.confidence.as_str().into(),
                     first_exposure_ns: a.first_read_ns,
                     last_exposure_ns: a.last_read_ns,
@@ -478,14 +487,16 @@ pub fn notify(
                     output_hash: None,
                     tokens: 0,
                     responses: 0,
-                    reached_other_customers: false,
+                    reached_other_customers: Some(false),
                     confidence: s.confidence.as_str().into(),
                     first_exposure_ns: s.first_ts_ns,
                     last_exposure_ns: s.last_ts_ns,
                 });
             e.tokens += s.tokens;
             e.responses += 1;
-            e.reached_other_customers |= s.cross_tenant;
+            e.reached_other_customers = Crossing::from_known(e.reached_other_customers)
+                .max(s.crossing(&a.tenant))
+                .known();
             e.confidence = conf_min(&e.confidence, s.confidence.as_str());
             e.first_exposure_ns = e.first_exposure_ns.min(s.first_ts_ns);
             e.last_exposure_ns = e.last_exposure_ns.max(s.last_ts_ns);

@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
+use crate::report::fmt::count;
 use crate::report::index::{self, IndexRow};
 use crate::scope::folder::{SUMMARY_JSON, ScopeFolder};
-use crate::scope::{ScopeReport, Tenant};
+use crate::scope::{Response, ScopeReport, Tenant};
 
 /// The OCSF findings of a scope folder.
 pub const OCSF_JSONL: &str = "findings.ocsf.jsonl";
@@ -252,6 +253,24 @@ pub(crate) fn other_customers<'a>(
         .filter(|t| *t != recipient)
         .filter_map(customer)
         .collect()
+}
+
+/// A response's sources for people: `3 source requests of 2 other
+/// customers`; where the reader's customer is unknown the customers are
+/// not called "other" (which of them, if any, is its own cannot be told).
+pub(crate) fn sources_words(a: &Response, others: usize) -> String {
+    let reqs = count(a.sources.len() as u64, "source request", "source requests");
+    if a.tenant == Tenant::Unknown {
+        format!(
+            "{reqs} of {} (the reader's customer is unknown)",
+            count(others as u64, "customer", "customers")
+        )
+    } else {
+        format!(
+            "{reqs} of {}",
+            count(others as u64, "other customer", "other customers")
+        )
+    }
 }
 
 /// `kvtrail export`: one format rendered from a scope folder, after the

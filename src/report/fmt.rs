@@ -12,6 +12,8 @@ use jiff::{RoundMode, SignedDuration, Span, SpanRound, Timestamp, Unit};
 
 use crate::scope::Response;
 
+pub use crate::words::{count, noun};
+
 /// Unix epoch nanoseconds as a `jiff` timestamp. Every `i64` is in jiff's
 /// range (years -9999 to 9999), so this never fails.
 fn timestamp(ns: i64) -> Timestamp {

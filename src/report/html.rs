@@ -23,10 +23,10 @@ use crate::custody::Inputs;
 use crate::error::{Error, Result};
 use crate::report::fmt::{duration, utc, utc_opt};
 use crate::report::index::Timeline;
-use crate::scope::ScopeReport;
 use crate::scope::anomalies::{
     ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
 };
+use crate::scope::{Crossing, ScopeReport, Tenant};
 
 /// Most rows shown per table; the CSV files hold all of them.
 pub const MAX_ROWS: usize = 500;
@@ -67,9 +67,10 @@ fn timeline_view(tl: &Timeline) -> Value {
             "ay": format!("{:.2}", y1 + bot_h - ah),
             "aheight": format!("{ah:.2}"),
             "title": format!(
-                "{} .. {}: {t} requests, {ok} with 2xx, {a} affected ({c} confirmed)",
+                "{} .. {}: {}, {ok} with 2xx, {a} affected ({c} confirmed)",
                 utc(from),
-                utc(to)
+                utc(to),
+                crate::words::count(t, "request", "requests")
             ),
         }));
     }
@@ -115,14 +116,19 @@ pub fn report_html(
     } else {
         "ok"
     };
-    let cards = json!([
+    // A tenant unknown on either side: its own card, never counted as
+    // another customer's data.
+    let cross_unknown = c
+        .cross_tenant_unknown_responses
+        .min(c.cross_tenant_responses);
+    let mut cards = json!([
         [c.affected_responses.to_string(), "affected responses"],
         [
             format!("{} / {}", c.confirmed_responses, c.possible_responses),
             "confirmed / possible"
         ],
         [
-            c.cross_tenant_responses.to_string(),
+            (c.cross_tenant_responses - cross_unknown).to_string(),
             "responses with another customer's data"
         ],
         [
@@ -134,6 +140,31 @@ pub fn report_html(
         [c.foreign_tokens.to_string(), "foreign tokens read"],
         [c.requests.to_string(), "requests in the trace"],
     ]);
+    if cross_unknown > 0 {
+        if let Some(v) = cards.as_array_mut() {
+            v.insert(
+                3,
+                json!([
+                    cross_unknown.to_string(),
+                    "responses where a tenant is unknown: another customer's data cannot be ruled out"
+                ]),
+            );
+        }
+    }
+    // Per customer, what certainly crossed to another customer.
+    let mut recv_cross: std::collections::BTreeMap<&Tenant, u64> = Default::default();
+    let mut src_cross: std::collections::BTreeMap<&Tenant, u64> = Default::default();
+    for a in &r.affected_responses {
+        if a.crossing() == Crossing::Yes {
+            *recv_cross.entry(&a.tenant).or_default() += 1;
+        }
+        for x in &a.sources {
+            if x.crossing(&a.tenant) == Crossing::Yes {
+                let e = src_cross.entry(&x.tenant).or_default();
+                *e = e.saturating_add(x.tokens);
+            }
+        }
+    }
     let window = w.first_exposure_ns.map(|_| {
         json!({
             "first": utc_opt(w.first_exposure_ns),
@@ -151,7 +182,7 @@ pub fn report_html(
             json!({
                 "tenant": t.tenant.to_string(),
                 "responses": t.responses,
-                "cross_tenant_responses": t.cross_tenant_responses,
+                "cross_tenant_responses": recv_cross.get(&t.tenant).copied().unwrap_or(0),
                 "foreign_tokens": t.foreign_tokens,
                 "confirmed": t.confirmed,
                 "possible": t.possible,
@@ -167,7 +198,7 @@ pub fn report_html(
                 "tenant": t.tenant.to_string(),
                 "requests": t.requests,
                 "tokens": t.tokens,
-                "cross_tenant_tokens": t.cross_tenant_tokens,
+                "cross_tenant_tokens": src_cross.get(&t.tenant).copied().unwrap_or(0),
                 "recipient_responses": t.recipient_responses,
                 "recipient_tenants": t.recipient_tenants.len(),
             })
@@ -326,6 +357,12 @@ pub fn report_html(
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_auto_escape_callback(|_| AutoEscape::Html);
+    env.add_function("count", |n: u64, one: String, many: String| {
+        crate::words::count(n, &one, &many)
+    });
+    env.add_function("noun", |n: u64, one: String, many: String| {
+        crate::words::noun(n, &one, &many).to_string()
+    });
     env.render_named_str("report.html.j2", TEMPLATE, view)
         .map_err(|e| Error::Other(format!("report.html: the built-in template failed: {e:#}")))
 }

@@ -12,8 +12,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::export::{Audience, ExportInput, customer, other_customers, tenant_kind};
-use crate::scope::{Confidence, Response, SharedHit, Tenant};
+use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
+use crate::report::fmt::count;
+use crate::scope::{Confidence, Crossing, Response, SharedHit, Tenant};
 
 /// The OCSF schema version the events follow.
 pub const OCSF_VERSION: &str = "1.8.0";
@@ -253,13 +254,16 @@ fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Fin
         .set("data_sources", vec!["kvtrail trace"])
         .done();
     let message = format!(
-        "Response (request {}) read {} tokens of KV that was not its own ({}{}); {} source requests of {} other customers",
+        "Response (request {}) read {} of KV that was not its own ({}{}); {}",
         a.request_id,
-        a.foreign_tokens,
+        count(a.foreign_tokens, "token", "tokens"),
         a.confidence.as_str(),
-        if a.cross_tenant { ", cross-tenant" } else { "" },
-        a.sources.len(),
-        others.len()
+        match a.crossing() {
+            Crossing::Yes => ", cross-tenant",
+            Crossing::Unknown => ", a tenant unknown",
+            Crossing::No => "",
+        },
+        sources_words(a, others.len())
     );
     let mut resources = vec![response_resource(
         a.request_id,
@@ -365,10 +369,17 @@ fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Fin
         .set("data_sources", vec!["kvtrail trace"])
         .done();
     let message = format!(
-        "Response (request {}) hit {} tokens of cached prefix KV of {} other customers although prefix caches are promised per tenant",
+        "Response (request {}) hit {} of cached prefix KV of {} although prefix caches are promised per tenant",
         h.request_id,
-        h.tokens,
-        others.len()
+        count(h.tokens, "token", "tokens"),
+        if h.tenant == Tenant::Unknown {
+            format!(
+                "{} (the reader's customer is unknown)",
+                count(others.len() as u64, "customer", "customers")
+            )
+        } else {
+            count(others.len() as u64, "other customer", "other customers")
+        }
     );
     let mut resources = vec![response_resource(
         h.request_id,
@@ -511,8 +522,12 @@ pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
         "evidence complete".to_string()
     } else {
         format!(
-            "evidence INCOMPLETE ({} coverage notes): exposure beyond these findings cannot be ruled out",
-            r.coverage.notes.len()
+            "evidence INCOMPLETE ({}): exposure beyond these findings cannot be ruled out",
+            count(
+                r.coverage.notes.len() as u64,
+                "coverage note",
+                "coverage notes"
+            )
         )
     };
     let incident = base(CLASS_INCIDENT_FINDING, "Incident Finding", severity, time)

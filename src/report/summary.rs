@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
-use crate::report::fmt::{source_tenants, term, utc_opt};
-use crate::scope::ScopeReport;
+use crate::report::fmt::{count, source_tenants, term, utc_opt};
+use crate::scope::{Crossing, ScopeReport, Tenant};
 
 /// The one-screen human summary.
 pub fn human(r: &ScopeReport) -> String {
@@ -17,12 +17,12 @@ pub fn human(r: &ScopeReport) -> String {
     let _ = writeln!(s, "kvtrail scope: {} ({})", term(&d.name), term(&d.engine));
     let _ = writeln!(
         s,
-        "  replayed {} kv events ({} slot touches, {} read slots) over {} pools; {} requests",
-        c.kv_events,
-        c.slot_touches,
-        c.read_slots,
-        d.pools.len(),
-        c.requests
+        "  replayed {} ({}, {}) over {}; {}",
+        count(c.kv_events, "kv event", "kv events"),
+        count(c.slot_touches, "slot touch", "slot touches"),
+        count(c.read_slots, "read slot", "read slots"),
+        count(d.pools.len() as u64, "pool", "pools"),
+        count(c.requests, "request", "requests")
     );
     let _ = writeln!(s);
     let _ = writeln!(s, "VERDICT: {}", r.verdict);
@@ -30,12 +30,12 @@ pub fn human(r: &ScopeReport) -> String {
     if !r.affected_responses.is_empty() {
         let _ = writeln!(
             s,
-            "affected responses: {} ({} confirmed, {} possible), {} cross-tenant, {} foreign tokens",
+            "affected responses: {} ({} confirmed, {} possible), {}, {}",
             c.affected_responses,
             c.confirmed_responses,
             c.possible_responses,
-            c.cross_tenant_responses,
-            c.foreign_tokens
+            c.cross_tenant_words(),
+            count(c.foreign_tokens, "foreign token", "foreign tokens")
         );
         let _ = writeln!(
             s,
@@ -63,7 +63,11 @@ pub fn human(r: &ScopeReport) -> String {
                 term(&a.tenant.to_string()),
                 a.http_status.map(|x| x.to_string()).unwrap_or("-".into()),
                 a.foreign_tokens,
-                if a.cross_tenant { "yes" } else { "no" },
+                match a.crossing() {
+                    Crossing::Yes => "yes",
+                    Crossing::No => "no",
+                    Crossing::Unknown => "?",
+                },
                 a.confidence.as_str(),
                 if st.is_empty() {
                     a.reasons.join(",")
@@ -87,10 +91,19 @@ pub fn human(r: &ScopeReport) -> String {
             }
             t
         };
+        if r.affected_responses
+            .iter()
+            .any(|a| a.crossing() == Crossing::Unknown)
+        {
+            let _ = writeln!(
+                s,
+                "  cross \"?\": a tenant is unknown (missing from the requests table), so whether the data was another customer's cannot be told"
+            );
+        }
         let _ = writeln!(
             s,
             "recipients ({}): {}",
-            r.recipients.len(),
+            customers(c.recipient_tenants, r.recipients.iter().map(|t| &t.tenant)),
             list(
                 r.recipients
                     .iter()
@@ -101,7 +114,7 @@ pub fn human(r: &ScopeReport) -> String {
         let _ = writeln!(
             s,
             "sources ({}): {}",
-            r.sources.len(),
+            customers(c.source_tenants, r.sources.iter().map(|t| &t.tenant)),
             list(
                 r.sources
                     .iter()
@@ -123,8 +136,8 @@ pub fn human(r: &ScopeReport) -> String {
         };
         let _ = writeln!(
             s,
-            "cross-tenant prefix-cache hits: {} responses ({what}); no foreign KV entered them",
-            r.cross_tenant_shared.len()
+            "cross-tenant prefix-cache hits: {} ({what}); no foreign KV entered them",
+            count(r.cross_tenant_shared.len() as u64, "response", "responses")
         );
         const SHOW: usize = 10;
         for h in r.cross_tenant_shared.iter().take(SHOW) {
@@ -152,9 +165,9 @@ pub fn human(r: &ScopeReport) -> String {
     }
     let _ = writeln!(
         s,
-        "blank reads (integrity defects): {} slots in {} responses",
-        r.blank_reads,
-        r.blank_read_responses.len()
+        "blank reads (integrity defects): {} in {}",
+        count(r.blank_reads, "slot", "slots"),
+        count(r.blank_read_responses.len() as u64, "response", "responses")
     );
     if !r.anomalies.is_empty() {
         let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -177,7 +190,29 @@ pub fn human(r: &ScopeReport) -> String {
         let _ = writeln!(s, "  - {}", term(n));
     }
     if cov.notes.len() > 8 {
-        let _ = writeln!(s, "  - ... {} more notes in --json", cov.notes.len() - 8);
+        let _ = writeln!(
+            s,
+            "  - ... {} in --json",
+            count(cov.notes.len() as u64 - 8, "more note", "more notes")
+        );
     }
     s
+}
+
+/// `2` customers, and what else the list holds that is no customer:
+/// `1, plus unknown tenants`.
+fn customers<'a>(n: u64, tenants: impl Iterator<Item = &'a Tenant>) -> String {
+    let mut t = n.to_string();
+    let (mut unknown, mut engine) = (false, false);
+    for x in tenants {
+        unknown |= *x == Tenant::Unknown;
+        engine |= *x == Tenant::Engine;
+    }
+    match (unknown, engine) {
+        (true, true) => t.push_str(", plus unknown tenants and the engine"),
+        (true, false) => t.push_str(", plus unknown tenants"),
+        (false, true) => t.push_str(", plus the engine"),
+        (false, false) => {}
+    }
+    t
 }

@@ -20,7 +20,9 @@ use jiff::fmt::temporal::DateTimePrinter;
 use jiff::tz::Offset;
 use serde_json::{Map, Value};
 
-use super::export::{Audience, ExportInput, customer, other_customers, tenant_kind};
+use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
+use crate::report::fmt::count;
+use crate::scope::Tenant;
 use crate::scope::anomalies::answered_ok;
 
 /// Epoch microseconds of epoch nanoseconds (rounded down).
@@ -130,10 +132,10 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
                 "kvtrail:response:arrival",
                 "Request arrival",
                 format!(
-                    "Affected response arrived: request {} ({}), later read {} tokens of KV that was not its own",
+                    "Affected response arrived: request {} ({}), later read {} of KV that was not its own",
                     a.request_id,
                     a.confidence.as_str(),
-                    a.foreign_tokens
+                    count(a.foreign_tokens, "token", "tokens")
                 ),
             ))
             .opt("http_status", a.http_status));
@@ -144,13 +146,12 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
             "kvtrail:response:foreign_read",
             "Foreign KV read window start",
             format!(
-                "Request {} read KV that was not its own from {} to {} ({} tokens; {} source requests of {} other customers; {})",
+                "Request {} read KV that was not its own from {} to {} ({}; {}; {})",
                 a.request_id,
                 datetime(micros(a.first_read_ns)),
                 datetime(micros(a.last_read_ns)),
-                a.exposed_tokens,
-                a.sources.len(),
-                others.len(),
+                count(a.exposed_tokens, "token", "tokens"),
+                sources_words(a, others.len()),
                 a.reasons.join(", ")
             ),
         ))
@@ -185,8 +186,14 @@ pub fn lines(input: &ExportInput, audience: Audience) -> Vec<Value> {
                     "Prefix-cache hit (arrival not recorded; placed at capture end)"
                 },
                 format!(
-                    "Request {} hit {} tokens of another customer's cached prefix although prefix caches are promised per tenant",
-                    h.request_id, h.tokens
+                    "Request {} hit {} of {} cached prefix although prefix caches are promised per tenant",
+                    h.request_id,
+                    count(h.tokens, "token", "tokens"),
+                    if h.tenant == Tenant::Unknown {
+                        "a customer's (the reader's customer is unknown)"
+                    } else {
+                        "another customer's"
+                    }
                 ),
             )
             .set("request_id", h.request_id)

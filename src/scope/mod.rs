@@ -31,6 +31,7 @@ use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, footer_rows, rel_path};
+use crate::words::{count as count_of, noun};
 
 /// Replays a trace and scopes the result.
 pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> Result<ScopeReport> {
@@ -161,8 +162,7 @@ pub fn scope_outcome(
             let st = tenant_of(s, &reqs);
             let certain = !sa.certain.is_empty() && clean_capture;
             any_certain |= certain;
-            let s_cross = s != ENGINE_REQUEST
-                && (st != tenant || st == Tenant::Unknown || tenant == Tenant::Unknown);
+            let s_cross = Crossing::between(&tenant, s, &st).counted();
             cross |= s_cross;
             sources.push(Source {
                 request_id: s,
@@ -297,8 +297,7 @@ fn cross_tenant_shared(
         let mut all: Vec<&PoolSets> = Vec::new();
         for s in srcs {
             let st = tenant_of(s, reqs);
-            let cross = s != ENGINE_REQUEST
-                && (st != tenant || st == Tenant::Unknown || tenant == Tenant::Unknown);
+            let cross = Crossing::between(&tenant, s, &st).counted();
             if !cross {
                 continue;
             }
@@ -522,8 +521,12 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     }
     if c.skipped_lines > 0 {
         n.push(format!(
-            "{} malformed input lines were skipped at import (capture.skipped_lines): their events are lost",
-            c.skipped_lines
+            "{} skipped at import (capture.skipped_lines): their events are lost",
+            count_of(
+                c.skipped_lines,
+                "malformed input line was",
+                "malformed input lines were"
+            )
         ));
     }
     digest_notes(c, paths, &mut n);
@@ -533,16 +536,16 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     for g in &c.gaps {
         n.push(match g.after_seq {
             Some(a) => format!(
-                "pool {}: {} events lost between seq {a} and seq {}; slot state after the hole is uncertain until rewritten",
+                "pool {}: {} lost between seq {a} and seq {}; slot state after the hole is uncertain until rewritten",
                 g.pool,
-                g.missing(),
+                count_of(g.missing(), "event", "events"),
                 g.before_seq
             ),
             None => format!(
-                "pool {}: the stream starts at seq {}; {} earlier events are not in the trace",
+                "pool {}: the stream starts at seq {}; {} not in the trace",
                 g.pool,
                 g.before_seq,
-                g.missing()
+                count_of(g.missing(), "earlier event is", "earlier events are")
             ),
         });
     }
@@ -558,14 +561,19 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     listing_notes(c, paths, &mut n);
     if !c.requests_missing.is_empty() {
         n.push(format!(
-            "{} requests referenced by kv events of findings are missing from the requests table (tenant unknown)",
-            c.requests_missing.len()
+            "{} by kv events of findings {} missing from the requests table (tenant unknown)",
+            count_of(
+                c.requests_missing.len() as u64,
+                "request referenced",
+                "requests referenced"
+            ),
+            noun(c.requests_missing.len() as u64, "is", "are")
         ));
     }
     if c.engine_reads > 0 {
         n.push(format!(
-            "request 0 (the engine itself) read {} slots holding KV that was not its own; it has no customer response, so no response is affected by these reads",
-            c.engine_reads
+            "request 0 (the engine itself) read {} holding KV that was not its own; it has no customer response, so no response is affected by these reads",
+            count_of(c.engine_reads, "slot", "slots")
         ));
     }
     n
@@ -576,14 +584,19 @@ fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
 fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     if !c.files_not_in_manifest.is_empty() {
         n.push(format!(
-            "{} data files on disk are not listed in trace.json (included in the analysis, but unverified)",
-            c.files_not_in_manifest.len()
+            "{} on disk {} not listed in trace.json (included in the analysis, but unverified)",
+            count_of(
+                c.files_not_in_manifest.len() as u64,
+                "data file",
+                "data files"
+            ),
+            noun(c.files_not_in_manifest.len() as u64, "is", "are")
         ));
     }
     if !c.files_unread.is_empty() {
         let mut note = format!(
-            "{} files under requests/ or kv/ may hold rows that were not read (part files left open, *.parquet under a name starting with `_` or `.`, or files trace.json lists, or named like data files, that the readers skip)",
-            c.files_unread.len()
+            "{} under requests/ or kv/ may hold rows that were not read (part files left open, *.parquet under a name starting with `_` or `.`, or files trace.json lists, or named like data files, that the readers skip)",
+            count_of(c.files_unread.len() as u64, "file", "files")
         );
         if paths {
             note.push_str(": ");
@@ -593,8 +606,9 @@ fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     }
     if !c.files_missing.is_empty() {
         n.push(format!(
-            "{} files listed in trace.json are missing on disk",
-            c.files_missing.len()
+            "{} in trace.json {} missing on disk",
+            count_of(c.files_missing.len() as u64, "file listed", "files listed"),
+            noun(c.files_missing.len() as u64, "is", "are")
         ));
     }
 }
@@ -603,8 +617,14 @@ fn listing_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
 fn digest_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     if !c.files_modified.is_empty() {
         let mut note = format!(
-            "{} files listed in trace.json do not match their blake3 digest: they are not the recorded evidence, and findings from them cannot be trusted (run `kvtrail verify`)",
-            c.files_modified.len()
+            "{}: {} not the recorded evidence, and findings from {} cannot be trusted (run `kvtrail verify`)",
+            count_of(
+                c.files_modified.len() as u64,
+                "file listed in trace.json does not match its blake3 digest",
+                "files listed in trace.json do not match their blake3 digest"
+            ),
+            noun(c.files_modified.len() as u64, "it is", "they are"),
+            noun(c.files_modified.len() as u64, "it", "them")
         );
         if paths {
             note.push_str(&listed_paths(c.files_modified.iter().cloned()));
@@ -613,8 +633,12 @@ fn digest_notes(c: &Coverage, paths: bool, n: &mut Vec<String>) {
     }
     if !c.files_rows_differ.is_empty() {
         let mut note = format!(
-            "{} files hold another number of rows than trace.json lists although their digests match: trace.json counts rows the trace does not hold, or holds rows it does not count",
-            c.files_rows_differ.len()
+            "{}: trace.json counts rows the trace does not hold, or holds rows it does not count",
+            count_of(
+                c.files_rows_differ.len() as u64,
+                "file holds another number of rows than trace.json lists although its digest matches",
+                "files hold another number of rows than trace.json lists although their digests match"
+            )
         );
         if paths {
             note.push_str(&listed_paths(c.files_rows_differ.iter().map(|r| {
@@ -657,8 +681,8 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage, tenant_prefix_cache: bool) -> 
         "the evidence is complete".to_string()
     } else {
         format!(
-            "the evidence is INCOMPLETE ({} coverage notes)",
-            cov.notes.len()
+            "the evidence is INCOMPLETE ({})",
+            count_of(cov.notes.len() as u64, "coverage note", "coverage notes")
         )
     };
     let hits = c.cross_tenant_shared_responses;
@@ -666,13 +690,19 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage, tenant_prefix_cache: bool) -> 
         String::new()
     } else if tenant_prefix_cache {
         format!(
-            "{hits} prefix-cache isolation breaches (responses that hit another tenant's cached \
-             prefix although prefix_cache_scope is \"tenant\")"
+            "{} ({} another tenant's cached prefix although prefix_cache_scope is \"tenant\")",
+            count_of(
+                hits,
+                "prefix-cache isolation breach",
+                "prefix-cache isolation breaches"
+            ),
+            noun(hits, "a response that hit", "responses that hit")
         )
     } else {
         format!(
-            "{hits} responses hit another tenant's cached prefix (cross-tenant shared: \
-             information, prefix_cache_scope is global)"
+            "{} another tenant's cached prefix (cross-tenant shared: \
+             information, prefix_cache_scope is global)",
+            count_of(hits, "response hit", "responses hit")
         )
     };
     if c.affected_responses == 0 {
@@ -695,12 +725,16 @@ pub(crate) fn verdict(c: &Counts, cov: &Coverage, tenant_prefix_cache: bool) -> 
         }
     } else {
         let sep = if hits > 0 { "; " } else { "" };
+        let cross = c.cross_tenant_words();
         format!(
-            "{} responses affected ({} confirmed, {} possible, {} cross-tenant){sep}{hits_note}; {evidence}",
-            c.affected_responses,
+            "{} ({} confirmed, {} possible, {cross}){sep}{hits_note}; {evidence}",
+            count_of(
+                c.affected_responses,
+                "response affected",
+                "responses affected"
+            ),
             c.confirmed_responses,
             c.possible_responses,
-            c.cross_tenant_responses
         )
     }
 }

@@ -91,6 +91,64 @@ impl<'de> Deserialize<'de> for Tenant {
     }
 }
 
+/// Whether data went from one customer to another, as far as the tenants
+/// tell: the one rule for "another customer" everywhere (scope's
+/// `cross_tenant`, notices, the register, report texts, lookup).
+///
+/// An unknown tenant (a request missing from the requests table) is its
+/// own category: the data may or may not have been another customer's, so
+/// it is `Unknown`, never `Yes`. The engine's KV (request 0) is no
+/// customer's: `No`. Ordered `No < Unknown < Yes`, so the answer for a
+/// response over its sources is the largest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Crossing {
+    /// The same customer, or the engine's own KV.
+    No,
+    /// A tenant on either side is unknown.
+    Unknown,
+    /// Two different customers.
+    Yes,
+}
+
+impl Crossing {
+    /// Between a reader's tenant and the tenant of source request `source_id`.
+    pub fn between(reader: &Tenant, source_id: u64, source: &Tenant) -> Crossing {
+        if source_id == crate::schema::ENGINE_REQUEST || *source == Tenant::Engine {
+            return Crossing::No;
+        }
+        match (reader.customer(), source.customer()) {
+            (Some(a), Some(b)) if a == b => Crossing::No,
+            (Some(_), Some(_)) => Crossing::Yes,
+            _ => Crossing::Unknown,
+        }
+    }
+
+    /// Counted cross-tenant by the contract (`cross_tenant`: "differs, or
+    /// either tenant is unknown"): not shown to stay with one customer.
+    pub fn counted(self) -> bool {
+        self != Crossing::No
+    }
+
+    /// The inverse of [`Crossing::known`].
+    pub fn from_known(k: Option<bool>) -> Crossing {
+        match k {
+            Some(false) => Crossing::No,
+            Some(true) => Crossing::Yes,
+            None => Crossing::Unknown,
+        }
+    }
+
+    /// `Some(true)`: certainly another customer's; `Some(false)`:
+    /// certainly not; `None`: it cannot be told (a tenant is unknown).
+    pub fn known(self) -> Option<bool> {
+        match self {
+            Crossing::No => Some(false),
+            Crossing::Yes => Some(true),
+            Crossing::Unknown => None,
+        }
+    }
+}
+
 /// One request whose KV another response read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
@@ -107,6 +165,13 @@ pub struct Source {
     pub pools: Vec<u16>,
     pub cross_tenant: bool,
     pub confidence: Confidence,
+}
+
+impl Source {
+    /// Whether this source's KV was another customer's than `reader`'s.
+    pub fn crossing(&self, reader: &Tenant) -> Crossing {
+        Crossing::between(reader, self.request_id, &self.tenant)
+    }
 }
 
 /// One affected response.
@@ -142,6 +207,35 @@ pub struct Response {
     pub first_read_ns: i64,
     pub last_read_ns: i64,
     pub sources: Vec<Source>,
+}
+
+impl Response {
+    /// Whether this response carried another customer's data: `Yes` when a
+    /// source certainly belongs to another customer, and also when the
+    /// reader is unknown but its sources belong to two or more customers
+    /// (it cannot be all of them); `Unknown` when a tenant on either side
+    /// is unknown; else `No`.
+    pub fn crossing(&self) -> Crossing {
+        let mut c = Crossing::No;
+        let mut customers = std::collections::BTreeSet::new();
+        for s in &self.sources {
+            c = c.max(s.crossing(&self.tenant));
+            if let Some(n) = s.tenant.customer() {
+                customers.insert(n);
+            }
+        }
+        if c == Crossing::Unknown && self.tenant == Tenant::Unknown && customers.len() > 1 {
+            Crossing::Yes
+        } else {
+            c
+        }
+    }
+
+    /// The reader's customer is not known (it is missing from the requests
+    /// table): nobody can be notified for this response.
+    pub fn unattributed(&self) -> bool {
+        self.tenant.customer().is_none()
+    }
 }
 
 /// A tenant whose responses carried foreign data.
@@ -387,14 +481,44 @@ pub struct Counts {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cross_tenant_shared_responses: u64,
     pub foreign_tokens: u64,
+    /// Distinct customers whose responses carried foreign data: tenants of
+    /// the requests table only (an unknown tenant is no customer).
     pub recipient_tenants: u64,
+    /// Distinct customers whose KV was read (neither the engine nor an
+    /// unknown tenant is a customer).
     pub source_tenants: u64,
     pub source_requests: u64,
+    /// Of `cross_tenant_responses`, those where it cannot be told whether
+    /// the data belonged to another customer (a tenant on either side is
+    /// unknown); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cross_tenant_unknown_responses: u64,
+    /// Affected responses whose customer is unknown (missing from the
+    /// requests table); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unattributed_responses: u64,
+    /// Distinct source requests whose customer is unknown; absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unattributed_source_requests: u64,
     pub anomalies: u64,
     pub spilled_events: u64,
 }
 
 impl Counts {
+    /// The cross-tenant responses for people: `2 cross-tenant`, and apart
+    /// those where a tenant is unknown (`, 1 with a tenant unknown`),
+    /// which are never counted as another customer's.
+    pub fn cross_tenant_words(&self) -> String {
+        let unknown = self
+            .cross_tenant_unknown_responses
+            .min(self.cross_tenant_responses);
+        let mut t = format!("{} cross-tenant", self.cross_tenant_responses - unknown);
+        if unknown > 0 {
+            t.push_str(&format!(", {unknown} with a tenant unknown"));
+        }
+        t
+    }
+
     /// The counts derived from the findings (the rest left at 0): a single
     /// run and a merge count them the same way.
     pub fn of_findings(
@@ -412,11 +536,29 @@ impl Counts {
             foreign_tokens: affected
                 .iter()
                 .fold(0u64, |n, a| n.saturating_add(a.foreign_tokens)),
-            recipient_tenants: recipients.len() as u64,
-            source_tenants: sources.len() as u64,
+            recipient_tenants: recipients
+                .iter()
+                .filter(|r| r.tenant.customer().is_some())
+                .count() as u64,
+            source_tenants: sources
+                .iter()
+                .filter(|s| s.tenant.customer().is_some())
+                .count() as u64,
             source_requests: sources
                 .iter()
                 .fold(0u64, |n, s| n.saturating_add(s.requests)),
+            cross_tenant_unknown_responses: affected
+                .iter()
+                .filter(|a| a.crossing() == Crossing::Unknown)
+                .count() as u64,
+            unattributed_responses: affected.iter().filter(|a| a.unattributed()).count() as u64,
+            unattributed_source_requests: affected
+                .iter()
+                .flat_map(|a| &a.sources)
+                .filter(|s| s.tenant == Tenant::Unknown)
+                .map(|s| s.request_id)
+                .collect::<std::collections::BTreeSet<u64>>()
+                .len() as u64,
             ..Default::default()
         }
     }

@@ -64,9 +64,14 @@ impl EngineVersion {
         EngineVersion::Vllm0330,
     ];
 
-    /// Every engine name, for messages.
-    pub const NAMES: &'static str =
-        "sglang-0.5.19, sglang-0.5.20, sglang-0.5.21, sglang-0.5.22, sglang-0.5.23 or vllm-0.33.0";
+    /// Every engine name, for messages: `a, b, ... or z`, from [`Self::ALL`].
+    pub fn names() -> String {
+        let n: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
+        match n.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => n.join(""),
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -86,7 +91,7 @@ impl EngineVersion {
             let hint = if is_vllm_engine(s) {
                 "the vLLM version modelled is vllm-0.33.0; no vLLM release fixes vllm-project/vllm#52234, so a fix is named with --set (e.g. --set reference_check=true, --set kv_load_failure_policy=recompute; docs/engine-vllm.md)".to_string()
             } else {
-                format!("choose {}", EngineVersion::NAMES)
+                format!("choose {}", EngineVersion::names())
             };
             Error::invalid(
                 Location::default().column("--engine"),

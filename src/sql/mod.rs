@@ -25,12 +25,15 @@
 //! levels chains of up to `2^k - 1` copies are resolved. No level count is
 //! sound for every trace: copies may go both ways between pools (a device
 //! pool offloading to a `cache` tier and loading back), so a chain may visit
-//! a pool many times. The generator takes [`copy_levels`] of the manifest
-//! (enough for any chain when copies form a DAG over the pools, 6 levels,
-//! chains of 63 copies, when a `cache` pool is present) or `--copy-levels`;
-//! every copy slot still pending after the last level is counted in
+//! a pool many times. `kvtrail sql` takes the levels from the data when it
+//! can read the trace ([`levels_for_chain`] of the longest copy chain the
+//! replay finds), else [`copy_levels`] of the manifest (enough for any
+//! chain when copies form a DAG over the pools; 6 levels, chains of 63
+//! copies, when pools may copy both ways), or `--copy-levels`; every copy
+//! slot still pending after the last level is counted in
 //! `kvtrail_coverage.copies_unresolved` (then not complete), and reads of
-//! it are uncertain, never clean.
+//! it are uncertain (reason `copy_chain_unresolved`, not `after_gap`: no
+//! event was lost), never clean.
 //!
 //! Request ids and seqs are read as signed 64-bit integers (ids below 2^63);
 //! the owner sentinels are -1 (never written) and -2 (scrubbed). What the
@@ -150,20 +153,43 @@ pub fn levels(pools: usize) -> usize {
     k
 }
 
-/// Levels when the deployment has a `cache` pool: its copies go both ways
-/// (offload, load back), so a chain may pass through the same pools many
-/// times; 6 levels resolve chains of 63 copies (31 round trips).
+/// Levels for chains of up to `copies` copies: the fewest `k` (at least 1)
+/// with `2^k - 1 >= copies`, at most [`MAX_COPY_LEVELS`]. What `kvtrail sql`
+/// takes when it can read the trace: the longest chain the data holds
+/// (`lineage::chains::copy_chains`).
+pub fn levels_for_chain(copies: u64) -> usize {
+    let mut k = 1;
+    while k < MAX_COPY_LEVELS && ((1u64 << k) - 1) < copies {
+        k += 1;
+    }
+    k
+}
+
+/// Levels when the manifest alone is at hand and its pools may copy both
+/// ways (a `cache` tier, or `mixed` pools that offload to each other and
+/// load back): a chain may pass through the same pools many times; 6
+/// levels resolve chains of 63 copies (31 round trips).
 pub const CACHE_COPY_LEVELS: usize = 6;
 
 /// Most levels accepted (`--copy-levels`): chains of 2^20 - 1 copies.
 pub const MAX_COPY_LEVELS: usize = 20;
 
-/// The generator's default levels for a deployment: [`levels`] of its
-/// pool count, at least [`CACHE_COPY_LEVELS`] when a pool has role `cache`.
-/// Chains longer than that are counted in `kvtrail_coverage.copies_unresolved`.
+/// The generator's levels from the manifest alone (when the data cannot be
+/// read): [`levels`] of the pool count when copies can only flow one way
+/// (prefill and decode pools: a DAG), at least [`CACHE_COPY_LEVELS`] when
+/// two pools may copy to each other (a `cache` or `mixed` pool beside
+/// another pool). Chains longer than that are counted in
+/// `kvtrail_coverage.copies_unresolved`.
 pub fn copy_levels(pools: &[crate::trace::Pool]) -> usize {
     let k = levels(pools.len());
-    if pools.iter().any(|p| p.role == crate::trace::Role::Cache) {
+    let both_ways = pools.len() > 1
+        && pools.iter().any(|p| {
+            matches!(
+                p.role,
+                crate::trace::Role::Cache | crate::trace::Role::Mixed
+            )
+        });
+    if both_ways {
         k.max(CACHE_COPY_LEVELS)
     } else {
         k
@@ -847,7 +873,8 @@ WHERE probe = 1",
         &mut s,
         "Rule (holes): content set before the latest hole at the read (or copied from
 uncertain content) is uncertain. A copy still pending after the last level
-(deeper than the generator planned for) is uncertain and counted in coverage.
+(deeper than the generator planned for) is uncertain and counted in coverage
+(unresolved; gap_unc: uncertain because of a hole, whatever the chain).
 Clean reads of the reader's own content are dropped here (they are the bulk).",
         format!(
             "{}
@@ -857,7 +884,10 @@ SELECT * FROM (
          CASE WHEN c.nxt_pool IS NOT NULL THEN 1 ELSE 0 END AS unresolved,
          CASE WHEN coalesce(c.unc, 0) = 1 OR c.nxt_pool IS NOT NULL
                 OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
-              THEN 1 ELSE 0 END AS unc
+              THEN 1 ELSE 0 END AS unc,
+         CASE WHEN coalesce(c.unc, 0) = 1
+                OR (r.gap_mark IS NOT NULL AND coalesce(r.cseq, -1) < r.gap_mark)
+              THEN 1 ELSE 0 END AS gap_unc
   FROM kvtrail_read_seen r
   LEFT JOIN kvtrail_lineage_{lv} c ON c.pool = r.pool AND c.slot = r.slot AND c.seq = r.cseq
 ) o
@@ -912,7 +942,7 @@ The result: every read slot that is not a clean own or shared read.",
         format!(
             "{}
 SELECT reader, pool, slot, pool * CAST(4294967296 AS BIGINT) + slot AS pslot, seq, ts_ns, kind,
-       CASE WHEN kind = 'foreign' THEN owner END AS source, unc, unresolved
+       CASE WHEN kind = 'foreign' THEN owner END AS source, unc, gap_unc, unresolved
 FROM (
   SELECT r.*,
          CASE WHEN r.unresolved = 1 THEN 'uncertain'
@@ -947,13 +977,17 @@ WHERE kind IS NOT NULL{end}",
     };
     stmt(
         &mut s,
-        "Per reader: distinct (pool, slot) per class, and the time of its unclean reads.",
+        "Per reader: distinct (pool, slot) per class, and the time of its unclean reads.
+Uncertain reads say why: after a hole (after_gap_tokens), or content whose copy
+chain is longer than the script's levels (unresolved_tokens; no event was lost).",
         format!(
             "{}
 SELECT reader AS request_id,
        count(DISTINCT CASE WHEN kind = 'foreign' THEN pslot END) AS foreign_tokens,
        count(DISTINCT CASE WHEN kind = 'unknown' THEN pslot END) AS unknown_tokens,
        count(DISTINCT CASE WHEN kind = 'uncertain' THEN pslot END) AS uncertain_tokens,
+       count(DISTINCT CASE WHEN kind = 'uncertain' AND gap_unc = 1 THEN pslot END) AS after_gap_tokens,
+       count(DISTINCT CASE WHEN unresolved = 1 THEN pslot END) AS unresolved_tokens,
        count(DISTINCT CASE WHEN kind = 'blank' THEN pslot END) AS blank_tokens,
        count(DISTINCT CASE WHEN kind <> 'blank' THEN pslot END) AS exposed_tokens,
        min(ts_ns) AS first_read_ns, max(ts_ns) AS last_read_ns
@@ -1007,7 +1041,8 @@ SELECT t.request_id, q.external_id, {},
        CASE WHEN coalesce(s.confirmed_sources, 0) > 0 THEN 'confirmed' ELSE 'possible' END AS confidence,
        concat_ws(';', CASE WHEN t.foreign_tokens > 0 THEN 'foreign' END,
                       CASE WHEN t.unknown_tokens > 0 THEN 'unknown_predates_capture' END,
-                      CASE WHEN t.uncertain_tokens > 0 THEN 'after_gap' END) AS reasons,
+                      CASE WHEN t.after_gap_tokens > 0 THEN 'after_gap' END,
+                      CASE WHEN t.unresolved_tokens > 0 THEN 'copy_chain_unresolved' END) AS reasons,
        t.first_read_ns, t.last_read_ns,
        coalesce(s.source_request_ids, '') AS source_request_ids
 FROM kvtrail_reader_totals t
@@ -1277,6 +1312,23 @@ mod tests {
     }
 
     #[test]
+    fn levels_for_chain_resolve_exactly_that_deep() {
+        for (copies, k) in [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (3, 2),
+            (4, 3),
+            (7, 3),
+            (8, 4),
+            (63, 6),
+        ] {
+            assert_eq!(levels_for_chain(copies), k, "{copies} copies");
+        }
+        assert_eq!(levels_for_chain(u64::MAX), MAX_COPY_LEVELS);
+    }
+
+    #[test]
     fn a_cache_pool_deepens_the_copy_levels() {
         use crate::trace::{Pool, Role};
         let pool = |id, role| Pool {
@@ -1295,6 +1347,10 @@ mod tests {
             pool(2, Role::Cache),
         ];
         assert_eq!(copy_levels(&tiered), CACHE_COPY_LEVELS);
+        // Two mixed pools may offload to each other and load back.
+        let mixed = [pool(0, Role::Mixed), pool(1, Role::Mixed)];
+        assert_eq!(copy_levels(&mixed), CACHE_COPY_LEVELS);
+        assert_eq!(copy_levels(&[pool(0, Role::Mixed)]), 1);
         let o = SqlOptions {
             dialect: Dialect::Duckdb,
             trace_path: "t".into(),

@@ -36,12 +36,9 @@ pub struct ReplaySpec {
     pub sets: Vec<String>,
 }
 
-/// `n` with the noun that agrees with it: `count(1, "response",
-/// "responses")` is "1 response", `count(0, ..)` "0 responses". The
-/// what-if and audit outputs word every count through it.
-pub fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
+/// The what-if and audit outputs word every count through the crate's one
+/// plural rule.
+pub use crate::words::count;
 
 /// The config a replay runs: recorded (or `--config`), then engine, then sets.
 pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
@@ -57,7 +54,7 @@ pub fn resolve_config(trace: &Trace, spec: &ReplaySpec) -> Result<SimConfig> {
                     ),
                     format!(
                         "name the behaviour to replay with --engine ({})",
-                        EngineVersion::NAMES
+                        EngineVersion::names()
                     ),
                 ));
             }

@@ -226,7 +226,7 @@ fn audit_with_a_pool_s_kv_files_deleted_is_not_a_pass() {
     let r = kvtrail(["audit", s(&t)]).run();
     assert!(
         r.stdout
-            .contains("files listed in trace.json are missing on disk"),
+            .contains("1 file listed in trace.json is missing on disk"),
         "{}",
         r.stdout
     );

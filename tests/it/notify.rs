@@ -1126,3 +1126,122 @@ fn prefix_cache_hits_under_a_global_cache_are_counted_in_the_register_only() {
         );
     }
 }
+
+/// Defect 14: requests missing from the requests table (unknown tenant)
+/// and the engine are never customers, and a response whose reader or
+/// source is unknown is never said to have carried another customer's
+/// data as a certainty.
+///
+/// - r1 acme writes slots 0-3, r3 acme slots 10-11; r2 globex 4-7.
+/// - r7 (missing) writes 8-9; the engine (request 0) writes 12-13.
+/// - r2 globex reads 0-1 (acme r1: certainly another customer's) and 12-13
+///   (the engine's).
+/// - r9 (missing) reads 0-1 (acme r1) and 10-11 (acme r3): its tenant is
+///   unknown.
+/// - r1 acme reads 8-9 (r7, unknown tenant).
+///
+/// Customers: recipients globex and acme (2), sources acme (1). One
+/// response (r2) certainly carried another customer's data; for two (r9,
+/// r1) it cannot be told.
+fn unknown_tenants() -> TraceBuilder {
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "acme");
+    tb.req(2, "globex");
+    tb.req(3, "acme");
+    tb.write(0, 1, 0, 4);
+    tb.write(0, 2, 4, 4);
+    tb.write(0, 7, 8, 2);
+    tb.write(0, 3, 10, 2);
+    tb.write(0, 0, 12, 2);
+    tb.read(0, 2, 0, 2);
+    tb.read(0, 2, 12, 2);
+    tb.read(0, 9, 0, 2);
+    tb.read(0, 9, 10, 2);
+    tb.read(0, 1, 8, 2);
+    tb
+}
+
+#[test]
+fn defect14_unknown_tenant_is_never_counted_as_a_customer() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    scope_and_notify(root, &unknown_tenants());
+    let sum = json_file(&root.join("scope/summary.json"));
+    let c = &sum["counts"];
+    assert_eq!(c["affected_responses"], 3, "{c}");
+    assert_eq!(c["recipient_tenants"], 2, "customers receiving: {c}");
+    assert_eq!(c["source_tenants"], 1, "customers as sources: {c}");
+    let verdict = sum["verdict"].as_str().unwrap();
+    assert!(
+        !verdict.contains("3 cross-tenant"),
+        "an unknown tenant is no certain cross-tenant read: {verdict}"
+    );
+
+    let reg = json_file(&root.join("packs/register.json"));
+    assert_eq!(reg["recipient_customers"], 2, "{reg}");
+    assert_eq!(reg["source_customers"], 1, "{reg}");
+    assert_eq!(reg["unattributed_responses"], 1, "{reg}");
+    assert_eq!(reg["unattributed_source_requests"], 1, "{reg}");
+    assert_eq!(reg["cross_customer_responses"], 1, "{reg}");
+    let nature = reg["nature"].as_str().unwrap();
+    assert!(
+        nature.contains("in 1 of them that data belonged to another customer"),
+        "{nature}"
+    );
+    let md = std::fs::read_to_string(root.join("packs/register.md")).unwrap();
+    assert!(
+        md.contains("2 on the receiving side, 1 on the source side"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(root.join("packs/register.csv")).unwrap();
+    assert!(!csv.contains("in 3 of them"), "{csv}");
+
+    // acme: r3's KV was read only by r9, whose tenant is unknown; r1
+    // received KV of r7, whose tenant is unknown.
+    let acme = json_file(&root.join("packs/customers/acme/notice.json"));
+    let exposed = acme["exposed_requests"].as_array().unwrap();
+    let r3 = exposed.iter().find(|e| e["request_id"] == 3).unwrap();
+    assert_ne!(
+        r3["reached_other_customers"], true,
+        "read only by a response of unknown tenant: {r3}"
+    );
+    let r1 = exposed.iter().find(|e| e["request_id"] == 1).unwrap();
+    assert_eq!(r1["reached_other_customers"], true, "globex read it: {r1}");
+    let received = acme["received_responses"].as_array().unwrap();
+    let got = received.iter().find(|e| e["request_id"] == 1).unwrap();
+    assert_ne!(
+        got["other_customer_data"], true,
+        "the source's tenant is unknown: {got}"
+    );
+    assert_eq!(
+        got["other_customer_data"],
+        serde_json::Value::Null,
+        "unknown, neither yes nor no: {got}"
+    );
+    assert_eq!(
+        r3["reached_other_customers"],
+        serde_json::Value::Null,
+        "unknown, neither yes nor no: {r3}"
+    );
+    let letter = std::fs::read_to_string(root.join("packs/customers/acme/letter.md")).unwrap();
+    assert!(
+        !letter.contains("in 3 of them that data belonged to another customer"),
+        "{letter}"
+    );
+    let globex = json_file(&root.join("packs/customers/globex/notice.json"));
+    let g2 = &globex["received_responses"][0];
+    assert_eq!(g2["other_customer_data"], true, "{g2}");
+
+    // The human summary and report.html count customers only.
+    let human = kvtrail(["scope", "trace"]).cwd(root).run();
+    assert!(!human.stdout.contains("3 cross-tenant"), "{}", human.stdout);
+    let html = std::fs::read_to_string(root.join("scope/report.html")).unwrap();
+    for (n, label) in [
+        ("1", "responses with another customer&#x27;s data"),
+        ("2", "customers who received foreign data"),
+        ("1", "customers whose data leaked"),
+    ] {
+        let card = format!(r#"<div class="n">{n}</div><div class="l">{label}</div>"#);
+        assert!(html.contains(&card), "report.html lacks {card}");
+    }
+}

@@ -312,3 +312,81 @@ fn demo_runs_the_builtin_trace_and_simulates_it_when_absent() {
         );
     }
 }
+
+/// Every "1 <plural noun>" a scope run writes for people: the verdict
+/// (summary.json, the human summary) and report.html, on a trace with one
+/// pool-pair, one affected response, one source request, one lost event
+/// and one coverage note.
+fn singular_plural_slips(text: &str) -> Vec<String> {
+    const NOUNS: &[&str] = &[
+        "responses",
+        "requests",
+        "pools",
+        "slots",
+        "events",
+        "tokens",
+        "files",
+        "customers",
+        "gaps",
+        "coverage notes",
+        "lines",
+        "breaches",
+        "source requests",
+        "other customers",
+    ];
+    let mut bad = Vec::new();
+    for n in NOUNS {
+        for pre in [" ", ">", "(", "\n", "\""] {
+            let needle = format!("{pre}1 {n}");
+            if text.contains(&needle) {
+                bad.push(needle.trim().to_string());
+            }
+        }
+        if text.starts_with(&format!("1 {n}")) {
+            bad.push(format!("1 {n}"));
+        }
+    }
+    bad
+}
+
+#[test]
+fn plural_one_response_affected_is_singular_everywhere() {
+    // One affected response (initech's request 2 reads 1 slot of acme's
+    // request 1); one event lost in pool 1 after it, so the evidence has
+    // one hole and one coverage note.
+    let mut tb = TraceBuilder::pd();
+    tb.req(1, "acme");
+    tb.req(2, "initech");
+    tb.write(0, 1, 0, 1);
+    tb.read(0, 2, 0, 1);
+    tb.write(1, 2, 0, 1);
+    tb.lose(1, 1);
+    tb.write(1, 2, 1, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let t = tb.record(&dir.path().join("t"));
+    let out = dir.path().join("out");
+    let o = kvtrail(["scope", s(&t), "--out", s(&out)]).run();
+    assert_eq!(o.code, 0, "{}", o.stderr.as_str());
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("1 response affected"),
+        "verdict: {verdict}"
+    );
+    assert_eq!(
+        singular_plural_slips(verdict),
+        Vec::<String>::new(),
+        "{verdict}"
+    );
+    for n in v["coverage"]["notes"].as_array().unwrap() {
+        let n = n.as_str().unwrap();
+        assert_eq!(singular_plural_slips(n), Vec::<String>::new(), "{n}");
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert_eq!(singular_plural_slips(&html), Vec::<String>::new());
+    let human = kvtrail(["scope", s(&t)]).run();
+    let text = human.stdout.as_str();
+    assert!(text.contains("1 response affected"), "{text}");
+    assert_eq!(singular_plural_slips(text), Vec::<String>::new(), "{text}");
+}

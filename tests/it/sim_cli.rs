@@ -132,3 +132,46 @@ fn bad_input_exits_2_with_a_hint() {
         assert!(!text.contains("panicked"), "{text}");
     }
 }
+
+/// The help of `simulate` (and of `replay`, which shares its engine flag)
+/// lists every scenario and every engine that the commands accept, from
+/// the tables that accept them; and every name listed is accepted.
+#[test]
+fn simulate_help_lists_every_scenario_and_engine_accepted() {
+    let help = kvtrail(["simulate", "--help"]).run();
+    assert_eq!(help.code, 0, "{}", help.stderr);
+    let text = help.stdout.as_str();
+    for sc in kvtrail::sim::scenario::SCENARIOS {
+        assert!(
+            text.contains(sc),
+            "simulate --help lacks scenario {sc}:\n{text}"
+        );
+        assert!(
+            kvtrail::sim::scenario::scenario(sc, Some(10), 1).is_ok(),
+            "{sc} listed but refused"
+        );
+    }
+    for e in kvtrail::sim::EngineVersion::ALL {
+        assert!(
+            text.contains(e.name()),
+            "simulate --help lacks engine {}:\n{text}",
+            e.name()
+        );
+    }
+    let replay = kvtrail(["replay", "--help"]).run();
+    assert_eq!(replay.code, 0, "{}", replay.stderr);
+    for e in kvtrail::sim::EngineVersion::ALL {
+        assert!(
+            replay.stdout.contains(e.name()),
+            "replay --help lacks engine {}:\n{}",
+            e.name(),
+            replay.stdout
+        );
+    }
+    // What the help does not list is refused, naming what is accepted.
+    let bad = kvtrail(["simulate", "--scenario", "no-such", "--out", "x"]).run();
+    assert_eq!(bad.code, 2);
+    for sc in kvtrail::sim::scenario::SCENARIOS {
+        assert!(bad.stderr.contains(sc), "{}", bad.stderr);
+    }
+}

@@ -1521,3 +1521,121 @@ fn sql_counts_duplicate_pool_seq_rows_silently() {
         assert_eq!(c["complete"], false, "{engine}: {c}");
     }
 }
+
+/// Two `mixed` pools (no `cache` role) that copy both ways: acme's KV is
+/// offloaded from pool 0 to pool 1, loaded back, offloaded and loaded back
+/// again (a chain of four copies), then shared to globex, which reads it:
+/// a prefix-cache hit, no exposure, and no event lost.
+fn mixed_round_trips() -> TraceBuilder {
+    let mut tb = TraceBuilder::with_pools(vec![pool(0, Role::Mixed, 64), pool(1, Role::Mixed, 64)]);
+    tb.req(1, "acme");
+    tb.req(2, "globex");
+    let w = tb.write(0, 1, 0, 4);
+    let c1 = tb.copy(1, 0, 0, 4, 0, 0, w);
+    let c2 = tb.copy(0, 0, 8, 4, 1, 0, c1);
+    let c3 = tb.copy(1, 0, 8, 4, 0, 8, c2);
+    tb.copy(0, 0, 16, 4, 1, 8, c3);
+    tb.read(0, 1, 16, 4);
+    tb.share(0, 2, 16, 4);
+    tb.read(0, 2, 16, 4);
+    tb
+}
+
+/// Runs one script on DuckDB; None (after a SKIP line) without the venv.
+fn run_duckdb_script(sql: &Path, trace: &Path) -> Option<Value> {
+    let py = venv::SQL.python()?;
+    let work = tempfile::tempdir().unwrap();
+    let jobs = work.path().join("jobs.json");
+    let job = serde_json::json!([{"name": "t", "sql": sql, "trace": trace}]);
+    std::fs::write(&jobs, job.to_string()).unwrap();
+    let out = work.path().join("out.json");
+    let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql/run_sql.py");
+    let r = Command::new(py)
+        .arg(runner)
+        .args(["duckdb".as_ref(), jobs.as_os_str(), out.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let got: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    Some(got["t"].clone())
+}
+
+/// `kvtrail sql`'s default copy levels come from the data: pools that copy
+/// both ways without a `cache` role get the levels their longest chain
+/// needs, and the script agrees with native scope (no affected response,
+/// the shared read listed, complete evidence).
+#[test]
+fn sql_default_copy_levels_follow_the_data_on_mixed_pools_copying_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = mixed_round_trips().record(&dir.path().join("t"));
+    let native = scope(&t);
+    assert!(
+        native.affected_responses.is_empty(),
+        "{:?}",
+        native.affected_responses
+    );
+    assert!(native.coverage.complete);
+    let f = dir.path().join("l.sql");
+    let o = cli::kvtrail(["sql", "--dialect", "duckdb", "--trace-path"])
+        .arg(&t)
+        .arg("--out")
+        .arg(&f)
+        .run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("longest copy chain 4 copies"),
+        "{}",
+        o.stderr
+    );
+    let sql = std::fs::read_to_string(&f).unwrap();
+    assert!(
+        sql.contains("3 pointer-jumping level(s)"),
+        "{}",
+        &sql[..400]
+    );
+    let Some(got) = run_duckdb_script(&f, &t) else {
+        return;
+    };
+    let c = &got["kvtrail_coverage"][0];
+    assert_eq!(c["copies_unresolved"], 0, "{c}");
+    assert_eq!(c["complete"], true, "{c}");
+    let mut want = native_lines(&native);
+    want.extend(native_shared_lines(&t));
+    want.sort();
+    assert_eq!(sql_lines(&got), want);
+}
+
+/// A chain longer than the script's levels is uncertain for its own
+/// reason (`copy_chain_unresolved`), never `after_gap`: no event was lost.
+#[test]
+fn sql_unresolved_copy_chain_has_its_own_reason_not_after_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = mixed_round_trips().record(&dir.path().join("t"));
+    let f = dir.path().join("l.sql");
+    let o = cli::kvtrail([
+        "sql",
+        "--dialect",
+        "duckdb",
+        "--copy-levels",
+        "1",
+        "--trace-path",
+    ])
+    .arg(&t)
+    .arg("--out")
+    .arg(&f)
+    .run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let Some(got) = run_duckdb_script(&f, &t) else {
+        return;
+    };
+    let c = &got["kvtrail_coverage"][0];
+    assert!(c["copies_unresolved"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["gaps"], 0, "{c}");
+    let affected = got["kvtrail_affected_responses"].as_array().unwrap();
+    assert!(!affected.is_empty());
+    for a in affected {
+        let reasons = a["reasons"].as_str().unwrap();
+        assert_eq!(reasons, "copy_chain_unresolved", "{a}");
+        assert_eq!(a["confidence"], "possible", "{a}");
+    }
+}

@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     "    response read {} foreign tokens ({} exposed), another customer's data: {}, {}",
                     r.foreign_tokens,
                     r.exposed_tokens,
-                    if r.other_customer_data { "yes" } else { "no" },
+                    yes_no(r.other_customer_data),
                     r.confidence
                 )?;
             }
@@ -87,11 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     "    its KV was read by {} responses ({} tokens), reached another customer: {}, {}",
                     s.responses,
                     s.tokens,
-                    if s.reached_other_customers {
-                        "yes"
-                    } else {
-                        "no"
-                    },
+                    yes_no(s.reached_other_customers),
                     s.confidence
                 )?;
             }
@@ -150,4 +146,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Ok(())
     })?;
     Ok(if a.evidence_intact { 0 } else { 1 })
+}
+
+/// yes / no / unknown (a customer on the other side is not known).
+fn yes_no(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown (a customer on the other side is not known)",
+    }
 }

@@ -25,10 +25,9 @@ pub struct Args {
     )]
     pub out: Option<PathBuf>,
     /// Language of the letters and of the sentences in notice.json and the register.
-    #[arg(long, value_name = "LANG", default_value = "en", value_parser = ["en", "de"])]
+    #[arg(long, value_name = "LANG", default_value = "en", value_parser = clap::builder::PossibleValuesParser::new(Lang::ALL.map(Lang::code)))]
     pub lang: String,
-    /// Folder of your own templates (letter.md.j2, processor-notice.md.j2, sections.md.j2, register.md.j2; any subset): each replaces the built-in one of that name.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help = templates_help())]
     pub templates: Option<PathBuf>,
     /// Write the built-in templates of --lang into DIR to start your own from, and do nothing else.
     #[arg(
@@ -43,6 +42,14 @@ pub struct Args {
     /// Operator settings: operator_name, dpo_contact, incident_id, became_aware, measures, ...
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+/// `--templates`' help, naming the template files `Templates::load` takes.
+fn templates_help() -> String {
+    format!(
+        "Folder of your own templates ({}; any subset): each replaces the built-in one of that name.",
+        kvtrail::notify::templates::NAMES.join(", ")
+    )
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {

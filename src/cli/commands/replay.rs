@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
 use kvtrail::report::fmt::term;
-use kvtrail::sim::config::EngineVersion;
 use kvtrail::whatif::{self, count};
 
 use super::simulate::EngineArgs;
@@ -15,7 +14,7 @@ use crate::cli::progress::BarReporter;
 
 #[derive(clap::Args, Debug)]
 #[command(
-    mut_arg("engine", |a| a.help(format!("Engine behaviour: {} (default: the recorded one)", EngineVersion::NAMES))),
+    mut_arg("engine", |a| a.help("Engine behaviour (default: the recorded one)")),
     mut_arg("config", |a| a.help("Deployment config (TOML or JSON) replacing the recorded deployment")),
     mut_arg("set", |a| a.help("Override one config key, e.g. --set prefill.capacity_tokens=32768 (repeatable)")),
 )]

@@ -11,10 +11,50 @@ use kvtrail::whatif::ReplaySpec;
 
 use crate::cli::progress::BarReporter;
 
+/// A name flag whose accepted values come from the table of the code
+/// that accepts them: help and shell completions list them, and the value
+/// goes through as given, so the library's own parse (with its hints)
+/// decides, and what the help lists is what it accepts.
+#[derive(Clone, Debug)]
+pub struct Listed(fn() -> Vec<&'static str>);
+
+impl clap::builder::TypedValueParser for Listed {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            (self.0)()
+                .into_iter()
+                .map(clap::builder::PossibleValue::new),
+        ))
+    }
+}
+
+/// The scenarios `sim::scenario::scenario` builds.
+pub fn scenario_names() -> Vec<&'static str> {
+    scenario::SCENARIOS.to_vec()
+}
+
+/// The engines `EngineVersion::parse_arg` accepts.
+pub fn engine_names() -> Vec<&'static str> {
+    EngineVersion::ALL.iter().map(|e| e.name()).collect()
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Scenario: incident, steady, sibling-inflight, sibling-stale-copy.
-    #[arg(long)]
+    /// Scenario (docs/simulator.md).
+    #[arg(long, value_parser = Listed(scenario_names))]
     pub scenario: String,
     /// Number of requests (default: the scenario's).
     #[arg(long)]
@@ -37,8 +77,8 @@ pub struct Args {
 /// recorded trace (`mut_arg` there); the flags and their order are one.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
-    /// Engine behaviour: sglang-0.5.19 ... sglang-0.5.23.
-    #[arg(long)]
+    /// Engine behaviour (default: the scenario's).
+    #[arg(long, value_parser = Listed(engine_names))]
     pub engine: Option<String>,
     /// Deployment config (TOML or JSON) replacing the scenario's.
     #[arg(long)]

@@ -6,7 +6,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use kvtrail::sql::{Dialect, MAX_COPY_LEVELS, SqlOptions, generate, levels};
+use kvtrail::sql::{Dialect, MAX_COPY_LEVELS, SqlOptions, generate, levels, levels_for_chain};
+
+use crate::cli::progress::BarReporter;
 
 /// SQL dialect on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -48,9 +50,11 @@ pub struct Args {
     pub files_listed: bool,
     /// Pointer-jumping levels for copy chains: chains of up to 2^N - 1
     /// copies are resolved; longer ones are counted in
-    /// kvtrail_coverage.copies_unresolved. Default: enough for any chain
-    /// when copies form a DAG over the pools, 6 (63 copies) when a pool has
-    /// role `cache` (offload and load back).
+    /// kvtrail_coverage.copies_unresolved. Default: from the data when the
+    /// trace's files can be read (a replay finds its longest copy chain);
+    /// else from the manifest: enough for any chain when copies form a DAG
+    /// over the pools, 6 (63 copies) when pools may copy both ways (a
+    /// `cache` or `mixed` pool beside another).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=MAX_COPY_LEVELS as i64))]
     pub copy_levels: Option<u8>,
     /// Spark: the folder (URI) the materialised stages are written to, as
@@ -80,6 +84,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => None,
     };
+    // The trace folder whose events can size the copy levels.
+    let mut data_dir = None;
     let mut opts = match manifest_path {
         Some(m) => {
             let remote_dir = kvtrail::trace::files::is_remote(&m)
@@ -95,6 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 .clone()
                 .unwrap_or_else(|| dir.display().to_string());
             let mut o = SqlOptions::from_manifest(&manifest, dialect, &path);
+            data_dir = Some(dir.clone());
             if let Some(p) = &args.pools {
                 o.pools = p.clone();
                 o.copy_levels = o.copy_levels.max(levels(p.len()));
@@ -122,8 +129,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     };
-    if let Some(n) = args.copy_levels {
-        opts.copy_levels = n as usize;
+    match (args.copy_levels, &data_dir) {
+        (Some(n), _) => opts.copy_levels = n as usize,
+        (None, Some(dir)) => opts.copy_levels = data_copy_levels(dir, &opts),
+        (None, None) => {}
     }
     if let Some(scratch) = args.spark_scratch {
         if !matches!(dialect, Dialect::Spark) {
@@ -147,4 +156,39 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The copy levels the trace's own events need: a replay measures its
+/// longest copy chain (`lineage::chains`), and the levels resolve exactly
+/// that. When the events cannot be
+/// read or replayed (a remote folder out of reach, rows the native reader
+/// refuses), the manifest's levels stay, and stderr says why.
+fn data_copy_levels(dir: &std::path::Path, opts: &SqlOptions) -> usize {
+    let measured = kvtrail::trace::Trace::open(dir)
+        .and_then(|t| kvtrail::lineage::chains::copy_chains(&t, &BarReporter::default()));
+    match measured {
+        Ok(ch) => {
+            let k = levels_for_chain(ch.longest);
+            let pairs: Vec<String> = ch.edges.iter().map(|(a, b)| format!("{a}->{b}")).collect();
+            eprintln!(
+                "kvtrail: copy levels from the trace's events: longest copy chain {} ({}); {k} pointer-jumping {}",
+                kvtrail::words::count(ch.longest, "copy", "copies"),
+                if pairs.is_empty() {
+                    "no copies".to_string()
+                } else {
+                    format!("copies between pools {}", pairs.join(", "))
+                },
+                kvtrail::words::noun(k as u64, "level", "levels"),
+            );
+            k
+        }
+        Err(e) => {
+            eprintln!(
+                "kvtrail: the trace's events could not be replayed to size the copy levels ({}); using {} from the manifest (pass --copy-levels N to choose)",
+                kvtrail::report::fmt::term_message(&e.to_string()),
+                kvtrail::words::count(opts.copy_levels as u64, "level", "levels"),
+            );
+            opts.copy_levels
+        }
+    }
 }
