@@ -473,26 +473,31 @@ impl W<'_> {
                 if ready {
                     self.commit(&c)?;
                 } else {
-                    let bytes = size_of::<(u64, Parked)>() as u64
-                        + ENTRY
-                        + size_of::<XferCommit>() as u64
-                        + 8 * c.dst_pages.len() as u64;
-                    self.held += bytes;
-                    self.parked.insert(
-                        conn,
-                        Parked {
-                            wait: Wait::Commit(c),
-                            view,
-                            since: Instant::now(),
-                            queue: VecDeque::new(),
-                            bytes,
-                        },
-                    );
-                    if self.held > self.sh.cfg.max_pending_bytes {
-                        self.give_up(conn, "--max-pending-bytes reached")?;
-                    }
+                    let bytes = size_of::<XferCommit>() as u64 + 8 * c.dst_pages.len() as u64;
+                    self.park(conn, view, Wait::Commit(c), bytes)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Parks `conn`'s stream behind `wait` (`bytes`: what the waiting
+    /// message holds), within --max-pending-bytes.
+    fn park(&mut self, conn: u64, view: View, wait: Wait, bytes: u64) -> Result<()> {
+        let bytes = bytes + size_of::<(u64, Parked)>() as u64 + ENTRY;
+        self.held += bytes;
+        self.parked.insert(
+            conn,
+            Parked {
+                wait,
+                view,
+                since: Instant::now(),
+                queue: VecDeque::new(),
+                bytes,
+            },
+        );
+        if self.held > self.sh.cfg.max_pending_bytes {
+            self.give_up(conn, "--max-pending-bytes reached")?;
         }
         Ok(())
     }
@@ -763,25 +768,8 @@ impl W<'_> {
             Ready::Now => self.stamp(&p),
             Ready::Never(why) => self.unstamped(&p, &why),
             Ready::Wait => {
-                let bytes = size_of::<(u64, Parked)>() as u64
-                    + ENTRY
-                    + size_of::<XferPull>() as u64
-                    + 16 * p.runs.len() as u64;
-                self.held += bytes;
-                self.parked.insert(
-                    conn,
-                    Parked {
-                        wait: Wait::Pull(p),
-                        view,
-                        since: Instant::now(),
-                        queue: VecDeque::new(),
-                        bytes,
-                    },
-                );
-                if self.held > self.sh.cfg.max_pending_bytes {
-                    self.give_up(conn, "--max-pending-bytes reached")?;
-                }
-                Ok(())
+                let bytes = size_of::<XferPull>() as u64 + 16 * p.runs.len() as u64;
+                self.park(conn, view, Wait::Pull(p), bytes)
             }
         }
     }
