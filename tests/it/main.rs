@@ -36,6 +36,7 @@ mod record_protocol;
 mod record_sglang;
 mod record_soak;
 mod record_vllm;
+mod record_wire_model;
 mod roundtrip;
 mod scope_cli;
 mod scope_reference;
