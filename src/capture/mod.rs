@@ -419,7 +419,7 @@ impl Recorder {
                 continue;
             }
             let path = self.dir.join(&f.path);
-            let batches = read_batches(&path)?;
+            let batches = crate::trace::write::read_batches(&path)?;
             let mut kept = Vec::with_capacity(batches.len());
             let mut removed = 0u64;
             for b in batches {
@@ -459,18 +459,6 @@ impl Recorder {
     pub fn pool_counts(&self) -> Vec<(u16, u64)> {
         self.pools.iter().map(|p| (p.id, p.events)).collect()
     }
-}
-
-/// Every batch of a Parquet file this recorder wrote.
-fn read_batches(path: &Path) -> Result<Vec<arrow_array::RecordBatch>> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.build())
-        .map_err(|e| Error::parquet(Location::file(path), e))?;
-    reader
-        .map(|b| b.map_err(|e| Error::Other(format!("{}: {e}", path.display()))))
-        .collect()
 }
 
 /// Rows of a requests batch whose id is not in `ids`.

@@ -384,6 +384,23 @@ fn part_properties(zstd_level: i32) -> parquet::file::properties::WriterProperti
     b
 }
 
+/// Every batch of a Parquet file this process wrote (the recorder's
+/// rewrite of its own requests files at close).
+pub fn read_batches(path: &Path) -> Result<Vec<RecordBatch>> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .map_err(|e| Error::parquet(Location::file(path), e))?;
+    reader
+        .map(|b| {
+            b.map_err(|e| {
+                Error::parquet(Location::file(path), parquet::errors::ParquetError::from(e))
+            })
+        })
+        .collect()
+}
+
 /// Writes a whole table to one Parquet file with default settings
 /// (used by tests and exporters); returns the bytes' blake3.
 pub fn write_single_file(path: &Path, batches: &[RecordBatch]) -> Result<String> {
