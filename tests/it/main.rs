@@ -56,6 +56,7 @@ mod sim_sglang_fidelity;
 mod sim_vllm;
 mod sql_engines;
 mod tidy;
+mod tidy_layers;
 mod whatif_audit;
 mod whatif_counterfactual;
 mod whatif_hostile;

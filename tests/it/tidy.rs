@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -25,7 +25,7 @@ fn skipped_dir(name: &str) -> bool {
 }
 
 /// Every file under `dir` (recursively, sorted), skipping `skipped_dir`s.
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(entries) = fs::read_dir(dir) else {
         return out;
@@ -47,7 +47,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// `path` relative to `root`, with `/` separators.
-fn rel(root: &Path, path: &Path) -> String {
+pub(crate) fn rel(root: &Path, path: &Path) -> String {
     path.strip_prefix(root)
         .unwrap_or(path)
         .components()
@@ -56,24 +56,24 @@ fn rel(root: &Path, path: &Path) -> String {
         .join("/")
 }
 
-fn rust_files(root: &Path, under: &str) -> Vec<PathBuf> {
+pub(crate) fn rust_files(root: &Path, under: &str) -> Vec<PathBuf> {
     walk(&root.join(under))
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .collect()
 }
 
-fn read(path: &Path) -> Option<String> {
+pub(crate) fn read(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok()
 }
 
-fn is_ident(c: char) -> bool {
+pub(crate) fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
 /// Byte offsets of `needle` in `hay` that do not follow an identifier
 /// character (so `print!` does not match inside `eprint!`).
-fn word_starts(hay: &str, needle: &str) -> Vec<usize> {
+pub(crate) fn word_starts(hay: &str, needle: &str) -> Vec<usize> {
     hay.match_indices(needle)
         .map(|(i, _)| i)
         .filter(|&i| !hay[..i].chars().next_back().is_some_and(is_ident))
@@ -83,7 +83,7 @@ fn word_starts(hay: &str, needle: &str) -> Vec<usize> {
 /// The lines of a Rust file with comments removed and string and char
 /// literals emptied (`"..."` becomes `""`), so checks see only code paths.
 /// Line numbers are kept (one output line per input line).
-fn code_lines(text: &str) -> Vec<String> {
+pub(crate) fn code_lines(text: &str) -> Vec<String> {
     #[derive(Clone, Copy, PartialEq)]
     enum St {
         Code,
@@ -198,7 +198,7 @@ fn code_lines(text: &str) -> Vec<String> {
 }
 
 /// The code lines of a Rust file up to its first `#[cfg(test)]` line.
-fn code_lines_before_tests(text: &str) -> Vec<String> {
+pub(crate) fn code_lines_before_tests(text: &str) -> Vec<String> {
     let stop = text
         .lines()
         .position(|l| l.trim_start().starts_with("#[cfg(test)]"))
@@ -400,7 +400,7 @@ fn check_no_issue_refs(root: &Path) -> Vec<String> {
 // ---------------------------------------------------------------------------
 // The rules on the real tree.
 
-fn assert_clean(rule: &str, violations: Vec<String>) {
+pub(crate) fn assert_clean(rule: &str, violations: Vec<String>) {
     assert!(
         violations.is_empty(),
         "tidy: {rule}: {} violation(s):\n{}",
@@ -452,7 +452,7 @@ fn no_issue_references() {
 // Each rule on a planted tree: a clean file passes, a planted violation is
 // reported with its file and line.
 
-fn plant(files: &[(&str, &str)]) -> tempfile::TempDir {
+pub(crate) fn plant(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     for (path, text) in files {
         let p = dir.path().join(path);
@@ -462,7 +462,7 @@ fn plant(files: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
-fn assert_reports(violations: &[String], expected: &[&str]) {
+pub(crate) fn assert_reports(violations: &[String], expected: &[&str]) {
     assert_eq!(
         violations.len(),
         expected.len(),
