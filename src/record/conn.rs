@@ -21,8 +21,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
 use std::time::{Duration, Instant};
 
+use super::shared::{Batch, Shared, View};
+use super::stats::add;
 use super::wire::{Msg, WIRE_MAX_COUNT, parse_hello, parse_msg};
-use super::{Batch, Shared, View, add};
 use crate::trace::manifest::Role;
 
 /// Most messages per batch handed to the writer.

@@ -1,0 +1,319 @@
+//! The writer's copies between pools: a transfer's commit rebuilt from its
+//! room's sends, and a pull (`xfer_pull`) stamped causally with its source
+//! pool's last change at or before the load, or recorded as holes when
+//! that cannot be known.
+
+use std::sync::atomic::Ordering;
+
+use super::{RECENT, Ready, Room, W, Wait};
+use crate::error::Result;
+use crate::record::shared::View;
+use crate::record::stats::add;
+use crate::record::wire::{LoadPolicy, PageRun, PullOutcome, XferCommit, XferPull};
+use crate::schema::{CopySrc, KvEvent, Op};
+
+impl W<'_> {
+    /// A pull whose source state cannot be known: its runs are lost
+    /// events (holes), never a guess.
+    pub(super) fn unstamped(&mut self, p: &XferPull, why: &str) -> Result<()> {
+        let n = p.runs.len().max(1) as u64;
+        add(&self.sh.stats.copies_unresolved, n);
+        self.log(&format!(
+            "load into pool {} for request {} from pool {}: {why}; recorded as lost events",
+            p.pool, p.request_id, p.src_pool
+        ));
+        self.lose(p.pool, n)
+    }
+
+    pub(super) fn commit(&mut self, c: &XferCommit) -> Result<()> {
+        let room = self.rooms.remove(&c.room).unwrap_or_default();
+        self.held -= room.bytes;
+        if self.stopped_at_max {
+            add(&self.sh.stats.lost_max_bytes, 1);
+            return self.lose(c.pool, 1);
+        }
+        if room.broken {
+            add(&self.sh.stats.copies_unresolved, 1);
+            self.log(&format!(
+                "transfer for room {} into pool {}: a send was dropped (--max-pending-bytes); recorded as a lost event",
+                c.room, c.pool
+            ));
+            return self.lose(c.pool, 1);
+        }
+        match self.copy_events(c, &room) {
+            Ok(evs) => {
+                for ev in evs {
+                    let ts = ev.ts_ns;
+                    match self.rec.kv(ev) {
+                        Ok(seq) => self.written(c.pool, ts, seq),
+                        Err(e) => {
+                            self.sh
+                                .stats
+                                .rejected_contract
+                                .fetch_add(1, Ordering::Relaxed);
+                            self.lose(c.pool, 1)?;
+                            self.log(&format!(
+                                "copy into pool {} rejected (hole): {}",
+                                c.pool,
+                                e.to_string().replace('\n', " ")
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(why) => {
+                self.sh
+                    .stats
+                    .rejected_contract
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log(&format!(
+                    "transfer for room {} into pool {} rejected (hole): {why}",
+                    c.room, c.pool
+                ));
+                self.lose(c.pool, 1)
+            }
+        }
+    }
+
+    /// A pull-based transfer reported by its consumer: each run becomes one
+    /// `write` with `src` on the consumer's pool, stamped with the source
+    /// pool's last change (event or hole) whose ts_ns is at or before the
+    /// pull's (the consumer reports the time the load was seen done; a
+    /// one-sided read leaves no event on the producer). The pull waits (its
+    /// stream parked) until the source pool's connection has marked past
+    /// that time or ended, so the stamp does not depend on which
+    /// connection's lines arrived first. A run outside either pool, a source
+    /// pool with no such change, or one whose feed cannot say, is a hole,
+    /// never a guess.
+    pub(super) fn pull(&mut self, conn: u64, view: View, p: Box<XferPull>) -> Result<()> {
+        let st = &self.sh.stats;
+        if let Some(pol) = p.policy {
+            let v = self.policies.entry(p.pool).or_default();
+            if !v.contains(&pol) {
+                v.push(pol);
+            }
+        }
+        match p.outcome {
+            PullOutcome::Ok => {}
+            PullOutcome::Partial => {
+                add(&st.pulls_partial, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} was partial (policy {}); the blocks that loaded are recorded",
+                    p.pool,
+                    p.request_id,
+                    policy_name(p.policy)
+                ));
+            }
+            PullOutcome::Failed => {
+                add(&st.pulls_failed, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} failed (policy {})",
+                    p.pool,
+                    p.request_id,
+                    policy_name(p.policy)
+                ));
+                return Ok(());
+            }
+        }
+        if self.stopped_at_max {
+            add(&st.lost_max_bytes, p.runs.len() as u64);
+            return self.lose(p.pool, p.runs.len() as u64);
+        }
+        match self.ready(conn, p.src_pool, p.ts_ns) {
+            Ready::Now => self.stamp(&p),
+            Ready::Never(why) => self.unstamped(&p, &why),
+            Ready::Wait => {
+                let bytes = size_of::<XferPull>() as u64 + 16 * p.runs.len() as u64;
+                self.park(conn, view, Wait::Pull(p), bytes)
+            }
+        }
+    }
+
+    /// Writes a ready pull's runs (see [`W::pull`]).
+    pub(super) fn stamp(&mut self, p: &XferPull) -> Result<()> {
+        let st = &self.sh.stats;
+        let dep = &self.sh.deployment;
+        let src_cap = dep.pool(p.src_pool).map(|sp| sp.capacity_tokens);
+        // The source pool's last event at or before the load, among those
+        // written (events of one pool come in seq order on one connection).
+        let src_seq = self.recent.get(&p.src_pool).and_then(|r| {
+            // Older than the window kept: unknown, never the oldest kept.
+            if r.len() >= RECENT && r.front().is_some_and(|f| f.0 > p.ts_ns) {
+                return None;
+            }
+            r.iter().rev().find(|&&(ts, _)| ts <= p.ts_ns).map(|x| x.1)
+        });
+        if src_cap.is_none() || src_seq.is_none() {
+            let why = if src_cap.is_none() {
+                "no such pool in the deployment"
+            } else {
+                "the source pool has no recorded change at or before the load (no state to copy)"
+            };
+            return self.unstamped(p, why);
+        }
+        let src_cap = src_cap.unwrap_or(0);
+        let src_seq = src_seq.unwrap_or(0);
+        let page = |q: u16| dep.pool(q).map(|x| x.page_size);
+        if page(p.src_pool) != page(p.pool) {
+            // The hook maps blocks to slots with its own block size: with a
+            // producer of another block size its runs would name the wrong
+            // slots. A hole, never a guess.
+            add(&st.copies_unresolved, p.runs.len() as u64);
+            self.log(&format!(
+                "load into pool {} for request {} from pool {}: page sizes differ ({:?} vs {:?}); recorded as lost events",
+                p.pool,
+                p.request_id,
+                p.src_pool,
+                page(p.src_pool),
+                page(p.pool)
+            ));
+            return self.lose(p.pool, p.runs.len() as u64);
+        }
+        for &(dst, src, count, tpos) in &p.runs {
+            if src as u64 + count as u64 > src_cap {
+                add(&st.rejected_contract, 1);
+                self.log(&format!(
+                    "load into pool {} for request {} names slots {src}..{} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
+                    p.pool,
+                    p.request_id,
+                    src as u64 + count as u64,
+                    p.src_pool
+                ));
+                self.lose(p.pool, 1)?;
+                continue;
+            }
+            let ev = KvEvent {
+                pool: p.pool,
+                seq: 0,
+                ts_ns: p.ts_ns,
+                request_id: p.request_id,
+                op: Op::Write,
+                slot_start: dst,
+                slot_count: count,
+                token_pos: Some(tpos),
+                src: Some(CopySrc {
+                    pool: p.src_pool,
+                    slot_start: src,
+                    seq: src_seq,
+                }),
+            };
+            match self.rec.kv(ev) {
+                Ok(seq) => {
+                    add(&st.pulls_written, 1);
+                    self.written(p.pool, p.ts_ns, seq);
+                }
+                Err(e) => {
+                    st.rejected_contract.fetch_add(1, Ordering::Relaxed);
+                    self.log(&format!(
+                        "load into pool {} rejected (hole): {}",
+                        p.pool,
+                        e.to_string().replace('\n', " ")
+                    ));
+                    self.lose(p.pool, 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers a written event's time for stamping later pulls.
+    pub(super) fn note(&mut self, pool: u16, ts_ns: i64, seq: u64) {
+        let r = self.recent.entry(pool).or_default();
+        if r.len() >= RECENT {
+            r.pop_front();
+        }
+        r.push_back((ts_ns, seq));
+    }
+
+    /// The `write`-with-src events of one commit (one per contiguous run).
+    pub(super) fn copy_events(
+        &self,
+        c: &XferCommit,
+        room: &Room,
+    ) -> std::result::Result<Vec<KvEvent>, String> {
+        let dep = &self.sh.deployment;
+        let dst_pool = dep.pool(c.pool).ok_or("unknown decode pool")?;
+        let ps = dst_pool.page_size as u64;
+        let dst = expand(&c.dst_pages, dst_pool.capacity_tokens / ps)?;
+        let mut out: Vec<KvEvent> = Vec::new();
+        for ch in &room.chunks {
+            let sp = dep.pool(ch.src_pool).ok_or("unknown source pool")?;
+            if sp.page_size as u64 != ps {
+                return Err(format!(
+                    "page size {} of pool {} differs from {} of pool {}",
+                    sp.page_size, ch.src_pool, ps, c.pool
+                ));
+            }
+            let src = expand(&ch.src_pages, sp.capacity_tokens / ps)?;
+            for (k, &s) in src.iter().enumerate() {
+                let i = ch.dst_index as usize + k;
+                let Some(&d) = dst.get(i) else {
+                    // Destination shorter than the source: the transfer
+                    // engine truncates (Mooncake warns); so do we.
+                    break;
+                };
+                let (slot, src_slot) = (d as u64 * ps, s as u64 * ps);
+                let tp = c.prefix_len as u64 + i as u64 * ps;
+                if let Some(last) = out.last_mut()
+                    && let Some(ls) = last.src
+                    && last.slot_end() == slot
+                    && ls.slot_start as u64 + last.slot_count as u64 == src_slot
+                    && ls.pool == ch.src_pool
+                    && ls.seq == ch.src_seq
+                    && (last.slot_count as u64 + ps) <= u32::MAX as u64
+                {
+                    last.slot_count += ps as u32;
+                    continue;
+                }
+                out.push(KvEvent {
+                    pool: c.pool,
+                    seq: 0,
+                    ts_ns: c.ts_ns,
+                    request_id: c.request_id,
+                    op: Op::Write,
+                    slot_start: u32::try_from(slot).map_err(|_| "slot beyond u32")?,
+                    slot_count: ps as u32,
+                    token_pos: u32::try_from(tp).ok(),
+                    src: Some(CopySrc {
+                        pool: ch.src_pool,
+                        slot_start: u32::try_from(src_slot).map_err(|_| "slot beyond u32")?,
+                        seq: ch.src_seq,
+                    }),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A run list as page ids, after checking it fits a pool of `pages` pages.
+fn expand(runs: &[PageRun], pages: u64) -> std::result::Result<Vec<u32>, String> {
+    let mut total = 0u64;
+    for &(s, n) in runs {
+        if s as u64 + n as u64 > pages {
+            return Err(format!(
+                "pages {s}..{} outside the pool ({pages} pages)",
+                s as u64 + n as u64
+            ));
+        }
+        total += n as u64;
+        if total > pages {
+            return Err(format!("more pages than the pool holds ({pages})"));
+        }
+    }
+    let mut v = Vec::with_capacity(total as usize);
+    for &(s, n) in runs {
+        // In u64: `s + n` may be 2^32 (the last page of a 2^32-page pool).
+        v.extend((s as u64..s as u64 + n as u64).map(|p| p as u32));
+    }
+    Ok(v)
+}
+
+fn policy_name(p: Option<LoadPolicy>) -> &'static str {
+    match p {
+        Some(LoadPolicy::Fail) => "fail",
+        Some(LoadPolicy::Recompute) => "recompute",
+        None => "not reported",
+    }
+}
