@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod capture;
 pub mod custody;
+pub mod engines;
 pub mod error;
 pub mod inspect;
 pub mod lineage;
