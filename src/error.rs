@@ -107,17 +107,6 @@ impl Error {
             },
         }
     }
-    /// A Parquet decoding error; a kvtrail error carried through the
-    /// Parquet reader (a remote object's read) comes back as itself.
-    pub fn parquet(loc: Location, e: impl fmt::Display + 'static) -> Self {
-        if let Some(inner) = crate::trace::store::carried_by_parquet(&e) {
-            return inner;
-        }
-        Error::Parquet {
-            loc,
-            msg: e.to_string(),
-        }
-    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

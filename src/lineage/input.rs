@@ -24,9 +24,9 @@ use rayon::prelude::*;
 use super::copies::CopySpiller;
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
-use crate::trace::Deployment;
 use crate::trace::check::{self, FileRuns};
 use crate::trace::read::{KvFileReader, KvIndexBatch, Trace};
+use crate::trace::{Deployment, TraceRoot};
 
 /// Events per spilled chunk of an unsorted file (about 72 MB in memory).
 pub const SPILL_CHUNK_EVENTS: usize = 1 << 20;
@@ -84,6 +84,8 @@ pub struct Plan {
     pub files: Arc<[PathBuf]>,
     /// The deployment the files are checked against, shared likewise.
     pub deployment: Arc<Deployment>,
+    /// Where the files are read from (the trace's root).
+    pub root: TraceRoot,
     /// Runs per pool, sorted by min_seq.
     pub runs: BTreeMap<u16, Vec<RunSpec>>,
     /// Copies per source pool (streamed in src_seq order).
@@ -145,7 +147,7 @@ impl Plan {
         ));
         let indexes: Vec<FileRuns> = files
             .par_iter()
-            .map(|f| check::scan_file(f, |b| push_copies(b, &spiller)))
+            .map(|f| check::scan_file(trace, f, |b| push_copies(b, &spiller)))
             .collect::<Result<Vec<_>>>()?;
         let copies = spiller
             .into_inner()
@@ -207,6 +209,7 @@ impl Plan {
         Ok(Plan {
             files,
             deployment: Arc::new(trace.manifest.deployment.clone()),
+            root: trace.root.clone(),
             runs,
             copies,
             order: checked.order,
@@ -417,12 +420,17 @@ enum OpenRun {
 }
 
 impl OpenRun {
-    fn open(spec: &RunSpec, deployment: &Deployment, files: &[PathBuf]) -> Result<OpenRun> {
+    fn open(
+        spec: &RunSpec,
+        root: &TraceRoot,
+        deployment: &Deployment,
+        files: &[PathBuf],
+    ) -> Result<OpenRun> {
         Ok(match &spec.source {
             RunSource::File(fi) => OpenRun::File {
                 pool: spec.pool,
                 fi: *fi,
-                reader: KvFileReader::open(&files[*fi as usize], deployment)?,
+                reader: KvFileReader::open(root, &files[*fi as usize], deployment)?,
             },
             RunSource::Spill(p) | RunSource::Split(p) => OpenRun::Spill {
                 path: p.clone(),
@@ -496,6 +504,7 @@ impl Active {
 
 /// The merge state of one pool: a lazy k-way merge of its runs.
 struct Merge {
+    root: TraceRoot,
     deployment: Arc<Deployment>,
     files: Arc<[PathBuf]>,
     pending: std::collections::VecDeque<RunSpec>,
@@ -529,6 +538,7 @@ impl PoolStream {
     /// The stream of `runs` (one pool's, from `plan`).
     pub fn new(plan: &Plan, runs: Vec<RunSpec>) -> PoolStream {
         let mut m = Merge {
+            root: plan.root.clone(),
             deployment: Arc::clone(&plan.deployment),
             files: Arc::clone(&plan.files),
             pending: runs.into(),
@@ -609,7 +619,7 @@ impl Merge {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
-                let mut run = OpenRun::open(&spec, &self.deployment, &self.files)?;
+                let mut run = OpenRun::open(&spec, &self.root, &self.deployment, &self.files)?;
                 let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;
                 if !buf.events.is_empty() {

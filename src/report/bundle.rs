@@ -31,7 +31,7 @@ pub fn write_scope_extras(
 ) -> Result<(Vec<PathBuf>, String)> {
     custody::create_private_dir(dir)?;
     let tl = index::write_index(trace, r, dir)?;
-    let inputs = custody::trace_inputs(&trace.dir)?;
+    let inputs = custody::trace_inputs(trace)?;
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &inputs, command)?)?;
     export::write_scope_exports(dir, &inputs)?;

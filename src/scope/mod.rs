@@ -30,7 +30,7 @@ use crate::lineage::{LineageOptions, LineageOutcome, run};
 use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, RequestRecord, hex32};
 use crate::trace::manifest::{FileEntry, Manifest};
-use crate::trace::read::{Trace, footer_rows, rel_path};
+use crate::trace::read::{Trace, rel_path};
 use crate::words::{count as count_of, noun};
 
 /// Replays a trace and scopes the result.
@@ -383,7 +383,7 @@ pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage
         reporter.start("digests", present.len() as u64);
         let checked: Vec<Result<FileCheck>> = present
             .par_iter()
-            .map(|(rel, path, entries)| check_file(rel, path, entries))
+            .map(|(rel, path, entries)| check_file(trace, rel, path, entries))
             .collect();
         reporter.advance(present.len() as u64);
         reporter.finish();
@@ -396,7 +396,7 @@ pub fn trace_evidence(trace: &Trace, reporter: &dyn Reporter) -> Result<Coverage
         }
     }
     for sub in ["requests", "kv"] {
-        let unread = crate::trace::verify::unread_files(&trace.dir.join(sub));
+        let unread = trace.unread_files(sub);
         cov.files_unread
             .extend(unread.iter().map(|(p, _)| rel_path(&trace.dir, p)));
     }
@@ -446,20 +446,20 @@ enum FileCheck {
     Rows(Vec<RowsDiffer>),
 }
 
-fn check_file(rel: &str, path: &Path, entries: &[&FileEntry]) -> Result<FileCheck> {
+fn check_file(trace: &Trace, rel: &str, path: &Path, entries: &[&FileEntry]) -> Result<FileCheck> {
     // A device, FIFO or directory named *.parquet is no captured file (and
     // hashing a device could read forever).
-    if !crate::trace::files::is_regular_file(path) {
+    if !trace.root.is_regular_file(path) {
         return Ok(FileCheck::Modified(rel.to_string()));
     }
-    let (digest, _) = crate::custody::hash_file(path)?;
+    let (digest, _) = trace.root.hash(path)?;
     if entries
         .iter()
         .any(|e| !e.blake3.eq_ignore_ascii_case(&digest))
     {
         return Ok(FileCheck::Modified(rel.to_string()));
     }
-    let rows = footer_rows(path)?;
+    let rows = trace.footer_rows(path)?;
     let differ: Vec<RowsDiffer> = entries
         .iter()
         .filter(|e| e.rows != rows)

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Location, Result};
 use crate::schema::kv_col;
-use crate::trace::read::{KvIndexBatch, KvIndexReader, Trace};
+use crate::trace::read::{KvIndexBatch, Trace};
 
 /// Holes listed per pool (all are counted).
 pub const MAX_HOLES_LISTED: usize = 20;
@@ -245,11 +245,12 @@ impl FileRuns {
 /// Reads one kv file's planning columns into its runs, handing every batch
 /// to `each` too (replay collects its copies there).
 pub fn scan_file(
+    trace: &Trace,
     path: &Path,
     mut each: impl FnMut(&KvIndexBatch) -> Result<()>,
 ) -> Result<FileRuns> {
     let mut runs = FileRuns::new(path);
-    for batch in KvIndexReader::open(path)? {
+    for batch in trace.kv_index(path)? {
         let b = batch?;
         runs.push_batch(&b)?;
         each(&b)?;
@@ -307,7 +308,7 @@ pub fn check_kv(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) 
     let runs = trace
         .kv_files
         .iter()
-        .map(|f| scan_file(f, |_| Ok(())))
+        .map(|f| scan_file(trace, f, |_| Ok(())))
         .collect::<Result<Vec<_>>>()?;
     finish(trace, &runs, spill_root, chunk)
 }
@@ -378,7 +379,7 @@ pub fn finish(
         if overlap || rs.iter().any(|(_, r)| !r.sorted) {
             ps.check = SeqCheck::Sort;
             let fis: Vec<u32> = rs.iter().map(|(fi, _)| *fi).collect();
-            sorted_walk(p.id, &files, &fis, spill_root, chunk, &mut ps)?;
+            sorted_walk(trace, p.id, &files, &fis, spill_root, chunk, &mut ps)?;
         } else {
             merge_runs(&rs, &mut ps);
         }
@@ -491,6 +492,7 @@ impl Src {
 /// and walks them in order: a repeated seq is an error naming both rows;
 /// gaps are holes.
 fn sorted_walk(
+    trace: &Trace,
     pool: u16,
     files: &[PathBuf],
     fis: &[u32],
@@ -503,7 +505,7 @@ fn sorted_walk(
     let mut chunks = Vec::new();
     for &fi in fis {
         let path = &files[fi as usize];
-        for batch in KvIndexReader::open(path)? {
+        for batch in trace.kv_index(path)? {
             let b = batch?;
             for (i, (&p, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
                 if p != pool {

@@ -15,9 +15,14 @@
 //! A link that stays inside the trace is followed; a folder reached twice
 //! (a link loop, or a second path to the same files) is refused.
 //!
-//! A trace in object storage (a URL, [`crate::trace::store`]) goes through
-//! the same functions: its objects are listed once, hold no links, FIFOs
-//! or devices, and are opened for ranged reads.
+//! A trace in object storage has none of these (its objects are listed
+//! once and hold no links, FIFOs or devices): [`crate::trace::TraceRoot`]
+//! sends a remote trace's files to [`crate::trace::store`] and a local
+//! trace's here.
+//!
+//! Which files the readers take is decided here too, from a path alone
+//! ([`table_file`], [`reader_skips`]), for local and remote traces alike;
+//! and a local file's digest ([`hash_file`]).
 
 use std::collections::HashSet;
 use std::fs::{File, FileType, Metadata};
@@ -25,52 +30,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Location, Result};
-use crate::trace::store::{self, Remote, Source};
-
-/// Whether `path` names a trace or file in object storage.
-pub fn is_remote(path: &Path) -> bool {
-    store::is_remote(path)
-}
-
-/// The remote trace a URL belongs to and its path there (None: local).
-fn remote(path: &Path) -> Result<Option<(std::sync::Arc<Remote>, String)>> {
-    store::locate(path)
-}
-
-/// The trace folder, resolved (links followed): what every other path of
-/// the trace must stay under.
-pub fn root(dir: &Path) -> Result<PathBuf> {
-    if is_remote(dir) {
-        let r = Remote::open(dir)?;
-        if r.listable() && r.is_empty() {
-            return Err(Error::invalid(
-                Location::file(dir),
-                "holds no objects: there is no trace under this prefix",
-                "check the bucket and prefix (the one that holds trace.json, requests/ and kv/); docs/object-storage.md shows how to upload a trace",
-            ));
-        }
-        return Ok(PathBuf::from(r.url()));
-    }
-    let not_dir = || {
-        Error::invalid(
-            Location::file(dir),
-            "not a trace directory",
-            "pass the directory that holds trace.json, requests/ and kv/",
-        )
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        _ => return Err(not_dir()),
-    }
-    std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))
-}
+use crate::trace::chunked::read_full;
+use crate::trace::store::Source;
 
 /// `path` resolved; an error naming `path` when it leads out of `root`.
 pub fn inside(root: &Path, path: &Path) -> Result<PathBuf> {
-    if is_remote(path) {
-        // Objects hold no links: a path below the trace's URL is inside.
-        return Ok(path.to_path_buf());
-    }
     let real = std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?;
     if !real.starts_with(root) {
         return Err(Error::invalid(
@@ -123,14 +87,7 @@ fn not_regular(path: &Path, md: &Metadata) -> Error {
 /// Opens a regular file for reading, never blocking: the type is checked
 /// before the open (`stat`, links followed) and again on the open
 /// descriptor (same file, still regular).
-pub fn open_regular(path: &Path) -> Result<Source> {
-    if let Some((r, rel)) = remote(path)? {
-        return Ok(Source::Remote(r.open_file(&rel)?));
-    }
-    open_local(path).map(Source::Local)
-}
-
-fn open_local(path: &Path) -> Result<File> {
+pub fn open_local(path: &Path) -> Result<File> {
     let before = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !before.is_file() {
         return Err(not_regular(path, &before));
@@ -161,37 +118,37 @@ fn open_local(path: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// Reads a regular file of at most `limit` bytes (`what` names the limit
-/// in the message).
+/// The error for a file of `n` bytes, over the `limit` kvtrail reads for
+/// `what`.
+pub(crate) fn too_big(path: &Path, n: u64, limit: u64, what: &str) -> Error {
+    Error::invalid(
+        Location::file(path),
+        format!("is {n} bytes, more than the {limit} bytes kvtrail reads for {what}"),
+        format!(
+            "{what} is never this large: this is not one, or a damaged one; see docs/limits.md"
+        ),
+    )
+}
+
+/// Reads a regular file on this machine of at most `limit` bytes (`what`
+/// names the limit in the message).
 pub fn read_limited(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
-    let too_big = |n: u64| {
-        Error::invalid(
-            Location::file(path),
-            format!("is {n} bytes, more than the {limit} bytes kvtrail reads for {what}"),
-            format!(
-                "{what} is never this large: this is not one, or a damaged one; see docs/limits.md"
-            ),
-        )
-    };
-    // A remote object's size is known from its listing (or HEAD) before
-    // any of it is read: one without an ETag would be downloaded whole.
-    if let Some((r, rel)) = remote(path)?
-        && let Some(meta) = r.meta(&rel)?
-        && meta.size > limit
-    {
-        return Err(too_big(meta.size));
-    }
-    let file = open_regular(path)?;
+    read_opened(path, Source::Local(open_local(path)?), limit, what)
+}
+
+/// Reads `file` (opened from `path`) whole, if it holds at most `limit`
+/// bytes.
+pub(crate) fn read_opened(path: &Path, file: Source, limit: u64, what: &str) -> Result<Vec<u8>> {
     let len = file.size().map_err(|e| Error::io(path, e))?;
     if len > limit {
-        return Err(too_big(len));
+        return Err(too_big(path, len, limit, what));
     }
     let mut buf = Vec::with_capacity(len as usize);
     file.take(limit + 1)
         .read_to_end(&mut buf)
         .map_err(|e| Error::io(path, e))?;
     if buf.len() as u64 > limit {
-        return Err(too_big(buf.len() as u64));
+        return Err(too_big(path, buf.len() as u64, limit, what));
     }
     Ok(buf)
 }
@@ -295,28 +252,10 @@ impl Walk {
     }
 }
 
-/// Walks `dir` (a folder of the trace `root`, which is resolved) at any
-/// depth. A missing `dir` is empty.
+/// Walks `dir` (a folder of the local trace `root`, which is resolved) at
+/// any depth. A missing `dir` is empty.
 pub fn walk(root: &Path, dir: &Path) -> Walk {
     let mut out = Walk::default();
-    if is_remote(dir) {
-        match remote(dir) {
-            Ok(Some((r, sub))) => {
-                for rel in r.files(&sub) {
-                    let below = &rel[sub.len() + 1..];
-                    let kind = table_file(below);
-                    if kind == TableFile::Other {
-                        continue;
-                    }
-                    out.files.push((store::file_path(&r, &rel), kind));
-                }
-                out.files.sort();
-            }
-            Ok(None) => {}
-            Err(e) => out.refused.push(e),
-        }
-        return out;
-    }
     if std::fs::symlink_metadata(dir).is_err() {
         return out;
     }
@@ -429,13 +368,9 @@ fn not_regular_dir(path: &Path, md: &Metadata) -> Error {
     )
 }
 
-/// Whether a file exists (local: `lstat` finds it; remote: listed or, over
-/// HTTP(S), answered by a HEAD). A local error other than "not found" is
-/// an error.
+/// Whether a file on this machine exists (`lstat` finds it). An error
+/// other than "not found" is an error.
 pub fn exists(path: &Path) -> Result<bool> {
-    if let Some((r, rel)) = remote(path)? {
-        return Ok(r.meta(&rel)?.is_some());
-    }
     match std::fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -443,55 +378,33 @@ pub fn exists(path: &Path) -> Result<bool> {
     }
 }
 
-/// Whether `path` is a regular file (links followed); every listed object
-/// of a remote trace is one.
-pub fn is_regular_file(path: &Path) -> bool {
-    match remote(path) {
-        Ok(Some((r, rel))) => r.meta(&rel).is_ok_and(|m| m.is_some()),
-        Ok(None) => std::fs::metadata(path).is_ok_and(|m| m.is_file()),
-        Err(_) => false,
-    }
+/// Bytes of a file hashed at once (on every thread, `update_rayon`).
+const HASH_BLOCK: usize = 8 << 20;
+
+/// blake3 and size (the bytes hashed) of a regular file on this machine
+/// (opened as [`open_local`] opens it), read in blocks of [`HASH_BLOCK`]:
+/// memory stays one block per file hashed at once, where a memory map
+/// would keep every page of the file resident while it is hashed (a
+/// 450 MB trace hashed by files in parallel held as much). A remote
+/// object's digest is [`crate::trace::TraceRoot::hash`].
+pub fn hash_file(path: &Path) -> Result<(String, u64)> {
+    let f = open_local(path)?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    hash_open(f, len).map_err(|e| Error::io(path, e))
 }
 
-/// blake3 and length of a remote file, streamed front to back in ranged
-/// reads, once per process (local files are hashed memory-mapped by
-/// `custody::hash_file`).
-pub fn hash_remote(path: &Path) -> Result<(String, u64)> {
-    match remote(path)? {
-        Some((r, rel)) => r.digest(&rel),
-        None => Err(Error::Other(format!(
-            "{} is not in object storage",
-            path.display()
-        ))),
+/// blake3 and size of what `f` holds (`len`: its size, for the buffer).
+pub(crate) fn hash_open(mut f: File, len: u64) -> std::io::Result<(String, u64)> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; (len as usize).clamp(1, HASH_BLOCK)];
+    let mut bytes = 0u64;
+    loop {
+        let n = read_full(&mut f, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update_rayon(&buf[..n]);
+        bytes += n as u64;
     }
-}
-
-/// After trace.json of a remote trace is read: over HTTP(S), which cannot
-/// list a folder, asks for each file trace.json lists, so that walks see
-/// them. A trace.json without a `files` list cannot be read so.
-pub fn discover(dir: &Path, listed: Option<&[crate::trace::FileEntry]>) -> Result<()> {
-    let Some((r, _)) = remote(dir)? else {
-        return Ok(());
-    };
-    if r.listable() {
-        return Ok(());
-    }
-    let Some(files) = listed else {
-        return Err(Error::invalid(
-            Location::file(&dir.join("trace.json")),
-            "has no `files` list, and an HTTP(S) server cannot list a folder: kvtrail cannot find the trace's data files",
-            "serve the trace from object storage (s3://, gs://, az://), or copy it to a local folder",
-        ));
-    };
-    r.discover(files.iter().map(|f| f.path.as_str()))
-}
-
-/// The first failed read of a remote trace's objects (a change since the
-/// listing, a lost connection), if any: the answer of a command that read
-/// the trace would rest on a part of it, so the command fails instead.
-pub fn remote_failure(dir: &Path) -> Option<Error> {
-    match remote(dir) {
-        Ok(Some((r, _))) => r.failure(),
-        _ => None,
-    }
+    Ok((h.finalize().to_hex().to_string(), bytes))
 }

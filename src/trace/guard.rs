@@ -12,7 +12,8 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 
-use crate::error::{Error, Location, Result};
+use crate::error::{Location, Result};
+use crate::trace::parquet_error::parquet_error;
 
 thread_local! {
     static GUARDED: Cell<bool> = const { Cell::new(false) };
@@ -41,7 +42,7 @@ pub(crate) fn guard<T>(loc: impl FnOnce() -> Location, f: impl FnOnce() -> Resul
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown failure".into());
-            Err(Error::parquet(
+            Err(parquet_error(
                 loc(),
                 format!("corrupt file (the Parquet reader gave up: {msg})"),
             ))

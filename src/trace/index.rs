@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{RequestRecord, req_col};
-use crate::trace::read::{RequestFileReader, Trace};
+use crate::trace::read::Trace;
 
 /// Every request id of a trace, sorted, each with its tenant as a small key.
 #[derive(Debug, Clone, Default)]
@@ -361,7 +361,7 @@ pub fn scan_requests(trace: &Trace, mut visit: impl FnMut(RequestRecord)) -> Res
     let mut builder = KeysBuilder::default();
     for path in &trace.request_files {
         let mut row = 0u64;
-        for batch in RequestFileReader::open(path)? {
+        for batch in trace.request_file(path)? {
             for r in batch? {
                 check_pools(&known, path, row, &r)?;
                 let tenant = match tenant_ids.get(r.tenant.as_str()) {
@@ -394,7 +394,7 @@ fn locate_duplicate(trace: &Trace, dups: &[u64]) -> Error {
     let mut first: HashMap<u64, (PathBuf, u64)> = HashMap::new();
     for path in &trace.request_files {
         let mut row = 0u64;
-        let reader = match RequestFileReader::open(path) {
+        let reader = match trace.request_file(path) {
             Ok(r) => r,
             Err(e) => return e,
         };

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Location, Result};
 use crate::schema::{FORMAT_NAME, FORMAT_VERSION};
 use crate::trace::files;
+use crate::trace::root::TraceRoot;
 
 /// The largest trace.json kvtrail reads: 16 MiB. A manifest lists the pools
 /// (at most 65,536, about 120 bytes each) and one entry of about 150 bytes
@@ -92,6 +93,18 @@ impl Pool {
     pub fn max_req_input_len(&self, context_window: u64) -> u64 {
         max_req_input_len(context_window, self.capacity_tokens)
     }
+}
+
+/// The error for a trace.json that is not there (`exists` false).
+fn missing(path: &Path, exists: bool) -> Result<()> {
+    if exists {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        Location::file(path),
+        "trace.json is missing",
+        "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
+    ))
 }
 
 impl Deployment {
@@ -464,20 +477,33 @@ impl Manifest {
     /// Reads and checks `<dir>/trace.json`: a regular file inside the trace
     /// (not a link out of it, never a FIFO) of at most [`MAX_MANIFEST_BYTES`].
     pub fn load(dir: &Path) -> Result<Manifest> {
+        Self::open(dir).map(|(_, m)| m)
+    }
+
+    /// [`Manifest::load`], handing back the trace's root too, so the
+    /// trace can be opened from it without listing it again.
+    pub fn open(dir: &Path) -> Result<(TraceRoot, Manifest)> {
+        // A remote trace is listed first, so its objects are known.
+        let root = match TraceRoot::open_remote(dir)? {
+            Some(root) => root,
+            None => {
+                missing(
+                    &dir.join("trace.json"),
+                    files::exists(&dir.join("trace.json"))?,
+                )?;
+                TraceRoot::open(dir)?
+            }
+        };
+        let m = Self::load_at(&root, dir)?;
+        Ok((root, m))
+    }
+
+    /// Reads and checks trace.json of the trace at `root`, opened as `dir`.
+    pub fn load_at(root: &TraceRoot, dir: &Path) -> Result<Manifest> {
         let path = dir.join("trace.json");
-        if files::is_remote(dir) {
-            // Lists the trace (once), so its objects are known.
-            files::root(dir)?;
-        }
-        if !files::exists(&path)? {
-            return Err(Error::invalid(
-                Location::file(&path),
-                "trace.json is missing",
-                "a trace is a directory with trace.json, requests/ and kv/; point kvtrail at the trace directory",
-            ));
-        }
-        files::inside(&files::root(dir)?, &path)?;
-        let bytes = files::read_limited(&path, MAX_MANIFEST_BYTES, "trace.json")?;
+        missing(&path, root.exists(&path)?)?;
+        root.inside(&path)?;
+        let bytes = root.read_limited(&path, MAX_MANIFEST_BYTES, "trace.json")?;
         Self::parse(&text(bytes, &path)?, &path)
     }
 

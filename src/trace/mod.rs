@@ -10,7 +10,9 @@ mod guard;
 mod hive;
 pub mod index;
 pub mod manifest;
+mod parquet_error;
 pub mod read;
+pub mod root;
 pub mod sorted;
 pub mod store;
 pub mod verify;
@@ -23,3 +25,4 @@ pub const NO_KV_EVENTS: &str = "the trace holds no KV events: it records nothing
 pub use index::{RequestKeys, scan_requests};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
 pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};
+pub use root::TraceRoot;

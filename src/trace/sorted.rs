@@ -28,6 +28,7 @@ use parquet::file::statistics::Statistics;
 use crate::error::{Error, Location, Result};
 use crate::trace::chunked::ChunkedFile;
 use crate::trace::guard::guard;
+use crate::trace::parquet_error::parquet_error;
 
 /// Rows per row group: one look-up decodes about this many pairs.
 pub const ROW_GROUP_ROWS: usize = 8 * 1024;
@@ -65,7 +66,7 @@ impl SortedWriter {
             .set_key_value_metadata(Some(kv))
             .build();
         let w = ArrowWriter::try_new(std::io::BufWriter::new(file), schema(), Some(props))
-            .map_err(|e| Error::parquet(Location::file(path), e))?;
+            .map_err(|e| parquet_error(Location::file(path), e))?;
         Ok(SortedWriter {
             path: path.to_path_buf(),
             w,
@@ -111,7 +112,7 @@ impl SortedWriter {
             .expect("two non-null Int64 columns of one length");
         self.w
             .write(&b)
-            .map_err(|e| Error::parquet(Location::file(&self.path), e))?;
+            .map_err(|e| parquet_error(Location::file(&self.path), e))?;
         self.keys = Vec::with_capacity(ROW_GROUP_ROWS);
         self.values = Vec::with_capacity(ROW_GROUP_ROWS);
         Ok(())
@@ -123,7 +124,7 @@ impl SortedWriter {
         let mut bw = self
             .w
             .into_inner()
-            .map_err(|e| Error::parquet(Location::file(&self.path), e))?;
+            .map_err(|e| parquet_error(Location::file(&self.path), e))?;
         bw.flush().map_err(|e| Error::io(&self.path, e))?;
         bw.get_ref()
             .sync_all()
@@ -319,9 +320,9 @@ impl SortedReader {
         let meta = guard(loc, || {
             let mut r = parquet::file::metadata::ParquetMetaDataReader::new();
             r.try_parse(&file)
-                .map_err(|e| Error::parquet(Location::file(path), e))?;
+                .map_err(|e| parquet_error(Location::file(path), e))?;
             r.finish()
-                .map_err(|e| Error::parquet(Location::file(path), e))
+                .map_err(|e| parquet_error(Location::file(path), e))
         })?;
         let cols = meta.file_metadata().schema_descr().columns().to_vec();
         if cols.len() != 2 || cols[0].name() != "key" || cols[1].name() != "value" {
@@ -397,12 +398,12 @@ impl SortedReader {
             let opts = parquet::arrow::arrow_reader::ArrowReaderOptions::new();
             let meta =
                 parquet::arrow::arrow_reader::ArrowReaderMetadata::try_new(self.meta.clone(), opts)
-                    .map_err(|e| Error::parquet(loc(), e))?;
+                    .map_err(|e| parquet_error(loc(), e))?;
             let rd = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
                 .with_row_groups(groups.clone())
                 .with_batch_size(ROW_GROUP_ROWS)
                 .build()
-                .map_err(|e| Error::parquet(loc(), e))?;
+                .map_err(|e| parquet_error(loc(), e))?;
             let mut out = Vec::new();
             let mut prev: Option<(i64, i64)> = None;
             let (lo, hi) = (
@@ -410,7 +411,7 @@ impl SortedReader {
                 self.ranges[groups[groups.len() - 1]].1,
             );
             for b in rd {
-                let b = b.map_err(|e| Error::parquet(loc(), e))?;
+                let b = b.map_err(|e| parquet_error(loc(), e))?;
                 let col = |i: usize| {
                     b.column(i)
                         .as_any()

@@ -24,6 +24,7 @@ use parquet::schema::types::ColumnPath;
 use crate::error::{Error, Location, Result};
 use crate::schema::{KvEvent, Op, RequestRecord, kv_col, kv_schema, req_col, requests_schema};
 use crate::trace::manifest::FileEntry;
+use crate::trace::parquet_error::parquet_error;
 
 /// A nullable column filled in one pass: values plus a validity bitmap
 /// that is only materialized when a null was seen.
@@ -291,7 +292,7 @@ impl PartWriter {
                 .build();
             let writer =
                 ArrowWriter::try_new(HashingWriter::new(file), self.schema.clone(), Some(props))
-                    .map_err(|e| Error::parquet(Location::file(&tmp), e))?;
+                    .map_err(|e| parquet_error(Location::file(&tmp), e))?;
             self.open = Some(OpenPart {
                 rel: format!("{}/{}", self.rel_dir, name),
                 tmp,
@@ -313,10 +314,10 @@ impl PartWriter {
         let part = self.open_part()?;
         part.writer
             .write(batch)
-            .map_err(|e| Error::parquet(Location::file(&part.tmp), e))?;
+            .map_err(|e| parquet_error(Location::file(&part.tmp), e))?;
         part.writer
             .flush()
-            .map_err(|e| Error::parquet(Location::file(&part.tmp), e))?;
+            .map_err(|e| parquet_error(Location::file(&part.tmp), e))?;
         part.rows += batch.num_rows() as u64;
         if part.writer.bytes_written() as u64 >= rotate_bytes
             || part.writer.flushed_row_groups().len() >= MAX_PART_ROW_GROUPS
@@ -334,7 +335,7 @@ impl PartWriter {
         let mut hw = part
             .writer
             .into_inner()
-            .map_err(|e| Error::parquet(Location::file(&part.tmp), e))?;
+            .map_err(|e| parquet_error(Location::file(&part.tmp), e))?;
         hw.flush().map_err(|e| Error::io(&part.tmp, e))?;
         let digest = hw.hasher.finalize().to_hex().to_string();
         let file = hw
@@ -391,11 +392,11 @@ pub fn read_batches(path: &Path) -> Result<Vec<RecordBatch>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.build())
-        .map_err(|e| Error::parquet(Location::file(path), e))?;
+        .map_err(|e| parquet_error(Location::file(path), e))?;
     reader
         .map(|b| {
             b.map_err(|e| {
-                Error::parquet(Location::file(path), parquet::errors::ParquetError::from(e))
+                parquet_error(Location::file(path), parquet::errors::ParquetError::from(e))
             })
         })
         .collect()
@@ -417,14 +418,14 @@ pub fn write_single_file(path: &Path, batches: &[RecordBatch]) -> Result<String>
         .set_created_by(format!("kvtrail {}", env!("CARGO_PKG_VERSION")))
         .build();
     let mut w = ArrowWriter::try_new(HashingWriter::new(file), schema, Some(props))
-        .map_err(|e| Error::parquet(Location::file(path), e))?;
+        .map_err(|e| parquet_error(Location::file(path), e))?;
     for b in batches {
         w.write(b)
-            .map_err(|e| Error::parquet(Location::file(path), e))?;
+            .map_err(|e| parquet_error(Location::file(path), e))?;
     }
     let mut hw = w
         .into_inner()
-        .map_err(|e| Error::parquet(Location::file(path), e))?;
+        .map_err(|e| parquet_error(Location::file(path), e))?;
     hw.flush().map_err(|e| Error::io(path, e))?;
     Ok(hw.hasher.finalize().to_hex().to_string())
 }

@@ -113,13 +113,10 @@ struct PlanOut<'a> {
     shards: &'a [ShardGroup],
 }
 
-fn plan_of(trace: &Path) -> anyhow::Result<Vec<ShardGroup>> {
+fn plan_of(trace: &Path) -> anyhow::Result<(Trace, Vec<ShardGroup>)> {
     let t = Trace::open(trace)?;
     let shards = plan_shards(&t)?;
-    if let Some(e) = kvtrail::trace::files::remote_failure(trace) {
-        return Err(e.into());
-    }
-    Ok(shards)
+    Ok((t, shards))
 }
 
 fn ids(p: &[u16]) -> String {
@@ -127,7 +124,7 @@ fn ids(p: &[u16]) -> String {
 }
 
 fn plan(args: PlanArgs) -> anyhow::Result<i32> {
-    let shards = plan_of(&args.trace)?;
+    let (_, shards) = plan_of(&args.trace)?;
     let value = PlanOut {
         trace: args.trace.display().to_string(),
         shards: &shards,
@@ -256,7 +253,7 @@ fn spark(mut args: SparkArgs) -> anyhow::Result<i32> {
             "--conf {c}: not KEY=VALUE{HINT}pass a Spark setting such as spark.executor.memory=4g"
         );
     }
-    let remote = kvtrail::trace::files::is_remote(&args.trace);
+    let remote = kvtrail::trace::TraceRoot::names_url(&args.trace);
     let inputs = [args.trace.as_path()];
     kvtrail::custody::prepare_out(&args.out, "scope", &inputs, false)?;
     kvtrail::custody::prepare_out(&shards_dir, "scope", &inputs, false)?;
@@ -281,8 +278,8 @@ fn spark(mut args: SparkArgs) -> anyhow::Result<i32> {
 
     // Planned here, natively: a trace that cannot be read or replayed is
     // refused before Spark starts.
-    let shards = plan_of(&args.trace)?;
-    let planned = TraceView::of(&args.trace)?;
+    let (trace, shards) = plan_of(&args.trace)?;
+    let planned = TraceView::of(&trace)?;
     eprintln!(
         "kvtrail: fleet spark: {} shards ({})",
         shards.len(),
@@ -504,11 +501,16 @@ struct TraceView {
 }
 
 impl TraceView {
-    fn of(trace: &Path) -> anyhow::Result<TraceView> {
-        let (trace_json, _) = kvtrail::custody::hash_file(&trace.join("trace.json"))?;
+    fn of(t: &Trace) -> anyhow::Result<TraceView> {
+        let trace = t.dir.as_path();
+        let (trace_json, _) = t.root.hash(&trace.join("trace.json"))?;
         let mut files = std::collections::BTreeSet::new();
         for sub in ["requests", "kv"] {
-            for p in kvtrail::trace::read::list_parquet(&trace.join(sub))? {
+            let mut walk = t.root.walk(&trace.join(sub));
+            if !walk.refused.is_empty() {
+                return Err(walk.refused.swap_remove(0).into());
+            }
+            for p in walk.data_files() {
                 let rel = p
                     .strip_prefix(trace)
                     .map(|r| r.to_string_lossy().replace('\\', "/"))

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::sql::{Dialect, MAX_COPY_LEVELS, SqlOptions, generate, levels, levels_for_chain};
+use kvtrail::trace::TraceRoot;
 
 use crate::cli::progress::BarReporter;
 
@@ -80,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (None, Some(p)) if args.pools.is_none() => {
             let local = PathBuf::from(p).join("trace.json");
             // A trace in object storage: its trace.json is read there.
-            (local.is_file() || kvtrail::trace::files::is_remote(&local)).then_some(local)
+            (local.is_file() || TraceRoot::names_url(&local)).then_some(local)
         }
         _ => None,
     };
@@ -88,20 +89,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut data_dir = None;
     let mut opts = match manifest_path {
         Some(m) => {
-            let remote_dir = kvtrail::trace::files::is_remote(&m)
-                && m.file_name().is_none_or(|n| n != "trace.json");
+            let remote_dir =
+                TraceRoot::names_url(&m) && m.file_name().is_none_or(|n| n != "trace.json");
             let dir = if remote_dir || m.is_dir() {
                 m.clone()
             } else {
                 m.parent().map(PathBuf::from).unwrap_or_default()
             };
-            let manifest = kvtrail::trace::Manifest::load(&dir)?;
+            // The root is kept: the events are read from the same listing.
+            let (root, manifest) = kvtrail::trace::Manifest::open(&dir)?;
             let path = args
                 .trace_path
                 .clone()
                 .unwrap_or_else(|| dir.display().to_string());
             let mut o = SqlOptions::from_manifest(&manifest, dialect, &path);
-            data_dir = Some(dir.clone());
+            data_dir = Some((root, dir.clone()));
             if let Some(p) = &args.pools {
                 o.pools = p.clone();
                 o.copy_levels = o.copy_levels.max(levels(p.len()));
@@ -131,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     match (args.copy_levels, &data_dir) {
         (Some(n), _) => opts.copy_levels = n as usize,
-        (None, Some(dir)) => opts.copy_levels = data_copy_levels(dir, &opts),
+        (None, Some((root, dir))) => opts.copy_levels = data_copy_levels(root, dir, &opts),
         (None, None) => {}
     }
     if let Some(scratch) = args.spark_scratch {
@@ -163,8 +165,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// that. When the events cannot be
 /// read or replayed (a remote folder out of reach, rows the native reader
 /// refuses), the manifest's levels stay, and stderr says why.
-fn data_copy_levels(dir: &std::path::Path, opts: &SqlOptions) -> usize {
-    let measured = kvtrail::trace::Trace::open(dir)
+fn data_copy_levels(root: &TraceRoot, dir: &std::path::Path, opts: &SqlOptions) -> usize {
+    let measured = kvtrail::trace::Trace::open_at(root.clone(), dir)
         .and_then(|t| kvtrail::lineage::chains::copy_chains(&t, &BarReporter::default()));
     match measured {
         Ok(ch) => {

@@ -1,0 +1,116 @@
+//! The planning columns of a kv file (pool, seq, slot_count, the copy
+//! source), read without the rest of each row.
+
+use std::path::Path;
+
+use arrow_array::RecordBatch;
+
+use crate::error::{Location, Result};
+use crate::schema::{CopySrc, kv_col};
+use crate::trace::hive::{self};
+use crate::trace::read::column::{Col, opt};
+use crate::trace::read::parquet_file::{Cursor, open_builder, project};
+use crate::trace::read::values::{MAX_SEQ, check_seq};
+use crate::trace::root::TraceRoot;
+
+pub use crate::trace::index::scan_requests;
+
+/// A light view of one batch of a kv file: only what replay needs to plan
+/// its merge (seq order per pool) and its copies (which source states a
+/// later copy will ask for). Columns are projected, so this is much cheaper
+/// than decoding whole events.
+#[derive(Debug, Clone, Default)]
+pub struct KvIndexBatch {
+    /// Row (0-based, within the file) of the first entry.
+    pub first_row: u64,
+    pub pool: Vec<u16>,
+    pub seq: Vec<u64>,
+    /// Copies in this batch: (row within batch, source).
+    pub copies: Vec<(u32, CopySrc, u32)>,
+}
+
+/// Streams the planning columns of one kv file (pool, seq, slot_count and
+/// the src columns), batch by batch.
+pub struct KvIndexReader {
+    cur: Cursor,
+}
+
+impl KvIndexReader {
+    /// Opens the kv file at `path` of the trace at `root`.
+    pub fn open(root: &TraceRoot, path: &Path) -> Result<Self> {
+        let builder = open_builder(root, path)?;
+        let required = [kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT];
+        let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
+        let hive = hive::pairs(path, &[&required[..], &optional[..]].concat())?;
+        let reader = project(path, builder, &required, &optional, &hive)?;
+        Ok(KvIndexReader {
+            cur: Cursor::new(root, path, hive, reader),
+        })
+    }
+
+    fn decode(&self, batch: &RecordBatch) -> Result<KvIndexBatch> {
+        let p = &self.cur.path;
+        let r0 = self.cur.rows;
+        let c = |name| Col::get(batch, p, r0, name);
+        let (cpool, cseq, ccount) = (c(kv_col::POOL), c(kv_col::SEQ), c(kv_col::SLOT_COUNT));
+        for col in [&cpool, &cseq, &ccount] {
+            col.check_no_nulls()?;
+        }
+        let pool = cpool.ints::<u16>("UInt16")?.into_owned();
+        let seq = cseq.ints::<u64>("UInt64")?.into_owned();
+        if let Some(i) = seq.iter().position(|&s| s > MAX_SEQ) {
+            check_seq(|| cseq.loc(i), seq[i])?;
+        }
+        let mut copies = Vec::new();
+        let csp = c(kv_col::SRC_POOL);
+        let css = c(kv_col::SRC_SLOT_START);
+        let csq = c(kv_col::SRC_SEQ);
+        if let (Some(_), Some(_), Some(_)) = (csp.arr, css.arr, csq.arr) {
+            let spn = csp.nulls();
+            if spn.as_ref().is_none_or(|n| n.null_count() < n.len()) {
+                let count = ccount.ints::<u32>("UInt32")?;
+                let sp = Some(csp.ints::<u16>("UInt16")?);
+                let ss = Some(css.ints::<u32>("UInt32")?);
+                let sq = Some(csq.ints::<u64>("UInt64")?);
+                let (ssn, sqn) = (css.nulls(), csq.nulls());
+                for i in 0..batch.num_rows() {
+                    if let (Some(a), Some(b), Some(s)) =
+                        (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i))
+                    {
+                        check_seq(
+                            || Location::file(p).row(r0 + i as u64).column(kv_col::SRC_SEQ),
+                            s,
+                        )?;
+                        copies.push((
+                            i as u32,
+                            CopySrc {
+                                pool: a,
+                                slot_start: b,
+                                seq: s,
+                            },
+                            count[i],
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(KvIndexBatch {
+            first_row: r0,
+            pool,
+            seq,
+            copies,
+        })
+    }
+}
+
+impl Iterator for KvIndexReader {
+    type Item = Result<KvIndexBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = match self.cur.batch()? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
+        let res = self.decode(&batch);
+        Some(self.cur.settle(&batch, res).map(|(_, v)| v))
+    }
+}

@@ -1,0 +1,48 @@
+//! The contract's limits on ids and seqs, shared with the JSONL line
+//! parser.
+
+use crate::error::{Error, Location, Result};
+
+/// The highest request id this version replays: the two ids above it are
+/// the replay's per-slot markers for never-written and scrubbed content
+/// (`lineage::state::NEVER`, `SCRUBBED`), so a trace using them would be
+/// misread. They are refused, never silently misclassified.
+pub const MAX_REQUEST_ID: u64 = u64::MAX - 2;
+
+/// The reader's request-id rule (shared with the JSONL line parser, so a
+/// capture never writes a row the readers refuse).
+pub fn check_request_id(loc: impl FnOnce() -> Location, id: u64) -> Result<()> {
+    if id > MAX_REQUEST_ID {
+        return Err(reserved_id(loc(), id));
+    }
+    Ok(())
+}
+
+pub(crate) fn reserved_id(loc: Location, id: u64) -> Error {
+    Error::invalid(
+        loc,
+        format!("request_id {id} is one of the two highest UInt64 values, which kvtrail reserves"),
+        "map request ids to values below 18446744073709551614 (e.g. number them from 1) and keep the original id in external_id",
+    )
+}
+
+/// The largest seq (and `src_seq`) this version reads. seq is the 0-based
+/// position of an event in its pool's stream, so 2^64-1 would be a pool's
+/// 2^64th event, which no capture reaches; replay keeps "seq + 1" per slot
+/// and uses 2^64-1 as the end of a stream. A src_seq can only be legal if
+/// its source pool has an event with that seq. Both are refused, never
+/// misread.
+pub const MAX_SEQ: u64 = u64::MAX - 1;
+
+pub fn check_seq(loc: impl FnOnce() -> Location, seq: u64) -> Result<()> {
+    if seq > MAX_SEQ {
+        let loc = loc();
+        let col = loc.column.clone().unwrap_or_default();
+        return Err(Error::invalid(
+            loc,
+            format!("{col} {seq} (2^64-1) is reserved: no pool reaches its 2^64th event"),
+            "seqs number a pool's events from 0; write the event's position in its pool's stream",
+        ));
+    }
+    Ok(())
+}
