@@ -12,10 +12,12 @@
 # lease expiry, out-of-range blocks). Outputs compared: stdout, stderr, the
 # exit code, and every file each command writes.
 set -u
-before=$(realpath "$1"); after=$(realpath "$2")
 work=${3:-$(mktemp -d)}
 repo=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$work"
+mkdir -p "$work/bin-before" "$work/bin-after"
+# Both under one name: outputs quote the program's name (evidence.json).
+cp "$1" "$work/bin-before/kvtrail"; cp "$2" "$work/bin-after/kvtrail"
+before=$work/bin-before/kvtrail; after=$work/bin-after/kvtrail
 fail=0
 
 # run NAME ARGS...: runs both binaries in their own folder (b/ and a/) with
@@ -31,7 +33,7 @@ run() {
         # Paths of the side's own folder print the same on both sides.
         # Paths of the side's own folder print the same on both sides, and
         # wall-clock figures (seconds, rates) are not outputs.
-        sed -i -E -e "s#$d#@OUT@#g" -e 's/[0-9]+\.[0-9]+ ?s\b/T s/g' \
+        sed -i -E -e "s#$d#@OUT@#g" -e 's#[^ ]*/traces/incident-mini#@REPO@/traces/incident-mini#g' -e 's/[0-9]+\.[0-9]+ ?s\b/T s/g' \
             -e 's/[0-9]+ requests\/s/R requests\/s/g' "$d/$name.stdout" "$d/$name.stderr"
     done
 }
