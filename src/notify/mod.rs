@@ -112,12 +112,12 @@ pub fn notify(
     };
     // Everything is rendered into memory first: a template that fails
     // leaves no output folder behind, half-written or emptied.
-    let (packs, docs) = documents(sum, customers, &ev, cfg, templates)?;
+    let docs = documents(sum, customers, &ev, cfg, templates)?;
 
     if force {
         custody::prepare_out(out, "notify", &[scope_dir], force)?;
     }
-    let mut files = write_documents(out, &docs)?;
+    let mut files = write_documents(out, &docs.files)?;
     let mut inputs = vec![scope_inputs];
     if let Some(c) = config_path {
         inputs.push(custody::file_input(c, "config")?);
@@ -127,23 +127,32 @@ pub fn notify(
     files.sort();
     Ok(NotifyOutcome {
         files,
-        packs,
+        packs: docs.packs,
         evidence_digest: digest,
         unfilled: cfg.unfilled(),
     })
 }
 
-/// Every document of the output folder, rendered in memory, by path
-/// relative to it: per customer notice.json, letter.md and
-/// processor-notice.md, then register.json, register.csv and register.md.
-/// Also returns the packs' folders. No file is read or written.
+/// The output folder, rendered in memory.
+#[derive(Debug, Clone)]
+pub struct Documents {
+    /// The packs' folders (`customers/<name>`), sorted by customer.
+    pub packs: Vec<String>,
+    /// Every document by path relative to the output folder: per customer
+    /// notice.json, letter.md and processor-notice.md, then register.json,
+    /// register.csv and register.md.
+    pub files: Vec<(String, String)>,
+}
+
+/// Every document of the output folder, rendered in memory from the
+/// customers' packs. No file is read or written.
 pub fn documents(
     sum: &ScopeReport,
     customers: Customers,
     ev: &EvidenceRef,
     cfg: &NotifyConfig,
     templates: &Templates,
-) -> Result<(Vec<String>, Vec<(String, String)>)> {
+) -> Result<Documents> {
     let unattributed_responses = customers.unattributed_responses;
     let unattributed_sources = customers.unattributed_sources.len() as u64;
     let prefix_cache = customers.prefix_cache.clone();
@@ -187,7 +196,10 @@ pub fn documents(
         "register.md".into(),
         templates.render(templates::REGISTER, &view, rows)?,
     ));
-    Ok((folders, docs))
+    Ok(Documents {
+        packs: folders,
+        files: docs,
+    })
 }
 
 /// Writes `docs` under `out` (private folders and files); the paths written.

@@ -96,7 +96,7 @@ SELECT CAST(pool AS INT) AS pool, CAST(seq AS BIGINT) AS seq, CAST(ts_ns AS BIGI
 FROM {}
 WHERE CAST(pool AS INT) IN ({pools})",
             sx.view("kvtrail_events"),
-            src.from_item(sx.dialect, "kv")
+            src.table_ref(sx.dialect, "kv")
         ),
     );
     s.stmt(
@@ -111,7 +111,7 @@ SELECT CAST(request_id AS BIGINT) AS request_id, external_id, tenant,
 FROM {}",
             sx.view("kvtrail_requests"),
             sx.hex("output_hash"),
-            src.from_item(sx.dialect, "requests")
+            src.table_ref(sx.dialect, "requests")
         ),
     );
 }

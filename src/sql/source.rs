@@ -26,7 +26,7 @@ pub(super) enum Source {
 
 impl Source {
     /// A FROM item for a raw table (`kv` or `requests`).
-    pub fn from_item(&self, dialect: Dialect, table: &str) -> String {
+    pub fn table_ref(&self, dialect: Dialect, table: &str) -> String {
         match (dialect, self) {
             (Dialect::Duckdb, Source::Path(_)) => format!(
                 "read_parquet(getvariable('kvtrail_{table}_files'), union_by_name = true, hive_partitioning = true)"
