@@ -33,7 +33,7 @@
 //! prefix-cache isolation breach and the match is affected; otherwise it
 //! is information and does not make the match affected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Serialize;
@@ -41,6 +41,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::report::index::{IndexRow, KeyKind};
 use crate::scope::folder::ScopeFolder;
+use crate::scope::{Confidence, Crossing, ScopeReport};
 
 /// What to look up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +68,7 @@ pub struct AsRecipient {
     pub exposed_tokens: u64,
     /// `null` when it cannot be told (a source's customer is not known).
     pub other_customer_data: Option<bool>,
-    pub confidence: String,
+    pub confidence: Confidence,
     pub first_exposure_ns: i64,
     pub last_exposure_ns: i64,
 }
@@ -79,7 +80,7 @@ pub struct AsSource {
     pub tokens: u64,
     /// `null` when it cannot be told (a reader's customer is not known).
     pub reached_other_customers: Option<bool>,
-    pub confidence: String,
+    pub confidence: Confidence,
 }
 
 /// `prefix_cache.kind` under `prefix_cache_scope = "tenant"`.
@@ -243,55 +244,161 @@ pub fn lookup_checked(
     answer(&ScopeFolder::open(dir)?, q, only_tenant)
 }
 
+/// The answer, stage by stage: the query checked, each request's part in
+/// the findings, the matching rows (through the look-up index, or a scan),
+/// then the verdict.
 fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<Answer> {
     folder.refuse_shard("lookup")?;
     let sum = folder.summary();
-    let hash_q = match q {
-        Query::OutputHash(h) => {
-            let h = h.trim().to_ascii_lowercase();
-            if crate::schema::parse_hex32(&h).is_none() {
-                return Err(Error::Other(format!(
-                    "--output-hash {h:?} is not 64 hex digits (a blake3 digest)"
-                )));
-            }
-            Some(h)
-        }
-        _ => None,
+    let hash_q = output_hash(q)?;
+    let found = Findings::of(sum);
+    let what = match only_tenant {
+        Some(t) => format!("{} of tenant {t:?}", q.describe()),
+        None => q.describe(),
     };
-    let mut recv: BTreeMap<u64, AsRecipient> = BTreeMap::new();
-    let mut src: BTreeMap<u64, AsSource> = BTreeMap::new();
-    for a in &sum.affected_responses {
-        recv.insert(
-            a.request_id,
-            AsRecipient {
-                foreign_tokens: a.foreign_tokens,
-                exposed_tokens: a.exposed_tokens,
-                other_customer_data: a.crossing().known(),
-                confidence: a.confidence.as_str().into(),
-                first_exposure_ns: a.first_read_ns,
-                last_exposure_ns: a.last_read_ns,
-            },
-        );
-        for s in &a.sources {
-            let e = src.entry(s.request_id).or_insert_with(|| AsSource {
-                responses: 0,
-                tokens: 0,
-                reached_other_customers: Some(false),
-                confidence: s.confidence.as_str().into(),
-            });
-            e.responses += 1;
-            e.tokens += s.tokens;
-            e.reached_other_customers =
-                crate::scope::Crossing::from_known(e.reached_other_customers)
+    let mut matches = Vec::new();
+    let mut unaffected = 0u64;
+    let visit = |row: IndexRow| {
+        let hit = match q {
+            Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
+            Query::OutputHash(_) => row.output_hash.as_deref() == hash_q.as_deref(),
+            Query::Tenant(t) => row.tenant == *t,
+        } && only_tenant.is_none_or(|t| row.tenant == t);
+        if hit {
+            let m = found.matched(row);
+            if matches!(q, Query::Tenant(_)) && !m.affected && m.prefix_cache.is_none() {
+                unaffected += 1;
+            } else {
+                matches.push(m);
+            }
+        }
+    };
+    let (n, notes) = visit_matching_rows(folder, q, hash_q.as_deref(), visit)?;
+    let base = Answer {
+        query: what.clone(),
+        status: String::new(),
+        message: String::new(),
+        requests_in_trace: n,
+        matches: Vec::new(),
+        unaffected_matches: 0,
+        ambiguous_matches: 0,
+        ambiguous_customers: 0,
+        evidence_blake3: folder.evidence_blake3().into(),
+        evidence_intact: folder.intact(),
+        evidence_check: evidence_check(folder),
+        evidence_problems: folder.evidence_problems(),
+        evidence_complete: folder.coverage().complete,
+        notes,
+    };
+    // Several customers behind one id or hash, and no asker named: counts
+    // only, so that no answer names one customer to another.
+    let customers: BTreeSet<&str> = matches.iter().map(|m| m.tenant.as_str()).collect();
+    if only_tenant.is_none() && !matches!(q, Query::Tenant(_)) && customers.len() > 1 {
+        return Ok(Answer {
+            status: "ambiguous".into(),
+            message: format!(
+                "AMBIGUOUS: {} requests of {} different customers match {}; none is shown, so that no customer sees another's. Ask again with --tenant NAME, the asking customer's tenant, to see that customer's requests only.",
+                matches.len(),
+                customers.len(),
+                what
+            ),
+            ambiguous_matches: matches.len() as u64,
+            ambiguous_customers: customers.len() as u64,
+            ..base
+        });
+    }
+    Ok(verdict(base, q, matches, unaffected, sum, found.breach))
+}
+
+/// An output-hash query's digest, lower case; `None` for other queries.
+fn output_hash(q: &Query) -> Result<Option<String>> {
+    let Query::OutputHash(h) = q else {
+        return Ok(None);
+    };
+    let h = h.trim().to_ascii_lowercase();
+    if crate::schema::parse_hex32(&h).is_none() {
+        return Err(Error::Other(format!(
+            "--output-hash {h:?} is not 64 hex digits (a blake3 digest)"
+        )));
+    }
+    Ok(Some(h))
+}
+
+/// Each request's part in the findings, by request id: the response side,
+/// the source side, and cross-tenant prefix-cache hits on either side.
+struct Findings {
+    recv: BTreeMap<u64, AsRecipient>,
+    src: BTreeMap<u64, AsSource>,
+    pc: BTreeMap<u64, PrefixCache>,
+    /// Prefix-cache hits are isolation breaches (`prefix_cache_scope =
+    /// "tenant"`).
+    breach: bool,
+}
+
+impl Findings {
+    fn of(sum: &ScopeReport) -> Self {
+        let mut recv: BTreeMap<u64, AsRecipient> = BTreeMap::new();
+        let mut src: BTreeMap<u64, AsSource> = BTreeMap::new();
+        for a in &sum.affected_responses {
+            recv.insert(
+                a.request_id,
+                AsRecipient {
+                    foreign_tokens: a.foreign_tokens,
+                    exposed_tokens: a.exposed_tokens,
+                    other_customer_data: a.crossing().known(),
+                    confidence: a.confidence,
+                    first_exposure_ns: a.first_read_ns,
+                    last_exposure_ns: a.last_read_ns,
+                },
+            );
+            for s in &a.sources {
+                let e = src.entry(s.request_id).or_insert_with(|| AsSource {
+                    responses: 0,
+                    tokens: 0,
+                    reached_other_customers: Some(false),
+                    confidence: s.confidence,
+                });
+                e.responses += 1;
+                e.tokens += s.tokens;
+                e.reached_other_customers = Crossing::from_known(e.reached_other_customers)
                     .max(s.crossing(&a.tenant))
                     .known();
-            if s.confidence == crate::scope::model::Confidence::Confirmed {
-                e.confidence = "confirmed".into();
+                // Confirmed when any reading is (Confirmed sorts first).
+                e.confidence = e.confidence.min(s.confidence);
             }
         }
+        let breach = sum.deployment.tenant_prefix_cache();
+        Findings {
+            recv,
+            src,
+            pc: prefix_cache_hits(sum, breach),
+            breach,
+        }
     }
-    // Cross-tenant prefix-cache hits, by request, on either side.
-    let breach = sum.deployment.tenant_prefix_cache();
+
+    /// The match for a row of requests.csv.
+    fn matched(&self, row: IndexRow) -> Match {
+        let r = self.recv.get(&row.request_id).cloned();
+        let s = self.src.get(&row.request_id).cloned();
+        let p = self.pc.get(&row.request_id).cloned();
+        let affected = r.is_some() || s.is_some() || (self.breach && p.is_some());
+        Match {
+            request_id: row.request_id,
+            external_id: row.external_id,
+            tenant: row.tenant,
+            arrival_ns: row.arrival_ns,
+            http_status: row.http_status,
+            output_hash: row.output_hash,
+            affected,
+            as_recipient: r,
+            as_source: s,
+            prefix_cache: p,
+        }
+    }
+}
+
+/// Cross-tenant prefix-cache hits, by request, on either side.
+fn prefix_cache_hits(sum: &ScopeReport, breach: bool) -> BTreeMap<u64, PrefixCache> {
     let kind = if breach {
         PREFIX_CACHE_BREACH
     } else {
@@ -321,50 +428,26 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
             e.tokens += s.tokens;
         }
     }
-    let what = match only_tenant {
-        Some(t) => format!("{} of tenant {t:?}", q.describe()),
-        None => q.describe(),
-    };
-    let mut matches = Vec::new();
-    let mut unaffected = 0u64;
-    let mut visit = |row: IndexRow| {
-        let hit = match q {
-            Query::ExternalId(id) => row.external_id.as_deref() == Some(id.as_str()),
-            Query::OutputHash(_) => row.output_hash.as_deref() == hash_q.as_deref(),
-            Query::Tenant(t) => row.tenant == *t,
-        } && only_tenant.is_none_or(|t| row.tenant == t);
-        if hit {
-            let r = recv.get(&row.request_id).cloned();
-            let s = src.get(&row.request_id).cloned();
-            let p = pc.get(&row.request_id).cloned();
-            let affected = r.is_some() || s.is_some() || (breach && p.is_some());
-            if matches!(q, Query::Tenant(_)) && !affected && p.is_none() {
-                unaffected += 1;
-            } else {
-                matches.push(Match {
-                    request_id: row.request_id,
-                    external_id: row.external_id,
-                    tenant: row.tenant,
-                    arrival_ns: row.arrival_ns,
-                    http_status: row.http_status,
-                    output_hash: row.output_hash,
-                    affected,
-                    as_recipient: r,
-                    as_source: s,
-                    prefix_cache: p,
-                });
-            }
-        }
-    };
-    // The look-up index points at the few rows that can match; without a
-    // usable one, every row of requests.csv is read. Both visit the
-    // matching rows in file order, so the answers are the same.
+    pc
+}
+
+/// Calls `visit` with every row of requests.csv that can match `q`, in
+/// file order, and returns the number of requests in the trace and the
+/// notes on how they were found. The look-up index points at the few rows
+/// that can match; without a usable one, every row is read. Both visit the
+/// matching rows in file order, so the answers are the same.
+fn visit_matching_rows(
+    folder: &ScopeFolder,
+    q: &Query,
+    hash_q: Option<&str>,
+    mut visit: impl FnMut(IndexRow),
+) -> Result<(u64, Vec<String>)> {
     let mut notes = Vec::new();
     let keyed = match folder.lookup_index() {
         Ok(ix) => {
             let (kind, value) = match q {
                 Query::ExternalId(id) => (KeyKind::ExternalId, id.as_str()),
-                Query::OutputHash(_) => (KeyKind::OutputHash, hash_q.as_deref().unwrap_or("")),
+                Query::OutputHash(_) => (KeyKind::OutputHash, hash_q.unwrap_or("")),
                 Query::Tenant(t) => (KeyKind::Tenant, t.as_str()),
             };
             let offsets = ix.candidates(kind, value)?;
@@ -394,34 +477,22 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
             n
         }
     };
-    let complete = folder.coverage().complete;
-    // Several customers behind one id or hash, and no asker named: counts
-    // only, so that no answer names one customer to another.
-    let customers: std::collections::BTreeSet<&str> =
-        matches.iter().map(|m| m.tenant.as_str()).collect();
-    if only_tenant.is_none() && !matches!(q, Query::Tenant(_)) && customers.len() > 1 {
-        return Ok(Answer {
-            query: what.clone(),
-            status: "ambiguous".into(),
-            message: format!(
-                "AMBIGUOUS: {} requests of {} different customers match {}; none is shown, so that no customer sees another's. Ask again with --tenant NAME, the asking customer's tenant, to see that customer's requests only.",
-                matches.len(),
-                customers.len(),
-                what
-            ),
-            requests_in_trace: n,
-            matches: Vec::new(),
-            unaffected_matches: 0,
-            ambiguous_matches: matches.len() as u64,
-            ambiguous_customers: customers.len() as u64,
-            evidence_blake3: folder.evidence_blake3().into(),
-            evidence_intact: folder.intact(),
-            evidence_check: evidence_check(folder),
-            evidence_problems: folder.evidence_problems(),
-            evidence_complete: complete,
-            notes,
-        });
-    }
+    Ok((n, notes))
+}
+
+/// The status and message of an answer that is not ambiguous.
+fn verdict(
+    base: Answer,
+    q: &Query,
+    matches: Vec<Match>,
+    unaffected: u64,
+    sum: &ScopeReport,
+    breach: bool,
+) -> Answer {
+    let what = &base.query;
+    let n = base.requests_in_trace;
+    let complete = base.evidence_complete;
+    let mut notes = base.notes.clone();
     let found = !matches.is_empty() || unaffected > 0;
     if !found && matches!(q, Query::ExternalId(id) if id.is_empty()) {
         notes.push(EMPTY_ID_NOTE.into());
@@ -478,20 +549,12 @@ fn answer(folder: &ScopeFolder, q: &Query, only_tenant: Option<&str>) -> Result<
             ),
         )
     };
-    Ok(Answer {
-        query: what.clone(),
+    Answer {
         status: status.into(),
         message,
-        requests_in_trace: n,
         matches,
         unaffected_matches: unaffected,
-        ambiguous_matches: 0,
-        ambiguous_customers: 0,
-        evidence_blake3: folder.evidence_blake3().into(),
-        evidence_intact: folder.intact(),
-        evidence_check: evidence_check(folder),
-        evidence_problems: folder.evidence_problems(),
-        evidence_complete: complete,
         notes,
-    })
+        ..base
+    }
 }

@@ -7,15 +7,15 @@
 //! cannot mention another customer: the data is not there to mention.
 
 use super::config::{NotifyConfig, marker};
-use super::templates::Lang;
-use super::{
+use super::notice::{
     Contact, EvidenceRef, IncidentTotals, Notice, Pack, Records, RegisterEntry,
     RegisterPrefixCache, Window,
 };
+use super::templates::Lang;
 use crate::report::csv;
 use crate::report::fmt::utc_opt;
-use crate::scope::ScopeReport;
 use crate::scope::anomalies::error_looks_like_success;
+use crate::scope::{Confidence, ScopeReport};
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {
@@ -234,7 +234,7 @@ impl Ctx {
             .chain(exposed.iter().map(|e| &e.confidence))
             .chain(served.iter().map(|e| &e.confidence))
             .chain(revealed.iter().map(|e| &e.confidence))
-            .filter(|c| *c == "confirmed")
+            .filter(|c| **c == Confidence::Confirmed)
             .count() as u64;
         let total = (received.len() + exposed.len() + served.len() + revealed.len()) as u64;
         let approx = approximate(

@@ -61,50 +61,6 @@ fn pool0_events() -> Vec<KvEvent> {
     events().into_iter().filter(|e| e.pool == 0).collect()
 }
 
-/// The kv columns of pool 0's events, by name, for tampering.
-fn kv_cols(evs: &[KvEvent]) -> Vec<(&'static str, ArrayRef)> {
-    vec![
-        (
-            "pool",
-            arr(UInt16Array::from_iter_values(evs.iter().map(|e| e.pool))),
-        ),
-        (
-            "seq",
-            arr(UInt64Array::from_iter_values(evs.iter().map(|e| e.seq))),
-        ),
-        (
-            "ts_ns",
-            arr(arrow_array::Int64Array::from_iter_values(
-                evs.iter().map(|e| e.ts_ns),
-            )),
-        ),
-        (
-            "request_id",
-            arr(UInt64Array::from_iter_values(
-                evs.iter().map(|e| e.request_id),
-            )),
-        ),
-        (
-            "op",
-            arr(StringArray::from_iter_values(
-                evs.iter().map(|e| e.op.as_str()),
-            )),
-        ),
-        (
-            "slot_start",
-            arr(UInt32Array::from_iter_values(
-                evs.iter().map(|e| e.slot_start),
-            )),
-        ),
-        (
-            "slot_count",
-            arr(UInt32Array::from_iter_values(
-                evs.iter().map(|e| e.slot_count),
-            )),
-        ),
-    ]
-}
-
 fn replace_pool0(t: &Path, cols: Vec<(&'static str, ArrayRef)>) {
     write_parquet(&t.join(POOL0), cols, Compression::SNAPPY);
 }

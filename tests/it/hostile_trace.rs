@@ -21,8 +21,9 @@ use kvtrail::schema::KvEvent;
 use parquet::basic::Compression;
 
 use crate::support::cli::{Ran, kvtrail, s};
+use crate::support::reseal::{reseal_trace, reseal_trace_digests};
 use crate::support::small_trace::{
-    self, arr, deployment, events, write_batches, write_parquet, write_trace,
+    self, arr, deployment, events, kv_cols, write_batches, write_parquet, write_trace,
 };
 
 const POOL0: &str = "kv/pool=0/part-00000.parquet";
@@ -284,106 +285,12 @@ fn deeply_nested_trace_json_is_an_error_not_a_crash() {
 // ---------------------------------------------------------------------------
 // One verdict from verify, inspect and scope
 
-/// Rewrites trace.json's `files` from what is on disk (paths, rows,
-/// digests), so `verify` judges the content, not a stale digest.
-fn reseal(t: &Path) {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let mut files = Vec::new();
-    for sub in ["requests", "kv"] {
-        let mut stack = vec![t.join(sub)];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "parquet") {
-                    let bytes = std::fs::read(&p).unwrap();
-                    let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
-                    files.push(serde_json::json!({
-                        "path": p.strip_prefix(t).unwrap().to_str().unwrap(),
-                        "rows": r.metadata().file_metadata().num_rows(),
-                        "blake3": blake3::hash(&bytes).to_hex().to_string(),
-                    }));
-                }
-            }
-        }
-    }
-    let p = t.join("trace.json");
-    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    m["files"] = serde_json::Value::Array(files);
-    std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
-}
-
-/// Every kv column of `evs`, for rewriting a pool's file.
-fn kv_cols(evs: &[KvEvent]) -> Vec<(&'static str, ArrayRef)> {
-    vec![
-        (
-            "pool",
-            arr(UInt16Array::from_iter_values(evs.iter().map(|e| e.pool))),
-        ),
-        (
-            "seq",
-            arr(UInt64Array::from_iter_values(evs.iter().map(|e| e.seq))),
-        ),
-        (
-            "ts_ns",
-            arr(Int64Array::from_iter_values(evs.iter().map(|e| e.ts_ns))),
-        ),
-        (
-            "request_id",
-            arr(UInt64Array::from_iter_values(
-                evs.iter().map(|e| e.request_id),
-            )),
-        ),
-        (
-            "op",
-            arr(StringArray::from_iter_values(
-                evs.iter().map(|e| e.op.as_str()),
-            )),
-        ),
-        (
-            "slot_start",
-            arr(UInt32Array::from_iter_values(
-                evs.iter().map(|e| e.slot_start),
-            )),
-        ),
-        (
-            "slot_count",
-            arr(UInt32Array::from_iter_values(
-                evs.iter().map(|e| e.slot_count),
-            )),
-        ),
-        (
-            "token_pos",
-            arr(UInt32Array::from_iter(evs.iter().map(|e| e.token_pos))),
-        ),
-        (
-            "src_pool",
-            arr(UInt16Array::from_iter(
-                evs.iter().map(|e| e.src.map(|s| s.pool)),
-            )),
-        ),
-        (
-            "src_slot_start",
-            arr(UInt32Array::from_iter(
-                evs.iter().map(|e| e.src.map(|s| s.slot_start)),
-            )),
-        ),
-        (
-            "src_seq",
-            arr(UInt64Array::from_iter(
-                evs.iter().map(|e| e.src.map(|s| s.seq)),
-            )),
-        ),
-    ]
-}
-
 /// Rewrites `rel` with pool `pool`'s events after `edit`, and reseals.
 fn edit_pool(t: &Path, rel: &str, pool: u16, edit: impl FnOnce(&mut Vec<KvEvent>)) {
     let mut evs: Vec<KvEvent> = events().into_iter().filter(|e| e.pool == pool).collect();
     edit(&mut evs);
     write_parquet(&t.join(rel), kv_cols(&evs), Compression::SNAPPY);
-    reseal(t);
+    reseal_trace(t);
 }
 
 #[test]
@@ -416,7 +323,7 @@ fn duplicate_request_id_gets_one_verdict() {
     ];
     let extra = "requests/part-00001.parquet";
     write_parquet(&t.join(extra), cols, Compression::UNCOMPRESSED);
-    reseal(&t);
+    reseal_trace(&t);
     Verdicts::of(&t).refused(&[
         extra,
         "row 1",
@@ -447,7 +354,7 @@ fn unknown_pool_in_requests_gets_one_verdict() {
         ("decode_pool", arr(UInt16Array::from(vec![1u16, 1, 9, 1]))),
     ];
     write_parquet(&t.join(REQS), cols, Compression::UNCOMPRESSED);
-    reseal(&t);
+    reseal_trace(&t);
     Verdicts::of(&t).refused(&[REQS, "row 2", "column `decode_pool`", "unknown pool id 9"]);
 }
 
@@ -668,7 +575,7 @@ fn pool1_under_folders(t: &Path, rel: &str) {
     let p = t.join(rel);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     write_parquet(&p, cols, Compression::SNAPPY);
-    reseal(t);
+    reseal_trace(t);
 }
 
 #[test]
@@ -751,7 +658,7 @@ fn hive_folder_of_a_string_column_with_digits_is_read_as_text() {
         let p = t.join(format!("requests/tenant={tenant}/part-00000.parquet"));
         write_parquet(&p, cols, Compression::SNAPPY);
     }
-    reseal(&t);
+    reseal_trace(&t);
     let v = Verdicts::of(&t);
     v.accepted();
     let r = run(&["scope", "--backend", "cpu", "--json", s(&t)]);
@@ -848,7 +755,7 @@ fn row_group_amplification_is_refused_at_the_row_group_limit() {
     let n = kvtrail::trace::read::MAX_ROW_GROUPS as u64 + 1;
     let batch = arrow_array::RecordBatch::try_from_iter(kv_cols(&many_events(n))).unwrap();
     write_batches(&t.join(POOL0), &[batch], Compression::UNCOMPRESSED, 1);
-    reseal(&t);
+    reseal_trace(&t);
     Verdicts::of(&t).refused(&[POOL0, &format!("has {n} row groups"), "hint:"]);
 }
 
@@ -863,20 +770,8 @@ fn footer_over_the_limit_is_refused_before_it_is_read() {
     let claim = (kvtrail::trace::read::MAX_FOOTER_BYTES + 1) as u32;
     bytes[n - 8..n - 4].copy_from_slice(&claim.to_le_bytes());
     std::fs::write(&p, bytes).unwrap();
-    reseal_digests_only(&t);
+    reseal_trace_digests(&t);
     Verdicts::of(&t).refused(&[POOL0, "footer", &claim.to_string()]);
-}
-
-/// Like [`reseal`] for files whose footer cannot be read: digests and
-/// sizes are recomputed, row counts kept.
-fn reseal_digests_only(t: &Path) {
-    let p = t.join("trace.json");
-    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    for f in m["files"].as_array_mut().unwrap() {
-        let bytes = std::fs::read(t.join(f["path"].as_str().unwrap())).unwrap();
-        f["blake3"] = blake3::hash(&bytes).to_hex().to_string().into();
-    }
-    std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
 }
 
 #[test]

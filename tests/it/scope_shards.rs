@@ -9,6 +9,7 @@ use std::path::Path;
 use kvtrail::trace::Role;
 
 use crate::support::cli::{Ran, kvtrail, s};
+use crate::support::reseal::reseal_evidence;
 use crate::support::trace_builder::{TraceBuilder, pool};
 
 const FILES: &[&str] = &[
@@ -153,20 +154,6 @@ fn put_json(p: &Path, v: &serde_json::Value) {
     std::fs::write(p, serde_json::to_string_pretty(v).unwrap()).unwrap();
 }
 
-/// Rewrites a folder's evidence.json over its edited outputs, as someone
-/// who edits a folder by hand and covers their tracks would: the chain of
-/// custody then holds, and only the content checks remain.
-fn reseal(dir: &Path) {
-    let p = dir.join("evidence.json");
-    let mut ev = json(&p);
-    for f in ev["outputs"].as_array_mut().unwrap() {
-        let bytes = std::fs::read(dir.join(f["path"].as_str().unwrap())).unwrap();
-        f["blake3"] = blake3::hash(&bytes).to_hex().to_string().into();
-        f["bytes"] = (bytes.len() as u64).into();
-    }
-    put_json(&p, &ev);
-}
-
 /// Tenant a writes pool 1 (decode); tenant b reads it: all the exposure is
 /// in pool 1, none in pool 0.
 fn decode_leak() -> TraceBuilder {
@@ -275,7 +262,7 @@ fn merge_refuses_a_shard_whose_shard_json_claims_pools_it_did_not_replay() {
     let err = merge_args(&[&s1], &dir.path().join("m")).refused("evidence.json");
     assert!(err.contains("shard.json"), "{err}");
     // Resealed, the claim still contradicts the shard's own summary.
-    reseal(&s1);
+    reseal_evidence(&s1);
     merge_args(&[&s1], &dir.path().join("m")).refused("pools");
 }
 
@@ -291,7 +278,7 @@ fn merge_of_counts_near_u64_max_saturates_instead_of_wrapping() {
         sum["counts"]["kv_events"] = u64::MAX.into();
         sum["counts"]["slot_touches"] = u64::MAX.into();
         put_json(&p, &sum);
-        reseal(sh);
+        reseal_evidence(sh);
     }
     let m = dir.path().join("m");
     merge_args(&[&s0, &s1], &m).ok();
@@ -310,7 +297,7 @@ fn merge_refuses_reader_windows_whose_first_is_after_last() {
     let mut sh = json(&p);
     sh["readers"]["2"] = serde_json::json!([5000, 10]);
     put_json(&p, &sh);
-    reseal(&s1);
+    reseal_evidence(&s1);
     let err = merge_args(&[&s0, &s1], &dir.path().join("m")).refused("readers.2");
     assert!(err.contains("shard.json"), "{err}");
 }
@@ -436,7 +423,7 @@ fn merge_of_response_token_counts_near_u64_max_saturates_per_tenant() {
         }
     }
     put_json(&p, &sum);
-    reseal(&s1);
+    reseal_evidence(&s1);
     let m = dir.path().join("m");
     merge_args(&[&s0, &s1], &m).ok();
     let sum = json(&m.join("summary.json"));

@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     r.foreign_tokens,
                     r.exposed_tokens,
                     yes_no(r.other_customer_data),
-                    r.confidence
+                    r.confidence.as_str()
                 )?;
             }
             if let Some(s) = &m.as_source {
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     s.responses,
                     s.tokens,
                     yes_no(s.reached_other_customers),
-                    s.confidence
+                    s.confidence.as_str()
                 )?;
             }
             if let Some(p) = &m.prefix_cache {

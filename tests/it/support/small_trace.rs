@@ -143,3 +143,76 @@ pub fn write_batches(
 pub fn arr<A: arrow_array::Array + 'static>(a: A) -> ArrayRef {
     Arc::new(a)
 }
+
+/// Every kv column of `evs`, by name, for rewriting (or tampering with) a
+/// pool's file.
+pub fn kv_cols(evs: &[KvEvent]) -> Vec<(&'static str, ArrayRef)> {
+    vec![
+        (
+            "pool",
+            arr(arrow_array::UInt16Array::from_iter_values(
+                evs.iter().map(|e| e.pool),
+            )),
+        ),
+        (
+            "seq",
+            arr(arrow_array::UInt64Array::from_iter_values(
+                evs.iter().map(|e| e.seq),
+            )),
+        ),
+        (
+            "ts_ns",
+            arr(arrow_array::Int64Array::from_iter_values(
+                evs.iter().map(|e| e.ts_ns),
+            )),
+        ),
+        (
+            "request_id",
+            arr(arrow_array::UInt64Array::from_iter_values(
+                evs.iter().map(|e| e.request_id),
+            )),
+        ),
+        (
+            "op",
+            arr(arrow_array::StringArray::from_iter_values(
+                evs.iter().map(|e| e.op.as_str()),
+            )),
+        ),
+        (
+            "slot_start",
+            arr(arrow_array::UInt32Array::from_iter_values(
+                evs.iter().map(|e| e.slot_start),
+            )),
+        ),
+        (
+            "slot_count",
+            arr(arrow_array::UInt32Array::from_iter_values(
+                evs.iter().map(|e| e.slot_count),
+            )),
+        ),
+        (
+            "token_pos",
+            arr(arrow_array::UInt32Array::from_iter(
+                evs.iter().map(|e| e.token_pos),
+            )),
+        ),
+        (
+            "src_pool",
+            arr(arrow_array::UInt16Array::from_iter(
+                evs.iter().map(|e| e.src.map(|s| s.pool)),
+            )),
+        ),
+        (
+            "src_slot_start",
+            arr(arrow_array::UInt32Array::from_iter(
+                evs.iter().map(|e| e.src.map(|s| s.slot_start)),
+            )),
+        ),
+        (
+            "src_seq",
+            arr(arrow_array::UInt64Array::from_iter(
+                evs.iter().map(|e| e.src.map(|s| s.seq)),
+            )),
+        ),
+    ]
+}
