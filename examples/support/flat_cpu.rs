@@ -1,28 +1,28 @@
 //! The baseline of `bench_scope`: the CPU replay backend as it was before
 //! the paged slot table, with flat per-slot arrays allocated for each
 //! pool's whole declared capacity (17 bytes a slot). Only the paging
-//! differs from `kvtrail::lineage::cpu`, so replaying the same trace with
-//! both measures what paging costs. It keeps revision 1's rule (no stale
-//! bits, shared reads not reported): on traces without `alloc` events and
-//! shares of another request's KV, as bench_scope's, the findings agree.
+//! differs from `kvtrail::lineage::cpu`: events go through the same slot
+//! rule (`lineage::rule::PoolState::apply`) and reads are classified by
+//! `lineage::state::classify`, so replaying the same trace with both
+//! measures what paging costs.
 
 use std::collections::HashMap;
 
 use kvtrail::error::{Error, Result};
-use kvtrail::lineage::backend::{
-    Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SCRUBBED, SlotVal,
-};
+use kvtrail::lineage::backend::{Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SlotVal};
+use kvtrail::lineage::grants::Grants;
+use kvtrail::lineage::rule::{PoolState, SlotData};
+use kvtrail::lineage::state::{Grant, classify};
 use kvtrail::schema::{KvEvent, Op};
 
-/// A share grant: slots `start..end`, granted at `seq`.
-#[derive(Debug, Clone, Copy)]
-struct Grant {
-    start: u32,
-    end: u32,
-    seq: u64,
+struct FlatPool {
+    slots: Flat,
+    rule: PoolState,
 }
 
-struct PoolState {
+/// A pool's slots in flat arrays (`rule::SlotData`), with where a batch's
+/// read runs and counts go.
+struct Flat {
     id: u16,
     /// Content owner per slot (`NEVER`, `SCRUBBED` or a request id).
     owner: Vec<u64>,
@@ -33,70 +33,51 @@ struct PoolState {
     /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
     gap_mark: u64,
     never_kind: ReadKind,
-    grants: HashMap<u64, Vec<Grant>>,
-    /// Number of grants held, and the count at which to sweep dead ones.
-    n_grants: usize,
-    sweep_at: usize,
+    out: Vec<ReadRun>,
+    c: Counters,
 }
 
-impl PoolState {
-    #[inline]
-    /// Drops grants whose every slot was rewritten since (they can never
-    /// make a read shared again), so grants stay bounded by live sharing.
-    fn sweep_grants(&mut self) {
-        let wseq1 = &self.wseq1;
-        let mut n = 0;
-        self.grants.retain(|_, v| {
-            v.retain(|g| {
-                wseq1[g.start as usize..g.end as usize]
-                    .iter()
-                    .any(|&w| w <= g.seq)
-            });
-            n += v.len();
-            !v.is_empty()
-        });
-        self.n_grants = n;
-        self.sweep_at = (2 * n).max(GRANT_SWEEP_MIN);
-    }
-
+impl Flat {
     fn uncertain(&self, s: usize) -> bool {
         self.flags[s] != 0 || self.wseq1[s] < self.gap_mark
     }
-
-    /// Classification of slot `s` read by `r`: None for a clean own/shared read.
-    #[inline]
-    fn classify(&self, s: usize, r: u64, grants: &[Grant]) -> Option<(ReadKind, u64, bool)> {
-        let o = self.owner[s];
-        let unc = self.uncertain(s);
-        let kind = if o == NEVER {
-            self.never_kind
-        } else if o == SCRUBBED {
-            ReadKind::Blank
-        } else if o == r
-            || grants
-                .iter()
-                .any(|g| (g.start as usize) <= s && s < g.end as usize && self.wseq1[s] <= g.seq)
-        {
-            // own, or shared under a grant the slot was not rewritten since
-            return unc.then_some((ReadKind::Uncertain, 0, true));
-        } else {
-            return Some((ReadKind::Foreign, o, unc));
-        };
-        match kind {
-            ReadKind::Blank if unc => Some((ReadKind::Uncertain, 0, true)),
-            ReadKind::Unknown => Some((ReadKind::Unknown, 0, unc)),
-            k => Some((k, 0, false)),
-        }
-    }
 }
 
-/// Grants held before the first sweep of dead grants.
-const GRANT_SWEEP_MIN: usize = 1 << 16;
+impl SlotData for Flat {
+    #[inline]
+    fn set(&mut self, e: &KvEvent, a: u64, b: u64, owner: u64) -> Result<()> {
+        let (a, b) = (a as usize, b as usize);
+        self.owner[a..b].fill(owner);
+        self.wseq1[a..b].fill(e.seq + 1);
+        self.flags[a..b].fill(0);
+        Ok(())
+    }
+
+    #[inline]
+    fn copy(&mut self, e: &KvEvent, a: u64, b: u64, v: SlotVal) -> Result<()> {
+        let (a, b) = (a as usize, b as usize);
+        self.owner[a..b].fill(v.owner);
+        self.wseq1[a..b].fill(e.seq + 1);
+        self.flags[a..b].fill(v.uncertain as u8);
+        Ok(())
+    }
+
+    #[inline]
+    fn read(&mut self, e: &KvEvent, a: u64, b: u64, grants: &mut Grants) -> Result<()> {
+        read(self, e, a as usize, b as usize, grants)
+    }
+
+    fn alive(&self, g: &Grant) -> bool {
+        self.wseq1[g.start() as usize..g.end() as usize]
+            .iter()
+            .any(|&w| w <= g.seq)
+    }
+}
 
 /// The flat-array CPU backend.
 #[derive(Default)]
 pub struct FlatCpuBackend {
-    pools: Vec<PoolState>,
+    pools: Vec<FlatPool>,
     /// pool id -> index in `pools`.
     index: HashMap<u16, usize>,
 }
@@ -106,7 +87,7 @@ impl FlatCpuBackend {
         Self::default()
     }
 
-    fn pool(&mut self, id: u16) -> Result<&mut PoolState> {
+    fn pool(&mut self, id: u16) -> Result<&mut FlatPool> {
         match self.index.get(&id) {
             Some(&i) => Ok(&mut self.pools[i]),
             None => Err(Error::Other(format!("replay: pool {id} was not declared"))),
@@ -122,27 +103,29 @@ impl Backend for FlatCpuBackend {
     fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
         let n = capacity as usize;
         self.index.insert(pool, self.pools.len());
-        self.pools.push(PoolState {
-            id: pool,
-            owner: vec![NEVER; n],
-            wseq1: vec![0; n],
-            flags: vec![0; n],
-            gap_mark: 0,
-            never_kind: if from_engine_start {
-                ReadKind::Blank
-            } else {
-                ReadKind::Unknown
+        self.pools.push(FlatPool {
+            slots: Flat {
+                id: pool,
+                owner: vec![NEVER; n],
+                wseq1: vec![0; n],
+                flags: vec![0; n],
+                gap_mark: 0,
+                never_kind: if from_engine_start {
+                    ReadKind::Blank
+                } else {
+                    ReadKind::Unknown
+                },
+                out: Vec::new(),
+                c: Counters::default(),
             },
-            grants: HashMap::new(),
-            n_grants: 0,
-            sweep_at: GRANT_SWEEP_MIN,
+            rule: PoolState::new(capacity, Grants::default()),
         });
         Ok(())
     }
 
     fn mark_gap(&mut self, pool: u16, before_seq: u64) {
         if let Ok(p) = self.pool(pool) {
-            p.gap_mark = p.gap_mark.max(before_seq + 1);
+            p.slots.gap_mark = p.slots.gap_mark.max(before_seq + 1);
         }
     }
 
@@ -154,43 +137,21 @@ impl Backend for FlatCpuBackend {
         c: &mut Counters,
     ) -> Result<()> {
         let p = self.pool(pool)?;
-        debug_assert!(events.iter().all(|e| e.pool == p.id));
+        debug_assert!(events.iter().all(|e| e.pool == p.slots.id));
+        std::mem::swap(&mut p.slots.out, out);
         for e in events {
-            let a = e.slot_start as usize;
-            let b = a + e.slot_count as usize;
             c.events += 1;
             c.slot_touches += e.slot_count as u64;
-            match e.op {
-                Op::Alloc | Op::Free => {}
-                Op::Write => {
-                    debug_assert!(e.src.is_none(), "copies go through apply_copy");
-                    p.owner[a..b].fill(e.request_id);
-                    p.wseq1[a..b].fill(e.seq + 1);
-                    p.flags[a..b].fill(0);
-                }
-                Op::Scrub => {
-                    p.owner[a..b].fill(SCRUBBED);
-                    p.wseq1[a..b].fill(e.seq + 1);
-                    p.flags[a..b].fill(0);
-                }
-                Op::Share => {
-                    p.grants.entry(e.request_id).or_default().push(Grant {
-                        start: a as u32,
-                        end: b as u32,
-                        seq: e.seq,
-                    });
-                    p.n_grants += 1;
-                    if p.n_grants >= p.sweep_at {
-                        p.sweep_grants();
-                    }
-                }
-                Op::Read => {
-                    c.read_events += 1;
-                    c.read_slots += e.slot_count as u64;
-                    read(p, e, a, b, out, c);
-                }
+            if e.op == Op::Read {
+                c.read_events += 1;
+                c.read_slots += e.slot_count as u64;
             }
+            p.rule
+                .apply(&mut p.slots, e, e.slot_start as u64, e.slot_end())?;
         }
+        std::mem::swap(&mut p.slots.out, out);
+        c.own_slots += std::mem::take(&mut p.slots.c.own_slots);
+        c.shared_slots += std::mem::take(&mut p.slots.c.shared_slots);
         Ok(())
     }
 
@@ -213,12 +174,7 @@ impl Backend for FlatCpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        for (i, v) in payload.iter().enumerate() {
-            p.owner[a + i] = v.owner;
-            p.flags[a + i] = v.uncertain as u8;
-        }
-        p.wseq1[a..b].fill(e.seq + 1);
-        Ok(())
+        p.rule.copy_payload(&mut p.slots, e, a as u64, payload)
     }
 
     fn capture(
@@ -232,10 +188,11 @@ impl Backend for FlatCpuBackend {
         let p = self.pool(pool)?;
         let a = slot_start as usize;
         out.clear();
+        let f = &p.slots;
         out.extend((a..a + count as usize).map(|s| SlotVal {
-            owner: p.owner[s],
-            uncertain: uncertain || p.uncertain(s),
-            stale: false,
+            owner: f.owner[s],
+            uncertain: uncertain || f.uncertain(s),
+            stale: p.rule.stale.is_stale(s as u64),
         }));
         Ok(())
     }
@@ -256,57 +213,68 @@ fn all_eq(v: &[u64], r: u64) -> bool {
 
 /// Classifies the slots `a..b` read by `e.request_id`.
 #[inline]
-fn read(p: &PoolState, e: &KvEvent, a: usize, b: usize, out: &mut Vec<ReadRun>, c: &mut Counters) {
+fn read(p: &mut Flat, e: &KvEvent, a: usize, b: usize, grants: &mut Grants) -> Result<()> {
     let r = e.request_id;
     let gap_mark = p.gap_mark;
-    let owner = &p.owner[..b];
-    let wseq1 = &p.wseq1[..b];
-    let flags = &p.flags[..b];
-    let grants: &[Grant] = p.grants.get(&r).map(|v| &v[..]).unwrap_or(&[]);
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
-    if all_eq(&owner[a..b], r)
-        && flags[a..b].iter().fold(0u8, |acc, &f| acc | f) == 0
-        && (gap_mark == 0 || wseq1[a..b].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
+    if all_eq(&p.owner[a..b], r)
+        && p.flags[a..b].iter().fold(0u8, |acc, &f| acc | f) == 0
+        && (gap_mark == 0 || p.wseq1[a..b].iter().fold(u64::MAX, |m, &w| m.min(w)) >= gap_mark)
     {
-        c.own_slots += (b - a) as u64;
-        return;
+        p.c.own_slots += (b - a) as u64;
+        return Ok(());
     }
+    let grants: &[Grant] = grants.lookup(r)?;
+    let cls = |p: &Flat, s: usize| {
+        classify(
+            p.owner[s],
+            p.wseq1[s],
+            p.uncertain(s),
+            s as u64,
+            r,
+            grants,
+            p.never_kind,
+        )
+    };
+    let (mut own, mut shared) = (0u64, 0u64);
     let mut s = a;
-    let mut own = 0u64;
-    let mut clean = 0u64;
     while s < b {
         // Fast path: a run of own, certain slots.
-        if owner[s] == r && flags[s] == 0 && wseq1[s] >= gap_mark {
+        if p.owner[s] == r && p.flags[s] == 0 && p.wseq1[s] >= gap_mark {
             own += 1;
             s += 1;
             continue;
         }
-        match p.classify(s, r, grants) {
+        match cls(p, s) {
             None => {
-                clean += 1;
+                own += 1;
                 s += 1;
             }
-            Some(cls) => {
+            Some(k) => {
                 let start = s;
                 s += 1;
-                while s < b && p.classify(s, r, grants) == Some(cls) {
+                while s < b && cls(p, s) == Some(k) {
                     s += 1;
                 }
-                out.push(ReadRun {
+                if k.0 == ReadKind::Shared {
+                    shared += (s - start) as u64;
+                }
+                p.out.push(ReadRun {
                     reader: r,
                     pool: p.id,
                     slot_start: start as u32,
                     count: (s - start) as u32,
-                    kind: cls.0,
-                    source: cls.1,
-                    uncertain: cls.2,
+                    kind: k.0,
+                    source: k.1,
+                    uncertain: k.2,
                     seq: e.seq,
                     ts_ns: e.ts_ns,
                 });
             }
         }
     }
-    c.own_slots += own;
-    c.shared_slots += clean;
+    p.c.own_slots += own;
+    p.c.shared_slots += shared;
+    Ok(())
 }

@@ -2,17 +2,20 @@
 //! < prompt with 2xx, decode reads beyond what was transferred, transfers
 //! landing in slots another request holds and transfers copying source
 //! slots the request no longer held. The KV checks run through the lineage
-//! scheduler with a backend of their own (slot holder and last writer per
-//! slot, grants and stale bits from `lineage::state`).
+//! scheduler with a backend of their own: slot holder and last writer per
+//! slot, the events applied by the slot rule (`lineage::rule`, the same
+//! transition scope replays, so a grant outlives a `free` here too).
 
 use super::{DeploymentView, Finding, Severity, finding};
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
+use crate::lineage::grants::{GRANTS_IN_MEMORY, Grants};
+use crate::lineage::rule::{PoolState, SlotData};
 use crate::lineage::slots::SlotVec;
-use crate::lineage::state::{Grants, StaleBits};
+use crate::lineage::state::{Grant, SCRUBBED};
 use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
-use crate::schema::{KvEvent, Op};
+use crate::schema::KvEvent;
 use crate::trace::manifest::Role;
 use crate::trace::read::Trace;
 use std::collections::{BTreeMap, HashMap};
@@ -22,13 +25,68 @@ const FREE: u64 = u64::MAX;
 /// Holder and last writer per slot, paged (memory follows the slots the
 /// trace touches, not the declared capacity).
 struct PoolSt {
+    slots: AuditSlots,
+    /// Stale bits and share grants. Every grant is kept (spilled to disk
+    /// past `GRANTS_IN_MEMORY`): the transfer check asks whether the
+    /// request was ever granted a source slot.
+    rule: PoolState,
+}
+
+/// What the audit keeps per slot (`rule::SlotData`).
+struct AuditSlots {
     decode: bool,
     holder: SlotVec<u64>,
     writer: SlotVec<u64>,
     /// seq + 1 of the event that last set each slot's content.
     wseq1: SlotVec<u64>,
-    stale: StaleBits,
-    grants: Grants,
+    /// Reads beyond what was written for the reader, this batch.
+    beyond: BTreeMap<u64, u64>,
+}
+
+impl SlotData for AuditSlots {
+    fn alloc(&mut self, e: &KvEvent, a: u64, b: u64) {
+        self.holder.fill(a, b, e.request_id);
+    }
+
+    fn free(&mut self, _e: &KvEvent, a: u64, b: u64) {
+        self.holder.fill(a, b, FREE);
+    }
+
+    fn set(&mut self, e: &KvEvent, a: u64, b: u64, owner: u64) -> Result<()> {
+        let w = if owner == SCRUBBED { FREE } else { owner };
+        self.writer.fill(a, b, w);
+        self.wseq1.fill(a, b, e.seq + 1);
+        Ok(())
+    }
+
+    /// The copying request becomes the slots' writer.
+    fn copy(&mut self, e: &KvEvent, a: u64, b: u64, _v: SlotVal) -> Result<()> {
+        self.writer.fill(a, b, e.request_id);
+        self.wseq1.fill(a, b, e.seq + 1);
+        Ok(())
+    }
+
+    fn read(&mut self, e: &KvEvent, a: u64, b: u64, grants: &mut Grants) -> Result<()> {
+        if !self.decode {
+            return Ok(());
+        }
+        let r = e.request_id;
+        let g = grants.lookup(r)?;
+        let wseq1 = &self.wseq1;
+        let n = (a..b)
+            .zip(self.writer.range(a, b))
+            .filter(|&(s, w)| w != r && !g.iter().any(|x| x.covers(s, wseq1.get(s))))
+            .count() as u64;
+        if n > 0 {
+            *self.beyond.entry(r).or_default() += n;
+        }
+        Ok(())
+    }
+
+    /// Every grant is kept (see `PoolSt::rule`).
+    fn alive(&self, _g: &Grant) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -55,10 +113,10 @@ impl AuditBackend {
     }
 }
 
-/// Whether `r` held a share grant on slot `s` of `p` (whatever happened to
-/// the slot since).
-fn granted(p: &PoolSt, r: u64, s: u64) -> bool {
-    p.grants.of(r).iter().any(|g| g.start() <= s && s < g.end())
+/// Whether `r` held a share grant on slot `s` of a pool whose grants are
+/// `grants` (whatever happened to the slot since).
+fn granted(grants: &[Grant], s: u64) -> bool {
+    grants.iter().any(|g| g.start() <= s && s < g.end())
 }
 
 impl Backend for AuditBackend {
@@ -70,12 +128,14 @@ impl Backend for AuditBackend {
         self.pools.insert(
             pool,
             PoolSt {
-                decode: self.roles.get(&pool) == Some(&Role::Decode),
-                holder: SlotVec::new(capacity, FREE),
-                writer: SlotVec::new(capacity, FREE),
-                wseq1: SlotVec::new(capacity, 0),
-                stale: StaleBits::new(capacity),
-                grants: Grants::default(),
+                slots: AuditSlots {
+                    decode: self.roles.get(&pool) == Some(&Role::Decode),
+                    holder: SlotVec::new(capacity, FREE),
+                    writer: SlotVec::new(capacity, FREE),
+                    wseq1: SlotVec::new(capacity, 0),
+                    beyond: BTreeMap::new(),
+                },
+                rule: PoolState::new(capacity, Grants::spilling(GRANTS_IN_MEMORY)),
             },
         );
         Ok(())
@@ -90,45 +150,15 @@ impl Backend for AuditBackend {
         _out: &mut Vec<ReadRun>,
         c: &mut Counters,
     ) -> Result<()> {
-        let mut f = std::mem::take(&mut self.f);
         let p = self.pool(pool)?;
         for e in events {
             c.events += 1;
-            let (a, b) = (e.slot_start as u64, e.slot_end());
-            let r = e.request_id;
-            match e.op {
-                Op::Alloc => {
-                    p.holder.fill(a, b, r);
-                    p.stale.alloc(a, b);
-                }
-                Op::Free => {
-                    p.holder.fill(a, b, FREE);
-                    p.grants.release(r, a, b);
-                }
-                Op::Write | Op::Scrub => {
-                    let w = if e.op == Op::Write { r } else { FREE };
-                    p.writer.fill(a, b, w);
-                    p.wseq1.fill(a, b, e.seq + 1);
-                    p.stale.set_current(a, b);
-                }
-                Op::Share => {
-                    p.grants.share(&p.stale, r, a, b, e.seq)?;
-                }
-                Op::Read => {
-                    if !p.decode {
-                        continue;
-                    }
-                    let n = (a..b)
-                        .zip(p.writer.range(a, b))
-                        .filter(|&(s, w)| w != r && !p.grants.covered(r, s, p.wseq1.get(s)))
-                        .count() as u64;
-                    if n > 0 {
-                        *f.beyond.entry(r).or_default() += n;
-                    }
-                }
-            }
+            p.rule
+                .apply(&mut p.slots, e, e.slot_start as u64, e.slot_end())?;
         }
-        self.f = f;
+        for (r, n) in std::mem::take(&mut p.slots.beyond) {
+            *self.f.beyond.entry(r).or_default() += n;
+        }
         Ok(())
     }
 
@@ -142,26 +172,25 @@ impl Backend for AuditBackend {
         c.events += 1;
         let r = e.request_id;
         let stale = match &e.src {
-            Some(src) => {
-                let sp = self.pools.get(&src.pool);
-                payload
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, v)| {
-                        v.owner != r
-                            && !sp
-                                .is_some_and(|sp| granted(sp, r, src.slot_start as u64 + *i as u64))
-                    })
-                    .count() as u64
-            }
+            Some(src) => match self.pools.get_mut(&src.pool) {
+                Some(sp) => {
+                    let held = sp.rule.grants.lookup(r)?;
+                    payload
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, v)| {
+                            v.owner != r && !granted(held, src.slot_start as u64 + *i as u64)
+                        })
+                        .count() as u64
+                }
+                None => payload.iter().filter(|v| v.owner != r).count() as u64,
+            },
             None => 0,
         };
         let p = self.pool(pool)?;
         let (a, b) = (e.slot_start as u64, e.slot_end());
-        let reused = p.holder.range(a, b).filter(|&h| h != r).count() as u64;
-        p.writer.fill(a, b, r);
-        p.wseq1.fill(a, b, e.seq + 1);
-        p.stale.copy(a, payload);
+        let reused = p.slots.holder.range(a, b).filter(|&h| h != r).count() as u64;
+        p.rule.copy_payload(&mut p.slots, e, a, payload)?;
         if stale > 0 {
             *self.f.stale_src.entry(r).or_default() += stale;
         }
@@ -183,13 +212,14 @@ impl Backend for AuditBackend {
         let a = slot_start as u64;
         out.clear();
         out.extend(
-            p.holder
+            p.slots
+                .holder
                 .range(a, a + count as u64)
                 .zip(a..)
                 .map(|(owner, s)| SlotVal {
                     owner,
                     uncertain,
-                    stale: p.stale.is_stale(s),
+                    stale: p.rule.stale.is_stale(s),
                 }),
         );
         Ok(())

@@ -1,7 +1,7 @@
 //! The `Backend` trait: what a replay backend does to the slot state of a
 //! pool, one batch of events at a time.
 //!
-//! The scheduler (`engine`) owns ordering, copies between pools and gaps; a
+//! The scheduler (`sched`) owns ordering, copies between pools and gaps; a
 //! backend owns the per-slot state and applies whole batches ("push the fors
 //! down"), so a CUDA backend can replace the CPU one and must produce the
 //! same `ReadRun`s, in the same order, for the same input.

@@ -1,5 +1,5 @@
 //! Copy chains as the data holds them: a replay (the scheduler of
-//! `engine`, so copies are applied in the causal order scope uses) whose
+//! `sched`, so copies are applied in the causal order scope uses) whose
 //! only state per slot is how many copies deep its content is. Content set
 //! by a write or a scrub (or never set) is 0 copies deep; a copy's content
 //! is one deeper than the source slot's content just after `src_seq`, and

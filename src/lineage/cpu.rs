@@ -21,8 +21,10 @@
 use std::collections::HashMap;
 
 use super::backend::{Backend, Counters, Payload, ReadKind, ReadRun, SlotVal};
+use super::grants::{GRANTS_IN_MEMORY, Grants};
+use super::rule::{PoolState, SlotData};
 use super::slots::{PAGE, PAGE_BITS, Pages, page_len, segments};
-use super::state::{self, Class, Grant, Grants, NEVER, SCRUBBED, StaleBits};
+use super::state::{self, Class, Grant, NEVER};
 use crate::error::{Error, Result};
 use crate::schema::{KvEvent, Op};
 
@@ -109,9 +111,8 @@ impl Ctx {
 /// One shard of a pool: the state of the slots on its pages.
 struct Shard {
     pages: Pages<Page>,
-    /// Which written slots hold content that predates their latest alloc.
-    stale: StaleBits,
-    grants: Grants,
+    /// The rule's state of those slots: stale bits and share grants.
+    rule: PoolState,
 }
 
 impl Shard {
@@ -120,86 +121,94 @@ impl Shard {
         self.pages.get(page).map_or(BLANK, Page::view)
     }
 
-    #[inline]
-    fn page_mut(&mut self, capacity: u64, page: usize) -> &mut Page {
-        let n = page_len(capacity, page);
-        self.pages.get_or_insert_with(page, || Page::blank(n))
-    }
-
-    /// Sets the content of slots `a..b` (all on this shard's pages).
-    fn set(&mut self, capacity: u64, a: u64, b: u64, owner: u64, seq1: u64) {
-        for (pi, lo, hi) in segments(a, b) {
-            let pg = self.page_mut(capacity, pi);
-            pg.owner[lo..hi].fill(owner);
-            pg.wseq1[lo..hi].fill(seq1);
-            pg.flags[lo..hi].fill(0);
-        }
-        self.stale.set_current(a, b);
-    }
-
-    /// Drops grants whose every slot was rewritten since (they can never
-    /// make a read shared again), so grants stay bounded by live sharing.
-    fn sweep_grants(&mut self) -> Result<()> {
-        let pages = &self.pages;
-        self.grants.sweep(|g| {
-            segments(g.start(), g.end()).any(|(pi, lo, hi)| {
-                pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
-                    .iter()
-                    .any(|&w| w <= g.seq)
-            })
-        })
-    }
-
     /// Applies `events` to this shard's slots: the budget is taken here
     /// (one shard) or was checked for the batch beforehand (`None`).
     fn apply(
         &mut self,
         cx: Ctx,
         events: &[KvEvent],
-        mut budget: Option<&mut Budget>,
+        budget: Option<&mut Budget>,
         out: &mut Vec<ReadRun>,
         c: &mut Counters,
     ) -> Result<()> {
+        let Shard { pages, rule } = self;
+        let mut slots = ShardSlots {
+            pages,
+            cx,
+            budget,
+            at: 0,
+            out,
+            c,
+        };
         for (at, e) in events.iter().enumerate() {
-            let (a, b) = (e.slot_start as u64, e.slot_end());
-            match e.op {
-                Op::Alloc => {
-                    for (x, y) in cx.owned(a, b) {
-                        self.stale.alloc(x, y);
-                    }
-                }
-                Op::Free => {}
-                Op::Write | Op::Scrub => {
-                    debug_assert!(e.src.is_none(), "copies go through apply_copy");
-                    if let Some(bu) = budget.as_deref_mut() {
-                        bu.take(|pi| self.pages.get(pi).is_some(), e, at, a, b)?;
-                    }
-                    let owner = if e.op == Op::Write {
-                        e.request_id
-                    } else {
-                        SCRUBBED
-                    };
-                    for (x, y) in cx.owned(a, b) {
-                        self.set(cx.capacity, x, y, owner, e.seq + 1);
-                    }
-                }
-                Op::Share => {
-                    let mut sweep = false;
-                    for (x, y) in cx.owned(a, b) {
-                        sweep |= self.grants.share(&self.stale, e.request_id, x, y, e.seq)?;
-                    }
-                    if sweep {
-                        self.sweep_grants()?;
-                    }
-                }
-                Op::Read => {
-                    for (x, y) in cx.owned(a, b) {
-                        read(cx, self, e, x, y, out, c)?;
-                    }
-                }
+            slots.at = at;
+            for (x, y) in cx.owned(e.slot_start as u64, e.slot_end()) {
+                rule.apply(&mut slots, e, x, y)?;
             }
         }
         Ok(())
+    }
+}
+
+/// A shard's slot pages as the rule sees them (`rule::SlotData`), with
+/// what a batch needs on the way: the budget (one shard), the index of
+/// the event being applied, and where read runs and counts go.
+struct ShardSlots<'a> {
+    pages: &'a mut Pages<Page>,
+    cx: Ctx,
+    budget: Option<&'a mut Budget>,
+    at: usize,
+    out: &'a mut Vec<ReadRun>,
+    c: &'a mut Counters,
+}
+
+impl ShardSlots<'_> {
+    #[inline]
+    fn page_mut(&mut self, page: usize) -> &mut Page {
+        let n = page_len(self.cx.capacity, page);
+        self.pages.get_or_insert_with(page, || Page::blank(n))
+    }
+}
+
+impl SlotData for ShardSlots<'_> {
+    #[inline]
+    fn set(&mut self, e: &KvEvent, a: u64, b: u64, owner: u64) -> Result<()> {
+        if let Some(bu) = self.budget.as_deref_mut() {
+            let pages = &*self.pages;
+            bu.take(|pi| pages.get(pi).is_some(), e, self.at, a, b)?;
+        }
+        for (pi, lo, hi) in segments(a, b) {
+            let pg = self.page_mut(pi);
+            pg.owner[lo..hi].fill(owner);
+            pg.wseq1[lo..hi].fill(e.seq + 1);
+            pg.flags[lo..hi].fill(0);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn copy(&mut self, e: &KvEvent, a: u64, b: u64, v: SlotVal) -> Result<()> {
+        for (pi, lo, hi) in segments(a, b) {
+            let pg = self.page_mut(pi);
+            pg.owner[lo..hi].fill(v.owner);
+            pg.wseq1[lo..hi].fill(e.seq + 1);
+            pg.flags[lo..hi].fill(v.uncertain as u8);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn read(&mut self, e: &KvEvent, a: u64, b: u64, grants: &mut Grants) -> Result<()> {
+        read(self.cx, self.pages, grants, e, a, b, self.out, self.c)
+    }
+
+    /// Some slot of the grant was not rewritten since it was given.
+    fn alive(&self, g: &Grant) -> bool {
+        segments(g.start(), g.end()).any(|(pi, lo, hi)| {
+            self.pages.get(pi).map_or(BLANK, Page::view).wseq1[lo..hi]
+                .iter()
+                .any(|&w| w <= g.seq)
+        })
     }
 }
 
@@ -232,7 +241,7 @@ fn capture_segment(
     let slot = |o: usize| SlotVal {
         owner: pg.owner[o],
         uncertain: uncertain || self::uncertain(gap_mark, pg, o),
-        stale: sh.stale.is_stale(base + o as u64),
+        stale: sh.rule.stale.is_stale(base + o as u64),
     };
     let mut o = lo;
     while o < hi {
@@ -258,7 +267,7 @@ fn capture_segment(
                 None
             }
         };
-        let stale = sh.stale.uniform(base + o as u64, base + end as u64);
+        let stale = sh.rule.stale.uniform(base + o as u64, base + end as u64);
         match (unc, stale) {
             (Some(uncertain), Some(stale)) => out.push_run(
                 end - o,
@@ -281,7 +290,7 @@ fn classify(cx: Ctx, pg: View, o: usize, s: u64, r: u64, grants: &[Grant]) -> Cl
     state::classify(pg.owner[o], pg.wseq1[o], unc, s, r, grants, cx.never_kind)
 }
 
-struct PoolState {
+struct CpuPool {
     id: u16,
     capacity: u64,
     /// Content set with `wseq1 < gap_mark` predates a hole: uncertain.
@@ -291,7 +300,7 @@ struct PoolState {
     shards: Vec<Shard>,
 }
 
-impl PoolState {
+impl CpuPool {
     #[inline]
     fn cx(&self, k: usize) -> Ctx {
         Ctx {
@@ -400,7 +409,7 @@ pub const PAR_MIN_TOUCHES: u64 = 1 << 14;
 
 /// The CPU backend.
 pub struct CpuBackend {
-    pools: Vec<PoolState>,
+    pools: Vec<CpuPool>,
     /// pool id -> index in `pools`.
     index: HashMap<u16, usize>,
     budget: Budget,
@@ -428,7 +437,7 @@ impl Default for CpuBackend {
             par_min: PAR_MIN_TOUCHES,
             scratch: Vec::new(),
             fresh: Default::default(),
-            grant_limit: state::GRANTS_IN_MEMORY,
+            grant_limit: GRANTS_IN_MEMORY,
         }
     }
 }
@@ -479,7 +488,7 @@ impl CpuBackend {
         self
     }
 
-    fn pool(&mut self, id: u16) -> Result<&mut PoolState> {
+    fn pool(&mut self, id: u16) -> Result<&mut CpuPool> {
         match self.index.get(&id) {
             Some(&i) => Ok(&mut self.pools[i]),
             None => Err(Error::Other(format!("replay: pool {id} was not declared"))),
@@ -502,7 +511,7 @@ impl CpuBackend {
 fn take_batch(
     budget: &mut Budget,
     fresh: &mut std::collections::HashSet<usize>,
-    p: &PoolState,
+    p: &CpuPool,
     events: &[KvEvent],
 ) -> Result<()> {
     fresh.clear();
@@ -589,14 +598,14 @@ impl Backend for CpuBackend {
         self.grant_limit = grants;
         for p in &mut self.pools {
             for sh in &mut p.shards {
-                sh.grants.set_limit(grants);
+                sh.rule.grants.set_limit(grants);
             }
         }
     }
 
     fn add_pool(&mut self, pool: u16, capacity: u64, from_engine_start: bool) -> Result<()> {
         self.index.insert(pool, self.pools.len());
-        self.pools.push(PoolState {
+        self.pools.push(CpuPool {
             id: pool,
             capacity,
             gap_mark: 0,
@@ -608,8 +617,7 @@ impl Backend for CpuBackend {
             shards: (0..self.threads)
                 .map(|_| Shard {
                     pages: Pages::new(),
-                    stale: StaleBits::new(capacity),
-                    grants: Grants::spilling(self.grant_limit),
+                    rule: PoolState::new(capacity, Grants::spilling(self.grant_limit)),
                 })
                 .collect(),
         });
@@ -705,26 +713,32 @@ impl Backend for CpuBackend {
         }
         c.events += 1;
         c.slot_touches += e.slot_count as u64;
-        // The payload's runs, cut where pages end: (slots left, value).
-        let mut runs = payload.runs().iter().map(|&(n, v)| (n as usize, v));
-        let mut cur = (0usize, BLANK_VAL);
+        // The payload's runs, cut where pages end, each piece applied by
+        // the rule on the shard that holds its page.
+        let mut runs = payload.runs().iter().map(|&(n, v)| (n as u64, v));
+        let mut cur = (0u64, BLANK_VAL);
+        let (mut none, mut nc) = (Vec::new(), Counters::default());
         for (pi, lo, hi) in segments(a, b) {
-            let k = p.shard_of(pi);
-            let Shard { pages, stale, .. } = &mut p.shards[k];
             let base = (pi as u64) << PAGE_BITS;
-            let n = page_len(p.capacity, pi);
-            let pg = pages.get_or_insert_with(pi, || Page::blank(n));
-            pg.wseq1[lo..hi].fill(e.seq + 1);
-            let mut o = lo;
-            while o < hi {
+            let k = p.shard_of(pi);
+            let cx = p.cx(k);
+            let Shard { pages, rule } = &mut p.shards[k];
+            let mut slots = ShardSlots {
+                pages,
+                cx,
+                budget: None,
+                at: 0,
+                out: &mut none,
+                c: &mut nc,
+            };
+            let (mut s, end) = (base + lo as u64, base + hi as u64);
+            while s < end {
                 if cur.0 == 0 {
                     cur = runs.next().expect("payload length checked");
                 }
-                let (n, v) = (cur.0.min(hi - o), cur.1);
-                pg.owner[o..o + n].fill(v.owner);
-                pg.flags[o..o + n].fill(v.uncertain as u8);
-                stale.set_range(base + o as u64, base + (o + n) as u64, v.stale);
-                o += n;
+                let n = cur.0.min(end - s);
+                rule.copy(&mut slots, e, s, s + n, cur.1)?;
+                s += n;
                 cur.0 -= n;
             }
         }
@@ -792,9 +806,11 @@ fn all_own(pg: View, lo: usize, hi: usize, r: u64, gap_mark: u64) -> bool {
 /// Classifies the slots `a..b` (on shard `p`'s pages) read by
 /// `e.request_id`.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn read(
     cx: Ctx,
-    p: &mut Shard,
+    pages: &Pages<Page>,
+    grants: &mut Grants,
     e: &KvEvent,
     a: u64,
     b: u64,
@@ -805,11 +821,11 @@ fn read(
     let gap_mark = cx.gap_mark;
     // Whole-extent fast path (the common case): every slot is the reader's
     // own, certain content. Three vectorizable passes, no branches per slot.
-    if segments(a, b).all(|(pi, lo, hi)| all_own(p.page(pi), lo, hi, r, gap_mark)) {
+    let page = |pi: usize| pages.get(pi).map_or(BLANK, Page::view);
+    if segments(a, b).all(|(pi, lo, hi)| all_own(page(pi), lo, hi, r, gap_mark)) {
         c.own_slots += b - a;
         return Ok(());
     }
-    let Shard { pages, grants, .. } = p;
     let grants: &[Grant] = grants.lookup(r)?;
     let mut own = 0u64;
     let mut shared = 0u64;

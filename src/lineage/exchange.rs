@@ -2,7 +2,7 @@
 //! source content of a copy passes from the source pool's thread to the
 //! destination's through here.
 //!
-//! The rule is the causal merge's (`engine`): a destination waits only
+//! The rule is the causal merge's (`sched`): a destination waits only
 //! while its next event is a copy whose source pool has not yet moved past
 //! the copy's `src_seq` (the source captures each planned copy just before
 //! that, as on one scheduler, and puts it here). A source never waits for

@@ -1,5 +1,5 @@
 //! Pools no copy connects, replayed at once: each group of the copy graph
-//! (`engine::groups`) runs its own scheduler on a thread of its own with a
+//! (`sched::groups`) runs its own scheduler on a thread of its own with a
 //! forked backend (`Backend::forks`), and their read runs come back through
 //! a bounded channel to the one `Exposures` of the replay. Many small
 //! groups are packed into a few work units first (`pack`).
@@ -20,11 +20,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::backend::{Backend, Counters, ReadRun};
-use super::engine::Sched;
 use super::exchange::Exchange;
 use super::exposure::Exposures;
 use super::input::Plan;
-use super::{Gap, shard};
+use super::sched::Gap;
+use super::sched::Sched;
+use super::shard;
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 use crate::trace::read::Trace;

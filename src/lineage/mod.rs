@@ -6,9 +6,13 @@
 //!
 //! - `input`: plans the per-pool seq-ordered streams (k-way merge of sorted
 //!   runs, external sort of unsorted ones) and the copies.
-//! - `engine`: the scheduler (pool turns, copies pulled across pools, gaps).
+//! - `sched`: the scheduler (pool turns, copies pulled across pools, gaps).
+//! - `rule`: the slot rule, the one transition every backend applies
+//!   (`PoolState::apply`), over `stale` (stale bits) and `grants` (share
+//!   grants, spilled past a limit); `state`: slot values and `classify`.
 //! - `backend` / `cpu`: the per-slot state behind a batch-shaped trait;
-//!   `slots`: the paged slot table (pages allocated on first write).
+//!   `slots`: the paged slot table (pages allocated on first write);
+//!   `gpu`: the same on a device (CUDA or the emulator).
 //! - `exposure`: aggregation of read runs per reader and source.
 //! - `groups`: pools no copy connects replayed at once, a thread each.
 //!
@@ -18,216 +22,38 @@
 
 pub mod backend;
 pub mod chains;
+pub mod config;
 pub mod copies;
 pub mod cpu;
-pub mod engine;
 pub mod exchange;
 pub mod exposure;
 pub mod gpu;
+mod grant_spill;
+pub mod grants;
 pub mod groups;
 pub mod input;
 pub mod intervals;
+pub mod rule;
+pub mod sched;
 pub mod shard;
 pub mod slots;
+pub mod stale;
 pub mod state;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 pub use backend::{Backend, Counters, ReadKind, ReadRun, SlotVal};
+pub use config::{
+    BackendChoice, BackendConfig, MAX_THREADS, OpenedBackend, default_threads, on_threads,
+    threads_or_default,
+};
 pub use exposure::Exposures;
+pub use sched::Gap;
 
 use crate::error::Result;
 use crate::progress::Reporter;
 use crate::trace::read::Trace;
-
-/// A hole in one pool's seq stream: the events strictly between
-/// `after_seq` and `before_seq` are missing (`after_seq` null: before the
-/// first event recorded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Gap {
-    pub pool: u16,
-    pub after_seq: Option<u64>,
-    pub before_seq: u64,
-}
-
-impl Gap {
-    /// Number of seq values missing.
-    pub fn missing(&self) -> u64 {
-        self.before_seq - self.after_seq.map(|a| a + 1).unwrap_or(0)
-    }
-}
-
-/// Which backend to replay with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackendChoice {
-    /// CUDA when this build has the `cuda` feature and a driver, NVRTC and
-    /// a device are found; the CPU otherwise.
-    #[default]
-    Auto,
-    Cpu,
-    /// CUDA or a tool error.
-    Cuda,
-    /// The GPU backend on the emulated device (kernels compiled as C++, run
-    /// one thread at a time): for tests and debugging, slow.
-    Emu,
-}
-
-/// A backend and a line saying which one was picked and why.
-pub struct OpenedBackend {
-    pub backend: Box<dyn Backend>,
-    pub note: String,
-}
-
-/// The most threads kvtrail starts for one step (`--threads`, and
-/// `RAYON_NUM_THREADS`, which is capped to it): more only costs memory.
-pub const MAX_THREADS: usize = 1024;
-
-/// The threads a replay uses by default: `RAYON_NUM_THREADS` when set to
-/// a positive number (as for every other parallel step of kvtrail), else
-/// every core `std::thread::available_parallelism` reports; at most
-/// [`MAX_THREADS`].
-pub fn default_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .min(MAX_THREADS)
-}
-
-/// Runs `f` with rayon's parallel iterators on `threads` threads (0:
-/// `default_threads`): on the current pool when it has as many, else on a
-/// pool of its own for the call.
-pub fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
-    let n = if threads == 0 {
-        default_threads()
-    } else {
-        threads
-    };
-    if n == rayon::current_num_threads() {
-        return Ok(f());
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .map(|pool| pool.install(f))
-        .map_err(|e| crate::error::Error::Other(format!("cannot start {n} threads: {e}")))
-}
-
-/// The CPU backend on `threads` threads (0: `default_threads`), and its
-/// note with `why` (e.g. "auto: no CUDA device").
-fn cpu_backend(threads: usize, why: Option<String>) -> Result<OpenedBackend> {
-    let n = if threads == 0 {
-        default_threads()
-    } else {
-        threads
-    };
-    let mut note = match why {
-        Some(w) => format!("cpu ({w})"),
-        None => "cpu".to_string(),
-    };
-    if n > 1 {
-        note.push_str(&format!(" on {n} threads"));
-    }
-    Ok(OpenedBackend {
-        backend: Box::new(cpu::CpuBackend::with_threads(n)?),
-        note,
-    })
-}
-
-/// Creates the backend for a choice, the CPU one on `default_threads`.
-/// `Cuda` fails with a message that says what is missing (the `cuda`
-/// feature, libcuda, NVRTC or a device).
-pub fn make_backend(choice: BackendChoice) -> Result<OpenedBackend> {
-    make_backend_threads(choice, 0)
-}
-
-/// As `make_backend`, the CPU backend on `threads` threads (0: the
-/// default). The GPU backends ignore it; no backend's output depends on it.
-pub fn make_backend_threads(choice: BackendChoice, threads: usize) -> Result<OpenedBackend> {
-    match choice {
-        BackendChoice::Cpu => cpu_backend(threads, None),
-        BackendChoice::Emu => Ok(OpenedBackend {
-            backend: Box::new(gpu::GpuBackend::named(
-                gpu::EmuDevice::new(),
-                gpu::GpuConfig::default(),
-                "emu",
-            )),
-            note: "emu (GPU kernels emulated on the CPU)".into(),
-        }),
-        BackendChoice::Cuda => match gpu::unavailable() {
-            Some(why) => Err(crate::error::Error::Other(format!(
-                "--backend cuda: {why}; use --backend cpu or auto"
-            ))),
-            None => open_cuda(),
-        },
-        BackendChoice::Auto => match gpu::unavailable() {
-            Some(why) => cpu_backend(threads, Some(format!("auto: {why}"))),
-            None => match open_cuda() {
-                Ok(b) => Ok(OpenedBackend {
-                    note: format!("{} (auto)", b.note),
-                    ..b
-                }),
-                Err(e) => cpu_backend(threads, Some(format!("auto: CUDA could not start: {e}"))),
-            },
-        },
-    }
-}
-
-/// Creates the backend for a choice and a trace: as `make_backend`, except
-/// that `Auto` replays on the CPU a deployment whose pools declare more
-/// slots than the GPU backend holds (`gpu::GPU_MAX_SLOTS`).
-pub fn make_backend_for(choice: BackendChoice, trace: &Trace) -> Result<OpenedBackend> {
-    make_backend_for_threads(choice, trace, 0)
-}
-
-/// As `make_backend_for`, the CPU backend on `threads` threads (0: the
-/// default).
-pub fn make_backend_for_threads(
-    choice: BackendChoice,
-    trace: &Trace,
-    threads: usize,
-) -> Result<OpenedBackend> {
-    let slots = trace
-        .deployment()
-        .pools
-        .iter()
-        .fold(0u64, |n, p| n.saturating_add(p.capacity_tokens));
-    if choice == BackendChoice::Auto && slots > gpu::GPU_MAX_SLOTS {
-        let why = gpu::unavailable().unwrap_or_else(|| {
-            format!(
-                "the pools declare {slots} slots, more than the GPU backend holds ({})",
-                gpu::GPU_MAX_SLOTS
-            )
-        });
-        return cpu_backend(threads, Some(format!("auto: {why}")));
-    }
-    make_backend_threads(choice, threads)
-}
-
-#[cfg(feature = "cuda")]
-fn open_cuda() -> Result<OpenedBackend> {
-    let b = gpu::open_cuda()?;
-    let note = format!("cuda on {}", b.device().description);
-    Ok(OpenedBackend {
-        backend: Box::new(b),
-        note,
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_cuda() -> Result<OpenedBackend> {
-    Err(crate::error::Error::Other(
-        gpu::unavailable().unwrap_or_default(),
-    ))
-}
 
 /// Options of a replay.
 #[derive(Debug, Clone, Default)]
@@ -247,7 +73,7 @@ pub struct LineageOptions {
     /// Requests' tenants: shared reads within one tenant are dropped as
     /// they arrive (scope lists only cross-tenant prefix-cache hits).
     pub tenants: Option<exposure::TenantKeysSource>,
-    /// Threads of the replay (0: `default_threads`): of the index pass
+    /// Threads of the replay (0: the default, `threads_or_default`): of the index pass
     /// over the kv files, and of the CPU backend `run` opens (`run_with`
     /// takes the backend's own). The outcome is the same for every value.
     pub threads: usize,
@@ -292,7 +118,7 @@ pub struct LineageOutcome {
 /// Replays a trace with a backend.
 ///
 /// With a backend on several threads that can fork (the CPU one), pools
-/// no copy connects (`engine::groups`) replay at once, a group per thread,
+/// no copy connects (`sched::groups`) replay at once, a group per thread,
 /// each batch on the group's share of the threads; with fewer groups than
 /// threads, every pool replays on a thread of its own and copies pass
 /// between them under the causal merge (`exchange`: a copy waits only for
@@ -331,7 +157,7 @@ pub fn run_with(
     reporter.start("replay", plan.total_events);
     let mut grouped = None;
     let threads = backend.threads();
-    let groups = engine::groups(&plan);
+    let groups = sched::groups(&plan);
     // Fewer groups than threads, and a group of several pools: every pool
     // on a thread of its own, copies through an exchange; else the groups
     // packed onto the threads.
@@ -405,7 +231,7 @@ pub fn run_with(
             let mut exposures = new_exposures();
             let mut sink = |runs: &[ReadRun]| exposures.add_runs(runs);
             let r = {
-                let mut sched = engine::Sched::new(trace, &plan, backend, reporter, &mut sink)?;
+                let mut sched = sched::Sched::new(trace, &plan, backend, reporter, &mut sink)?;
                 sched.run()?;
                 (
                     sched.counters,
@@ -442,6 +268,8 @@ pub fn run(
     opts: &LineageOptions,
     reporter: &dyn Reporter,
 ) -> Result<LineageOutcome> {
-    let mut b = make_backend_for_threads(opts.backend, trace, opts.threads)?.backend;
+    let mut b = BackendConfig::new(opts.backend, opts.threads)
+        .open(trace)?
+        .backend;
     run_with(trace, b.as_mut(), opts, reporter)
 }

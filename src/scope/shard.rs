@@ -13,17 +13,16 @@ use super::merge::{SHARD_FILE, ShardInfo};
 use super::model::ScopeReport;
 use crate::custody;
 use crate::error::Result;
-use crate::lineage::{BackendChoice, LineageOptions, OpenedBackend};
+use crate::lineage::{BackendChoice, BackendConfig, LineageOptions, OpenedBackend};
 use crate::progress::Reporter;
 use crate::trace::read::Trace;
 
 /// A trace opened with its replay backend, ready to run.
 pub struct ScopeRun {
     trace: Trace,
-    choice: BackendChoice,
+    /// The backend choice and the run's threads (resolved: at least 1).
+    config: BackendConfig,
     opened: OpenedBackend,
-    /// Threads of the run (resolved: at least 1).
-    threads: usize,
 }
 
 /// What a scope run gives: the trace it read, its report and, for a shard,
@@ -38,23 +37,18 @@ impl ScopeRun {
     /// Opens the trace and the backend `choice` asks for (`Cuda` fails
     /// with what is missing), the CPU one on every core.
     pub fn open(trace_dir: &Path, choice: BackendChoice) -> Result<Self> {
-        Self::open_threads(trace_dir, choice, 0)
+        Self::open_with(trace_dir, BackendConfig::new(choice, 0))
     }
 
-    /// As `open`, the CPU backend on `threads` threads (0: every core,
-    /// `lineage::default_threads`); the report does not depend on it.
-    pub fn open_threads(trace_dir: &Path, choice: BackendChoice, threads: usize) -> Result<Self> {
+    /// As `open`, with the backend and threads `config` resolved (the
+    /// report does not depend on the threads).
+    pub fn open_with(trace_dir: &Path, config: BackendConfig) -> Result<Self> {
         let trace = Trace::open(trace_dir)?;
-        let threads = match threads {
-            0 => crate::lineage::default_threads(),
-            n => n,
-        };
-        let opened = crate::lineage::make_backend_for_threads(choice, &trace, threads)?;
+        let opened = config.open(&trace)?;
         Ok(ScopeRun {
             trace,
-            choice,
+            config,
             opened,
-            threads,
         })
     }
 
@@ -70,12 +64,12 @@ impl ScopeRun {
     /// the run's threads too.
     pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
         let opts = LineageOptions {
-            backend: self.choice,
+            backend: self.config.choice,
             spill_dir: None,
             chunk: None,
             pools: pools.clone(),
             tenants: Some(super::tenant_source(&self.trace)),
-            threads: self.threads,
+            threads: self.config.threads,
             pool_threads: None,
         };
         let mut outcome =
@@ -83,7 +77,7 @@ impl ScopeRun {
         // Done with the replay's tenant keys: scope_outcome reads its own.
         outcome.exposures.tenants = None;
         let trace = &self.trace;
-        let mut report = crate::lineage::on_threads(self.threads, || {
+        let mut report = crate::lineage::on_threads(self.config.threads, || {
             super::scope_outcome(trace, &outcome, reporter)
         })??;
         let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));

@@ -27,8 +27,10 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, NEVER, Payload, ReadRun, SCRUBBED, SlotVal};
+use crate::lineage::grants::Grants;
+use crate::lineage::rule::{PoolState, SlotData};
 use crate::lineage::slots::SlotVec;
-use crate::lineage::state::{Grants, StaleBits};
+use crate::lineage::state::Grant;
 use crate::lineage::{LineageOptions, run_with};
 use crate::progress::Reporter;
 use crate::schema::{KvEvent, Op, hash_tokens, hex32};
@@ -143,12 +145,99 @@ struct Target {
 /// Owner, token position and write seq per slot, paged (memory follows
 /// the slots the trace touches, not the declared capacity).
 struct PoolSt {
+    slots: ModelSlots,
+    /// Stale bits and share grants (dead grants swept).
+    rule: PoolState,
+}
+
+struct ModelSlots {
     decode: bool,
     owner: SlotVec<u64>,
     pos: SlotVec<u32>,
     wseq1: SlotVec<u64>,
-    stale: StaleBits,
-    grants: Grants,
+}
+
+/// A pool's slots as the slot rule sees them (`rule::SlotData`) while a
+/// batch is applied: reads record the targets' decode contexts.
+struct Applying<'a> {
+    slots: &'a mut ModelSlots,
+    seeds: &'a HashMap<u64, u64>,
+    targets: &'a mut HashMap<u64, Target>,
+}
+
+impl SlotData for Applying<'_> {
+    fn set(&mut self, e: &KvEvent, a: u64, b: u64, owner: u64) -> Result<()> {
+        let p = &mut *self.slots;
+        if e.op == Op::Write {
+            if e.request_id >= u32::MAX as u64 - 2 {
+                return Err(Error::Other(format!(
+                    "counterfactual: request id {} does not fit the reference model's 32-bit ids",
+                    e.request_id
+                )));
+            }
+            let p0 = need_pos(e)?;
+            p.owner.fill(a, b, owner);
+            for (i, s) in (a..b).enumerate() {
+                p.pos.set(s, p0.wrapping_add(i as u32));
+            }
+        } else {
+            p.owner.fill(a, b, owner);
+        }
+        p.wseq1.fill(a, b, e.seq + 1);
+        Ok(())
+    }
+
+    fn copy(&mut self, e: &KvEvent, a: u64, b: u64, v: SlotVal) -> Result<()> {
+        let p = &mut *self.slots;
+        let (o, pos) = unpack(v.owner);
+        p.owner.fill(a, b, o);
+        for s in a..b {
+            p.pos.set(s, pos);
+        }
+        p.wseq1.fill(a, b, e.seq + 1);
+        Ok(())
+    }
+
+    fn read(&mut self, e: &KvEvent, a: u64, b: u64, grants: &mut Grants) -> Result<()> {
+        let p = &*self.slots;
+        if !p.decode {
+            return Ok(());
+        }
+        let Some(t) = self.targets.get_mut(&e.request_id) else {
+            return Ok(());
+        };
+        let p0 = need_pos(e)? as usize;
+        let r = e.request_id;
+        let grants = grants.lookup(r)?;
+        for (i, s) in (a..b).enumerate() {
+            let o = p.owner.get(s);
+            let content = if o == NEVER || o == SCRUBBED {
+                None
+            } else {
+                match self.seeds.get(&o) {
+                    Some(&sd) => Some((sd, p.pos.get(s))),
+                    None => {
+                        t.missing_seed = true;
+                        None
+                    }
+                }
+            };
+            let w = p.wseq1.get(s);
+            let shared = grants.iter().any(|g| g.covers(s, w));
+            let foreign = o != r && o != NEVER && o != SCRUBBED && !shared;
+            let q = p0 + i;
+            t.ctx.insert(q, (content, foreign));
+        }
+        Ok(())
+    }
+
+    /// Some slot of the grant was not rewritten since it was given.
+    fn alive(&self, g: &Grant) -> bool {
+        self.slots
+            .wseq1
+            .range(g.start(), g.end())
+            .any(|w| w <= g.seq)
+    }
 }
 
 /// Replay backend that keeps (owner, position) per slot and the decode
@@ -207,12 +296,13 @@ impl Backend for ModelBackend<'_> {
         self.pools.insert(
             pool,
             PoolSt {
-                decode,
-                owner: SlotVec::new(capacity, NEVER),
-                pos: SlotVec::new(capacity, 0),
-                wseq1: SlotVec::new(capacity, 0),
-                stale: StaleBits::new(capacity),
-                grants: Grants::default(),
+                slots: ModelSlots {
+                    decode,
+                    owner: SlotVec::new(capacity, NEVER),
+                    pos: SlotVec::new(capacity, 0),
+                    wseq1: SlotVec::new(capacity, 0),
+                },
+                rule: PoolState::new(capacity, Grants::default()),
             },
         );
         Ok(())
@@ -228,72 +318,21 @@ impl Backend for ModelBackend<'_> {
         c: &mut Counters,
     ) -> Result<()> {
         let seeds = self.seeds;
-        let mut targets = std::mem::take(&mut self.targets);
-        let res = (|| {
-            let p = self.pool(pool)?;
-            for e in events {
-                let (a, b) = (e.slot_start as u64, e.slot_end());
-                c.events += 1;
-                match e.op {
-                    Op::Alloc => p.stale.alloc(a, b),
-                    Op::Free => {}
-                    Op::Write => {
-                        if e.request_id >= u32::MAX as u64 - 2 {
-                            return Err(Error::Other(format!(
-                                "counterfactual: request id {} does not fit the reference model's 32-bit ids",
-                                e.request_id
-                            )));
-                        }
-                        let p0 = need_pos(e)?;
-                        p.owner.fill(a, b, e.request_id);
-                        for (i, s) in (a..b).enumerate() {
-                            p.pos.set(s, p0.wrapping_add(i as u32));
-                        }
-                        p.wseq1.fill(a, b, e.seq + 1);
-                        p.stale.set_current(a, b);
-                    }
-                    Op::Scrub => {
-                        p.owner.fill(a, b, SCRUBBED);
-                        p.wseq1.fill(a, b, e.seq + 1);
-                        p.stale.set_current(a, b);
-                    }
-                    Op::Share => {
-                        p.grants.share(&p.stale, e.request_id, a, b, e.seq)?;
-                    }
-                    Op::Read => {
-                        if !p.decode {
-                            continue;
-                        }
-                        let Some(t) = targets.get_mut(&e.request_id) else {
-                            continue;
-                        };
-                        let p0 = need_pos(e)? as usize;
-                        let r = e.request_id;
-                        for (i, s) in (a..b).enumerate() {
-                            let o = p.owner.get(s);
-                            let content = if o == NEVER || o == SCRUBBED {
-                                None
-                            } else {
-                                match seeds.get(&o) {
-                                    Some(&sd) => Some((sd, p.pos.get(s))),
-                                    None => {
-                                        t.missing_seed = true;
-                                        None
-                                    }
-                                }
-                            };
-                            let shared = p.grants.covered(r, s, p.wseq1.get(s));
-                            let foreign = o != r && o != NEVER && o != SCRUBBED && !shared;
-                            let q = p0 + i;
-                            t.ctx.insert(q, (content, foreign));
-                        }
-                    }
-                }
-            }
-            Ok(())
-        })();
-        self.targets = targets;
-        res
+        let p = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| Error::Other(format!("counterfactual: pool {pool} was not declared")))?;
+        let mut slots = Applying {
+            slots: &mut p.slots,
+            seeds,
+            targets: &mut self.targets,
+        };
+        for e in events {
+            c.events += 1;
+            p.rule
+                .apply(&mut slots, e, e.slot_start as u64, e.slot_end())?;
+        }
+        Ok(())
     }
 
     fn apply_copy(
@@ -303,17 +342,19 @@ impl Backend for ModelBackend<'_> {
         payload: &Payload,
         c: &mut Counters,
     ) -> Result<()> {
-        let p = self.pool(pool)?;
-        let a = e.slot_start as u64;
+        let seeds = self.seeds;
+        let p = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| Error::Other(format!("counterfactual: pool {pool} was not declared")))?;
         c.events += 1;
-        for (s, v) in (a..).zip(payload.iter()) {
-            let (o, pos) = unpack(v.owner);
-            p.owner.set(s, o);
-            p.pos.set(s, pos);
-        }
-        p.wseq1.fill(a, a + payload.len() as u64, e.seq + 1);
-        p.stale.copy(a, payload);
-        Ok(())
+        let mut slots = Applying {
+            slots: &mut p.slots,
+            seeds,
+            targets: &mut self.targets,
+        };
+        p.rule
+            .copy_payload(&mut slots, e, e.slot_start as u64, payload)
     }
 
     fn capture(
@@ -328,9 +369,9 @@ impl Backend for ModelBackend<'_> {
         let a = slot_start as u64;
         out.clear();
         out.extend((a..a + count as u64).map(|s| SlotVal {
-            owner: pack(p.owner.get(s), p.pos.get(s)),
+            owner: pack(p.slots.owner.get(s), p.slots.pos.get(s)),
             uncertain,
-            stale: p.stale.is_stale(s),
+            stale: p.rule.stale.is_stale(s),
         }));
         Ok(())
     }

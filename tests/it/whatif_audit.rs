@@ -547,3 +547,44 @@ fn small_audit_counts_agree_with_their_nouns() {
         r.verdict
     );
 }
+
+// ---- issue 31: one slot rule for scope and audit ------------------------
+
+/// A grant holds until its slots are written again; a `free` does not end
+/// it (docs/trace-format.md, `share`). Request 2 is granted request 1's
+/// decode slots, frees them, then reads them: a shared read for scope and
+/// no read beyond the transfer for audit. Request 3 reads the same slots
+/// without a grant: foreign for scope, beyond the transfer for audit.
+#[test]
+fn share_then_free_then_read_by_the_grantee_agrees_in_scope_and_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = TraceBuilder::pd();
+    for (id, tenant) in [(1, "acme"), (2, "acme"), (3, "initech")] {
+        let r = tb.req(id, tenant);
+        r.prefill_pool = Some(0);
+        r.decode_pool = Some(1);
+    }
+    tb.alloc(1, 1, 0, 8);
+    tb.write(1, 1, 0, 8);
+    tb.share(1, 2, 0, 8);
+    tb.free(1, 2, 0, 8);
+    tb.read(1, 2, 0, 8);
+    tb.read(1, 3, 0, 8);
+    tb.free(1, 1, 0, 8);
+    let trace = tb.record(&dir.path().join("t"));
+
+    let report = crate::support::trace_builder::scope(&trace);
+    let affected: Vec<u64> = report
+        .affected_responses
+        .iter()
+        .map(|a| a.request_id)
+        .collect();
+    assert_eq!(affected, [3], "scope: only the read without a grant");
+    let r = audit(&trace);
+    assert_eq!(
+        ids(&r, "decode_read_beyond_transfer"),
+        affected,
+        "audit must agree with scope: {:#?}",
+        r.findings
+    );
+}

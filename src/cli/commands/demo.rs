@@ -3,14 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-use super::scope::{BackendArg, compute};
+use super::scope::compute;
 use crate::cli::output;
+use kvtrail::lineage::BackendChoice;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Replay backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
 }
 
 /// Where the built-in trace lives: under the source tree the binary was

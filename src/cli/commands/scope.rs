@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use kvtrail::lineage::BackendChoice;
+use kvtrail::lineage::{BackendChoice, BackendConfig};
 use kvtrail::report;
 use kvtrail::report::fmt::term;
 use kvtrail::scope::ScopeReport;
@@ -12,20 +12,8 @@ use kvtrail::scope::shard::{ScopeRun, Scoped};
 use crate::cli::output;
 use crate::cli::progress::BarReporter;
 
-/// Replay backend on the command line.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
-pub enum BackendArg {
-    /// CUDA when built with `--features cuda` and a GPU is usable, else CPU.
-    #[default]
-    Auto,
-    /// The CPU reference backend.
-    Cpu,
-    /// The CUDA backend (exit 2 when it cannot run here).
-    Cuda,
-    /// The GPU kernels emulated on the CPU (tests and debugging; slow).
-    #[value(hide = true)]
-    Emu,
-}
+/// `fleet` still names the replay backend by this name.
+pub use kvtrail::lineage::BackendChoice as BackendArg;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -41,8 +29,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Replay backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
     /// Exit with 1 when any response is affected (confirmed or possible), or when the trace holds no KV events (no evidence either way).
     #[arg(long)]
     pub fail_on_exposure: bool,
@@ -57,31 +45,19 @@ pub struct Args {
     pub threads: Option<u16>,
 }
 
-impl From<BackendArg> for BackendChoice {
-    fn from(b: BackendArg) -> Self {
-        match b {
-            BackendArg::Auto => BackendChoice::Auto,
-            BackendArg::Cpu => BackendChoice::Cpu,
-            BackendArg::Cuda => BackendChoice::Cuda,
-            BackendArg::Emu => BackendChoice::Emu,
-        }
-    }
-}
-
 /// Runs scope on a trace and returns the report (shared with `demo`).
-pub fn compute(trace_dir: &std::path::Path, backend: BackendArg) -> anyhow::Result<ScopeReport> {
-    Ok(compute_shard(trace_dir, backend, None, 0)?.report)
+pub fn compute(trace_dir: &std::path::Path, backend: BackendChoice) -> anyhow::Result<ScopeReport> {
+    Ok(compute_shard(trace_dir, BackendConfig::new(backend, 0), None)?.report)
 }
 
 /// Runs scope on a trace, or on a shard of its pools, saying which backend
-/// replays it (the CPU one on `threads` threads, 0: every core).
+/// replays it.
 fn compute_shard(
     trace_dir: &std::path::Path,
-    backend: BackendArg,
+    config: BackendConfig,
     pools: Option<Vec<u16>>,
-    threads: usize,
 ) -> anyhow::Result<Scoped> {
-    let run = ScopeRun::open_threads(trace_dir, backend.into(), threads)?;
+    let run = ScopeRun::open_with(trace_dir, config)?;
     eprintln!("kvtrail: replay backend: {}", run.backend_note());
     Ok(run.run(pools, &BarReporter::default())?)
 }
@@ -97,9 +73,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         shard,
     } = compute_shard(
         &args.trace,
-        args.backend,
+        BackendConfig::new(args.backend, args.threads.map_or(0, usize::from)),
         args.pools.clone(),
-        args.threads.map_or(0, usize::from),
     )?;
     if let Some(dir) = &args.out {
         let fresh = std::fs::symlink_metadata(dir).is_err();

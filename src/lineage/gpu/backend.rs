@@ -27,10 +27,10 @@ use super::device::{
 };
 use super::prims::{Prims, ScanOp};
 use crate::error::{Error, Result};
-use crate::lineage::backend::{
-    Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SCRUBBED, SlotVal,
-};
-use crate::lineage::state::{Grants, StaleBits};
+use crate::lineage::backend::{Backend, Counters, NEVER, Payload, ReadKind, ReadRun, SlotVal};
+use crate::lineage::grants::Grants;
+use crate::lineage::rule::{PoolState, SlotData};
+use crate::lineage::state::Grant;
 use crate::schema::{KvEvent, Op};
 
 const EV_WRITE: u32 = 1;
@@ -77,10 +77,9 @@ struct Pool<D: Device> {
     flags: D::Buf,
     gap_mark: u64,
     never_kind: u32,
-    /// Host side, as on the CPU backend: which slots hold stale content,
-    /// and the share grants (only shares consult the stale bits).
-    stale: StaleBits,
-    grants: Grants,
+    /// Host side, as on the CPU backend: the rule's stale bits and share
+    /// grants (only shares consult the stale bits).
+    rule: PoolState,
 }
 
 /// Device buffers of one sub-batch, grown on demand.
@@ -169,6 +168,9 @@ struct Stage {
     g_start: Vec<u32>,
     g_end: Vec<u32>,
     g_seq: Vec<u64>,
+    /// A copy's payload, slot by slot (owner, uncertain).
+    pay_owner: Vec<u64>,
+    pay_flag: Vec<u32>,
 }
 
 impl Stage {
@@ -184,6 +186,83 @@ impl Stage {
         self.g_start.clear();
         self.g_end.clear();
         self.g_seq.clear();
+        self.pay_owner.clear();
+        self.pay_flag.clear();
+    }
+}
+
+/// A sub-batch's staging as the slot rule sees it (`rule::SlotData`):
+/// writes, scrubs and reads (with the reader's grants that overlap them)
+/// go up to the device, copies' payloads are gathered for their scatter.
+struct Staging<'a> {
+    st: &'a mut Stage,
+    /// Index in the sub-batch of the event being applied.
+    i: usize,
+    /// Slot touches staged.
+    touches: u64,
+    c: &'a mut Counters,
+}
+
+impl Staging<'_> {
+    fn push(&mut self, e: &KvEvent, kind: u32, val: u64, grants: &[Grant]) {
+        if e.slot_count == 0 {
+            return;
+        }
+        let st = &mut *self.st;
+        let (a, b) = (e.slot_start as u64, e.slot_end());
+        let gofs = st.g_start.len() as u32;
+        for g in grants {
+            if g.start() < b && a < g.end() {
+                // device slot numbers are u32: pools hold at most
+                // GPU_MAX_SLOTS slots
+                st.g_start.push(g.start() as u32);
+                st.g_end.push(g.end() as u32);
+                st.g_seq.push(g.seq);
+            }
+        }
+        st.host_ev.push(self.i);
+        st.ev_cnt.push(e.slot_count as u64);
+        st.ev_slot.push(e.slot_start);
+        st.ev_kind.push(kind);
+        st.ev_val.push(val);
+        st.ev_seq1.push(e.seq + 1);
+        st.ev_gofs.push(gofs);
+        st.ev_gcnt.push(st.g_start.len() as u32 - gofs);
+        self.touches += e.slot_count as u64;
+    }
+}
+
+impl SlotData for Staging<'_> {
+    fn set(&mut self, e: &KvEvent, _a: u64, _b: u64, owner: u64) -> Result<()> {
+        let kind = if e.op == Op::Scrub {
+            EV_SCRUB
+        } else {
+            EV_WRITE
+        };
+        self.push(e, kind, owner, &[]);
+        Ok(())
+    }
+
+    fn copy(&mut self, _e: &KvEvent, a: u64, b: u64, v: SlotVal) -> Result<()> {
+        let n = (b - a) as usize;
+        self.st.pay_owner.extend(std::iter::repeat_n(v.owner, n));
+        self.st
+            .pay_flag
+            .extend(std::iter::repeat_n(v.uncertain as u32, n));
+        Ok(())
+    }
+
+    fn read(&mut self, e: &KvEvent, _a: u64, _b: u64, grants: &mut Grants) -> Result<()> {
+        self.c.read_events += 1;
+        self.c.read_slots += e.slot_count as u64;
+        let g = grants.lookup(e.request_id)?;
+        self.push(e, EV_READ, e.request_id, g);
+        Ok(())
+    }
+
+    /// Device slot state is not read back to sweep dead grants: all kept.
+    fn alive(&self, _g: &Grant) -> bool {
+        true
     }
 }
 
@@ -245,67 +324,25 @@ impl<D: Device> GpuBackend<D> {
         Ok(v)
     }
 
-    /// Host pass over a sub-batch: counters, grants, staging.
+    /// Host pass over a sub-batch: counters, the rule (stale bits and
+    /// grants), staging of what touches device slot state.
     fn stage(&mut self, pi: usize, events: &[KvEvent], c: &mut Counters) -> Result<u64> {
-        let st = &mut self.stage;
-        st.clear();
+        self.stage.clear();
         let pool = &mut self.pools[pi];
-        let mut touches = 0u64;
+        let mut slots = Staging {
+            st: &mut self.stage,
+            i: 0,
+            touches: 0,
+            c,
+        };
         for (i, e) in events.iter().enumerate() {
-            c.events += 1;
-            c.slot_touches += e.slot_count as u64;
-            let (a, b) = (e.slot_start as u64, e.slot_end());
-            let (kind, val) = match e.op {
-                Op::Alloc => {
-                    pool.stale.alloc(a, b);
-                    continue;
-                }
-                Op::Free => continue,
-                Op::Share => {
-                    // Device slot state is not swept for dead grants here.
-                    pool.grants.share(&pool.stale, e.request_id, a, b, e.seq)?;
-                    continue;
-                }
-                Op::Write => {
-                    pool.stale.set_current(a, b);
-                    (EV_WRITE, e.request_id)
-                }
-                Op::Scrub => {
-                    pool.stale.set_current(a, b);
-                    (EV_SCRUB, SCRUBBED)
-                }
-                Op::Read => {
-                    c.read_events += 1;
-                    c.read_slots += e.slot_count as u64;
-                    (EV_READ, e.request_id)
-                }
-            };
-            if e.slot_count == 0 {
-                continue;
-            }
-            let gofs = st.g_start.len() as u32;
-            if kind == EV_READ {
-                for g in pool.grants.of(e.request_id) {
-                    if g.start() < b && a < g.end() {
-                        // device slot numbers are u32: pools hold at most
-                        // GPU_MAX_SLOTS slots
-                        st.g_start.push(g.start() as u32);
-                        st.g_end.push(g.end() as u32);
-                        st.g_seq.push(g.seq);
-                    }
-                }
-            }
-            st.host_ev.push(i);
-            st.ev_cnt.push(e.slot_count as u64);
-            st.ev_slot.push(e.slot_start);
-            st.ev_kind.push(kind);
-            st.ev_val.push(val);
-            st.ev_seq1.push(e.seq + 1);
-            st.ev_gofs.push(gofs);
-            st.ev_gcnt.push(st.g_start.len() as u32 - gofs);
-            touches += e.slot_count as u64;
+            slots.c.events += 1;
+            slots.c.slot_touches += e.slot_count as u64;
+            slots.i = i;
+            pool.rule
+                .apply(&mut slots, e, e.slot_start as u64, e.slot_end())?;
         }
-        Ok(touches)
+        Ok(slots.touches)
     }
 
     fn run_batch(
@@ -554,8 +591,7 @@ impl<D: Device> Backend for GpuBackend<D> {
             } else {
                 CLS_UNKNOWN
             },
-            stale: StaleBits::new(capacity),
-            grants: Grants::default(),
+            rule: PoolState::new(capacity, Grants::default()),
         };
         debug_assert_eq!(NEVER, u64::MAX);
         self.index.insert(pool, self.pools.len());
@@ -630,11 +666,21 @@ impl<D: Device> Backend for GpuBackend<D> {
         }
         let mut p = self.copy_params(pi, e.slot_start, e.slot_count)?;
         p.seq1 = e.seq + 1;
-        let owners: Vec<u64> = payload.iter().map(|v| v.owner).collect();
-        let flags: Vec<u32> = payload.iter().map(|v| v.uncertain as u32).collect();
-        self.dev.upload(p.pay_owner, bytes_of(&owners))?;
-        self.dev.upload(p.pay_flag, bytes_of(&flags))?;
-        self.pools[pi].stale.copy(e.slot_start as u64, payload);
+        self.stage.clear();
+        let mut none = Counters::default();
+        let mut slots = Staging {
+            st: &mut self.stage,
+            i: 0,
+            touches: 0,
+            c: &mut none,
+        };
+        self.pools[pi]
+            .rule
+            .copy_payload(&mut slots, e, e.slot_start as u64, payload)?;
+        self.dev
+            .upload(p.pay_owner, bytes_of(&self.stage.pay_owner))?;
+        self.dev
+            .upload(p.pay_flag, bytes_of(&self.stage.pay_flag))?;
         self.dev.launch(&COPY_SCATTER, p.count, p)
     }
 
@@ -656,7 +702,7 @@ impl<D: Device> Backend for GpuBackend<D> {
         self.dev.launch(&COPY_GATHER, p.count, p)?;
         let owners: Vec<u64> = Self::down(&self.dev, p.pay_owner, count as usize)?;
         let flags: Vec<u32> = Self::down(&self.dev, p.pay_flag, count as usize)?;
-        let stale = &self.pools[pi].stale;
+        let stale = &self.pools[pi].rule.stale;
         let a = slot_start as u64;
         out.extend(
             owners

@@ -1,5 +1,8 @@
 //! The scheduler: drives every pool's stream through a backend in seq
-//! order, resolving copies across pools.
+//! order, resolving copies across pools, and records seq holes as `Gap`s
+//! (the backend marks content before a hole uncertain). `groups` splits
+//! the pools into groups no copy connects, which replay apart
+//! (`lineage::groups`).
 //!
 //! Pools are advanced in turns (sinks first, in reverse topological order).
 //! A copy `write` on pool D with source (P, src_seq) pulls P forward until
@@ -17,12 +20,30 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::Gap;
+use serde::{Deserialize, Serialize};
+
 use super::backend::{Backend, Counters, Payload, ReadRun};
 use super::input::{Ev, Plan, PoolStream, duplicate};
 use crate::error::{Error, Location, Result};
 use crate::progress::Reporter;
 use crate::trace::read::Trace;
+
+/// A hole in one pool's seq stream: the events strictly between
+/// `after_seq` and `before_seq` are missing (`after_seq` null: before the
+/// first event recorded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Gap {
+    pub pool: u16,
+    pub after_seq: Option<u64>,
+    pub before_seq: u64,
+}
+
+impl Gap {
+    /// Number of seq values missing.
+    pub fn missing(&self) -> u64 {
+        self.before_seq - self.after_seq.map(|a| a + 1).unwrap_or(0)
+    }
+}
 
 /// The pools of the plan in groups no copy connects (connected parts of
 /// the copy graph), each in the plan's order, the groups by their first
