@@ -41,10 +41,10 @@ pub use templates::{Lang, Templates};
 use crate::custody;
 use crate::error::{Error, Result};
 use crate::report::csv;
-use crate::report::fmt::utc;
 use crate::schema::ENGINE_REQUEST;
 use crate::scope::Crossing;
 use crate::scope::folder::ScopeFolder;
+use crate::text::utc;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
-use crate::report::fmt::count;
 use crate::report::index::{self, IndexRow};
 use crate::scope::folder::{SUMMARY_JSON, ScopeFolder};
 use crate::scope::{Response, ScopeReport, Tenant};
+use crate::words::count;
 
 /// The OCSF findings of a scope folder.
 pub const OCSF_JSONL: &str = "findings.ocsf.jsonl";

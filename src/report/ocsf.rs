@@ -13,8 +13,8 @@
 use serde_json::{Map, Value, json};
 
 use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
-use crate::report::fmt::count;
 use crate::scope::{Confidence, Crossing, Response, SharedHit, Tenant};
+use crate::words::count;
 
 /// The OCSF schema version the events follow.
 pub const OCSF_VERSION: &str = "1.8.0";

@@ -21,9 +21,9 @@ use jiff::tz::Offset;
 use serde_json::{Map, Value};
 
 use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
-use crate::report::fmt::count;
 use crate::scope::Tenant;
 use crate::scope::anomalies::answered_ok;
+use crate::words::count;
 
 /// Epoch microseconds of epoch nanoseconds (rounded down).
 fn micros(ns: i64) -> i64 {
