@@ -17,9 +17,7 @@ pub mod export;
 pub mod html;
 pub mod index;
 pub mod json;
-pub mod ocsf;
 pub mod summary;
-pub mod timesketch;
 
 use std::path::{Path, PathBuf};
 

@@ -12,7 +12,7 @@
 //! (`kvtrail:...`) and kvtrail's ids as flat keys. Holes in the evidence have
 //! no time of their own: they are placed at the capture start with
 //! `time_known: false`. Which customers a line names is
-//! `export::Audience`'s rule: an external line names the tenant of its own
+//! `input::Audience`'s rule: an external line names the tenant of its own
 //! request only.
 
 use jiff::Timestamp;
@@ -20,7 +20,7 @@ use jiff::fmt::temporal::DateTimePrinter;
 use jiff::tz::Offset;
 use serde_json::{Map, Value};
 
-use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
+use super::input::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
 use crate::scope::Tenant;
 use crate::scope::anomalies::answered_ok;
 use crate::words::count;
