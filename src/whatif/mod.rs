@@ -5,6 +5,8 @@
 //! root cause and its siblings.
 //!
 //! - `workload`: arrivals, prefix structure and deployment recovered from a trace.
+//! - `extras`: trace.json's deployment extras read strictly (`VllmView`,
+//!   the recorded vLLM P/D settings that replay and audit both read).
 //! - `diff`: per-request comparison of two traces plus the exposure headline.
 //! - `counterfactual`: reference-model re-runs of affected responses, through
 //!   one swappable [`counterfactual::ModelEval`].
@@ -14,6 +16,7 @@
 
 pub mod counterfactual;
 pub mod diff;
+pub mod extras;
 pub mod workload;
 
 use std::path::Path;

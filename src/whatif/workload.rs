@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 
+use super::extras::VllmView;
 use crate::error::{Error, Location, Result};
 use crate::lineage::slots::SlotVec;
 use crate::schema::{Op, RequestRecord};
@@ -148,7 +149,7 @@ pub fn recorded_config(trace: &Trace) -> Result<SimConfig> {
     }
     if cfg.engine.is_vllm() {
         // The recorded vLLM settings, read as audit reads them.
-        let v = crate::audit::VllmView::from_extra(&d.extra, &loc)?;
+        let v = VllmView::from_extra(&d.extra, &loc)?;
         cfg.kv_lease_duration = v.kv_lease_duration;
         cfg.kv_load_failure_policy = match v.kv_load_failure_policy.as_deref() {
             None => None,
