@@ -1,4 +1,6 @@
-//! Typed errors for everything below the CLI.
+//! Typed errors for everything below the CLI: `Error` (`Invalid { loc,
+//! what, hint }`, `Io`, `Parquet`, `Other`) and `Location` (file, 0-based
+//! row, column).
 //!
 //! Every error that comes from bad input says what is wrong, where (file, row,
 //! column) and what to do about it. The CLI maps all of them to exit code 2;

@@ -2,6 +2,9 @@
 //!
 //! This module is pure data: no IO. It is the in-memory face of
 //! `docs/trace-format.md` (trace format v1); `trace` maps it to Parquet.
+//! It also names the engine family a trace.json `deployment.engine` string
+//! names (`engine_family`, `is_vllm_engine`), which the trace's prompt
+//! limit, the simulator's config, audit and replay all read.
 
 use std::sync::Arc;
 
@@ -216,4 +219,39 @@ pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
         *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
     }
     Some(out)
+}
+
+/// The engine family an engine string names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineFamily {
+    Sglang,
+    Vllm,
+}
+
+/// The family an engine string names (`vllm-0.33.0`, `vLLM`, ` sglang
+/// 0.5.19`: case and surrounding blanks do not matter) and the text after
+/// the family's name; None for a string that names neither (a bare
+/// version reads as SGLang, see `sim::config::EngineVersion::parse`).
+pub fn engine_family_and_rest(s: &str) -> (Option<EngineFamily>, String) {
+    let t = s.trim().to_ascii_lowercase();
+    for (prefix, family) in [
+        ("vllm", EngineFamily::Vllm),
+        ("sglang", EngineFamily::Sglang),
+    ] {
+        if let Some(rest) = t.strip_prefix(prefix) {
+            return (Some(family), rest.to_string());
+        }
+    }
+    (None, t)
+}
+
+/// The family of an engine string (`sim::config::EngineVersion::parse` for the
+/// release): every reader that decides "is this vLLM" calls this.
+pub fn engine_family(s: &str) -> Option<EngineFamily> {
+    engine_family_and_rest(s).0
+}
+
+/// Whether an engine string names vLLM (`vllm-0.33.0`, `vLLM 0.33.0`).
+pub fn is_vllm_engine(s: &str) -> bool {
+    engine_family(s) == Some(EngineFamily::Vllm)
 }

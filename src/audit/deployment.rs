@@ -1,6 +1,8 @@
-//! `kvtrail audit`'s deployment checks: every pool against the context
-//! window (SGLang's admission limit `max_req_input_len`, on the trace
-//! manifest's pool), page sizes, allow_auto_truncate, the KV checksum and
+//! `kvtrail audit`'s deployment checks (`audit_deployment` over a
+//! [`DeploymentView`], read from a simulator config or a trace's manifest;
+//! vLLM's settings are `whatif::extras::VllmView`): every pool against the
+//! context window (SGLang's admission limit `max_req_input_len`, on the
+//! trace manifest's pool), page sizes, allow_auto_truncate, the KV checksum and
 //! the scrub policy, with a recommendation. A vLLM deployment gets vLLM's
 //! checks instead (`audit_vllm`): each instance's KV cache against
 //! `max_model_len`, `kv_load_failure_policy`, and the NixlConnector's
@@ -8,7 +10,8 @@
 
 use super::{Finding, Severity, finding, fmt_n};
 use crate::error::{Error, Location, Result};
-use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig, is_vllm_engine};
+use crate::schema::is_vllm_engine;
+use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig};
 use crate::trace::manifest::{Manifest, prompt_limit};
 use crate::whatif::extras::{VllmView, boolean, shown, unreadable};
 use crate::whatif::workload::{pool_tokens, simulator_config};

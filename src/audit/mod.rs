@@ -1,5 +1,7 @@
 //! `kvtrail audit`: a deploy gate for the incident's root cause and its
-//! siblings.
+//! siblings. `audit_file` audits a deployment file, `audit_trace` a trace's
+//! deployment plus its requests and KV events; `report` sorts the findings
+//! into an [`AuditReport`] with its verdict.
 //!
 //! (a) Deployment (a simulator config, or a trace's manifest): every pool
 //! against the context window. SGLang's admission limit of a pool is

@@ -2,6 +2,11 @@
 //! mitigations, sibling-bug switches and the timing model. One serde struct
 //! read from TOML or JSON (`--config FILE`) and patched by `--set key=value`.
 //!
+//! `EngineVersion::parse` is the one parser of engine releases, for every
+//! caller (`--engine`, trace.json, audit, replay); the family an engine
+//! string names (`schema::engine_family`, `is_vllm_engine`) sits in the
+//! bottom layer, where the prompt limit of a trace's pool reads it too.
+//!
 //! Every knob is listed in docs/simulator.md with the SGLang flag it models
 //! (the per-version table there).
 
@@ -10,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Location, Result};
+use crate::schema::{EngineFamily, engine_family_and_rest, is_vllm_engine};
 use crate::sim::alloc::FreeListPolicy;
 use crate::trace::manifest::max_req_input_len;
 
@@ -131,41 +137,6 @@ impl EngineVersion {
     pub fn deferred_release_default(self) -> bool {
         self >= EngineVersion::V0521 && !self.is_vllm()
     }
-}
-
-/// The engine family an engine string names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineFamily {
-    Sglang,
-    Vllm,
-}
-
-/// The family an engine string names (`vllm-0.33.0`, `vLLM`, ` sglang
-/// 0.5.19`: case and surrounding blanks do not matter) and the text after
-/// the family's name; None for a string that names neither (a bare
-/// version reads as SGLang, see [`EngineVersion::parse`]).
-fn engine_family_and_rest(s: &str) -> (Option<EngineFamily>, String) {
-    let t = s.trim().to_ascii_lowercase();
-    for (prefix, family) in [
-        ("vllm", EngineFamily::Vllm),
-        ("sglang", EngineFamily::Sglang),
-    ] {
-        if let Some(rest) = t.strip_prefix(prefix) {
-            return (Some(family), rest.to_string());
-        }
-    }
-    (None, t)
-}
-
-/// The family of an engine string ([`EngineVersion::parse`] for the
-/// release): every reader that decides "is this vLLM" calls this.
-pub fn engine_family(s: &str) -> Option<EngineFamily> {
-    engine_family_and_rest(s).0
-}
-
-/// Whether an engine string names vLLM (`vllm-0.33.0`, `vLLM 0.33.0`).
-pub fn is_vllm_engine(s: &str) -> bool {
-    engine_family(s) == Some(EngineFamily::Vllm)
 }
 
 /// `N.N.N` at the start of `rest` (after separators and a `v`), when what

@@ -109,7 +109,7 @@ impl Deployment {
 /// [`Deployment::prompt_limit`] from its parts (engine name as trace.json
 /// spells it, context window, the pool's tokens).
 pub fn prompt_limit(engine: &str, context_window: u64, pool_tokens: u64) -> u64 {
-    if crate::sim::config::is_vllm_engine(engine) {
+    if crate::schema::is_vllm_engine(engine) {
         context_window.min(pool_tokens)
     } else {
         max_req_input_len(context_window, pool_tokens)

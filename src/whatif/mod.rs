@@ -1,8 +1,10 @@
 //! What-if replay: re-run a recorded workload through the engine
 //! model under another engine behaviour or configuration, compare the two
-//! traces, re-run suspect responses with the reference model
-//! (counterfactual), and audit deployments and traces for the incident's
-//! root cause and its siblings.
+//! traces, and re-run suspect responses with the reference model
+//! (counterfactual). `resolve_config` is the config a replay runs (recorded
+//! or `--config`, then `--engine`, then `--set`); `replay_trace` re-runs a
+//! recorded workload through `sim::run` under it. `audit` builds on the
+//! recorded deployment read here.
 //!
 //! - `workload`: arrivals, prefix structure and deployment recovered from a trace.
 //! - `extras`: trace.json's deployment extras read strictly (`VllmView`,

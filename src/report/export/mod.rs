@@ -3,7 +3,9 @@
 //! a Timesketch timeline (timeline.jsonl, `timesketch`) for the
 //! analysts. `scope --out` writes both (`write_scope_exports`, before
 //! evidence.json, so the evidence covers them); `kvtrail export` renders
-//! them again from a checked scope folder (`ExportInput::from_folder`).
+//! them again from a checked scope folder (`ExportInput::from_folder`) and
+//! `write_export` writes the file atomically, never inside the scope folder
+//! (an extra file there breaks its chain of custody).
 //!
 //! Both paths render from the same bytes: the folder's summary.json (parsed
 //! with `ScopeReport::from_json`), the rows of requests.csv that the
