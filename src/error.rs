@@ -1,18 +1,20 @@
-//! Typed errors for everything below the CLI.
+//! Typed errors for everything below the CLI: `Error` (`Invalid { loc,
+//! what, hint }`, `Io`, `Parquet`, `Other`) and `Location` (file, 0-based
+//! row, column).
 //!
 //! Every error that comes from bad input says what is wrong, where (file, row,
 //! column) and what to do about it. The CLI maps all of them to exit code 2;
 //! findings are never errors.
 //!
 //! Messages quote paths and values taken from the input: their display
-//! escapes control and spoofing characters (`report::fmt::term`), so a
+//! escapes control and spoofing characters (`text::term`), so a
 //! file name, tenant or id cannot start a line of its own in error output;
 //! the only line break is the one before `hint:`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::report::fmt::{term, term_message};
+use crate::text::{term, term_message};
 
 /// Where in a trace a problem was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

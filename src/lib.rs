@@ -21,6 +21,7 @@ pub mod schema;
 pub mod scope;
 pub mod sim;
 pub mod sql;
+pub mod text;
 pub mod trace;
 pub mod whatif;
 pub mod words;

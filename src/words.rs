@@ -1,7 +1,7 @@
 //! Counted nouns for people: `1 response`, `2 responses`. The one rule
 //! for singular and plural in every sentence kvtrail writes (verdicts,
 //! coverage notes, summaries, report.html, letters, CLI messages); it
-//! imports nothing, so every layer may use it (`report::fmt` re-exports it).
+//! imports nothing, so every layer may use it.
 
 /// `n` and the noun that agrees with it: `one` for exactly 1, `many`
 /// otherwise (0 included: "0 responses").

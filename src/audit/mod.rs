@@ -1,5 +1,7 @@
 //! `kvtrail audit`: a deploy gate for the incident's root cause and its
-//! siblings.
+//! siblings. `audit_file` audits a deployment file, `audit_trace` a trace's
+//! deployment plus its requests and KV events; `report` sorts the findings
+//! into an [`AuditReport`] with its verdict.
 //!
 //! (a) Deployment (a simulator config, or a trace's manifest): every pool
 //! against the context window. SGLang's admission limit of a pool is
@@ -33,10 +35,11 @@ use crate::error::Result;
 use crate::lineage::LineageOptions;
 use crate::progress::Reporter;
 use crate::trace::read::Trace;
+use crate::words::count;
 use serde::Serialize;
 use std::path::Path;
 
-pub use deployment::{DeploymentView, PoolView, VllmView, audit_deployment};
+pub use deployment::{DeploymentView, PoolView, audit_deployment};
 pub use trace::audit_trace_events;
 
 /// How serious a finding is.
@@ -124,7 +127,6 @@ pub fn report(d: DeploymentView, mut findings: Vec<Finding>, trace_checked: bool
         .sort_by(|a, b| (a.severity, &a.kind, &a.subject).cmp(&(b.severity, &b.kind, &b.subject)));
     let n = |s: Severity| findings.iter().filter(|f| f.severity == s).count() as u64;
     let (errors, warnings, notes) = (n(Severity::Error), n(Severity::Warning), n(Severity::Note));
-    use crate::whatif::count;
     let verdict = if errors + warnings == 0 {
         format!(
             "pass: no errors or warnings ({})",

@@ -130,10 +130,7 @@ pub fn run() -> Exit {
             }
             // Errors quote paths and trace strings: escaped, so that the
             // only line breaks are the messages' own `hint:` lines.
-            eprintln!(
-                "error: {}",
-                kvtrail::report::fmt::term_message(&format!("{e:#}"))
-            );
+            eprintln!("error: {}", kvtrail::text::term_message(&format!("{e:#}")));
             2
         }
     }

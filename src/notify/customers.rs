@@ -19,7 +19,7 @@ use super::notice::{
 };
 use crate::error::{Error, Result};
 use crate::report::csv;
-use crate::report::fmt::utc;
+use crate::text::utc;
 use crate::report::index::IndexRow;
 use crate::schema::ENGINE_REQUEST;
 use crate::scope::{Confidence, Crossing, ScopeReport};

@@ -13,9 +13,9 @@ use super::notice::{
 };
 use super::templates::Lang;
 use crate::report::csv;
-use crate::report::fmt::utc_opt;
 use crate::scope::anomalies::error_looks_like_success;
 use crate::scope::{Confidence, ScopeReport};
+use crate::text::utc_opt;
 
 /// Operator settings and incident-wide facts shared by every pack.
 pub(super) struct Ctx {

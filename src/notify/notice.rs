@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::report::fmt::utc;
+use crate::text::utc;
 use crate::scope::Confidence;
 
 /// One of the customer's responses that carried data not its own.

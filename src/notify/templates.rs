@@ -8,7 +8,7 @@
 //! the size of what it writes (both growing with the rows of the notice),
 //! so a template cannot hang or exhaust memory.
 //! Templates whose name ends in `.md.j2` are auto-escaped for Markdown: a
-//! value printed with `{{ ... }}` goes through `report::fmt::md` unless it
+//! value printed with `{{ ... }}` goes through `text::md` unless it
 //! is already markup (the output of a macro or of the `code` filter, which
 //! makes a Markdown code span). A template cannot forget to escape a
 //! tenant name or an external id: it would have to mark it safe on purpose.
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
 
 use crate::error::{Error, Location, Result};
-use crate::report::fmt::{code, md};
+use crate::text::{code, md};
 
 /// The language of the default templates and of the sentences kvtrail
 /// writes into notice.json and the register.

@@ -175,7 +175,7 @@ fn tenant_item(t: &Tenant, also: &[char]) -> String {
 }
 
 /// The distinct tenants of a response's sources as one `text_list` cell,
-/// in the order people see them (`report::fmt::source_tenants`), each as
+/// in the order people see them (`summary::source_tenants`), each as
 /// its `tenant_cell`.
 fn source_tenant_cell(a: &crate::scope::Response) -> String {
     let mut ts: Vec<&Tenant> = a.sources.iter().map(|x| &x.tenant).collect();

@@ -21,12 +21,12 @@ use serde_json::{Value, json};
 
 use crate::custody::Inputs;
 use crate::error::{Error, Result};
-use crate::report::fmt::{duration, utc, utc_opt};
 use crate::report::index::Timeline;
 use crate::scope::anomalies::{
     ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
 };
 use crate::scope::{Crossing, ScopeReport, Tenant};
+use crate::text::{duration, utc, utc_opt};
 
 /// Most rows shown per table; the CSV files hold all of them.
 pub const MAX_ROWS: usize = 500;

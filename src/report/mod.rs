@@ -5,22 +5,19 @@
 //! `trace::write`), the one-screen human summary (`summary`) and report.html
 //! (`html`); `index` and `bundle` write the rest of a scope folder, and
 //! `export` the same findings for other tools (`ocsf`: OCSF findings for a
-//! SIEM; `timesketch`: a Timesketch timeline). `fmt`
-//! holds the text helpers they share (escaping for terminals, HTML and
-//! Markdown; UTC times and durations). Pure functions from a `ScopeReport`
+//! SIEM; `timesketch`: a Timesketch timeline). The text helpers they share
+//! (escaping for terminals and Markdown; UTC times and durations) are the
+//! crate's `text`. Pure functions from a `ScopeReport`
 //! to bytes: deterministic, no clocks, no absolute paths.
 
 pub mod arrow;
 pub mod bundle;
 pub mod csv;
 pub mod export;
-pub mod fmt;
 pub mod html;
 pub mod index;
 pub mod json;
-pub mod ocsf;
 pub mod summary;
-pub mod timesketch;
 
 use std::path::{Path, PathBuf};
 

@@ -1,12 +1,13 @@
 //! The one-screen human summary of a scope report (`scope` and `merge`
 //! without `--json`): verdict, affected responses (the first ten), the
 //! customers on both sides, blank reads, request anomalies and how complete
-//! the evidence is. Every string from the trace goes through `fmt::term`.
+//! the evidence is. Every string from the trace goes through `text::term`.
 
 use std::fmt::Write as _;
 
-use crate::report::fmt::{count, source_tenants, term, utc_opt};
-use crate::scope::{Crossing, ScopeReport, Tenant};
+use crate::scope::{Crossing, Response, ScopeReport, Tenant};
+use crate::text::{term, utc_opt};
+use crate::words::count;
 
 /// The one-screen human summary.
 pub fn human(r: &ScopeReport) -> String {
@@ -197,6 +198,15 @@ pub fn human(r: &ScopeReport) -> String {
         );
     }
     s
+}
+
+/// The distinct tenants of a response's sources as shown to people, sorted
+/// (the summary's and responses.csv's `sources`).
+pub fn source_tenants(a: &Response) -> Vec<String> {
+    let mut st: Vec<String> = a.sources.iter().map(|x| x.tenant.to_string()).collect();
+    st.sort_unstable();
+    st.dedup();
+    st
 }
 
 /// `2` customers, and what else the list holds that is no customer:

@@ -2,6 +2,10 @@
 //! mitigations, sibling-bug switches and the timing model. One serde struct
 //! read from TOML or JSON (`--config FILE`) and patched by `--set key=value`.
 //!
+//! Engine names and releases (`EngineVersion::parse`, the family of an
+//! engine string) are parsed in `engines`, below the trace layer, where the
+//! prompt limit of a trace's pool reads them too; re-exported here.
+//!
 //! Every knob is listed in docs/simulator.md with the SGLang flag it models
 //! (the per-version table there).
 

@@ -5,7 +5,9 @@
 //!
 //! - `config`: the deployment and every engine knob (serde, TOML/JSON).
 //! - `alloc`: SGLang's paged allocator and admission limit.
-//! - `engine`: the request path, version by version, and the event clock.
+//! - `base`: what both engine models share: the simulated clock, pool ids,
+//!   per-slot content state, `RunStats`.
+//! - `sglang`: the SGLang request path, version by version.
 //! - `model`: the integer-only reference model (output hashes; reused by
 //!   the replay and a CUDA kernel).
 //! - `workload`: arrivals, the seeded generator.
@@ -17,10 +19,11 @@
 //! Library callers (what-if replay) run [`run`] with any `Vec<Arrival>`.
 
 pub mod alloc;
+pub mod base;
 pub mod config;
-pub mod engine;
 pub mod model;
 pub mod scenario;
+pub mod sglang;
 pub mod truth;
 pub mod vllm;
 pub mod workload;
@@ -30,10 +33,10 @@ use std::path::Path;
 use crate::capture::{Recorder, RecorderOptions};
 use crate::error::Result;
 use crate::progress::Reporter;
-use crate::trace::manifest::Manifest;
+use crate::trace::manifest::{Deployment, Manifest};
 
+pub use base::RunStats;
 pub use config::{EngineVersion, SimConfig};
-pub use engine::RunStats;
 pub use truth::Truth;
 pub use workload::Arrival;
 
@@ -55,6 +58,16 @@ pub struct RunOutput {
     pub manifest: Manifest,
 }
 
+/// The trace.json deployment of a simulated run, as the engine model
+/// `cfg` names describes it.
+pub fn deployment(cfg: &SimConfig) -> Deployment {
+    if cfg.engine.is_vllm() {
+        vllm::deployment(cfg)
+    } else {
+        sglang::deployment(cfg)
+    }
+}
+
 /// Runs the engine model over `arrivals` (sorted by arrival time, unique
 /// request ids from 1) and writes a complete trace to `out` (a new
 /// directory). Deterministic: the same inputs give a byte-identical trace.
@@ -70,7 +83,7 @@ pub fn run(
     let (lo, hi) = arrivals.size_hint();
     reporter.start("simulate", hi.unwrap_or(lo) as u64);
     let opts = RecorderOptions {
-        started_ns: Some(engine::EPOCH_NS),
+        started_ns: Some(base::EPOCH_NS),
         from_engine_start: true,
         writer: format!("kvtrail-sim {}", env!("CARGO_PKG_VERSION")),
         // Buffered rows are the simulator's only memory that grows with
@@ -78,13 +91,13 @@ pub fn run(
         row_group_rows: ROW_GROUP_ROWS,
         ..RecorderOptions::default()
     };
-    let mut rec = Recorder::create(out, engine::deployment(cfg), opts)?;
+    let mut rec = Recorder::create(out, deployment(cfg), opts)?;
     let (stats, tb) = if cfg.engine.is_vllm() {
         let mut eng = vllm::Engine::new(cfg, &mut rec, reporter);
         eng.run(arrivals)?;
         (eng.stats.clone(), std::mem::take(&mut eng.truth))
     } else {
-        let mut eng = engine::Engine::new(cfg, &mut rec, reporter);
+        let mut eng = sglang::Engine::new(cfg, &mut rec, reporter);
         eng.run(arrivals)?;
         (eng.stats.clone(), std::mem::take(&mut eng.truth))
     };

@@ -1,10 +1,14 @@
 //! What-if replay: re-run a recorded workload through the engine
 //! model under another engine behaviour or configuration, compare the two
-//! traces, re-run suspect responses with the reference model
-//! (counterfactual), and audit deployments and traces for the incident's
-//! root cause and its siblings.
+//! traces, and re-run suspect responses with the reference model
+//! (counterfactual). `resolve_config` is the config a replay runs (recorded
+//! or `--config`, then `--engine`, then `--set`); `replay_trace` re-runs a
+//! recorded workload through `sim::run` under it. `audit` builds on the
+//! recorded deployment read here.
 //!
 //! - `workload`: arrivals, prefix structure and deployment recovered from a trace.
+//! - `extras`: trace.json's deployment extras read strictly (`VllmView`,
+//!   the recorded vLLM P/D settings that replay and audit both read).
 //! - `diff`: per-request comparison of two traces plus the exposure headline.
 //! - `counterfactual`: reference-model re-runs of affected responses, through
 //!   one swappable [`counterfactual::ModelEval`].
@@ -14,6 +18,7 @@
 
 pub mod counterfactual;
 pub mod diff;
+pub mod extras;
 pub mod workload;
 
 use std::path::Path;

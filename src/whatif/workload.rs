@@ -14,18 +14,22 @@
 //!   the shared tokens. A writer's own prefix is the pages it left to the
 //!   radix cache (allocated, never freed by itself).
 //! - the manifest: the simulator's own config when the trace was written by
-//!   the simulator (`deployment.simulator`), else one built from the pools.
+//!   the simulator (`deployment.simulator`, `simulator_config`), else one
+//!   built from the pools (`recorded_config`, `pool_tokens`); manifest keys
+//!   that are present but unreadable are errors naming the key.
 //!
 //! Memory: one small record per request (the arrivals must be sorted) and
 //! one u64 per prefill slot.
 
 use std::collections::HashMap;
 
+use super::extras::VllmView;
 use crate::error::{Error, Location, Result};
 use crate::lineage::slots::SlotVec;
+use crate::engines::is_vllm_engine;
 use crate::schema::{Op, RequestRecord};
-use crate::sim::config::{EngineVersion, PoolConfig, SimConfig, is_vllm_engine};
-use crate::sim::engine::{EPOCH_NS, MAX_CLOCK_NS};
+use crate::sim::base::{EPOCH_NS, MAX_CLOCK_NS};
+use crate::sim::config::{EngineVersion, PoolConfig, SimConfig};
 use crate::sim::workload::Arrival;
 use crate::trace::manifest::{Deployment, Pool, Role};
 use crate::trace::read::Trace;
@@ -148,7 +152,7 @@ pub fn recorded_config(trace: &Trace) -> Result<SimConfig> {
     }
     if cfg.engine.is_vllm() {
         // The recorded vLLM settings, read as audit reads them.
-        let v = crate::audit::VllmView::from_extra(&d.extra, &loc)?;
+        let v = VllmView::from_extra(&d.extra, &loc)?;
         cfg.kv_lease_duration = v.kv_lease_duration;
         cfg.kv_load_failure_policy = match v.kv_load_failure_policy.as_deref() {
             None => None,

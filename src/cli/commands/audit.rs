@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use kvtrail::audit::{AuditReport, audit_file, audit_trace};
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 
 use crate::cli::output;
 use crate::cli::progress::BarReporter;

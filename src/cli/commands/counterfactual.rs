@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 use kvtrail::whatif::counterfactual::{CounterfactualReport, CpuModel, Fidelity, counterfactual};
 
 use crate::cli::output;

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 use kvtrail::whatif::diff::{DiffReport, Side, diff};
 
 use crate::cli::output;

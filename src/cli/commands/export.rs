@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use kvtrail::report::export::{Audience, Format, export, write_export};
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 
 use crate::cli::output;
 

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, anyhow, bail};
 use kvtrail::lineage::shard::{ShardGroup, plan_shards};
 use kvtrail::report;
-use kvtrail::report::fmt::term;
 use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::text::term;
 use kvtrail::trace::read::Trace;
 use serde::{Deserialize, Serialize};
 

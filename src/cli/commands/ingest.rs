@@ -6,7 +6,7 @@ use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use kvtrail::capture::jsonl::{IngestOptions, ingest, load_deployment};
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 
 use crate::cli::output;
 

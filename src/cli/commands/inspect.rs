@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::inspect::{Count, Finding, InspectReport, inspect};
-use kvtrail::report::fmt::{rfc3339, term};
+use kvtrail::text::{rfc3339, term};
 use kvtrail::trace::Trace;
 
 use crate::cli::output;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use kvtrail::lookup::{CHECKED_BYTES_READ, PREFIX_CACHE_BREACH, Query, lookup_checked};
-use kvtrail::report::fmt::{term, utc};
+use kvtrail::text::{term, utc};
 
 use crate::cli::output;
 

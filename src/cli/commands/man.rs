@@ -41,7 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     out,
                     "{} manual pages in {}",
                     pages.len(),
-                    kvtrail::report::fmt::term(&dir.display().to_string())
+                    kvtrail::text::term(&dir.display().to_string())
                 )
             })?;
         }

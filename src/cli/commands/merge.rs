@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 
 use kvtrail::report;
-use kvtrail::report::fmt::term;
 use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::text::term;
 
 use crate::cli::output;
 

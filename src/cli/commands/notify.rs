@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use kvtrail::notify::templates::write_defaults;
 use kvtrail::notify::{Lang, NotifyConfig, Templates, notify};
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 
 use crate::cli::output;
 

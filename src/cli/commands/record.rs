@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvtrail::capture::jsonl::load_deployment;
 use kvtrail::record::{Listen, RecordConfig, RecordLog, Sidecar};
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 
 use crate::cli::output;
 

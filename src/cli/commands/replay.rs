@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use kvtrail::lineage::LineageOptions;
-use kvtrail::report::fmt::term;
+use kvtrail::text::term;
 use kvtrail::whatif::{self, count};
 
 use super::simulate::EngineArgs;

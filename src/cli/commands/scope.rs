@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use kvtrail::lineage::{BackendChoice, BackendConfig};
 use kvtrail::report;
-use kvtrail::report::fmt::term;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::shard::{ScopeRun, Scoped};
+use kvtrail::text::term;
 
 use crate::cli::output;
 use crate::cli::progress::BarReporter;

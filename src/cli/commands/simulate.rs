@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kvtrail::report::fmt::term;
 use kvtrail::sim::{self, EngineVersion, RunLabel, SimConfig, scenario};
+use kvtrail::text::term;
 use kvtrail::whatif::ReplaySpec;
 
 use crate::cli::progress::BarReporter;

@@ -187,7 +187,7 @@ fn data_copy_levels(root: &TraceRoot, dir: &std::path::Path, opts: &SqlOptions) 
         Err(e) => {
             eprintln!(
                 "kvtrail: the trace's events could not be replayed to size the copy levels ({}); using {} from the manifest (pass --copy-levels N to choose)",
-                kvtrail::report::fmt::term_message(&e.to_string()),
+                kvtrail::text::term_message(&e.to_string()),
                 kvtrail::words::count(opts.copy_levels as u64, "level", "levels"),
             );
             opts.copy_levels

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
-use kvtrail::report::fmt::{term, term_message};
+use kvtrail::text::{term, term_message};
 use kvtrail::trace::verify::verify;
 
 use crate::cli::output;

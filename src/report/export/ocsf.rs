@@ -8,13 +8,13 @@
 //! `time` in epoch milliseconds, no null values (an absent value is an
 //! absent key), everything kvtrail-specific under `unmapped`. The mapping
 //! is documented in docs/exports.md. Which customers an event names is
-//! `export::Audience`'s rule: an external event names its recipient only.
+//! `input::Audience`'s rule: an external event names its recipient only.
 
 use serde_json::{Map, Value, json};
 
-use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
-use crate::report::fmt::count;
+use super::input::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
 use crate::scope::{Confidence, Crossing, Response, SharedHit, Tenant};
+use crate::words::count;
 
 /// The OCSF schema version the events follow.
 pub const OCSF_VERSION: &str = "1.8.0";

@@ -12,7 +12,7 @@
 //! (`kvtrail:...`) and kvtrail's ids as flat keys. Holes in the evidence have
 //! no time of their own: they are placed at the capture start with
 //! `time_known: false`. Which customers a line names is
-//! `export::Audience`'s rule: an external line names the tenant of its own
+//! `input::Audience`'s rule: an external line names the tenant of its own
 //! request only.
 
 use jiff::Timestamp;
@@ -20,10 +20,10 @@ use jiff::fmt::temporal::DateTimePrinter;
 use jiff::tz::Offset;
 use serde_json::{Map, Value};
 
-use super::export::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
-use crate::report::fmt::count;
+use super::input::{Audience, ExportInput, customer, other_customers, sources_words, tenant_kind};
 use crate::scope::Tenant;
 use crate::scope::anomalies::answered_ok;
+use crate::words::count;
 
 /// Epoch microseconds of epoch nanoseconds (rounded down).
 fn micros(ns: i64) -> i64 {

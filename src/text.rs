@@ -1,18 +1,16 @@
 //! Text for people, shared by the human-facing writers (the summary,
-//! report.html, notification letters, look-up answers, every CLI message):
-//! UTC times of Unix nanoseconds and durations (`jiff`, the one time
-//! library: no clock, no time-zone database), Markdown escaping of strings
-//! that come from a trace (the letters' auto-escape callback; HTML is
-//! escaped by report.html's template engine), how a response's sources are
-//! named, and `term` /
+//! report.html, notification letters, look-up answers, every CLI message,
+//! error messages): UTC times of Unix nanoseconds and durations (`jiff`,
+//! the one time library: no clock, no time-zone database), Markdown
+//! escaping of strings that come from a trace (the letters' auto-escape
+//! callback; HTML is escaped by report.html's template engine), and `term` /
 //! `term_message`, the escaping of such strings (and of error messages
 //! quoting them) for terminals. CSV cells are `report::csv`.
+//!
+//! The bottom layer: it imports nothing of the crate, so `error` and every
+//! layer above may use it.
 
 use jiff::{RoundMode, SignedDuration, Span, SpanRound, Timestamp, Unit};
-
-use crate::scope::Response;
-
-pub use crate::words::{count, noun};
 
 /// Unix epoch nanoseconds as a `jiff` timestamp. Every `i64` is in jiff's
 /// range (years -9999 to 9999), so this never fails.
@@ -70,15 +68,6 @@ pub fn duration(ns: i64) -> String {
             format!("{} days {} h", span.get_days(), span.get_hours())
         }
     }
-}
-
-/// The distinct tenants of a response's sources as shown to people, sorted
-/// (the summary's and responses.csv's `sources`).
-pub fn source_tenants(a: &Response) -> Vec<String> {
-    let mut st: Vec<String> = a.sources.iter().map(|x| x.tenant.to_string()).collect();
-    st.sort_unstable();
-    st.dedup();
-    st
 }
 
 /// Escapes text for Markdown inline content and table cells: the ASCII
