@@ -8,9 +8,9 @@
 //! `max_model_len`, `kv_load_failure_policy`, and the NixlConnector's
 //! `kv_lease_duration` against its heartbeats and the transfer times.
 
-use super::{Finding, Severity, finding, fmt_n};
-use crate::error::{Error, Location, Result};
+use super::finding::{Finding, Severity, finding, fmt_n};
 use crate::engines::is_vllm_engine;
+use crate::error::{Error, Location, Result};
 use crate::sim::config::{EngineVersion, FailurePolicy, SimConfig};
 use crate::trace::manifest::{Manifest, prompt_limit};
 use crate::whatif::extras::{VllmView, boolean, shown, unreadable};

@@ -29,6 +29,7 @@
 //!   lineage scheduler with a holder + last-writer backend).
 
 pub mod deployment;
+pub mod finding;
 pub mod trace;
 
 use crate::error::Result;
@@ -40,30 +41,8 @@ use serde::Serialize;
 use std::path::Path;
 
 pub use deployment::{DeploymentView, PoolView, audit_deployment};
+pub use finding::{Finding, Severity};
 pub use trace::audit_trace_events;
-
-/// How serious a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Error,
-    Warning,
-    Note,
-}
-
-/// One audit finding.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Finding {
-    pub severity: Severity,
-    pub kind: String,
-    /// Pool id, or request id for trace findings.
-    pub subject: Option<String>,
-    pub detail: String,
-    pub recommendation: Option<String>,
-    /// Trace findings: requests involved (sorted, at most 100 listed).
-    pub request_ids: Vec<u64>,
-    pub count: u64,
-}
 
 /// The audit report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -88,36 +67,6 @@ impl AuditReport {
         } else {
             0
         }
-    }
-}
-
-pub(crate) fn fmt_n(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-pub(crate) fn finding(
-    sev: Severity,
-    kind: &str,
-    subject: Option<String>,
-    detail: String,
-    rec: Option<String>,
-) -> Finding {
-    Finding {
-        severity: sev,
-        kind: kind.into(),
-        subject,
-        detail,
-        recommendation: rec,
-        request_ids: Vec::new(),
-        count: 1,
     }
 }
 

@@ -6,7 +6,8 @@
 //! slot, the events applied by the slot rule (`lineage::rule`, the same
 //! transition scope replays, so a grant outlives a `free` here too).
 
-use super::{DeploymentView, Finding, Severity, finding};
+use super::deployment::DeploymentView;
+use super::finding::{Finding, Severity, finding};
 use crate::error::{Error, Result};
 use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
 use crate::lineage::grants::{GRANTS_IN_MEMORY, Grants};

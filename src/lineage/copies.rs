@@ -17,8 +17,19 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::input::CopyReq;
 use crate::error::{Error, Result};
+
+/// A copy whose source state must be captured: `count` slots of the source
+/// pool from `src_start`, just after `src_seq`, for event `dst_seq` of
+/// `dst_pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CopyReq {
+    pub src_seq: u64,
+    pub dst_pool: u16,
+    pub dst_seq: u64,
+    pub src_start: u32,
+    pub count: u32,
+}
 
 /// Copies kept in memory before the index spills (2 MB).
 pub const COPY_CHUNK: usize = 1 << 16;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::copies::CopySpiller;
+use super::copies::{CopyReq, CopySpiller};
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
 use crate::trace::check::{self, FileRuns};
@@ -64,18 +64,6 @@ pub enum RunSource {
     /// to a file of their own in the spill format (not counted as spilled:
     /// nothing was sorted).
     Split(PathBuf),
-}
-
-/// A copy whose source state must be captured: `count` slots of the source
-/// pool from `src_start`, just after `src_seq`, for event `dst_seq` of
-/// `dst_pool`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct CopyReq {
-    pub src_seq: u64,
-    pub dst_pool: u16,
-    pub dst_seq: u64,
-    pub src_start: u32,
-    pub count: u32,
 }
 
 /// The replay plan.

@@ -19,10 +19,10 @@ use super::notice::{
 };
 use crate::error::{Error, Result};
 use crate::report::csv;
-use crate::text::utc;
 use crate::report::index::IndexRow;
 use crate::schema::ENGINE_REQUEST;
 use crate::scope::{Confidence, Crossing, ScopeReport};
+use crate::text::utc;
 
 /// Every customer's facts, by tenant, and what the register counts.
 #[derive(Debug, Default)]

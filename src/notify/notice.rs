@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use crate::text::utc;
 use crate::scope::Confidence;
+use crate::text::utc;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -25,7 +25,7 @@ use crate::report::index::Timeline;
 use crate::scope::anomalies::{
     ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
 };
-use crate::scope::{Crossing, ScopeReport, Tenant};
+use crate::scope::{Crossing, DeploymentInfo, ScopeReport, Tenant};
 use crate::text::{duration, utc, utc_opt};
 
 /// Most rows shown per table; the CSV files hold all of them.
@@ -237,20 +237,7 @@ pub fn report_html(
             _ => false,
         })
         .count();
-    let pools: Vec<Value> = d
-        .pools
-        .iter()
-        .map(|p| {
-            json!({
-                "name": p.name,
-                "id": p.id,
-                "role": p.role,
-                "capacity_tokens": p.capacity_tokens,
-                "page_size": p.page_size,
-                "max_req_input_len": crate::trace::manifest::prompt_limit(&d.engine, d.context_window, p.capacity_tokens),
-            })
-        })
-        .collect();
+    let pools = pools_view(d);
     let affected: Vec<Value> = r
         .affected_responses
         .iter()
@@ -290,23 +277,7 @@ pub fn report_html(
             json!({ "kind": k, "n": n, "what": what })
         })
         .collect();
-    let files: Vec<Value> = inputs
-        .files
-        .iter()
-        .take(MAX_ROWS)
-        .map(|f| {
-            json!({
-                "path": f.path,
-                "bytes": f.bytes,
-                "blake3": f.blake3,
-                "matches": match f.matches_manifest {
-                    Some(true) => "yes",
-                    Some(false) => "NO",
-                    None => "-",
-                },
-            })
-        })
-        .collect();
+    let files = files_view(inputs);
     let view = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "name": d.name,
@@ -351,6 +322,50 @@ pub fn report_html(
         "files_total": inputs.files.len(),
         "max_rows": MAX_ROWS,
     });
+    render(view)
+}
+
+/// The pools table of the report.
+fn pools_view(d: &DeploymentInfo) -> Vec<Value> {
+    d
+        .pools
+        .iter()
+        .map(|p| {
+            json!({
+                "name": p.name,
+                "id": p.id,
+                "role": p.role,
+                "capacity_tokens": p.capacity_tokens,
+                "page_size": p.page_size,
+                "max_req_input_len": crate::trace::manifest::prompt_limit(&d.engine, d.context_window, p.capacity_tokens),
+            })
+        })
+        .collect()
+}
+
+/// The input files table of the report.
+fn files_view(inputs: &Inputs) -> Vec<Value> {
+    inputs
+        .files
+        .iter()
+        .take(MAX_ROWS)
+        .map(|f| {
+            json!({
+                "path": f.path,
+                "bytes": f.bytes,
+                "blake3": f.blake3,
+                "matches": match f.matches_manifest {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "-",
+                },
+            })
+        })
+        .collect()
+}
+
+/// Renders the built-in template over `view`.
+fn render(view: Value) -> Result<String> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_keep_trailing_newline(true);

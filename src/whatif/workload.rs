@@ -24,9 +24,9 @@
 use std::collections::HashMap;
 
 use super::extras::VllmView;
+use crate::engines::is_vllm_engine;
 use crate::error::{Error, Location, Result};
 use crate::lineage::slots::SlotVec;
-use crate::engines::is_vllm_engine;
 use crate::schema::{Op, RequestRecord};
 use crate::sim::base::{EPOCH_NS, MAX_CLOCK_NS};
 use crate::sim::config::{EngineVersion, PoolConfig, SimConfig};

@@ -23,7 +23,6 @@ pub mod parquet_file;
 pub mod requests;
 pub mod values;
 
-pub use crate::trace::index::scan_requests;
 pub use kv::{KvChunk, KvFileReader};
 pub use kv_index::{KvIndexBatch, KvIndexReader};
 pub use open::{Trace, list_parquet, rel_path};
