@@ -21,7 +21,7 @@ use kvtrail::lineage::BackendChoice;
 use kvtrail::lookup::{Query, lookup, lookup_checked};
 use kvtrail::progress::NoReporter;
 use kvtrail::report::index::{self, KeyKind, LOOKUP_INDEX, REQUESTS_CSV, REQUESTS_HEADER};
-use kvtrail::scope::shard::ScopeRun;
+use kvtrail::scope::run::ScopeRun;
 
 const TENANTS: [&str; 8] = [
     "acme-corp",

@@ -13,7 +13,7 @@
 //! requests of more than one customer, answers with counts only
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
 //! The folder is read through `scope::folder::ScopeFolder`; a shard folder
-//! is refused (`scope::merge::refuse_shard`). The rows that can match are
+//! is refused (`scope::shard::refuse_shard`). The rows that can match are
 //! found through the folder's look-up index (requests.index.parquet,
 //! `report::index::LookupIndex`), so a look-up in millions of requests
 //! reads a few row groups and rows; a folder without a usable index (an

@@ -229,7 +229,7 @@ impl ScopeFolder {
     /// Refuses a shard's folder where the findings of every pool are needed
     /// (`what`: the command, for the message).
     pub fn refuse_shard(&self, what: &str) -> Result<()> {
-        super::merge::refuse_shard(&self.dir, &self.summary, what)
+        super::shard::refuse_shard(&self.dir, &self.summary, what)
     }
 
     /// The folder as the input of another run (kind `scope`), each file
@@ -245,7 +245,7 @@ mod tests {
     use super::*;
     use crate::lineage::BackendChoice;
     use crate::progress::NoReporter;
-    use crate::scope::shard::ScopeRun;
+    use crate::scope::run::ScopeRun;
 
     /// A scope folder of the golden v1 trace, written as `scope --out`
     /// writes it (`pools`: as `scope --pools`).

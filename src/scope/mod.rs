@@ -15,6 +15,7 @@ pub mod anomalies;
 pub mod folder;
 pub mod merge;
 pub mod model;
+pub mod run;
 pub mod shard;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -16,7 +16,8 @@ use anyhow::{Context, anyhow, bail};
 use kvtrail::lineage::shard::{ShardGroup, plan_shards};
 use kvtrail::report;
 use kvtrail::report::fmt::term;
-use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::scope::merge::merge;
+use kvtrail::scope::shard::load_shards;
 use kvtrail::trace::read::Trace;
 use serde::{Deserialize, Serialize};
 

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use kvtrail::report;
 use kvtrail::report::fmt::term;
-use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::scope::merge::merge;
+use kvtrail::scope::shard::load_shards;
 
 use crate::cli::output;
 

@@ -7,7 +7,7 @@ use kvtrail::lineage::BackendChoice;
 use kvtrail::report;
 use kvtrail::report::fmt::term;
 use kvtrail::scope::ScopeReport;
-use kvtrail::scope::shard::{ScopeRun, Scoped};
+use kvtrail::scope::run::{ScopeRun, Scoped};
 
 use crate::cli::output;
 use crate::cli::progress::BarReporter;
