@@ -144,7 +144,7 @@ fn main() {
         peak_index = peak_index.max(peak_mib());
         assert!(a.notes.is_empty(), "index not used: {:?}", a.notes);
         assert_eq!(a.matches.len(), 1);
-        let f = kvtrail::scope::folder::ScopeFolder::open(&d).unwrap();
+        let f = kvtrail::report::folder::ScopeFolder::open(&d).unwrap();
         let ix = f.lookup_index().unwrap();
         let t0 = Instant::now();
         let offs = ix.candidates(KeyKind::ExternalId, id).unwrap();
@@ -179,7 +179,7 @@ fn main() {
     let mut check = Vec::new();
     for _ in 0..reps {
         let t0 = Instant::now();
-        kvtrail::scope::folder::ScopeFolder::open(&d).unwrap();
+        kvtrail::report::folder::ScopeFolder::open(&d).unwrap();
         check.push(t0.elapsed().as_secs_f64());
     }
     // The scan: the same look-ups with the index set aside.

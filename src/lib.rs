@@ -9,6 +9,7 @@ pub mod audit;
 pub mod capture;
 pub mod custody;
 pub mod error;
+pub mod fleet;
 pub mod inspect;
 pub mod lineage;
 pub mod lookup;

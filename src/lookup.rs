@@ -12,7 +12,7 @@
 //! sees only that customer's requests; one that is not, and matches
 //! requests of more than one customer, answers with counts only
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
-//! The folder is read through `scope::folder::ScopeFolder`; a shard folder
+//! The folder is read through `report::folder::ScopeFolder`; a shard folder
 //! is refused (`scope::shard::refuse_shard`). The rows that can match are
 //! found through the folder's look-up index (requests.index.parquet,
 //! `report::index::LookupIndex`), so a look-up in millions of requests
@@ -39,8 +39,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::report::folder::ScopeFolder;
 use crate::report::index::{IndexRow, KeyKind};
-use crate::scope::folder::ScopeFolder;
 
 /// What to look up.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,7 +21,7 @@
 //! Other customers appear only as counts, never by name or id. The folder
 //! name is derived from the customer's own name.
 //!
-//! The scope folder is read through `scope::folder::ScopeFolder`, checked
+//! The scope folder is read through `report::folder::ScopeFolder`, checked
 //! against its evidence.json (a modified scope folder is refused), and every
 //! notice cites that evidence digest. Pure function of the scope folder and the config: the
 //! same inputs give the same bytes.
@@ -42,9 +42,9 @@ use crate::custody;
 use crate::error::{Error, Result};
 use crate::report::csv;
 use crate::report::fmt::utc;
+use crate::report::folder::ScopeFolder;
 use crate::schema::ENGINE_REQUEST;
 use crate::scope::Crossing;
-use crate::scope::folder::ScopeFolder;
 
 /// One of the customer's responses that carried data not its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
 use crate::report::fmt::count;
+use crate::report::folder::{SUMMARY_JSON, ScopeFolder};
 use crate::report::index::{self, IndexRow};
-use crate::scope::folder::{SUMMARY_JSON, ScopeFolder};
 use crate::scope::{Response, ScopeReport, Tenant};
 
 /// The OCSF findings of a scope folder.

@@ -15,6 +15,7 @@ pub mod bundle;
 pub mod csv;
 pub mod export;
 pub mod fmt;
+pub mod folder;
 pub mod html;
 pub mod index;
 pub mod json;

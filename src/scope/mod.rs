@@ -12,7 +12,6 @@
 //! one rule every command uses).
 
 pub mod anomalies;
-pub mod folder;
 pub mod merge;
 pub mod model;
 pub mod run;
