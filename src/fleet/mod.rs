@@ -15,7 +15,7 @@
 //!   read the trace the driver planned from.
 //! - `spark`: `fleet spark` end to end: plan here, the job, then the merge
 //!   (`scope::merge`) into one scope folder. The shard folders and the
-//!   merged folder are each put in place whole (`report::folder::
+//!   merged folder are each put in place whole (`report::writer::
 //!   write_atomically`): on any failure neither is left (docs/fleet.md).
 //! - `place`: the one place fleet asks whether a trace is local or remote.
 //!

@@ -6,7 +6,7 @@
 //! (`collect`), checks that they read the planned trace (`view`) and merges
 //! them (`scope::merge`) into the single-run folder `out`. The shard
 //! folders go to `OUT.shards/` (the merged evidence.json cites them). Both
-//! folders are put in place whole (`report::folder::write_atomically`): on
+//! folders are put in place whole (`report::writer::write_atomically`): on
 //! any failure, or a stop, neither is left.
 
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use super::{FleetError, Result};
 use crate::error::Error;
 use crate::lineage::BackendChoice;
 use crate::lineage::shard::ShardGroup;
-use crate::report::folder::{Written, write_atomically, write_merged_folder};
+use crate::report::writer::{Written, write_atomically, write_merged_folder};
 use crate::scope::ScopeReport;
 use crate::scope::merge::merge;
 use crate::scope::shard::load_shards;
@@ -340,11 +340,15 @@ mod tests {
         assert!(e.to_string().contains("exited with exit status: 3"), "{e}");
         assert_eq!(e.shown(), ["spark: no spark here"]);
         assert!(names(&work).is_empty(), "{:?}", names(&work));
+        // A job that would run on: stopped at once.
+        std::fs::write(&submit, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        let t = std::time::Instant::now();
         let e = s
             .prepare()
             .unwrap()
             .run(&AtomicBool::new(true), &[])
             .unwrap_err();
+        assert!(t.elapsed() < std::time::Duration::from_secs(20));
         assert!(e.to_string().starts_with("interrupted: "), "{e}");
         assert!(names(&work).is_empty(), "{:?}", names(&work));
     }

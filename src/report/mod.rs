@@ -22,6 +22,7 @@ pub mod json;
 pub mod ocsf;
 pub mod summary;
 pub mod timesketch;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 

@@ -13,7 +13,7 @@
 //! `ShardInfo` (shard.json) with every reader's read window.
 //!
 //! The merged folder is a full scope folder
-//! (`report::folder::write_merged_folder`). See docs/fleet.md.
+//! (`report::writer::write_merged_folder`). See docs/fleet.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 

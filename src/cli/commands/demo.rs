@@ -51,7 +51,7 @@ fn simulate_incident_mini() -> anyhow::Result<PathBuf> {
         seed: 1,
     };
     // Simulated into a temporary sibling, put in place when complete.
-    let made = kvtrail::report::folder::write_atomically(&dir, |tmp| {
+    let made = kvtrail::report::writer::write_atomically(&dir, |tmp| {
         sim::run(
             &sc.config,
             sim::workload::Generator::new(sc.workload.clone()),

@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .map(|s| (s.report.clone(), s.info.clone()))
         .collect();
     let r = merge(&parts)?;
-    let w = report::folder::write_merged_folder(
+    let w = report::writer::write_merged_folder(
         &args.out,
         &shards,
         &r,

@@ -110,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // for the evidence, and a remote object may have been replaced
     // meanwhile): on any failure no partial report stays.
     if let Some(dir) = &args.out {
-        let w = report::folder::write_scope_folder(
+        let w = report::writer::write_scope_folder(
             dir,
             &trace,
             &r,
