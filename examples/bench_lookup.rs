@@ -21,7 +21,7 @@ use kvtrail::lineage::BackendChoice;
 use kvtrail::lookup::{Query, lookup, lookup_checked};
 use kvtrail::progress::NoReporter;
 use kvtrail::report::index::{self, KeyKind, LOOKUP_INDEX, REQUESTS_CSV, REQUESTS_HEADER};
-use kvtrail::scope::shard::ScopeRun;
+use kvtrail::scope::run::ScopeRun;
 
 const TENANTS: [&str; 8] = [
     "acme-corp",
@@ -144,7 +144,7 @@ fn main() {
         peak_index = peak_index.max(peak_mib());
         assert!(a.notes.is_empty(), "index not used: {:?}", a.notes);
         assert_eq!(a.matches.len(), 1);
-        let f = kvtrail::scope::folder::ScopeFolder::open(&d).unwrap();
+        let f = kvtrail::report::folder::ScopeFolder::open(&d).unwrap();
         let ix = f.lookup_index().unwrap();
         let t0 = Instant::now();
         let offs = ix.candidates(KeyKind::ExternalId, id).unwrap();
@@ -179,7 +179,7 @@ fn main() {
     let mut check = Vec::new();
     for _ in 0..reps {
         let t0 = Instant::now();
-        kvtrail::scope::folder::ScopeFolder::open(&d).unwrap();
+        kvtrail::report::folder::ScopeFolder::open(&d).unwrap();
         check.push(t0.elapsed().as_secs_f64());
     }
     // The scan: the same look-ups with the index set aside.

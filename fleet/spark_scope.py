@@ -30,7 +30,11 @@ RESULT.json, written last (atomically), says what happened:
   {"format": "kvtrail-fleet-spark-result", "secs": S (the job, from its
    SparkContext up to the last shard written),
    "shards": [{"index": I, "pools": [...], "dir": "shard-I"}, ...],
-   "errors": [{"index": I, "pools": [...], "exit": N|null, "stderr": S}]}
+   "errors": [{"index": I, "pools": [...], "exit": N|null, "stderr": S,
+               "error": E|null}]}
+where E is the shard's kvtrail error as it wrote it, a JSON error line
+({"type": "error", "message": M, "hint": H|null, "location": L|null}),
+so that kvtrail reports it without reading it out of S.
 The merge of the shards is kvtrail's, on the driver, after this job.
 """
 import base64
@@ -134,7 +138,7 @@ def main():
             done.append({"index": rec["index"], "pools": rec["pools"], "dir": rec["dir"]})
         else:
             errors.append({"index": rec["index"], "pools": rec["pools"], "exit": rec["exit"],
-                           "stderr": rec["stderr"]})
+                           "stderr": rec["stderr"], "error": rec.get("error")})
     secs = time.time() - started
     sc.stop()
     result = {"format": RESULT_FORMAT, "secs": secs, "shards": sorted(done, key=lambda s: s["index"]),

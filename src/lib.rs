@@ -10,6 +10,7 @@ pub mod capture;
 pub mod custody;
 pub mod engines;
 pub mod error;
+pub mod fleet;
 pub mod inspect;
 pub mod lineage;
 pub mod lookup;

@@ -12,8 +12,8 @@
 //! sees only that customer's requests; one that is not, and matches
 //! requests of more than one customer, answers with counts only
 //! (`ambiguous`): no tenant name, request id or finding of anybody.
-//! The folder is read through `scope::folder::ScopeFolder`; a shard folder
-//! is refused (`scope::merge::refuse_shard`). The rows that can match are
+//! The folder is read through `report::folder::ScopeFolder`; a shard folder
+//! is refused (`scope::shard::refuse_shard`). The rows that can match are
 //! found through the folder's look-up index (requests.index.parquet,
 //! `report::index::LookupIndex`), so a look-up in millions of requests
 //! reads a few row groups and rows; a folder without a usable index (an
@@ -39,8 +39,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::report::folder::ScopeFolder;
 use crate::report::index::{IndexRow, KeyKind};
-use crate::scope::folder::ScopeFolder;
 use crate::scope::{Confidence, Crossing, ScopeReport};
 
 /// What to look up.

@@ -128,6 +128,12 @@ pub fn run() -> Exit {
             if output::is_broken_pipe(&e) {
                 return 0;
             }
+            // A parent kvtrail asked for its error as a JSON line.
+            if kvtrail::fleet::error_line::wanted() {
+                let line = kvtrail::fleet::error_line::ErrorLine::of_chain(e.chain());
+                eprintln!("{}", line.to_json());
+                return 2;
+            }
             // Errors quote paths and trace strings: escaped, so that the
             // only line breaks are the messages' own `hint:` lines.
             eprintln!("error: {}", kvtrail::text::term_message(&format!("{e:#}")));

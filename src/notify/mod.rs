@@ -21,7 +21,7 @@
 //! Other customers appear only as counts, never by name or id. The folder
 //! name is derived from the customer's own name.
 //!
-//! The scope folder is read through `scope::folder::ScopeFolder`, checked
+//! The scope folder is read through `report::folder::ScopeFolder`, checked
 //! against its evidence.json (a modified scope folder is refused), and every
 //! notice cites that evidence digest. Pure function of the scope folder and the config: the
 //! same inputs give the same bytes.
@@ -52,8 +52,8 @@ pub use templates::{Lang, Templates};
 
 use crate::custody;
 use crate::error::Result;
+use crate::report::folder::ScopeFolder;
 use crate::scope::ScopeReport;
-use crate::scope::folder::ScopeFolder;
 
 /// Result of `notify`.
 #[derive(Debug, Clone)]

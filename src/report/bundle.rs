@@ -13,7 +13,7 @@ use crate::custody;
 use crate::error::Result;
 use crate::report::{export, html, index};
 use crate::scope::ScopeReport;
-use crate::scope::merge::ShardFolder;
+use crate::scope::shard::ShardFolder;
 use crate::trace::read::Trace;
 
 /// File name of the human report.

@@ -14,10 +14,12 @@ pub mod arrow;
 pub mod bundle;
 pub mod csv;
 pub mod export;
+pub mod folder;
 pub mod html;
 pub mod index;
 pub mod json;
 pub mod summary;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 

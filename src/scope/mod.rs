@@ -12,9 +12,9 @@
 //! one rule every command uses).
 
 pub mod anomalies;
-pub mod folder;
 pub mod merge;
 pub mod model;
+pub mod run;
 pub mod shard;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -136,7 +136,7 @@ fn lookup_answers_are_the_same_with_and_without_the_index() {
 fn large_folder(dir: &Path, n: u64) {
     use kvtrail::report::index::{self, REQUESTS_CSV, REQUESTS_HEADER};
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
-    let run = kvtrail::scope::shard::ScopeRun::open(&golden, kvtrail::lineage::BackendChoice::Cpu)
+    let run = kvtrail::scope::run::ScopeRun::open(&golden, kvtrail::lineage::BackendChoice::Cpu)
         .unwrap()
         .run(None, &kvtrail::progress::NoReporter)
         .unwrap();

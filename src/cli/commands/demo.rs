@@ -45,28 +45,26 @@ fn simulate_incident_mini() -> anyhow::Result<PathBuf> {
         "kvtrail demo: traces/incident-mini not found; simulating it into {}",
         dir.display()
     );
-    let tmp = base.join(format!(".incident-mini-{}.tmp", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&base)?;
     let mut sc = scenario::scenario("incident", Some(3000), 1)?;
     sc.fit_workload();
     let label = RunLabel {
         scenario: sc.name.clone(),
         seed: 1,
     };
-    sim::run(
-        &sc.config,
-        sim::workload::Generator::new(sc.workload.clone()),
-        &tmp,
-        &label,
-        &crate::cli::progress::BarReporter::default(),
-    )?;
-    match std::fs::rename(&tmp, &dir) {
-        Ok(()) => {}
+    // Simulated into a temporary sibling, put in place when complete.
+    let made = kvtrail::report::writer::write_atomically(&dir, |tmp| {
+        sim::run(
+            &sc.config,
+            sim::workload::Generator::new(sc.workload.clone()),
+            tmp,
+            &label,
+            &crate::cli::progress::BarReporter::default(),
+        )
+    });
+    match made {
+        Ok(_) => {}
         // Another demo finished first: use its trace.
-        Err(_) if dir.join("trace.json").is_file() => {
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
+        Err(_) if dir.join("trace.json").is_file() => {}
         Err(e) => return Err(e.into()),
     }
     Ok(dir)

@@ -5,12 +5,14 @@
 //! timeline.json, findings.ocsf.jsonl and timeline.jsonl: byte for byte),
 //! plus report.html and an evidence.json
 //! whose inputs are the shard folders. Each shard is checked against its
-//! evidence.json, and all against one trace, before anything is merged.
+//! evidence.json, and all against one trace, before anything is merged;
+//! the folder is written whole or not at all (`report::folder`).
 
 use std::path::PathBuf;
 
 use kvtrail::report;
-use kvtrail::scope::merge::{load_shards, merge};
+use kvtrail::scope::merge::merge;
+use kvtrail::scope::shard::load_shards;
 use kvtrail::text::term;
 
 use crate::cli::output;
@@ -37,14 +39,20 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .map(|s| (s.report.clone(), s.info.clone()))
         .collect();
     let r = merge(&parts)?;
-    let mut files = report::write_out(&r, &args.out)?;
-    let (extra, digest) =
-        report::bundle::write_merge_extras(&shards, &r, &args.out, &crate::cli::command_line())?;
-    files.extend(extra);
-    for f in files {
+    let w = report::writer::write_merged_folder(
+        &args.out,
+        &shards,
+        &r,
+        &crate::cli::command_line(),
+        || Ok(()),
+    )?;
+    for f in w.files {
         eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
     }
-    eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
+    eprintln!(
+        "kvtrail: evidence digest (blake3 of evidence.json): {}",
+        w.digest
+    );
     output::print(args.json, &r, |out| {
         out.write_all(report::human(&r).as_bytes())
     })?;

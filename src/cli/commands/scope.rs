@@ -6,14 +6,11 @@ use std::path::PathBuf;
 use kvtrail::lineage::{BackendChoice, BackendConfig};
 use kvtrail::report;
 use kvtrail::scope::ScopeReport;
-use kvtrail::scope::shard::{ScopeRun, Scoped};
+use kvtrail::scope::run::{ScopeRun, Scoped};
 use kvtrail::text::term;
 
 use crate::cli::output;
 use crate::cli::progress::BarReporter;
-
-/// `fleet` still names the replay backend by this name.
-pub use kvtrail::lineage::BackendChoice as BackendArg;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -76,39 +73,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         BackendConfig::new(args.backend, args.threads.map_or(0, usize::from)),
         args.pools.clone(),
     )?;
+    // The folder is written whole or not at all (the trace is read again
+    // for the evidence, and a remote object may have been replaced
+    // meanwhile): on any failure no partial report stays.
     if let Some(dir) = &args.out {
-        let fresh = std::fs::symlink_metadata(dir).is_err();
-        let written = (|| -> anyhow::Result<_> {
-            let mut files = report::write_out(&r, dir)?;
-            // shard.json before evidence.json, so the evidence lists it.
-            if let Some(s) = &shard {
-                files.push(s.write(dir)?);
-            }
-            // report.html, the request index and evidence.json.
-            let (extra, digest) =
-                report::bundle::write_scope_extras(&trace, &r, dir, &crate::cli::command_line())?;
-            files.extend(extra);
-            Ok((files, digest))
-        })();
-        // The trace is read again for the evidence (a remote object may
-        // have been replaced meanwhile), and a write may fail: then no
-        // partial report stays. The folder was new or empty (custody::
-        // prepare_out), so what is in it now is this run's.
-        let (files, digest) = match written {
-            Ok(w) => w,
-            Err(e) => {
-                if fresh {
-                    let _ = std::fs::remove_dir_all(dir);
-                } else {
-                    kvtrail::custody::empty_folder(dir);
-                }
-                return Err(e);
-            }
-        };
-        for f in files {
+        let w = report::writer::write_scope_folder(
+            dir,
+            &trace,
+            &r,
+            shard.as_ref(),
+            &crate::cli::command_line(),
+        )?;
+        for f in w.files {
             eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
         }
-        eprintln!("kvtrail: evidence digest (blake3 of evidence.json): {digest}");
+        eprintln!(
+            "kvtrail: evidence digest (blake3 of evidence.json): {}",
+            w.digest
+        );
     }
     output::print(args.json, &r, |out| {
         out.write_all(report::human(&r).as_bytes())

@@ -13,8 +13,8 @@ use std::path::Path;
 
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
+use crate::report::folder::{SUMMARY_JSON, ScopeFolder};
 use crate::report::index::{self, IndexRow};
-use crate::scope::folder::{SUMMARY_JSON, ScopeFolder};
 use crate::scope::{Response, ScopeReport, Tenant};
 use crate::words::count;
 

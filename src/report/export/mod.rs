@@ -34,7 +34,7 @@ pub use input::{Audience, ExportInput};
 
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
-use crate::scope::folder::ScopeFolder;
+use crate::report::folder::ScopeFolder;
 
 /// The OCSF findings of a scope folder.
 pub const OCSF_JSONL: &str = "findings.ocsf.jsonl";

@@ -1,14 +1,16 @@
-//! A scope folder read back: what `kvtrail scope TRACE --out DIR` (or
-//! `merge`) wrote, opened once for every command that reads it (`notify`,
-//! `lookup`, an exporter). `ScopeFolder::open` checks the folder against its
-//! evidence.json once (`custody::check_folder`: every file re-hashed against
-//! the record as it was read), parses summary.json, and keeps both; the
-//! request index (requests.csv) is streamed on demand.
+//! A scope folder read back: `ScopeFolder` is what `kvtrail scope TRACE
+//! --out DIR` (or `merge`) wrote (`report::writer`), opened once for every
+//! command that reads it (`notify`, `lookup`, an exporter).
+//! `ScopeFolder::open` checks the folder against its evidence.json once
+//! (`custody::check_folder`: every file re-hashed against the record as it
+//! was read), parses summary.json, and keeps both; the request list
+//! (requests.csv) is streamed on demand.
 //!
-//! It lives in `scope` because it is scope's output and parses scope's
-//! report; the rules it applies have their homes elsewhere and are called,
-//! not copied: the evidence check in `custody`, the request index format in
-//! `report::index`, the shard refusal in `scope::merge`.
+//! The rules it applies have their homes elsewhere and are called, not
+//! copied: the evidence check in `custody`, the format of requests.csv and
+//! of its look-up file in `report::index`, the shard refusal in
+//! `scope::shard`. Its tests are `report::writer`'s (folders written, then
+//! read back here).
 //!
 //! `open_deferred` is the look-up's way in: large files (those with chunk
 //! digests in evidence.json) are checked as they are read, so a look-up in
@@ -20,10 +22,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::model::{Coverage, ScopeReport};
 use crate::custody::{self, CheckedFolder, EVIDENCE_JSON, FolderReport};
 use crate::error::{Error, Location, Result};
 use crate::report::index::{self, IndexRow};
+use crate::scope::{Coverage, ScopeReport};
 use crate::trace::chunked::ChunkedFile;
 
 /// The findings file of a scope folder.
@@ -229,7 +231,7 @@ impl ScopeFolder {
     /// Refuses a shard's folder where the findings of every pool are needed
     /// (`what`: the command, for the message).
     pub fn refuse_shard(&self, what: &str) -> Result<()> {
-        super::merge::refuse_shard(&self.dir, &self.summary, what)
+        crate::scope::shard::refuse_shard(&self.dir, &self.summary, what)
     }
 
     /// The folder as the input of another run (kind `scope`), each file
@@ -237,182 +239,5 @@ impl ScopeFolder {
     /// not match its evidence.json.
     pub fn as_input(&self) -> Result<custody::Inputs> {
         self.checked.as_input(&self.dir, "scope")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lineage::BackendChoice;
-    use crate::progress::NoReporter;
-    use crate::scope::shard::ScopeRun;
-
-    /// A scope folder of the golden v1 trace, written as `scope --out`
-    /// writes it (`pools`: as `scope --pools`).
-    fn write_folder(dir: &Path, pools: Option<Vec<u16>>) {
-        let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
-        let s = ScopeRun::open(&trace, BackendChoice::Cpu)
-            .unwrap()
-            .run(pools, &NoReporter)
-            .unwrap();
-        crate::report::write_out(&s.report, dir).unwrap();
-        if let Some(info) = &s.shard {
-            info.write(dir).unwrap();
-        }
-        let command = ["kvtrail".to_string(), "scope".to_string()];
-        crate::report::bundle::write_scope_extras(&s.trace, &s.report, dir, &command).unwrap();
-    }
-
-    #[test]
-    fn an_unedited_folder_opens_intact_with_its_digests_and_requests() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("scope");
-        write_folder(&dir, None);
-        let f = ScopeFolder::open(&dir).unwrap();
-        assert!(f.intact(), "{:?}", f.check());
-        assert!(f.evidence_problems().is_empty());
-        let digest = |name: &str| {
-            let bytes = std::fs::read(dir.join(name)).unwrap();
-            blake3::hash(&bytes).to_hex().to_string()
-        };
-        assert_eq!(f.evidence_blake3(), digest(EVIDENCE_JSON));
-        assert_eq!(f.summary_blake3(), digest(SUMMARY_JSON));
-        assert_eq!(f.coverage(), &f.summary().coverage);
-        let mut n = 0u64;
-        f.requests(|_| {
-            n += 1;
-            true
-        })
-        .unwrap();
-        assert!(n > 0);
-        assert_eq!(n, f.summary().counts.requests);
-        f.refuse_shard("lookup").unwrap();
-        let inp = f.as_input().unwrap();
-        assert_eq!(inp.kind, "scope");
-        let listed: Vec<&str> = inp.files.iter().map(|x| x.path.as_str()).collect();
-        assert_eq!(listed, custody::list_files(&dir).unwrap());
-        let ev = inp.files.iter().find(|x| x.path == EVIDENCE_JSON).unwrap();
-        assert_eq!(ev.blake3, digest(EVIDENCE_JSON));
-        assert_eq!(
-            ev.bytes,
-            std::fs::metadata(dir.join(EVIDENCE_JSON)).unwrap().len()
-        );
-    }
-
-    /// How a tampered folder is met.
-    enum Expect {
-        /// `open` refuses it with this message.
-        Refused(&'static str),
-        /// It opens, is not intact, names this problem, and is refused as
-        /// the input of another run.
-        NotIntact(&'static str),
-    }
-
-    fn check(name: &str, edit: impl FnOnce(&Path), expect: Expect) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("scope");
-        write_folder(&dir, None);
-        edit(&dir);
-        match (ScopeFolder::open(&dir), expect) {
-            (Err(e), Expect::Refused(msg)) => {
-                assert!(e.to_string().contains(msg), "{name}: {e}")
-            }
-            (Ok(f), Expect::NotIntact(problem)) => {
-                assert!(!f.intact(), "{name}");
-                let problems = f.evidence_problems().join("\n");
-                assert!(problems.contains(problem), "{name}: {problems}");
-                let e = f.as_input().unwrap_err().to_string();
-                assert!(
-                    e.contains("does not match its evidence.json"),
-                    "{name}: {e}"
-                );
-            }
-            (Ok(f), _) => panic!("{name}: opened, intact {}", f.intact()),
-            (Err(e), _) => panic!("{name}: refused: {e}"),
-        }
-    }
-
-    fn append(p: PathBuf) {
-        let mut b = std::fs::read(&p).unwrap();
-        b.push(b'\n');
-        std::fs::write(&p, b).unwrap();
-    }
-
-    #[test]
-    fn a_tampered_folder_is_refused_or_opened_as_not_intact() {
-        check(
-            "requests.csv edited",
-            |d| append(d.join("requests.csv")),
-            Expect::NotIntact("modified requests.csv"),
-        );
-        check(
-            "summary.json edited (still a summary)",
-            |d| append(d.join(SUMMARY_JSON)),
-            Expect::NotIntact("modified summary.json"),
-        );
-        check(
-            "report.html removed",
-            |d| std::fs::remove_file(d.join("report.html")).unwrap(),
-            Expect::NotIntact("missing report.html"),
-        );
-        check(
-            "a file added",
-            |d| std::fs::write(d.join("extra.txt"), "x").unwrap(),
-            Expect::NotIntact("extra extra.txt"),
-        );
-        check(
-            "evidence.json removed",
-            |d| std::fs::remove_file(d.join(EVIDENCE_JSON)).unwrap(),
-            Expect::Refused("not a scope folder with a chain of custody (no evidence.json)"),
-        );
-        check(
-            "summary.json removed",
-            |d| std::fs::remove_file(d.join(SUMMARY_JSON)).unwrap(),
-            Expect::Refused("not a scope folder (no evidence.json or summary.json)"),
-        );
-        check(
-            "evidence.json not a record",
-            |d| std::fs::write(d.join(EVIDENCE_JSON), "{}").unwrap(),
-            Expect::Refused("not a kvtrail evidence record"),
-        );
-        check(
-            "evidence.json lists a path outside the folder",
-            |d| {
-                let p = d.join(EVIDENCE_JSON);
-                let t = std::fs::read_to_string(&p).unwrap();
-                let t = t.replacen("\"path\": \"report.html\"", "\"path\": \"../x\"", 1);
-                std::fs::write(&p, t).unwrap();
-            },
-            Expect::Refused("is not a path inside the folder"),
-        );
-        check(
-            "summary.json not a summary",
-            |d| std::fs::write(d.join(SUMMARY_JSON), "[]").unwrap(),
-            Expect::Refused("not a kvtrail scope summary"),
-        );
-        check(
-            "summary.json of another format",
-            |d| {
-                let p = d.join(SUMMARY_JSON);
-                let t = std::fs::read_to_string(&p).unwrap();
-                std::fs::write(&p, t.replacen("\"kvtrail-scope\"", "\"other\"", 1)).unwrap();
-            },
-            Expect::Refused("unsupported scope format \"other\" version 1"),
-        );
-    }
-
-    #[test]
-    fn a_shard_folder_opens_but_is_refused_where_every_pool_is_needed() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("shard");
-        write_folder(&dir, Some(vec![0]));
-        let f = ScopeFolder::open(&dir).unwrap();
-        assert!(f.intact());
-        assert!(!f.coverage().complete);
-        let e = f.refuse_shard("notify").unwrap_err().to_string();
-        assert!(
-            e.contains("this is a shard folder") && e.contains("notify"),
-            "{e}"
-        );
     }
 }
