@@ -119,8 +119,8 @@ pub fn run() -> Exit {
         Command::Diff(a) => commands::diff::run(a),
         Command::Counterfactual(a) => commands::counterfactual::run(a),
         Command::Notify(a) => commands::notify::run(a),
-        Command::Completions(a) => commands::completions::run(a),
-        Command::Man(a) => commands::man::run(a),
+        Command::Completions(a) => commands::completions::run(a, Cli::command()),
+        Command::Man(a) => commands::man::run(a, Cli::command()),
     };
     match res {
         Ok(code) => code,
@@ -140,20 +140,4 @@ pub fn run() -> Exit {
             2
         }
     }
-}
-
-/// The command line as given, for evidence.json: the program as its file
-/// name (`kvtrail`), every argument verbatim.
-pub fn command_line() -> Vec<String> {
-    let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
-    let prog = args
-        .next()
-        .map(|p| {
-            std::path::Path::new(&p)
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or(p)
-        })
-        .unwrap_or_else(|| "kvtrail".into());
-    std::iter::once(prog).chain(args).collect()
 }

@@ -136,3 +136,19 @@ mod tests {
         }
     }
 }
+
+/// The command line as given, for evidence.json: the program as its file
+/// name (`kvtrail`), every argument verbatim.
+pub fn command_line() -> Vec<String> {
+    let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
+    let prog = args
+        .next()
+        .map(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or(p)
+        })
+        .unwrap_or_else(|| "kvtrail".into());
+    std::iter::once(prog).chain(args).collect()
+}

@@ -167,7 +167,7 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
     let stop = stop_on_signals().map_err(shown)?;
     let shards = prepared.shards.len();
     let m = prepared
-        .run(&stop, &crate::cli::command_line())
+        .run(&stop, &output::command_line())
         .map_err(shown)?;
     eprintln!(
         "kvtrail: fleet spark: job {:.2} s ({shards} shards), merge {:.2} s",

@@ -4,8 +4,6 @@
 
 use std::path::PathBuf;
 
-use clap::CommandFactory;
-
 use crate::cli::output;
 
 #[derive(clap::Args, Debug)]
@@ -17,9 +15,11 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<i32> {
+/// `cli` is the whole command line interface (`Cli::command()`), passed in
+/// by the dispatcher so that no command imports it.
+pub fn run(args: Args, cli: clap::Command) -> anyhow::Result<i32> {
     // `kvtrail help` is no page of its own (as clap_mangen's folder output).
-    let cmd = crate::cli::Cli::command().disable_help_subcommand(true);
+    let cmd = cli.disable_help_subcommand(true);
     match args.out {
         None => {
             let mut page = Vec::new();

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &args.out,
         &shards,
         &r,
-        &crate::cli::command_line(),
+        &output::command_line(),
         || Ok(()),
     )?;
     for f in w.files {

@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         out_dir,
         &cfg,
         args.config.as_deref(),
-        &crate::cli::command_line(),
+        &output::command_line(),
         args.force,
         &templates,
     )?;

@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             &trace,
             &r,
             shard.as_ref(),
-            &crate::cli::command_line(),
+            &output::command_line(),
         )?;
         for f in w.files {
             eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));
