@@ -62,6 +62,10 @@ impl fmt::Display for Location {
     }
 }
 
+/// The hint of [`Error::Parquet`] (the one wording, also for the error
+/// lines a child process writes for its parent).
+pub const PARQUET_HINT: &str = "the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file";
+
 /// An error in a trace or in the tool's input.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -80,10 +84,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The Parquet or Arrow layer failed on a file.
-    #[error(
-        "{loc}: cannot read Parquet: {}\n  hint: the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file",
-        term(msg)
-    )]
+    #[error("{loc}: cannot read Parquet: {}\n  hint: {PARQUET_HINT}", term(msg))]
     Parquet { loc: Location, msg: String },
     /// Anything else that stops the tool (configuration, usage).
     #[error("{}", term_message(.0))]

@@ -57,7 +57,7 @@ pub use folder::{
     verify_folder,
 };
 pub use inputs::{file_input, hash_file, list_files, trace_inputs};
-pub use out::{empty_folder, prepare_out, prepare_trace_out};
+pub use out::{prepare_out, prepare_trace_out};
 pub use private::{
     create_private, create_private_dir, make_private, write_private, write_private_atomic,
 };

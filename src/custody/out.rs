@@ -88,22 +88,6 @@ fn out_is_empty(out: &Path, inputs: &[&Path]) -> Result<bool> {
     Ok(!any)
 }
 
-/// Removes everything inside `dir` (best effort; links are removed, not
-/// followed): what a failed run wrote into a folder [`prepare_out`] found
-/// new or empty.
-pub fn empty_folder(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        let _ = match e.file_type() {
-            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
-            _ => std::fs::remove_file(&p),
-        };
-    }
-}
-
 /// Checks and readies the output folder of a command before anything is
 /// written. `kind` is what the command records in evidence.json (scope,
 /// notify) or another name for commands without one (merge); `inputs` are

@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{FleetError, HINT};
-use crate::error::Error;
+use crate::error::{Error, PARQUET_HINT};
 use crate::text::{term, term_message};
 
 /// The variable a parent sets, to `json`, for a child's error line.
@@ -24,10 +24,6 @@ pub const ERRORS_ENV: &str = "KVTRAIL_ERRORS";
 
 /// The `type` of an error line.
 const ERROR_TYPE: &str = "error";
-
-/// The hint of `Error::Parquet`, as error.rs words it (a test checks the
-/// two agree).
-const PARQUET_HINT: &str = "the file is truncated, corrupt or not Parquet; run `kvtrail verify` on the trace and re-export the file";
 
 /// One error, as a child writes it for its parent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
