@@ -107,10 +107,7 @@ impl CopySpiller {
 
     fn spill(&mut self) -> Result<()> {
         if self.dir.is_none() {
-            self.dir = Some(super::input::temp_dir(
-                self.root.as_deref(),
-                "kvtrail-copies-",
-            )?);
+            self.dir = Some(temp_dir(self.root.as_deref(), "kvtrail-copies-")?);
         }
         let dir = self.dir.as_ref().expect("dir").path().to_path_buf();
         for (pool, v) in std::mem::take(&mut self.mem) {
@@ -357,6 +354,15 @@ impl CopyStream {
         self.pick();
         Ok(())
     }
+}
+
+/// A temporary directory under `root` (or the system's).
+pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
+    match root {
+        Some(r) => tempfile::Builder::new().prefix(prefix).tempdir_in(r),
+        None => tempfile::Builder::new().prefix(prefix).tempdir(),
+    }
+    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
 #[cfg(test)]

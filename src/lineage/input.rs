@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::copies::{CopyReq, CopySpiller};
+use super::copies::{CopyReq, CopySpiller, temp_dir};
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
 use crate::trace::check::{self, FileRuns};
@@ -110,15 +110,6 @@ fn push_copies(b: &KvIndexBatch, spiller: &std::sync::Mutex<CopySpiller>) -> Res
         )?;
     }
     Ok(())
-}
-
-/// A temporary directory under `root` (or the system's).
-pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
-    match root {
-        Some(r) => tempfile::Builder::new().prefix(prefix).tempdir_in(r),
-        None => tempfile::Builder::new().prefix(prefix).tempdir(),
-    }
-    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
 pub use crate::trace::check::duplicate;

@@ -151,7 +151,12 @@ fn file_imports(files: &BTreeSet<String>, from_src: &str, text: &str) -> Vec<Imp
             j += 1;
         }
         let word: String = chars[i..j].iter().collect();
-        let has_path = j + 1 < chars.len() && chars[j] == ':' && chars[j + 1] == ':';
+        // `name::` followed by a name or a group; `collect::<T>()` is a
+        // turbofish, not a path.
+        let has_path = j + 2 < chars.len()
+            && chars[j] == ':'
+            && chars[j + 1] == ':'
+            && (is_ident(chars[j + 2]) || chars[j + 2] == '{' || chars[j + 2] == '*');
         let base: Option<Vec<String>> = match word.as_str() {
             _ if !has_path => None,
             "crate" | "kvtrail" => Some(Vec::new()),
@@ -698,6 +703,19 @@ fn planted_circles_are_found() {
         .path(),
     );
     assert_reports(&v, &["src/report/mod.rs:1: import circle of 2 files"]);
+    // A turbofish on a method named like a child (`v.ocsf::<u8>()`) is no
+    // import: a child that uses its parent makes no circle then.
+    let v = check_no_circles(
+        plant(&[
+            (
+                "src/report/mod.rs",
+                "//! x\nmod ocsf;\npub struct Input;\nfn f(v: V) { v.ocsf::<u8>(); }\n",
+            ),
+            ("src/report/ocsf.rs", "//! x\nuse super::Input;\n"),
+        ])
+        .path(),
+    );
+    assert_reports(&v, &[]);
 }
 
 #[test]

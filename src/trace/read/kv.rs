@@ -13,8 +13,6 @@ use crate::trace::read::parquet_file::{Cursor, open_builder_dict, project};
 use crate::trace::read::values::{MAX_REQUEST_ID, check_seq, reserved_id};
 use crate::trace::root::TraceRoot;
 
-pub use crate::trace::index::scan_requests;
-
 /// Events from one stretch of one kv file.
 #[derive(Debug, Clone)]
 pub struct KvChunk {
