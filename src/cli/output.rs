@@ -56,6 +56,22 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The command line as given, for evidence.json: the program as its file
+/// name (`kvtrail`), every argument verbatim.
+pub fn command_line() -> Vec<String> {
+    let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
+    let prog = args
+        .next()
+        .map(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or(p)
+        })
+        .unwrap_or_else(|| "kvtrail".into());
+    std::iter::once(prog).chain(args).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,20 +151,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The command line as given, for evidence.json: the program as its file
-/// name (`kvtrail`), every argument verbatim.
-pub fn command_line() -> Vec<String> {
-    let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
-    let prog = args
-        .next()
-        .map(|p| {
-            std::path::Path::new(&p)
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or(p)
-        })
-        .unwrap_or_else(|| "kvtrail".into());
-    std::iter::once(prog).chain(args).collect()
 }

@@ -15,7 +15,6 @@ use crate::error::{Error, Location, Result};
 use crate::schema::Op;
 use crate::trace::hive::{self};
 
-
 /// A column of a batch with its location, for typed extraction.
 pub(crate) struct Col<'a> {
     pub(crate) path: &'a Path,

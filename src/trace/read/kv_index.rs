@@ -13,7 +13,6 @@ use crate::trace::read::parquet_file::{Cursor, open_builder, project};
 use crate::trace::read::values::{MAX_SEQ, check_seq};
 use crate::trace::root::TraceRoot;
 
-
 /// A light view of one batch of a kv file: only what replay needs to plan
 /// its merge (seq order per pool) and its copies (which source states a
 /// later copy will ask for). Columns are projected, so this is much cheaper

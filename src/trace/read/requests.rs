@@ -12,7 +12,6 @@ use crate::trace::read::parquet_file::{Cursor, open_builder, project};
 use crate::trace::read::values::{MAX_REQUEST_ID, reserved_id};
 use crate::trace::root::TraceRoot;
 
-
 const REQ_REQUIRED: [&str; 7] = [
     req_col::REQUEST_ID,
     req_col::TENANT,
