@@ -20,7 +20,7 @@ use std::time::Instant;
 use kvtrail::lineage::BackendChoice;
 use kvtrail::lookup::{Query, lookup, lookup_checked};
 use kvtrail::progress::NoReporter;
-use kvtrail::report::index::{self, KeyKind, LOOKUP_INDEX, REQUESTS_CSV, REQUESTS_HEADER};
+use kvtrail::report::lookup_files::{self, KeyKind, LOOKUP_INDEX, REQUESTS_CSV, REQUESTS_HEADER};
 use kvtrail::scope::run::ScopeRun;
 
 const TENANTS: [&str; 8] = [
@@ -94,7 +94,7 @@ fn build(dir: &Path, n: u64) {
     let csv_s = t0.elapsed().as_secs_f64();
     reset_peak();
     let t0 = Instant::now();
-    index::write_lookup_index(dir).unwrap();
+    lookup_files::write_lookup_index(dir).unwrap();
     let ix_s = t0.elapsed().as_secs_f64();
     let ix_peak = peak_mib();
     kvtrail::custody::write_evidence(dir, "scope", &cmd, Vec::new()).unwrap();
@@ -199,7 +199,7 @@ fn main() {
         assert_eq!(b.status, answers[k].status, "{id}");
         let t0 = Instant::now();
         let mut hit = 0;
-        index::read_index(&d, |r| {
+        lookup_files::read_index(&d, |r| {
             hit += (r.external_id.as_deref() == Some(id.as_str())) as u32;
             true
         })

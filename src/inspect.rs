@@ -23,9 +23,9 @@ use crate::progress::Reporter;
 use crate::schema::{ENGINE_REQUEST, Op, RequestRecord};
 use crate::scope::anomalies::{answered_ok, short_prefill};
 use crate::trace::check::{self, FileRuns};
-use crate::trace::index::{RequestKeys, scan_requests};
 use crate::trace::manifest::{Deployment, Role};
 use crate::trace::read::Trace;
+use crate::trace::request_keys::{RequestKeys, scan_requests};
 
 pub use crate::trace::check::{Hole, MAX_HOLES_LISTED};
 /// Request ids listed as examples per finding (all are counted).

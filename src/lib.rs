@@ -21,6 +21,7 @@ pub mod report;
 pub mod schema;
 pub mod scope;
 pub mod sim;
+pub mod spill;
 pub mod sql;
 pub mod text;
 pub mod trace;

@@ -15,7 +15,7 @@
 //! The folder is read through `report::folder::ScopeFolder`; a shard folder
 //! is refused (`scope::shard::refuse_shard`). The rows that can match are
 //! found through the folder's look-up index (requests.index.parquet,
-//! `report::index::LookupIndex`), so a look-up in millions of requests
+//! `report::lookup_files::LookupIndex`), so a look-up in millions of requests
 //! reads a few row groups and rows; a folder without a usable index (an
 //! older kvtrail's, or one that no longer matches its evidence.json) is
 //! scanned row by row, with the same answer and a note saying so.
@@ -40,7 +40,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::report::folder::ScopeFolder;
-use crate::report::index::{IndexRow, KeyKind};
+use crate::report::lookup_files::{IndexRow, KeyKind};
 use crate::scope::{Confidence, Crossing, ScopeReport};
 
 /// What to look up.

@@ -3,21 +3,17 @@
 //! before it moves past that seq.
 //!
 //! The index is built during the index pass and kept in memory up to a
-//! bound; past it, sorted chunks are spilled to a temporary directory and
-//! merged back while replaying, so memory never grows with the number of
-//! copies in the trace. Runs are merged in tiers as they are spilled
-//! ([`MERGE_FAN`] runs of one size into one run of the next), so a pool
-//! streams from at most `MERGE_FAN - 1` runs per tier: a number that grows
-//! with the logarithm of the copies (each copy is rewritten once per tier),
-//! where one run per chunk had given a 64 KiB read buffer per chunk (11 MB
-//! at 2 million requests) and a linear scan of every run per copy.
+//! bound; past it, sorted chunks are spilled (`crate::spill`) and merged
+//! back while replaying, so memory never grows with the number of copies
+//! in the trace. Runs are kept in tiers ([`spill::FAN`] runs of one size
+//! merged into one of the next), so a pool streams from at most `FAN - 1`
+//! runs per tier: a number that grows with the logarithm of the copies.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::spill::{Merge, Part, Place, Record, Run, Tiers, le};
 
 /// A copy whose source state must be captured: `count` slots of the source
 /// pool from `src_start`, just after `src_seq`, for event `dst_seq` of
@@ -34,63 +30,52 @@ pub struct CopyReq {
 /// Copies kept in memory before the index spills (2 MB).
 pub const COPY_CHUNK: usize = 1 << 16;
 
-const REC: usize = 32;
-
-/// Runs of one tier merged into one run of the next.
-pub const MERGE_FAN: usize = 16;
-
-/// Read buffer of one run while streaming or merging.
-const RUN_BUF: usize = 64 * 1024;
-
-fn encode(c: &CopyReq) -> [u8; REC] {
-    let mut b = [0u8; REC];
-    b[0..8].copy_from_slice(&c.src_seq.to_le_bytes());
-    b[8..10].copy_from_slice(&c.dst_pool.to_le_bytes());
-    b[16..24].copy_from_slice(&c.dst_seq.to_le_bytes());
-    b[24..28].copy_from_slice(&c.src_start.to_le_bytes());
-    b[28..32].copy_from_slice(&c.count.to_le_bytes());
-    b
-}
-
-fn decode(b: &[u8; REC]) -> CopyReq {
-    let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-    CopyReq {
-        src_seq: u64_(0),
-        dst_pool: u16::from_le_bytes([b[8], b[9]]),
-        dst_seq: u64_(16),
-        src_start: u32_(24),
-        count: u32_(28),
+impl Record for CopyReq {
+    const SIZE: usize = 32;
+    fn put(&self, b: &mut [u8]) {
+        le::put_u64(b, 0, self.src_seq);
+        le::put_u16(b, 8, self.dst_pool);
+        b[10..16].fill(0);
+        le::put_u64(b, 16, self.dst_seq);
+        le::put_u32(b, 24, self.src_start);
+        le::put_u32(b, 28, self.count);
+    }
+    fn get(b: &[u8]) -> Self {
+        CopyReq {
+            src_seq: le::u64_at(b, 0),
+            dst_pool: le::u16_at(b, 8),
+            dst_seq: le::u64_at(b, 16),
+            src_start: le::u32_at(b, 24),
+            count: le::u32_at(b, 28),
+        }
     }
 }
 
-/// Collects copies, spilling sorted chunks past `limit` entries.
+/// Collects copies, spilling sorted chunks past `limit` entries (over all
+/// pools) into each source pool's [`Tiers`] of runs.
 pub struct CopySpiller {
-    root: Option<PathBuf>,
-    dir: Option<tempfile::TempDir>,
+    place: Place,
     limit: usize,
     mem: BTreeMap<u16, Vec<CopyReq>>,
     /// Copy edges (src pool, dst pool) seen, spilled or not.
-    edges: std::collections::BTreeSet<(u16, u16)>,
+    edges: BTreeSet<(u16, u16)>,
     n: usize,
-    /// Per pool: its runs with their tier (0: one chunk; t: MERGE_FAN runs
-    /// of tier t - 1).
-    runs: BTreeMap<u16, Vec<(u32, PathBuf)>>,
-    files: usize,
+    /// Per source pool: its runs.
+    runs: BTreeMap<u16, Tiers<CopyReq>>,
     pub spilled: u64,
 }
 
 impl CopySpiller {
     pub fn new(root: Option<&Path>, limit: usize) -> Self {
         CopySpiller {
-            root: root.map(Path::to_path_buf),
-            dir: None,
+            // named: a trace may have many source pools, each with runs;
+            // a run holds no file open until it is streamed
+            place: Place::named(root, "kvtrail-copies-"),
             limit: limit.max(1),
             mem: BTreeMap::new(),
             edges: Default::default(),
             n: 0,
             runs: BTreeMap::new(),
-            files: 0,
             spilled: 0,
         }
     }
@@ -106,89 +91,20 @@ impl CopySpiller {
     }
 
     fn spill(&mut self) -> Result<()> {
-        if self.dir.is_none() {
-            self.dir = Some(temp_dir(self.root.as_deref(), "kvtrail-copies-")?);
-        }
-        let dir = self.dir.as_ref().expect("dir").path().to_path_buf();
-        for (pool, v) in std::mem::take(&mut self.mem) {
+        for (pool, mut v) in std::mem::take(&mut self.mem) {
             if v.is_empty() {
                 continue;
             }
-            let mut v = v;
             v.sort_unstable();
-            let path = self.next_path(&dir);
-            write_run(&path, v.iter().copied())?;
             self.spilled += v.len() as u64;
-            self.runs.entry(pool).or_default().push((0, path));
-            self.compact(pool, &dir)?;
+            let run = Run::write(&mut self.place, v)?;
+            self.runs
+                .entry(pool)
+                .or_default()
+                .add(&mut self.place, run)?;
         }
         self.n = 0;
         Ok(())
-    }
-
-    fn next_path(&mut self, dir: &Path) -> PathBuf {
-        let path = dir.join(format!("copies-{:06}.bin", self.files));
-        self.files += 1;
-        path
-    }
-
-    /// Merges [`MERGE_FAN`] runs of one tier of `pool` into one run of the
-    /// next, as long as a tier has that many.
-    fn compact(&mut self, pool: u16, dir: &Path) -> Result<()> {
-        loop {
-            let runs = self.runs.get(&pool).map(Vec::as_slice).unwrap_or(&[]);
-            let mut per_tier: BTreeMap<u32, usize> = BTreeMap::new();
-            for (t, _) in runs {
-                *per_tier.entry(*t).or_default() += 1;
-            }
-            let Some((&tier, _)) = per_tier.iter().find(|(_, n)| **n >= MERGE_FAN) else {
-                return Ok(());
-            };
-            let out = self.next_path(dir);
-            let runs = self.runs.get_mut(&pool).expect("the pool's runs");
-            let (merged, kept): (Vec<_>, Vec<_>) = std::mem::take(runs)
-                .into_iter()
-                .partition(|(t, _)| *t == tier);
-            *runs = kept;
-            let inputs: Vec<PathBuf> = merged.into_iter().map(|(_, p)| p).collect();
-            let mut readers = inputs
-                .iter()
-                .map(|p| RunReader::open(p))
-                .collect::<Result<Vec<_>>>()?;
-            let mut heap = std::collections::BinaryHeap::new();
-            for (i, r) in readers.iter().enumerate() {
-                if let Some(h) = r.head {
-                    heap.push(std::cmp::Reverse((h, i)));
-                }
-            }
-            let mut failed = None;
-            let merged = std::iter::from_fn(|| {
-                let std::cmp::Reverse((c, i)) = heap.pop()?;
-                match readers[i].advance() {
-                    Ok(()) => {
-                        if let Some(h) = readers[i].head {
-                            heap.push(std::cmp::Reverse((h, i)));
-                        }
-                    }
-                    Err(e) => {
-                        failed = Some(e);
-                        heap.clear();
-                    }
-                }
-                Some(c)
-            });
-            write_run(&out, merged)?;
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            for p in &inputs {
-                std::fs::remove_file(p).map_err(|e| Error::io(p, e))?;
-            }
-            self.runs
-                .get_mut(&pool)
-                .expect("the pool's runs")
-                .push((tier + 1, out));
-        }
     }
 
     /// Ends collection: what stays in memory is sorted.
@@ -203,10 +119,10 @@ impl CopySpiller {
             runs: self
                 .runs
                 .into_iter()
-                .map(|(pool, runs)| (pool, runs.into_iter().map(|(_, p)| p).collect()))
+                .map(|(pool, t)| (pool, t.runs().cloned().collect()))
                 .collect(),
             spilled: self.spilled,
-            _dir: self.dir,
+            _place: self.place,
         }
     }
 }
@@ -214,12 +130,13 @@ impl CopySpiller {
 /// The finished copy index.
 pub struct CopyPlan {
     mem: BTreeMap<u16, Vec<CopyReq>>,
-    edges: std::collections::BTreeSet<(u16, u16)>,
+    edges: BTreeSet<(u16, u16)>,
     /// When set (a shard), only copies into these pools are streamed.
-    dst_filter: Option<std::collections::BTreeSet<u16>>,
-    runs: BTreeMap<u16, Vec<PathBuf>>,
+    dst_filter: Option<BTreeSet<u16>>,
+    runs: BTreeMap<u16, Vec<Run<CopyReq>>>,
     pub spilled: u64,
-    _dir: Option<tempfile::TempDir>,
+    /// Holds the runs' folder.
+    _place: Place,
 }
 
 impl CopyPlan {
@@ -230,7 +147,7 @@ impl CopyPlan {
 
     /// Keeps only copies between `pools` (a shard's replayed pools); copies
     /// spilled to disk are filtered as they are streamed.
-    pub fn restrict(&mut self, pools: &std::collections::BTreeSet<u16>) {
+    pub fn restrict(&mut self, pools: &BTreeSet<u16>) {
         self.mem.retain(|p, _| pools.contains(p));
         self.runs.retain(|p, _| pools.contains(p));
         for v in self.mem.values_mut() {
@@ -243,18 +160,18 @@ impl CopyPlan {
 
     /// The copies reading `pool`, in src_seq order.
     pub fn stream(&self, pool: u16) -> Result<CopyStream> {
-        let mut runs = Vec::new();
-        for p in self.runs.get(&pool).into_iter().flatten() {
-            runs.push(RunReader::open(p)?);
+        let mut parts = vec![Part::Mem(
+            self.mem.get(&pool).cloned().unwrap_or_default().into_iter(),
+        )];
+        for r in self.runs.get(&pool).into_iter().flatten() {
+            parts.push(Part::Disk(r.reader()?));
         }
         let mut s = CopyStream {
             dst_filter: self.dst_filter.clone(),
-            mem: self.mem.get(&pool).cloned().unwrap_or_default(),
-            pos: 0,
-            runs,
+            merge: Merge::new(parts)?,
             head: None,
         };
-        s.pick();
+        s.pick()?;
         Ok(s)
     }
 
@@ -264,105 +181,42 @@ impl CopyPlan {
     }
 }
 
-struct RunReader {
-    path: PathBuf,
-    reader: BufReader<File>,
+/// The copies reading one pool, merged in src_seq order.
+pub struct CopyStream {
+    dst_filter: Option<BTreeSet<u16>>,
+    merge: Merge<CopyReq, Part<CopyReq>>,
     head: Option<CopyReq>,
 }
 
-/// Writes sorted copies as one run file.
-fn write_run(path: &Path, copies: impl Iterator<Item = CopyReq>) -> Result<()> {
-    let f = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut w = BufWriter::with_capacity(1 << 20, f);
-    for c in copies {
-        w.write_all(&encode(&c)).map_err(|e| Error::io(path, e))?;
-    }
-    w.flush().map_err(|e| Error::io(path, e))
-}
-
-impl RunReader {
-    /// The run at `path`, its first copy read.
-    fn open(path: &Path) -> Result<Self> {
-        let f = File::open(path).map_err(|e| Error::io(path, e))?;
-        let mut r = RunReader {
-            path: path.to_path_buf(),
-            reader: BufReader::with_capacity(RUN_BUF, f),
-            head: None,
-        };
-        r.advance()?;
-        Ok(r)
-    }
-
-    fn advance(&mut self) -> Result<()> {
-        let mut b = [0u8; REC];
-        self.head = match self.reader.read_exact(&mut b) {
-            Ok(()) => Some(decode(&b)),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => None,
-            Err(e) => return Err(Error::io(&self.path, e)),
+impl CopyStream {
+    /// The next copy into a pool replayed (spilled copies into pools a
+    /// shard does not replay are skipped here).
+    fn pick(&mut self) -> Result<()> {
+        self.head = loop {
+            match self.merge.next_record()? {
+                Some(c)
+                    if self
+                        .dst_filter
+                        .as_ref()
+                        .is_some_and(|f| !f.contains(&c.dst_pool)) => {}
+                h => break h,
+            }
         };
         Ok(())
-    }
-}
-
-/// The copies reading one pool, merged in src_seq order.
-pub struct CopyStream {
-    dst_filter: Option<std::collections::BTreeSet<u16>>,
-    mem: Vec<CopyReq>,
-    pos: usize,
-    runs: Vec<RunReader>,
-    /// The smallest head: None = in memory, Some(i) = run i.
-    head: Option<(CopyReq, Option<usize>)>,
-}
-
-impl CopyStream {
-    fn pick(&mut self) {
-        // Skip spilled copies into pools a shard does not replay.
-        if let Some(f) = &self.dst_filter {
-            for r in self.runs.iter_mut() {
-                while let Some(h) = r.head
-                    && !f.contains(&h.dst_pool)
-                {
-                    if r.advance().is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let mut best: Option<(CopyReq, Option<usize>)> = self.mem.get(self.pos).map(|c| (*c, None));
-        for (i, r) in self.runs.iter().enumerate() {
-            if let Some(h) = r.head
-                && best.is_none_or(|b| h < b.0)
-            {
-                best = Some((h, Some(i)));
-            }
-        }
-        self.head = best;
     }
 
     /// The next copy, if any.
     pub fn peek(&self) -> Option<CopyReq> {
-        self.head.map(|h| h.0)
+        self.head
     }
 
     /// Moves past the copy `peek` returned.
     pub fn pop(&mut self) -> Result<()> {
-        match self.head {
-            None => return Ok(()),
-            Some((_, None)) => self.pos += 1,
-            Some((_, Some(i))) => self.runs[i].advance()?,
+        if self.head.is_some() {
+            self.pick()?;
         }
-        self.pick();
         Ok(())
     }
-}
-
-/// A temporary directory under `root` (or the system's).
-pub fn temp_dir(root: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
-    match root {
-        Some(r) => tempfile::Builder::new().prefix(prefix).tempdir_in(r),
-        None => tempfile::Builder::new().prefix(prefix).tempdir(),
-    }
-    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
 #[cfg(test)]
@@ -403,16 +257,10 @@ mod tests {
                 sp.push(src, c).unwrap();
                 want.entry(src).or_default().push(c);
             }
-            let most = sp.runs.values().map(Vec::len).max().unwrap_or(0);
-            let tiers = sp
-                .runs
-                .values()
-                .flatten()
-                .map(|(t, _)| *t + 1)
-                .max()
-                .unwrap_or(0) as usize;
+            let most = sp.runs.values().map(Tiers::len).max().unwrap_or(0);
+            let tiers = sp.runs.values().map(Tiers::depth).max().unwrap_or(0);
             assert!(
-                most <= tiers * (MERGE_FAN - 1),
+                most <= tiers * (crate::spill::FAN - 1),
                 "limit {limit}: {most} runs"
             );
             let plan = sp.finish();

@@ -55,7 +55,7 @@ pub struct ReaderAgg {
 /// follows cross-tenant hits, not every prefix hit.
 #[derive(Debug, Clone, Default)]
 pub struct TenantKeys {
-    keys: crate::trace::index::RequestKeys,
+    keys: crate::trace::request_keys::RequestKeys,
 }
 
 /// Where [`TenantKeys`] come from: loaded when the first shared read of
@@ -77,7 +77,7 @@ impl std::fmt::Debug for TenantKeysSource {
 }
 
 impl TenantKeys {
-    pub fn new(keys: crate::trace::index::RequestKeys) -> Self {
+    pub fn new(keys: crate::trace::request_keys::RequestKeys) -> Self {
         TenantKeys { keys }
     }
 

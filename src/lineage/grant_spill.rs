@@ -1,12 +1,13 @@
 //! Spilled share grants: past a spilling [`Grants`](super::grants::Grants)'s
 //! limit, the grants of the readers granted longest ago are written to
-//! sorted runs in unnamed temporary files and read back by reader. A run
-//! keeps every `SPILL_INDEX_EVERY`-th record's reader in memory and a Bloom
-//! filter of its readers, so a reader costs one short read, or none when it
-//! is not in the run. Runs are merged (dropping dead grants) when they are
-//! more than `SPILL_MAX_RUNS`.
+//! sorted runs (`crate::spill`, unnamed temporary files) and read back by
+//! reader. A run keeps every `SPILL_INDEX_EVERY`-th record's reader in
+//! memory and a Bloom filter of its readers, so a reader costs one short
+//! read, or none when it is not in the run. Runs are merged (dropping dead
+//! grants) when they are more than `SPILL_MAX_RUNS`.
 
 use crate::error::Result;
+use crate::spill::{Merge, Place, Record, Run, le};
 
 use super::state::Grant;
 
@@ -21,7 +22,7 @@ pub(super) struct Spill {
 /// `SPILL_INDEX_EVERY`-th record's reader in memory to find a reader's
 /// records with one short read.
 pub(super) struct SpillRun {
-    file: std::fs::File,
+    run: Run<Rec>,
     pub(super) records: u64,
     index: Vec<u64>,
     /// The readers in the run, as a Bloom filter (10 bits a record, 1%
@@ -31,37 +32,59 @@ pub(super) struct SpillRun {
     last: u64,
 }
 
-/// A spilled record: reader, start, last, seq (little-endian).
-const SPILL_REC: usize = 24;
+/// A spilled record, in run order: reader, then [`grant_key`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rec {
+    reader: u64,
+    seq: u64,
+    start: u32,
+    last: u32,
+}
+
+impl Rec {
+    fn new(reader: u64, g: &Grant) -> Rec {
+        Rec {
+            reader,
+            seq: g.seq,
+            start: g.start,
+            last: g.last,
+        }
+    }
+
+    fn grant(&self) -> Grant {
+        Grant {
+            start: self.start,
+            last: self.last,
+            seq: self.seq,
+        }
+    }
+}
+
+impl Record for Rec {
+    const SIZE: usize = 24;
+    fn put(&self, b: &mut [u8]) {
+        le::put_u64(b, 0, self.reader);
+        le::put_u32(b, 8, self.start);
+        le::put_u32(b, 12, self.last);
+        le::put_u64(b, 16, self.seq);
+    }
+    fn get(b: &[u8]) -> Rec {
+        Rec {
+            reader: le::u64_at(b, 0),
+            start: le::u32_at(b, 8),
+            last: le::u32_at(b, 12),
+            seq: le::u64_at(b, 16),
+        }
+    }
+}
+
 const SPILL_INDEX_EVERY: usize = 128;
 /// Runs kept before they are merged into one (dropping dead grants).
 pub(super) const SPILL_MAX_RUNS: usize = 8;
 
-fn spill_err(e: std::io::Error) -> crate::error::Error {
-    crate::error::Error::io(
-        std::path::Path::new("$TMPDIR (replay: spilled share grants)"),
-        e,
-    )
-}
-
-fn encode(reader: u64, g: &Grant, out: &mut Vec<u8>) {
-    out.extend_from_slice(&reader.to_le_bytes());
-    out.extend_from_slice(&g.start.to_le_bytes());
-    out.extend_from_slice(&g.last.to_le_bytes());
-    out.extend_from_slice(&g.seq.to_le_bytes());
-}
-
-fn decode(b: &[u8]) -> (u64, Grant) {
-    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-    (
-        u64_at(0),
-        Grant {
-            start: u32_at(8),
-            last: u32_at(12),
-            seq: u64_at(16),
-        },
-    )
+/// Where runs go: unnamed files in the system's temporary folder.
+fn place() -> Place {
+    Place::unnamed(None, "replay: spilled share grants")
 }
 
 /// The order of a reader's grants in a run and in memory: as given.
@@ -112,13 +135,18 @@ impl SpillRun {
         grants: impl Iterator<Item = (u64, Grant)>,
         expect: u64,
     ) -> Result<SpillRun> {
-        use std::io::Write;
-        let file = tempfile::tempfile().map_err(spill_err)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
-        let (mut records, mut index, mut buf) = (0u64, Vec::new(), Vec::with_capacity(SPILL_REC));
+        Self::try_write(grants.map(Ok), expect)
+    }
+
+    fn try_write(
+        grants: impl Iterator<Item = Result<(u64, Grant)>>,
+        expect: u64,
+    ) -> Result<SpillRun> {
+        let (mut records, mut index) = (0u64, Vec::new());
         let mut readers = Bloom::new(expect);
         let mut last = None;
-        for (r, g) in grants {
+        let recs = grants.map(|g| {
+            let (r, g) = g?;
             if records % SPILL_INDEX_EVERY as u64 == 0 {
                 index.push(r);
             }
@@ -126,14 +154,12 @@ impl SpillRun {
                 readers.insert(r);
                 last = Some(r);
             }
-            buf.clear();
-            encode(r, &g, &mut buf);
-            w.write_all(&buf).map_err(spill_err)?;
             records += 1;
-        }
-        let file = w.into_inner().map_err(|e| spill_err(e.into_error()))?;
+            Ok(Rec::new(r, &g))
+        });
+        let run = Run::try_write(&mut place(), recs)?;
         Ok(SpillRun {
-            file,
+            run,
             records,
             index,
             readers,
@@ -143,7 +169,6 @@ impl SpillRun {
 
     /// Appends `reader`'s grants in this run to `out`.
     pub(super) fn find(&mut self, reader: u64, out: &mut Vec<Grant>) -> Result<()> {
-        use std::io::{Read, Seek, SeekFrom};
         if self.records == 0
             || reader < self.index[0]
             || reader > self.last
@@ -160,18 +185,12 @@ impl SpillRun {
         let end = self.index.partition_point(|&r| r <= reader);
         let lo = (first * SPILL_INDEX_EVERY) as u64;
         let hi = ((end * SPILL_INDEX_EVERY) as u64).min(self.records);
-        let mut bytes = vec![0u8; ((hi - lo) as usize) * SPILL_REC];
-        self.file
-            .seek(SeekFrom::Start(lo * SPILL_REC as u64))
-            .map_err(spill_err)?;
-        self.file.read_exact(&mut bytes).map_err(spill_err)?;
-        out.extend(
-            bytes
-                .chunks_exact(SPILL_REC)
-                .map(decode)
-                .filter(|(r, _)| *r == reader)
-                .map(|(_, g)| g),
-        );
+        for rec in self.run.reader_range(lo, hi)? {
+            let rec = rec?;
+            if rec.reader == reader {
+                out.push(rec.grant());
+            }
+        }
         Ok(())
     }
 
@@ -181,67 +200,23 @@ impl SpillRun {
         runs: &mut [SpillRun],
         alive: &mut impl FnMut(&Grant) -> bool,
     ) -> Result<SpillRun> {
-        use std::cmp::Reverse;
-        use std::collections::BinaryHeap;
-        let key = |r: u64, g: &Grant| (r, g.seq, g.start, g.last);
         let expect = runs.iter().map(|r| r.records).sum();
-        let mut readers = Vec::with_capacity(runs.len());
-        for run in runs.iter_mut() {
-            readers.push(run.reader()?);
-        }
-        let mut heap = BinaryHeap::new();
-        for (k, rd) in readers.iter_mut().enumerate() {
-            if let Some(rec) = rd.next() {
-                let (r, g) = rec?;
-                heap.push(Reverse((key(r, &g), k)));
-            }
-        }
-        let mut err = None;
-        let mut last = None;
-        let out = std::iter::from_fn(|| {
-            while let Some(Reverse(((r, seq, start, last_slot), k))) = heap.pop() {
-                match readers[k].next() {
-                    Some(Ok((r2, g2))) => heap.push(Reverse((key(r2, &g2), k))),
-                    Some(Err(e)) => {
-                        err = Some(e);
-                        return None;
-                    }
-                    None => {}
+        let readers = runs
+            .iter()
+            .map(|r| r.run.reader())
+            .collect::<Result<Vec<_>>>()?;
+        let mut prev = None;
+        let live = Merge::new(readers)?.filter_map(|rec| match rec {
+            Err(e) => Some(Err(e)),
+            Ok(rec) => {
+                if prev == Some(rec) || !alive(&rec.grant()) {
+                    return None;
                 }
-                let g = Grant {
-                    start,
-                    last: last_slot,
-                    seq,
-                };
-                if last == Some((r, seq, start, last_slot)) || !alive(&g) {
-                    continue;
-                }
-                last = Some((r, seq, start, last_slot));
-                return Some((r, g));
+                prev = Some(rec);
+                Some(Ok((rec.reader, rec.grant())))
             }
-            None
         });
-        let run = SpillRun::write(out, expect)?;
-        match err {
-            Some(e) => Err(e),
-            None => Ok(run),
-        }
-    }
-
-    /// Every record, in order.
-    fn reader(&mut self) -> Result<impl Iterator<Item = Result<(u64, Grant)>> + '_> {
-        use std::io::{Read, Seek, SeekFrom};
-        self.file.seek(SeekFrom::Start(0)).map_err(spill_err)?;
-        let mut r = std::io::BufReader::with_capacity(1 << 16, &self.file);
-        let mut left = self.records;
-        Ok(std::iter::from_fn(move || {
-            if left == 0 {
-                return None;
-            }
-            left -= 1;
-            let mut b = [0u8; SPILL_REC];
-            Some(r.read_exact(&mut b).map(|()| decode(&b)).map_err(spill_err))
-        }))
+        SpillRun::try_write(live, expect)
     }
 }
 

@@ -6,7 +6,7 @@
 //! are merged straight from their files (opened lazily, in seq order, so
 //! part files that follow each other are read one at a time). Unsorted runs
 //! are sorted externally: cut into chunks of bounded size, each sorted and
-//! spilled to a temporary directory, then merged like the others. Memory is
+//! spilled (`crate::spill`), then merged like the others. Memory is
 //! bounded by the chunk size and the number of runs open at once, never by
 //! the trace. A file that holds many pools is split once (each pool's rows
 //! copied to a file of their own) instead of being decoded once per pool.
@@ -14,18 +14,17 @@
 //! pool), so thousands of pools cost time linear in their count.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::copies::{CopyReq, CopySpiller, temp_dir};
+use super::copies::{CopyReq, CopySpiller};
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
+use crate::spill::{Place, Record, Run, RunReader, le};
 use crate::trace::check::{self, FileRuns};
-use crate::trace::read::{KvFileReader, KvIndexBatch, Trace};
+use crate::trace::read::{KvFileReader, KvScanBatch, Trace};
 use crate::trace::{Deployment, TraceRoot};
 
 /// Events per spilled chunk of an unsorted file (about 72 MB in memory).
@@ -59,11 +58,10 @@ pub enum RunSource {
     /// The rows of `pool` in trace file number `file` (already sorted).
     File(u32),
     /// A sorted chunk spilled to disk.
-    Spill(PathBuf),
-    /// The rows (already sorted) of one pool of a many-pool file, copied
-    /// to a file of their own in the spill format (not counted as spilled:
-    /// nothing was sorted).
-    Split(PathBuf),
+    Spill(Run<Ev>),
+    /// Rows (already sorted) of one pool of a many-pool file, copied to a
+    /// run of their own (not counted as spilled: nothing was sorted).
+    Split(Run<Ev>),
 }
 
 /// The replay plan.
@@ -85,11 +83,11 @@ pub struct Plan {
     pub total_events: u64,
     pub spilled_events: u64,
     /// Holds the spill files; removed when the plan is dropped.
-    pub spill_dir: Option<tempfile::TempDir>,
+    pub spill: Option<Place>,
 }
 
 /// Adds one batch's copies to the copy index.
-fn push_copies(b: &KvIndexBatch, spiller: &std::sync::Mutex<CopySpiller>) -> Result<()> {
+fn push_copies(b: &KvScanBatch, spiller: &std::sync::Mutex<CopySpiller>) -> Result<()> {
     if b.copies.is_empty() {
         return Ok(());
     }
@@ -162,25 +160,17 @@ impl Plan {
                 unsorted.push((fi as u32, uns));
             }
         }
-        let mut spill_dir = None;
+        let mut spill = None;
         let mut spilled = 0u64;
         if !unsorted.is_empty() {
-            let dir = temp_dir(spill_root, "kvtrail-spill-")?;
-            let mut n = 0usize;
+            // named: runs may be many (a pool per run of a many-pool
+            // file); a run holds no file open until it is streamed
+            let mut place = Place::named(spill_root, "kvtrail-spill-");
             let limit = chunk.unwrap_or(SPILL_CHUNK_EVENTS).max(1);
             for (fi, pools) in &unsorted {
-                spilled += spill_file(
-                    trace,
-                    &files,
-                    *fi,
-                    pools,
-                    dir.path(),
-                    &mut n,
-                    limit,
-                    &mut runs,
-                )?;
+                spilled += spill_file(trace, &files, *fi, pools, &mut place, limit, &mut runs)?;
             }
-            spill_dir = Some(dir);
+            spill = Some(place);
         }
         for v in runs.values_mut() {
             v.sort_by_key(|r| (r.min_seq, r.max_seq));
@@ -195,87 +185,82 @@ impl Plan {
             edges: checked.edges.keys().copied().collect(),
             total_events: total,
             spilled_events: spilled,
-            spill_dir,
+            spill,
         })
     }
 }
 
-const REC: usize = 72;
+impl Record for Ev {
+    const SIZE: usize = 72;
+    fn put(&self, b: &mut [u8]) {
+        let v = &self.ev;
+        le::put_u16(b, 0, v.pool);
+        b[2] = v.op as u8;
+        b[3] = (v.token_pos.is_some() as u8) | ((v.src.is_some() as u8) << 1);
+        le::put_u32(b, 4, v.slot_start);
+        le::put_u32(b, 8, v.slot_count);
+        le::put_u32(b, 12, v.token_pos.unwrap_or(0));
+        let src = v.src.unwrap_or(CopySrc {
+            pool: 0,
+            slot_start: 0,
+            seq: 0,
+        });
+        le::put_u16(b, 16, src.pool);
+        b[18..20].fill(0);
+        le::put_u32(b, 20, src.slot_start);
+        le::put_u64(b, 24, v.seq);
+        le::put_u64(b, 32, v.ts_ns as u64);
+        le::put_u64(b, 40, v.request_id);
+        le::put_u64(b, 48, src.seq);
+        le::put_u32(b, 56, self.file);
+        le::put_u64(b, 60, self.row);
+        b[68..72].fill(0);
+    }
 
-fn encode(e: &Ev, b: &mut [u8; REC]) {
-    let v = &e.ev;
-    b[0..2].copy_from_slice(&v.pool.to_le_bytes());
-    b[2] = v.op as u8;
-    b[3] = (v.token_pos.is_some() as u8) | ((v.src.is_some() as u8) << 1);
-    b[4..8].copy_from_slice(&v.slot_start.to_le_bytes());
-    b[8..12].copy_from_slice(&v.slot_count.to_le_bytes());
-    b[12..16].copy_from_slice(&v.token_pos.unwrap_or(0).to_le_bytes());
-    let src = v.src.unwrap_or(CopySrc {
-        pool: 0,
-        slot_start: 0,
-        seq: 0,
-    });
-    b[16..18].copy_from_slice(&src.pool.to_le_bytes());
-    b[18..20].copy_from_slice(&[0, 0]);
-    b[20..24].copy_from_slice(&src.slot_start.to_le_bytes());
-    b[24..32].copy_from_slice(&v.seq.to_le_bytes());
-    b[32..40].copy_from_slice(&v.ts_ns.to_le_bytes());
-    b[40..48].copy_from_slice(&v.request_id.to_le_bytes());
-    b[48..56].copy_from_slice(&src.seq.to_le_bytes());
-    b[56..60].copy_from_slice(&e.file.to_le_bytes());
-    b[60..68].copy_from_slice(&e.row.to_le_bytes());
-    b[68..72].copy_from_slice(&[0; 4]);
-}
-
-fn decode(b: &[u8]) -> Ev {
-    let u16_ = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-    let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-    let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let op = Op::ALL[b[2] as usize % Op::ALL.len()];
-    Ev {
-        ev: KvEvent {
-            pool: u16_(0),
-            seq: u64_(24),
-            ts_ns: u64_(32) as i64,
-            request_id: u64_(40),
-            op,
-            slot_start: u32_(4),
-            slot_count: u32_(8),
-            token_pos: (b[3] & 1 != 0).then(|| u32_(12)),
-            src: (b[3] & 2 != 0).then(|| CopySrc {
-                pool: u16_(16),
-                slot_start: u32_(20),
-                seq: u64_(48),
-            }),
-        },
-        file: u32_(56),
-        row: u64_(60),
+    fn get(b: &[u8]) -> Ev {
+        let op = Op::ALL[b[2] as usize % Op::ALL.len()];
+        Ev {
+            ev: KvEvent {
+                pool: le::u16_at(b, 0),
+                seq: le::u64_at(b, 24),
+                ts_ns: le::u64_at(b, 32) as i64,
+                request_id: le::u64_at(b, 40),
+                op,
+                slot_start: le::u32_at(b, 4),
+                slot_count: le::u32_at(b, 8),
+                token_pos: (b[3] & 1 != 0).then(|| le::u32_at(b, 12)),
+                src: (b[3] & 2 != 0).then(|| CopySrc {
+                    pool: le::u16_at(b, 16),
+                    slot_start: le::u32_at(b, 20),
+                    seq: le::u64_at(b, 48),
+                }),
+            },
+            file: le::u32_at(b, 56),
+            row: le::u64_at(b, 60),
+        }
     }
 }
 
 /// One pool's rows of a file being split.
 struct SplitBuf {
     pool: u16,
-    /// Rows already in seq order: appended to one file (one run).
+    /// Rows already in seq order: each flush is a run that follows the
+    /// last (copied, not counted as spilled).
     sorted: bool,
     buf: Vec<Ev>,
-    /// The run file of a sorted pool, once created: (path, min, max, rows).
-    run: Option<(PathBuf, u64, u64, u64)>,
 }
 
-/// Reads file `fi` once and writes the rows of each of `pools` to files
-/// of their own under `dir`: a sorted pool's rows to one file (one run),
-/// an unsorted pool's in sorted chunks (one run each). At most `limit`
-/// events are held at once, over all pools (the largest buffer is written
-/// out first). Returns the events sorted externally (the unsorted pools').
-#[allow(clippy::too_many_arguments)]
+/// Reads file `fi` once and writes the rows of each of `pools` to runs of
+/// their own at `place`: a sorted pool's rows as they come, an unsorted
+/// pool's in sorted chunks. At most `limit` events are held at once, over
+/// all pools (the largest buffer is written out first). Returns the
+/// events sorted externally (the unsorted pools').
 fn spill_file(
     trace: &Trace,
     files: &[PathBuf],
     fi: u32,
     pools: &[(u16, bool)],
-    dir: &Path,
-    n: &mut usize,
+    place: &mut Place,
     limit: usize,
     runs: &mut BTreeMap<u16, Vec<RunSpec>>,
 ) -> Result<u64> {
@@ -287,64 +272,36 @@ fn spill_file(
             pool,
             sorted,
             buf: Vec::new(),
-            run: None,
         });
     }
     let mut spilled = 0u64;
     let mut held = 0usize;
-    let mut flush = |b: &mut SplitBuf, n: &mut usize| -> Result<()> {
+    let mut flush = |b: &mut SplitBuf| -> Result<()> {
         if b.buf.is_empty() {
             return Ok(());
         }
-        let (path, append) = match (&b.run, b.sorted) {
-            (Some((p, ..)), true) => (p.clone(), true),
-            _ => {
-                let p = dir.join(format!("run-{:06}.bin", *n));
-                *n += 1;
-                (p, false)
-            }
-        };
         if !b.sorted {
             b.buf.sort_by_key(|e| e.ev.seq);
         }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        let mut w = BufWriter::with_capacity(1 << 16, f);
-        let mut rec = [0u8; REC];
-        for e in b.buf.iter() {
-            encode(e, &mut rec);
-            w.write_all(&rec).map_err(|e| Error::io(&path, e))?;
-        }
-        w.flush().map_err(|e| Error::io(&path, e))?;
-        let (lo, hi, rows) = (
+        let (min_seq, max_seq, rows) = (
             b.buf[0].ev.seq,
             b.buf[b.buf.len() - 1].ev.seq,
             b.buf.len() as u64,
         );
-        if b.sorted {
-            match &mut b.run {
-                Some((_, _, max, r)) => {
-                    *max = hi;
-                    *r += rows;
-                }
-                None => b.run = Some((path, lo, hi, rows)),
-            }
+        let run = Run::write(place, b.buf.drain(..))?;
+        let source = if b.sorted {
+            RunSource::Split(run)
         } else {
-            runs.entry(b.pool).or_default().push(RunSpec {
-                pool: b.pool,
-                min_seq: lo,
-                max_seq: hi,
-                rows,
-                source: RunSource::Spill(path),
-            });
             spilled += rows;
-        }
-        b.buf.clear();
+            RunSource::Spill(run)
+        };
+        runs.entry(b.pool).or_default().push(RunSpec {
+            pool: b.pool,
+            min_seq,
+            max_seq,
+            rows,
+            source,
+        });
         Ok(())
     };
     for chunk in trace.kv_file(&files[fi as usize])? {
@@ -362,25 +319,14 @@ fn spill_file(
                         .max_by_key(|&j| bufs[j].buf.len())
                         .expect("a pool");
                     held -= bufs[big].buf.len();
-                    flush(&mut bufs[big], n)?;
+                    flush(&mut bufs[big])?;
                 }
             }
         }
     }
     bufs.sort_by_key(|b| b.pool);
     for b in &mut bufs {
-        flush(b, n)?;
-    }
-    for b in bufs {
-        if let Some((path, min_seq, max_seq, rows)) = b.run {
-            runs.entry(b.pool).or_default().push(RunSpec {
-                pool: b.pool,
-                min_seq,
-                max_seq,
-                rows,
-                source: RunSource::Split(path),
-            });
-        }
+        flush(b)?;
     }
     Ok(spilled)
 }
@@ -392,10 +338,7 @@ enum OpenRun {
         fi: u32,
         reader: KvFileReader,
     },
-    Spill {
-        path: PathBuf,
-        reader: BufReader<File>,
-    },
+    Spill(RunReader<Ev>),
 }
 
 impl OpenRun {
@@ -411,13 +354,7 @@ impl OpenRun {
                 fi: *fi,
                 reader: KvFileReader::open(root, &files[*fi as usize], deployment)?,
             },
-            RunSource::Spill(p) | RunSource::Split(p) => OpenRun::Spill {
-                path: p.clone(),
-                reader: BufReader::with_capacity(
-                    1 << 20,
-                    File::open(p).map_err(|e| Error::io(p, e))?,
-                ),
-            },
+            RunSource::Spill(r) | RunSource::Split(r) => OpenRun::Spill(r.reader()?),
         })
     }
 
@@ -450,18 +387,13 @@ impl OpenRun {
                     }
                 }
             }
-            OpenRun::Spill { path, reader } => {
-                let mut rec = [0u8; REC];
+            OpenRun::Spill(reader) => {
                 while out.events.len() < MERGE_BATCH {
-                    match reader.read_exact(&mut rec) {
-                        Ok(()) => {
-                            let e = decode(&rec);
-                            out.events.push(e.ev);
-                            out.locs.push((e.file, e.row));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                        Err(e) => return Err(Error::io(path, e)),
-                    }
+                    let Some(e) = reader.next_record()? else {
+                        break;
+                    };
+                    out.events.push(e.ev);
+                    out.locs.push((e.file, e.row));
                 }
             }
         }

@@ -19,7 +19,7 @@ use super::notice::{
 };
 use crate::error::{Error, Result};
 use crate::report::csv;
-use crate::report::index::IndexRow;
+use crate::report::lookup_files::IndexRow;
 use crate::schema::ENGINE_REQUEST;
 use crate::scope::{Confidence, Crossing, ScopeReport};
 use crate::text::utc;

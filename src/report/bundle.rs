@@ -1,6 +1,6 @@
 //! What `scope --out` writes besides the findings files of `write_out`:
 //! the request index, its look-up index and the traffic timeline
-//! (`index`), the human report (report.html), the exports for other tools
+//! (`lookup_files`), the human report (report.html), the exports for other tools
 //! (findings.ocsf.jsonl and timeline.jsonl, `export`) and, last, the
 //! chain-of-custody record (evidence.json over
 //! every file in the folder, with the trace's input digests re-checked).
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::custody;
 use crate::error::Result;
-use crate::report::{export, html, index};
+use crate::report::{export, html, lookup_files};
 use crate::scope::ScopeReport;
 use crate::scope::shard::ShardFolder;
 use crate::trace::read::Trace;
@@ -30,16 +30,16 @@ pub fn write_scope_extras(
     command: &[String],
 ) -> Result<(Vec<PathBuf>, String)> {
     custody::create_private_dir(dir)?;
-    let tl = index::write_index(trace, r, dir)?;
+    let tl = lookup_files::write_index(trace, r, dir)?;
     let inputs = custody::trace_inputs(trace)?;
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &inputs, command)?)?;
     export::write_scope_exports(dir, &inputs)?;
     let digest = custody::write_evidence(dir, "scope", command, vec![inputs])?;
     let written = [
-        index::REQUESTS_CSV,
-        index::LOOKUP_INDEX,
-        index::TIMELINE_JSON,
+        lookup_files::REQUESTS_CSV,
+        lookup_files::LOOKUP_INDEX,
+        lookup_files::TIMELINE_JSON,
         REPORT_HTML,
         export::OCSF_JSONL,
         export::TIMELINE_JSONL,
@@ -69,16 +69,16 @@ pub fn write_merge_extras(
         return Err(crate::error::Error::Other("merge: no shard given".into()));
     };
     custody::create_private_dir(dir)?;
-    let tl = index::copy_index(&first.dir, r, dir)?;
+    let tl = lookup_files::copy_index(&first.dir, r, dir)?;
     let p = dir.join(REPORT_HTML);
     custody::write_private(&p, html::report_html(r, &tl, &first.trace, command)?)?;
     export::write_scope_exports(dir, &first.trace)?;
     let inputs = shards.iter().map(|s| s.files.clone()).collect();
     let digest = custody::write_evidence(dir, "scope", command, inputs)?;
     let written = [
-        index::REQUESTS_CSV,
-        index::LOOKUP_INDEX,
-        index::TIMELINE_JSON,
+        lookup_files::REQUESTS_CSV,
+        lookup_files::LOOKUP_INDEX,
+        lookup_files::TIMELINE_JSON,
         REPORT_HTML,
         export::OCSF_JSONL,
         export::TIMELINE_JSONL,

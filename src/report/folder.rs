@@ -8,7 +8,7 @@
 //!
 //! The rules it applies have their homes elsewhere and are called, not
 //! copied: the evidence check in `custody`, the format of requests.csv and
-//! of its look-up file in `report::index`, the shard refusal in
+//! of its look-up file in `report::lookup_files`, the shard refusal in
 //! `scope::shard`. Its tests are `report::writer`'s (folders written, then
 //! read back here).
 //!
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::custody::{self, CheckedFolder, EVIDENCE_JSON, FolderReport};
 use crate::error::{Error, Location, Result};
-use crate::report::index::{self, IndexRow};
+use crate::report::lookup_files::{self, IndexRow};
 use crate::scope::{Coverage, ScopeReport};
 use crate::trace::chunked::ChunkedFile;
 
@@ -165,8 +165,8 @@ impl ScopeFolder {
     /// (`custody::CheckedFolder::open_file`); requests.csv with the
     /// message of a folder that has none.
     fn open_file(&self, name: &str) -> Result<ChunkedFile> {
-        if name == index::REQUESTS_CSV && !self.checked.deferred.iter().any(|d| d == name) {
-            return index::open_requests(&self.dir);
+        if name == lookup_files::REQUESTS_CSV && !self.checked.deferred.iter().any(|d| d == name) {
+            return lookup_files::open_requests(&self.dir);
         }
         self.checked.open_file(&self.dir, name)
     }
@@ -182,21 +182,21 @@ impl ScopeFolder {
     }
 
     /// Streams requests.csv (every request of the trace), calling `f` for
-    /// each row until it returns false (`report::index::read_index`).
+    /// each row until it returns false (`report::lookup_files::read_index`).
     pub fn requests(&self, f: impl FnMut(IndexRow) -> bool) -> Result<()> {
-        index::read_index_from(&self.open_file(index::REQUESTS_CSV)?, f)
+        lookup_files::read_index_from(&self.open_file(lookup_files::REQUESTS_CSV)?, f)
     }
 
-    /// The folder's look-up index (`report::index::LookupIndex`), when it
+    /// The folder's look-up index (`report::lookup_files::LookupIndex`), when it
     /// can be used: the folder matches its evidence.json (so neither the
     /// index nor requests.csv was changed since scope wrote them) and the
     /// index was built from the requests.csv recorded there. `Err` says why
     /// not; the caller then scans requests.csv (`requests`) and says so.
-    pub fn lookup_index(&self) -> std::result::Result<index::LookupIndex, String> {
-        if !self.dir.join(index::LOOKUP_INDEX).is_file() {
+    pub fn lookup_index(&self) -> std::result::Result<lookup_files::LookupIndex, String> {
+        if !self.dir.join(lookup_files::LOOKUP_INDEX).is_file() {
             return Err(format!(
                 "this scope folder has no look-up index ({}; written by an older kvtrail), so requests.csv was scanned",
-                index::LOOKUP_INDEX
+                lookup_files::LOOKUP_INDEX
             ));
         }
         if !self.intact() {
@@ -210,7 +210,7 @@ impl ScopeFolder {
             .evidence
             .outputs
             .iter()
-            .find(|f| f.path == index::REQUESTS_CSV)
+            .find(|f| f.path == lookup_files::REQUESTS_CSV)
         else {
             return Err("evidence.json lists no requests.csv".into());
         };
@@ -219,9 +219,9 @@ impl ScopeFolder {
                 format!("{name} could not be opened ({e}), so requests.csv was scanned")
             })
         };
-        index::LookupIndex::open(
-            open(index::LOOKUP_INDEX)?,
-            open(index::REQUESTS_CSV)?,
+        lookup_files::LookupIndex::open(
+            open(lookup_files::LOOKUP_INDEX)?,
+            open(lookup_files::REQUESTS_CSV)?,
             &csv.blake3,
             csv.bytes,
         )

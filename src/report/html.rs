@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::custody::Inputs;
 use crate::error::{Error, Result};
-use crate::report::index::Timeline;
+use crate::report::lookup_files::Timeline;
 use crate::scope::anomalies::{
     ERROR_LOOKS_LIKE_SUCCESS, PROMPT_EXCEEDS_PREFILL_POOL, error_looks_like_success,
 };

@@ -3,7 +3,7 @@
 //! tenants.csv, and the spreadsheet rule every CSV cell goes through), the
 //! findings as an Arrow batch (`arrow`, written as findings.parquet through
 //! `trace::write`), the one-screen human summary (`summary`) and report.html
-//! (`html`); `index` and `bundle` write the rest of a scope folder, and
+//! (`html`); `lookup_files` and `bundle` write the rest of a scope folder, and
 //! `export` the same findings for other tools (`ocsf`: OCSF findings for a
 //! SIEM; `timesketch`: a Timesketch timeline). The text helpers they share
 //! (escaping for terminals and Markdown; UTC times and durations) are the
@@ -16,8 +16,8 @@ pub mod csv;
 pub mod export;
 pub mod folder;
 pub mod html;
-pub mod index;
 pub mod json;
+pub mod lookup_files;
 pub mod summary;
 pub mod writer;
 

@@ -53,7 +53,7 @@ pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> R
 pub fn tenant_source(trace: &Trace) -> TenantKeysSource {
     let trace = trace.clone();
     TenantKeysSource::new(move || {
-        crate::trace::index::scan_requests(&trace, |_| {})
+        crate::trace::request_keys::scan_requests(&trace, |_| {})
             .map(TenantKeys::new)
             .unwrap_or_default()
     })
@@ -106,7 +106,7 @@ pub fn scope_outcome(
     let mut anomalies = Vec::new();
     let checker = anomalies::Checker::new(trace.deployment());
     reporter.start("requests", trace.request_files.len() as u64);
-    let keys = crate::trace::index::scan_requests(trace, |r| {
+    let keys = crate::trace::request_keys::scan_requests(trace, |r| {
         checker.check(&r, &mut anomalies);
         if involved.contains(&r.request_id) {
             reqs.insert(r.request_id, r);

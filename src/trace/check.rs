@@ -8,27 +8,25 @@
 //! - copies between pools form a DAG (a pool never copies, directly or
 //!   through others, from itself).
 //!
-//! (Request ids are unique and request pool ids known: `index.rs`.)
+//! (Request ids are unique and request pool ids known: `request_keys.rs`.)
 //!
 //! The same pass finds each pool's seq holes. Memory: per (file, pool) one
 //! run summary (min, max, count, order, the first holes); holes between runs
 //! come from sorting runs. Only a pool whose seqs are out of order inside a
 //! file, or whose files' seq ranges overlap, is sorted: its (seq, file, row)
-//! triples, in chunks of [`SORT_CHUNK`] spilled to a temporary folder and
-//! merged back, so memory never grows with the trace and any seq range
+//! triples, in chunks of [`SORT_CHUNK`] spilled to temporary files and
+//! merged back (`crate::spill`), so memory never grows with the trace and any seq range
 //! (up to 2^64) is fine.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::error::{Error, Location, Result};
 use crate::schema::kv_col;
-use crate::trace::read::{KvIndexBatch, Trace};
+use crate::spill::{Place, Sorter};
+use crate::trace::read::{KvScanBatch, Trace};
 
 /// Holes listed per pool (all are counted).
 pub const MAX_HOLES_LISTED: usize = 20;
@@ -203,7 +201,7 @@ impl FileRuns {
     /// a time (the same checks, in the same row order, as [`push`]).
     ///
     /// [`push`]: Self::push
-    pub fn push_batch(&mut self, b: &KvIndexBatch) -> Result<()> {
+    pub fn push_batch(&mut self, b: &KvScanBatch) -> Result<()> {
         let n = b.pool.len().min(b.seq.len());
         let mut i = 0;
         while i < n {
@@ -247,10 +245,10 @@ impl FileRuns {
 pub fn scan_file(
     trace: &Trace,
     path: &Path,
-    mut each: impl FnMut(&KvIndexBatch) -> Result<()>,
+    mut each: impl FnMut(&KvScanBatch) -> Result<()>,
 ) -> Result<FileRuns> {
     let mut runs = FileRuns::new(path);
-    for batch in trace.kv_index(path)? {
+    for batch in trace.kv_scan(path)? {
         let b = batch?;
         runs.push_batch(&b)?;
         each(&b)?;
@@ -444,49 +442,6 @@ fn merge_runs(runs: &[(u32, &Run)], ps: &mut PoolSeqs) {
 
 /// (seq, file, row), as sorted and spilled.
 type Key = (u64, u32, u64);
-const REC: usize = 20;
-
-fn spill(dir: &Path, n: usize, keys: &mut Vec<Key>) -> Result<PathBuf> {
-    keys.sort_unstable();
-    let path = dir.join(format!("seqs-{n:06}.bin"));
-    let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
-    let mut w = BufWriter::with_capacity(1 << 20, f);
-    for (seq, file, row) in keys.drain(..) {
-        let mut b = [0u8; REC];
-        b[0..8].copy_from_slice(&seq.to_le_bytes());
-        b[8..12].copy_from_slice(&file.to_le_bytes());
-        b[12..20].copy_from_slice(&row.to_le_bytes());
-        w.write_all(&b).map_err(|e| Error::io(&path, e))?;
-    }
-    w.flush().map_err(|e| Error::io(&path, e))?;
-    Ok(path)
-}
-
-/// A sorted source of keys: a spilled chunk or the last one in memory.
-enum Src {
-    Spilled(PathBuf, BufReader<File>),
-    Mem(std::vec::IntoIter<Key>),
-}
-
-impl Src {
-    fn next(&mut self) -> Result<Option<Key>> {
-        match self {
-            Src::Mem(it) => Ok(it.next()),
-            Src::Spilled(path, r) => {
-                let mut b = [0u8; REC];
-                match r.read_exact(&mut b) {
-                    Ok(()) => Ok(Some((
-                        u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
-                        u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-                        u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
-                    ))),
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-                    Err(e) => Err(Error::io(path, e)),
-                }
-            }
-        }
-    }
-}
 
 /// Sorts pool `pool`'s seqs from files `fis` (externally past `chunk`)
 /// and walks them in order: a repeated seq is an error naming both rows;
@@ -500,45 +455,21 @@ fn sorted_walk(
     chunk: usize,
     ps: &mut PoolSeqs,
 ) -> Result<()> {
-    let mut keys: Vec<Key> = Vec::new();
-    let mut dir: Option<tempfile::TempDir> = None;
-    let mut chunks = Vec::new();
+    let mut keys: Sorter<Key> = Sorter::new(Place::unnamed(spill_root, "seq check"), chunk);
     for &fi in fis {
         let path = &files[fi as usize];
-        for batch in trace.kv_index(path)? {
+        for batch in trace.kv_scan(path)? {
             let b = batch?;
             for (i, (&p, &seq)) in b.pool.iter().zip(&b.seq).enumerate() {
-                if p != pool {
-                    continue;
-                }
-                keys.push((seq, fi, b.first_row + i as u64));
-                if keys.len() >= chunk {
-                    if dir.is_none() {
-                        dir = Some(temp_dir(spill_root)?);
-                    }
-                    let d = dir.as_ref().expect("made above");
-                    chunks.push(spill(d.path(), chunks.len(), &mut keys)?);
+                if p == pool {
+                    keys.push((seq, fi, b.first_row + i as u64))?;
                 }
             }
         }
     }
-    keys.sort_unstable();
-    let mut srcs = vec![Src::Mem(keys.into_iter())];
-    for c in chunks {
-        let f = File::open(&c).map_err(|e| Error::io(&c, e))?;
-        srcs.push(Src::Spilled(c, BufReader::with_capacity(1 << 16, f)));
-    }
-    let mut heap = BinaryHeap::new();
-    for (i, s) in srcs.iter_mut().enumerate() {
-        if let Some(k) = s.next()? {
-            heap.push(Reverse((k, i)));
-        }
-    }
     let mut prev: Option<Key> = None;
-    while let Some(Reverse((k, i))) = heap.pop() {
-        if let Some(n) = srcs[i].next()? {
-            heap.push(Reverse((n, i)));
-        }
+    for k in keys.finish()? {
+        let k = k?;
         let (seq, file, row) = k;
         match prev {
             Some((ps_, pf, pr)) if seq == ps_ => {
@@ -574,19 +505,6 @@ fn sorted_walk(
         prev = Some(k);
     }
     Ok(())
-}
-
-fn temp_dir(root: Option<&Path>) -> Result<tempfile::TempDir> {
-    let b = {
-        let mut b = tempfile::Builder::new();
-        b.prefix("kvtrail-seqs-");
-        b
-    };
-    match root {
-        Some(r) => b.tempdir_in(r),
-        None => b.tempdir(),
-    }
-    .map_err(|e| Error::io(root.unwrap_or(Path::new("$TMPDIR")), e))
 }
 
 /// Pools sorted so every copy's source comes before its destination where

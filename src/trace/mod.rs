@@ -8,10 +8,10 @@ pub mod chunked;
 pub mod files;
 mod guard;
 mod hive;
-pub mod index;
 pub mod manifest;
 mod parquet_error;
 pub mod read;
+pub mod request_keys;
 pub mod root;
 pub mod sorted;
 pub mod store;
@@ -22,7 +22,7 @@ pub mod write;
 /// `inspect`, `scope`'s coverage): it is no evidence.
 pub const NO_KV_EVENTS: &str = "the trace holds no KV events: it records nothing of what any request read, so it is no evidence of exposure or of its absence (a hook that wrote nothing, or the wrong file, looks like this)";
 
-pub use index::{RequestKeys, scan_requests};
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
-pub use read::{KvChunk, KvFileReader, KvIndexBatch, KvIndexReader, RequestFileReader, Trace};
+pub use read::{KvChunk, KvFileReader, KvScanBatch, KvScanReader, RequestFileReader, Trace};
+pub use request_keys::{RequestKeys, scan_requests};
 pub use root::TraceRoot;

@@ -2,7 +2,7 @@
 //! 64-bit integers, sorted by key then value, in small row groups with
 //! min/max statistics, plus string metadata. A look-up reads the footer
 //! and only the row groups whose key range holds the key (row-group
-//! pruning), so its cost does not grow with the file. `report::index`
+//! pruning), so its cost does not grow with the file. `report::lookup_files`
 //! keeps scope's request look-up index in one (keys: hashed external
 //! ids, output hashes and tenants; values: byte offsets into requests.csv).
 //!
@@ -130,160 +130,6 @@ impl SortedWriter {
             .sync_all()
             .map_err(|e| Error::io(&self.path, e))?;
         Ok(self.rows)
-    }
-}
-
-/// Pairs held in memory per sorted run, before a run is spilled: 16 MiB.
-pub const RUN_PAIRS: usize = 1 << 20;
-
-/// Runs merged at once (open spill files); more runs are merged in rounds.
-const MERGE_FAN_IN: usize = 64;
-
-/// Sorts `(key, value)` pairs for a [`SortedWriter`] with bounded memory:
-/// pairs are held in runs of [`RUN_PAIRS`], each full run sorted and
-/// spilled to an unnamed temporary file in `dir` (the output's own folder,
-/// never a RAM-backed /tmp), and the runs merged at the end. Memory is one
-/// run plus a read buffer per run merged, whatever the number of pairs;
-/// disk is 16 bytes per pair while sorting.
-pub struct PairSorter {
-    dir: PathBuf,
-    run_pairs: usize,
-    run: Vec<(u64, u64)>,
-    spills: Vec<File>,
-}
-
-impl PairSorter {
-    pub fn new(dir: &Path) -> Self {
-        Self::with_run(dir, RUN_PAIRS)
-    }
-
-    /// With runs of `run_pairs` pairs (tests use small runs).
-    pub fn with_run(dir: &Path, run_pairs: usize) -> Self {
-        PairSorter {
-            dir: dir.to_path_buf(),
-            run_pairs: run_pairs.max(1),
-            run: Vec::new(),
-            spills: Vec::new(),
-        }
-    }
-
-    pub fn push(&mut self, key: u64, value: u64) -> Result<()> {
-        if self.run.len() == self.run_pairs {
-            self.spill()?;
-        }
-        if self.run.capacity() == 0 {
-            // Grown as pairs come, up to one run: a small index holds
-            // only what it has.
-            self.run.reserve(self.run_pairs.min(4096));
-        }
-        self.run.push((key, value));
-        Ok(())
-    }
-
-    fn spill(&mut self) -> Result<()> {
-        self.run.sort_unstable();
-        let pairs = std::mem::take(&mut self.run);
-        let f = write_run(&self.dir, pairs.into_iter().map(Ok))?;
-        self.spills.push(f);
-        Ok(())
-    }
-
-    /// Hands every pair to `out`, ascending.
-    pub fn finish(mut self, mut out: impl FnMut(u64, u64) -> Result<()>) -> Result<()> {
-        if self.spills.is_empty() {
-            self.run.sort_unstable();
-            for (k, v) in std::mem::take(&mut self.run) {
-                out(k, v)?;
-            }
-            return Ok(());
-        }
-        if !self.run.is_empty() {
-            self.spill()?;
-        }
-        self.run = Vec::new();
-        let dir = self.dir.clone();
-        let mut runs = std::mem::take(&mut self.spills);
-        while runs.len() > MERGE_FAN_IN {
-            let mut next = Vec::with_capacity(runs.len().div_ceil(MERGE_FAN_IN));
-            let mut rest = runs.into_iter();
-            loop {
-                let group: Vec<File> = rest.by_ref().take(MERGE_FAN_IN).collect();
-                if group.is_empty() {
-                    break;
-                }
-                next.push(write_run(&dir, Merge::new(&dir, group)?)?);
-            }
-            runs = next;
-        }
-        for p in Merge::new(&dir, runs)? {
-            let (k, v) = p?;
-            out(k, v)?;
-        }
-        Ok(())
-    }
-}
-
-/// Writes pairs to a new unnamed temporary file in `dir`, rewound.
-fn write_run(dir: &Path, pairs: impl Iterator<Item = Result<(u64, u64)>>) -> Result<File> {
-    use std::io::Seek;
-    let io = |e| Error::io(dir, e);
-    let f = tempfile::tempfile_in(dir).map_err(io)?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
-    for p in pairs {
-        let (k, v) = p?;
-        w.write_all(&k.to_le_bytes()).map_err(io)?;
-        w.write_all(&v.to_le_bytes()).map_err(io)?;
-    }
-    let mut f = w.into_inner().map_err(|e| io(e.into_error()))?;
-    f.rewind().map_err(io)?;
-    Ok(f)
-}
-
-/// A k-way merge of sorted spilled runs.
-struct Merge {
-    dir: PathBuf,
-    runs: Vec<std::io::BufReader<File>>,
-    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, usize)>>,
-}
-
-impl Merge {
-    fn new(dir: &Path, files: Vec<File>) -> Result<Self> {
-        let mut m = Merge {
-            dir: dir.to_path_buf(),
-            runs: files
-                .into_iter()
-                .map(|f| std::io::BufReader::with_capacity(1 << 16, f))
-                .collect(),
-            heap: std::collections::BinaryHeap::new(),
-        };
-        for i in 0..m.runs.len() {
-            m.refill(i)?;
-        }
-        Ok(m)
-    }
-
-    fn refill(&mut self, i: usize) -> Result<()> {
-        use std::io::Read;
-        let mut b = [0u8; 16];
-        match self.runs[i].read_exact(&mut b) {
-            Ok(()) => {
-                let k = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
-                let v = u64::from_le_bytes(b[8..].try_into().expect("8 bytes"));
-                self.heap.push(std::cmp::Reverse((k, v, i)));
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(()),
-            Err(e) => Err(Error::io(&self.dir, e)),
-        }
-    }
-}
-
-impl Iterator for Merge {
-    type Item = Result<(u64, u64)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let std::cmp::Reverse((k, v, i)) = self.heap.pop()?;
-        Some(self.refill(i).map(|()| (k, v)))
     }
 }
 
@@ -440,34 +286,6 @@ impl SortedReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pair_sorter_sorts_in_memory_spilled_and_merged_in_rounds() {
-        let dir = tempfile::tempdir().unwrap();
-        // A scrambled sequence with repeated keys; sizes cover: no spill,
-        // one run spilled plus a partial one, and more runs than are
-        // merged at once (rounds).
-        for (n, run) in [(50u64, 100), (250, 100), (20_000, 7)] {
-            let pairs: Vec<(u64, u64)> = (0..n)
-                .map(|i| ((i * 7919) % 613, (i * 104_729) % 1_000_003))
-                .collect();
-            let mut s = PairSorter::with_run(dir.path(), run);
-            for &(k, v) in &pairs {
-                s.push(k, v).unwrap();
-            }
-            let mut got = Vec::new();
-            s.finish(|k, v| {
-                got.push((k, v));
-                Ok(())
-            })
-            .unwrap();
-            let mut want = pairs;
-            want.sort_unstable();
-            assert_eq!(got, want, "n={n} run={run}");
-        }
-        // The spills were unnamed: nothing is left in the folder.
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
 
     #[test]
     fn finds_every_value_of_a_key_across_row_groups_and_refuses_disorder() {

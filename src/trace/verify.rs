@@ -1,6 +1,6 @@
 //! `verify`: recompute every digest and check every file against trace.json,
 //! every row against the contract, and the trace-wide rules (`check.rs`,
-//! `index.rs`) exactly as `inspect` and `scope` check them.
+//! `request_keys.rs`) exactly as `inspect` and `scope` check them.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -12,9 +12,9 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::trace::check::{self, FileRuns};
 use crate::trace::files;
-use crate::trace::index::scan_requests;
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, rel_path};
+use crate::trace::request_keys::scan_requests;
 use crate::trace::store::Source;
 
 /// One problem found by `verify`.

@@ -241,7 +241,7 @@ fn names(v: &Value, tenant: &str) -> bool {
 /// The tenants of a scope folder's requests (every customer of the trace).
 fn tenants(dir: &Path) -> BTreeSet<String> {
     let mut t = BTreeSet::new();
-    kvtrail::report::index::read_index(dir, |r| {
+    kvtrail::report::lookup_files::read_index(dir, |r| {
         t.insert(r.tenant);
         true
     })

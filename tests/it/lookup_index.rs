@@ -134,7 +134,7 @@ fn lookup_answers_are_the_same_with_and_without_the_index() {
 /// synthetic requests, with its look-up index and evidence.json, written
 /// through the library as scope writes them.
 fn large_folder(dir: &Path, n: u64) {
-    use kvtrail::report::index::{self, REQUESTS_CSV, REQUESTS_HEADER};
+    use kvtrail::report::lookup_files::{self, REQUESTS_CSV, REQUESTS_HEADER};
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden-v1");
     let run = kvtrail::scope::run::ScopeRun::open(&golden, kvtrail::lineage::BackendChoice::Cpu)
         .unwrap()
@@ -165,7 +165,7 @@ fn large_folder(dir: &Path, n: u64) {
     }
     w.flush().unwrap();
     drop(w);
-    index::write_lookup_index(dir).unwrap();
+    lookup_files::write_lookup_index(dir).unwrap();
     kvtrail::custody::write_evidence(dir, "scope", &cmd, Vec::new()).unwrap();
 }
 

@@ -821,9 +821,9 @@ fn lookup_json(root: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 /// The folder's requests.csv rows as `lookup` and `notify` read them.
-fn index_rows(dir: &Path) -> Vec<kvtrail::report::index::IndexRow> {
+fn index_rows(dir: &Path) -> Vec<kvtrail::report::lookup_files::IndexRow> {
     let mut rows = Vec::new();
-    kvtrail::report::index::read_index(dir, |r| {
+    kvtrail::report::lookup_files::read_index(dir, |r| {
         rows.push(r);
         true
     })

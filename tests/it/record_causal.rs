@@ -433,7 +433,7 @@ fn defect7_conflicting_views_leave_the_request_unattributed() {
     );
     let r = scope(&out);
     // Request 8 is attributed, 7 is not.
-    let keys = kvtrail::trace::index::scan_requests(&trace, |_| {}).unwrap();
+    let keys = kvtrail::trace::request_keys::scan_requests(&trace, |_| {}).unwrap();
     assert!(keys.contains(8) && !keys.contains(7));
     assert!(!r.coverage.complete);
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::custody::{self, Inputs};
 use crate::error::{Error, Location, Result};
 use crate::report::folder::{SUMMARY_JSON, ScopeFolder};
-use crate::report::index::{self, IndexRow};
+use crate::report::lookup_files::{self, IndexRow};
 use crate::scope::{Response, ScopeReport, Tenant};
 use crate::words::count;
 
@@ -63,7 +63,7 @@ impl ExportInput {
                 "pass the folder written by `kvtrail scope TRACE --out DIR`",
             )
         })?;
-        let requests = needed_rows(&report, |f| index::read_index(dir, f))?;
+        let requests = needed_rows(&report, |f| lookup_files::read_index(dir, f))?;
         Ok(ExportInput {
             report,
             trace_blake3,

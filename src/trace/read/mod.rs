@@ -12,19 +12,19 @@
 //!   files found.
 //! - [`parquet_file`]: a data file opened within the limits, projected, walked.
 //! - [`column`]: typed, checked extraction of one column.
-//! - [`kv`], [`requests`], [`kv_index`]: the readers of the tables.
+//! - [`kv`], [`requests`], [`kv_scan`]: the readers of the tables.
 //! - [`values`]: the limits on request ids and seqs.
 
 pub mod column;
 pub mod kv;
-pub mod kv_index;
+pub mod kv_scan;
 pub mod open;
 pub mod parquet_file;
 pub mod requests;
 pub mod values;
 
 pub use kv::{KvChunk, KvFileReader};
-pub use kv_index::{KvIndexBatch, KvIndexReader};
+pub use kv_scan::{KvScanBatch, KvScanReader};
 pub use open::{Trace, list_parquet, rel_path};
 pub use parquet_file::{MAX_FOOTER_BYTES, MAX_ROW_GROUPS, READ_BATCH_ROWS, footer_rows};
 pub use requests::RequestFileReader;

@@ -7,7 +7,7 @@ use crate::schema::RequestRecord;
 use crate::trace::files::TableFile;
 use crate::trace::manifest::{Deployment, Manifest};
 use crate::trace::read::kv::{KvChunk, KvFileReader};
-use crate::trace::read::kv_index::KvIndexReader;
+use crate::trace::read::kv_scan::KvScanReader;
 use crate::trace::read::parquet_file::footer_rows;
 use crate::trace::read::requests::RequestFileReader;
 use crate::trace::root::TraceRoot;
@@ -101,8 +101,8 @@ impl Trace {
     }
 
     /// Opens the planning columns of one kv file.
-    pub fn kv_index(&self, path: &Path) -> Result<KvIndexReader> {
-        KvIndexReader::open(&self.root, path)
+    pub fn kv_scan(&self, path: &Path) -> Result<KvScanReader> {
+        KvScanReader::open(&self.root, path)
     }
 
     /// Rows a data file of the trace holds, from its footer alone.

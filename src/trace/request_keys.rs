@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{RequestRecord, req_col};
+use crate::spill::{Merge, Source};
 use crate::trace::read::Trace;
 
 /// Every request id of a trace, sorted, each with its tenant as a small key.
@@ -324,23 +325,21 @@ impl KeysBuilder {
     }
 }
 
+/// The runs merged into one (`crate::spill::Merge`: the runs are packed
+/// in memory, not on disk), with the ids that occur more than once.
 fn merge_runs(runs: &[PackedKeys]) -> (PackedKeys, Vec<u64>) {
-    use std::cmp::Reverse;
-    let mut cursors: Vec<Cursor> = runs.iter().map(Cursor::new).collect();
-    let mut heap = std::collections::BinaryHeap::with_capacity(runs.len());
-    for (i, c) in cursors.iter_mut().enumerate() {
-        if let Some((id, t)) = c.next() {
-            heap.push(Reverse((id, i, t)));
-        }
-    }
+    let cursors: Vec<Cursor> = runs.iter().map(Cursor::new).collect();
     let mut p = Packer::default();
-    while let Some(Reverse((id, i, t))) = heap.pop() {
-        p.push((id, t));
-        if let Some((id, t)) = cursors[i].next() {
-            heap.push(Reverse((id, i, t)));
-        }
+    for k in Merge::new(cursors).expect("in-memory runs cannot fail") {
+        p.push(k.expect("in-memory runs cannot fail"));
     }
     p.finish()
+}
+
+impl Source<(u64, u32)> for Cursor<'_> {
+    fn next_record(&mut self) -> Result<Option<(u64, u32)>> {
+        Ok(self.next())
+    }
 }
 
 /// Reads every request of `trace` once, in reading order (files sorted by

@@ -18,7 +18,7 @@ use crate::trace::root::TraceRoot;
 /// later copy will ask for). Columns are projected, so this is much cheaper
 /// than decoding whole events.
 #[derive(Debug, Clone, Default)]
-pub struct KvIndexBatch {
+pub struct KvScanBatch {
     /// Row (0-based, within the file) of the first entry.
     pub first_row: u64,
     pub pool: Vec<u16>,
@@ -29,11 +29,11 @@ pub struct KvIndexBatch {
 
 /// Streams the planning columns of one kv file (pool, seq, slot_count and
 /// the src columns), batch by batch.
-pub struct KvIndexReader {
+pub struct KvScanReader {
     cur: Cursor,
 }
 
-impl KvIndexReader {
+impl KvScanReader {
     /// Opens the kv file at `path` of the trace at `root`.
     pub fn open(root: &TraceRoot, path: &Path) -> Result<Self> {
         let builder = open_builder(root, path)?;
@@ -41,12 +41,12 @@ impl KvIndexReader {
         let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
         let hive = hive::pairs(path, &[&required[..], &optional[..]].concat())?;
         let reader = project(path, builder, &required, &optional, &hive)?;
-        Ok(KvIndexReader {
+        Ok(KvScanReader {
             cur: Cursor::new(root, path, hive, reader),
         })
     }
 
-    fn decode(&self, batch: &RecordBatch) -> Result<KvIndexBatch> {
+    fn decode(&self, batch: &RecordBatch) -> Result<KvScanBatch> {
         let p = &self.cur.path;
         let r0 = self.cur.rows;
         let c = |name| Col::get(batch, p, r0, name);
@@ -92,7 +92,7 @@ impl KvIndexReader {
                 }
             }
         }
-        Ok(KvIndexBatch {
+        Ok(KvScanBatch {
             first_row: r0,
             pool,
             seq,
@@ -101,8 +101,8 @@ impl KvIndexReader {
     }
 }
 
-impl Iterator for KvIndexReader {
-    type Item = Result<KvIndexBatch>;
+impl Iterator for KvScanReader {
+    type Item = Result<KvScanBatch>;
     fn next(&mut self) -> Option<Self::Item> {
         let batch = match self.cur.batch()? {
             Ok(b) => b,

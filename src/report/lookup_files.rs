@@ -26,7 +26,7 @@
 //! so an index is only used with the requests.csv it was built from.
 //! Building it holds at most 16 MiB of keys, whatever the number of
 //! requests: sorted runs are spilled into the folder as unnamed temporary
-//! files and merged (`trace::sorted::PairSorter`).
+//! files and merged (`crate::spill::Sorter`).
 
 use std::path::Path;
 
@@ -37,9 +37,10 @@ use crate::report::csv;
 use crate::schema::hex32;
 use crate::scope::ScopeReport;
 use crate::scope::anomalies::answered_ok;
+use crate::spill::{Place, Sorter};
 use crate::trace::chunked::ChunkedFile;
 use crate::trace::read::Trace;
-use crate::trace::sorted::{PairSorter, SortedReader, SortedWriter};
+use crate::trace::sorted::{SortedReader, SortedWriter};
 
 /// File names inside a scope output folder.
 pub const REQUESTS_CSV: &str = "requests.csv";
@@ -346,9 +347,15 @@ pub fn lookup_key(kind: KeyKind, value: &str) -> u64 {
 const INDEX_FORMAT: &str = "kvtrail-lookup-index";
 const INDEX_VERSION: &str = "1";
 
-/// Builds requests.index.parquet from the folder's requests.csv.
+/// (key, offset) pairs sorted in memory before a run is spilled (16 MiB).
+pub const SORT_PAIRS: usize = 1 << 20;
+
+/// Builds requests.index.parquet from the folder's requests.csv. The
+/// pairs are sorted with bounded memory, spilled to unnamed files in the
+/// folder itself (never a RAM-backed /tmp).
 pub fn write_lookup_index(dir: &Path) -> Result<()> {
-    let mut pairs = PairSorter::new(dir);
+    let mut pairs: Sorter<(u64, u64)> =
+        Sorter::new(Place::unnamed(Some(dir), "look-up index"), SORT_PAIRS);
     let mut n = 0u64;
     let mut failed = None;
     read_index_at(&open_requests(dir)?, |row, off| {
@@ -363,7 +370,7 @@ pub fn write_lookup_index(dir: &Path) -> Result<()> {
                 .map(|x| lookup_key(KeyKind::OutputHash, x)),
         ];
         for k in keys.into_iter().flatten() {
-            if let Err(e) = pairs.push(k, off) {
+            if let Err(e) = pairs.push((k, off)) {
                 failed = Some(e);
                 return false;
             }
@@ -387,7 +394,10 @@ pub fn write_lookup_index(dir: &Path) -> Result<()> {
             ("kvtrail.requests_csv_blake3", blake3),
         ],
     )?;
-    pairs.finish(|k, off| w.push(k, off))?;
+    for p in pairs.finish()? {
+        let (k, off) = p?;
+        w.push(k, off)?;
+    }
     w.finish()?;
     Ok(())
 }
