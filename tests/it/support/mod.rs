@@ -4,6 +4,7 @@ pub mod cli;
 pub mod files;
 pub mod objstore;
 pub mod record;
+pub mod reference;
 pub mod reseal;
 pub mod sim;
 pub mod small_trace;
