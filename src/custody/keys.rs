@@ -88,9 +88,15 @@ impl SigningKey {
         #[cfg(not(unix))]
         let _ = md;
         let key = PrivateKey::from_openssh(text.as_bytes()).map_err(|e| {
+            let what = match key_algorithm(&text) {
+                Some(alg) if alg != "ssh-ed25519" => {
+                    format!("the key is {alg}; kvtrail signs with ed25519 only")
+                }
+                _ => format!("not an OpenSSH private key ({e})"),
+            };
             bad_key(
                 path,
-                format!("not an OpenSSH private key ({e})"),
+                what,
                 "create one with `ssh-keygen -t ed25519 -N '' -f FILE`",
             )
         })?;
@@ -104,7 +110,10 @@ impl SigningKey {
         if !key.key_data().is_ed25519() {
             return Err(bad_key(
                 path,
-                format!("a {} key; kvtrail signs with ed25519 only", key.algorithm()),
+                format!(
+                    "the key is {}; kvtrail signs with ed25519 only",
+                    key.algorithm()
+                ),
                 "create one with `ssh-keygen -t ed25519 -N '' -f FILE`",
             ));
         }
@@ -153,6 +162,37 @@ impl SigningKey {
             .map_err(|e| Error::Other(format!("signing failed: {e}")))?;
         Ok(sig.as_bytes().to_vec())
     }
+}
+
+/// The algorithm an OpenSSH private key file names in its clear part (the
+/// public key), for a key the crate cannot load: `openssh-key-v1\0`, then
+/// cipher, KDF and KDF options (strings), the key count (u32) and the first
+/// public key, whose first string is its algorithm.
+fn key_algorithm(text: &str) -> Option<String> {
+    use base64::Engine;
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .map(str::trim)
+        .collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .ok()?;
+    let mut rest = bytes.strip_prefix(b"openssh-key-v1\0")?;
+    fn string<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let n = u32::from_be_bytes(b.get(..4)?.try_into().ok()?) as usize;
+        let s = b.get(4..4 + n)?;
+        *b = &b[4 + n..];
+        Some(s)
+    }
+    for _ in 0..3 {
+        string(&mut rest)?;
+    }
+    rest = rest.get(4..)?;
+    let mut public = string(&mut rest)?;
+    let alg = string(&mut public)?;
+    let alg = std::str::from_utf8(alg).ok()?;
+    (alg.len() <= 64 && alg.bytes().all(|b| b.is_ascii_graphic())).then(|| alg.to_string())
 }
 
 /// One line of an allowed_signers file.

@@ -45,7 +45,7 @@ pub(super) fn deployment_trace(deployment: &Path) -> Vec<&Path> {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
-    let key = super::record::load_key(args.signing_key.as_deref())?;
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(&args.out, &deployment_trace(&args.deployment))?;
     let opts = IngestOptions {
         skip_bad_lines: args.skip_bad_lines,
@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report.skipped_lines - report.skipped.len() as u64
         )?;
     }
-    super::record::seal_written(&args.out, key, "ingest")?;
+    super::verify::seal_written(&args.out, key, "ingest")?;
     if report.kv_events == 0 {
         writeln!(
             err,

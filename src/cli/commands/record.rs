@@ -83,7 +83,7 @@ impl RecordLog for StderrLog {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
     // Checked before anything is created.
-    let key = load_key(args.signing_key.as_deref())?;
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(
         &args.out,
         &super::ingest::deployment_trace(&args.deployment),
@@ -197,33 +197,4 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Ok(())
     })?;
     Ok(0)
-}
-
-/// The `--signing-key` of a trace writer, loaded (and refused when unsafe)
-/// before anything is written.
-pub(super) fn load_key(
-    path: Option<&std::path::Path>,
-) -> anyhow::Result<Option<Arc<kvtrail::custody::keys::SigningKey>>> {
-    Ok(match path {
-        Some(p) => Some(Arc::new(kvtrail::custody::keys::SigningKey::load(p)?)),
-        None => None,
-    })
-}
-
-/// Seals a trace an offline writer (`ingest`, `simulate`) has finished:
-/// one final seal over every file.
-pub(super) fn seal_written(
-    out: &std::path::Path,
-    key: Option<Arc<kvtrail::custody::keys::SigningKey>>,
-    writer: &str,
-) -> anyhow::Result<()> {
-    if let Some(key) = key {
-        let fp = key.fingerprint();
-        let id = kvtrail::custody::seal::seal_trace(out, key, writer)?;
-        eprintln!(
-            "{}: sealed (capture {id}, signed by {fp}); check: kvtrail verify --allowed-signers FILE",
-            term(&out.display().to_string())
-        );
-    }
-    Ok(())
 }

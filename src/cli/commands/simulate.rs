@@ -119,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         sc.config.set(s)?;
     }
     sc.config.validate()?;
-    let key = super::record::load_key(args.signing_key.as_deref())?;
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(&args.out, &[])?;
     sc.fit_workload();
     let label = RunLabel {
@@ -134,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &label,
         &BarReporter::default(),
     )?;
-    super::record::seal_written(&args.out, key, "simulate")?;
+    super::verify::seal_written(&args.out, key, "simulate")?;
     if let Some(path) = &args.truth {
         out.truth
             .store(path)

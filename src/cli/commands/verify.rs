@@ -51,6 +51,14 @@ fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
             term_message(&p.detail)
         )?;
     }
+    for n in &s.notes {
+        writeln!(
+            out,
+            "NOTE recorded by the sealer in {}: {}",
+            term(&n.at),
+            term_message(&n.detail)
+        )?;
+    }
     let id = s.capture_id.as_deref().unwrap_or("?");
     if !s.ok {
         writeln!(
@@ -203,4 +211,35 @@ fn run_folder(args: Args) -> anyhow::Result<i32> {
 /// `1 event`, `2 events`.
 fn count(n: u64, what: &str) -> String {
     format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+/// The `--signing-key` of a trace writer, loaded (and refused when unsafe)
+/// before anything is written.
+pub(super) fn load_key(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>> {
+    Ok(match path {
+        Some(p) => Some(std::sync::Arc::new(
+            kvtrail::custody::keys::SigningKey::load(p)?,
+        )),
+        None => None,
+    })
+}
+
+/// Seals a trace an offline writer (`ingest`, `simulate`) has finished:
+/// one final seal over every file.
+pub(super) fn seal_written(
+    out: &std::path::Path,
+    key: Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>,
+    writer: &str,
+) -> anyhow::Result<()> {
+    if let Some(key) = key {
+        let fp = key.fingerprint();
+        let id = kvtrail::custody::seal::seal_trace(out, key, writer)?;
+        eprintln!(
+            "{}: sealed (capture {id}, signed by {fp}); check: kvtrail verify --allowed-signers FILE",
+            term(&out.display().to_string())
+        );
+    }
+    Ok(())
 }

@@ -15,8 +15,8 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::Digest;
 
+use super::format::{MAX_SEAL_BYTES, NAMESPACE, SEALS_DIR, hex, seal_name, sha256_hex};
 use super::format::{SEAL_FORMAT, Seal};
-use super::{MAX_SEAL_BYTES, NAMESPACE, SEALS_DIR, hex, seal_name, sha256_hex};
 use crate::custody::keys::{AllowedSigners, SignatureCheck, check_signature, parse_signature};
 use crate::error::{Error, Location, Result};
 use crate::trace::files::{TableFile, open_local, read_limited, walk};
@@ -45,6 +45,9 @@ pub struct SealReport {
     pub final_seal: bool,
     pub files_checked: usize,
     pub problems: Vec<SealProblem>,
+    /// What the sealer recorded as wrong while sealing (a seal's
+    /// `problems`), by seal: signed facts, reported, not failures.
+    pub notes: Vec<SealProblem>,
 }
 
 /// A digest a seal states for a file's first `bytes` bytes (the whole
@@ -72,6 +75,7 @@ pub fn verify_seals(dir: &Path, allowed: Option<&AllowedSigners>) -> Result<Opti
         final_seal: false,
         files_checked: 0,
         problems: Vec::new(),
+        notes: Vec::new(),
     };
     let (jsons, sigs) = list_seals(&sdir, &mut r.problems)?;
     let last = jsons.iter().chain(&sigs).max().copied();
@@ -171,6 +175,10 @@ pub fn verify_seals(dir: &Path, allowed: Option<&AllowedSigners>) -> Result<Opti
             fail("marked final, but seals follow it".into());
         }
         previous = Some(sha256_hex(&bytes));
+        r.notes.extend(seal.problems.iter().map(|p| SealProblem {
+            at: name.clone(),
+            detail: p.clone(),
+        }));
         seals.push(seal);
     }
     r.seals = seals.len() as u64;

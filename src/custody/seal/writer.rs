@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use sha2::Digest;
 
 use super::format::{Digests, PoolSeal, SEAL_FORMAT, Seal, SealedFile, SealedPart, Window};
-use super::{NAMESPACE, SEALS_DIR, hex, new_capture_id, seal_name, sha256_hex};
+use super::format::{NAMESPACE, SEALS_DIR, hex, new_capture_id, seal_name, sha256_hex};
 use crate::custody::keys::SigningKey;
 use crate::custody::private::{create_private_dir, write_private_atomic};
 use crate::error::{Error, Location, Result};
