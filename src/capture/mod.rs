@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Location, Result};
 use crate::schema::{KvEvent, Op, RequestRecord, kv_schema, requests_schema};
 use crate::trace::manifest::{Capture, Deployment, FileEntry, Manifest};
-use crate::trace::write::{PartOptions, PartWriter, kv_batch, requests_batch};
+use crate::trace::write::{OpenPartState, PartOptions, PartWriter, kv_batch, requests_batch};
 
 /// How a recorder writes.
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ struct PoolStream {
     capacity: u64,
     next_seq: u64,
     events: u64,
+    /// seq values skipped (lost events) and the places they were skipped.
+    lost: u64,
+    holes: u64,
     buf: Vec<KvEvent>,
     writer: PartWriter,
 }
@@ -110,6 +113,8 @@ impl Recorder {
                 capacity: p.capacity_tokens,
                 next_seq: 0,
                 events: 0,
+                lost: 0,
+                holes: 0,
                 buf: Vec::with_capacity(opts.row_group_rows.min(1 << 16)),
                 writer: PartWriter::new(
                     dir,
@@ -252,6 +257,10 @@ impl Recorder {
             ));
         }
         self.stats.lost_events = self.stats.lost_events.saturating_add(ev.seq - s.next_seq);
+        if ev.seq > s.next_seq {
+            s.lost = s.lost.saturating_add(ev.seq - s.next_seq);
+            s.holes += 1;
+        }
         s.next_seq = ev.seq + 1;
         self.push(i, ev)
     }
@@ -274,6 +283,10 @@ impl Recorder {
         })?;
         // Summed over pools, so it may exceed any one pool's seq space.
         self.stats.lost_events = self.stats.lost_events.saturating_add(n);
+        if n > 0 {
+            self.pools[i].lost = self.pools[i].lost.saturating_add(n);
+            self.pools[i].holes += 1;
+        }
         Ok(())
     }
 
@@ -459,6 +472,59 @@ impl Recorder {
     pub fn pool_counts(&self) -> Vec<(u16, u64)> {
         self.pools.iter().map(|p| (p.id, p.events)).collect()
     }
+
+    /// Writes what is buffered as row groups, flushes the open part files
+    /// to disk, and says what is written: what a seal covers
+    /// (`custody::seal`). A part file may be completed by the flush.
+    pub fn seal_state(&mut self) -> Result<SealState> {
+        self.flush()?;
+        let mut open = Vec::new();
+        for p in &mut self.pools {
+            open.extend(p.writer.sync_open()?);
+        }
+        open.extend(self.req_writer.sync_open()?);
+        Ok(SealState {
+            files: self.files.clone(),
+            open,
+            pools: self
+                .pools
+                .iter()
+                .map(|p| PoolProgress {
+                    pool: p.id,
+                    events: p.events,
+                    next_seq: p.next_seq,
+                    lost: p.lost,
+                    holes: p.holes,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// What a recorder has written, at a row-group boundary
+/// ([`Recorder::seal_state`]).
+#[derive(Debug, Clone, Default)]
+pub struct SealState {
+    /// Every part file completed so far, with the digest it was written with.
+    pub files: Vec<FileEntry>,
+    /// The part files still open, flushed: their bytes so far are a prefix
+    /// of the finished file.
+    pub open: Vec<OpenPartState>,
+    pub pools: Vec<PoolProgress>,
+}
+
+/// One pool's progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolProgress {
+    pub pool: u16,
+    /// Events recorded.
+    pub events: u64,
+    /// The seq the next event gets (events and lost events so far).
+    pub next_seq: u64,
+    /// seq values skipped: lost events.
+    pub lost: u64,
+    /// Places where seqs were skipped.
+    pub holes: u64,
 }
 
 /// Rows of a requests batch whose id is not in `ids`.

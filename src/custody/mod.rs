@@ -39,14 +39,18 @@
 //! - [`folder`]: checking a folder against its record; [`claims`]: a scope
 //!   folder's claims against its trace.
 //! - [`out`]: the rule for output folders; [`private`]: owner-only files.
+//! - [`keys`]: OpenSSH signing keys and allowed signers; [`seal`]: traces
+//!   sealed while they are written, and their check.
 
 pub mod claims;
 pub mod evidence;
 pub mod folder;
 pub mod inputs;
+pub mod keys;
 pub mod out;
 pub mod private;
 pub mod record;
+pub mod seal;
 
 pub use evidence::{
     Chunks, EVIDENCE_JSON, Evidence, FileDigest, FolderProblem, FolderReport, Inputs,

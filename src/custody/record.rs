@@ -137,7 +137,7 @@ fn is_digest(s: &str) -> bool {
 
 /// A file path inside its root: relative, `/`-separated names only (no
 /// `..`, `.`, empty or absolute part).
-fn is_inner_path(s: &str) -> bool {
+pub(crate) fn is_inner_path(s: &str) -> bool {
     !s.is_empty()
         && s.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
         && Path::new(s)

@@ -95,6 +95,17 @@ pub struct RecordConfig {
     /// halves, decode streams parked behind a commit), estimated; beyond it
     /// the newest is dropped and counted (or the parked copy given up).
     pub max_pending_bytes: u64,
+    /// Seal the trace while it is written (`--signing-key`,
+    /// `--seal-every`): see `custody::seal`.
+    pub seal: Option<SealConfig>,
+}
+
+/// How the sidecar seals the trace it writes.
+#[derive(Debug, Clone)]
+pub struct SealConfig {
+    pub key: std::sync::Arc<crate::custody::keys::SigningKey>,
+    /// A seal every this often (and a final one at close).
+    pub every: Duration,
 }
 
 impl RecordConfig {
@@ -111,6 +122,7 @@ impl RecordConfig {
             hello_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
             max_pending_bytes: 64 << 20,
+            seal: None,
         }
     }
 }

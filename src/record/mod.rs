@@ -28,7 +28,7 @@ pub mod stats;
 pub mod wire;
 pub mod writer;
 
-pub use config::{Listen, RecordConfig};
+pub use config::{Listen, RecordConfig, SealConfig};
 use shared::{Batch, Shared, View};
 pub use shared::{NoLog, RecordLog, RecordSummary};
 use stats::add;
@@ -69,6 +69,15 @@ impl Sidecar {
         log: Arc<dyn RecordLog>,
     ) -> Result<Sidecar> {
         let rec = crate::capture::Recorder::create(out, deployment.clone(), cfg.recorder.clone())?;
+        let sealer = match &cfg.seal {
+            Some(s) => Some(crate::custody::seal::Sealer::start(
+                out,
+                s.key.clone(),
+                "record",
+                crate::custody::seal::writer::wall_ns(),
+            )?),
+            None => None,
+        };
         let (listener, listen, socket_path) = bind(&cfg.listen)?;
         let (tx, rx): (SyncSender<Batch>, Receiver<Batch>) = sync_channel(cfg.queue_batches.max(1));
         let stats = Arc::new(Stats::default());
@@ -87,7 +96,7 @@ impl Sidecar {
         let out = out.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("kvtrail-writer".into())
-            .spawn(move || writer::run(rec, rx, w_shared, &out))
+            .spawn(move || writer::run(rec, sealer, rx, w_shared, &out))
             .map_err(|e| Error::Other(format!("cannot start the writer thread: {e}")))?;
         let a_shared = shared.clone();
         let acceptor = std::thread::Builder::new()

@@ -77,4 +77,6 @@ pub struct RecordSummary {
     pub stats: StatsSnapshot,
     pub complete: bool,
     pub files: usize,
+    /// Seals written (`--signing-key`), the final one included.
+    pub seals: u64,
 }

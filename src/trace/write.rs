@@ -254,6 +254,18 @@ struct OpenPart {
 /// (see [`crate::trace::read::MAX_ROW_GROUPS`]).
 pub const MAX_PART_ROW_GROUPS: usize = 4_096;
 
+/// An open part file at a row-group boundary ([`PartWriter::sync_open`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenPartState {
+    /// The path the file will have once finished, relative to the root.
+    pub path: String,
+    /// Where it is written now (`*.parquet.inprogress`).
+    pub writing: PathBuf,
+    pub bytes: u64,
+    pub rows: u64,
+    pub row_groups: usize,
+}
+
 /// Writes one table stream (e.g. `kv/pool=1`) as rotated part files.
 pub struct PartWriter {
     root: PathBuf,
@@ -325,6 +337,27 @@ impl PartWriter {
             return self.finish_part();
         }
         Ok(None)
+    }
+
+    /// The open part file, with every row group written so far flushed to
+    /// disk: its final path (relative to the root), the path it is written
+    /// under now, and its bytes, rows and row groups. The bytes are a prefix
+    /// of the finished file (row groups are appended, the footer comes at
+    /// the end), which is what seals cover while a part is open.
+    pub fn sync_open(&mut self) -> Result<Option<OpenPartState>> {
+        let Some(part) = self.open.as_mut() else {
+            return Ok(None);
+        };
+        let row_groups = part.writer.flushed_row_groups().len();
+        let hw = part.writer.inner_mut();
+        hw.flush().map_err(|e| Error::io(&part.tmp, e))?;
+        Ok(Some(OpenPartState {
+            path: part.rel.clone(),
+            writing: part.tmp.clone(),
+            bytes: hw.bytes,
+            rows: part.rows,
+            row_groups,
+        }))
     }
 
     /// Closes the open part file, if any, and returns its manifest entry.

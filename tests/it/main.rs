@@ -44,6 +44,7 @@ mod scope_semantics;
 mod scope_shards;
 mod scope_sim_truth;
 mod scope_threads;
+mod seals;
 mod shell;
 mod sim_admission;
 mod sim_cli;

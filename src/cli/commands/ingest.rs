@@ -23,6 +23,9 @@ pub struct Args {
     /// Count and skip malformed lines (the trace is then marked incomplete).
     #[arg(long)]
     pub skip_bad_lines: bool,
+    /// OpenSSH ed25519 private key (owner-only, no passphrase): seal the finished trace (seals/, docs/evidence.md).
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
 }
 
 /// The trace a `--deployment` file belongs to, when it is a whole
@@ -42,6 +45,7 @@ pub(super) fn deployment_trace(deployment: &Path) -> Vec<&Path> {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(&args.out, &deployment_trace(&args.deployment))?;
     let opts = IngestOptions {
         skip_bad_lines: args.skip_bad_lines,
@@ -82,6 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report.skipped_lines - report.skipped.len() as u64
         )?;
     }
+    super::verify::seal_written(&args.out, key, "ingest")?;
     if report.kv_events == 0 {
         writeln!(
             err,

@@ -65,6 +65,12 @@ pub struct Args {
     /// Memory for request views, transfer halves and parked streams waiting for their partner; beyond it they are dropped and counted.
     #[arg(long, default_value_t = 64 << 20)]
     pub max_pending_bytes: u64,
+    /// OpenSSH ed25519 private key (owner-only, no passphrase): seal the trace while it is written (seals/, docs/evidence.md).
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
+    /// With --signing-key: a seal every DURATION (e.g. 500ms, 10s, 5m; default 60s), and a final one at close.
+    #[arg(long, value_name = "DURATION", value_parser = kvtrail::custody::seal::parse_every, requires = "signing_key")]
+    pub seal_every: Option<Duration>,
 }
 
 struct StderrLog;
@@ -76,6 +82,8 @@ impl RecordLog for StderrLog {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let deployment = load_deployment(&args.deployment)?;
+    // Checked before anything is created.
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(
         &args.out,
         &super::ingest::deployment_trace(&args.deployment),
@@ -93,6 +101,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     cfg.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
     cfg.shutdown_grace = Duration::from_secs(args.shutdown_grace);
     cfg.max_pending_bytes = args.max_pending_bytes;
+    cfg.seal = key.map(|key| kvtrail::record::SealConfig {
+        key,
+        every: args.seal_every.unwrap_or(Duration::from_secs(60)),
+    });
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -173,7 +185,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             } else {
                 "INCOMPLETE"
             }
-        )
+        )?;
+        if args.signing_key.is_some() {
+            writeln!(
+                out,
+                "{}: sealed: {} seals in seals/ (check: kvtrail verify --allowed-signers FILE)",
+                term(&args.out.display().to_string()),
+                sum.seals
+            )?;
+        }
+        Ok(())
     })?;
     Ok(0)
 }

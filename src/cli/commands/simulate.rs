@@ -70,6 +70,9 @@ pub struct Args {
     /// Write the ground truth (JSON) here.
     #[arg(long)]
     pub truth: Option<PathBuf>,
+    /// OpenSSH ed25519 private key (owner-only, no passphrase): seal the finished trace (seals/, docs/evidence.md).
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
 }
 
 /// The engine flags of `simulate` and `replay`: which engine behaviour and
@@ -116,6 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         sc.config.set(s)?;
     }
     sc.config.validate()?;
+    let key = super::verify::load_key(args.signing_key.as_deref())?;
     kvtrail::custody::prepare_trace_out(&args.out, &[])?;
     sc.fit_workload();
     let label = RunLabel {
@@ -130,6 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &label,
         &BarReporter::default(),
     )?;
+    super::verify::seal_written(&args.out, key, "simulate")?;
     if let Some(path) = &args.truth {
         out.truth
             .store(path)

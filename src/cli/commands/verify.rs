@@ -1,10 +1,14 @@
 //! `kvtrail verify PATH`: a trace (recompute digests, check files and rows
 //! against trace.json) or an output folder of scope/notify (detected by its
 //! evidence.json: re-hash every output and input file, name every change).
+//! A sealed trace (seals/) is checked against its seals too: the chain,
+//! the files, and with `--allowed-signers` every signature and signer.
 
 use std::io::Write;
 use std::path::PathBuf;
 
+use kvtrail::custody::keys::AllowedSigners;
+use kvtrail::custody::seal::{SealReport, verify_seals};
 use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
 use kvtrail::text::{term, term_message};
 use kvtrail::trace::verify::verify;
@@ -18,14 +22,105 @@ pub struct Args {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// OpenSSH allowed_signers file: check every seal's signature and signer.
+    #[arg(long, value_name = "FILE")]
+    pub allowed_signers: Option<PathBuf>,
+    /// Fail a trace that is not sealed (with --allowed-signers).
+    #[arg(long, requires = "allowed_signers")]
+    pub require_signature: bool,
+}
+
+/// The trace's report, and its seals' when it is sealed (or a signature
+/// was asked for).
+#[derive(serde::Serialize)]
+struct Checked<'a> {
+    #[serde(flatten)]
+    trace: &'a kvtrail::trace::verify::VerifyReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seals: Option<&'a SealReport>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unsealed: bool,
+}
+
+fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
+    for p in &s.problems {
+        writeln!(
+            out,
+            "FAIL seal         {}: {}",
+            term(&p.at),
+            term_message(&p.detail)
+        )?;
+    }
+    for n in &s.notes {
+        writeln!(
+            out,
+            "NOTE recorded by the sealer in {}: {}",
+            term(&n.at),
+            term_message(&n.detail)
+        )?;
+    }
+    let id = s.capture_id.as_deref().unwrap_or("?");
+    if !s.ok {
+        writeln!(
+            out,
+            "SEALS FAILED: {} seals of capture {}, {} data files checked",
+            s.seals,
+            term(id),
+            s.files_checked
+        )
+    } else if s.signatures_checked {
+        writeln!(
+            out,
+            "SEALED: {} seals of capture {}, signed by {}; chain whole, {} data files match their seals, none unsealed",
+            s.seals,
+            term(id),
+            term(&s.signers.join("; ")),
+            s.files_checked
+        )
+    } else {
+        writeln!(
+            out,
+            "sealed, signatures not checked: {} seals of capture {}; chain and {} data files match the seals, but who signed is unknown (pass --allowed-signers FILE)",
+            s.seals,
+            term(id),
+            s.files_checked
+        )
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if is_output_folder(&args.trace) {
+        if args.allowed_signers.is_some() {
+            anyhow::bail!(
+                "{}: --allowed-signers checks the seals of a trace; this is an output folder, which carries no seals\n  hint: verify the trace it was made from with --allowed-signers",
+                term(&args.trace.display().to_string())
+            );
+        }
         return run_folder(args);
     }
+    let allowed = match &args.allowed_signers {
+        Some(p) => Some(AllowedSigners::load(p)?),
+        None => None,
+    };
     let report = verify(&args.trace)?;
-    output::print(args.json, &report, |out| {
+    let seals = verify_seals(&args.trace, allowed.as_ref())?;
+    let unsealed = seals.is_none() && args.require_signature;
+    let checked = Checked {
+        trace: &report,
+        seals: seals.as_ref(),
+        unsealed,
+    };
+    output::print(args.json, &checked, |out| {
+        if let Some(s) = &seals {
+            print_seals(out, s)?;
+        }
+        if unsealed {
+            writeln!(
+                out,
+                "FAIL unsealed     {}: no seals/ folder: the trace is not signed (--require-signature)",
+                term(&args.trace.display().to_string())
+            )?;
+        }
         for p in &report.problems {
             writeln!(
                 out,
@@ -58,7 +153,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         )
     })?;
-    Ok(if report.ok { 0 } else { 1 })
+    let sealed_ok = seals.as_ref().is_none_or(|s| s.ok) && !unsealed;
+    Ok(if report.ok && sealed_ok { 0 } else { 1 })
 }
 
 fn print_folder(out: &mut dyn Write, r: &FolderReport, depth: usize) -> std::io::Result<()> {
@@ -115,4 +211,35 @@ fn run_folder(args: Args) -> anyhow::Result<i32> {
 /// `1 event`, `2 events`.
 fn count(n: u64, what: &str) -> String {
     format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+/// The `--signing-key` of a trace writer, loaded (and refused when unsafe)
+/// before anything is written.
+pub(super) fn load_key(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>> {
+    Ok(match path {
+        Some(p) => Some(std::sync::Arc::new(
+            kvtrail::custody::keys::SigningKey::load(p)?,
+        )),
+        None => None,
+    })
+}
+
+/// Seals a trace an offline writer (`ingest`, `simulate`) has finished:
+/// one final seal over every file.
+pub(super) fn seal_written(
+    out: &std::path::Path,
+    key: Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>,
+    writer: &str,
+) -> anyhow::Result<()> {
+    if let Some(key) = key {
+        let fp = key.fingerprint();
+        let id = kvtrail::custody::seal::seal_trace(out, key, writer)?;
+        eprintln!(
+            "{}: sealed (capture {id}, signed by {fp}); check: kvtrail verify --allowed-signers FILE",
+            term(&out.display().to_string())
+        );
+    }
+    Ok(())
 }

@@ -38,6 +38,7 @@ mod xfer;
 use super::shared::{Batch, RecordSummary, Shared, View};
 use super::stats::add;
 use crate::capture::Recorder;
+use crate::custody::seal::{PoolCounts, SealJob, Sealer};
 use crate::error::{Error, Result};
 use crate::schema::RequestRecord;
 
@@ -192,11 +193,12 @@ const RECENT: usize = 1 << 16;
 /// `Sidecar::shutdown` returns.
 pub(crate) fn run(
     rec: Recorder,
+    sealer: Option<Sealer>,
     rx: Receiver<Batch>,
     sh: Arc<Shared>,
     out: &Path,
 ) -> Result<RecordSummary> {
-    let r = std::panic::catch_unwind(AssertUnwindSafe(|| run_inner(rec, rx, &sh, out)))
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| run_inner(rec, sealer, rx, &sh, out)))
         .unwrap_or_else(|p| {
             let why = p
                 .downcast_ref::<&str>()
@@ -215,7 +217,13 @@ pub(crate) fn run(
     r
 }
 
-fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Result<RecordSummary> {
+fn run_inner(
+    rec: Recorder,
+    mut sealer: Option<Sealer>,
+    rx: Receiver<Batch>,
+    sh: &Shared,
+    out: &Path,
+) -> Result<RecordSummary> {
     let mut w = W {
         rec,
         sh,
@@ -234,6 +242,7 @@ fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Res
         conflicts: BTreeSet::new(),
     };
     let mut last_tick = Instant::now();
+    let mut last_seal = Instant::now();
     let res: Result<()> = (|| {
         loop {
             match rx.recv_timeout(Duration::from_millis(100)) {
@@ -245,6 +254,13 @@ fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Res
             if last_tick.elapsed() >= Duration::from_secs(1) {
                 last_tick = Instant::now();
                 w.tick(out, false)?;
+            }
+            if let Some(s) = &sealer
+                && let Some(every) = sh.cfg.seal.as_ref().map(|c| c.every)
+                && last_seal.elapsed() >= every
+            {
+                last_seal = Instant::now();
+                w.seal(s)?;
             }
         }
         // Drain what is still queued (connections have finished).
@@ -260,7 +276,7 @@ fn run_inner(rec: Recorder, rx: Receiver<Batch>, sh: &Shared, out: &Path) -> Res
         let _ = w.rec.close_unclean();
         return Err(e);
     }
-    w.finish()
+    w.finish(sealer.take())
 }
 
 impl W<'_> {
@@ -812,7 +828,54 @@ impl W<'_> {
         Ok(())
     }
 
-    fn finish(self) -> Result<RecordSummary> {
+    /// What a seal covers now (the recorder flushed to a row-group
+    /// boundary), with the sidecar's connection counts.
+    fn seal_job(&mut self) -> Result<SealJob> {
+        let st = self.rec.seal_state()?;
+        let s = self.sh.stats.snapshot();
+        let connections = [
+            ("total", s.connections_total),
+            ("live", s.connections_live),
+            ("refused", s.refused_connections),
+            ("rejected_hello", s.rejected_hello),
+            ("dropped_before_hello", s.dropped_before_hello),
+            ("unclosed", s.connections_unclosed),
+            ("cut", s.connections_cut),
+        ];
+        Ok(SealJob {
+            at_ns: crate::custody::seal::writer::wall_ns(),
+            files: st.files,
+            open: st.open,
+            pools: st
+                .pools
+                .iter()
+                .map(|p| PoolCounts {
+                    pool: p.pool,
+                    events: p.events,
+                    next_seq: Some(p.next_seq),
+                    lost: Some(p.lost),
+                    holes: Some(p.holes),
+                })
+                .collect(),
+            connections: Some(connections.map(|(k, v)| (k.to_string(), v)).into()),
+        })
+    }
+
+    /// Hands the sealer what is written now; the capture never waits for it.
+    fn seal(&mut self, sealer: &Sealer) -> Result<()> {
+        let job = self.seal_job()?;
+        if !sealer.seal(job) && self.sh.cfg.seal.is_some() {
+            self.log("the sealing thread stopped; its error ends the capture at shutdown");
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, sealer: Option<Sealer>) -> Result<RecordSummary> {
+        // The pools' counts at close (close flushes the same rows).
+        let last_job = match &sealer {
+            Some(_) => Some(self.seal_job()?),
+            None => None,
+        };
         let mut rec = self.rec;
         let s = self.sh.stats.snapshot();
         let mut trailing = serde_json::Map::new();
@@ -864,10 +927,20 @@ impl W<'_> {
         } else {
             rec.close()?
         };
+        let seals = match (sealer, last_job) {
+            (Some(s), Some(mut job)) => {
+                job.files = manifest.files.clone().unwrap_or_default();
+                job.open = Vec::new();
+                job.at_ns = crate::custody::seal::writer::wall_ns();
+                s.finish(job)?
+            }
+            _ => 0,
+        };
         Ok(RecordSummary {
             stats: self.sh.stats.snapshot(),
             complete: manifest.capture.complete,
             files: manifest.files.as_ref().map_or(0, Vec::len),
+            seals,
         })
     }
 }
