@@ -95,6 +95,8 @@ pub struct RecordConfig {
     /// halves, decode streams parked behind a commit), estimated; beyond it
     /// the newest is dropped and counted (or the parked copy given up).
     pub max_pending_bytes: u64,
+    /// Live detection (docs/live.md): None records only.
+    pub live: Option<super::live::LiveOptions>,
 }
 
 impl RecordConfig {
@@ -111,6 +113,7 @@ impl RecordConfig {
             hello_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
             max_pending_bytes: 64 << 20,
+            live: None,
         }
     }
 }

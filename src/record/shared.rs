@@ -77,4 +77,6 @@ pub struct RecordSummary {
     pub stats: StatsSnapshot,
     pub complete: bool,
     pub files: usize,
+    /// What live detection did (None: it was off, or failed: logged).
+    pub live: Option<super::live::LiveStats>,
 }
