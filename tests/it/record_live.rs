@@ -449,3 +449,32 @@ fn metrics_on_a_remote_address_need_allow_remote() {
     assert!(e.to_string().contains("loopback"), "{e}");
     kvtrail::record::live::metrics::check_addr(a, true).unwrap();
 }
+
+/// `kvtrail record --metrics` on a taken port: exit 2 naming the address,
+/// before anything listens; a remote address without --allow-remote too.
+#[test]
+fn record_refuses_a_taken_metrics_port_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dep = crate::support::record::write_deployment(dir.path());
+    let sock = dir.path().join("s.sock");
+    let run = |metrics: &str, out: &str| {
+        crate::support::cli::kvtrail([
+            "record",
+            "--listen",
+            sock.to_str().unwrap(),
+            "--deployment",
+            dep.to_str().unwrap(),
+            "--out",
+            dir.path().join(out).to_str().unwrap(),
+            "--metrics",
+            metrics,
+        ])
+        .timeout(Duration::from_secs(60))
+        .run()
+    };
+    run(&addr, "t1").refused(&addr);
+    assert!(!sock.exists(), "nothing listens");
+    run("0.0.0.0:9464", "t2").refused("loopback");
+}
