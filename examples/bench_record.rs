@@ -45,6 +45,40 @@ fn line(e: &KvEvent) -> String {
     )
 }
 
+/// One sidecar run over `payloads`: (wall seconds, senders' seconds, the
+/// summary).
+fn sidecar(
+    dir: &std::path::Path,
+    name: &str,
+    dep: Deployment,
+    payloads: &[Vec<u8>],
+    live: bool,
+) -> (f64, f64, kvtrail::record::RecordSummary) {
+    let sock = dir.join(format!("{name}.sock"));
+    let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
+    cfg.queue_batches = 4096;
+    if live {
+        cfg.live = Some(kvtrail::record::live::LiveOptions::default());
+    }
+    let out = dir.join(name);
+    let sc = Sidecar::start(cfg, dep, &out, Arc::new(NoLog)).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for p in payloads {
+            let sock = &sock;
+            s.spawn(move || {
+                let mut c = UnixStream::connect(sock).unwrap();
+                for chunk in p.chunks(1 << 20) {
+                    c.write_all(chunk).unwrap();
+                }
+            });
+        }
+    });
+    let sent = t.elapsed().as_secs_f64();
+    let sum = sc.shutdown().unwrap();
+    (t.elapsed().as_secs_f64(), sent, sum)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let per: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(500_000);
@@ -83,29 +117,13 @@ fn main() {
     rec.close().unwrap();
     let direct = t.elapsed().as_secs_f64();
 
-    // The sidecar with `senders` concurrent connections.
-    let sock = dir.path().join("s.sock");
-    let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
-    cfg.queue_batches = 4096;
-    let out = dir.path().join("sidecar");
-    let sc = Sidecar::start(cfg, dep, &out, Arc::new(NoLog)).unwrap();
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        for p in &payloads {
-            let sock = &sock;
-            s.spawn(move || {
-                let mut c = UnixStream::connect(sock).unwrap();
-                for chunk in p.chunks(1 << 20) {
-                    c.write_all(chunk).unwrap();
-                }
-            });
-        }
-    });
-    let sent = t.elapsed().as_secs_f64();
-    let sum = sc.shutdown().unwrap();
-    let wall = t.elapsed().as_secs_f64();
+    // The sidecar with `senders` concurrent connections, without and with
+    // live detection (the lineage rule applied while recording).
+    let (wall, sent, sum) = sidecar(dir.path(), "sidecar", dep.clone(), &payloads, false);
+    let (lwall, lsent, lsum) = sidecar(dir.path(), "live", dep, &payloads, true);
     let st = &sum.stats;
     assert_eq!(st.kv_written + st.lost_queue, total, "{st:?}");
+    let live = lsum.live.clone().expect("live stats");
     println!(
         "bench_record: {senders} senders x {per} events ({:.0} MB of JSONL), {} cores",
         bytes as f64 / 1e6,
@@ -123,5 +141,18 @@ fn main() {
         st.lost_queue,
         sent
     );
+    println!(
+        "  sidecar + live detection:    {:>8.3} s  {:>10.0} events/s written, {} classified live ({} dropped from the live view, {} affected responses), senders done after {:.3} s",
+        lwall,
+        lsum.stats.kv_written as f64 / lwall,
+        live.events_applied,
+        live.events_dropped,
+        live.affected_responses,
+        lsent
+    );
     println!("  ratio sidecar / direct time: {:.2}x", wall / direct);
+    println!(
+        "  ratio sidecar+live / sidecar events/s: {:.2}x",
+        (lsum.stats.kv_written as f64 / lwall) / (st.kv_written as f64 / wall)
+    );
 }

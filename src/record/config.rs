@@ -98,6 +98,8 @@ pub struct RecordConfig {
     /// Seal the trace while it is written (`--signing-key`,
     /// `--seal-every`): see `custody::seal`.
     pub seal: Option<SealConfig>,
+    /// Live detection (docs/live.md): None records only.
+    pub live: Option<super::live::LiveOptions>,
 }
 
 /// How the sidecar seals the trace it writes.
@@ -123,6 +125,7 @@ impl RecordConfig {
             shutdown_grace: Duration::from_secs(5),
             max_pending_bytes: 64 << 20,
             seal: None,
+            live: None,
         }
     }
 }

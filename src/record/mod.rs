@@ -23,6 +23,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod live;
 pub mod shared;
 pub mod stats;
 pub mod wire;
@@ -57,6 +58,7 @@ pub struct Sidecar {
     writer: Option<JoinHandle<Result<RecordSummary>>>,
     listen: Listen,
     socket_path: Option<PathBuf>,
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Sidecar {
@@ -68,6 +70,17 @@ impl Sidecar {
         out: &Path,
         log: Arc<dyn RecordLog>,
     ) -> Result<Sidecar> {
+        let stats = Arc::new(Stats::default());
+        let live = match &cfg.live {
+            Some(o) => Some(live::Live::start(
+                o,
+                &deployment,
+                cfg.recorder.from_engine_start,
+                stats.clone(),
+            )?),
+            None => None,
+        };
+        let metrics_addr = live.as_ref().and_then(live::Live::metrics_addr);
         let rec = crate::capture::Recorder::create(out, deployment.clone(), cfg.recorder.clone())?;
         let sealer = match &cfg.seal {
             Some(s) => Some(crate::custody::seal::Sealer::start(
@@ -80,7 +93,6 @@ impl Sidecar {
         };
         let (listener, listen, socket_path) = bind(&cfg.listen)?;
         let (tx, rx): (SyncSender<Batch>, Receiver<Batch>) = sync_channel(cfg.queue_batches.max(1));
-        let stats = Arc::new(Stats::default());
         let shared = Arc::new(Shared {
             cfg,
             deployment,
@@ -96,7 +108,7 @@ impl Sidecar {
         let out = out.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("kvtrail-writer".into())
-            .spawn(move || writer::run(rec, sealer, rx, w_shared, &out))
+            .spawn(move || writer::run(rec, sealer, rx, w_shared, &out, live))
             .map_err(|e| Error::Other(format!("cannot start the writer thread: {e}")))?;
         let a_shared = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -109,7 +121,13 @@ impl Sidecar {
             writer: Some(writer),
             listen,
             socket_path,
+            metrics_addr,
         })
+    }
+
+    /// Where `/metrics` is served (the port, when 0 was asked for).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr
     }
 
     /// The address actually bound (the port, when 0 was asked for).

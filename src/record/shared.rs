@@ -79,4 +79,6 @@ pub struct RecordSummary {
     pub files: usize,
     /// Seals written (`--signing-key`), the final one included.
     pub seals: u64,
+    /// What live detection did (None: it was off, or failed: logged).
+    pub live: Option<super::live::LiveStats>,
 }

@@ -32,6 +32,7 @@ mod outputs_hostile;
 mod prefix_cache;
 mod record_causal;
 mod record_hostile;
+mod record_live;
 mod record_protocol;
 mod record_sglang;
 mod record_soak;

@@ -71,6 +71,18 @@ pub struct Args {
     /// With --signing-key: a seal every DURATION (e.g. 500ms, 10s, 5m; default 60s), and a final one at close.
     #[arg(long, value_name = "DURATION", value_parser = kvtrail::custody::seal::parse_every, requires = "signing_key")]
     pub seal_every: Option<Duration>,
+    /// Live detection: apply the lineage rule while recording and write live-findings.json into the trace (docs/live.md). Implied by --alerts and --metrics.
+    #[arg(long)]
+    pub live: bool,
+    /// Write one OCSF JSON line per alert to FILE (appended; `-`: stdout): first foreign read of a response, cross-tenant prefix hit, capture loss.
+    #[arg(long, value_name = "FILE")]
+    pub alerts: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (loopback unless --allow-remote), e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Milliseconds live detection holds each event before applying it (so copies see their source as of src_seq).
+    #[arg(long, default_value_t = 200)]
+    pub live_holdback_ms: u64,
 }
 
 struct StderrLog;
@@ -105,6 +117,23 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         key,
         every: args.seal_every.unwrap_or(Duration::from_secs(60)),
     });
+    if args.live || args.alerts.is_some() || args.metrics.is_some() {
+        if let Some(a) = args.metrics {
+            kvtrail::record::live::metrics::check_addr(a, args.allow_remote)?;
+        }
+        let mut o = kvtrail::record::live::LiveOptions {
+            alerts: args.alerts.as_deref().map(|a| match a {
+                "-" => kvtrail::record::live::AlertTarget::Stream(Arc::new(std::sync::Mutex::new(
+                    Box::new(std::io::stdout()),
+                ))),
+                f => kvtrail::record::live::AlertTarget::File(PathBuf::from(f)),
+            }),
+            metrics: args.metrics,
+            ..Default::default()
+        };
+        o.bounds.holdback = Duration::from_millis(args.live_holdback_ms);
+        cfg.live = Some(o);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -116,6 +145,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         term(&sidecar.listen().to_string()),
         term(&args.out.display().to_string())
     );
+    if let Some(a) = sidecar.metrics_addr() {
+        eprintln!("record: metrics at http://{a}/metrics");
+    }
     let stats = sidecar.stats();
     let mut last = Instant::now();
     let mut last_written = 0u64;
@@ -196,5 +228,31 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         Ok(())
     })?;
+    if let Some(l) = &sum.live {
+        output::print_human(|out| {
+            writeln!(
+                out,
+                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped), {} seq holes; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
+                l.events_applied,
+                l.affected_responses,
+                l.alerts,
+                l.alerts_written,
+                l.alerts_dropped,
+                l.seq_holes,
+                l.events_dropped,
+                l.copies_late,
+                l.copies_timed_out,
+                l.stopped
+                    .as_deref()
+                    .map(|s| format!("; stopped: {}", term(s)))
+                    .unwrap_or_default(),
+                if l.exact() {
+                    "live findings equal a fresh scope"
+                } else {
+                    "live findings may differ from a fresh scope (see live-findings.json)"
+                }
+            )
+        })?;
+    }
     Ok(0)
 }

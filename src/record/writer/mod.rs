@@ -35,12 +35,13 @@ use std::time::{Duration, Instant};
 use super::wire::{LoadPolicy, Msg, PageRun, XferCommit, XferPull};
 
 mod xfer;
+use super::live::Live;
 use super::shared::{Batch, RecordSummary, Shared, View};
 use super::stats::add;
 use crate::capture::Recorder;
 use crate::custody::seal::{PoolCounts, SealJob, Sealer};
 use crate::error::{Error, Result};
-use crate::schema::RequestRecord;
+use crate::schema::{KvEvent, RequestRecord};
 
 struct Chunk {
     src_pool: u16,
@@ -146,6 +147,8 @@ fn msg_bytes(m: &Msg) -> u64 {
 }
 
 struct W<'a> {
+    /// Live detection, fed every event written, loss and request row.
+    live: Option<Live>,
     rec: Recorder,
     sh: &'a Shared,
     rooms: HashMap<u64, Room>,
@@ -197,8 +200,11 @@ pub(crate) fn run(
     rx: Receiver<Batch>,
     sh: Arc<Shared>,
     out: &Path,
+    live: Option<Live>,
 ) -> Result<RecordSummary> {
-    let r = std::panic::catch_unwind(AssertUnwindSafe(|| run_inner(rec, sealer, rx, &sh, out)))
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run_inner(rec, sealer, rx, &sh, out, live)
+    }))
         .unwrap_or_else(|p| {
             let why = p
                 .downcast_ref::<&str>()
@@ -223,8 +229,10 @@ fn run_inner(
     rx: Receiver<Batch>,
     sh: &Shared,
     out: &Path,
+    live: Option<Live>,
 ) -> Result<RecordSummary> {
     let mut w = W {
+        live,
         rec,
         sh,
         rooms: HashMap::new(),
@@ -276,7 +284,21 @@ fn run_inner(
         let _ = w.rec.close_unclean();
         return Err(e);
     }
-    w.finish(sealer.take())
+    // Live detection ends after the trace is closed: its findings are
+    // scoped against the requests table just written. Its failure is
+    // logged, never the capture's.
+    let live = w.live.take();
+    let mut summary = w.finish(sealer.take())?;
+    if let Some(l) = live {
+        match l.close(out) {
+            Ok(s) => summary.live = Some(s),
+            Err(e) => sh.log(&format!(
+                "live detection: no live findings written: {}",
+                e.to_string().replace('\n', " ")
+            )),
+        }
+    }
+    Ok(summary)
 }
 
 impl W<'_> {
@@ -299,6 +321,9 @@ impl W<'_> {
         let view = b.view;
         for m in b.msgs {
             self.msg(b.conn, view, m)?;
+        }
+        if let Some(l) = &mut self.live {
+            l.flush();
         }
         self.sh
             .stats
@@ -332,6 +357,9 @@ impl W<'_> {
     /// the pool's seq space cannot take the hole, the events are counted as
     /// `lost_unrecorded` (the capture is then incomplete).
     fn lose(&mut self, pool: u16, n: u64) -> Result<()> {
+        if let Some(l) = &mut self.live {
+            l.lost(pool, n);
+        }
         match self.rec.lose(pool, n) {
             Ok(()) => {
                 // The hole is part of the pool's history: a later pull from
@@ -357,7 +385,11 @@ impl W<'_> {
 
     /// Bookkeeping for an event just written at `seq`: counted, the pool's
     /// written end, and the stamping history. Every write path calls it.
-    fn written(&mut self, pool: u16, ts_ns: i64, seq: u64) {
+    fn written(&mut self, ev: KvEvent, seq: u64) {
+        let (pool, ts_ns) = (ev.pool, ev.ts_ns);
+        if let Some(l) = &mut self.live {
+            l.event(KvEvent { seq, ..ev });
+        }
         self.sh.stats.kv_written.fetch_add(1, Ordering::Relaxed);
         self.written_next.insert(pool, seq + 1);
         self.note(pool, ts_ns, seq);
@@ -381,7 +413,7 @@ impl W<'_> {
                 match r {
                     Ok(()) => {
                         let next = self.rec.next_seq(event.pool)?;
-                        self.written(event.pool, event.ts_ns, next - 1);
+                        self.written(event, next - 1);
                     }
                     Err(e) => {
                         st.rejected_contract.fetch_add(1, Ordering::Relaxed);
@@ -748,8 +780,12 @@ impl W<'_> {
             self.conflict(id, "a second request row");
             return Ok(());
         }
+        let row_copy = self.live.as_ref().map(|_| row.clone());
         match self.rec.request(row) {
             Ok(()) => {
+                if let (Some(l), Some(r)) = (&mut self.live, &row_copy) {
+                    l.request(r);
+                }
                 self.written_ids.insert(id);
                 self.sh
                     .stats
@@ -941,6 +977,7 @@ impl W<'_> {
             complete: manifest.capture.complete,
             files: manifest.files.as_ref().map_or(0, Vec::len),
             seals,
+            live: None,
         })
     }
 }

@@ -43,9 +43,8 @@ impl W<'_> {
         match self.copy_events(c, &room) {
             Ok(evs) => {
                 for ev in evs {
-                    let ts = ev.ts_ns;
                     match self.rec.kv(ev) {
-                        Ok(seq) => self.written(c.pool, ts, seq),
+                        Ok(seq) => self.written(ev, seq),
                         Err(e) => {
                             self.sh
                                 .stats
@@ -201,7 +200,7 @@ impl W<'_> {
             match self.rec.kv(ev) {
                 Ok(seq) => {
                     add(&st.pulls_written, 1);
-                    self.written(p.pool, p.ts_ns, seq);
+                    self.written(ev, seq);
                 }
                 Err(e) => {
                     st.rejected_contract.fetch_add(1, Ordering::Relaxed);

@@ -119,7 +119,7 @@ fn base(class_uid: u64, class_name: &str, severity_id: u64, time_ms: i64) -> Obj
         .set("time", time_ms)
 }
 
-fn metadata(input: &ExportInput, audience: Audience, uid: &str, profiles: &[&str]) -> Value {
+fn metadata(cx: &Context, audience: Audience, uid: &str, profiles: &[&str]) -> Value {
     let mut labels = vec![format!("kvtrail:{}", audience.as_str())];
     if audience == Audience::Internal {
         labels.push("kvtrail:names-source-customers".into());
@@ -135,7 +135,7 @@ fn metadata(input: &ExportInput, audience: Audience, uid: &str, profiles: &[&str
             }),
         )
         .set("uid", uid)
-        .set("correlation_uid", input.incident_uid())
+        .set("correlation_uid", cx.incident_uid.clone())
         .set("labels", labels);
     if !profiles.is_empty() {
         m = m.set("profiles", profiles.to_vec());
@@ -233,8 +233,8 @@ fn data_security_finding(
     }
 }
 
-fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Finding {
-    let uid = format!("{}:response:{}", input.incident_uid(), a.request_id);
+fn foreign_finding(cx: &Context, audience: Audience, a: &Response) -> Finding {
+    let uid = format!("{}:response:{}", cx.incident_uid, a.request_id);
     let severity = response_severity(a);
     let conf = confidence_id(a.confidence);
     let (first, last) = (ms(a.first_read_ns), ms(a.last_read_ns));
@@ -292,8 +292,8 @@ fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Fin
         .set("last_read_ns", a.last_read_ns)
         .set("source_requests", a.sources.len() as u64)
         .set("source_customers", others.len() as u64)
-        .set("evidence_complete", input.report.coverage.complete)
-        .set("trace_json_blake3", input.trace_blake3.clone());
+        .set("evidence_complete", cx.evidence_complete)
+        .opt("trace_json_blake3", cx.trace_blake3.clone());
     if audience == Audience::Internal {
         let sources: Vec<Value> = a
             .sources
@@ -334,22 +334,28 @@ fn foreign_finding(input: &ExportInput, audience: Audience, a: &Response) -> Fin
         message,
         info,
         resources,
-        metadata(input, audience, &uid, &[]),
+        metadata(cx, audience, &uid, &[]),
         unmapped.done(),
     )
 }
 
-fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Finding {
-    let uid = format!("{}:prefix-cache:{}", input.incident_uid(), h.request_id);
-    let row = input.requests.get(&h.request_id);
+/// Where a prefix-cache finding is placed in time: the reader's arrival
+/// and finish when its requests-table row is known (`arrival_ns`), else
+/// `fallback_ns`.
+pub struct PrefixTime {
+    pub arrival_ns: Option<i64>,
+    pub finish_ns: Option<i64>,
+    pub fallback_ns: i64,
+}
+
+fn prefix_finding(cx: &Context, audience: Audience, h: &SharedHit, t: &PrefixTime) -> Finding {
+    let uid = format!("{}:prefix-cache:{}", cx.incident_uid, h.request_id);
     // Placed at the request's arrival; without a requests-table row, at
     // the end of the capture.
-    let at_ns = row
-        .map(|r| r.arrival_ns)
-        .unwrap_or(input.report.deployment.capture_ended_ns);
+    let at_ns = t.arrival_ns.unwrap_or(t.fallback_ns);
     let at = ms(at_ns);
-    let end = row.and_then(|r| r.finish_ns).map(ms).filter(|e| *e >= at);
-    let conf = if input.report.coverage.complete { 3 } else { 2 };
+    let end = t.arrival_ns.and(t.finish_ns).map(ms).filter(|e| *e >= at);
+    let conf = if cx.evidence_complete { 3 } else { 2 };
     let others = other_customers(&h.tenant, h.sources.iter().map(|s| &s.tenant));
     let info = Obj::new()
         .set("uid", uid.clone())
@@ -392,13 +398,13 @@ fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Fin
         .set("request_id", h.request_id)
         .opt("external_id", h.external_id.clone())
         .set("tenant_kind", tenant_kind(&h.tenant))
-        .set("in_requests_table", row.is_some())
-        .opt("arrival_ns", row.map(|r| r.arrival_ns))
+        .set("in_requests_table", t.arrival_ns.is_some())
+        .opt("arrival_ns", t.arrival_ns)
         .set("shared_tokens", h.tokens)
         .set("source_requests", h.sources.len() as u64)
         .set("source_customers", others.len() as u64)
-        .set("evidence_complete", input.report.coverage.complete)
-        .set("trace_json_blake3", input.trace_blake3.clone());
+        .set("evidence_complete", cx.evidence_complete)
+        .opt("trace_json_blake3", cx.trace_blake3.clone());
     if audience == Audience::Internal {
         let sources: Vec<Value> = h
             .sources
@@ -433,25 +439,106 @@ fn prefix_finding(input: &ExportInput, audience: Audience, h: &SharedHit) -> Fin
         message,
         info,
         resources,
-        metadata(input, audience, &uid, &[]),
+        metadata(cx, audience, &uid, &[]),
         unmapped.done(),
     )
+}
+
+/// What a finding says of the evidence it comes from: a scope folder's
+/// (`Context::of`), or the live sidecar's (no trace digest yet).
+pub struct Context {
+    pub incident_uid: String,
+    pub evidence_complete: bool,
+    pub trace_blake3: Option<String>,
+}
+
+impl Context {
+    fn of(input: &ExportInput) -> Self {
+        Context {
+            incident_uid: input.incident_uid(),
+            evidence_complete: input.report.coverage.complete,
+            trace_blake3: Some(input.trace_blake3.clone()),
+        }
+    }
+}
+
+/// The Data Security Finding (class 2006) of one affected response, as
+/// findings.ocsf.jsonl writes it.
+pub fn foreign_event(cx: &Context, audience: Audience, a: &Response) -> Value {
+    foreign_finding(cx, audience, a).event
+}
+
+/// The Data Security Finding (class 2006) of one cross-tenant
+/// prefix-cache hit under a per-tenant promise.
+pub fn prefix_event(cx: &Context, audience: Audience, h: &SharedHit, t: &PrefixTime) -> Value {
+    prefix_finding(cx, audience, h, t).event
+}
+
+/// A Data Security Finding (class 2006) saying detection itself is
+/// degraded: `lost` events of `pool` are missing, so reads after them
+/// cannot be classified with certainty (severity Medium, confidence Low).
+pub fn degraded_event(cx: &Context, pool: u16, lost: u64, time_ns: i64) -> Value {
+    let uid = format!("{}:degraded:{pool}:{time_ns}", cx.incident_uid);
+    let t = ms(time_ns);
+    let info = Obj::new()
+        .set("uid", uid.clone())
+        .set("title", "KV lineage detection degraded: events lost")
+        .set("types", vec!["capture loss"])
+        .set("first_seen_time", t)
+        .set("last_seen_time", t)
+        .set("data_sources", vec!["kvtrail trace"])
+        .done();
+    let message = format!(
+        "live detection degraded: {} lost on pool {pool}",
+        count(lost, "event", "events")
+    );
+    let unmapped = Obj::new()
+        .set("kind", "capture_loss")
+        .set("pool", pool)
+        .set("lost_events", lost)
+        .set("evidence_complete", false)
+        .opt("trace_json_blake3", cx.trace_blake3.clone());
+    data_security_finding(
+        DataSecurity {
+            severity: 3,
+            start_ms: t,
+            end_ms: None,
+            time_ms: t,
+            confidence: 1,
+            pattern: "seq holes in the KV event stream (lineage replay)",
+        },
+        message,
+        info,
+        Vec::new(),
+        metadata(cx, Audience::Internal, &uid, &[]),
+        unmapped.done(),
+    )
+    .event
 }
 
 /// Every event of findings.ocsf.jsonl, in file order.
 pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
     let r = &input.report;
+    let cx = Context::of(input);
     let mut findings: Vec<Finding> = r
         .affected_responses
         .iter()
-        .map(|a| foreign_finding(input, audience, a))
+        .map(|a| foreign_finding(&cx, audience, a))
         .collect();
     let hits: &[SharedHit] = if input.prefix_hits_count() {
         &r.cross_tenant_shared
     } else {
         &[]
     };
-    findings.extend(hits.iter().map(|h| prefix_finding(input, audience, h)));
+    findings.extend(hits.iter().map(|h| {
+        let row = input.requests.get(&h.request_id);
+        let t = PrefixTime {
+            arrival_ns: row.map(|r| r.arrival_ns),
+            finish_ns: row.and_then(|r| r.finish_ns),
+            fallback_ns: r.deployment.capture_ended_ns,
+        };
+        prefix_finding(&cx, audience, h, &t)
+    }));
     let complete = r.coverage.complete;
     // No finding: Informational on complete evidence; Unknown when the
     // evidence has holes (exposure cannot be ruled out).
@@ -552,7 +639,7 @@ pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
             "finding_info_list",
             findings.iter().map(|f| f.info.clone()).collect::<Vec<_>>(),
         )
-        .set("metadata", metadata(input, audience, &uid, &["incident"]))
+        .set("metadata", metadata(&cx, audience, &uid, &["incident"]))
         .set("unmapped", unmapped.done())
         .done();
     let mut out: Vec<Value> = findings.into_iter().map(|f| f.event).collect();

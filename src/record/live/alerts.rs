@@ -1,0 +1,472 @@
+//! Alerts: one JSON line each, an OCSF Data Security Finding (class 2006)
+//! built by the export's mapping (`report::export::ocsf`), written to a
+//! file or stdout by a thread of its own behind a bounded queue, so a slow
+//! disk or a blocked pipe never holds the live replay (an alert that does
+//! not fit is dropped and counted).
+//!
+//! [`Detector`] decides what is alerted, from the read runs the live
+//! replay classifies: a response's first foreign read (one alert per
+//! affected response, however many reads follow), a cross-tenant
+//! prefix-cache hit where the deployment promised per-tenant prefix
+//! caches (once per response; raised when both tenants are known), and
+//! capture loss (at most one alert per pool a second, the loss summed).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+
+use serde_json::Value;
+
+use super::metrics::Metrics;
+use crate::error::{Error, Result};
+use crate::lineage::{ReadKind, ReadRun};
+use crate::report::export::Audience;
+use crate::report::export::ocsf::{self, Context, PrefixTime};
+use crate::schema::{ENGINE_REQUEST, RequestRecord};
+use crate::scope::{Confidence, Crossing, Response, SharedHit, SharedSource, Source, Tenant};
+
+/// A stream alerts are written to (the CLI's stdout).
+pub type AlertStream = Arc<std::sync::Mutex<Box<dyn Write + Send>>>;
+
+/// Where alerts go: a file (created owner-only, appended to), or a stream
+/// the caller owns.
+#[derive(Clone)]
+pub enum AlertTarget {
+    File(PathBuf),
+    Stream(AlertStream),
+}
+
+impl std::fmt::Debug for AlertTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AlertTarget::File(p) => write!(f, "File({})", p.display()),
+            AlertTarget::Stream(_) => f.write_str("Stream"),
+        }
+    }
+}
+
+/// Writes through a shared stream.
+struct Shared(AlertStream);
+
+impl Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::ErrorKind::Other)?
+            .write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::ErrorKind::Other)?
+            .flush()
+    }
+}
+
+/// The queue to the alert writer thread.
+pub struct Sink {
+    tx: Option<SyncSender<String>>,
+    thread: Option<JoinHandle<()>>,
+    pub dropped: Arc<AtomicU64>,
+    pub written: Arc<AtomicU64>,
+}
+
+impl Sink {
+    /// Opens the target (a file is created owner-only, appended to) and
+    /// starts the writer thread; `queue` alerts wait at most.
+    pub fn start(target: &AlertTarget, queue: usize) -> Result<Sink> {
+        let out: Box<dyn Write + Send> = match target {
+            AlertTarget::Stream(s) => Box::new(Shared(s.clone())),
+            AlertTarget::File(p) => Box::new(open_append(p)?),
+        };
+        let (tx, rx) = sync_channel::<String>(queue.max(1));
+        let written = Arc::new(AtomicU64::new(0));
+        let w = written.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvtrail-alerts".into())
+            .spawn(move || write_loop(out, rx, &w))
+            .map_err(|e| Error::Other(format!("cannot start the alert thread: {e}")))?;
+        Ok(Sink {
+            tx: Some(tx),
+            thread: Some(thread),
+            dropped: Arc::new(AtomicU64::new(0)),
+            written,
+        })
+    }
+
+    /// Queues one alert; false (counted) when the queue is full.
+    pub fn send(&self, line: String) -> bool {
+        match self.tx.as_ref().map(|t| t.try_send(line)) {
+            Some(Ok(())) => true,
+            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Writes what is queued and stops the thread.
+    pub fn close(mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn open_append(p: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(p)
+        .map_err(|e| Error::io(p, e))
+}
+
+fn write_loop(mut out: Box<dyn Write + Send>, rx: Receiver<String>, written: &AtomicU64) {
+    while let Ok(line) = rx.recv() {
+        // Each alert is flushed at once: it must be readable within a
+        // second. A failed write (a closed pipe) drops the rest quietly:
+        // the count of written alerts says how many went out.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            while rx.recv().is_ok() {}
+            return;
+        }
+        written.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the live side knows of a request (from its requests-table row).
+#[derive(Debug, Clone)]
+struct Req {
+    external_id: Option<String>,
+    tenant: String,
+    arrival_ns: i64,
+    finish_ns: Option<i64>,
+}
+
+/// Request rows the detector keeps (oldest dropped first).
+const REQUESTS_KEPT: usize = 1 << 20;
+/// Prefix-cache hits waiting for a tenant to be known (newest dropped).
+const HITS_KEPT: usize = 1 << 16;
+
+/// Decides the alerts from read runs, request rows and losses.
+pub struct Detector {
+    cx: Context,
+    tenant_prefix: bool,
+    sink: Option<Sink>,
+    metrics: Arc<Metrics>,
+    requests: HashMap<u64, Req>,
+    order: VecDeque<u64>,
+    /// Responses alerted for a foreign read.
+    foreign: HashSet<u64>,
+    /// Responses alerted for a cross-tenant prefix hit.
+    prefix: HashSet<u64>,
+    /// Prefix hits whose tenants are not yet both known: reader ->
+    /// source -> slots.
+    pending_hits: HashMap<u64, BTreeMap<u64, u64>>,
+    /// Loss per pool not yet alerted.
+    lost: BTreeMap<u16, u64>,
+}
+
+impl Detector {
+    pub fn new(
+        cx: Context,
+        tenant_prefix: bool,
+        sink: Option<Sink>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Detector {
+            cx,
+            tenant_prefix,
+            sink,
+            metrics,
+            requests: HashMap::new(),
+            order: VecDeque::new(),
+            foreign: HashSet::new(),
+            prefix: HashSet::new(),
+            pending_hits: HashMap::new(),
+            lost: BTreeMap::new(),
+        }
+    }
+
+    fn emit(&mut self, v: Value) {
+        self.metrics.alerts.inc();
+        if let Some(s) = &self.sink
+            && !s.send(v.to_string())
+        {
+            self.metrics.alerts_dropped.inc();
+        }
+    }
+
+    fn tenant(&self, id: u64) -> Tenant {
+        if id == ENGINE_REQUEST {
+            return Tenant::Engine;
+        }
+        self.requests
+            .get(&id)
+            .map_or(Tenant::Unknown, |r| Tenant::Customer(r.tenant.clone()))
+    }
+
+    fn external(&self, id: u64) -> Option<String> {
+        self.requests.get(&id).and_then(|r| r.external_id.clone())
+    }
+
+    /// A request row was written.
+    pub fn request(&mut self, r: &RequestRecord) {
+        if self.requests.len() >= REQUESTS_KEPT
+            && let Some(old) = self.order.pop_front()
+        {
+            self.requests.remove(&old);
+        }
+        self.order.push_back(r.request_id);
+        self.requests.insert(
+            r.request_id,
+            Req {
+                external_id: r.external_id.clone(),
+                tenant: r.tenant.clone(),
+                arrival_ns: r.arrival_ns,
+                finish_ns: r.finish_ns,
+            },
+        );
+        // Prefix hits this row makes decidable.
+        let ready: Vec<u64> = self
+            .pending_hits
+            .iter()
+            .filter(|(reader, srcs)| **reader == r.request_id || srcs.contains_key(&r.request_id))
+            .map(|(reader, _)| *reader)
+            .collect();
+        for reader in ready {
+            self.try_prefix(reader);
+        }
+    }
+
+    /// Events lost on `pool` (a hole in its seq stream).
+    pub fn lost(&mut self, pool: u16, n: u64) {
+        *self.lost.entry(pool).or_default() += n;
+    }
+
+    /// Alerts the losses gathered since the last call (once a second).
+    pub fn flush_losses(&mut self, now_ns: i64) {
+        for (pool, n) in std::mem::take(&mut self.lost) {
+            let v = ocsf::degraded_event(&self.cx, pool, n, now_ns);
+            self.emit(v);
+        }
+    }
+
+    /// The unclean read runs of one batch of the live replay.
+    pub fn runs(&mut self, runs: &[ReadRun]) {
+        let mut i = 0;
+        while i < runs.len() {
+            // The runs of one read event lie together.
+            let r0 = runs[i];
+            let mut j = i;
+            while j < runs.len() && (runs[j].seq, runs[j].pool) == (r0.seq, r0.pool) {
+                j += 1;
+            }
+            self.event_runs(&runs[i..j]);
+            i = j;
+        }
+    }
+
+    fn event_runs(&mut self, runs: &[ReadRun]) {
+        let reader = runs[0].reader;
+        let mut foreign: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+        for r in runs {
+            match r.kind {
+                ReadKind::Foreign => {
+                    let f = foreign.entry(r.source).or_insert((0, true));
+                    f.0 += r.count as u64;
+                    f.1 &= !r.uncertain;
+                }
+                ReadKind::Shared if self.tenant_prefix => {
+                    if reader == ENGINE_REQUEST || r.source == ENGINE_REQUEST {
+                        continue;
+                    }
+                    if self.prefix.contains(&reader) {
+                        continue;
+                    }
+                    if self.pending_hits.len() >= HITS_KEPT
+                        && !self.pending_hits.contains_key(&reader)
+                    {
+                        continue;
+                    }
+                    *self
+                        .pending_hits
+                        .entry(reader)
+                        .or_default()
+                        .entry(r.source)
+                        .or_default() += r.count as u64;
+                }
+                _ => {}
+            }
+        }
+        if self.pending_hits.contains_key(&reader) {
+            self.try_prefix(reader);
+        }
+        if foreign.is_empty() || reader == ENGINE_REQUEST {
+            return;
+        }
+        self.metrics.foreign_reads.inc();
+        if !self.foreign.insert(reader) {
+            return;
+        }
+        let certain = foreign.values().all(|v| v.1);
+        let confidence = if certain {
+            Confidence::Confirmed
+        } else {
+            Confidence::Possible
+        };
+        self.metrics
+            .affected
+            .get_or_create(&vec![(
+                "confidence".to_string(),
+                confidence.as_str().to_string(),
+            )])
+            .inc();
+        let tenant = self.tenant(reader);
+        let (seq, ts) = (runs[0].seq, runs[0].ts_ns);
+        let pool = runs[0].pool;
+        let sources: Vec<Source> = foreign
+            .iter()
+            .map(|(&src, &(tokens, certain))| {
+                let st = self.tenant(src);
+                let crossing = Crossing::between(&tenant, src, &st);
+                Source {
+                    request_id: src,
+                    external_id: self.external(src),
+                    tenant: st,
+                    tokens,
+                    first_seq: seq,
+                    last_seq: seq,
+                    first_ts_ns: ts,
+                    last_ts_ns: ts,
+                    pools: vec![pool],
+                    cross_tenant: crossing.counted(),
+                    confidence: if certain {
+                        Confidence::Confirmed
+                    } else {
+                        Confidence::Possible
+                    },
+                }
+            })
+            .collect();
+        let tokens: u64 = foreign.values().map(|v| v.0).sum();
+        let row = self.requests.get(&reader);
+        let mut a = Response {
+            request_id: reader,
+            external_id: self.external(reader),
+            tenant,
+            in_requests_table: row.is_some(),
+            arrival_ns: row.map(|r| r.arrival_ns),
+            finish_ns: row.and_then(|r| r.finish_ns),
+            http_status: None,
+            finish_reason: None,
+            prompt_tokens: None,
+            prefilled_tokens: None,
+            output_tokens: None,
+            output_hash: None,
+            foreign_tokens: tokens,
+            unknown_tokens: 0,
+            uncertain_tokens: 0,
+            exposed_tokens: tokens,
+            cross_tenant: false,
+            confidence,
+            reasons: vec!["foreign".into()],
+            first_read_ns: ts,
+            last_read_ns: ts,
+            sources,
+        };
+        a.cross_tenant = a.crossing().counted();
+        let mut v = ocsf::foreign_event(&self.cx, Audience::Internal, &a);
+        mark_live(&mut v, "first_foreign_read", pool, seq);
+        self.emit(v);
+    }
+
+    /// Alerts `reader`'s pending prefix hits once its tenant and a
+    /// source's are known and differ; forgets the ones of its own tenant.
+    fn try_prefix(&mut self, reader: u64) {
+        let Some(srcs) = self.pending_hits.get(&reader) else {
+            return;
+        };
+        let tenant = self.tenant(reader);
+        if tenant.customer().is_none() {
+            return;
+        }
+        let mut crossing: Vec<SharedSource> = Vec::new();
+        let mut undecided = false;
+        for (&src, &tokens) in srcs {
+            let st = self.tenant(src);
+            match Crossing::between(&tenant, src, &st) {
+                Crossing::Yes => crossing.push(SharedSource {
+                    request_id: src,
+                    tenant: st,
+                    tokens,
+                }),
+                Crossing::Unknown => undecided = true,
+                Crossing::No => {}
+            }
+        }
+        if crossing.is_empty() {
+            if !undecided {
+                self.pending_hits.remove(&reader);
+            }
+            return;
+        }
+        self.pending_hits.remove(&reader);
+        self.prefix.insert(reader);
+        self.metrics.prefix_hits.inc();
+        let row = self.requests.get(&reader);
+        let t = PrefixTime {
+            arrival_ns: row.map(|r| r.arrival_ns),
+            finish_ns: row.and_then(|r| r.finish_ns),
+            fallback_ns: 0,
+        };
+        let h = SharedHit {
+            request_id: reader,
+            external_id: self.external(reader),
+            tenant,
+            tokens: crossing.iter().map(|s| s.tokens).sum(),
+            sources: crossing,
+        };
+        let mut v = ocsf::prefix_event(&self.cx, Audience::Internal, &h, &t);
+        mark_live(&mut v, "cross_tenant_prefix_hit", 0, 0);
+        self.emit(v);
+    }
+
+    /// Responses alerted for a foreign read.
+    pub fn alerted(&self) -> BTreeSet<u64> {
+        self.foreign.iter().copied().collect()
+    }
+
+    /// Stops the alert thread after it wrote what is queued; (written,
+    /// dropped).
+    pub fn close(mut self) -> (u64, u64) {
+        match self.sink.take() {
+            Some(s) => {
+                let d = s.dropped.clone();
+                let w = s.written.clone();
+                s.close();
+                (w.load(Ordering::Relaxed), d.load(Ordering::Relaxed))
+            }
+            None => (0, 0),
+        }
+    }
+}
+
+/// Marks an alert as the live sidecar's: what raised it, and where.
+fn mark_live(v: &mut Value, trigger: &str, pool: u16, seq: u64) {
+    if let Some(u) = v.get_mut("unmapped").and_then(Value::as_object_mut) {
+        u.insert("source".into(), "kvtrail record (live)".into());
+        u.insert("trigger".into(), trigger.into());
+        if trigger == "first_foreign_read" {
+            u.insert("pool".into(), pool.into());
+            u.insert("seq".into(), seq.into());
+        }
+    }
+}

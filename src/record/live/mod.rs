@@ -1,0 +1,359 @@
+//! Live detection in `record`: the lineage rule applied while the sidecar
+//! records (docs/live.md).
+//!
+//! The writer hands every event it writes, every loss and every request
+//! row to [`Live`] (`event`, `lost`, `request`), which passes them in
+//! batches over a bounded queue to a thread of its own: capture never
+//! waits on detection (a batch the queue cannot take is dropped from the
+//! live view and counted; the trace has it). That thread runs the live
+//! replay (`state`: the CPU backend scope uses, the scheduler's copy and
+//! hole discipline made incremental), the [`alerts::Detector`] over its
+//! read runs, and the metrics (`metrics`, served at `/metrics`).
+//!
+//! At close the outcome goes through `scope::scope_outcome` with the trace
+//! just written (the requests table) and the findings are written to
+//! `live-findings.json` in the trace folder: affected responses,
+//! cross-tenant prefix hits, and what could make them differ from a fresh
+//! scope (events the live queue dropped, copies taken uncertain).
+
+pub mod alerts;
+pub mod metrics;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::report::export::ocsf::Context;
+use crate::schema::{KvEvent, RequestRecord};
+use crate::scope::{Response, SharedHit};
+use crate::trace::manifest::Deployment;
+pub use alerts::AlertTarget;
+use metrics::Metrics;
+pub use state::Bounds;
+
+/// The file live findings are written to, in the trace folder.
+pub const LIVE_FINDINGS: &str = "live-findings.json";
+
+/// How live detection runs (`record --live`, `--alerts`, `--metrics`).
+#[derive(Debug, Clone)]
+pub struct LiveOptions {
+    pub alerts: Option<AlertTarget>,
+    pub metrics: Option<SocketAddr>,
+    pub bounds: Bounds,
+    /// Batches (of up to `BATCH` events) between the writer and the live
+    /// thread.
+    pub queue_batches: usize,
+    /// Alerts waiting to be written at most.
+    pub alert_queue: usize,
+}
+
+impl Default for LiveOptions {
+    fn default() -> Self {
+        LiveOptions {
+            alerts: None,
+            metrics: None,
+            bounds: Bounds::default(),
+            queue_batches: 1024,
+            alert_queue: 4096,
+        }
+    }
+}
+
+/// Events the writer gathers before handing them over.
+const BATCH: usize = 4096;
+
+enum Msg {
+    Events(Vec<KvEvent>, Instant),
+    Lost(u16, u64),
+    Request(Box<RequestRecord>),
+}
+
+/// What the live side did, for the summary and live-findings.json.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveStats {
+    pub events_applied: u64,
+    /// Events the live queue could not take: written, not classified live.
+    pub events_dropped: u64,
+    pub seq_holes: u64,
+    pub copies_late: u64,
+    pub copies_timed_out: u64,
+    pub late_sources: u64,
+    pub affected_responses: u64,
+    pub alerts: u64,
+    pub alerts_written: u64,
+    pub alerts_dropped: u64,
+    /// Why the live replay stopped early, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    pub events_unapplied: u64,
+}
+
+impl LiveStats {
+    /// Whether the live view saw exactly what the trace holds, so its
+    /// findings must equal a fresh scope's.
+    pub fn exact(&self) -> bool {
+        self.events_dropped == 0
+            && self.copies_late == 0
+            && self.copies_timed_out == 0
+            && self.stopped.is_none()
+            && self.events_unapplied == 0
+    }
+}
+
+/// live-findings.json.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LiveFindings {
+    pub kind: String,
+    pub version: u32,
+    /// Whether these findings must equal `scope` on the trace
+    /// (`LiveStats::exact`).
+    pub exact: bool,
+    pub live: LiveStats,
+    pub affected_responses: Vec<Response>,
+    pub cross_tenant_shared: Vec<SharedHit>,
+}
+
+/// The writer's handle on live detection.
+pub struct Live {
+    tx: Option<SyncSender<Msg>>,
+    buf: Vec<KvEvent>,
+    thread: Option<JoinHandle<Closed>>,
+    metrics: Arc<Metrics>,
+    dropped: u64,
+    _server: Option<metrics::Server>,
+}
+
+struct Closed {
+    engine: state::Engine,
+    detector: alerts::Detector,
+}
+
+impl Live {
+    /// Starts the live thread (and the metrics server, the alert writer).
+    pub fn start(
+        opts: &LiveOptions,
+        deployment: &Deployment,
+        from_engine_start: bool,
+        stats: Arc<crate::record::stats::Stats>,
+    ) -> Result<Live> {
+        let metrics = Arc::new(Metrics::default());
+        let server = match opts.metrics {
+            Some(a) => Some(metrics::Server::start(
+                a,
+                metrics.clone(),
+                Arc::new(AtomicI64::new(0)),
+            )?),
+            None => None,
+        };
+        let sink = match &opts.alerts {
+            Some(t) => Some(alerts::Sink::start(t, opts.alert_queue)?),
+            None => None,
+        };
+        let engine = state::Engine::new(deployment, from_engine_start, opts.bounds)?;
+        let started = now_ns();
+        let cx = Context {
+            incident_uid: format!("kvtrail:live:{}:{started}", deployment.name),
+            evidence_complete: false,
+            trace_blake3: None,
+        };
+        let tenant_prefix =
+            deployment.prefix_cache_scope == Some(crate::trace::manifest::PrefixCacheScope::Tenant);
+        let detector = alerts::Detector::new(cx, tenant_prefix, sink, metrics.clone());
+        let (tx, rx) = sync_channel(opts.queue_batches.max(1));
+        let m = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvtrail-live".into())
+            .spawn(move || run(engine, detector, rx, &m, &stats))
+            .map_err(|e| Error::Other(format!("cannot start the live thread: {e}")))?;
+        Ok(Live {
+            tx: Some(tx),
+            buf: Vec::with_capacity(BATCH),
+            thread: Some(thread),
+            metrics,
+            dropped: 0,
+            _server: server,
+        })
+    }
+
+    /// The metrics server's address (the port, when 0 was asked for).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self._server.as_ref().map(|s| s.addr)
+    }
+
+    /// An event as written (seq assigned).
+    #[inline]
+    pub fn event(&mut self, e: KvEvent) {
+        self.buf.push(e);
+        if self.buf.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// Hands the gathered events over (never waits).
+    pub fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let evs = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
+        let n = evs.len() as u64;
+        if !self.send(Msg::Events(evs, Instant::now())) {
+            self.dropped += n;
+            self.metrics.live_dropped.inc_by(n);
+        }
+    }
+
+    fn send(&self, m: Msg) -> bool {
+        match self.tx.as_ref().map(|t| t.try_send(m)) {
+            Some(Ok(())) => true,
+            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => false,
+        }
+    }
+
+    /// `n` events of `pool` were lost (a hole in the trace).
+    pub fn lost(&mut self, pool: u16, n: u64) {
+        self.flush();
+        self.metrics
+            .lost
+            .get_or_create(&vec![("pool".to_string(), pool.to_string())])
+            .inc_by(n);
+        // Dropped with a full queue: the hole is still in the metrics and
+        // the trace; only its alert is missing (counted).
+        if !self.send(Msg::Lost(pool, n)) {
+            self.metrics.alerts_dropped.inc();
+        }
+    }
+
+    /// A request row was written.
+    pub fn request(&mut self, r: &RequestRecord) {
+        self.flush();
+        let _ = self.send(Msg::Request(Box::new(r.clone())));
+    }
+
+    /// Ends the live thread (everything held applied) and writes
+    /// live-findings.json into the closed trace at `out`.
+    pub fn close(mut self, out: &Path) -> Result<LiveStats> {
+        self.flush();
+        self.tx.take();
+        let closed = self
+            .thread
+            .take()
+            .expect("runs until closed")
+            .join()
+            .map_err(|_| Error::Other("the live thread panicked".into()))?;
+        let Closed { engine, detector } = closed;
+        let (written, dropped_alerts) = detector.close();
+        let outcome = engine.outcome();
+        let mut stats = LiveStats {
+            events_applied: engine.counters.events,
+            events_dropped: self.dropped,
+            seq_holes: engine.gaps.len() as u64,
+            copies_late: engine.copies_late,
+            copies_timed_out: engine.copies_timed_out,
+            late_sources: engine.late_sources.len() as u64,
+            affected_responses: 0,
+            alerts: self.metrics.alerts.get(),
+            alerts_written: written,
+            alerts_dropped: dropped_alerts + self.metrics.alerts_dropped.get(),
+            stopped: engine.stopped.clone(),
+            events_unapplied: engine.events_unapplied,
+        };
+        let trace = crate::trace::Trace::open(out)?;
+        let report = crate::scope::scope_outcome(&trace, &outcome, &crate::progress::NoReporter)?;
+        stats.affected_responses = report.affected_responses.len() as u64;
+        let f = LiveFindings {
+            kind: "kvtrail live findings".into(),
+            version: 1,
+            exact: stats.exact(),
+            live: stats.clone(),
+            affected_responses: report.affected_responses,
+            cross_tenant_shared: report.cross_tenant_shared,
+        };
+        let p = out.join(LIVE_FINDINGS);
+        let bytes = serde_json::to_vec_pretty(&f)
+            .map_err(|e| Error::Other(format!("live findings: {e}")))?;
+        std::fs::write(&p, bytes).map_err(|e| Error::io(&p, e))?;
+        Ok(stats)
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// The live thread: takes batches, applies what is ripe, alerts, counts;
+/// at the end (the writer's handle closed) applies everything held.
+fn run(
+    mut engine: state::Engine,
+    mut detector: alerts::Detector,
+    rx: Receiver<Msg>,
+    m: &Metrics,
+    stats: &crate::record::stats::Stats,
+) -> Closed {
+    let mut last_tick = Instant::now();
+    let mut holes = 0usize;
+    let mut by_op: std::collections::BTreeMap<(u16, &'static str), u64> = Default::default();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(Msg::Events(evs, at)) => {
+                for e in &evs {
+                    *by_op.entry((e.pool, e.op.as_str())).or_default() += 1;
+                    engine.push(*e, at);
+                }
+                for ((pool, op), n) in std::mem::take(&mut by_op) {
+                    m.events
+                        .get_or_create(&vec![
+                            ("pool".to_string(), pool.to_string()),
+                            ("op".to_string(), op.to_string()),
+                        ])
+                        .inc_by(n);
+                }
+            }
+            Ok(Msg::Lost(pool, n)) => detector.lost(pool, n),
+            Ok(Msg::Request(r)) => detector.request(&r),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        let oldest = engine.oldest();
+        engine.pump(Instant::now(), false, &mut |runs| detector.runs(runs));
+        if let Some(at) = oldest
+            && engine.oldest() != Some(at)
+        {
+            m.lag.observe(at.elapsed().as_secs_f64());
+        }
+        holes = count_holes(&engine, holes, m);
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            last_tick = Instant::now();
+            detector.flush_losses(now_ns());
+            let (held, waiting) = engine.held();
+            m.events_held.set(held as i64);
+            m.copies_waiting.set(waiting as i64);
+            m.sync(stats);
+        }
+    }
+    engine.pump(Instant::now(), true, &mut |runs| detector.runs(runs));
+    count_holes(&engine, holes, m);
+    detector.flush_losses(now_ns());
+    m.copies_late.inc_by(engine.copies_late);
+    m.copies_timed_out.inc_by(engine.copies_timed_out);
+    Closed { engine, detector }
+}
+
+/// Counts the holes found since `seen` into the metrics.
+fn count_holes(engine: &state::Engine, seen: usize, m: &Metrics) -> usize {
+    for g in engine.gaps.iter().skip(seen) {
+        m.holes
+            .get_or_create(&vec![("pool".to_string(), g.pool.to_string())])
+            .inc();
+    }
+    engine.gaps.len()
+}

@@ -1,0 +1,506 @@
+//! The live replay: the lineage rule applied to events as the sidecar
+//! writes them, with the scheduler's discipline (`lineage::sched`) made
+//! incremental.
+//!
+//! Every pool's events wait in a short queue (`holdback`, at most
+//! `max_held` events) before the CPU backend (`lineage::cpu`, the backend
+//! scope uses, through `lineage::Backend`: one slot rule, one read
+//! classification) applies them. The wait is what lets a copy be exact: a
+//! copy (a `write` with src) needs its source pool's state just after
+//! `src_seq`. A copy that has arrived registers its source; the source
+//! pool stops before the first event past that `src_seq` and captures
+//! the slots first (as `sched::finish_captures` does), and a copy whose
+//! source has not reached `src_seq` pulls it forward or waits. A copy
+//! whose source had already moved past `src_seq` when it arrived
+//! (`copies_late`), or that waited past `copy_wait` or `max_held`
+//! (`copies_timed_out`), takes the source's current content marked
+//! uncertain: counted, never a silent guess.
+//!
+//! Seq holes are marked exactly as the scheduler marks them (a first event
+//! above seq 0, a jump), so reads after a hole are uncertain as in scope.
+//! Memory: the backend's touched slots, the queues (bounded), the captured
+//! copies in flight and the exposure sets; never the trace's length.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::lineage::backend::{Backend, Counters, Payload, ReadRun};
+use crate::lineage::cpu::CpuBackend;
+use crate::lineage::{Exposures, Gap, LineageOutcome};
+use crate::schema::KvEvent;
+use crate::trace::manifest::Deployment;
+
+/// Bounds of the live replay.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// How long an event waits before it is applied (unless a copy pulls
+    /// its pool forward first).
+    pub holdback: Duration,
+    /// Events one pool's queue holds at most; past it the oldest are
+    /// applied at once.
+    pub max_held: usize,
+    /// How long a copy waits for its source pool to reach `src_seq`.
+    pub copy_wait: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            holdback: Duration::from_millis(200),
+            max_held: 1 << 18,
+            copy_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Default)]
+struct PoolLive {
+    held: VecDeque<(KvEvent, Instant)>,
+    /// seq of the last applied event.
+    last: Option<u64>,
+    /// Since when the head (a copy) has waited for its source.
+    wait_since: Option<Instant>,
+    /// Its head copy is pulling its source forward (a cycle check).
+    pulling: bool,
+}
+
+/// A copy that arrived, waiting for its source to be captured:
+/// (src_seq, dst_pool, dst_seq) -> (src_slot_start, slot_count).
+type Caps = BTreeMap<(u64, u16, u64), (u32, u32)>;
+
+/// The live replay of one capture.
+pub struct Engine {
+    backend: CpuBackend,
+    pools: BTreeMap<u16, PoolLive>,
+    /// Per source pool: the copies from it not yet captured.
+    caps: HashMap<u16, Caps>,
+    /// Captured copies: (dst_pool, dst_seq) -> the source content.
+    payloads: HashMap<(u16, u64), Payload>,
+    pub exposures: Exposures,
+    pub counters: Counters,
+    pub gaps: Vec<Gap>,
+    pub late_sources: BTreeMap<u16, (u64, u64)>,
+    /// Copies whose source had applied past src_seq when they arrived.
+    pub copies_late: u64,
+    /// Copies that waited past the bound for their source.
+    pub copies_timed_out: u64,
+    /// Events of pools the deployment does not declare (never written by
+    /// the recorder; counted defensively).
+    pub unknown_pool_events: u64,
+    /// Why the replay stopped, if it did (a backend refusal: over the
+    /// touched-slot limit); events after it are counted, not applied.
+    pub stopped: Option<String>,
+    pub events_unapplied: u64,
+    bounds: Bounds,
+    runs: Vec<ReadRun>,
+    scratch: Payload,
+}
+
+impl Engine {
+    pub fn new(deployment: &Deployment, from_engine_start: bool, bounds: Bounds) -> Result<Self> {
+        let mut backend = CpuBackend::new();
+        let mut pools = BTreeMap::new();
+        for p in &deployment.pools {
+            backend.add_pool(p.id, p.capacity_tokens, from_engine_start)?;
+            pools.insert(p.id, PoolLive::default());
+        }
+        Ok(Engine {
+            backend,
+            pools,
+            caps: HashMap::new(),
+            payloads: HashMap::new(),
+            exposures: Exposures::default(),
+            counters: Counters::default(),
+            gaps: Vec::new(),
+            late_sources: BTreeMap::new(),
+            copies_late: 0,
+            copies_timed_out: 0,
+            unknown_pool_events: 0,
+            stopped: None,
+            events_unapplied: 0,
+            bounds,
+            runs: Vec::new(),
+            scratch: Payload::default(),
+        })
+    }
+
+    /// Events waiting in the queues, and copies waiting for their source.
+    pub fn held(&self) -> (u64, u64) {
+        let held = self.pools.values().map(|p| p.held.len() as u64).sum();
+        let waiting = self
+            .pools
+            .values()
+            .filter(|p| p.wait_since.is_some())
+            .count() as u64;
+        (held, waiting)
+    }
+
+    /// When the oldest event still held arrived.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.pools
+            .values()
+            .filter_map(|p| p.held.front().map(|h| h.1))
+            .min()
+    }
+
+    /// An event as written (its seq assigned), arrived at `at`.
+    pub fn push(&mut self, e: KvEvent, at: Instant) {
+        if self.stopped.is_some() {
+            self.events_unapplied += 1;
+            return;
+        }
+        let Some(p) = self.pools.get_mut(&e.pool) else {
+            self.unknown_pool_events += 1;
+            return;
+        };
+        p.held.push_back((e, at));
+        if let Some(src) = e.src {
+            let late = self
+                .pools
+                .get(&src.pool)
+                .and_then(|q| q.last)
+                .is_some_and(|l| l > src.seq);
+            if !late {
+                self.caps
+                    .entry(src.pool)
+                    .or_default()
+                    .insert((src.seq, e.pool, e.seq), (src.slot_start, e.slot_count));
+            }
+        }
+    }
+
+    /// Applies what is ripe (older than the holdback, or over the queue
+    /// bound; everything when `closing`), handing each batch's unclean
+    /// read runs to `on_runs`.
+    pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut dyn FnMut(&[ReadRun])) {
+        if self.stopped.is_some() {
+            return;
+        }
+        if let Err(e) = self.pump_inner(now, closing, on_runs) {
+            let n: u64 = self.pools.values().map(|p| p.held.len() as u64).sum();
+            self.events_unapplied += n;
+            for p in self.pools.values_mut() {
+                p.held.clear();
+            }
+            self.stopped = Some(e.to_string().replace('\n', " "));
+        }
+    }
+
+    fn pump_inner(
+        &mut self,
+        now: Instant,
+        closing: bool,
+        on_runs: &mut dyn FnMut(&[ReadRun]),
+    ) -> Result<()> {
+        let ids: Vec<u16> = self.pools.keys().copied().collect();
+        loop {
+            let mut moved = false;
+            for &id in &ids {
+                moved |= self.advance(id, None, now, closing, on_runs)?;
+            }
+            if moved {
+                continue;
+            }
+            if !closing {
+                return Ok(());
+            }
+            // Closing and stuck: copies waiting on each other (the trace
+            // would be refused by scope). The first one takes its source
+            // as it is, uncertain.
+            let Some(&id) = ids.iter().find(|id| !self.pools[id].held.is_empty()) else {
+                break;
+            };
+            self.give_up_head(id)?;
+        }
+        // Every stream has ended: copies still waiting to be captured
+        // read their source's final state (late sources, as scope).
+        let srcs: Vec<u16> = self.caps.keys().copied().collect();
+        for q in srcs {
+            self.finish_captures(q, u64::MAX, true)?;
+        }
+        self.payloads.clear();
+        self.gaps
+            .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
+        Ok(())
+    }
+
+    fn ripe(&self, id: u16, now: Instant, closing: bool) -> bool {
+        let p = &self.pools[&id];
+        match p.held.front() {
+            None => false,
+            Some((_, at)) => {
+                closing
+                    || p.held.len() > self.bounds.max_held
+                    || now.saturating_duration_since(*at) >= self.bounds.holdback
+            }
+        }
+    }
+
+    /// Marks a hole before `seq` of pool `id` when there is one.
+    fn gap_before(&mut self, id: u16, seq: u64) {
+        let last = self.pools[&id].last;
+        let gap = match last {
+            Some(l) if seq > l + 1 => Some(Some(l)),
+            None if seq > 0 => Some(None),
+            _ => None,
+        };
+        if let Some(after_seq) = gap {
+            self.gaps.push(Gap {
+                pool: id,
+                after_seq,
+                before_seq: seq,
+            });
+            self.backend.mark_gap(id, seq);
+        }
+    }
+
+    /// The lowest src_seq of a registered copy from pool `id`.
+    fn next_cap(&self, id: u16) -> u64 {
+        self.caps
+            .get(&id)
+            .and_then(|c| c.keys().next())
+            .map_or(u64::MAX, |k| k.0)
+    }
+
+    /// Captures every registered copy from pool `q` with src_seq <
+    /// `before`; `done`: the pool's stream has ended (late sources).
+    fn finish_captures(&mut self, q: u16, before: u64, done: bool) -> Result<()> {
+        loop {
+            let Some(caps) = self.caps.get_mut(&q) else {
+                return Ok(());
+            };
+            let Some((&(src_seq, dst_pool, dst_seq), &(start, count))) = caps.iter().next() else {
+                self.caps.remove(&q);
+                return Ok(());
+            };
+            if src_seq >= before {
+                return Ok(());
+            }
+            caps.remove(&(src_seq, dst_pool, dst_seq));
+            let last = self.pools[&q].last;
+            let lost = last != Some(src_seq);
+            if done && last.is_none_or(|l| src_seq > l) {
+                let e = self.late_sources.entry(q).or_insert((src_seq, src_seq));
+                e.0 = e.0.min(src_seq);
+                e.1 = e.1.max(src_seq);
+            }
+            self.backend
+                .capture(q, start, count, lost, &mut self.scratch)?;
+            self.payloads
+                .insert((dst_pool, dst_seq), std::mem::take(&mut self.scratch));
+        }
+    }
+
+    /// Applies pool `id`'s queued events (ripe ones, or all with seq <=
+    /// `until` when pulled forward by a copy). Whether anything moved.
+    fn advance(
+        &mut self,
+        id: u16,
+        until: Option<u64>,
+        now: Instant,
+        closing: bool,
+        on_runs: &mut dyn FnMut(&[ReadRun]),
+    ) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let Some(&(head, _)) = self.pools[&id].held.front() else {
+                return Ok(moved);
+            };
+            if let Some(u) = until {
+                if head.seq > u {
+                    return Ok(moved);
+                }
+            } else if !self.ripe(id, now, closing) {
+                return Ok(moved);
+            }
+            if head.seq > self.next_cap(id) {
+                self.finish_captures(id, head.seq, false)?;
+                continue;
+            }
+            if head.src.is_some() {
+                if !self.copy(id, head, now, closing, on_runs)? {
+                    return Ok(moved);
+                }
+                moved = true;
+                continue;
+            }
+            // A batch of plain events: up to a copy, a hole after the
+            // first, a registered capture point, or what is not ripe.
+            let cap = self.next_cap(id);
+            let p = &self.pools[&id];
+            let (holdback, max_held) = (self.bounds.holdback, self.bounds.max_held);
+            let over = p.held.len().saturating_sub(max_held);
+            let mut n = 0;
+            let mut prev = p.last;
+            for (k, (e, at)) in p.held.iter().enumerate() {
+                let hole = match prev {
+                    Some(l) => e.seq > l + 1,
+                    None => e.seq > 0,
+                };
+                let ok = e.src.is_none()
+                    && (k == 0 || !hole)
+                    && (k == 0 || e.seq <= cap)
+                    && match until {
+                        Some(u) => e.seq <= u,
+                        None => {
+                            closing || k < over || now.saturating_duration_since(*at) >= holdback
+                        }
+                    };
+                if !ok {
+                    break;
+                }
+                prev = Some(e.seq);
+                n += 1;
+            }
+            self.gap_before(id, head.seq);
+            let batch: Vec<KvEvent> = self
+                .pools
+                .get_mut(&id)
+                .expect("declared")
+                .held
+                .drain(..n)
+                .map(|(e, _)| e)
+                .collect();
+            self.backend
+                .apply(id, &batch, &mut self.runs, &mut self.counters)?;
+            self.pools.get_mut(&id).expect("declared").last = prev;
+            if !self.runs.is_empty() {
+                self.exposures.add_runs(&self.runs);
+                on_runs(&self.runs);
+                self.runs.clear();
+            }
+            moved = true;
+        }
+    }
+
+    /// Applies the copy at the head of pool `id` if its source content is
+    /// known (captured, or capturable now); false when it must wait.
+    fn copy(
+        &mut self,
+        id: u16,
+        e: KvEvent,
+        now: Instant,
+        closing: bool,
+        on_runs: &mut dyn FnMut(&[ReadRun]),
+    ) -> Result<bool> {
+        let src = e.src.expect("a copy");
+        let key = (id, e.seq);
+        if !self.payloads.contains_key(&key) {
+            let registered = self
+                .caps
+                .get(&src.pool)
+                .is_some_and(|c| c.contains_key(&(src.seq, id, e.seq)));
+            if !registered || !self.pools.contains_key(&src.pool) {
+                // The source had moved past src_seq when the copy arrived.
+                self.copies_late += 1;
+                self.take_current(id, e)?;
+            } else if src.pool != id && !self.pools[&src.pool].pulling {
+                self.pools.get_mut(&id).expect("declared").pulling = true;
+                let pulled = self.advance(src.pool, Some(src.seq), now, closing, on_runs);
+                self.pools.get_mut(&id).expect("declared").pulling = false;
+                pulled?;
+                let q = &self.pools[&src.pool];
+                let reached =
+                    q.last == Some(src.seq) || q.held.front().is_some_and(|(h, _)| h.seq > src.seq);
+                if reached {
+                    self.finish_captures(src.pool, src.seq.saturating_add(1), false)?;
+                } else if closing && q.held.is_empty() {
+                    self.finish_captures(src.pool, src.seq.saturating_add(1), true)?;
+                }
+            }
+        }
+        if !self.payloads.contains_key(&key) {
+            let p = self.pools.get_mut(&id).expect("declared");
+            let since = *p.wait_since.get_or_insert(now);
+            let waited = now.saturating_duration_since(since) >= self.bounds.copy_wait;
+            if !(waited || p.held.len() > self.bounds.max_held) {
+                return Ok(false);
+            }
+            self.copies_timed_out += 1;
+            self.drop_cap(&e);
+            self.take_current(id, e)?;
+        }
+        let payload = self.payloads.remove(&key).expect("captured above");
+        self.gap_before(id, e.seq);
+        self.backend
+            .apply_copy(id, &e, &payload, &mut self.counters)?;
+        let p = self.pools.get_mut(&id).expect("declared");
+        p.held.pop_front();
+        p.last = Some(e.seq);
+        p.wait_since = None;
+        Ok(true)
+    }
+
+    /// Stops copy `e` waiting: its registration goes.
+    fn drop_cap(&mut self, e: &KvEvent) {
+        let src = e.src.expect("a copy");
+        if let Some(c) = self.caps.get_mut(&src.pool) {
+            c.remove(&(src.seq, e.pool, e.seq));
+        }
+    }
+
+    /// The copy `e` into pool `id` takes its source's current content,
+    /// uncertain (the state as of src_seq cannot be seen any more).
+    fn take_current(&mut self, id: u16, e: KvEvent) -> Result<()> {
+        let src = e.src.expect("a copy");
+        self.backend.capture(
+            src.pool,
+            src.slot_start,
+            e.slot_count,
+            true,
+            &mut self.scratch,
+        )?;
+        self.payloads
+            .insert((id, e.seq), std::mem::take(&mut self.scratch));
+        Ok(())
+    }
+
+    /// Closing with copies waiting on each other: the head copy of `id`
+    /// (or whatever blocks it) goes ahead, uncertain.
+    fn give_up_head(&mut self, id: u16) -> Result<()> {
+        let Some(&(e, _)) = self.pools[&id].held.front() else {
+            return Ok(());
+        };
+        if e.src.is_none() {
+            return Ok(());
+        }
+        self.copies_timed_out += 1;
+        self.drop_cap(&e);
+        if !self.payloads.contains_key(&(id, e.seq)) {
+            self.take_current(id, e)?;
+        }
+        let payload = self.payloads.remove(&(id, e.seq)).expect("captured");
+        self.gap_before(id, e.seq);
+        self.backend
+            .apply_copy(id, &e, &payload, &mut self.counters)?;
+        let p = self.pools.get_mut(&id).expect("declared");
+        p.held.pop_front();
+        p.last = Some(e.seq);
+        p.wait_since = None;
+        Ok(())
+    }
+
+    /// The replay's outcome, as `lineage::run_with` gives scope.
+    pub fn outcome(&self) -> LineageOutcome {
+        LineageOutcome {
+            backend: "cpu",
+            exposures: self.exposures.clone(),
+            counters: self.counters,
+            gaps: self.gaps.clone(),
+            late_sources: self.late_sources.clone(),
+            spilled_events: 0,
+            spilled_copies: 0,
+            kv_files: 0,
+        }
+    }
+
+    /// Pools with events applied.
+    pub fn pools_seen(&self) -> BTreeSet<u16> {
+        self.pools
+            .iter()
+            .filter(|(_, p)| p.last.is_some())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+}
