@@ -205,14 +205,14 @@ pub(crate) fn run(
     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
         run_inner(rec, sealer, rx, &sh, out, live)
     }))
-        .unwrap_or_else(|p| {
-            let why = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(Error::Other(format!("the writer thread panicked: {why}")))
-        });
+    .unwrap_or_else(|p| {
+        let why = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(Error::Other(format!("the writer thread panicked: {why}")))
+    });
     if let Err(e) = &r {
         sh.writer_failed.store(true, Ordering::SeqCst);
         sh.log(&format!(
