@@ -32,6 +32,7 @@ mod outputs_hostile;
 mod prefix_cache;
 mod record_causal;
 mod record_engine_copy;
+mod record_hicache;
 mod record_hostile;
 mod record_protocol;
 mod record_sglang;
