@@ -146,3 +146,32 @@ fn hicache_stale_host_slot_is_found_with_its_true_sources() {
     let total: u64 = truth.values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(a.foreign_tokens, total);
 }
+
+/// A failing hook never stops the engine: HiCache's offloads and the load
+/// back still run (the KV is really there), the hook counts the failures,
+/// and each missed copy is a hole, so the capture is incomplete and no
+/// read over it is confirmed (never the false finding a silently missed
+/// load back would make).
+#[test]
+fn hicache_hook_failure_is_counted_and_leaves_holes() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "fault", &d);
+    assert_eq!(facts["C_prefix_true_owner"], serde_json::json!({"A": 12}));
+    assert!(
+        facts["counts"]["hook_errors"].as_u64().unwrap() >= 2,
+        "{facts}"
+    );
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
+    let r = scope(&out);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}

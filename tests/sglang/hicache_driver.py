@@ -2,7 +2,7 @@
 installed, streaming to a `kvtrail record` sidecar
 (tests/it/record_hicache.rs).
 
-    python hicache_driver.py SOCKET clean|stale
+    python hicache_driver.py SOCKET clean|stale|fault
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -37,6 +37,8 @@ stale: the host pool is small, and A's host slots are freed while the tree
   B's backup takes them, so C's load brings back B's KV (and one of A's
   slots nothing reused). The KV C really reads, by its marker in the
   tensors, is printed for the test to compare with scope's sources.
+fault: as clean, with the hook's copy encoding made to raise: the engine
+  runs to the end, the hook counts the failures and leaves holes.
 Prints one JSON line of facts.
 """
 
@@ -82,12 +84,16 @@ def main():
     from sglang.srt.runtime_context import get_context
     from sglang.srt.sampling.sampling_params import SamplingParams
 
+    if MODE == "fault":
+        def broken(*a):
+            raise RuntimeError("planted hook failure")
+        kh._c.copy_runs = broken
     # The kernel boundary (CUDA/HIP only), and pinning (the CUDA driver).
     mha.transfer_kv_direct = cpu_transfer_kv_direct
     host_cls = hrc.get_mha_host_pool_cls
     hrc.get_mha_host_pool_cls = lambda dev: (lambda *a, **k: host_cls(dev)(*a, pin_memory=False, **k))
 
-    ratio = 2.0 if MODE == "clean" else 0.75  # host slots: 33 / 13
+    ratio = 0.75 if MODE == "stale" else 2.0  # host slots: 13 / 33
     sa = get_context().override_server_args(
         enable_hierarchical_cache=True, hicache_ratio=ratio, hicache_io_backend="direct",
         hicache_mem_layout="layer_first", hicache_write_policy="write_through", page_size=1).install()

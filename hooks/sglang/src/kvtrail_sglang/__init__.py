@@ -496,13 +496,21 @@ class _Load(threading.local):
 _load = _Load()
 
 
-def _guard(name, fn, *args):
-    """Runs a hook function; a failure is counted and logged, never raised."""
+def _guard(name, fn, *args, hole=None):
+    """Runs a hook function; a failure is counted and logged, never raised.
+    ``hole``: the pool whose events the failure may have lost; it gets a
+    ``lost`` event (a hole: the capture is incomplete, later reads of it
+    uncertain), so a missed copy never reads as clean or confirmed."""
     try:
         fn(*args)
     except Exception as e:  # capture must never break the engine
         if _H is not None:
             _H.counts["hook_errors"] += 1
+            if hole is not None:
+                try:
+                    _H.put(hole, (_c.LOST, hole, 1))
+                except Exception:
+                    pass
         _c.log.warning("kvtrail: hook %s failed: %s", name, e)
 
 
@@ -583,7 +591,7 @@ def _set_expected(node):
 
 def _wrap_load_back(orig):
     def load_back(self, node, *args, **kwargs):
-        if _H is None or _H.disabled:
+        if _H is None or _H.disabled or not _H.cache_pools:
             return orig(self, node, *args, **kwargs)
         _load.expect = None
         _guard("HiRadixCache.load_back", _set_expected, node)
@@ -639,15 +647,18 @@ def _wrap_host_free(orig):
     return free
 
 
-def _wrap_after(name, after):
+def _wrap_after(name, after, hole=None):
     """A method wrapper: SGLang's original, then ``after(self, args,
-    kwargs, result)`` under the guard."""
+    kwargs, result)`` under the guard (``hole(self)``: the pool a failure
+    leaves a hole in, or None)."""
 
     def factory(orig):
         def wrapper(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
             if _H is not None and not _H.disabled:
-                _guard(name, after, self, args, kwargs, out)
+                pools = _hicache_pools(self)
+                _guard(name, after, self, args, kwargs, out,
+                       hole=hole(pools) if hole is not None and pools is not None else None)
             return out
 
         wrapper.__wrapped__ = orig
@@ -749,10 +760,12 @@ _PATCHES = [
      _wrap_after("HiCacheController.__init__", lambda s, a, k, out: on_controller_init(s))),
     ("sglang.srt.managers.cache_controller", "HiCacheController", "write",
      _wrap_after("HiCacheController.write", lambda s, a, k, out: on_write(
-         s, _arg(a, k, 0, "device_indices"), _arg(a, k, 2, "node_id", -1), out))),
+         s, _arg(a, k, 0, "device_indices"), _arg(a, k, 2, "node_id", -1), out),
+         hole=lambda pools: pools[1])),
     ("sglang.srt.managers.cache_controller", "HiCacheController", "load",
      _wrap_after("HiCacheController.load", lambda s, a, k, out: on_load(
-         s, _arg(a, k, 0, "host_indices"), out))),
+         s, _arg(a, k, 0, "host_indices"), out),
+         hole=lambda pools: pools[0])),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "alloc", _wrap_host_alloc),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "free", _wrap_host_free),
     ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "load_back", _wrap_load_back),
