@@ -62,6 +62,12 @@ struct Conn {
     logged: u32,
     /// The client's closing line, once it came.
     bye: Option<super::wire::Bye>,
+    /// Why this connection's pool positions (a `copy` line's `src_pos`)
+    /// can no longer be counted, once a line broke the count.
+    unsure: Option<&'static str>,
+    /// Pools this connection reported pulls or transfers into (their
+    /// events the hook cannot count): copies from them are holes.
+    pulled_into: Vec<u16>,
 }
 
 /// Counts a connection as live from accept until its thread ends.
@@ -198,6 +204,8 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
         pending_hook: BTreeMap::new(),
         logged: 0,
         bye: None,
+        unsure: None,
+        pulled_into: Vec::new(),
     };
     let mut at_stop = false;
     loop {
@@ -377,6 +385,7 @@ impl Conn {
     }
 
     fn reject_unattributed(&mut self, why: &str) {
+        self.unsure = Some("a line of this connection was rejected without a pool");
         self.shared
             .stats
             .rejected_unattributed
@@ -396,7 +405,8 @@ impl Conn {
         }
         match parse_msg(line) {
             Ok(Msg::Bye(b)) => self.bye = Some(b),
-            Ok(m) => {
+            Ok(mut m) => {
+                self.positions(&mut m);
                 if let Some(p) = m.pool()
                     && !self.pools.contains(&p)
                 {
@@ -420,6 +430,8 @@ impl Conn {
                         s.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                         if !line_has_seq(line) {
                             self.batch.push(Msg::Hole { pool: p, n: 1 });
+                        } else {
+                            self.unsure = Some("a rejected line carried its own seq");
                         }
                         self.log_limited(&format!("rejected (hole in pool {p}): {e}"));
                     }
@@ -511,6 +523,12 @@ impl Conn {
                             add(&stats.lost_queue, 1);
                             self.hole(x.pool, x.runs.len().max(1) as u64);
                         }
+                        // As many holes as the copy had runs: the hook's
+                        // positions count one per run.
+                        Msg::Copy(x) => {
+                            add(&stats.lost_queue, 1);
+                            self.hole(x.pool, x.runs.len() as u64);
+                        }
                     }
                 }
             }
@@ -519,6 +537,31 @@ impl Conn {
 }
 
 impl Conn {
+    /// Keeps the count of pool positions honest: a line whose events the
+    /// hook's position count does not know (its own seq, a pull or a
+    /// transfer into a pool) makes later copies from there holes.
+    fn positions(&mut self, m: &mut Msg) {
+        match m {
+            Msg::Kv { seq: Some(_), .. } => {
+                self.unsure = Some("a KV line carried its own seq");
+            }
+            Msg::XferPull(x) if !self.pulled_into.contains(&x.pool) => {
+                self.pulled_into.push(x.pool)
+            }
+            Msg::XferCommit(x) if !self.pulled_into.contains(&x.pool) => {
+                self.pulled_into.push(x.pool)
+            }
+            Msg::Copy(c) => {
+                c.unsure = self.unsure.or_else(|| {
+                    self.pulled_into.contains(&c.src_pool).then_some(
+                        "the connection reported pulls or transfers into the source pool",
+                    )
+                });
+            }
+            _ => {}
+        }
+    }
+
     /// Counts `n` dropped events of `pool`, sent as a hole with the next
     /// batch that gets through.
     fn hole(&mut self, pool: u16, n: u64) {

@@ -21,6 +21,12 @@
 //!   its own pool, stamped by the writer with the source pool's latest seq
 //!   (docs/capture-vllm.md); or a failed / partial load with the engine's
 //!   failure policy;
+//! - `{"type":"copy",...}`: a copy between two pools of one engine (an
+//!   offload into its `cache` pool, a load back), stamped causally by the
+//!   hook with the source pool's position on this connection (`src_pos`:
+//!   how many of the source pool's events the connection had reported
+//!   before it); the writer resolves the position to the source seq
+//!   (docs/capture-sglang.md, "Engine copies");
 //! - `{"type":"mark","ts_ns":T}`: every event of this connection's pools
 //!   stamped at or before T has been sent (the sidecar holds a pull from
 //!   these pools until their connection has marked past the pull's time);
@@ -150,6 +156,35 @@ pub struct XferPull {
     pub policy: Option<LoadPolicy>,
 }
 
+/// One copied run of an engine copy: `[dst_slot, src_slot, count]`.
+pub type CopyRun = (u32, u32, u32);
+
+/// A copy between two pools of one engine (HiCache's offload to host
+/// memory and load back), reported by the engine's hook in the order of its
+/// own events. `src_pos` is the source pool's position on this connection:
+/// the number of events of `src_pool` the connection had reported before
+/// this line (each KV line 1, each `lost` line its n, each `copy` into that
+/// pool its number of runs). The writer turns it into the source seq; each
+/// run becomes one `write` with `src` on `pool` (one event or one hole per
+/// run, so positions stay countable).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineCopy {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool: u16,
+    pub ts_ns: i64,
+    #[serde(default)]
+    pub request_id: u64,
+    pub src_pool: u16,
+    pub src_pos: u64,
+    pub runs: Vec<CopyRun>,
+    /// Never on the wire: set by the connection when this connection's
+    /// positions cannot be trusted (why); the copy is then a hole.
+    #[serde(skip)]
+    pub unsure: Option<&'static str>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Lost {
@@ -188,6 +223,8 @@ pub enum Msg {
     XferSend(Box<XferSend>),
     XferCommit(Box<XferCommit>),
     XferPull(Box<XferPull>),
+    /// A `copy` line: an engine copy between two pools of one connection.
+    Copy(Box<EngineCopy>),
     /// A `mark` line: every event of the connection's pools stamped at or
     /// before `ts_ns` has been sent.
     Mark {
@@ -258,6 +295,7 @@ impl Msg {
             Msg::XferSend(s) => Some(s.pool),
             Msg::XferCommit(c) => Some(c.pool),
             Msg::XferPull(p) => Some(p.pool),
+            Msg::Copy(c) => Some(c.pool),
             Msg::Mark { .. } | Msg::Bye(_) | Msg::Open { .. } | Msg::End { .. } => None,
         }
     }
@@ -505,6 +543,12 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
             check_pull(&p)?;
             Ok(Msg::XferPull(Box::new(p)))
         }
+        Some("copy") => {
+            let c: EngineCopy = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `copy` message: {e}")))?;
+            check_copy(&c)?;
+            Ok(Msg::Copy(Box::new(c)))
+        }
         Some("mark") => {
             let m: Mark = serde_json::from_str(line)
                 .map_err(|e| plain(format!("bad `mark` message: {e}")))?;
@@ -565,6 +609,36 @@ fn check_pull(p: &XferPull) -> Result<(), LineError> {
         )),
         _ => Ok(()),
     }
+}
+
+fn check_copy(c: &EngineCopy) -> Result<(), LineError> {
+    if c.request_id != 0 {
+        check_request_id(c.request_id)?;
+    }
+    if c.src_pool == c.pool {
+        return Err(plain(format!(
+            "copy from pool {} into itself (src_pool must be another pool)",
+            c.pool
+        )));
+    }
+    if c.src_pos > WIRE_MAX_COUNT {
+        return Err(plain(format!(
+            "copy with src_pos {} above {WIRE_MAX_COUNT} (2^48)",
+            c.src_pos
+        )));
+    }
+    if c.runs.is_empty() || c.runs.len() > PULL_MAX_RUNS {
+        return Err(plain(format!(
+            "copy with {} runs (1 to {PULL_MAX_RUNS})",
+            c.runs.len()
+        )));
+    }
+    if c.runs.iter().any(|r| r.2 == 0) {
+        return Err(plain(
+            "copy runs: each [dst_slot, src_slot, count] needs count >= 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The value of a top-level `"type"` key anywhere in the object (`None`

@@ -31,6 +31,8 @@ mod other_writer;
 mod outputs_hostile;
 mod prefix_cache;
 mod record_causal;
+mod record_engine_copy;
+mod record_hicache;
 mod record_hostile;
 mod record_live;
 mod record_protocol;

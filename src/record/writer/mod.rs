@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use super::wire::{LoadPolicy, Msg, PageRun, XferCommit, XferPull};
+use super::wire::{EngineCopy, LoadPolicy, Msg, PageRun, XferCommit, XferPull};
 
 mod xfer;
 use super::live::Live;
@@ -82,6 +82,17 @@ struct Feed {
     /// marked since: later pulls from it are holes at once (a client that
     /// sends no marks holds up one pull, not every one).
     silent: bool,
+}
+
+/// How a connection's positions of one pool map to seqs: position k (the
+/// k-th event the connection reported for the pool) is seq `base + k - 1`,
+/// as long as only that connection changed the pool since its claim.
+struct Positions {
+    conn: u64,
+    base: u64,
+    /// Another connection's stream changed the pool after the claim (a
+    /// parked stream of its former holder): positions no longer map.
+    broken: bool,
 }
 
 /// Whether a pull can be stamped now.
@@ -135,6 +146,7 @@ fn msg_bytes(m: &Msg) -> u64 {
         }
         Msg::XferCommit(x) => size_of::<XferCommit>() as u64 + 8 * x.dst_pages.len() as u64,
         Msg::XferPull(x) => size_of::<XferPull>() as u64 + 16 * x.runs.len() as u64,
+        Msg::Copy(x) => size_of::<EngineCopy>() as u64 + 12 * x.runs.len() as u64,
         Msg::Open { pools } => 2 * pools.len() as u64,
         Msg::Kv { .. }
         | Msg::Lost { .. }
@@ -178,6 +190,8 @@ struct W<'a> {
     feeds: HashMap<u16, Feed>,
     /// Per live connection: the pools it holds.
     conns: HashMap<u64, Vec<u16>>,
+    /// Per pool: where its holder's positions start (engine copies).
+    positions: HashMap<u16, Positions>,
     /// Ids of the request rows written so far (a second row for one id is a
     /// conflict). About 16 bytes per request, like the request keys every
     /// analysis holds.
@@ -246,6 +260,7 @@ fn run_inner(
         recent: HashMap::new(),
         feeds: HashMap::new(),
         conns: HashMap::new(),
+        positions: HashMap::new(),
         written_ids: HashSet::new(),
         conflicts: BTreeSet::new(),
     };
@@ -396,6 +411,12 @@ impl W<'_> {
     }
 
     fn apply(&mut self, conn: u64, view: View, m: Msg) -> Result<()> {
+        if let Some(pool) = m.pool()
+            && let Some(p) = self.positions.get_mut(&pool)
+            && p.conn != conn
+        {
+            p.broken = true;
+        }
         let st = &self.sh.stats;
         match m {
             Msg::Kv { event, seq } => {
@@ -493,6 +514,7 @@ impl W<'_> {
                 }
             }
             Msg::XferPull(p) => self.pull(conn, view, p)?,
+            Msg::Copy(c) => self.engine_copy(conn, &c)?,
             Msg::Mark { ts_ns } => {
                 let pools = self.conns.get(&conn).cloned().unwrap_or_default();
                 for p in &pools {
@@ -507,6 +529,15 @@ impl W<'_> {
             Msg::Bye(_) => {}
             Msg::Open { pools } => {
                 for &p in &pools {
+                    let base = self.rec.next_seq(p)?;
+                    self.positions.insert(
+                        p,
+                        Positions {
+                            conn,
+                            base,
+                            broken: false,
+                        },
+                    );
                     self.feeds.insert(
                         p,
                         Feed {

@@ -1,7 +1,8 @@
 //! The writer's copies between pools: a transfer's commit rebuilt from its
-//! room's sends, and a pull (`xfer_pull`) stamped causally with its source
-//! pool's last change at or before the load, or recorded as holes when
-//! that cannot be known.
+//! room's sends, a pull (`xfer_pull`) stamped causally with its source
+//! pool's last change at or before the load, and an engine copy (`copy`)
+//! stamped with the source pool's position its hook reported; each is
+//! recorded as holes when its source state cannot be known.
 
 use std::sync::atomic::Ordering;
 
@@ -9,7 +10,7 @@ use super::{RECENT, Ready, Room, W, Wait};
 use crate::error::Result;
 use crate::record::shared::View;
 use crate::record::stats::add;
-use crate::record::wire::{LoadPolicy, PageRun, PullOutcome, XferCommit, XferPull};
+use crate::record::wire::{EngineCopy, LoadPolicy, PageRun, PullOutcome, XferCommit, XferPull};
 use crate::schema::{CopySrc, KvEvent, Op};
 
 impl W<'_> {
@@ -214,6 +215,116 @@ impl W<'_> {
             }
         }
         Ok(())
+    }
+
+    /// An engine copy between two pools of one connection: each run becomes
+    /// one `write` with `src` on `pool`, stamped with the seq the hook's
+    /// `src_pos` names, or one hole when it cannot be (one seq per run
+    /// either way, so the connection's positions stay countable).
+    pub(super) fn engine_copy(&mut self, conn: u64, c: &EngineCopy) -> Result<()> {
+        let n = c.runs.len() as u64;
+        if self.stopped_at_max {
+            add(&self.sh.stats.lost_max_bytes, n);
+            return self.lose(c.pool, n);
+        }
+        let src_seq = match self.copy_source(conn, c) {
+            Ok(s) => s,
+            Err(why) => {
+                add(&self.sh.stats.copies_unresolved, n);
+                self.log(&format!(
+                    "copy into pool {} from pool {} at position {}: {why}; recorded as lost events",
+                    c.pool, c.src_pool, c.src_pos
+                ));
+                return self.lose(c.pool, n);
+            }
+        };
+        let src_cap = self
+            .sh
+            .deployment
+            .pool(c.src_pool)
+            .map_or(0, |p| p.capacity_tokens);
+        for &(dst, src, count) in &c.runs {
+            if src as u64 + count as u64 > src_cap {
+                add(&self.sh.stats.rejected_contract, 1);
+                self.log(&format!(
+                    "copy into pool {} names slots {src}..{} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
+                    c.pool,
+                    src as u64 + count as u64,
+                    c.src_pool
+                ));
+                self.lose(c.pool, 1)?;
+                continue;
+            }
+            let ev = KvEvent {
+                pool: c.pool,
+                seq: 0,
+                ts_ns: c.ts_ns,
+                request_id: c.request_id,
+                op: Op::Write,
+                slot_start: dst,
+                slot_count: count,
+                token_pos: None,
+                src: Some(CopySrc {
+                    pool: c.src_pool,
+                    slot_start: src,
+                    seq: src_seq,
+                }),
+            };
+            match self.rec.kv(ev) {
+                Ok(seq) => self.written(c.pool, c.ts_ns, seq),
+                Err(e) => {
+                    add(&self.sh.stats.rejected_contract, 1);
+                    self.log(&format!(
+                        "copy into pool {} rejected (hole): {}",
+                        c.pool,
+                        e.to_string().replace('\n', " ")
+                    ));
+                    self.lose(c.pool, 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The source seq an engine copy's position names, or why there is none.
+    fn copy_source(&self, conn: u64, c: &EngineCopy) -> std::result::Result<u64, String> {
+        if let Some(why) = c.unsure {
+            return Err(format!("positions of this connection are unknown ({why})"));
+        }
+        let dep = &self.sh.deployment;
+        let (Some(sp), Some(dp)) = (dep.pool(c.src_pool), dep.pool(c.pool)) else {
+            return Err("no such pool in the deployment".into());
+        };
+        if sp.page_size != dp.page_size {
+            return Err(format!(
+                "page sizes differ ({} vs {})",
+                sp.page_size, dp.page_size
+            ));
+        }
+        let pos = match self.positions.get(&c.src_pool) {
+            Some(p) if p.conn == conn && !p.broken => p,
+            Some(p) if p.conn == conn => {
+                return Err(
+                    "another connection's stream changed the source pool after this connection claimed it"
+                        .into(),
+                );
+            }
+            _ => return Err("the source pool is not held by this connection".into()),
+        };
+        if c.src_pos == 0 {
+            return Err(
+                "the source pool had no event on this connection before the copy (no state to copy)"
+                    .into(),
+            );
+        }
+        let next = self.rec.next_seq(c.src_pool).map_err(|e| e.to_string())?;
+        let seen = next.saturating_sub(pos.base);
+        if c.src_pos > seen {
+            return Err(format!(
+                "a source position never reported (the connection reported {seen} events of the pool)"
+            ));
+        }
+        Ok(pos.base + c.src_pos - 1)
     }
 
     /// Remembers a written event's time for stamping later pulls.

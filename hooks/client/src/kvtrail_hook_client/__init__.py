@@ -4,7 +4,7 @@ engine hooks (kvtrail_sglang, kvtrail_vllm).
 The engine thread only appends small tuples to a bounded deque (the hot
 path: no JSON, no socket, no lock). A daemon thread turns them into JSON
 lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
-`xfer_commit` and `xfer_pull` messages) and sends them in batches.
+`xfer_commit`, `xfer_pull` and `copy` messages) and sends them in batches.
 
 Never stalls the engine: when the deque is full, events are dropped and
 counted per pool; the count goes to the sidecar as a `lost` line ahead of
@@ -20,6 +20,16 @@ sits between stamping an event and queueing it). The sidecar holds a pull
 from these pools until their connection has marked past the pull's time,
 so a pull is stamped against the producer's whole history up to the load,
 whatever order the connections' lines arrive in.
+
+Positions. An engine copy between two pools of this connection (`copy`:
+HiCache's offload to host memory and load back) carries `src_pos`, the
+source pool's position: how many events of that pool this connection has
+reported before the copy (each KV line 1, each `lost` line its n, each
+`copy` into the pool its number of runs), counted in the sender thread
+over what actually reaches the sidecar and restarted at each connection.
+The sidecar turns the position into the source seq; the queue is in the
+engine's order, so the copy carries exactly the source state the engine
+copied, whatever the clocks say.
 
 Close. `close()` (and the exit handler the hooks register) flushes the
 queue within a deadline, reports what it could not send as `lost`, and
@@ -41,7 +51,7 @@ import time
 log = logging.getLogger("kvtrail")
 
 # Event kinds in the queue.
-KV, REQ, SEND, COMMIT, LOST, PULL = 0, 1, 2, 3, 4, 5
+KV, REQ, SEND, COMMIT, LOST, PULL, COPY = 0, 1, 2, 3, 4, 5, 6
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
 
@@ -93,6 +103,21 @@ def runs(idx):
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [a.size]))
     return list(zip(a[starts].tolist(), (ends - starts).tolist()))
+
+
+def copy_runs(dst, src):
+    """Runs [(dst_start, src_start, count), ...] of two equally long index
+    lists copied element by element (both contiguous within a run)."""
+    dst, src = _as_list(dst), _as_list(src)
+    if len(dst) != len(src):
+        raise ValueError(f"copy of {len(src)} slots into {len(dst)}")
+    out = []
+    for d, s_ in zip(dst, src):
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == s_:
+            out[-1][2] += 1
+        else:
+            out.append([d, s_, 1])
+    return [tuple(r) for r in out]
 
 
 def _as_list(idx):
@@ -163,6 +188,11 @@ class Client:
         self.sent_items = 0  # items whose lines reached a socket
         self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
         self._last_mark = 0.0
+        # Pool positions (see "Positions"): committed once a batch is sent,
+        # and the working copy while a batch is formatted.
+        self._pos = {}
+        self._tmp = {}
+        self._connect_err = None
         self._deadline = float("inf")
         self._stop = False
         self._wake = threading.Event()
@@ -225,6 +255,7 @@ class Client:
             s.close()
             raise
         self.sock = s
+        self._pos = {}  # positions count per connection
 
     def _format(self, item, out):
         kind = item[0]
@@ -244,12 +275,24 @@ class Client:
                 )
                 if tpos is not None:
                     tpos += count
+                self._tmp[pool] = self._tmp.get(pool, 0) + 1
+            return
+        if kind == COPY:
+            # (COPY, pool, ts, rid, src_pool, runs); runs (dst, src, count).
+            _, pool, ts, rid, src_pool, rs = item
+            if not rs:
+                return
+            out.append(json.dumps({"type": "copy", "pool": pool, "ts_ns": ts, "request_id": rid,
+                                   "src_pool": src_pool, "src_pos": self._tmp.get(src_pool, 0),
+                                   "runs": [list(r) for r in rs]}, separators=(",", ":")))
+            self._tmp[pool] = self._tmp.get(pool, 0) + len(rs)
             return
         if kind == REQ:
             out.append(json.dumps(item[2], separators=(",", ":")))
             return
         if kind == LOST:
             out.append('{"type":"lost","pool":%d,"n":%d}' % (item[1], item[2]))
+            self._tmp[item[1]] = self._tmp.get(item[1], 0) + item[2]
             return
         if kind == SEND:
             _, pool, ts, room, dst_index, pages, last = item
@@ -301,6 +344,11 @@ class Client:
                 items.append(q.popleft())
             drained = not q
             lines = []
+            self._ensure_connected()
+            self._tmp = dict(self._pos)
+            for p, k in self.down_lost.items():
+                # Sent ahead of this batch (see _send) when it goes out.
+                self._tmp[p] = self._tmp.get(p, 0) + k
             for it in items:
                 try:
                     self._format(it, lines)
@@ -319,7 +367,7 @@ class Client:
                     head = q[0]
                 except IndexError:
                     head = None
-                if head is not None and head[0] in (KV, SEND, COMMIT, PULL):
+                if head is not None and head[0] in (KV, SEND, COMMIT, PULL, COPY):
                     self._mark(min(t0, head[2]), force=True, busy=True)
         self._close()
 
@@ -354,19 +402,27 @@ class Client:
             finally:
                 self.sock = None
 
+    def _ensure_connected(self):
+        """Connects (before a batch is formatted: its positions count on
+        the connection it goes to), backing off after a failure."""
+        if self.sock is not None:
+            return
+        if time.monotonic() < self._next_try:
+            self._connect_err = "retrying in under a second"
+            return
+        try:
+            self._connect()
+            self._connect_err = None
+        except OSError as e:
+            self.stats["connect_failures"] += 1
+            self._next_try = time.monotonic() + 1.0  # back off: do not spin on connect
+            self._connect_err = e
+
     def _send(self, lines, items):
         carried = {}
         if self.sock is None:
-            if time.monotonic() < self._next_try:
-                self._count_down(items, carried, "retrying in under a second")
-                return
-            try:
-                self._connect()
-            except OSError as e:
-                self.stats["connect_failures"] += 1
-                self._next_try = time.monotonic() + 1.0  # back off: do not spin on connect
-                self._count_down(items, carried, e)
-                return
+            self._count_down(items, carried, self._connect_err or "not connected")
+            return
         if self.down_lost:
             # Losses while the sidecar was unreachable: holes, reported first.
             carried, self.down_lost = self.down_lost, {}
@@ -376,6 +432,7 @@ class Client:
             self.sock.sendall(data)
             self.stats["sent_lines"] += len(lines)
             self.sent_items += len(items)
+            self._pos = self._tmp
         except OSError as e:
             try:
                 self.sock.close()

@@ -30,7 +30,18 @@ it, and never changes arguments or results):
 - ``ScheduleBatch.prepare_for_prebuilt``: decode's read of the transferred
   (or merely preallocated) prompt KV;
 - ``release_kv_cache``: frees, then the request row (status, finish reason,
-  output token count and blake3 of the output ids; never content).
+  output token count and blake3 of the output ids; never content);
+- HiCache (``--enable-hierarchical-cache``), when a ``cache`` pool is given
+  (``KVTRAIL_CACHE_POOL``): the host pool's ``alloc`` / ``free``
+  (``HostKVCache``; ``evict_host`` frees through it), ``HiCacheController.write``
+  (an offload: a ``copy`` into the cache pool from the device pool) and
+  ``HiCacheController.load`` (a load back: a ``copy`` into the device
+  slots it allocated), stamped with the source pool's position (the
+  engine's own order); ``HiRadixCache.load_back`` and ``_split_node`` tell
+  which tree node each host slot was written for, so a prefix hit is a
+  ``share`` only of loaded slots that hold the hit node's KV (a host slot
+  reused under a stale key gets no grant: its read is foreign, with its
+  true source).
 """
 
 import os
@@ -41,7 +52,7 @@ import time
 import kvtrail_hook_client as _c
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 
-__all__ = ["install", "uninstall", "stats", "flush", "request_id", "tag", "hash_tokens"]
+__all__ = ["install", "uninstall", "stats", "counts", "flush", "request_id", "tag", "hash_tokens"]
 
 _time_ns = time.time_ns
 _H = None  # the installed hook state
@@ -57,9 +68,13 @@ _ctx = _Ctx()
 
 
 class _Hook:
-    def __init__(self, capture, pools, worker, tenant_field, roles, per_pool, max_queue, pseudonymize):
+    def __init__(self, capture, pools, worker, tenant_field, roles, per_pool, max_queue, pseudonymize,
+                 cache_pools=None):
         self.capture = capture
         self.default_pool = pools[0]
+        # device pool -> its HiCache `cache` pool (declared in the same hello)
+        self.cache_pools = dict(cache_pools or {})
+        pools = list(pools) + [c for c in self.cache_pools.values() if c not in pools]
         self.roles = roles
         self.tenant_field = tenant_field
         self.pseudonymize = pseudonymize
@@ -75,6 +90,13 @@ class _Hook:
         self.originals = {}  # (owner, name) -> original
         self.wrapped_funcs = {}  # original function -> wrapper (module-level functions)
         self.disabled = False
+        # HiCache: host slot -> id of the tree node it was last written for,
+        # per cache pool; device slots a load filled with KV of another node
+        # than the one hit (no grant at the prefix hit, until freed).
+        self.host_node = {}
+        self.ungranted = {}
+        self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
+                       "hicache_key_mismatch": 0}
 
     def put(self, pool, item):
         cl = self.clients.get(pool)
@@ -239,6 +261,24 @@ def on_release(req, tree_cache):
 # ---------------------------------------------------------------- batch hooks
 
 
+def _share(pool, rid, idx):
+    """A prefix hit's ``share``, less the device slots a HiCache load filled
+    with another node's KV (a stale host slot): those grant nothing."""
+    bad = _H.ungranted.get(pool)
+    if not bad:
+        _kv(pool, rid, SHARE, idx, 0)
+        return
+    slots = _c._as_list(capture_indices(idx))
+    start = None
+    for i, x in enumerate(slots + [None]):
+        ok = x is not None and x not in bad
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            _kv(pool, rid, SHARE, slots[start:i], start)
+            start = None
+
+
 def on_alloc_for_extend(batch, out_cache_loc):
     """After ``alloc_for_extend(batch)``: per request alloc, share, write, read."""
     if _H is None or _H.disabled:
@@ -253,7 +293,7 @@ def on_alloc_for_extend(batch, out_cache_loc):
         ext = ext_lens[i] if ext_lens is not None else req.extend_input_len
         row = _row(pool_t, req)
         if pre:
-            _kv(pool, rid, SHARE, row[:pre], 0)
+            _share(pool, rid, row[:pre])
         new = row[pre:pre + ext]
         _kv(pool, rid, ALLOC, new)
         _kv(pool, rid, WRITE, new, pre)
@@ -372,7 +412,10 @@ def _wrap_free(orig):
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
                 pool = _H.default_pool
-            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None, 0))
+            idx = capture_indices(free_index)
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, idx, None, 0))
+            if _H.ungranted.get(pool):
+                _H.ungranted[pool].difference_update(_c._as_list(idx))
         return orig(self, free_index, *args, **kwargs)
 
     free.__wrapped__ = orig
@@ -389,8 +432,12 @@ def _wrap_paged_free(orig):
             if pool is None:
                 pool = _H.default_pool
             # Pages are expanded to slots in the sender thread.
-            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, capture_indices(free_index), None,
-                          self.page_size))
+            idx = capture_indices(free_index)
+            _H.put(pool, (_c.KV, pool, _time_ns(), _ctx.rid, FREE, idx, None, self.page_size))
+            if _H.ungranted.get(pool):
+                ps = self.page_size
+                _H.ungranted[pool].difference_update(
+                    {p * ps + o for p in {x // ps for x in _c._as_list(idx)} for o in range(ps)})
         return orig(self, free_index, *args, **kwargs)
 
     free.__wrapped__ = orig
@@ -437,6 +484,188 @@ def _wrap_ctx(orig, after, rid_arg=None, suppress=True):
     wrapper.__wrapped__ = orig
     wrapper.__name__ = getattr(orig, "__name__", "wrapper")
     return wrapper
+
+
+# ---------------------------------------------------------------- HiCache
+
+
+class _Load(threading.local):
+    expect = None  # host slot -> node id, for the load_back running
+
+
+_load = _Load()
+
+
+def _guard(name, fn, *args, hole=None):
+    """Runs a hook function; a failure is counted and logged, never raised.
+    ``hole``: the pool whose events the failure may have lost; it gets a
+    ``lost`` event (a hole: the capture is incomplete, later reads of it
+    uncertain), so a missed copy never reads as clean or confirmed."""
+    try:
+        fn(*args)
+    except Exception as e:  # capture must never break the engine
+        if _H is not None:
+            _H.counts["hook_errors"] += 1
+            if hole is not None:
+                try:
+                    _H.put(hole, (_c.LOST, hole, 1))
+                except Exception:
+                    pass
+        _c.log.warning("kvtrail: hook %s failed: %s", name, e)
+
+
+def _hicache_pools(ctrl):
+    """(device pool, cache pool) of a HiCacheController, or None."""
+    return getattr(ctrl, "_kvtrail_pools", None)
+
+
+def on_controller_init(ctrl):
+    """After ``HiCacheController.__init__``: its host pool records into the
+    device pool's `cache` pool (when one is configured)."""
+    if _H is None or _H.disabled:
+        return
+    dev = getattr(ctrl.mem_pool_device_allocator, "_kvtrail_pool", None)
+    dev = _H.default_pool if dev is None else dev
+    cache = _H.cache_pools.get(dev)
+    if cache is None or dev < 0:
+        return
+    ctrl._kvtrail_pools = (dev, cache)
+    ctrl.mem_pool_host._kvtrail_pool = cache
+
+
+def _copy(pool, src_pool, dst_idx, src_idx):
+    rs = _c.copy_runs(capture_indices(dst_idx), capture_indices(src_idx))
+    _H.put(pool, (_c.COPY, pool, _time_ns(), 0, src_pool, rs))
+
+
+def on_write(ctrl, device_indices, node_id, host_indices):
+    """After ``HiCacheController.write``: the offload's copy (queued and
+    started in the call, from the device slots as they are now)."""
+    pools = _hicache_pools(ctrl)
+    if _H is None or _H.disabled or pools is None or host_indices is None:
+        return
+    dev, cache = pools
+    _copy(cache, dev, host_indices, device_indices)
+    _H.counts["hicache_offloads"] += 1
+    m = _H.host_node.setdefault(cache, {})
+    for h in _c._as_list(capture_indices(host_indices)):
+        m[h] = node_id
+
+
+def on_load(ctrl, host_indices, device_indices):
+    """After ``HiCacheController.load``: the load back's copy into the
+    device slots it allocated (recorded by the allocator hook). Device slots
+    whose host slot was last written for another node than the one the
+    load is for get no grant at the prefix hit."""
+    pools = _hicache_pools(ctrl)
+    if _H is None or _H.disabled or pools is None or device_indices is None:
+        return
+    dev, cache = pools
+    _copy(dev, cache, device_indices, host_indices)
+    _H.counts["hicache_loads"] += 1
+    expect = _load.expect
+    if expect is None:
+        return
+    written = _H.host_node.get(cache, {})
+    hosts = _c._as_list(capture_indices(host_indices))
+    devs = _c._as_list(capture_indices(device_indices))
+    bad = [d for h, d in zip(hosts, devs) if written.get(h) != expect.get(h)]
+    if bad:
+        _H.counts["hicache_key_mismatch"] += len(bad)
+        _H.ungranted.setdefault(dev, set()).update(bad)
+
+
+def _expected_nodes(node):
+    """Host slot -> node id of the evicted nodes ``load_back(node)`` loads."""
+    out = {}
+    while node is not None and getattr(node, "evicted", False) and node.host_value is not None:
+        for h in _c._as_list(capture_indices(node.host_value)):
+            out[h] = node.id
+        node = node.parent
+    return out
+
+
+def _set_expected(node):
+    _load.expect = _expected_nodes(node)
+
+
+def _wrap_load_back(orig):
+    def load_back(self, node, *args, **kwargs):
+        if _H is None or _H.disabled or not _H.cache_pools:
+            return orig(self, node, *args, **kwargs)
+        _load.expect = None
+        _guard("HiRadixCache.load_back", _set_expected, node)
+        try:
+            return orig(self, node, *args, **kwargs)
+        finally:
+            _load.expect = None
+
+    load_back.__wrapped__ = orig
+    return load_back
+
+
+def on_split(child, new_node):
+    """After ``HiRadixCache._split_node``: the host slots of the new prefix
+    node were written for the node it was split from."""
+    if _H is None or _H.disabled or getattr(new_node, "host_value", None) is None:
+        return
+    for m in _H.host_node.values():
+        for h in _c._as_list(capture_indices(new_node.host_value)):
+            if m.get(h) == child.id:
+                m[h] = new_node.id
+
+
+def _wrap_host_alloc(orig):
+    def alloc(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        pool = getattr(self, "_kvtrail_pool", None)
+        if out is not None and pool is not None and _H is not None and not _H.disabled:
+            _guard("host alloc", lambda: _H.put(pool, (_c.KV, pool, _time_ns(), 0, ALLOC,
+                                                       capture_indices(out), None, 0)))
+        return out
+
+    alloc.__wrapped__ = orig
+    return alloc
+
+
+def _wrap_host_free(orig):
+    def free(self, indices, *args, **kwargs):
+        pool = getattr(self, "_kvtrail_pool", None)
+        if pool is not None and _H is not None and not _H.disabled:
+            def rec():
+                idx = capture_indices(indices)
+                if len(idx):
+                    _H.put(pool, (_c.KV, pool, _time_ns(), 0, FREE, idx, None, 0))
+                    m = _H.host_node.get(pool)
+                    if m:
+                        for h in _c._as_list(idx):
+                            m.pop(h, None)
+            _guard("host free", rec)
+        return orig(self, indices, *args, **kwargs)
+
+    free.__wrapped__ = orig
+    return free
+
+
+def _wrap_after(name, after, hole=None):
+    """A method wrapper: SGLang's original, then ``after(self, args,
+    kwargs, result)`` under the guard (``hole(self)``: the pool a failure
+    leaves a hole in, or None)."""
+
+    def factory(orig):
+        def wrapper(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            if _H is not None and not _H.disabled:
+                pools = _hicache_pools(self)
+                _guard(name, after, self, args, kwargs, out,
+                       hole=hole(pools) if hole is not None and pools is not None else None)
+            return out
+
+        wrapper.__wrapped__ = orig
+        wrapper.__name__ = getattr(orig, "__name__", name)
+        return wrapper
+
+    return factory
 
 
 # ---------------------------------------------------------------- patch table
@@ -527,6 +756,21 @@ _PATCHES = [
     ("sglang.srt.disaggregation.common.conn", "CommonKVSender", "_prepare_send_indices",
      lambda o: _wrap_ctx(o, lambda a, k, out: on_send_indices(a[0], _arg(a, k, 1, "kv_indices"), out),
                          suppress=False)),
+    ("sglang.srt.managers.cache_controller", "HiCacheController", "__init__",
+     _wrap_after("HiCacheController.__init__", lambda s, a, k, out: on_controller_init(s))),
+    ("sglang.srt.managers.cache_controller", "HiCacheController", "write",
+     _wrap_after("HiCacheController.write", lambda s, a, k, out: on_write(
+         s, _arg(a, k, 0, "device_indices"), _arg(a, k, 2, "node_id", -1), out),
+         hole=lambda pools: pools[1])),
+    ("sglang.srt.managers.cache_controller", "HiCacheController", "load",
+     _wrap_after("HiCacheController.load", lambda s, a, k, out: on_load(
+         s, _arg(a, k, 0, "host_indices"), out),
+         hole=lambda pools: pools[0])),
+    ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "alloc", _wrap_host_alloc),
+    ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "free", _wrap_host_free),
+    ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "load_back", _wrap_load_back),
+    ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "_split_node",
+     _wrap_after("HiRadixCache._split_node", lambda s, a, k, out: on_split(_arg(a, k, 1, "child"), out))),
     ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "send_metadata",
      lambda o: _wrap_ctx(o, lambda a, k, out: on_send_metadata(
          a[0], _arg(a, k, 1, "kv_indices"), _arg(a, k, 4, "decode_prefix_len", 0)), suppress=False)),
@@ -571,7 +815,7 @@ _finder = _c.PostImport(lambda name: _H is not None and name.startswith("sglang.
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None,
-            per_pool_connections=False, max_queue=None, pseudonymize=None):
+            per_pool_connections=False, max_queue=None, pseudonymize=None, cache_pools=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
@@ -582,7 +826,10 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None
     - ``KVTRAIL_TENANT_FIELD``: the Req attribute (dotted path into dicts
       allowed) naming the customer, default ``routing_key``;
     - ``KVTRAIL_TENANT_PSEUDONYMIZE=1``: record a blake3 pseudonym instead;
-    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes.
+    - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
+    - ``KVTRAIL_CACHE_POOL``: the HiCache `cache` pool of the (first) device
+      pool (``cache_pools={device: cache}`` for several); declared in the same
+      hello, so the engine's copies are stamped by position.
     """
     global _H
     if _H is not None:
@@ -592,6 +839,9 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None
         raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
     if pools is None:
         pools = [int(p) for p in os.environ.get("KVTRAIL_POOL", "0").split(",") if p.strip()]
+    if cache_pools is None:
+        cp = os.environ.get("KVTRAIL_CACHE_POOL", "").strip()
+        cache_pools = {int(pools[0]): int(cp)} if cp else {}
     if roles is None:
         r = os.environ.get("KVTRAIL_ROLE")
         roles = {p: r for p in pools} if r else {}
@@ -604,6 +854,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None
         per_pool_connections,
         int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
         bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
+        cache_pools,
     )
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
@@ -650,6 +901,14 @@ def stats():
     if _H is None:
         return {}
     return {cl.worker: dict(cl.stats) for cl in set(_H.clients.values())}
+
+
+def counts():
+    """The hook's own counters: ``hook_errors`` (a failure inside a hook
+    function, caught and logged: the engine went on), HiCache offloads and
+    loads recorded, and ``hicache_key_mismatch`` (loaded slots whose host
+    copy was written for another tree node: no grant at the prefix hit)."""
+    return dict(_H.counts) if _H is not None else {}
 
 
 def request_context(req):
