@@ -289,7 +289,7 @@ impl AllowedSigners {
                 take_token(line).ok_or_else(|| bad("unbalanced quotes".into()))?;
             let principals: Vec<String> = split_commas(unquote(principals))
                 .into_iter()
-                .map(|p| p.trim().to_string())
+                .map(|p| unquote(p.trim()).to_string())
                 .filter(|p| !p.is_empty())
                 .collect();
             if principals.is_empty() {
