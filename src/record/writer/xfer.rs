@@ -271,7 +271,7 @@ impl W<'_> {
                 }),
             };
             match self.rec.kv(ev) {
-                Ok(seq) => self.written(c.pool, c.ts_ns, seq),
+                Ok(seq) => self.written(ev, seq),
                 Err(e) => {
                     add(&self.sh.stats.rejected_contract, 1);
                     self.log(&format!(
