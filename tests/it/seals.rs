@@ -243,6 +243,7 @@ fn record_cli_seals_and_verify_prints_the_signer() {
     assert_eq!(code, 0, "{o}{e}");
     let v: serde_json::Value = serde_json::from_str(&o).unwrap();
     assert_eq!(v["seals"]["ok"], true);
+    assert_eq!(v["all_ok"], true, "{o}");
     assert_eq!(v["seals"]["final_seal"], true);
     assert!(v["seals"]["signers"][0].as_str().unwrap().starts_with(ID));
 }
@@ -314,6 +315,15 @@ fn fails(t: &Path, allowed: &Path, at: &str, what: &str) {
         .unwrap_or_else(|| panic!("no FAIL naming {at} with {what:?}:\n{out}"));
     assert!(line.starts_with("FAIL"), "{line}");
     assert!(out.contains("SEALS FAILED"), "{out}");
+    // The last line is the one verdict: never "OK" while the seals fail,
+    // though the trace's own checks pass; the JSON says the same.
+    let last = out.lines().last().unwrap_or_default();
+    assert!(last.starts_with("FAILED"), "{out}");
+    let (code, json, err) = verify(t, &["--allowed-signers", s(allowed), "--json"]);
+    assert_eq!(code, 1, "{json}{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["all_ok"], false, "{json}");
+    assert_eq!(v["seals"]["ok"], false, "{json}");
 }
 
 #[test]

@@ -40,6 +40,11 @@ struct Checked<'a> {
     seals: Option<&'a SealReport>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     unsealed: bool,
+    /// The verdict over the trace and its seals (`ok` is the trace's own
+    /// checks; `seals.ok` the seals'); only for a sealed trace or one a
+    /// signature was asked of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    all_ok: Option<bool>,
 }
 
 fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
@@ -105,10 +110,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let report = verify(&args.trace)?;
     let seals = verify_seals(&args.trace, allowed.as_ref())?;
     let unsealed = seals.is_none() && args.require_signature;
+    // One verdict: the trace's own checks and its seals'. Neither "OK"
+    // nor `all_ok` is said while either fails.
+    let all_ok = report.ok && seals.as_ref().is_none_or(|s| s.ok) && !unsealed;
     let checked = Checked {
         trace: &report,
         seals: seals.as_ref(),
         unsealed,
+        all_ok: (seals.is_some() || unsealed).then_some(all_ok),
     };
     output::print(args.json, &checked, |out| {
         if let Some(s) = &seals {
@@ -133,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         writeln!(
             out,
             "{}: {} files, {} bytes hashed, {} rows checked, capture {}{}",
-            if report.ok { "OK" } else { "FAILED" },
+            if all_ok { "OK" } else { "FAILED" },
             report.files_checked,
             report.bytes_hashed,
             report.rows_checked,
@@ -153,8 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         )
     })?;
-    let sealed_ok = seals.as_ref().is_none_or(|s| s.ok) && !unsealed;
-    Ok(if report.ok && sealed_ok { 0 } else { 1 })
+    Ok(if all_ok { 0 } else { 1 })
 }
 
 fn print_folder(out: &mut dyn Write, r: &FolderReport, depth: usize) -> std::io::Result<()> {
