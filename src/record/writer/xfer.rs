@@ -170,48 +170,21 @@ impl W<'_> {
             ));
             return self.lose(p.pool, p.runs.len() as u64);
         }
+        let what = format!("load into pool {} for request {}", p.pool, p.request_id);
         for &(dst, src, count, tpos) in &p.runs {
-            if src as u64 + count as u64 > src_cap {
-                add(&st.rejected_contract, 1);
-                self.log(&format!(
-                    "load into pool {} for request {} names slots {src}..{} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
-                    p.pool,
-                    p.request_id,
-                    src as u64 + count as u64,
-                    p.src_pool
-                ));
-                self.lose(p.pool, 1)?;
-                continue;
-            }
-            let ev = KvEvent {
-                pool: p.pool,
-                seq: 0,
-                ts_ns: p.ts_ns,
-                request_id: p.request_id,
-                op: Op::Write,
-                slot_start: dst,
-                slot_count: count,
-                token_pos: Some(tpos),
-                src: Some(CopySrc {
-                    pool: p.src_pool,
-                    slot_start: src,
-                    seq: src_seq,
-                }),
-            };
-            match self.rec.kv(ev) {
-                Ok(seq) => {
-                    add(&st.pulls_written, 1);
-                    self.written(ev, seq);
-                }
-                Err(e) => {
-                    st.rejected_contract.fetch_add(1, Ordering::Relaxed);
-                    self.log(&format!(
-                        "load into pool {} rejected (hole): {}",
-                        p.pool,
-                        e.to_string().replace('\n', " ")
-                    ));
-                    self.lose(p.pool, 1)?;
-                }
+            let ev = copy_event(
+                p.pool,
+                p.ts_ns,
+                p.request_id,
+                dst,
+                count,
+                Some(tpos),
+                p.src_pool,
+                src,
+                src_seq,
+            );
+            if self.copy_run(&what, ev, src_cap)? {
+                add(&st.pulls_written, 1);
             }
         }
         Ok(())
@@ -243,47 +216,55 @@ impl W<'_> {
             .deployment
             .pool(c.src_pool)
             .map_or(0, |p| p.capacity_tokens);
+        let what = format!("copy into pool {}", c.pool);
         for &(dst, src, count) in &c.runs {
-            if src as u64 + count as u64 > src_cap {
-                add(&self.sh.stats.rejected_contract, 1);
-                self.log(&format!(
-                    "copy into pool {} names slots {src}..{} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
-                    c.pool,
-                    src as u64 + count as u64,
-                    c.src_pool
-                ));
-                self.lose(c.pool, 1)?;
-                continue;
-            }
-            let ev = KvEvent {
-                pool: c.pool,
-                seq: 0,
-                ts_ns: c.ts_ns,
-                request_id: c.request_id,
-                op: Op::Write,
-                slot_start: dst,
-                slot_count: count,
-                token_pos: None,
-                src: Some(CopySrc {
-                    pool: c.src_pool,
-                    slot_start: src,
-                    seq: src_seq,
-                }),
-            };
-            match self.rec.kv(ev) {
-                Ok(seq) => self.written(ev, seq),
-                Err(e) => {
-                    add(&self.sh.stats.rejected_contract, 1);
-                    self.log(&format!(
-                        "copy into pool {} rejected (hole): {}",
-                        c.pool,
-                        e.to_string().replace('\n', " ")
-                    ));
-                    self.lose(c.pool, 1)?;
-                }
-            }
+            let ev = copy_event(
+                c.pool,
+                c.ts_ns,
+                c.request_id,
+                dst,
+                count,
+                None,
+                c.src_pool,
+                src,
+                src_seq,
+            );
+            self.copy_run(&what, ev, src_cap)?;
         }
         Ok(())
+    }
+
+    /// One run of a copy into `ev.pool` (a pull's load, an engine copy):
+    /// written with its `src`, or a hole (a lost event, the reason logged
+    /// after `what`) when it names slots past the source pool's
+    /// `src_cap` or the Recorder refuses it. Whether it was written.
+    fn copy_run(&mut self, what: &str, ev: KvEvent, src_cap: u64) -> Result<bool> {
+        let src = ev.src.map_or((0, 0), |s| (s.pool, s.slot_start));
+        let end = src.1 as u64 + ev.slot_count as u64;
+        if end > src_cap {
+            add(&self.sh.stats.rejected_contract, 1);
+            self.log(&format!(
+                "{what} names slots {}..{end} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
+                src.1, src.0
+            ));
+            self.lose(ev.pool, 1)?;
+            return Ok(false);
+        }
+        match self.rec.kv(ev) {
+            Ok(seq) => {
+                self.written(ev, seq);
+                Ok(true)
+            }
+            Err(e) => {
+                add(&self.sh.stats.rejected_contract, 1);
+                self.log(&format!(
+                    "{what} rejected (hole): {}",
+                    e.to_string().replace('\n', " ")
+                ));
+                self.lose(ev.pool, 1)?;
+                Ok(false)
+            }
+        }
     }
 
     /// The source seq an engine copy's position names, or why there is none.
@@ -425,5 +406,36 @@ fn policy_name(p: Option<LoadPolicy>) -> &'static str {
         Some(LoadPolicy::Fail) => "fail",
         Some(LoadPolicy::Recompute) => "recompute",
         None => "not reported",
+    }
+}
+
+/// A copy run as the event it is: a `write` on `pool` whose content comes
+/// from `count` slots of `src_pool` at `src_slot`, as of `src_seq`.
+#[allow(clippy::too_many_arguments)]
+fn copy_event(
+    pool: u16,
+    ts_ns: i64,
+    request_id: u64,
+    dst: u32,
+    count: u32,
+    token_pos: Option<u32>,
+    src_pool: u16,
+    src_slot: u32,
+    src_seq: u64,
+) -> KvEvent {
+    KvEvent {
+        pool,
+        seq: 0,
+        ts_ns,
+        request_id,
+        op: Op::Write,
+        slot_start: dst,
+        slot_count: count,
+        token_pos,
+        src: Some(CopySrc {
+            pool: src_pool,
+            slot_start: src_slot,
+            seq: src_seq,
+        }),
     }
 }
