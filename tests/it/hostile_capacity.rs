@@ -181,7 +181,7 @@ fn scope_of_a_two_to_the_31_slot_pool_runs_fast_in_small_memory() {
     let r = scope_top_of_pool(1 << 31, "cpu");
     // Before: one slot array entry per declared slot (36 GB, 41 s).
     assert!(r.peak_mib < 256, "peak RSS {} MiB", r.peak_mib);
-    assert!(r.wall < Duration::from_secs(20), "took {:?}", r.wall);
+    assert!(r.cpu < Duration::from_secs(20), "took {:?} of CPU", r.cpu);
 }
 
 #[test]
@@ -317,7 +317,7 @@ fn sixteen_thousand_pools_in_one_file_scope_in_near_linear_time() {
         "{}",
         r.stdout
     );
-    assert!(r.wall < Duration::from_secs(60), "took {:?}", r.wall);
+    assert!(r.cpu < Duration::from_secs(60), "took {:?} of CPU", r.cpu);
     assert!(r.peak_mib < 1024, "peak RSS {} MiB", r.peak_mib);
 }
 
@@ -365,7 +365,9 @@ fn requests_of_a_sixteen_thousand_pool_trace_are_checked_in_linear_time() {
     let t = write_trace(&dir.path().join("t"), decl, &[], &reqs);
     let r = run_bounded(&["scope", t.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(r.wall < Duration::from_secs(10), "took {:?}", r.wall);
+    // CPU time, not wall time: a loaded machine stretches the wall clock,
+    // never the work (linear: ~1 s; quadratic: over a minute).
+    assert!(r.cpu < Duration::from_secs(10), "took {:?} of CPU", r.cpu);
 }
 
 /// One request writes (or scrubs, or copies) every slot of a 2^31-slot

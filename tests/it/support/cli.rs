@@ -237,6 +237,7 @@ impl Kvtrail {
             stdout_bytes,
             stderr: String::from_utf8_lossy(&std::fs::read(&e).unwrap_or_default()).into_owned(),
             peak_mib: ru.ru_maxrss as u64 / 1024,
+            cpu: tv(ru.ru_utime) + tv(ru.ru_stime),
             wall,
         };
         if let Some(codes) = &self.expect {
@@ -267,7 +268,14 @@ pub struct Ran {
     pub stdout_bytes: Vec<u8>,
     /// Peak resident set of the child, in MiB.
     pub peak_mib: u64,
+    /// The child's CPU time (user + system): unlike `wall`, it does not
+    /// grow when other processes load the machine.
+    pub cpu: Duration,
     pub wall: Duration,
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
 }
 
 impl Ran {
