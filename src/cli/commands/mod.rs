@@ -15,6 +15,7 @@ pub mod merge;
 pub mod notify;
 pub mod record;
 pub mod replay;
+pub mod reproduce;
 pub mod scope;
 pub mod simulate;
 pub mod sql;
