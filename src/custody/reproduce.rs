@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::custody::evidence::EVIDENCE_JSON;
 use crate::custody::inputs::list_files;
 use crate::custody::statement::STATEMENT_FILE;
 use crate::error::{Error, Result};
@@ -25,7 +26,8 @@ pub struct Comparison {
     pub files: Vec<String>,
     /// Files byte for byte the same.
     pub identical: usize,
-    /// The first file (in path order) that differs, and where.
+    /// The first file that differs (in path order, evidence.json last),
+    /// and where.
     pub first_difference: Option<String>,
 }
 
@@ -79,7 +81,15 @@ pub fn compare_folders(orig: &Path, rerun: &Path) -> Result<Comparison> {
         files: a.clone(),
         ..Default::default()
     };
-    let all: std::collections::BTreeSet<&String> = a.iter().chain(&b).collect();
+    // evidence.json last: it records the digests of every other file, so
+    // a change anywhere shows there too; the file itself is named first.
+    let mut all: Vec<&String> = a
+        .iter()
+        .chain(&b)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    all.sort_by_key(|f| (f.as_str() == EVIDENCE_JSON, f.as_str()));
     for f in all {
         let (in_a, in_b) = (a.contains(f), b.contains(f));
         let diff = if !in_b {

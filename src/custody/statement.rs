@@ -464,6 +464,22 @@ fn read_envelope(path: &Path) -> Result<(Envelope, Statement, Vec<u8>, usize)> {
 
 /// The signer's key as the statement names it: ed25519 only.
 fn signer_key(path: &Path, st: &Statement) -> Result<PublicKey> {
+    let alg = st
+        .predicate
+        .signer
+        .public_key
+        .split_whitespace()
+        .next()
+        .unwrap_or("");
+    if alg != "ssh-ed25519" {
+        return Err(unreadable(
+            path,
+            format!(
+                "the signer's key is {:?}; kvtrail statements are signed with ed25519 only",
+                alg.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
     let key = PublicKey::from_openssh(&st.predicate.signer.public_key).map_err(|e| {
         unreadable(
             path,
