@@ -361,13 +361,16 @@ fn verify_prints_the_signer_and_fails_forged_statements() {
     );
 }
 
+/// An edit of a folder copy.
+type Edit = Box<dyn Fn(&Path)>;
+
 #[test]
 fn statements_that_cannot_be_read_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let (key, allowed) = keygen(dir.path(), "k");
     let t = decode_leak().record(&dir.path().join("t"));
     let good = signed_scope(&t, &dir.path().join("good"), &key, None);
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "garbage",
             Box::new(|f: &Path| std::fs::write(f.join(STATEMENT), "not json\n").unwrap()),
