@@ -52,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     } else {
         Audience::External
     };
-    let key = super::verify::load_key(args.signing_key.as_deref())?;
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
     if let (Some(_), Some(out)) = (&key, &args.out) {
         let st = statement_beside(out);
         if !args.force && (st.exists() || st.is_symlink()) {

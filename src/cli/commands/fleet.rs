@@ -153,7 +153,7 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         },
         binary: args.binary,
         backend: args.backend,
-        signing_key: super::verify::load_key(args.signing_key.as_deref())?,
+        signing_key: super::signing::load_key(args.signing_key.as_deref())?,
     }
     .prepare()
     .map_err(shown)?;

@@ -75,7 +75,7 @@ fn authenticate(parts: &[PathBuf], allowed: &AllowedSigners) -> anyhow::Result<V
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let inputs: Vec<&std::path::Path> = args.parts.iter().map(|p| p.as_path()).collect();
     kvtrail::custody::prepare_out(&args.out, "merge", &inputs, false)?;
-    let key = super::verify::load_key(args.signing_key.as_deref())?;
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
     let authenticated = match &args.allowed_signers {
         Some(p) => {
             let allowed = AllowedSigners::load(p)?;

@@ -17,6 +17,7 @@ pub mod record;
 pub mod replay;
 pub mod reproduce;
 pub mod scope;
+pub mod signing;
 pub mod simulate;
 pub mod sql;
 pub mod verify;

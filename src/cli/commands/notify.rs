@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let (Some(scope_dir), Some(out_dir)) = (&args.scope_dir, &args.out) else {
         anyhow::bail!("kvtrail notify needs SCOPE_DIR and --out DIR");
     };
-    let key = super::verify::load_key(args.signing_key.as_deref())?;
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
     let templates = Templates::load(lang, args.templates.as_deref())?;
     let cfg = match &args.config {
         Some(p) => NotifyConfig::load(p)?,

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
+use clap::{Args as _, FromArgMatches as _};
 use kvtrail::custody::reproduce::{Comparison, compare_folders};
 use kvtrail::custody::statement::{Predicate, folder_input, sign_files};
 use kvtrail::custody::{Evidence, load_evidence};
@@ -19,7 +19,7 @@ use kvtrail::report::writer::{self, one_line};
 use kvtrail::scope::run::ScopeRun;
 use kvtrail::text::term;
 
-use crate::cli::{Cli, Command, output};
+use crate::cli::output;
 
 /// Where an input root of evidence.json is, seen from here: a URL or an
 /// absolute path as recorded, a relative one from the folder.
@@ -41,14 +41,29 @@ fn cannot(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
 /// Re-runs the analysis of `ev` into the empty folder `dest`. Returns the
 /// backend note (scope) for the statement.
 fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String>> {
-    let cli = Cli::try_parse_from(&ev.command).map_err(|e| {
+    // The recorded command line parsed by the commands' own definitions.
+    let cmd = clap::Command::new("kvtrail")
+        .subcommand(super::scope::Args::augment_args(clap::Command::new(
+            "scope",
+        )))
+        .subcommand(super::merge::Args::augment_args(clap::Command::new(
+            "merge",
+        )));
+    let parsed = cmd
+        .try_get_matches_from(&ev.command)
+        .and_then(|m| match m.subcommand() {
+            Some(("scope", sub)) => super::scope::Args::from_arg_matches(sub).map(Recorded::Scope),
+            Some(("merge", sub)) => super::merge::Args::from_arg_matches(sub).map(Recorded::Merge),
+            _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+        });
+    let recorded = parsed.map_err(|e| {
         cannot(
             dir,
-            format!("evidence.json's command line does not parse ({})", e.kind()),
+            format!("evidence.json's command line does not parse as `kvtrail scope` or `kvtrail merge`, the commands that are re-run ({})", e.kind()),
         )
     })?;
-    match cli.command {
-        Command::Scope(a) => {
+    match recorded {
+        Recorded::Scope(a) => {
             let [inp] = &ev.inputs[..] else {
                 return Err(cannot(dir, "a scope folder records one trace input"));
             };
@@ -70,7 +85,7 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
             writer::write_scope_folder(dest, &s.trace, &s.report, s.shard.as_ref(), &ev.command)?;
             Ok(Some(note))
         }
-        Command::Merge(a) => {
+        Recorded::Merge(a) => {
             let parts: Vec<PathBuf> = ev.inputs.iter().map(|i| input_path(dir, &i.root)).collect();
             if ev.inputs.iter().any(|i| i.kind != "scope") || parts.is_empty() {
                 return Err(cannot(
@@ -94,11 +109,13 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
             writer::write_merged_folder(dest, &shards, &r, &ev.command, || Ok(()))?;
             Ok(None)
         }
-        _ => Err(cannot(
-            dir,
-            "only folders of `kvtrail scope` and `kvtrail merge` are re-run",
-        )),
     }
+}
+
+/// The command a scope folder records: only scope and merge are re-run.
+enum Recorded {
+    Scope(super::scope::Args),
+    Merge(super::merge::Args),
 }
 
 pub fn run(
@@ -107,7 +124,7 @@ pub fn run(
     out: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let key = super::verify::load_key(signing_key)?;
+    let key = super::signing::load_key(signing_key)?;
     if let Some(o) = out {
         if o.exists() {
             anyhow::bail!(

@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         kvtrail::custody::prepare_out(dir, "scope", &[args.trace.as_path()], args.force)?;
     }
     // The key is loaded (and refused when unsafe) before the replay.
-    let key = super::verify::load_key(args.signing_key.as_deref())?;
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
     let (
         Scoped {
             trace,

@@ -337,12 +337,7 @@ fn count(n: u64, what: &str) -> String {
 pub(super) fn load_key(
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>> {
-    Ok(match path {
-        Some(p) => Some(std::sync::Arc::new(
-            kvtrail::custody::keys::SigningKey::load(p)?,
-        )),
-        None => None,
-    })
+    super::signing::load_key(path)
 }
 
 /// Seals a trace an offline writer (`ingest`, `simulate`) has finished:
