@@ -11,6 +11,7 @@ use crate::custody::evidence::{
 };
 use crate::custody::inputs::{abs, hash_file, list_files};
 use crate::custody::record::{bad_record, load_evidence, read_evidence};
+use crate::custody::statement::is_folder_record;
 use crate::error::{Error, Location, Result};
 use crate::trace::chunked::{self, ChunkDigest, ChunkedFile, MismatchLog};
 
@@ -235,7 +236,7 @@ fn verify_record(
         }
     }
     for r in list_files(dir)? {
-        if r != EVIDENCE_JSON && !listed.contains_key(r.as_str()) {
+        if !is_folder_record(&r) && !listed.contains_key(r.as_str()) {
             problems.push(FolderProblem {
                 side: "output".into(),
                 path: r,

@@ -334,7 +334,11 @@ impl AllowedSigners {
     }
 
     /// The principals allowed to sign in `namespace` with `key`.
-    fn principals_for(&self, key: &ssh_key::public::KeyData, namespace: &str) -> Vec<String> {
+    pub(crate) fn principals_for(
+        &self,
+        key: &ssh_key::public::KeyData,
+        namespace: &str,
+    ) -> Vec<String> {
         self.signers
             .iter()
             .filter(|s| s.key.key_data() == key)

@@ -41,6 +41,9 @@
 //! - [`out`]: the rule for output folders; [`private`]: owner-only files.
 //! - [`keys`]: OpenSSH signing keys and allowed signers; [`seal`]: traces
 //!   sealed while they are written, and their check.
+//! - [`statement`]: signed findings, an in-toto statement over every file
+//!   of an output folder in a DSSE envelope, and its check;
+//!   [`reproduce`]: a folder against its re-run.
 
 pub mod claims;
 pub mod evidence;
@@ -50,7 +53,9 @@ pub mod keys;
 pub mod out;
 pub mod private;
 pub mod record;
+pub mod reproduce;
 pub mod seal;
+pub mod statement;
 
 pub use evidence::{
     Chunks, EVIDENCE_JSON, Evidence, FileDigest, FolderProblem, FolderReport, Inputs,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::custody::evidence::EVIDENCE_JSON;
 use crate::custody::inputs::list_files;
 use crate::custody::record::load_evidence;
+use crate::custody::statement::is_folder_record;
 use crate::error::{Error, Location, Result};
 
 /// `p` made absolute without requiring it to exist: its longest existing
@@ -144,7 +145,7 @@ pub fn prepare_out(out: &Path, kind: &str, inputs: &[&Path], force: bool) -> Res
         ev.outputs.iter().map(|f| f.path.as_str()).collect();
     if let Some(extra) = entries
         .iter()
-        .find(|r| r.as_str() != EVIDENCE_JSON && !listed.contains(r.as_str()))
+        .find(|r| !is_folder_record(r) && !listed.contains(r.as_str()))
     {
         return Err(refuse(format!(
             "the output folder holds {extra}, which its evidence.json does not list; refusing to delete or certify it"

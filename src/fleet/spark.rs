@@ -10,6 +10,7 @@
 //! any failure, or a stop, neither is left.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -18,10 +19,14 @@ use super::plan::{JobPlan, plan};
 use super::submit::{JobFiles, Submit};
 use super::view::TraceView;
 use super::{FleetError, Result};
+use crate::custody::keys::SigningKey;
+use crate::custody::statement::{self, Predicate};
 use crate::error::Error;
 use crate::lineage::BackendChoice;
 use crate::lineage::shard::ShardGroup;
-use crate::report::writer::{Written, write_atomically, write_merged_folder};
+use crate::report::writer::{
+    Signing, Written, one_line, write_atomically, write_merged_folder_signed,
+};
 use crate::scope::ScopeReport;
 use crate::scope::merge::merge;
 use crate::scope::shard::load_shards;
@@ -37,6 +42,10 @@ pub struct Spark {
     /// The kvtrail binary shipped to the executors (`None`: this one).
     pub binary: Option<PathBuf>,
     pub backend: BackendChoice,
+    /// `--signing-key`: every shard folder (once it came back, before it is
+    /// put in place) and the merged folder get a signed statement. The key
+    /// stays with the driver: executors never see it.
+    pub signing_key: Option<Arc<SigningKey>>,
 }
 
 /// A run checked and planned, ready to submit.
@@ -198,6 +207,11 @@ impl Prepared {
             status,
         )?;
         collect::check(&result, self.shards.len(), &staging)?;
+        if let Some(key) = &self.spark.signing_key {
+            for i in 0..self.shards.len() {
+                sign_shard(&staging.join(collect::shard_dir(i)), key)?;
+            }
+        }
         Ok(result)
     }
 
@@ -216,13 +230,18 @@ impl Prepared {
             .map(|s| (s.report.clone(), s.info.clone()))
             .collect();
         let r = merge(&parts)?;
-        let written = write_merged_folder(&self.spark.out, &loaded, &r, command, || {
-            if stop.load(Ordering::Relaxed) {
-                Err(Error::Other("interrupted".into()))
-            } else {
-                Ok(())
-            }
+        let sign = self.spark.signing_key.as_deref().map(|key| Signing {
+            key,
+            predicate: Predicate::new("fleet spark", command),
         });
+        let written =
+            write_merged_folder_signed(&self.spark.out, &loaded, &r, command, sign, || {
+                if stop.load(Ordering::Relaxed) {
+                    Err(Error::Other("interrupted".into()))
+                } else {
+                    Ok(())
+                }
+            });
         match written {
             Ok(w) => Ok((r, w)),
             // A signal during the merge: nothing is put in place either.
@@ -233,6 +252,21 @@ impl Prepared {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Signs a shard folder as it came back from its executor (checked by
+/// `collect::check`): its statement names the trace its evidence.json
+/// records and the shard's own verdict.
+fn sign_shard(dir: &Path, key: &SigningKey) -> Result<()> {
+    let ev = crate::custody::load_evidence(dir)?.0;
+    let mut p = Predicate::new("fleet spark", &ev.command);
+    p.inputs = statement::evidence_inputs(dir)?;
+    let summary = dir.join("summary.json");
+    let text = crate::trace::files::read_limited(&summary, 1 << 30, "a scope summary")?;
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
+    p.verdict = one_line(v["verdict"].as_str().unwrap_or("(no verdict)"));
+    statement::sign_folder(dir, key, p)?;
+    Ok(())
 }
 
 /// Removes a folder when dropped, unless disarmed.
@@ -267,6 +301,7 @@ mod tests {
             submit: Submit::default(),
             binary: Some(std::env::current_exe().unwrap()),
             backend: BackendChoice::Cpu,
+            signing_key: None,
         }
     }
 

@@ -91,6 +91,22 @@ pub fn notify(
     folder.refuse_shard("notify")?;
     // The whole scope folder matches its evidence.json, or nothing is written.
     let scope_inputs = folder.as_input()?;
+    // A signed scope folder's statement must hold too (its signer is
+    // checked by `verify --allowed-signers`): the packs cite it.
+    let statement = match custody::statement::check_folder_statement(scope_dir, None)? {
+        Some(r) if !r.ok => {
+            return Err(crate::error::Error::invalid(
+                crate::error::Location::file(&scope_dir.join(custody::statement::STATEMENT_FILE)),
+                format!(
+                    "the scope folder's signed statement does not hold: {}",
+                    r.problems.join("; ")
+                ),
+                "run `kvtrail verify` on the scope folder; re-create it from the trace instead of editing it",
+            ));
+        }
+        Some(_) => custody::statement::folder_statement(scope_dir)?.map(|d| d.sha256),
+        None => None,
+    };
     let sum = folder.summary();
 
     let mut customers = Customers::of(sum);
@@ -109,6 +125,7 @@ pub fn notify(
         // Worded without file paths: a trace's file names may carry other
         // customers' names.
         coverage_notes: crate::scope::customer_notes(&sum.coverage),
+        scope_statement_sha256: statement,
     };
     // Everything is rendered into memory first: a template that fails
     // leaves no output folder behind, half-written or emptied.

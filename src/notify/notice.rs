@@ -135,6 +135,11 @@ pub struct EvidenceRef {
     pub tool: String,
     pub evidence_complete: bool,
     pub coverage_notes: Vec<String>,
+    /// sha256 of the scope folder's signed statement
+    /// (statement.intoto.jsonl), when it is signed: the chain of signed
+    /// findings carried into the packs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope_statement_sha256: Option<String>,
 }
 
 /// Incident-wide figures a customer may see (counts only).

@@ -6,12 +6,16 @@
 //! nothing is left. `write_scope_folder` (`scope --out`) and
 //! `write_merged_folder` (`merge --out`, `fleet spark`) write a scope
 //! folder through it: the findings files (`report::write_out`), a shard's
-//! shard.json, then the rest (`report::bundle`) and evidence.json last.
+//! shard.json, then the rest (`report::bundle`) and evidence.json, and
+//! with `--signing-key` the signed statement over all of them last
+//! (`Signing`, `custody::statement`).
 //! `fleet spark` puts its shard folders in place and `demo` its simulated
 //! trace the same way. The folder is read back by `report::folder`.
 
 use std::path::{Path, PathBuf};
 
+use crate::custody::keys::SigningKey;
+use crate::custody::statement::{self, Predicate};
 use crate::error::{Error, Location, Result};
 use crate::scope::ScopeReport;
 use crate::scope::shard::{ShardFolder, ShardInfo};
@@ -115,6 +119,50 @@ pub fn write_scope_folder(
     shard: Option<&ShardInfo>,
     command: &[String],
 ) -> Result<Written> {
+    write_scope_folder_signed(dest, trace, report, shard, command, None)
+}
+
+/// The statement a folder gets last, inside its atomic write
+/// (`--signing-key`): the key and the predicate so far (command, options,
+/// backend); the writer adds the inputs it reads and the verdict.
+pub struct Signing<'a> {
+    pub key: &'a SigningKey,
+    pub predicate: Predicate,
+}
+
+impl Signing<'_> {
+    /// Writes the folder's statement over every file now in `dir`, with
+    /// `inputs` and the report's verdict; returns its path.
+    fn sign(
+        self,
+        dir: &Path,
+        inputs: Vec<statement::StatementInput>,
+        report: &ScopeReport,
+    ) -> Result<PathBuf> {
+        let mut p = self.predicate;
+        p.inputs = inputs;
+        p.verdict = one_line(&report.verdict);
+        statement::sign_folder(dir, self.key, p)?;
+        Ok(dir.join(statement::STATEMENT_FILE))
+    }
+}
+
+/// A verdict as one line.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `write_scope_folder`, and with `sign` the folder's statement
+/// (`custody::statement`), written last: the folder never appears without
+/// it.
+pub fn write_scope_folder_signed(
+    dest: &Path,
+    trace: &Trace,
+    report: &ScopeReport,
+    shard: Option<&ShardInfo>,
+    command: &[String],
+    sign: Option<Signing<'_>>,
+) -> Result<Written> {
     write_scope_files(dest, |dir| {
         let mut files = super::write_out(report, dir)?;
         if let Some(s) = shard {
@@ -122,6 +170,9 @@ pub fn write_scope_folder(
         }
         let (extra, digest) = super::bundle::write_scope_extras(trace, report, dir, command)?;
         files.extend(extra);
+        if let Some(s) = sign {
+            files.push(s.sign(dir, vec![statement::trace_input(trace)?], report)?);
+        }
         Ok((files, digest))
     })
 }
@@ -137,10 +188,31 @@ pub fn write_merged_folder(
     command: &[String],
     last: impl FnOnce() -> Result<()>,
 ) -> Result<Written> {
+    write_merged_folder_signed(dest, shards, report, command, None, last)
+}
+
+/// `write_merged_folder`, and with `sign` the folder's statement (its
+/// inputs: each shard folder with the digests of its evidence.json and
+/// statement), written last.
+pub fn write_merged_folder_signed(
+    dest: &Path,
+    shards: &[ShardFolder],
+    report: &ScopeReport,
+    command: &[String],
+    sign: Option<Signing<'_>>,
+    last: impl FnOnce() -> Result<()>,
+) -> Result<Written> {
     write_scope_files(dest, |dir| {
         let mut files = super::write_out(report, dir)?;
         let (extra, digest) = super::bundle::write_merge_extras(shards, report, dir, command)?;
         files.extend(extra);
+        if let Some(s) = sign {
+            let inputs = shards
+                .iter()
+                .map(|sh| statement::folder_input(&sh.dir, "scope"))
+                .collect::<Result<Vec<_>>>()?;
+            files.push(s.sign(dir, inputs, report)?);
+        }
         last()?;
         Ok((files, digest))
     })

@@ -28,6 +28,20 @@ fn mismatch(what: &str) -> Error {
     ))
 }
 
+/// `merge` of shards whose signed statements were not checked: the report
+/// is marked "shards not authenticated" (`coverage.shards_not_authenticated`,
+/// a coverage note, never complete evidence, and the verdict says so).
+pub fn merge_unauthenticated(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {
+    let mut r = merge(parts)?;
+    r.coverage.shards_not_authenticated = true;
+    finish_coverage(&mut r.coverage);
+    r.verdict = format!(
+        "shards not authenticated: {}",
+        verdict(&r.counts, &r.coverage, r.deployment.tenant_prefix_cache())
+    );
+    Ok(r)
+}
+
 /// Merges shard reports (any order) into the single-run report. The shards'
 /// pools must be disjoint and cover every pool of the deployment.
 pub fn merge(parts: &[(ScopeReport, ShardInfo)]) -> Result<ScopeReport> {

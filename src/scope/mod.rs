@@ -485,6 +485,9 @@ pub(crate) fn lost_events(gaps: &[crate::lineage::Gap]) -> u64 {
 
 /// Sets `complete` (nothing lowers confidence) and the notes from the
 /// rest of the coverage: the one rule for a single run and a merge.
+/// The note of a merged report whose shards were not authenticated.
+pub const SHARDS_NOT_AUTHENTICATED: &str = "shards not authenticated: the shard folders' signed statements were not checked (`kvtrail merge` without --allowed-signers), so anyone who could write a shard folder could have changed its findings and its evidence.json; sign the shards (`scope --signing-key`) and merge with --allowed-signers";
+
 pub(crate) fn finish_coverage(c: &mut Coverage) {
     c.complete = c.capture_complete
         && c.gaps.is_empty()
@@ -497,7 +500,8 @@ pub(crate) fn finish_coverage(c: &mut Coverage) {
         && c.files_rows_differ.is_empty()
         && c.skipped_lines == 0
         && c.requests_missing.is_empty()
-        && !c.no_kv_events;
+        && !c.no_kv_events
+        && !c.shards_not_authenticated;
     c.notes = coverage_notes(c, true);
 }
 
@@ -513,6 +517,9 @@ pub fn customer_notes(c: &Coverage) -> Vec<String> {
 /// report) or only count files (anything that reaches a customer).
 fn coverage_notes(c: &Coverage, paths: bool) -> Vec<String> {
     let mut n = Vec::new();
+    if c.shards_not_authenticated {
+        n.push(SHARDS_NOT_AUTHENTICATED.into());
+    }
     if c.no_kv_events {
         n.push(crate::trace::NO_KV_EVENTS.into());
     }

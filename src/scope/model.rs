@@ -372,6 +372,12 @@ pub struct Coverage {
     /// reports. A shard is never complete evidence (`scope::merge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_pools: Option<Vec<u16>>,
+    /// Set only in a merged report whose shards' signed statements were not
+    /// checked (`kvtrail merge` without `--allowed-signers`): anyone who
+    /// can write a shard folder could have changed its findings, so the
+    /// merged evidence is never complete (`scope::merge::merge_unauthenticated`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shards_not_authenticated: bool,
     pub notes: Vec<String>,
 }
 

@@ -508,6 +508,8 @@ fn a_merged_folder_carries_the_same_exports_as_a_single_run() {
     let tmp = tempfile::tempdir().unwrap();
     let single = tmp.path().join("single");
     scope_out(&incident_mini(), &single);
+    // Signed shards, merged authenticated: the same exports as one run.
+    let (key, allowed) = crate::statements::keygen(tmp.path(), "key");
     let mut shards = Vec::new();
     for (i, pools) in ["0", "1"].iter().enumerate() {
         let out = tmp.path().join(format!("shard-{i}"));
@@ -520,6 +522,8 @@ fn a_merged_folder_carries_the_same_exports_as_a_single_run() {
             s(&out),
             "--backend",
             "cpu",
+            "--signing-key",
+            s(&key),
         ])
         .run()
         .ok();
@@ -529,9 +533,17 @@ fn a_merged_folder_carries_the_same_exports_as_a_single_run() {
         shards.push(out);
     }
     let merged = tmp.path().join("merged");
-    kvtrail(["merge", s(&shards[0]), s(&shards[1]), "--out", s(&merged)])
-        .run()
-        .ok();
+    kvtrail([
+        "merge",
+        s(&shards[0]),
+        s(&shards[1]),
+        "--out",
+        s(&merged),
+        "--allowed-signers",
+        s(&allowed),
+    ])
+    .run()
+    .ok();
     for f in [OCSF, TIMELINE] {
         assert!(
             std::fs::read(merged.join(f)).unwrap() == std::fs::read(single.join(f)).unwrap(),

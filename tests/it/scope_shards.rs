@@ -1,7 +1,8 @@
 //! `scope --pools LIST` shards and `kvtrail merge`: for every split of the
 //! pools into shards, the merged --out folder must equal a single run's,
 //! byte for byte (summary.json, responses.csv, tenants.csv,
-//! findings.parquet, findings.ocsf.jsonl, timeline.jsonl). Traces: copies of copies over four pools with a hole
+//! findings.parquet, findings.ocsf.jsonl, timeline.jsonl) when the shards
+//! are signed and authenticated (`merge --allowed-signers`). Traces: copies of copies over four pools with a hole
 //! and blank reads, and the committed incident-mini trace.
 
 use std::path::Path;
@@ -23,17 +24,28 @@ const FILES: &[&str] = &[
     "timeline.jsonl",
 ];
 
-/// Runs each shard, merges them, and compares with the single run.
+/// Runs each shard (signed), merges them (authenticated: `merge
+/// --allowed-signers`), and compares with the single run.
 fn check(trace: &Path, shards: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
+    let (key, allowed) = crate::statements::keygen(dir.path(), "key");
     let single = dir.path().join("single");
     kvtrail(["scope", s(trace), "--out", s(&single)]).run().ok();
     let mut parts = Vec::new();
     for (i, pools) in shards.iter().enumerate() {
         let out = dir.path().join(format!("shard-{i}"));
-        kvtrail(["scope", s(trace), "--pools", pools, "--out", s(&out)])
-            .run()
-            .ok();
+        kvtrail([
+            "scope",
+            s(trace),
+            "--pools",
+            pools,
+            "--out",
+            s(&out),
+            "--signing-key",
+            s(&key),
+        ])
+        .run()
+        .ok();
         assert!(out.join("shard.json").is_file());
         parts.push(out);
     }
@@ -41,6 +53,7 @@ fn check(trace: &Path, shards: &[&str]) {
     let mut args = vec!["merge".to_string()];
     args.extend(parts.iter().map(|p| s(p).to_string()));
     args.extend(["--out".to_string(), s(&merged).to_string()]);
+    args.extend(["--allowed-signers".to_string(), s(&allowed).to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     kvtrail(&args).run().ok();
     for f in FILES {

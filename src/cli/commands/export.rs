@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use kvtrail::custody::statement::{Predicate, folder_input, sign_file, statement_beside};
 use kvtrail::report::export::{Audience, Format, export, write_export};
 use kvtrail::text::term;
 
@@ -36,6 +37,9 @@ pub struct Args {
     /// For the operator's own responders only: also name the source customers and their requests, and label every event internal. Never hand this file to a customer.
     #[arg(long)]
     pub internal: bool,
+    /// With --out: sign the file with this OpenSSH ed25519 private key (owner-only): an in-toto statement beside it, FILE.intoto.jsonl, citing the scope folder (`kvtrail verify FILE.intoto.jsonl` checks it).
+    #[arg(long, value_name = "FILE", requires = "out")]
+    pub signing_key: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -48,10 +52,27 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     } else {
         Audience::External
     };
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
+    if let (Some(_), Some(out)) = (&key, &args.out) {
+        let st = statement_beside(out);
+        if !args.force && (st.exists() || st.is_symlink()) {
+            anyhow::bail!(
+                "{}: already exists\n  hint: pass another --out FILE, or --force to replace it",
+                term(&st.display().to_string())
+            );
+        }
+    }
     let text = export(&args.scope_dir, format, audience)?;
     match &args.out {
         Some(out) => {
             write_export(&args.scope_dir, out, &text, args.force)?;
+            if let Some(key) = key.as_deref() {
+                let mut p = Predicate::new("export", &output::command_line());
+                p.inputs = vec![folder_input(&args.scope_dir, "scope")?];
+                p.verdict = format!("{} events, {}", text.lines().count(), audience.as_str());
+                let st = sign_file(out, key, p)?;
+                eprintln!("kvtrail export: wrote {}", term(&st.display().to_string()));
+            }
             eprintln!(
                 "kvtrail export: wrote {} ({} events, {})",
                 term(&out.display().to_string()),

@@ -89,6 +89,9 @@ pub struct SparkArgs {
     /// Print the merged report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Sign every shard folder (as it comes back, before it is put in place) and the merged folder with this OpenSSH ed25519 private key (owner-only): in-toto statements (statement.intoto.jsonl). The key stays on this machine; executors never see it.
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -150,6 +153,7 @@ fn spark(args: SparkArgs) -> anyhow::Result<i32> {
         },
         binary: args.binary,
         backend: args.backend,
+        signing_key: super::signing::load_key(args.signing_key.as_deref())?,
     }
     .prepare()
     .map_err(shown)?;

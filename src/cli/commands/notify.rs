@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use kvtrail::custody::statement::{Predicate, STATEMENT_FILE, folder_input, sign_folder};
 use kvtrail::notify::templates::write_defaults;
 use kvtrail::notify::{Lang, NotifyConfig, Templates, notify};
 use kvtrail::text::term;
@@ -42,6 +43,9 @@ pub struct Args {
     /// Operator settings: operator_name, dpo_contact, incident_id, became_aware, measures, ...
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Sign the output folder with this OpenSSH ed25519 private key (owner-only): an in-toto statement over every file, citing the scope folder's own statement (statement.intoto.jsonl).
+    #[arg(long, value_name = "FILE", conflicts_with = "write_default_templates")]
+    pub signing_key: Option<PathBuf>,
 }
 
 /// `--templates`' help, naming the template files `Templates::load` takes.
@@ -72,20 +76,36 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let (Some(scope_dir), Some(out_dir)) = (&args.scope_dir, &args.out) else {
         anyhow::bail!("kvtrail notify needs SCOPE_DIR and --out DIR");
     };
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
     let templates = Templates::load(lang, args.templates.as_deref())?;
     let cfg = match &args.config {
         Some(p) => NotifyConfig::load(p)?,
         None => NotifyConfig::default(),
     };
+    let command = output::command_line();
     let o = notify(
         scope_dir,
         out_dir,
         &cfg,
         args.config.as_deref(),
-        &output::command_line(),
+        &command,
         args.force,
         &templates,
     )?;
+    if let Some(key) = key.as_deref() {
+        // Last, over every file notify wrote, evidence.json included.
+        let mut p = Predicate::new("notify", &command);
+        p.inputs = vec![folder_input(scope_dir, "scope")?];
+        p.verdict = format!(
+            "{} notification packs, the register entry and evidence.json",
+            o.packs.len()
+        );
+        sign_folder(out_dir, key, p)?;
+        eprintln!(
+            "kvtrail notify: signed by {} ({STATEMENT_FILE})",
+            key.fingerprint()
+        );
+    }
     if !o.unfilled.is_empty() {
         eprintln!(
             "kvtrail notify: warning: not set in the config, shown as {} in every letter: {}",

@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+use kvtrail::custody::statement::Predicate;
 use kvtrail::lineage::{BackendChoice, BackendConfig};
 use kvtrail::report;
+use kvtrail::report::writer::Signing;
 use kvtrail::scope::ScopeReport;
 use kvtrail::scope::run::{ScopeRun, Scoped};
 use kvtrail::text::term;
@@ -40,11 +42,18 @@ pub struct Args {
     /// when set; at most 1024); the report is byte-identical for every value.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=kvtrail::lineage::MAX_THREADS as i64))]
     pub threads: Option<u16>,
+    /// With --out: sign the folder with this OpenSSH ed25519 private key (owner-only): an in-toto statement over every file, in a DSSE envelope (statement.intoto.jsonl; `kvtrail verify` checks it).
+    #[arg(long, value_name = "FILE", requires = "out")]
+    pub signing_key: Option<PathBuf>,
 }
 
 /// Runs scope on a trace and returns the report (shared with `demo`).
 pub fn compute(trace_dir: &std::path::Path, backend: BackendChoice) -> anyhow::Result<ScopeReport> {
-    Ok(compute_shard(trace_dir, BackendConfig::new(backend, 0), None)?.report)
+    Ok(
+        compute_shard(trace_dir, BackendConfig::new(backend, 0), None)?
+            .0
+            .report,
+    )
 }
 
 /// Runs scope on a trace, or on a shard of its pools, saying which backend
@@ -53,10 +62,11 @@ fn compute_shard(
     trace_dir: &std::path::Path,
     config: BackendConfig,
     pools: Option<Vec<u16>>,
-) -> anyhow::Result<Scoped> {
+) -> anyhow::Result<(Scoped, String)> {
     let run = ScopeRun::open_with(trace_dir, config)?;
-    eprintln!("kvtrail: replay backend: {}", run.backend_note());
-    Ok(run.run(pools, &BarReporter::default())?)
+    let note = run.backend_note().to_string();
+    eprintln!("kvtrail: replay backend: {note}");
+    Ok((run.run(pools, &BarReporter::default())?, note))
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -64,11 +74,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         // Before the replay: a refused folder should not cost a replay.
         kvtrail::custody::prepare_out(dir, "scope", &[args.trace.as_path()], args.force)?;
     }
-    let Scoped {
-        trace,
-        report: r,
-        shard,
-    } = compute_shard(
+    // The key is loaded (and refused when unsafe) before the replay.
+    let key = super::signing::load_key(args.signing_key.as_deref())?;
+    let (
+        Scoped {
+            trace,
+            report: r,
+            shard,
+        },
+        backend,
+    ) = compute_shard(
         &args.trace,
         BackendConfig::new(args.backend, args.threads.map_or(0, usize::from)),
         args.pools.clone(),
@@ -77,12 +92,20 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // for the evidence, and a remote object may have been replaced
     // meanwhile): on any failure no partial report stays.
     if let Some(dir) = &args.out {
-        let w = report::writer::write_scope_folder(
+        let command = output::command_line();
+        let sign = key.as_deref().map(|key| {
+            let mut predicate = Predicate::new("scope", &command);
+            predicate.backend = Some(backend.clone());
+            predicate.threads = Some(args.threads.map_or(0, u64::from));
+            Signing { key, predicate }
+        });
+        let w = report::writer::write_scope_folder_signed(
             dir,
             &trace,
             &r,
             shard.as_ref(),
-            &output::command_line(),
+            &command,
+            sign,
         )?;
         for f in w.files {
             eprintln!("kvtrail: wrote {}", term(&f.display().to_string()));

@@ -3,12 +3,20 @@
 //! evidence.json: re-hash every output and input file, name every change).
 //! A sealed trace (seals/) is checked against its seals too: the chain,
 //! the files, and with `--allowed-signers` every signature and signer.
+//! An output folder's signed statement (statement.intoto.jsonl) is checked
+//! against the folder, and with `--allowed-signers` its signer; a
+//! statement beside an exported file (`FILE.intoto.jsonl`) against that
+//! file. `--reproduce` re-runs a scope folder's analysis
+//! (`super::reproduce`).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use kvtrail::custody::keys::AllowedSigners;
 use kvtrail::custody::seal::{SealReport, verify_seals};
+use kvtrail::custody::statement::{
+    STATEMENT_FILE, STATEMENT_SUFFIX, StatementReport, check_folder_statement, check_statement,
+};
 use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
 use kvtrail::text::{term, term_message};
 use kvtrail::trace::verify::verify;
@@ -25,9 +33,18 @@ pub struct Args {
     /// OpenSSH allowed_signers file: check every seal's signature and signer.
     #[arg(long, value_name = "FILE")]
     pub allowed_signers: Option<PathBuf>,
-    /// Fail a trace that is not sealed (with --allowed-signers).
+    /// Fail a trace that is not sealed, or an output folder that has no signed statement (with --allowed-signers).
     #[arg(long, requires = "allowed_signers")]
     pub require_signature: bool,
+    /// For a scope folder: re-run the analysis from the inputs its evidence.json records (a local trace or object storage) and compare every output byte with the folder's (exceptions: docs/evidence.md); exit 1 naming the first difference.
+    #[arg(long, conflicts_with_all = ["allowed_signers", "require_signature"])]
+    pub reproduce: bool,
+    /// With --reproduce and --out: sign a statement of the reproduction with this OpenSSH ed25519 private key (owner-only).
+    #[arg(long, value_name = "FILE", requires_all = ["reproduce", "out"])]
+    pub signing_key: Option<PathBuf>,
+    /// With --reproduce --signing-key: write the reproduction's signed statement to this file (a new file outside the scope folder).
+    #[arg(long, value_name = "FILE", requires = "reproduce")]
+    pub out: Option<PathBuf>,
 }
 
 /// The trace's report, and its seals' when it is sealed (or a signature
@@ -94,19 +111,24 @@ fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    if is_output_folder(&args.trace) {
-        if args.allowed_signers.is_some() {
-            anyhow::bail!(
-                "{}: --allowed-signers checks the seals of a trace; this is an output folder, which carries no seals\n  hint: verify the trace it was made from with --allowed-signers",
-                term(&args.trace.display().to_string())
-            );
-        }
-        return run_folder(args);
-    }
     let allowed = match &args.allowed_signers {
         Some(p) => Some(AllowedSigners::load(p)?),
         None => None,
     };
+    if args.reproduce {
+        return super::reproduce::run(
+            &args.trace,
+            args.signing_key.as_deref(),
+            args.out.as_deref(),
+            args.json,
+        );
+    }
+    if is_output_folder(&args.trace) {
+        return run_folder(args, allowed.as_ref());
+    }
+    if is_statement_file(&args.trace) {
+        return run_statement_file(args, allowed.as_ref());
+    }
     let report = verify(&args.trace)?;
     let seals = verify_seals(&args.trace, allowed.as_ref())?;
     let unsealed = seals.is_none() && args.require_signature;
@@ -210,10 +232,99 @@ fn print_folder(out: &mut dyn Write, r: &FolderReport, depth: usize) -> std::io:
     Ok(())
 }
 
-fn run_folder(args: Args) -> anyhow::Result<i32> {
+/// An output folder's report, and its statement's when it has one (or a
+/// signature was asked for).
+#[derive(serde::Serialize)]
+struct FolderChecked<'a> {
+    #[serde(flatten)]
+    folder: &'a FolderReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    statement: Option<&'a StatementReport>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unsigned: bool,
+    /// The verdict over the folder and its statement; only for a signed
+    /// folder or one a signature was asked of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    all_ok: Option<bool>,
+}
+
+/// What a statement check found, printed.
+fn print_statement(out: &mut dyn Write, s: &StatementReport, what: &str) -> std::io::Result<()> {
+    for p in &s.problems {
+        writeln!(out, "FAIL statement    {}", term_message(p))?;
+    }
+    match (&s.principals, s.ok) {
+        (_, false) => writeln!(
+            out,
+            "STATEMENT FAILED: {} ({} subjects, signature by {})",
+            term(&s.path),
+            s.subjects,
+            s.fingerprint
+        ),
+        (Some(p), true) => writeln!(
+            out,
+            "SIGNED: {what} signed by {} ({}); {} files match the statement, none unlisted",
+            term(&p.join(", ")),
+            s.fingerprint,
+            s.subjects
+        ),
+        (None, true) => writeln!(
+            out,
+            "signed, signer not checked: {what} signed by {}; {} files match the statement, but who signed is unknown (pass --allowed-signers FILE)",
+            s.fingerprint, s.subjects
+        ),
+    }
+}
+
+fn run_folder(args: Args, allowed: Option<&AllowedSigners>) -> anyhow::Result<i32> {
     let r = verify_folder(&args.trace, true)?;
-    output::print(args.json, &r, |out| print_folder(out, &r, 0))?;
-    Ok(if r.ok { 0 } else { 1 })
+    let st = check_folder_statement(&args.trace, allowed)?;
+    let unsigned = st.is_none() && args.require_signature;
+    let all_ok = r.ok && st.as_ref().is_none_or(|s| s.ok) && !unsigned;
+    let checked = FolderChecked {
+        folder: &r,
+        statement: st.as_ref(),
+        unsigned,
+        all_ok: (st.is_some() || unsigned).then_some(all_ok),
+    };
+    output::print(args.json, &checked, |out| {
+        print_folder(out, &r, 0)?;
+        if let Some(s) = &st {
+            print_statement(out, s, "the folder is")?;
+        }
+        if unsigned {
+            writeln!(
+                out,
+                "FAIL unsigned     {}: no {STATEMENT_FILE}: the folder is not signed",
+                term(&args.trace.display().to_string())
+            )?;
+        }
+        if st.is_some() || unsigned {
+            writeln!(out, "{}", if all_ok { "OK" } else { "FAILED" })?;
+        }
+        Ok(())
+    })?;
+    Ok(if all_ok { 0 } else { 1 })
+}
+
+/// Whether `p` is a statement beside a single file (`export --out FILE
+/// --signing-key`: FILE.intoto.jsonl).
+fn is_statement_file(p: &std::path::Path) -> bool {
+    p.is_file()
+        && p.file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with(STATEMENT_SUFFIX))
+}
+
+/// `verify FILE.intoto.jsonl`: the statement against the files it names,
+/// beside it.
+fn run_statement_file(args: Args, allowed: Option<&AllowedSigners>) -> anyhow::Result<i32> {
+    let base = match args.trace.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let s = check_statement(&args.trace, &base, false, allowed)?;
+    output::print(args.json, &s, |out| print_statement(out, &s, "the file is"))?;
+    Ok(if s.ok { 0 } else { 1 })
 }
 
 /// `1 event`, `2 events`.
@@ -226,12 +337,7 @@ fn count(n: u64, what: &str) -> String {
 pub(super) fn load_key(
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<std::sync::Arc<kvtrail::custody::keys::SigningKey>>> {
-    Ok(match path {
-        Some(p) => Some(std::sync::Arc::new(
-            kvtrail::custody::keys::SigningKey::load(p)?,
-        )),
-        None => None,
-    })
+    super::signing::load_key(path)
 }
 
 /// Seals a trace an offline writer (`ingest`, `simulate`) has finished:
