@@ -895,3 +895,68 @@ fn cross_tenant_prefix_hit_alert_and_verify_compares_live_with_scope() {
     assert_eq!(r.code, 2, "{}", r.stdout);
     assert!(r.stderr.contains(LIVE_FINDINGS), "{}", r.stderr);
 }
+
+// ------------------------------------------------------------ sealing
+
+/// With `--signing-key`, live-findings.json is written before the final
+/// seal and covered by it: `verify --allowed-signers` passes, and a
+/// changed live-findings.json fails the seal check, named.
+#[test]
+fn live_findings_are_sealed_with_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "test", "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (OpenSSH) is installed: run .ci/setup.d/20-openssh.sh");
+    assert!(st.success());
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    let two: Vec<&str> = public.split_whitespace().take(2).collect();
+    let allowed = dir.path().join("allowed");
+    std::fs::write(&allowed, format!("capture@example {}\n", two.join(" "))).unwrap();
+    let (child, sock, out) = spawn_record(
+        dir.path(),
+        &["--live", "--signing-key", s(&key), "--from-engine-start"],
+    );
+    let mut c = connect_to(&sock, &[2]);
+    for l in foreign_lines() {
+        writeln!(c, "{l}").unwrap();
+    }
+    c.flush().unwrap();
+    drop(c);
+    sigterm(&child);
+    let o = wait_bounded(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let seals: Vec<String> = std::fs::read_dir(out.join("seals"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+        .collect();
+    assert!(
+        seals
+            .iter()
+            .any(|t| t.contains(&format!("\"{LIVE_FINDINGS}\""))),
+        "no seal names {LIVE_FINDINGS}"
+    );
+    let r = kvtrail(["verify", s(&out), "--allowed-signers", s(&allowed)]).run();
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("SEALED"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("live findings equal a fresh scope"),
+        "{}",
+        r.stdout
+    );
+    // One byte more: the seal check names the file.
+    let p = out.join(LIVE_FINDINGS);
+    let mut b = std::fs::read(&p).unwrap();
+    b.push(b'\n');
+    std::fs::write(&p, b).unwrap();
+    let r = kvtrail(["verify", s(&out), "--allowed-signers", s(&allowed)]).run();
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains(&format!("FAIL seal         {LIVE_FINDINGS}")),
+        "{}",
+        r.stdout
+    );
+}

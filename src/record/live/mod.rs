@@ -43,7 +43,7 @@ use metrics::Metrics;
 pub use state::Bounds;
 
 /// The file live findings are written to, in the trace folder.
-pub const LIVE_FINDINGS: &str = "live-findings.json";
+pub const LIVE_FINDINGS: &str = crate::custody::seal::verify::LIVE_FINDINGS;
 
 /// How live detection runs (`record --live`, `--alerts`, `--metrics`).
 #[derive(Debug, Clone)]
