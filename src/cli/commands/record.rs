@@ -71,12 +71,18 @@ pub struct Args {
     /// With --signing-key: a seal every DURATION (e.g. 500ms, 10s, 5m; default 60s), and a final one at close.
     #[arg(long, value_name = "DURATION", value_parser = kvtrail::custody::seal::parse_every, requires = "signing_key")]
     pub seal_every: Option<Duration>,
-    /// Live detection: apply the lineage rule while recording and write live-findings.json into the trace (docs/live.md). Implied by --alerts and --metrics.
+    /// Live detection: apply the lineage rule while recording and write live-findings.json into the trace (docs/live.md). Implied by --alerts, --alertmanager and --metrics.
     #[arg(long)]
     pub live: bool,
     /// Write one OCSF JSON line per alert to FILE (appended; `-`: stdout): first foreign read of a response, cross-tenant prefix hit, capture loss.
     #[arg(long, value_name = "FILE")]
     pub alerts: Option<String>,
+    /// Also POST each alert to Alertmanager's v2 API at URL (e.g. http://127.0.0.1:9093); never blocks capture: a bounded queue, retries with backoff, dropped alerts counted.
+    #[arg(long, value_name = "URL")]
+    pub alertmanager: Option<String>,
+    /// Alerts sent one by one per 10 s at most; the rest of the window are counted in one storm summary alert.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub alert_storm_limit: u32,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback unless --allow-remote), e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -117,10 +123,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         key,
         every: args.seal_every.unwrap_or(Duration::from_secs(60)),
     });
-    if args.live || args.alerts.is_some() || args.metrics.is_some() {
+    if args.live || args.alerts.is_some() || args.metrics.is_some() || args.alertmanager.is_some() {
         if let Some(a) = args.metrics {
             kvtrail::record::live::metrics::check_addr(a, args.allow_remote)?;
         }
+        let alertmanager = match &args.alertmanager {
+            Some(u) => Some(kvtrail::record::live::AlertmanagerOptions::parse(u)?),
+            None => None,
+        };
         let mut o = kvtrail::record::live::LiveOptions {
             alerts: args.alerts.as_deref().map(|a| match a {
                 "-" => kvtrail::record::live::AlertTarget::Stream(Arc::new(std::sync::Mutex::new(
@@ -129,6 +139,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 f => kvtrail::record::live::AlertTarget::File(PathBuf::from(f)),
             }),
             metrics: args.metrics,
+            alertmanager,
+            storm_limit: args.alert_storm_limit.max(1),
             ..Default::default()
         };
         o.bounds.holdback = Duration::from_millis(args.live_holdback_ms);
@@ -232,12 +244,25 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         output::print_human(|out| {
             writeln!(
                 out,
-                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped), {} seq holes; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
+                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped{}{}), {} seq holes; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
                 l.events_applied,
                 l.affected_responses,
                 l.alerts,
                 l.alerts_written,
                 l.alerts_dropped,
+                if l.alerts_aggregated > 0 {
+                    format!(", {} aggregated in storm summaries", l.alerts_aggregated)
+                } else {
+                    String::new()
+                },
+                if args.alertmanager.is_some() {
+                    format!(
+                        "; Alertmanager: {} sent, {} dropped",
+                        l.alertmanager_sent, l.alertmanager_dropped
+                    )
+                } else {
+                    String::new()
+                },
                 l.seq_holes,
                 l.events_dropped,
                 l.copies_late,

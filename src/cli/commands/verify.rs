@@ -62,6 +62,9 @@ struct Checked<'a> {
     /// signature was asked of.
     #[serde(skip_serializing_if = "Option::is_none")]
     all_ok: Option<bool>,
+    /// live-findings.json against a fresh scope (a trace recorded live).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live: Option<&'a kvtrail::record::live::compare::Comparison>,
 }
 
 fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
@@ -131,15 +134,23 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let report = verify(&args.trace)?;
     let seals = verify_seals(&args.trace, allowed.as_ref())?;
+    // A trace recorded live: its live findings against a fresh scope
+    // (fails when live said less); not run over a trace that fails.
+    let live = match report.ok {
+        true => kvtrail::record::live::compare::compare_trace(&args.trace)?,
+        false => None,
+    };
+    let live_ok = live.as_ref().is_none_or(|c| !c.live_said_less);
     let unsealed = seals.is_none() && args.require_signature;
     // One verdict: the trace's own checks and its seals'. Neither "OK"
     // nor `all_ok` is said while either fails.
-    let all_ok = report.ok && seals.as_ref().is_none_or(|s| s.ok) && !unsealed;
+    let all_ok = report.ok && seals.as_ref().is_none_or(|s| s.ok) && !unsealed && live_ok;
     let checked = Checked {
         trace: &report,
         seals: seals.as_ref(),
         unsealed,
         all_ok: (seals.is_some() || unsealed).then_some(all_ok),
+        live: live.as_ref(),
     };
     output::print(args.json, &checked, |out| {
         if let Some(s) = &seals {
@@ -151,6 +162,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "FAIL unsealed     {}: no seals/ folder: the trace is not signed (--require-signature)",
                 term(&args.trace.display().to_string())
             )?;
+        }
+        if let Some(c) = &live {
+            print_live(out, c)?;
         }
         for p in &report.problems {
             writeln!(
@@ -356,4 +370,44 @@ pub(super) fn seal_written(
         );
     }
     Ok(())
+}
+
+/// The live findings against a fresh scope: one line per difference, then
+/// the verdict.
+fn print_live(
+    out: &mut dyn Write,
+    c: &kvtrail::record::live::compare::Comparison,
+) -> std::io::Result<()> {
+    for d in &c.differences {
+        writeln!(
+            out,
+            "{} live         {} {} {}: live {}, scope {}",
+            if d.live_said_less { "FAIL" } else { "NOTE" },
+            d.finding,
+            d.request_id,
+            term(&d.field),
+            term(&d.live),
+            term(&d.scope)
+        )?;
+    }
+    let verdict = if c.equal {
+        "live findings equal a fresh scope"
+    } else if c.live_said_less {
+        "FAILED: live findings said less than a fresh scope"
+    } else {
+        "live findings said more than a fresh scope, never less"
+    };
+    writeln!(
+        out,
+        "{verdict}: {} affected responses and {} cross-tenant prefix hits live, {} and {} in scope{}",
+        c.live_affected,
+        c.live_prefix_hits,
+        c.scope_affected,
+        c.scope_prefix_hits,
+        if c.live_exact {
+            ""
+        } else {
+            " (the live view was not exact: see live-findings.json)"
+        }
+    )
 }

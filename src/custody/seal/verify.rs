@@ -21,6 +21,10 @@ use crate::custody::keys::{AllowedSigners, SignatureCheck, check_signature, pars
 use crate::error::{Error, Location, Result};
 use crate::trace::files::{TableFile, open_local, read_limited, walk};
 
+/// The live findings `kvtrail record` writes into the trace before its
+/// final seal (the one name; `record::live` uses it).
+pub const LIVE_FINDINGS: &str = "live-findings.json";
+
 /// One way a sealed trace fails.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct SealProblem {
@@ -294,6 +298,11 @@ fn check_files(dir: &Path, seals: &[Seal], r: &mut SealReport) -> Result<()> {
                 );
             }
         }
+    }
+    // The live findings `record` writes before its final seal are
+    // evidence too: sealed whole, or reported unsealed.
+    if root.join(LIVE_FINDINGS).is_file() {
+        on_disk.insert(LIVE_FINDINGS.to_string());
     }
     for path in &on_disk {
         if !claims.get(path).is_some_and(|c| c.iter().any(|c| c.whole)) {

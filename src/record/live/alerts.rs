@@ -15,12 +15,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::alertmanager::{AmAlert, Delivery};
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
 use crate::lineage::{ReadKind, ReadRun};
@@ -67,43 +68,46 @@ impl Write for Shared {
     }
 }
 
+/// The metrics' sink label for `--alerts`.
+pub const FILE_SINK: &str = "file";
+
 /// The queue to the alert writer thread.
 pub struct Sink {
     tx: Option<SyncSender<String>>,
     thread: Option<JoinHandle<()>>,
-    pub dropped: Arc<AtomicU64>,
-    pub written: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
 impl Sink {
     /// Opens the target (a file is created owner-only, appended to) and
     /// starts the writer thread; `queue` alerts wait at most.
-    pub fn start(target: &AlertTarget, queue: usize) -> Result<Sink> {
+    pub fn start(target: &AlertTarget, queue: usize, metrics: Arc<Metrics>) -> Result<Sink> {
         let out: Box<dyn Write + Send> = match target {
             AlertTarget::Stream(s) => Box::new(Shared(s.clone())),
             AlertTarget::File(p) => Box::new(open_append(p)?),
         };
         let (tx, rx) = sync_channel::<String>(queue.max(1));
-        let written = Arc::new(AtomicU64::new(0));
-        let w = written.clone();
+        let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("kvtrail-alerts".into())
-            .spawn(move || write_loop(out, rx, &w))
+            .spawn(move || write_loop(out, rx, &m))
             .map_err(|e| Error::Other(format!("cannot start the alert thread: {e}")))?;
         Ok(Sink {
             tx: Some(tx),
             thread: Some(thread),
-            dropped: Arc::new(AtomicU64::new(0)),
-            written,
+            metrics,
         })
     }
 
     /// Queues one alert; false (counted) when the queue is full.
     pub fn send(&self, line: String) -> bool {
+        let q = self.metrics.queue(FILE_SINK);
+        q.inc();
         match self.tx.as_ref().map(|t| t.try_send(line)) {
             Some(Ok(())) => true,
             Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                q.dec();
+                self.metrics.dropped(FILE_SINK).inc();
                 false
             }
         }
@@ -128,16 +132,20 @@ fn open_append(p: &Path) -> Result<std::fs::File> {
         .map_err(|e| Error::io(p, e))
 }
 
-fn write_loop(mut out: Box<dyn Write + Send>, rx: Receiver<String>, written: &AtomicU64) {
+fn write_loop(mut out: Box<dyn Write + Send>, rx: Receiver<String>, m: &Metrics) {
+    let (queue, sent, dropped) = (m.queue(FILE_SINK), m.sent(FILE_SINK), m.dropped(FILE_SINK));
+    let mut failed = false;
     while let Ok(line) = rx.recv() {
+        queue.dec();
         // Each alert is flushed at once: it must be readable within a
-        // second. A failed write (a closed pipe) drops the rest quietly:
-        // the count of written alerts says how many went out.
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-            while rx.recv().is_ok() {}
-            return;
+        // second. After a failed write (a closed pipe) the rest is
+        // dropped, counted.
+        if failed || writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            failed = true;
+            dropped.inc();
+            continue;
         }
-        written.fetch_add(1, Ordering::Relaxed);
+        sent.inc();
     }
 }
 
@@ -159,7 +167,10 @@ const HITS_KEPT: usize = 1 << 16;
 pub struct Detector {
     cx: Context,
     tenant_prefix: bool,
+    deployment: String,
     sink: Option<Sink>,
+    am: Option<Delivery>,
+    storm: Storm,
     metrics: Arc<Metrics>,
     requests: HashMap<u64, Req>,
     order: VecDeque<u64>,
@@ -167,24 +178,61 @@ pub struct Detector {
     foreign: HashSet<u64>,
     /// Responses alerted for a cross-tenant prefix hit.
     prefix: HashSet<u64>,
-    /// Prefix hits whose tenants are not yet both known: reader ->
-    /// source -> slots.
-    pending_hits: HashMap<u64, BTreeMap<u64, u64>>,
+    /// Prefix hits whose tenants are not yet both known: reader -> (the
+    /// pool read, source -> slots).
+    pending_hits: HashMap<u64, (u16, BTreeMap<u64, u64>)>,
     /// Loss per pool not yet alerted.
     lost: BTreeMap<u16, u64>,
 }
 
+/// Where a [`Detector`] delivers and how it aggregates.
+pub struct Outputs {
+    /// The deployment's name (Alertmanager's `deployment` label).
+    pub deployment: String,
+    pub sink: Option<Sink>,
+    pub alertmanager: Option<Delivery>,
+    /// Alerts sent one by one per window at most; beyond, one storm
+    /// summary at the window's end counts the rest.
+    pub storm_limit: u32,
+    pub storm_window: Duration,
+}
+
+/// One alert raised: the OCSF finding and what Alertmanager's labels say.
+struct Raised {
+    trigger: &'static str,
+    pool: Option<u16>,
+    request_id: Option<u64>,
+    confidence: Option<Confidence>,
+    finding: Value,
+}
+
+/// The alert-storm limiter: `limit` alerts per window, the rest counted by
+/// trigger for one summary.
+struct Storm {
+    limit: u32,
+    window: Duration,
+    start: Instant,
+    start_ns: i64,
+    sent: u32,
+    folded: BTreeMap<&'static str, u64>,
+}
+
 impl Detector {
-    pub fn new(
-        cx: Context,
-        tenant_prefix: bool,
-        sink: Option<Sink>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(cx: Context, tenant_prefix: bool, out: Outputs, metrics: Arc<Metrics>) -> Self {
         Detector {
             cx,
             tenant_prefix,
-            sink,
+            deployment: out.deployment,
+            sink: out.sink,
+            am: out.alertmanager,
+            storm: Storm {
+                limit: out.storm_limit.max(1),
+                window: out.storm_window,
+                start: Instant::now(),
+                start_ns: now_ns(),
+                sent: 0,
+                folded: BTreeMap::new(),
+            },
             metrics,
             requests: HashMap::new(),
             order: VecDeque::new(),
@@ -195,13 +243,56 @@ impl Detector {
         }
     }
 
-    fn emit(&mut self, v: Value) {
+    /// Raises an alert: delivered, or folded into the window's storm
+    /// summary once `storm_limit` went out in this window.
+    fn emit(&mut self, a: Raised) {
         self.metrics.alerts.inc();
-        if let Some(s) = &self.sink
-            && !s.send(v.to_string())
-        {
-            self.metrics.alerts_dropped.inc();
+        self.tick();
+        if self.storm.sent >= self.storm.limit {
+            *self.storm.folded.entry(a.trigger).or_default() += 1;
+            self.metrics.alerts_aggregated.inc();
+            return;
         }
+        self.storm.sent += 1;
+        self.deliver(&a);
+    }
+
+    fn deliver(&mut self, a: &Raised) {
+        if let Some(s) = &self.sink {
+            s.send(a.finding.to_string());
+        }
+        if let Some(d) = &self.am {
+            d.send(am_alert(&self.deployment, a));
+        }
+    }
+
+    /// Ends the storm window once it is over: the summary of what it
+    /// folded goes out (outside the limit). Called at least once a second.
+    pub fn tick(&mut self) {
+        if self.storm.start.elapsed() < self.storm.window {
+            return;
+        }
+        self.end_window();
+    }
+
+    fn end_window(&mut self) {
+        let folded = std::mem::take(&mut self.storm.folded);
+        let now = now_ns();
+        if !folded.is_empty() {
+            let v = ocsf::storm_event(&self.cx, &folded, self.storm.start_ns, now);
+            self.metrics.alerts.inc();
+            let a = Raised {
+                trigger: "alert_storm",
+                pool: None,
+                request_id: None,
+                confidence: None,
+                finding: v,
+            };
+            self.deliver(&a);
+        }
+        self.storm.start = Instant::now();
+        self.storm.start_ns = now;
+        self.storm.sent = 0;
     }
 
     fn tenant(&self, id: u64) -> Tenant {
@@ -238,7 +329,9 @@ impl Detector {
         let ready: Vec<u64> = self
             .pending_hits
             .iter()
-            .filter(|(reader, srcs)| **reader == r.request_id || srcs.contains_key(&r.request_id))
+            .filter(|(reader, (_, srcs))| {
+                **reader == r.request_id || srcs.contains_key(&r.request_id)
+            })
             .map(|(reader, _)| *reader)
             .collect();
         for reader in ready {
@@ -254,8 +347,15 @@ impl Detector {
     /// Alerts the losses gathered since the last call (once a second).
     pub fn flush_losses(&mut self, now_ns: i64) {
         for (pool, n) in std::mem::take(&mut self.lost) {
-            let v = ocsf::degraded_event(&self.cx, pool, n, now_ns);
-            self.emit(v);
+            let mut v = ocsf::degraded_event(&self.cx, pool, n, now_ns);
+            mark_live(&mut v, "capture_loss", pool, 0);
+            self.emit(Raised {
+                trigger: "capture_loss",
+                pool: Some(pool),
+                request_id: None,
+                confidence: None,
+                finding: v,
+            });
         }
     }
 
@@ -299,7 +399,8 @@ impl Detector {
                     *self
                         .pending_hits
                         .entry(reader)
-                        .or_default()
+                        .or_insert_with(|| (r.pool, BTreeMap::new()))
+                        .1
                         .entry(r.source)
                         .or_default() += r.count as u64;
                 }
@@ -385,15 +486,22 @@ impl Detector {
         a.cross_tenant = a.crossing().counted();
         let mut v = ocsf::foreign_event(&self.cx, Audience::Internal, &a);
         mark_live(&mut v, "first_foreign_read", pool, seq);
-        self.emit(v);
+        self.emit(Raised {
+            trigger: "first_foreign_read",
+            pool: Some(pool),
+            request_id: Some(reader),
+            confidence: Some(confidence),
+            finding: v,
+        });
     }
 
     /// Alerts `reader`'s pending prefix hits once its tenant and a
     /// source's are known and differ; forgets the ones of its own tenant.
     fn try_prefix(&mut self, reader: u64) {
-        let Some(srcs) = self.pending_hits.get(&reader) else {
+        let Some((pool, srcs)) = self.pending_hits.get(&reader) else {
             return;
         };
+        let pool = *pool;
         let tenant = self.tenant(reader);
         if tenant.customer().is_none() {
             return;
@@ -435,8 +543,14 @@ impl Detector {
             sources: crossing,
         };
         let mut v = ocsf::prefix_event(&self.cx, Audience::Internal, &h, &t);
-        mark_live(&mut v, "cross_tenant_prefix_hit", 0, 0);
-        self.emit(v);
+        mark_live(&mut v, "cross_tenant_prefix_hit", pool, 0);
+        self.emit(Raised {
+            trigger: "cross_tenant_prefix_hit",
+            pool: Some(pool),
+            request_id: Some(reader),
+            confidence: None,
+            finding: v,
+        });
     }
 
     /// Responses alerted for a foreign read.
@@ -444,18 +558,92 @@ impl Detector {
         self.foreign.iter().copied().collect()
     }
 
-    /// Stops the alert thread after it wrote what is queued; (written,
-    /// dropped).
-    pub fn close(mut self) -> (u64, u64) {
-        match self.sink.take() {
-            Some(s) => {
-                let d = s.dropped.clone();
-                let w = s.written.clone();
-                s.close();
-                (w.load(Ordering::Relaxed), d.load(Ordering::Relaxed))
-            }
-            None => (0, 0),
+    /// Sends the storm summary still open, then stops the delivery
+    /// threads after they delivered what is queued (Alertmanager within
+    /// its close grace).
+    pub fn close(mut self) {
+        self.end_window();
+        if let Some(s) = self.sink.take() {
+            s.close();
         }
+        if let Some(d) = self.am.take() {
+            d.close();
+        }
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Alertmanager's name and severity of each trigger, and what to do
+/// first (docs/live.md).
+fn am_kind(trigger: &str, folded_foreign: bool) -> (&'static str, &'static str, &'static str) {
+    match trigger {
+        "first_foreign_read" => (
+            "KvtrailForeignRead",
+            "critical",
+            "A response read KV another request wrote. Take the response (finding: request_id, external_id) out of circulation, keep the sidecar running, then run kvtrail scope on the trace.",
+        ),
+        "cross_tenant_prefix_hit" => (
+            "KvtrailCrossTenantPrefixHit",
+            "warning",
+            "A prefix-cache hit crossed tenants where prefix caches are per tenant. Check the engine's cache salt / namespace configuration.",
+        ),
+        "capture_loss" => (
+            "KvtrailCaptureLoss",
+            "warning",
+            "KV events were lost: live detection is degraded on this pool. Fix the cause (record's health lines); later reads are uncertain.",
+        ),
+        _ if folded_foreign => (
+            "KvtrailAlertStorm",
+            "critical",
+            "Too many alerts to send one by one: this one counts the rest, foreign reads among them. Every finding is in live-findings.json at close and in kvtrail scope.",
+        ),
+        _ => (
+            "KvtrailAlertStorm",
+            "warning",
+            "Too many alerts to send one by one: this one counts the rest. Every finding is in live-findings.json at close and in kvtrail scope.",
+        ),
+    }
+}
+
+/// The Alertmanager alert of a raised one: no tenant or customer data in
+/// the labels; the finding in the annotations.
+fn am_alert(deployment: &str, a: &Raised) -> AmAlert {
+    let folded_foreign = a
+        .finding
+        .pointer("/unmapped/folded/first_foreign_read")
+        .is_some();
+    let (name, severity, first) = am_kind(a.trigger, folded_foreign);
+    let mut labels = serde_json::Map::new();
+    labels.insert("alertname".into(), name.into());
+    labels.insert("severity".into(), severity.into());
+    labels.insert("deployment".into(), deployment.into());
+    if let Some(p) = a.pool {
+        labels.insert("pool".into(), p.to_string().into());
+    }
+    if let Some(r) = a.request_id {
+        labels.insert("request_id".into(), r.to_string().into());
+    }
+    if let Some(c) = a.confidence {
+        labels.insert("confidence".into(), c.as_str().into());
+    }
+    let mut ann = serde_json::Map::new();
+    let summary = a
+        .finding
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or(name);
+    ann.insert("summary".into(), summary.into());
+    ann.insert("description".into(), first.into());
+    ann.insert("trigger".into(), a.trigger.into());
+    ann.insert("finding".into(), a.finding.to_string().into());
+    AmAlert {
+        labels,
+        annotations: ann,
     }
 }
 
@@ -464,8 +652,8 @@ fn mark_live(v: &mut Value, trigger: &str, pool: u16, seq: u64) {
     if let Some(u) = v.get_mut("unmapped").and_then(Value::as_object_mut) {
         u.insert("source".into(), "kvtrail record (live)".into());
         u.insert("trigger".into(), trigger.into());
+        u.insert("pool".into(), pool.into());
         if trigger == "first_foreign_read" {
-            u.insert("pool".into(), pool.into());
             u.insert("seq".into(), seq.into());
         }
     }

@@ -38,8 +38,11 @@ pub struct Metrics {
     pub holes: Family<Labels, Counter>,
     pub live_dropped: Counter,
     pub alerts: Counter,
-    pub alerts_dropped: Counter,
-    pub alert_queue: Gauge,
+    pub alerts_aggregated: Counter,
+    pub alerts_sent: Family<Labels, Counter>,
+    pub alerts_dropped: Family<Labels, Counter>,
+    pub alert_failures: Family<Labels, Counter>,
+    pub alert_queue: Family<Labels, Gauge>,
     pub lag: Histogram,
     pub copies_waiting: Gauge,
     pub events_held: Gauge,
@@ -62,8 +65,11 @@ impl Default for Metrics {
             holes: Family::default(),
             live_dropped: Counter::default(),
             alerts: Counter::default(),
-            alerts_dropped: Counter::default(),
-            alert_queue: Gauge::default(),
+            alerts_aggregated: Counter::default(),
+            alerts_sent: Family::default(),
+            alerts_dropped: Family::default(),
+            alert_failures: Family::default(),
+            alert_queue: Family::default(),
             // 1 ms .. about 16 s.
             lag: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             copies_waiting: Gauge::default(),
@@ -108,15 +114,34 @@ impl Default for Metrics {
             "Events the live replay's queue could not take (written to the trace, not classified live)",
             m.live_dropped.clone(),
         );
-        r.register("alerts", "Alerts raised", m.alerts.clone());
+        r.register(
+            "alerts",
+            "Alerts raised (those folded into a storm summary included)",
+            m.alerts.clone(),
+        );
+        r.register(
+            "alerts_aggregated",
+            "Alerts not sent one by one in an alert storm: counted in a storm summary alert",
+            m.alerts_aggregated.clone(),
+        );
+        r.register(
+            "alerts_sent",
+            "Alerts delivered, by sink (file: --alerts; alertmanager: --alertmanager)",
+            m.alerts_sent.clone(),
+        );
         r.register(
             "alerts_dropped",
-            "Alerts dropped because the alert queue was full",
+            "Alerts not delivered (a full queue, a failed write, delivery given up), by sink",
             m.alerts_dropped.clone(),
         );
         r.register(
+            "alert_delivery_failures",
+            "Failed delivery attempts (each retry counted), by sink",
+            m.alert_failures.clone(),
+        );
+        r.register(
             "alert_queue_depth",
-            "Alerts waiting to be written",
+            "Alerts waiting to be delivered, by sink",
             m.alert_queue.clone(),
         );
         r.register_with_unit(
@@ -160,7 +185,50 @@ impl Default for Metrics {
     }
 }
 
+fn sink(s: &str) -> Labels {
+    vec![("sink".to_string(), s.to_string())]
+}
+
 impl Metrics {
+    /// Creates the series of every pool, confidence and sink at zero, so
+    /// that a first increase is an increase (Prometheus' `increase()`
+    /// sees nothing of a series' first sample).
+    pub fn init(&self, pools: &[u16], sinks: &[&str]) {
+        for p in pools {
+            let l = vec![("pool".to_string(), p.to_string())];
+            let _ = self.lost.get_or_create(&l);
+            let _ = self.holes.get_or_create(&l);
+        }
+        for c in ["confirmed", "possible"] {
+            let _ = self
+                .affected
+                .get_or_create(&vec![("confidence".to_string(), c.to_string())]);
+        }
+        for s in sinks {
+            self.queue(s);
+            self.sent(s);
+            self.dropped(s);
+            self.delivery_failures(s);
+        }
+    }
+
+    /// The queue depth of a sink (`file`, `alertmanager`).
+    pub fn queue(&self, s: &str) -> Gauge {
+        self.alert_queue.get_or_create(&sink(s)).clone()
+    }
+
+    pub fn sent(&self, s: &str) -> Counter {
+        self.alerts_sent.get_or_create(&sink(s)).clone()
+    }
+
+    pub fn dropped(&self, s: &str) -> Counter {
+        self.alerts_dropped.get_or_create(&sink(s)).clone()
+    }
+
+    pub fn delivery_failures(&self, s: &str) -> Counter {
+        self.alert_failures.get_or_create(&sink(s)).clone()
+    }
+
     /// The exposition text.
     pub fn render(&self) -> String {
         let mut s = String::new();

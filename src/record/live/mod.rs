@@ -16,7 +16,9 @@
 //! cross-tenant prefix hits, and what could make them differ from a fresh
 //! scope (events the live queue dropped, copies taken uncertain).
 
+pub mod alertmanager;
 pub mod alerts;
+pub mod compare;
 pub mod metrics;
 pub mod state;
 
@@ -35,17 +37,20 @@ use crate::report::export::ocsf::Context;
 use crate::schema::{KvEvent, RequestRecord};
 use crate::scope::{Response, SharedHit};
 use crate::trace::manifest::Deployment;
+pub use alertmanager::AlertmanagerOptions;
 pub use alerts::AlertTarget;
 use metrics::Metrics;
 pub use state::Bounds;
 
 /// The file live findings are written to, in the trace folder.
-pub const LIVE_FINDINGS: &str = "live-findings.json";
+pub const LIVE_FINDINGS: &str = crate::custody::seal::verify::LIVE_FINDINGS;
 
 /// How live detection runs (`record --live`, `--alerts`, `--metrics`).
 #[derive(Debug, Clone)]
 pub struct LiveOptions {
     pub alerts: Option<AlertTarget>,
+    /// `--alertmanager URL`: each alert also POSTed to Alertmanager.
+    pub alertmanager: Option<AlertmanagerOptions>,
     pub metrics: Option<SocketAddr>,
     pub bounds: Bounds,
     /// Batches (of up to `BATCH` events) between the writer and the live
@@ -53,16 +58,23 @@ pub struct LiveOptions {
     pub queue_batches: usize,
     /// Alerts waiting to be written at most.
     pub alert_queue: usize,
+    /// Alerts sent one by one per `storm_window` at most; the rest are
+    /// counted in one storm summary alert at the window's end.
+    pub storm_limit: u32,
+    pub storm_window: Duration,
 }
 
 impl Default for LiveOptions {
     fn default() -> Self {
         LiveOptions {
             alerts: None,
+            alertmanager: None,
             metrics: None,
             bounds: Bounds::default(),
             queue_batches: 1024,
             alert_queue: 4096,
+            storm_limit: 100,
+            storm_window: Duration::from_secs(10),
         }
     }
 }
@@ -87,9 +99,20 @@ pub struct LiveStats {
     pub copies_timed_out: u64,
     pub late_sources: u64,
     pub affected_responses: u64,
+    /// Alerts raised (storm summaries and the alerts they fold included).
     pub alerts: u64,
+    /// Alerts written to `--alerts` and not: a full queue, a failed write
+    /// (or the live queue full when a loss was to be alerted).
     pub alerts_written: u64,
     pub alerts_dropped: u64,
+    /// Alerts folded into storm summaries (not sent one by one).
+    #[serde(default)]
+    pub alerts_aggregated: u64,
+    /// Alerts Alertmanager took, and not (queue full, given up).
+    #[serde(default)]
+    pub alertmanager_sent: u64,
+    #[serde(default)]
+    pub alertmanager_dropped: u64,
     /// Why the live replay stopped early, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
@@ -128,6 +151,8 @@ pub struct Live {
     thread: Option<JoinHandle<Closed>>,
     metrics: Arc<Metrics>,
     dropped: u64,
+    /// The alert sinks configured (metrics labels).
+    sinks: Vec<&'static str>,
     _server: Option<metrics::Server>,
 }
 
@@ -145,6 +170,15 @@ impl Live {
         stats: Arc<crate::record::stats::Stats>,
     ) -> Result<Live> {
         let metrics = Arc::new(Metrics::default());
+        let mut sinks = Vec::new();
+        if opts.alerts.is_some() {
+            sinks.push(alerts::FILE_SINK);
+        }
+        if opts.alertmanager.is_some() {
+            sinks.push(alertmanager::SINK);
+        }
+        let pools: Vec<u16> = deployment.pools.iter().map(|p| p.id).collect();
+        metrics.init(&pools, &sinks);
         let server = match opts.metrics {
             Some(a) => Some(metrics::Server::start(
                 a,
@@ -154,7 +188,11 @@ impl Live {
             None => None,
         };
         let sink = match &opts.alerts {
-            Some(t) => Some(alerts::Sink::start(t, opts.alert_queue)?),
+            Some(t) => Some(alerts::Sink::start(t, opts.alert_queue, metrics.clone())?),
+            None => None,
+        };
+        let am = match &opts.alertmanager {
+            Some(a) => Some(alertmanager::Delivery::start(a, metrics.clone())?),
             None => None,
         };
         let engine = state::Engine::new(deployment, from_engine_start, opts.bounds)?;
@@ -166,7 +204,14 @@ impl Live {
         };
         let tenant_prefix =
             deployment.prefix_cache_scope == Some(crate::trace::manifest::PrefixCacheScope::Tenant);
-        let detector = alerts::Detector::new(cx, tenant_prefix, sink, metrics.clone());
+        let out = alerts::Outputs {
+            deployment: deployment.name.clone(),
+            sink,
+            alertmanager: am,
+            storm_limit: opts.storm_limit,
+            storm_window: opts.storm_window,
+        };
+        let detector = alerts::Detector::new(cx, tenant_prefix, out, metrics.clone());
         let (tx, rx) = sync_channel(opts.queue_batches.max(1));
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
@@ -179,6 +224,7 @@ impl Live {
             thread: Some(thread),
             metrics,
             dropped: 0,
+            sinks,
             _server: server,
         })
     }
@@ -227,7 +273,9 @@ impl Live {
         // Dropped with a full queue: the hole is still in the metrics and
         // the trace; only its alert is missing (counted).
         if !self.send(Msg::Lost(pool, n)) {
-            self.metrics.alerts_dropped.inc();
+            for s in &self.sinks {
+                self.metrics.dropped(s).inc();
+            }
         }
     }
 
@@ -249,7 +297,8 @@ impl Live {
             .join()
             .map_err(|_| Error::Other("the live thread panicked".into()))?;
         let Closed { engine, detector } = closed;
-        let (written, dropped_alerts) = detector.close();
+        detector.close();
+        let m = &self.metrics;
         let outcome = engine.outcome();
         let mut stats = LiveStats {
             events_applied: engine.counters.events,
@@ -259,9 +308,12 @@ impl Live {
             copies_timed_out: engine.copies_timed_out,
             late_sources: engine.late_sources.len() as u64,
             affected_responses: 0,
-            alerts: self.metrics.alerts.get(),
-            alerts_written: written,
-            alerts_dropped: dropped_alerts + self.metrics.alerts_dropped.get(),
+            alerts: m.alerts.get(),
+            alerts_written: m.sent(alerts::FILE_SINK).get(),
+            alerts_dropped: m.dropped(alerts::FILE_SINK).get(),
+            alerts_aggregated: m.alerts_aggregated.get(),
+            alertmanager_sent: m.sent(alertmanager::SINK).get(),
+            alertmanager_dropped: m.dropped(alertmanager::SINK).get(),
             stopped: engine.stopped.clone(),
             events_unapplied: engine.events_unapplied,
         };
@@ -334,6 +386,7 @@ fn run(
         if last_tick.elapsed() >= Duration::from_secs(1) {
             last_tick = Instant::now();
             detector.flush_losses(now_ns());
+            detector.tick();
             let (held, waiting) = engine.held();
             m.events_held.set(held as i64);
             m.copies_waiting.set(waiting as i64);

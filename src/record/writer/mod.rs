@@ -42,6 +42,7 @@ use crate::capture::Recorder;
 use crate::custody::seal::{PoolCounts, SealJob, Sealer};
 use crate::error::{Error, Result};
 use crate::schema::{KvEvent, RequestRecord};
+use crate::trace::manifest::FileEntry;
 
 struct Chunk {
     src_pool: u16,
@@ -299,21 +300,51 @@ fn run_inner(
         let _ = w.rec.close_unclean();
         return Err(e);
     }
-    // Live detection ends after the trace is closed: its findings are
-    // scoped against the requests table just written. Its failure is
-    // logged, never the capture's.
     let live = w.live.take();
-    let mut summary = w.finish(sealer.take())?;
-    if let Some(l) = live {
-        match l.close(out) {
-            Ok(s) => summary.live = Some(s),
-            Err(e) => sh.log(&format!(
-                "live detection: no live findings written: {}",
-                e.to_string().replace('\n', " ")
-            )),
+    w.finish(sealer.take(), live, out)
+}
+
+/// Ends live detection after the trace is closed (its findings are scoped
+/// against the requests table just written) and before the final seal,
+/// which then covers live-findings.json. Its failure is logged, never
+/// the capture's. Returns the stats and the file's entry for the seal.
+fn close_live(
+    live: Option<Live>,
+    out: &Path,
+    sh: &Shared,
+) -> (Option<super::live::LiveStats>, Option<FileEntry>) {
+    let Some(l) = live else {
+        return (None, None);
+    };
+    let failed = |e: String| {
+        sh.log(&format!(
+            "live detection: no live findings written: {}",
+            e.replace('\n', " ")
+        ));
+    };
+    match l.close(out) {
+        Ok(s) => {
+            let p = out.join(super::live::LIVE_FINDINGS);
+            match std::fs::read(&p) {
+                Ok(b) => (
+                    Some(s),
+                    Some(FileEntry {
+                        path: super::live::LIVE_FINDINGS.into(),
+                        rows: 0,
+                        blake3: blake3::hash(&b).to_hex().to_string(),
+                    }),
+                ),
+                Err(e) => {
+                    failed(format!("{}: {e}", p.display()));
+                    (Some(s), None)
+                }
+            }
+        }
+        Err(e) => {
+            failed(e.to_string());
+            (None, None)
         }
     }
-    Ok(summary)
 }
 
 impl W<'_> {
@@ -937,7 +968,12 @@ impl W<'_> {
         Ok(())
     }
 
-    fn finish(mut self, sealer: Option<Sealer>) -> Result<RecordSummary> {
+    fn finish(
+        mut self,
+        sealer: Option<Sealer>,
+        live: Option<Live>,
+        out: &Path,
+    ) -> Result<RecordSummary> {
         // The pools' counts at close (close flushes the same rows).
         let last_job = match &sealer {
             Some(_) => Some(self.seal_job()?),
@@ -994,9 +1030,11 @@ impl W<'_> {
         } else {
             rec.close()?
         };
+        let (live, live_file) = close_live(live, out, self.sh);
         let seals = match (sealer, last_job) {
             (Some(s), Some(mut job)) => {
                 job.files = manifest.files.clone().unwrap_or_default();
+                job.files.extend(live_file);
                 job.open = Vec::new();
                 job.at_ns = crate::custody::seal::writer::wall_ns();
                 s.finish(job)?
@@ -1008,7 +1046,7 @@ impl W<'_> {
             complete: manifest.capture.complete,
             files: manifest.files.as_ref().map_or(0, Vec::len),
             seals,
-            live: None,
+            live,
         })
     }
 }

@@ -516,6 +516,62 @@ pub fn degraded_event(cx: &Context, pool: u16, lost: u64, time_ns: i64) -> Value
     .event
 }
 
+/// A live alert storm's summary: the alerts of one window that were not
+/// sent one by one, counted by trigger (`folded`).
+pub fn storm_event(
+    cx: &Context,
+    folded: &std::collections::BTreeMap<&'static str, u64>,
+    start_ns: i64,
+    end_ns: i64,
+) -> Value {
+    let uid = format!("{}:storm:{end_ns}", cx.incident_uid);
+    let total: u64 = folded.values().sum();
+    let foreign = folded.contains_key("first_foreign_read");
+    let (start, end) = (ms(start_ns), ms(end_ns));
+    let info = Obj::new()
+        .set("uid", uid.clone())
+        .set("title", "KV lineage alert storm: alerts aggregated")
+        .set("types", vec!["alert storm"])
+        .set("first_seen_time", start)
+        .set("last_seen_time", end)
+        .set("data_sources", vec!["kvtrail trace"])
+        .done();
+    let kinds: Vec<String> = folded.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let message = format!(
+        "alert storm: {} not sent one by one ({}); every finding is in live-findings.json at close and in kvtrail scope",
+        count(total, "more alert", "more alerts"),
+        kinds.join(", ")
+    );
+    let unmapped = Obj::new()
+        .set("kind", "alert_storm")
+        .set("aggregated_alerts", total)
+        .set(
+            "folded",
+            folded
+                .iter()
+                .map(|(k, n)| ((*k).to_string(), Value::from(*n)))
+                .collect::<Map<String, Value>>(),
+        )
+        .set("evidence_complete", false)
+        .opt("trace_json_blake3", cx.trace_blake3.clone());
+    data_security_finding(
+        DataSecurity {
+            severity: if foreign { 4 } else { 3 },
+            start_ms: start,
+            end_ms: Some(end),
+            time_ms: end,
+            confidence: 1,
+            pattern: "many findings in one window (lineage replay)",
+        },
+        message,
+        info,
+        Vec::new(),
+        metadata(cx, Audience::Internal, &uid, &[]),
+        unmapped.done(),
+    )
+    .event
+}
+
 /// Every event of findings.ocsf.jsonl, in file order.
 pub fn events(input: &ExportInput, audience: Audience) -> Vec<Value> {
     let r = &input.report;
