@@ -18,6 +18,7 @@ mod export;
 mod fleet_spark;
 mod fuzz_regressions;
 mod golden_v1;
+mod guard;
 mod hostile_capacity;
 mod hostile_trace;
 mod ingest_hostile;

@@ -285,6 +285,23 @@ def run_request(P, D, rid, n, room, tenant, seed, facts, tree_keep=0, decode_pre
     kh.on_commit(types.SimpleNamespace(), types.SimpleNamespace(req=rd))
     rd.output_ids.append(5)
     kh.on_prebuilt(D.batch([rd]))
+    if rd.to_finish is not None:
+        # The guard aborted it (KVTRAIL_GUARD=abort, tests/sglang/guard_driver.py):
+        # what process_batch_result_prebuilt does next, before any decode
+        # forward: the real update_finish_state, then the release.
+        rd.update_finish_state()
+        kept = [int(x) for x in row_of(D, rd)[:max(tree_keep, pre)].tolist()]
+        release_kv_cache(rd, types.SimpleNamespace(side=D, token_to_kv_pool_allocator=D.alloc,
+                                                   _kvtrail_pool=D.pool_id, keep=max(tree_keep, pre)))
+        facts[rid] = {
+            "request_id": kh.request_id(rd),
+            "finished_reason": type(rd.finished_reason).__name__,
+            "status_code": int(rd.finished_reason.status_code),
+            "err_type": rd.finished_reason.err_type,
+            "output_tokens": len(rd.output_ids),
+            "decode_prefix_slots": kept,
+        }
+        return
     read_slots = row_of(D, rd)[:n].to(torch.int64)
     stale = (D.kv.k_buffer[0][read_slots][:, 0, 0] != float(seed)).sum().item()
     for step in range(2):
@@ -307,6 +324,7 @@ def run_request(P, D, rid, n, room, tenant, seed, facts, tree_keep=0, decode_pre
         "decode_slots_read_not_written_by_it": int(stale),
         "output_tokens": len(rd.output_ids),
         "decode_prefix_slots": tree_slots,
+        "finished_reason": type(rd.finished_reason).__name__,
     }
 
 

@@ -125,8 +125,10 @@ def make_req(rid, tokens, salt, max_tokens, ktp=None):
 def mro(s, out, tok=7, **kv):
     ids = list(out.num_scheduled_tokens)
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=[[] if s.requests[r].is_prefill_chunk else [tok]
-                                                for r in ids],
+                             # (a request the guard finished after schedule is still in
+                             # the step: the runner samples for it; vLLM drops it)
+                             sampled_token_ids=[[] if r in s.requests and s.requests[r].is_prefill_chunk
+                                                else [tok] for r in ids],
                              kv_connector_output=KVConnectorOutput(**kv) if kv else None)
 
 
@@ -270,7 +272,8 @@ elif MODE in ("offload", "offload-stale"):
                     recv.add(t.req_id)
         ids = list(out.num_scheduled_tokens)
         m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                              sampled_token_ids=[[] if O.requests[r].is_prefill_chunk else [7] for r in ids],
+                              sampled_token_ids=[[] if r in O.requests and O.requests[r].is_prefill_chunk
+                                                 else [7] for r in ids],
                               kv_connector_output=KVConnectorOutput(
                                   finished_recving=recv or None,
                                   kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done)))
@@ -326,10 +329,14 @@ if os.environ.get("KVTRAIL_DRIVER_EXIT") == "plain":
     # Exit as an engine does, without uninstall(): the hook's exit handler
     # must send what is queued and say goodbye.
     facts["hook_stats"] = kh.stats()
+    facts["guard"] = kh.guard_stats()
+    facts["alerts"] = kh.guard_alerts()
     print(json.dumps(facts))
     sys.stdout.flush()
 else:
     kh.flush()
     facts["hook_stats"] = kh.stats()
+    facts["guard"] = kh.guard_stats()
+    facts["alerts"] = kh.guard_alerts()
     kh.uninstall()
     print(json.dumps(facts))

@@ -42,6 +42,16 @@ it, and never changes arguments or results):
   ``share`` only of loaded slots that hold the hit node's KV (a host slot
   reused under a stale key gets no grant: its read is foreign, with its
   true source).
+
+The guard (docs/guard.md; ``KVTRAIL_GUARD=off|alert|abort``, default
+alert; ``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow) mirrors every
+event queued here into kvtrail's slot rule (the native ``kvtrail_guard``
+module) and checks a request before its first forward over KV it did not
+compute: at ``prepare_for_prebuilt`` (decode after a transfer, and a decode
+radix-tree hit) and at ``alloc_for_extend`` with a prefix (a radix or
+HiCache hit). In abort mode a foreign read ends the request with
+``FINISH_ABORT`` (HTTP 500, err_type ``KVIsolationError``) before its
+first token.
 """
 
 import os
@@ -50,9 +60,11 @@ import threading
 import time
 
 import kvtrail_hook_client as _c
+from kvtrail_hook_client import guard as _guard_mod
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 
-__all__ = ["install", "uninstall", "stats", "counts", "flush", "request_id", "tag", "hash_tokens"]
+__all__ = ["install", "uninstall", "stats", "counts", "guard_stats", "flush", "request_id", "tag",
+           "hash_tokens"]
 
 _time_ns = time.time_ns
 _H = None  # the installed hook state
@@ -69,7 +81,9 @@ _ctx = _Ctx()
 
 class _Hook:
     def __init__(self, capture, pools, worker, tenant_field, roles, per_pool, max_queue, pseudonymize,
-                 cache_pools=None):
+                 cache_pools=None, guard=None):
+        # First: in abort mode without its native module, refuse to start.
+        self.guard = guard if guard is not None else _guard_mod.Guard()
         self.capture = capture
         self.default_pool = pools[0]
         # device pool -> its HiCache `cache` pool (declared in the same hello)
@@ -99,6 +113,8 @@ class _Hook:
                        "hicache_key_mismatch": 0}
 
     def put(self, pool, item):
+        if self.guard.native is not None:
+            self.guard.feed(item)
         cl = self.clients.get(pool)
         if cl is not None:
             cl.put(pool, item)
@@ -299,6 +315,30 @@ def on_alloc_for_extend(batch, out_cache_loc):
         _kv(pool, rid, WRITE, new, pre)
         _kv(pool, rid, READ, row[:pre + ext], 0)
         req._kvtrail_prefilled = (getattr(req, "_kvtrail_prefilled", None) or 0) + ext
+        if pre:
+            _check(req, pool, rid, row[:pre])
+
+
+_ABORT_STATUS = 500
+
+
+def _check(req, pool, rid, slots):
+    """The guard, before the request's first forward over KV it did not
+    compute (once per request); an abort becomes the request's
+    ``to_finish``, as SGLang's own prebuilt path aborts (the scheduler ends
+    it with an error status when the batch result is processed). True when
+    the request is to be aborted."""
+    g = _H.guard
+    if g.native is None or getattr(req, "_kvtrail_guarded", False):
+        return False
+    req._kvtrail_guarded = True
+    msg = g.decide(pool, rid, req.rid, slots=slots)
+    if msg is None:
+        return False
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req.to_finish = FINISH_ABORT(msg, _ABORT_STATUS, "KVIsolationError")
+    return True
 
 
 def on_alloc_for_decode(batch, out_cache_loc, token_per_req=1):
@@ -347,7 +387,11 @@ def on_prebuilt(batch):
     pool = _pool_of(batch)
     for req in batch.reqs:
         seq_len = len(req.origin_input_ids) + max(0, len(req.output_ids) - 1)
-        _kv(pool, request_id(req), READ, _row(batch.req_to_token_pool, req)[:seq_len], 0)
+        row = _row(batch.req_to_token_pool, req)[:seq_len]
+        rid = request_id(req)
+        # An aborted request never attends over the KV: no read.
+        if not _check(req, pool, rid, row):
+            _kv(pool, rid, READ, row, 0)
 
 
 def on_send_indices(sender, kv_indices, result):
@@ -395,6 +439,8 @@ def on_commit(queue, decode_req):
 def _wrap_alloc(orig):
     def alloc(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
+        if _H is not None and _H.guard.native is not None:
+            _guard("guard page size", _note_page_size, self)
         if out is not None and _H is not None and not _ctx.suppress and not _H.disabled:
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
@@ -404,6 +450,12 @@ def _wrap_alloc(orig):
 
     alloc.__wrapped__ = orig
     return alloc
+
+
+def _note_page_size(alloc):
+    """The guard places transfer pages with the pool's page size."""
+    pool = getattr(alloc, "_kvtrail_pool", None)
+    _H.guard.page_size(_H.default_pool if pool is None else pool, int(getattr(alloc, "page_size", 1) or 1))
 
 
 def _wrap_free(orig):
@@ -815,7 +867,8 @@ _finder = _c.PostImport(lambda name: _H is not None and name.startswith("sglang.
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None,
-            per_pool_connections=False, max_queue=None, pseudonymize=None, cache_pools=None):
+            per_pool_connections=False, max_queue=None, pseudonymize=None, cache_pools=None,
+            guard=None, guard_unknown=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
@@ -829,11 +882,16 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None
     - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
     - ``KVTRAIL_CACHE_POOL``: the HiCache `cache` pool of the (first) device
       pool (``cache_pools={device: cache}`` for several); declared in the same
-      hello, so the engine's copies are stamped by position.
+      hello, so the engine's copies are stamped by position;
+    - ``KVTRAIL_GUARD`` (``guard=``): off, alert (default) or abort;
+      ``KVTRAIL_GUARD_UNKNOWN`` (``guard_unknown=``): allow (default) or
+      abort (docs/guard.md). ``abort`` without the native module raises
+      ``kvtrail_hook_client.guard.GuardUnavailable``.
     """
     global _H
     if _H is not None:
         return _H
+    g = _guard_mod.Guard(guard, guard_unknown)
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
     if not capture:
         raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
@@ -855,6 +913,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, roles=None
         int(max_queue or os.environ.get("KVTRAIL_QUEUE", 1 << 18)),
         bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
         cache_pools,
+        g,
     )
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
@@ -909,6 +968,17 @@ def counts():
     loads recorded, and ``hicache_key_mismatch`` (loaded slots whose host
     copy was written for another tree node: no grant at the prefix hit)."""
     return dict(_H.counts) if _H is not None else {}
+
+
+def guard_stats():
+    """The guard's counters: checks and their verdicts (ok, foreign,
+    unknown), alerts, aborts, errors, and the native module's own."""
+    return _H.guard.stats() if _H is not None else {}
+
+
+def guard_alerts():
+    """The latest guard alerts (bounded), oldest first."""
+    return list(_H.guard.alerts) if _H is not None else []
 
 
 def request_context(req):

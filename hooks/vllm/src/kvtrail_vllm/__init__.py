@@ -48,6 +48,16 @@ its arguments or results; a failure inside the hook is counted in
   ``share`` to the loading request;
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
+
+The guard (docs/guard.md; ``KVTRAIL_GUARD=off|alert|abort``, default
+alert; ``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow) mirrors every
+event queued here into kvtrail's slot rule (the native ``kvtrail_guard``
+module) and checks a request the first time ``schedule`` gives it a step
+over KV it did not compute this step (a prefix-cache hit, a remote load, a
+CPU offload load-back, a later chunk). In abort mode a foreign read
+finishes the request as ``FINISHED_ERROR`` right after ``schedule`` (its
+output of that step is dropped) and the client gets the error output
+(``RequestError`` code ``kv_isolation``: HTTP 500).
 """
 
 import os
@@ -56,9 +66,11 @@ import threading
 import time
 
 import kvtrail_hook_client as _c
+from kvtrail_hook_client import guard as _guard_mod
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client
 
-__all__ = ["install", "uninstall", "stats", "flush", "tag", "request_id", "hash_tokens"]
+__all__ = ["install", "uninstall", "stats", "guard_stats", "guard_alerts", "flush", "tag", "request_id",
+           "hash_tokens"]
 
 _time_ns = time.time_ns
 _H = None  # the installed hook state
@@ -98,6 +110,11 @@ class _Engine:
         self.jobs = {}
         # CPU chunk -> the offload key (block hash) it was last stored under.
         self.chunk_keys = {}
+        # The guard: requests checked, to abort after this schedule, and
+        # their error outputs for the next update_from_output.
+        self.guarded = set()
+        self.to_abort = []
+        self.error_outputs = []
         self.blocks_per_chunk = 1
         self.workers = 1
         try:
@@ -145,6 +162,8 @@ class _Engine:
         return src[group] if group < len(src) else None
 
     def put(self, pool, item):
+        if _H.guard.native is not None:
+            _H.guard.feed(item)
         if self.client is None:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
             if self.cache_pool is not None:
@@ -159,7 +178,8 @@ class _Engine:
 
 class _Hook:
     def __init__(self, capture, pools, worker, tenant_field, role, remote_pools, max_queue, pseudonymize,
-                 cache_pool=None):
+                 cache_pool=None, guard=None):
+        self.guard = guard if guard is not None else _guard_mod.Guard()
         self.capture = capture
         self.cache_pool = cache_pool
         self.default_pools = pools
@@ -446,13 +466,20 @@ def on_schedule(sched, out):
         end = int(req.num_computed_tokens)
         c = end - int(n)
         tables = kvm.get_block_ids(rid_s)
+        check = c > 0 and _H.guard.native is not None and rid_s not in eng.guarded
+        reads = []
         for g, table in enumerate(tables):
             pool = eng.pool(g)
             if pool is None or pool < 0 or not eng.attention[g]:
                 continue
             bs = eng.block_sizes[g]
             _kv_runs(eng, pool, rid, WRITE, _slot_runs(table, bs, c, end), True)
-            _kv_runs(eng, pool, rid, READ, _slot_runs(table, bs, 0, end), True)
+            read = _slot_runs(table, bs, 0, end)
+            _kv_runs(eng, pool, rid, READ, read, True)
+            if check:
+                reads.append((pool, read))
+        if check:
+            _check(eng, rid_s, rid, reads)
         if r is not None:
             r["covered"] = max(r["covered"], end)
     meta = getattr(out, "kv_connector_metadata", None)
@@ -488,6 +515,50 @@ def on_schedule(sched, out):
                 str(remote.engine_id),
                 tuple(getattr(m, "local_num_computed_blocks", ()) or ()),
             )
+
+
+def _check(eng, rid_s, rid, reads):
+    """The guard, once per request, before its first step over KV it did
+    not compute this step: every group's read of its context."""
+    if len(eng.guarded) > 1_000_000:  # finished requests leave it below
+        eng.guarded.clear()
+    eng.guarded.add(rid_s)
+    for pool, read in reads:
+        msg = _H.guard.decide(pool, rid, rid_s, runs=[(a, n) for a, n, _ in read])
+        if msg is not None:
+            eng.to_abort.append((rid_s, msg))
+            return
+
+
+def _abort_guarded(sched, eng):
+    """After ``schedule``: finishes the requests the guard stopped as
+    FINISHED_ERROR (the step's output for them is then dropped by
+    update_from_output, which skips finished requests) and keeps their
+    error outputs for the client."""
+    from vllm.outputs import RequestError
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.request import RequestStatus
+
+    todo, eng.to_abort = eng.to_abort, []
+    for rid_s, msg in todo:
+        for req in sched.finish_requests(rid_s, RequestStatus.FINISHED_ERROR):
+            eng.error_outputs.append((req.client_index, EngineCoreOutput(
+                request_id=req.request_id, new_token_ids=[], finish_reason=req.get_finished_reason(),
+                events=req.take_events(), trace_headers=req.trace_headers,
+                error=RequestError(code="kv_isolation", message=msg))))
+
+
+def _emit_errors(eng, outputs):
+    """Adds the guard's error outputs to update_from_output's result."""
+    from vllm.v1.engine import EngineCoreOutputs
+
+    todo, eng.error_outputs = eng.error_outputs, []
+    for client, out in todo:
+        eco = outputs.get(client)
+        if eco is None:
+            outputs[client] = EngineCoreOutputs(outputs=[out])
+        else:
+            eco.outputs.append(out)
 
 
 def _pull_runs(eng, local, remote, hits, invalid):
@@ -704,6 +775,7 @@ def _w_free_request(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
+                eng.guarded.discard(request.request_id)
                 row = request_row(eng, request)
                 eng.plans.pop(request.request_id, None)
                 pool = eng.pool(0)
@@ -719,11 +791,16 @@ def _w_free_request(orig):
 def _w_schedule(orig):
     def schedule(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
-        if _H is not None and _engine_of(self) is not None:
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
             try:
                 on_schedule(self, out)
             except Exception as e:
                 _fail("Scheduler.schedule", e)
+            if eng.to_abort:
+                # Outside the capture's try: an abort that fails must not
+                # leave the request running over foreign KV silently.
+                _abort_guarded(self, eng)
         return out
 
     return schedule
@@ -736,7 +813,11 @@ def _w_update(orig):
                 on_update(self, scheduler_output, model_runner_output)
             except Exception as e:
                 _fail("Scheduler.update_from_output", e)
-        return orig(self, scheduler_output, model_runner_output, *args, **kwargs)
+        out = orig(self, scheduler_output, model_runner_output, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None and eng.error_outputs:
+            _emit_errors(eng, out)
+        return out
 
     return update_from_output
 
@@ -814,7 +895,8 @@ def _parse_remote(s):
 
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
-            remote_pools=None, max_queue=None, pseudonymize=None, cache_pool=None):
+            remote_pools=None, max_queue=None, pseudonymize=None, cache_pool=None, guard=None,
+            guard_unknown=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
@@ -833,11 +915,16 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
     - ``KVTRAIL_CACHE_POOL``: the pool (role ``cache``) of this engine's CPU
       offload tier (OffloadingConnector): stores and loads are recorded as
-      copies to and from it.
+      copies to and from it;
+    - ``KVTRAIL_GUARD`` (``guard=``): off, alert (default) or abort;
+      ``KVTRAIL_GUARD_UNKNOWN`` (``guard_unknown=``): allow (default) or
+      abort (docs/guard.md). ``abort`` without the native module raises
+      ``kvtrail_hook_client.guard.GuardUnavailable``.
     """
     global _H
     if _H is not None:
         return _H
+    g = _guard_mod.Guard(guard, guard_unknown)
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
     if not capture:
         raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
@@ -856,6 +943,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
         bool(pseudonymize if pseudonymize is not None else os.environ.get("KVTRAIL_TENANT_PSEUDONYMIZE") == "1"),
         cache_pool if cache_pool is not None else (
             int(os.environ["KVTRAIL_CACHE_POOL"]) if os.environ.get("KVTRAIL_CACHE_POOL") else None),
+        g,
     )
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
@@ -904,6 +992,17 @@ def flush(timeout=10.0):
     if _H is not None:
         for cl in list(_H.clients):
             cl.flush(timeout)
+
+
+def guard_stats():
+    """The guard's counters: checks and their verdicts (ok, foreign,
+    unknown), alerts, aborts, errors, and the native module's own."""
+    return _H.guard.stats() if _H is not None else {}
+
+
+def guard_alerts():
+    """The latest guard alerts (bounded), oldest first."""
+    return list(_H.guard.alerts) if _H is not None else []
 
 
 def stats():

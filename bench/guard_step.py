@@ -1,0 +1,163 @@
+"""The hook's and the guard's cost per scheduler step, on vLLM 0.33.0's
+real v1 Scheduler (KV cache manager, block pool, prefix cache) on CPU, in
+one run: hook off, hook on (KVTRAIL_GUARD=off), hook + guard (alert).
+
+Each round builds a fresh scheduler, admits --batch requests (distinct
+prompts, one salt) and steps schedule() + update_from_output() (the model
+runner's output synthetic: one sampled token per request) until all
+finish. The step time is the wall time of those two calls; the table gives
+the median over decode steps (every request decoding) and the mean over
+all steps (prefill included), per configuration, the median of --rounds
+rounds run interleaved (off, hook, guard, off, ...), and the cost added
+per step against hook off.
+
+Usage (after .ci/setup.d/32-vllm.sh and 34-kvtrail-guard.sh):
+  PYTHONPATH=hooks/vllm/src:hooks/client/src:target/kvtrail-guard-native \\
+    ~/.cache/kvtrail/venv-vllm-0.33.0/bin/python bench/guard_step.py \\
+    [--batch 256] [--prompt 64] [--decode 32] [--rounds 3] [--kvtrail target/release/kvtrail]
+
+With --kvtrail, a `kvtrail record` sidecar receives the events (its
+sender thread shares the engine's interpreter, so its cost is counted);
+without, the sidecar address is unreachable and the events are counted as
+lost (the engine thread's cost is the same: a deque append per event).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--batch", type=int, default=256)
+ap.add_argument("--prompt", type=int, default=64)
+ap.add_argument("--decode", type=int, default=32)
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--kvtrail", default=None, help="kvtrail binary: run a record sidecar")
+args = ap.parse_args()
+
+import kvtrail_vllm as kh  # noqa: E402
+import torch  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+BS = 16
+B = args.batch
+NB = B * ((args.prompt + args.decode) // BS + 2) + 16
+tmp = tempfile.mkdtemp()
+with open(os.path.join(tmp, "config.json"), "w") as f:
+    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 4096}, f)
+init_none_hash(sha256)
+
+sidecar = None
+sock = os.path.join(tmp, "kvtrail.sock")
+if args.kvtrail:
+    dep = os.path.join(tmp, "deploy.json")
+    with open(dep, "w") as f:
+        json.dump({"name": "guard-bench", "engine": "vllm 0.33.0", "context_window": 4096,
+                   "pools": [{"id": 0, "name": "engine-0", "role": "mixed",
+                              "capacity_tokens": NB * BS, "page_size": BS}]}, f)
+    sidecar = subprocess.Popen([args.kvtrail, "record", "--listen", f"unix:{sock}", "--deployment", dep,
+                                "--out", os.path.join(tmp, "trace"), "--health-secs", "0"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not os.path.exists(sock):
+        if time.time() - t0 > 30 or sidecar.poll() is not None:
+            sys.exit("the sidecar did not start")
+        time.sleep(0.02)
+
+
+def make_scheduler():
+    mc = ModelConfig(model=tmp, skip_tokenizer_init=True, dtype="float16", max_model_len=4096)
+    vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"),
+                    scheduler_config=SchedulerConfig(max_num_seqs=B, max_num_batched_tokens=B * args.prompt,
+                                                     max_model_len=4096, is_encoder_decoder=False,
+                                                     async_scheduling=False),
+                    cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True))
+    vc.cache_config.num_gpu_blocks = NB
+    groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
+                                                            dtype=torch.float32))]
+    kcc = KVCacheConfig(num_blocks=NB, kv_cache_tensors=[], kv_cache_groups=groups)
+    return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=False,
+                     structured_output_manager=StructuredOutputManager(vc))
+
+
+def one_round(tag, seed):
+    s = make_scheduler()
+    if tag != "off":
+        kh.tag(s, [0])
+    hasher = get_request_block_hasher(BS, sha256)
+    for i in range(B):
+        sp = SamplingParams(max_tokens=args.decode, ignore_eos=True)
+        sp.update_from_generation_config({}, eos_token_id=2)
+        toks = [(seed * 7919 + i * 131 + k) % 31000 + 3 for k in range(args.prompt)]
+        s.add_request(Request(f"{tag}-{seed}-{i}", toks, sp, None, cache_salt="t", block_hasher=hasher))
+    steps, decode = [], []
+    while s.requests:
+        t = time.perf_counter()
+        out = s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=[[] if r in s.requests and s.requests[r].is_prefill_chunk
+                                                 else [7] for r in ids])
+        s.update_from_output(out, m)
+        dt = time.perf_counter() - t
+        steps.append(dt)
+        if len(ids) == B and out.total_num_scheduled_tokens == B:
+            decode.append(dt)
+        if len(steps) > 10 * (args.decode + args.prompt):
+            sys.exit("the scheduler did not finish the batch")
+    return steps, decode
+
+
+results = {"off": [], "hook": [], "guard": []}
+for r in range(args.rounds):
+    for tag in ("off", "hook", "guard"):
+        if tag != "off":
+            kh.install(capture=f"unix:{sock}", pools=[0], worker=f"bench-{tag}",
+                       guard="off" if tag == "hook" else "alert")
+            if tag == "guard" and not kh._H.guard.active:
+                sys.exit("the guard's native module is not importable (PYTHONPATH)")
+        steps, decode = one_round(tag, r)
+        if tag != "off":
+            g = kh.guard_stats()
+            if tag == "guard" and (g["foreign"] or g["unknown"] or not g["checks"]):
+                sys.exit(f"the guard tripped on a clean batch: {g}")
+            kh.flush()
+            kh.uninstall()
+        results[tag].append((statistics.median(decode) if decode else float("nan"),
+                             statistics.mean(steps), len(steps), len(decode)))
+
+if sidecar is not None:
+    sidecar.terminate()
+    sidecar.wait()
+
+print(f"vLLM {__import__('vllm').__version__} Scheduler on CPU, batch {B}, prompt {args.prompt}, "
+      f"decode {args.decode}, {args.rounds} rounds, sidecar {'yes' if sidecar else 'no (unreachable)'}")
+print(f"{'config':<8} {'decode step ms (median)':>24} {'all steps ms (mean)':>20} {'added/step ms':>14}")
+base = statistics.median(x[0] for x in results["off"])
+for tag in ("off", "hook", "guard"):
+    d = statistics.median(x[0] for x in results[tag])
+    a = statistics.median(x[1] for x in results[tag])
+    print(f"{tag:<8} {d * 1e3:>24.3f} {a * 1e3:>20.3f} {(d - base) * 1e3:>14.3f}")
+hook = statistics.median(x[0] for x in results["hook"])
+guard = statistics.median(x[0] for x in results["guard"])
+print(f"guard over hook: {(guard - hook) * 1e6:.0f} us per decode step ({(guard - hook) / B * 1e9:.0f} ns "
+      f"per request); hook over off: {(hook - base) * 1e6:.0f} us")

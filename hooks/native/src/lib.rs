@@ -1,0 +1,232 @@
+//! `kvtrail_guard`: the guard the engine hooks (kvtrail_sglang,
+//! kvtrail_vllm) run in the engine process, a Python module built from
+//! kvtrail (PyO3 + maturin). It mirrors the pool events the hook queues for
+//! the sidecar into the lineage slot rule (`kvtrail::lineage::rule`, the one
+//! home of the rule), and answers, before a request's first forward over KV
+//! it did not compute, whether every slot it will read is its own, granted,
+//! foreign (whose) or unknown. docs/guard.md.
+
+mod guard;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyRange, PyRangeMethods, PyTuple};
+
+use kvtrail::schema::Op;
+
+use guard::runs_of;
+
+// Event kinds and ops in the hooks' queue (kvtrail_hook_client).
+const KV: i64 = 0;
+const SEND: i64 = 2;
+const COMMIT: i64 = 3;
+const LOST: i64 = 4;
+const PULL: i64 = 5;
+const COPY: i64 = 6;
+const OPS: [Option<Op>; 6] = [
+    Some(Op::Alloc),
+    Some(Op::Write),
+    None, // read: a check, not an event
+    Some(Op::Free),
+    Some(Op::Share),
+    Some(Op::Scrub),
+];
+
+/// Slot runs (start, count) of an index list, range, array or tensor.
+fn runs(idx: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+    if let Ok(r) = idx.cast::<PyRange>() {
+        let (a, b, step) = (r.start()?, r.stop()?, r.step()?);
+        if step == 1 {
+            return Ok(if b > a && a >= 0 {
+                vec![(a as u64, (b - a) as u64)]
+            } else {
+                vec![]
+            });
+        }
+    }
+    let v: Vec<i64> = if idx.cast::<PyList>().is_ok() || idx.cast::<PyTuple>().is_ok() {
+        idx.extract()?
+    } else if idx.hasattr("tolist")? {
+        idx.call_method0("tolist")?.extract()?
+    } else {
+        idx.extract()?
+    };
+    Ok(runs_of(&v))
+}
+
+fn pool_id(p: i64) -> Option<u16> {
+    u16::try_from(p).ok()
+}
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("kvtrail guard: {e}"))
+}
+
+/// The guard of one engine process.
+#[pyclass(module = "kvtrail_guard")]
+struct Guard {
+    g: guard::Guard,
+}
+
+#[pymethods]
+impl Guard {
+    #[new]
+    fn new() -> Self {
+        Guard {
+            g: guard::Guard::default(),
+        }
+    }
+
+    /// The page size of `pool` (slots per page of its transfer pages).
+    fn page_size(&mut self, pool: i64, page_size: u64) {
+        if let Some(p) = pool_id(pool) {
+            self.g.set_page_size(p, page_size);
+        }
+    }
+
+    /// Whether this process reports events of `pool`.
+    fn sees(&self, pool: i64) -> bool {
+        pool_id(pool).is_some_and(|p| self.g.sees(p))
+    }
+
+    /// One item of the hook's queue, as the hook queues it for the sidecar.
+    /// A malformed item raises ValueError and leaves a hole in its pool
+    /// (later checks of what it may have changed answer unknown).
+    fn feed(&mut self, item: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let kind: i64 = item.get_item(0)?.extract()?;
+        let Some(pool) = pool_id(item.get_item(1)?.extract()?) else {
+            return Ok(());
+        };
+        let out = self.feed_kind(kind, pool, item);
+        if out.is_err() {
+            self.g.counts.errors += 1;
+            self.g.lost(pool);
+        }
+        out
+    }
+
+    /// Classifies the read of `slots` (indices) of `pool` by `request_id`:
+    /// (verdict, source request ids, slots foreign, slots unknown, slots
+    /// read), verdict one of "ok", "foreign", "unknown".
+    fn check(
+        &mut self,
+        pool: i64,
+        request_id: u64,
+        slots: &Bound<'_, PyAny>,
+    ) -> PyResult<(&'static str, Vec<u64>, u64, u64, u64)> {
+        let r = runs(slots)?;
+        self.check_runs(pool, request_id, r)
+    }
+
+    /// `check` over slot runs (start, count).
+    fn check_runs(
+        &mut self,
+        pool: i64,
+        request_id: u64,
+        runs: Vec<(u64, u64)>,
+    ) -> PyResult<(&'static str, Vec<u64>, u64, u64, u64)> {
+        let t = match pool_id(pool) {
+            Some(p) => self.g.check(p, request_id, &runs).map_err(err)?,
+            None => guard::Tally {
+                unknown: runs.iter().map(|r| r.1).sum(),
+                ..Default::default()
+            },
+        };
+        Ok((
+            t.verdict(),
+            t.sources.clone(),
+            t.foreign,
+            t.unknown,
+            t.slots(),
+        ))
+    }
+
+    /// Counters: events mirrored, copies (local: from a pool this process
+    /// sees; remote: content of unknown owner), holes, checks, errors.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = &self.g.counts;
+        let d = PyDict::new(py);
+        d.set_item("events", c.events)?;
+        d.set_item("copies_local", c.copies_local)?;
+        d.set_item("copies_remote", c.copies_remote)?;
+        d.set_item("holes", c.holes)?;
+        d.set_item("checks", c.checks)?;
+        d.set_item("errors", c.errors)?;
+        Ok(d)
+    }
+}
+
+impl Guard {
+    fn feed_kind(&mut self, kind: i64, pool: u16, item: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let at = |i: usize| item.get_item(i);
+        match kind {
+            KV => {
+                // (KV, pool, ts, rid, op, idx, tpos, page_size)
+                let op: usize = at(4)?.extract()?;
+                let Some(op) = OPS.get(op).copied().ok_or_else(|| err("unknown op"))? else {
+                    return Ok(());
+                };
+                if op == Op::Free {
+                    return Ok(()); // the rule: a free changes no content
+                }
+                let rid: u64 = at(3)?.extract()?;
+                let r = runs(&at(5)?)?;
+                self.g.kv(pool, rid, op, &r).map_err(err)
+            }
+            SEND => {
+                // (SEND, pool, ts, room, dst_index, pages, last)
+                let room: u64 = at(3)?.extract()?;
+                let dst_index: u64 = at(4)?.extract()?;
+                let pages = flat(&at(5)?)?;
+                self.g.send(room, pool, dst_index, &pages);
+                Ok(())
+            }
+            COMMIT => {
+                // (COMMIT, pool, ts, room, rid, prefix_len, pages)
+                let room: u64 = at(3)?.extract()?;
+                let rid: u64 = at(4)?.extract()?;
+                let pages = flat(&at(6)?)?;
+                self.g.commit(room, pool, rid, &pages).map_err(err)
+            }
+            LOST => {
+                self.g.lost(pool);
+                Ok(())
+            }
+            PULL => {
+                // (PULL, pool, ts, rid, src_pool, runs (dst, src, n, tp), outcome, policy)
+                let rid: u64 = at(3)?.extract()?;
+                let Some(src) = pool_id(at(4)?.extract()?) else {
+                    self.g.lost(pool);
+                    return Ok(());
+                };
+                let rs: Vec<(u64, u64, u64, Option<i64>)> = at(5)?.extract()?;
+                let rs: Vec<(u64, u64, u64)> =
+                    rs.into_iter().map(|(d, s, n, _)| (d, s, n)).collect();
+                self.g.copy(pool, rid, src, &rs).map_err(err)
+            }
+            COPY => {
+                // (COPY, pool, ts, rid, src_pool, runs (dst, src, n))
+                let rid: u64 = at(3)?.extract()?;
+                let Some(src) = pool_id(at(4)?.extract()?) else {
+                    self.g.lost(pool);
+                    return Ok(());
+                };
+                let rs: Vec<(u64, u64, u64)> = at(5)?.extract()?;
+                self.g.copy(pool, rid, src, &rs).map_err(err)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Every index of a list, range, array or tensor, in order.
+fn flat(idx: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    Ok(runs(idx)?.into_iter().flat_map(|(a, n)| a..a + n).collect())
+}
+
+#[pymodule]
+fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Guard>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

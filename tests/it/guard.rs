@@ -1,0 +1,379 @@
+//! The guard (docs/guard.md) on the real engine packages, on CPU: the
+//! native module `kvtrail_guard` (hooks/native, built and installed into
+//! target/kvtrail-guard-native by .ci/setup.d/34-kvtrail-guard.sh) under
+//! the SGLang and vLLM hooks, driven by tests/sglang/guard_driver.py
+//! (SGLang 0.5.19: the seed's placeholder path) and
+//! tests/vllm/record_driver.py (vLLM 0.33.0: the #52234 stale reference,
+//! the stale CPU-offload load, and the clean runs).
+//!
+//! Needs the venvs (30-/32-) and the module (34-): with `CI` set a missing
+//! one FAILS the test; otherwise it is skipped with a message.
+
+use crate::support::venv;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use kvtrail::trace::Trace;
+
+use crate::support::cli::{kvtrail, s};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The folder the set-up installed kvtrail_guard into, or None (SKIP).
+fn native() -> Option<PathBuf> {
+    let dir = root().join("target/kvtrail-guard-native");
+    if dir.join("kvtrail_guard").is_dir() {
+        return Some(dir);
+    }
+    let msg = format!(
+        "the guard's native module is missing at {}: run .ci/setup.d/34-kvtrail-guard.sh",
+        dir.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set but {msg}");
+    }
+    eprintln!("SKIP: {msg}");
+    None
+}
+
+/// Runs `tests/<engine>/<script> args` with the hook (and `native`, if
+/// given) importable and the guard settings in `env`.
+fn driver(
+    py: &Path,
+    engine: &str,
+    script: &str,
+    args: &[&str],
+    native: Option<&Path>,
+    env: &[(&str, &str)],
+) -> Output {
+    let mut path = Vec::new();
+    if let Some(n) = native {
+        path.push(n.to_path_buf());
+    }
+    path.push(root().join("hooks").join(engine).join("src"));
+    path.push(root().join("hooks/client/src"));
+    let mut c = Command::new(py);
+    c.arg("-W")
+        .arg("ignore")
+        .arg(root().join("tests").join(engine).join(script))
+        .args(args)
+        .env("PYTHONPATH", std::env::join_paths(path).unwrap())
+        .env_remove("KVTRAIL_GUARD")
+        .env_remove("KVTRAIL_GUARD_UNKNOWN")
+        .current_dir(root().join("tests").join(engine));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn facts_of(o: &Output, what: &str) -> Value {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// The driver against a `kvtrail record` sidecar: its facts, and the
+/// trace's request rows by external id (status, finish reason).
+fn with_sidecar(
+    py: &Path,
+    engine: &str,
+    script: &str,
+    mode: Option<&str>,
+    deploy: &str,
+    native: &Path,
+    env: &[(&str, &str)],
+) -> (Value, BTreeMap<String, (u16, Option<String>)>) {
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("kvtrail.sock");
+    let out = d.path().join("trace");
+    let mut sidecar = kvtrail([
+        "record",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--deployment",
+        s(&root().join("tests/data/record").join(deploy)),
+        "--out",
+        s(&out),
+        "--health-secs",
+        "0",
+    ])
+    .spawn();
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "no sidecar socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut args = vec![s(&sock)];
+    args.extend(mode);
+    let o = driver(py, engine, script, &args, Some(native), env);
+    unsafe { libc::kill(sidecar.id() as i32, libc::SIGTERM) };
+    let status = sidecar.wait().unwrap();
+    assert!(status.success(), "sidecar: {status:?}");
+    let facts = facts_of(&o, script);
+    let trace = Trace::open(&out).unwrap();
+    let mut rows = BTreeMap::new();
+    for b in trace.requests() {
+        for r in b.unwrap() {
+            rows.insert(
+                r.external_id.clone().unwrap(),
+                (r.http_status, r.finish_reason.clone()),
+            );
+        }
+    }
+    (facts, rows)
+}
+
+fn sources(alert: &Value) -> Vec<u64> {
+    let mut v: Vec<u64> = alert["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn guard_aborts_sglang_seed_placeholder_decode_with_an_error() {
+    let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {
+        return;
+    };
+    let (f, rows) = with_sidecar(
+        &py,
+        "sglang",
+        "guard_driver.py",
+        None,
+        "deploy-sglang-cpu.json",
+        &native,
+        &[("KVTRAIL_GUARD", "abort")],
+    );
+    // C (the placeholder) and D (the poisoned decode radix-tree hit) end
+    // with SGLang's abort, an error status, before any decode forward.
+    for r in ["C", "D"] {
+        assert_eq!(f[r]["finished_reason"], "FINISH_ABORT", "{r}: {f}");
+        assert_eq!(f[r]["status_code"], 500, "{r}");
+        assert_eq!(f[r]["err_type"], "KVIsolationError", "{r}");
+        assert_eq!(rows[r], (500, Some("abort".into())), "{r}");
+    }
+    for r in ["A", "B"] {
+        assert_eq!(f[r]["finished_reason"], "FINISH_LENGTH", "{r}");
+        assert_eq!(rows[r], (200, Some("length".into())), "{r}");
+    }
+    let g = &f["guard"];
+    assert_eq!(
+        (
+            &g["checks"],
+            &g["ok"],
+            &g["foreign"],
+            &g["aborts"],
+            &g["alerts"]
+        ),
+        (&4.into(), &2.into(), &2.into(), &2.into(), &0.into()),
+        "{g}"
+    );
+    assert_eq!(g["native_copies_remote"], 0, "{g}");
+    let alerts = f["alerts"].as_array().unwrap();
+    let a = f["A"]["request_id"].as_u64().unwrap();
+    let b = f["B"]["request_id"].as_u64().unwrap();
+    assert_eq!(alerts[0]["request"], "C");
+    assert_eq!(alerts[0]["action"], "abort");
+    assert_eq!(sources(&alerts[0]), [a.min(b), a.max(b)]);
+    assert_eq!(alerts[1]["request"], "D");
+    assert_eq!(sources(&alerts[1]), [a]);
+}
+
+#[test]
+fn guard_alerts_on_sglang_seed_path_and_lets_it_run() {
+    let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("absent.sock");
+    // Default mode: alert.
+    let o = driver(
+        &py,
+        "sglang",
+        "guard_driver.py",
+        &[s(&sock)],
+        Some(&native),
+        &[],
+    );
+    let f = facts_of(&o, "guard_driver.py");
+    for r in ["A", "B", "C", "D"] {
+        assert_eq!(f[r]["finished_reason"], "FINISH_LENGTH", "{r}: {f}");
+    }
+    let g = &f["guard"];
+    assert_eq!(g["mode"], "alert");
+    assert_eq!((&g["alerts"], &g["aborts"]), (&2.into(), &0.into()), "{g}");
+    let alerts = f["alerts"].as_array().unwrap();
+    assert_eq!(alerts[0]["request"], "C");
+    assert_eq!(alerts[0]["action"], "alert");
+    assert_eq!(alerts[0]["verdict"], "foreign");
+    // The read C's facts count as not written by it, less the slots never
+    // written at all (blank: no one's content).
+    let foreign = alerts[0]["slots_foreign"].as_u64().unwrap();
+    let not_own = f["C"]["decode_slots_read_not_written_by_it"]
+        .as_u64()
+        .unwrap();
+    assert!(foreign > 0 && foreign <= not_own, "{foreign} {not_own}");
+}
+
+#[test]
+fn guard_abort_without_the_native_module_refuses_to_start() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("absent.sock");
+    let args = [s(&sock)];
+    let o = driver(
+        &py,
+        "sglang",
+        "guard_driver.py",
+        &args,
+        None,
+        &[("KVTRAIL_GUARD", "abort")],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("GuardUnavailable"), "{err}");
+    assert!(err.contains("refusing to run unguarded"), "{err}");
+    // alert: one warning, and the engine runs.
+    let o = driver(&py, "sglang", "guard_driver.py", &args, None, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("running unguarded").count(), 1, "{err}");
+}
+
+#[test]
+fn guard_says_unknown_where_it_cannot_see() {
+    let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {
+        return;
+    };
+    let o = driver(&py, "sglang", "guard_unknown.py", &[], Some(&native), &[]);
+    let f = facts_of(&o, "guard_unknown.py");
+    // Allowed by default; an abort only under abort + abort.
+    assert_eq!(f["alert/allow"]["x"], Value::Null);
+    assert_eq!(f["abort/allow"]["x"], Value::Null);
+    let x = f["abort/abort"]["x"].as_str().unwrap();
+    assert!(x.contains("owner this node cannot see"), "{x}");
+    assert_eq!(f["alert/abort"]["x"], Value::Null);
+    assert_eq!(f["alert/abort"]["alerts"][0]["verdict"], "unknown");
+    for k in ["alert/allow", "abort/allow", "abort/abort", "alert/abort"] {
+        let st = &f[k]["stats"];
+        assert_eq!(
+            (&st["unknown"], &st["foreign"]),
+            (&1.into(), &1.into()),
+            "{k}"
+        );
+        assert_eq!(st["native_copies_remote"], 1, "{k}");
+    }
+    // Content received for X, read by Y: foreign, with X as the source.
+    let y = f["abort/allow"]["y"].as_str().unwrap();
+    assert!(y.contains("request ids 11"), "{y}");
+    // A hole: the own write before it is no longer vouched for.
+    assert_eq!(f["hole"]["before"], Value::Null);
+    assert_eq!(f["hole"]["after"][0], "unknown");
+    let bad = f["bad_settings"].as_array().unwrap();
+    assert!(bad[0].as_str().unwrap().contains("KVTRAIL_GUARD="));
+    assert!(bad[1].as_str().unwrap().contains("KVTRAIL_GUARD_UNKNOWN="));
+}
+
+#[test]
+fn guard_aborts_vllm_stale_reference_as_an_error() {
+    let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
+        return;
+    };
+    let (f, rows) = with_sidecar(
+        &py,
+        "vllm",
+        "record_driver.py",
+        Some("stale"),
+        "deploy-vllm-cpu.json",
+        &native,
+        &[("KVTRAIL_GUARD", "abort")],
+    );
+    assert_eq!(f["r3"]["finish"], "error", "{f}");
+    assert_eq!(f["r1"]["finish"], "length");
+    assert_eq!(rows["r3"], (500, Some("error".into())));
+    let g = &f["guard"];
+    assert_eq!((&g["foreign"], &g["aborts"]), (&1.into(), &1.into()), "{g}");
+    let a = &f["alerts"][0];
+    assert_eq!(a["request"], "r3");
+    assert_eq!(sources(a).len(), 1, "{a}");
+    assert_ne!(sources(a)[0], a["request_id"].as_u64().unwrap());
+
+    // alert: the same finding, and r3 completes.
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("absent.sock");
+    let o = driver(
+        &py,
+        "vllm",
+        "record_driver.py",
+        &[s(&sock), "stale"],
+        Some(&native),
+        &[("KVTRAIL_GUARD", "alert")],
+    );
+    let f2 = facts_of(&o, "record_driver.py stale");
+    assert_eq!(f2["r3"]["finish"], "length");
+    assert_eq!(f2["alerts"][0]["action"], "alert");
+    assert_eq!(f2["alerts"][0]["sources"], a["sources"]);
+}
+
+#[test]
+fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
+    let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("absent.sock");
+    let run = |mode: &str| {
+        let o = driver(
+            &py,
+            "vllm",
+            "record_driver.py",
+            &[s(&sock), mode],
+            Some(&native),
+            &[
+                ("KVTRAIL_GUARD", "abort"),
+                ("KVTRAIL_GUARD_UNKNOWN", "abort"),
+            ],
+        );
+        facts_of(&o, mode)
+    };
+    // P/D loads, a prefix-cache hit with the same salt, CPU offload and
+    // its load back: checked, and never foreign or unknown.
+    for mode in ["clean", "offload"] {
+        let f = run(mode);
+        let g = &f["guard"];
+        assert!(g["checks"].as_u64().unwrap() >= 3, "{mode}: {g}");
+        assert_eq!(g["checks"], g["ok"], "{mode}: {g}");
+        assert_eq!(
+            (&g["aborts"], &g["errors"]),
+            (&0.into(), &0.into()),
+            "{mode}"
+        );
+        assert!(!f.to_string().contains("\"error\""), "{mode}: {f}");
+    }
+    // The hybrid model's stale reference and the stale offload load.
+    let f = run("hybrid");
+    assert_eq!(f["r3"]["finish"], "error", "{f}");
+    assert_eq!(f["r1"]["finish"], "length");
+    let f = run("offload-stale");
+    assert_eq!(f["finish"]["a2"], "error", "{f}");
+    assert_eq!(f["finish"]["a"], "length");
+    assert_eq!(f["guard"]["aborts"], 1);
+}

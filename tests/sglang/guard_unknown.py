@@ -1,0 +1,58 @@
+"""What the guard cannot know, it says (tests/it/guard.rs): a decode-only
+SGLang process, fed the items its hook queues (kvtrail_hook_client's
+tuples), never sees the prefill pool. Prints one JSON line.
+
+- a commit without its sends (the prefill ran elsewhere): the request's own
+  read of the transferred pages is `unknown`; allowed by default, aborted
+  under KVTRAIL_GUARD_UNKNOWN=abort, alerted under alert + abort;
+- another request reading those pages later (stale, preallocated again):
+  `foreign` all the same (the content was received for someone else);
+- a `lost` item (a hook failure): what the pool held before it is unknown;
+- bad settings are refused with the variable named.
+"""
+
+import json
+
+from kvtrail_hook_client import ALLOC, COMMIT, KV, LOST, READ, WRITE
+from kvtrail_hook_client.guard import Guard
+
+PS = 4
+
+
+def decode_node(g):
+    """Pool 1 only: X (room 7) gets 2 pages by transfer, then Y (room 8)
+    is preallocated the same pages and reads them unwritten."""
+    g.page_size(1, PS)
+    g.feed((KV, 1, 0, 11, ALLOC, list(range(0, 8)), None, 0))
+    g.feed((COMMIT, 1, 0, 7, 11, 0, [0, 1]))
+    x = g.decide(1, 11, "X", slots=list(range(0, 8)))
+    g.feed((KV, 1, 0, 11, WRITE, [8], 8, 0))
+    g.feed((KV, 1, 0, 11, READ, [8], 8, 0))  # reads are checks, not events
+    g.feed((KV, 1, 0, 12, ALLOC, list(range(0, 8)), None, 0))
+    y = g.decide(1, 12, "Y", slots=list(range(0, 8)))
+    return x, y
+
+
+out = {}
+for mode, unknown in (("alert", "allow"), ("abort", "allow"), ("abort", "abort"), ("alert", "abort")):
+    g = Guard(mode, unknown)
+    x, y = decode_node(g)
+    out[f"{mode}/{unknown}"] = {"x": x, "y": y, "stats": g.stats(), "alerts": list(g.alerts)}
+
+# A hook failure: a hole; the request's own earlier write is then unknown.
+g = Guard("abort", "abort")
+g.feed((KV, 3, 0, 21, ALLOC, [0, 1], None, 0))
+g.feed((KV, 3, 0, 21, WRITE, [0, 1], 0, 0))
+before = g.decide(3, 21, "Z", slots=[0, 1])
+g.feed((LOST, 3, 1))
+after = g.native.check(3, 21, [0, 1])
+out["hole"] = {"before": before, "after": list(after)}
+
+errs = []
+for m, u in (("block", None), (None, "maybe")):
+    try:
+        Guard(m, u)
+    except ValueError as e:
+        errs.append(str(e))
+out["bad_settings"] = errs
+print(json.dumps(out, sort_keys=True))
