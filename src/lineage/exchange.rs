@@ -305,6 +305,12 @@ mod tests {
         assert!(x.put(1, 11, val(8)).unwrap().is_none());
         let b = x.take(1, 11, 0, Some(a)).unwrap();
         assert_eq!(b.runs()[0].1.owner, 8);
+        let back = x
+            .put(1, 12, val(9))
+            .unwrap()
+            .expect("the payload handed back");
+        assert!(back.is_empty() && back.runs().is_empty());
+        assert!(x.put(1, 13, val(9)).unwrap().is_none());
         // A large payload is dropped, not kept.
         let big: Payload = (0..SPARE_MAX_BYTES as u64)
             .map(|owner| crate::lineage::backend::SlotVal {
@@ -315,12 +321,7 @@ mod tests {
             .collect();
         assert!(x.put(1, 20, val(1)).unwrap().is_none());
         x.take(1, 20, 0, Some(big)).unwrap();
-        let back = x
-            .put(1, 12, val(9))
-            .unwrap()
-            .expect("the payload handed back");
-        assert!(back.is_empty() && back.runs().is_empty());
-        assert!(x.put(1, 13, val(9)).unwrap().is_none());
+        assert!(x.put(1, 21, val(2)).unwrap().is_none());
     }
 
     #[test]
