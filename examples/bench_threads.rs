@@ -3,7 +3,7 @@
 //! - scope on 1 thread pinned to one core (`taskset -c 0`), on 1 thread
 //!   unpinned, and on 2 threads (`LineageOptions::threads`, as
 //!   `kvtrail scope --threads N`), each in a child process of its own (its
-//!   own peak RSS), alternated, best of 3 by wall time; the reports must be
+//!   own peak RSS), alternated, the median of 5 by wall time; the reports must be
 //!   byte-identical (blake3 of the JSON report);
 //! - the floor: a bare single-thread flat-array sweep over the same kv
 //!   files (Parquet decoded on the same thread, one owner array per pool,
@@ -21,11 +21,18 @@
 //! (long extents), and a placeholder request now and then whose decode
 //! reads stale KV of earlier requests (the incident).
 //!
-//! Every figure is printed with the load average (`/proc/loadavg`) at the
-//! time it was taken: on a shared machine the ratios are what to read.
+//! With `pd [REQUESTS]` the trace is the PD shape instead (`support/pd.rs`):
+//! one prefill and one decode pool, every request's KV copied across, so
+//! the two pools are one copy-connected group; one kv file.
+//!
+//! Every kind runs 5 times, alternated, and the median by wall time is
+//! reported, with its user and system CPU time. Every figure is printed
+//! with the load average (`/proc/loadavg`) at the time it was taken: on a
+//! shared machine the ratios are what to read.
 //!
 //! Run: `cargo run --release --example bench_threads -- [EVENTS] [GROUPS]`
-//! (defaults 900000 and 2). Traces are cached under target/bench/.
+//! (defaults 900000 and 2), or `-- pd [REQUESTS]` (default 100000).
+//! Traces are cached under target/bench/.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +43,8 @@ use kvtrail::capture::{Recorder, RecorderOptions};
 use kvtrail::schema::{CopySrc, KvEvent, Op, RequestRecord};
 use kvtrail::trace::{Deployment, Pool, Role, Trace};
 
+#[path = "support/pd.rs"]
+mod pd;
 #[path = "support/synth.rs"]
 mod synth;
 use synth::{PAGE, Pages, Rng, runs, slot};
@@ -46,6 +55,8 @@ const DECODE_SLOTS: u64 = 1_048_576;
 const READ_MAX: u32 = 8 * PAGE;
 /// Requests in decode at once, per PD pair.
 const ACTIVE: usize = 16;
+/// Runs of each kind (the median is reported).
+const ROUNDS: usize = 5;
 
 fn deployment(groups: u16) -> Deployment {
     let mut pools = Vec::new();
@@ -255,10 +266,17 @@ fn generate(dir: &Path, target: u64, groups: u16) -> kvtrail::Result<()> {
     Ok(())
 }
 
-fn trace_for(events: u64, groups: u16) -> PathBuf {
+/// The trace of `events` events over `groups` PD pairs, or with `pd` of
+/// the PD shape with `events` requests; generated once.
+fn trace_for(events: u64, groups: u16, pd: bool) -> PathBuf {
+    let name = if pd {
+        format!("pd-{events}")
+    } else {
+        format!("threads-{events}-{groups}")
+    };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/bench")
-        .join(format!("threads-{events}-{groups}"));
+        .join(name);
     let complete = Trace::open(&dir)
         .map(|t| t.manifest.capture.complete)
         .unwrap_or(false);
@@ -266,19 +284,23 @@ fn trace_for(events: u64, groups: u16) -> PathBuf {
         let _ = std::fs::remove_dir_all(&dir);
         eprintln!("generating {} ({events} events)...", dir.display());
         let t = Instant::now();
-        generate(&dir, events, groups).expect("generate");
+        if pd {
+            pd::generate(&dir, events).expect("generate");
+        } else {
+            generate(&dir, events, groups).expect("generate");
+        }
         eprintln!("  done in {:.1}s", t.elapsed().as_secs_f64());
     }
     dir
 }
 
-/// CPU seconds (user + system, all threads) this process has used so far.
-fn cpu_secs() -> f64 {
+/// CPU seconds (user, system; all threads) this process has used so far.
+fn cpu_secs() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+    (ticks(11) / 100.0, ticks(12) / 100.0)
 }
 
 /// The 1-minute load average now.
@@ -304,6 +326,7 @@ fn vmhwm_kb() -> u64 {
 struct Run {
     secs: f64,
     cpu: f64,
+    sys: f64,
     vmhwm_kb: u64,
     load: String,
     /// What the run found: scope's report digest, or the floor's count.
@@ -420,6 +443,7 @@ fn child(dir: &Path, what: &str, pin: bool) -> Run {
     Run {
         secs: num("SECS"),
         cpu: num("CPU"),
+        sys: num("SYS"),
         vmhwm_kb: num("VMHWM_KB") as u64,
         load,
         answer: get("ANSWER"),
@@ -430,7 +454,7 @@ fn child(dir: &Path, what: &str, pin: bool) -> Run {
 
 fn child_main(what: &str, dir: &Path) {
     let t = Instant::now();
-    let c0 = cpu_secs();
+    let (u0, s0) = cpu_secs();
     let (answer, touches, foreign) = if what == "floor" {
         let (rows, touches, foreign) = floor_sweep(dir);
         (format!("rows={rows}"), touches, foreign)
@@ -451,10 +475,12 @@ fn child_main(what: &str, dir: &Path) {
             r.counts.foreign_tokens,
         )
     };
+    let (u1, s1) = cpu_secs();
     println!(
-        "SECS {} CPU {} VMHWM_KB {} ANSWER {answer} TOUCHES {touches} FOREIGN {foreign}",
+        "SECS {} CPU {} SYS {} VMHWM_KB {} ANSWER {answer} TOUCHES {touches} FOREIGN {foreign}",
         t.elapsed().as_secs_f64(),
-        cpu_secs() - c0,
+        (u1 - u0) + (s1 - s0),
+        s1 - s0,
         vmhwm_kb()
     );
 }
@@ -503,9 +529,10 @@ fn duckdb(dir: &Path) -> Option<(f64, u64, String)> {
 
 fn line(name: &str, r: &Run) {
     println!(
-        "  {name:<28} {:>7.3} s wall {:>7.3} s CPU  peak RSS {:>5} MB  load {:>5}  [{}]",
+        "  {name:<28} {:>7.3} s wall {:>7.3} s CPU ({:.3} s sys)  peak RSS {:>5} MB  load {:>5}  [{}]",
         r.secs,
         r.cpu,
+        r.sys,
         r.vmhwm_kb / 1024,
         r.load,
         r.answer
@@ -518,30 +545,36 @@ fn main() {
         child_main(&args[2], Path::new(&args[3]));
         return;
     }
-    let events: u64 = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(900_000);
+    let pd = args.get(1).map(String::as_str) == Some("pd");
+    let args = &args[pd as usize..];
+    let default = if pd { 100_000 } else { 900_000 };
+    let events: u64 = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(default);
     let groups: u16 = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(2);
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let dir = trace_for(events, groups);
+    let dir = trace_for(events, groups, pd);
     let _ = child(&dir, "floor", false); // warm the page cache
-    // Alternated rounds, best of 3 by wall time each.
+    // Alternated rounds; the median by wall time of each kind.
     let kinds: [(&str, &str, bool); 4] = [
         ("floor (1 thread, 1 core)", "floor", true),
         ("scope --threads 1, 1 core", "1", true),
         ("scope --threads 1", "1", false),
         ("scope --threads 2", "2", false),
     ];
-    let mut best: Vec<Option<Run>> = vec![None; kinds.len()];
-    for _ in 0..3 {
+    let mut all: Vec<Vec<Run>> = vec![Vec::new(); kinds.len()];
+    for _ in 0..ROUNDS {
         for (i, &(_, what, pin)) in kinds.iter().enumerate() {
-            let r = child(&dir, what, pin);
-            if best[i].as_ref().is_none_or(|b| r.secs < b.secs) {
-                best[i] = Some(r);
-            }
+            all[i].push(child(&dir, what, pin));
         }
     }
-    let best: Vec<Run> = best.into_iter().map(|r| r.expect("measured")).collect();
+    let best: Vec<Run> = all
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+            v.swap_remove(v.len() / 2)
+        })
+        .collect();
     let (floor, s1p, s1, s2) = (&best[0], &best[1], &best[2], &best[3]);
     let trace = Trace::open(&dir).expect("trace");
     println!(

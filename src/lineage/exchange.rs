@@ -51,7 +51,17 @@ struct State {
     waiters: usize,
     held: usize,
     failed: bool,
+    /// Applied payloads handed back (cleared) for the sources' next
+    /// captures, at most `SPARES`.
+    spares: Vec<Payload>,
 }
+
+/// Cleared payloads the exchange keeps for the sources' captures.
+const SPARES: usize = 256;
+
+/// A payload larger than this (`Payload::bytes`, its capacity) is dropped
+/// once applied, not kept for reuse: spares hold at most a few MiB.
+pub const SPARE_MAX_BYTES: usize = 16 << 10;
 
 fn bytes_of(p: &Payload) -> usize {
     p.bytes()
@@ -76,6 +86,7 @@ impl Exchange {
                 waiters: 0,
                 held: 0,
                 failed: false,
+                spares: Vec::new(),
             }),
             cv: Condvar::new(),
             limit,
@@ -98,8 +109,16 @@ impl Exchange {
     }
 
     /// The captured source of the copy at (`pool`, `seq`), whose source is
-    /// `src_pool`: waits until the source pool has captured it.
-    pub fn take(&self, pool: u16, seq: u64, src_pool: u16) -> Result<Payload> {
+    /// `src_pool`: waits until the source pool has captured it. `used`, an
+    /// applied copy's payload, is kept (cleared) for a source's next
+    /// capture (`put` hands it out), so copies allocate nothing.
+    pub fn take(
+        &self,
+        pool: u16,
+        seq: u64,
+        src_pool: u16,
+        used: Option<Payload>,
+    ) -> Result<Payload> {
         let me = self.unit_of.get(&pool).copied();
         let src = self.unit_of.get(&src_pool).copied();
         let (Some(me), Some(src)) = (me, src) else {
@@ -108,6 +127,13 @@ impl Exchange {
             )));
         };
         let mut s = self.lock();
+        if let Some(mut u) = used
+            && s.spares.len() < SPARES
+            && u.bytes() <= SPARE_MAX_BYTES
+        {
+            u.clear();
+            s.spares.push(u);
+        }
         loop {
             if s.failed {
                 return Err(Self::aborted());
@@ -160,7 +186,9 @@ impl Exchange {
 
     /// Puts the captured source of the copy at (`pool`, `seq`); holds the
     /// caller back while too much waits here and another thread runs.
-    pub fn put(&self, pool: u16, seq: u64, payload: Payload) -> Result<()> {
+    /// Returns a payload a destination handed back, if any, for the
+    /// caller's next capture.
+    pub fn put(&self, pool: u16, seq: u64, payload: Payload) -> Result<Option<Payload>> {
         let mut s = self.lock();
         if s.failed {
             return Err(Self::aborted());
@@ -191,7 +219,7 @@ impl Exchange {
         if s.failed {
             return Err(Self::aborted());
         }
-        Ok(())
+        Ok(s.spares.pop())
     }
 
     /// The streams of `pools` have ended.
@@ -251,8 +279,8 @@ mod tests {
             let t = s.spawn(|| {
                 // Pool 1 takes two copies from pool 0, the first before
                 // pool 0 has captured it.
-                let a = x.take(1, 10, 0).unwrap();
-                let b = x.take(1, 11, 0).unwrap();
+                let a = x.take(1, 10, 0, None).unwrap();
+                let b = x.take(1, 11, 0, None).unwrap();
                 x.pools_done(&BTreeSet::from([1]));
                 x.thread_done();
                 (a.runs()[0].1.owner, b.runs()[0].1.owner)
@@ -269,20 +297,48 @@ mod tests {
     }
 
     #[test]
+    fn an_applied_payload_handed_back_is_reused_cleared_by_the_next_capture() {
+        let x = Exchange::new(&units(2), 2, PAYLOAD_LIMIT);
+        assert!(x.put(1, 10, val(7)).unwrap().is_none());
+        let a = x.take(1, 10, 0, None).unwrap();
+        assert_eq!(a.runs()[0].1.owner, 7);
+        assert!(x.put(1, 11, val(8)).unwrap().is_none());
+        let b = x.take(1, 11, 0, Some(a)).unwrap();
+        assert_eq!(b.runs()[0].1.owner, 8);
+        let back = x
+            .put(1, 12, val(9))
+            .unwrap()
+            .expect("the payload handed back");
+        assert!(back.is_empty() && back.runs().is_empty());
+        assert!(x.put(1, 13, val(9)).unwrap().is_none());
+        // A large payload is dropped, not kept.
+        let big: Payload = (0..SPARE_MAX_BYTES as u64)
+            .map(|owner| crate::lineage::backend::SlotVal {
+                owner,
+                uncertain: false,
+                stale: false,
+            })
+            .collect();
+        assert!(x.put(1, 20, val(1)).unwrap().is_none());
+        x.take(1, 20, 0, Some(big)).unwrap();
+        assert!(x.put(1, 21, val(2)).unwrap().is_none());
+    }
+
+    #[test]
     fn copies_that_wait_on_each_other_and_a_source_that_ended_fail() {
         let x = Exchange::new(&units(2), 2, PAYLOAD_LIMIT);
         std::thread::scope(|s| {
-            let t = s.spawn(|| x.take(1, 5, 0));
+            let t = s.spawn(|| x.take(1, 5, 0, None));
             // Either the second to wait sees the cycle, or the first is
             // woken by the failure.
-            let r0 = x.take(0, 5, 1);
+            let r0 = x.take(0, 5, 1, None);
             let r1 = t.join().unwrap();
             assert!(r0.is_err() && r1.is_err());
             assert!(x.failed());
         });
         let x = Exchange::new(&units(2), 2, PAYLOAD_LIMIT);
         x.pools_done(&BTreeSet::from([0]));
-        let e = x.take(1, 3, 0).unwrap_err().to_string();
+        let e = x.take(1, 3, 0, None).unwrap_err().to_string();
         assert!(e.contains("no captured source"), "{e}");
     }
 }

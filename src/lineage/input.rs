@@ -374,6 +374,11 @@ impl OpenRun {
                         let used = std::mem::replace(&mut out.events, chunk.events);
                         reader.recycle(used);
                     } else {
+                        // Sized once (a recycled batch keeps its room):
+                        // no growth by doubling, copying as it goes.
+                        let mine = chunk.events.iter().filter(|e| e.pool == *pool).count();
+                        out.events.reserve(mine);
+                        out.locs.reserve(mine);
                         for (i, e) in chunk.events.iter().enumerate() {
                             if e.pool == *pool {
                                 out.events.push(*e);

@@ -77,6 +77,9 @@ pub fn groups(plan: &Plan) -> Vec<std::collections::BTreeSet<u16>> {
     by_root.into_values().collect()
 }
 
+/// Cleared payloads a scheduler keeps for its next captures.
+const SPARE_PAYLOADS: usize = 64;
+
 /// Events a pool applies per turn before the next pool gets its turn.
 const TURN_EVENTS: usize = 64 * 1024;
 
@@ -139,6 +142,12 @@ pub struct Sched<'a> {
     index: HashMap<u16, usize>,
     payloads: HashMap<(u16, u64), Payload>,
     scratch: Payload,
+    /// Applied copies' payloads, cleared, for the next captures (a copy
+    /// per request on a PD trace: no allocation per copy).
+    spare: Vec<Payload>,
+    /// An applied copy's payload for the exchange (its source replays on
+    /// another thread), handed back with the next copy taken.
+    handed_back: Option<Payload>,
     pub runs: Vec<ReadRun>,
     pub counters: Counters,
     pub gaps: Vec<Gap>,
@@ -223,6 +232,8 @@ impl<'a> Sched<'a> {
             index,
             payloads: HashMap::new(),
             scratch: Payload::default(),
+            spare: Vec::new(),
+            handed_back: None,
             runs: Vec::new(),
             counters: Counters::default(),
             gaps: Vec::new(),
@@ -381,10 +392,13 @@ impl<'a> Sched<'a> {
             self.pools[p].caps.pop()?;
             self.backend
                 .capture(id, c.src_start, c.count, lost, &mut self.scratch)?;
-            let payload = std::mem::take(&mut self.scratch);
+            let next = self.spare.pop().unwrap_or_default();
+            let payload = std::mem::replace(&mut self.scratch, next);
             match self.exchange {
                 Some(x) if !self.index.contains_key(&c.dst_pool) => {
-                    x.put(c.dst_pool, c.dst_seq, payload)?
+                    if let Some(back) = x.put(c.dst_pool, c.dst_seq, payload)? {
+                        self.recycle(back, id);
+                    }
                 }
                 _ => {
                     self.payloads.insert((c.dst_pool, c.dst_seq), payload);
@@ -500,7 +514,7 @@ impl<'a> Sched<'a> {
                 && let (None, Some(x)) = (self.index.get(&src.pool), self.exchange)
             {
                 // The source replays on another thread.
-                let payload = x.take(id, e.ev.seq, src.pool)?;
+                let payload = x.take(id, e.ev.seq, src.pool, self.handed_back.take())?;
                 self.payloads.insert(key, payload);
             }
             if !self.payloads.contains_key(&key) {
@@ -560,6 +574,7 @@ impl<'a> Sched<'a> {
                 .map_err(|err| {
                     at_event(err, |_| (self.plan.files[e.file as usize].clone(), e.row))
                 })?;
+            self.recycle(payload, src.pool);
             let pool = &mut self.pools[p];
             pool.pos += 1;
             pool.last = Some((e.ev.seq, e.file, e.row));
@@ -568,6 +583,22 @@ impl<'a> Sched<'a> {
             self.reporter.advance(1);
         }
         Ok(())
+    }
+
+    /// Keeps an applied copy's payload for a later capture: here when its
+    /// source pool replays on this scheduler, else handed back to the
+    /// exchange with the next copy taken from it (for the source's
+    /// thread). Beyond `SPARE_PAYLOADS`, or when large, it is dropped.
+    fn recycle(&mut self, mut payload: Payload, src_pool: u16) {
+        if payload.bytes() > super::exchange::SPARE_MAX_BYTES {
+            return;
+        }
+        payload.clear();
+        if self.exchange.is_some() && !self.index.contains_key(&src_pool) {
+            self.handed_back = Some(payload);
+        } else if self.spare.len() < SPARE_PAYLOADS {
+            self.spare.push(payload);
+        }
     }
 
     fn flush_runs(&mut self) {
