@@ -38,11 +38,13 @@
 //! `connector` (the NixlConnector's pull, lease and heartbeats, failed
 //! loads), `block_pool` (vLLM's block pool) and `tier` (the KV tiers
 //! behind the block pools: a SimpleCPUOffload-style CPU tier on decode,
-//! an LMCache-style store both instances share, each a `cache` pool).
+//! an LMCache-style store both instances share, each a `cache` pool) with
+//! `offload` (the engine's stores into them and loads from them).
 //! What both engine models share is `sim::base`.
 
 mod block_pool;
 mod connector;
+mod offload;
 mod scheduler;
 mod server;
 mod tier;
@@ -53,10 +55,7 @@ use crate::trace::manifest::{Deployment, Pool, PrefixCacheScope, Role};
 
 pub(crate) use server::Engine;
 
-/// Pool id of the decode instance's CPU tier (`cpu_offload_tokens`).
-pub const CPU_POOL: u16 = 2;
-/// Pool id of the LMCache store shared by both instances (`lmcache_tokens`).
-pub const LMCACHE_POOL: u16 = 3;
+pub use crate::sim::base::{CPU_POOL, LMCACHE_POOL};
 
 /// The trace.json deployment of a simulated vLLM run: two pools of
 /// `num_gpu_blocks` blocks each (block 0 is vLLM's null block), and the

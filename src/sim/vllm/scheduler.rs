@@ -139,7 +139,7 @@ impl Engine<'_> {
         let new = self.p.get_new(need).expect("counted");
         self.alloc(PREFILL_POOL, rid, &new)?;
         if loaded > 0 {
-            let pool = super::LMCACHE_POOL;
+            let pool = crate::sim::base::LMCACHE_POOL;
             let dst = (PREFILL_POOL, &new[..loaded]);
             let got = self.tier_load(pool, rid, &keys, hits.len(), dst)?;
             owners.extend(got.owners);
@@ -270,7 +270,7 @@ impl Engine<'_> {
             .map_or(0, |t| t.lookup(&keys[hits.len()..]));
         if loaded > 0 {
             let dst = (DECODE_POOL, &new[..loaded]);
-            self.tier_load(super::CPU_POOL, rid, &keys, hits.len(), dst)?;
+            self.tier_load(crate::sim::base::CPU_POOL, rid, &keys, hits.len(), dst)?;
             for (i, &b) in new[..loaded].iter().enumerate() {
                 self.d.cache(b, keys[hits.len() + i]);
             }

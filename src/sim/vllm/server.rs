@@ -11,12 +11,13 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use super::block_pool::BlockPool;
 use super::tier::Tier;
-use super::{CPU_POOL, LMCACHE_POOL};
 use crate::capture::Recorder;
 use crate::error::Result;
 use crate::progress::Reporter;
 use crate::schema::{CopySrc, KvEvent, Op};
-use crate::sim::base::{DECODE_POOL, EPOCH_NS, PREFILL_POOL, RunStats, Slots, clock_checked};
+use crate::sim::base::{
+    CPU_POOL, DECODE_POOL, EPOCH_NS, LMCACHE_POOL, PREFILL_POOL, RunStats, Slots, clock_checked,
+};
 use crate::sim::config::{CacheSalt, SimConfig};
 use crate::sim::model;
 use crate::sim::truth::{ReadLog, TruthBuilder};
