@@ -13,6 +13,10 @@ pub const PREFILL_POOL: u16 = 0;
 pub const DECODE_POOL: u16 = 1;
 /// Pool id of the HiCache host pool (role `cache`; only with `hicache`).
 pub const HOST_POOL: u16 = 2;
+/// Pool id of the vLLM model's decode CPU tier (`cpu_offload_tokens`).
+pub const CPU_POOL: u16 = 2;
+/// Pool id of the vLLM model's LMCache store (`lmcache_tokens`).
+pub const LMCACHE_POOL: u16 = 3;
 /// Simulated time 0 is 2026-09-01T00:00:00Z.
 pub const EPOCH_NS: i64 = 1_788_220_800_000_000_000;
 

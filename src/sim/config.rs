@@ -168,10 +168,30 @@ pub struct SimConfig {
     /// it no longer holds for that reference, so the load fails and
     /// `kv_load_failure_policy` applies (None: false).
     pub reference_check: Option<bool>,
+    /// vLLM: a SimpleCPUOffload-style CPU tier on the decode instance, its
+    /// capacity in tokens (None: no tier). Blocks evicted from the decode
+    /// block pool's prefix cache are stored there; a later prefix miss it
+    /// holds is loaded back into fresh decode blocks.
+    pub cpu_offload_tokens: Option<u64>,
+    /// vLLM sibling bug trigger for the CPU tier: parts per million of
+    /// CPU-tier evictions that free the victim's blocks without dropping its
+    /// key, so a later hit loads whatever reused them (None: 0).
+    pub bug_stale_cpu_offload_ppm: Option<u32>,
+    /// vLLM: an LMCache-style external store shared by both instances, its
+    /// capacity in tokens (None: no store). Each instance stores a
+    /// finished request's prefix chunks; prefill looks chunks up by their
+    /// token-chunk hash (scoped by `cache_salt`) and loads hits into fresh
+    /// blocks.
+    pub lmcache_tokens: Option<u64>,
+    /// LMCache `chunk_size` in tokens (None: 256), a multiple of block_size.
+    pub lmcache_chunk_tokens: Option<u32>,
+    /// vLLM sibling bug trigger for the LMCache store, as
+    /// `bug_stale_cpu_offload_ppm` (None: 0).
+    pub bug_stale_lmcache_ppm: Option<u32>,
 }
 
 /// The vLLM-only keys (null and left out of trace.json for SGLang).
-pub const VLLM_KEYS: [&str; 9] = [
+pub const VLLM_KEYS: [&str; 14] = [
     "block_size",
     "cache_salt",
     "kv_load_failure_policy",
@@ -181,6 +201,21 @@ pub const VLLM_KEYS: [&str; 9] = [
     "bug_out_of_range_ppm",
     "transfer_failure_ppm",
     "reference_check",
+    "cpu_offload_tokens",
+    "bug_stale_cpu_offload_ppm",
+    "lmcache_tokens",
+    "lmcache_chunk_tokens",
+    "bug_stale_lmcache_ppm",
+];
+
+/// The vLLM tier keys: left out of trace.json while unset, so traces of
+/// runs without a tier are byte for byte those of earlier versions.
+pub const VLLM_TIER_KEYS: [&str; 5] = [
+    "cpu_offload_tokens",
+    "bug_stale_cpu_offload_ppm",
+    "lmcache_tokens",
+    "lmcache_chunk_tokens",
+    "bug_stale_lmcache_ppm",
 ];
 
 /// The SGLang-only keys (left out of trace.json for vLLM; a vLLM config
@@ -277,6 +312,11 @@ impl Default for SimConfig {
             bug_out_of_range_ppm: None,
             transfer_failure_ppm: None,
             reference_check: None,
+            cpu_offload_tokens: None,
+            bug_stale_cpu_offload_ppm: None,
+            lmcache_tokens: None,
+            lmcache_chunk_tokens: None,
+            bug_stale_lmcache_ppm: None,
         }
     }
 }
@@ -396,7 +436,19 @@ impl SimConfig {
         c.bug_out_of_range_ppm = Some(self.bug_out_of_range_ppm.unwrap_or(0));
         c.transfer_failure_ppm = Some(self.transfer_failure_ppm.unwrap_or(0));
         c.reference_check = Some(self.reference_check.unwrap_or(false));
+        if self.cpu_offload_tokens.is_some() {
+            c.bug_stale_cpu_offload_ppm = Some(self.bug_stale_cpu_offload_ppm.unwrap_or(0));
+        }
+        if self.lmcache_tokens.is_some() {
+            c.lmcache_chunk_tokens = Some(self.lmcache_chunk());
+            c.bug_stale_lmcache_ppm = Some(self.bug_stale_lmcache_ppm.unwrap_or(0));
+        }
         c
+    }
+
+    /// LMCache chunk size in tokens.
+    pub fn lmcache_chunk(&self) -> u32 {
+        self.lmcache_chunk_tokens.unwrap_or(256)
     }
 
     /// Keys of the other engine family that this config sets: a vLLM key
@@ -544,6 +596,8 @@ impl SimConfig {
             ("bug_stale_reference_ppm", self.bug_stale_reference_ppm),
             ("bug_out_of_range_ppm", self.bug_out_of_range_ppm),
             ("transfer_failure_ppm", self.transfer_failure_ppm),
+            ("bug_stale_cpu_offload_ppm", self.bug_stale_cpu_offload_ppm),
+            ("bug_stale_lmcache_ppm", self.bug_stale_lmcache_ppm),
         ] {
             if v.unwrap_or(0) > 1_000_000 {
                 return bad(
@@ -551,6 +605,58 @@ impl SimConfig {
                     format!("{key} above 1,000,000"),
                     "give parts per million (0 to 1000000)",
                 );
+            }
+        }
+        self.validate_tiers()
+    }
+
+    /// The vLLM tier keys: whole blocks (LMCache: whole chunks), at least
+    /// two blocks, at most [`MAX_HOST_TOKENS`]; a stale-page trigger needs
+    /// its tier.
+    fn validate_tiers(&self) -> Result<()> {
+        let b = self.block_size() as u64;
+        let chunk = self.lmcache_chunk() as u64;
+        if self.lmcache_tokens.is_some() && (chunk == 0 || chunk % b != 0) {
+            return Err(Error::invalid(
+                Location::default().column("lmcache_chunk_tokens"),
+                format!("lmcache_chunk_tokens = {chunk} with block_size {b}"),
+                "give a positive multiple of block_size (LMCache's chunk_size; 256 by default): a load fills whole blocks",
+            ));
+        }
+        for (key, tokens, unit, stale_key, stale) in [
+            (
+                "cpu_offload_tokens",
+                self.cpu_offload_tokens,
+                b,
+                "bug_stale_cpu_offload_ppm",
+                self.bug_stale_cpu_offload_ppm,
+            ),
+            (
+                "lmcache_tokens",
+                self.lmcache_tokens,
+                chunk.max(1),
+                "bug_stale_lmcache_ppm",
+                self.bug_stale_lmcache_ppm,
+            ),
+        ] {
+            match tokens {
+                Some(t) if t < 2 * unit || t % unit != 0 || t > MAX_HOST_TOKENS => {
+                    return Err(Error::invalid(
+                        Location::default().column(key),
+                        format!("{key} = {t} with a unit of {unit} tokens"),
+                        "give a multiple of the tier's unit (block_size; for LMCache its chunk) that holds at least two units, at most 67108864 (the model keeps state for every tier slot)",
+                    ));
+                }
+                None if stale.is_some() => {
+                    return Err(Error::invalid(
+                        Location::default().column(stale_key),
+                        format!("{stale_key} is set but {key} is not"),
+                        format!(
+                            "the trigger plants stale pages in that tier: set {key} too, or drop {stale_key}"
+                        ),
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())

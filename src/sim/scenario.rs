@@ -24,6 +24,18 @@
 //! - `vllm-lease-expiry`: decode's heartbeats never reach the producer and
 //!   3% of transfers straggle 8 s, past a 5 s lease: the producer releases
 //!   the blocks (and may reuse them) before the pull reads them.
+//! - `vllm-cpu-offload`: as `vllm-steady` with a decode KV cache of two
+//!   maximal requests and a SimpleCPUOffload-style CPU tier (four): blocks
+//!   the decode prefix cache evicts go to the CPU pool and come back on a
+//!   later miss. No defect.
+//! - `vllm-cpu-offload-stale`: a CPU tier of one maximal request, and 30%
+//!   of its evictions free the victim's blocks without dropping its key:
+//!   a later hit loads whatever reused them.
+//! - `vllm-lmcache`: as `vllm-steady` with a prefill KV cache of two
+//!   maximal requests and an LMCache-style store (eight) both instances
+//!   store into and prefill loads from. No defect.
+//! - `vllm-lmcache-stale`: a store of half a maximal request (32 chunks),
+//!   with the same planted stale-key defect as `vllm-cpu-offload-stale`.
 
 use crate::error::{Error, Location, Result};
 use crate::sim::alloc::FreeListPolicy;
@@ -31,7 +43,7 @@ use crate::sim::config::{CacheSalt, EngineVersion, PoolConfig, SimConfig};
 use crate::sim::workload::WorkloadSpec;
 
 /// Scenario names, in `--scenario` order.
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 11] = [
     "incident",
     "steady",
     "sibling-inflight",
@@ -39,6 +51,10 @@ pub const SCENARIOS: [&str; 7] = [
     "vllm-steady",
     "vllm-stale-reference",
     "vllm-lease-expiry",
+    "vllm-cpu-offload",
+    "vllm-cpu-offload-stale",
+    "vllm-lmcache",
+    "vllm-lmcache-stale",
 ];
 
 /// The vLLM scenarios' deployment: max_model_len 16,384; each instance's
@@ -151,6 +167,28 @@ pub fn scenario(name: &str, requests: Option<u64>, seed: u64) -> Result<Scenario
             config.timing.straggler_ppm = 30_000;
             config.timing.straggler_delay_ms = 8_000;
             workload.mean_gap_ns = 1.5e8;
+        }
+        "vllm-cpu-offload" | "vllm-cpu-offload-stale" => {
+            config = vllm_config(name);
+            config.decode.capacity_tokens = 32_768;
+            if name.ends_with("-stale") {
+                config.cpu_offload_tokens = Some(16_384);
+                config.bug_stale_cpu_offload_ppm = Some(300_000);
+            } else {
+                config.cpu_offload_tokens = Some(65_536);
+            }
+            workload.mean_gap_ns = 3e8;
+        }
+        "vllm-lmcache" | "vllm-lmcache-stale" => {
+            config = vllm_config(name);
+            config.prefill.capacity_tokens = 32_768;
+            if name.ends_with("-stale") {
+                config.lmcache_tokens = Some(8_192);
+                config.bug_stale_lmcache_ppm = Some(300_000);
+            } else {
+                config.lmcache_tokens = Some(131_072);
+            }
+            workload.mean_gap_ns = 3e8;
         }
         _ => {
             return Err(Error::invalid(

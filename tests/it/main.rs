@@ -60,6 +60,7 @@ mod sim_incident;
 mod sim_revision2;
 mod sim_scope_crosscheck;
 mod sim_sglang_fidelity;
+mod sim_tiers;
 mod sim_vllm;
 mod sql_engines;
 mod statements;

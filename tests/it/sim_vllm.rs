@@ -40,7 +40,7 @@ type Found = BTreeMap<u64, (u16, u64, bool, Vec<(u64, String, u64)>)>;
 /// Scope equals the truth exactly: affected responses, status, foreign
 /// tokens, cross-tenant flag, sources with tokens; blank reads; all
 /// confirmed with complete evidence. Also the naive evaluation.
-fn check_against_truth(what: &str, run: &Simulated) -> ScopeReport {
+pub(crate) fn check_against_truth(what: &str, run: &Simulated) -> ScopeReport {
     sim::assert_truth_matches_trace(run);
     let r = scope(&run.trace);
     assert!(r.coverage.complete, "{what}: {:?}", r.coverage.notes);

@@ -16,6 +16,9 @@ pub(super) struct Block {
     pub(super) hashed: bool,
     /// Position in the free queue while ref_cnt is 0.
     pub(super) qkey: Option<i64>,
+    /// A tier load filled the block with KV its key was not stored for
+    /// (a stale tier page): the capture grants no hit on it.
+    pub(super) ungranted: bool,
 }
 
 /// vLLM's `BlockPool` (v1/core/block_pool.py) for one KV cache group:
@@ -32,6 +35,10 @@ pub(super) struct BlockPool {
     pub(super) head: i64,
     pub(super) tail: i64,
     pub(super) table: HashMap<u64, u32>,
+    /// Keep the (block, key) of every cached block `get_new` evicts in
+    /// `evicted` (a CPU tier stores them).
+    pub(super) track_evictions: bool,
+    pub(super) evicted: Vec<(u32, u64)>,
 }
 
 impl BlockPool {
@@ -50,6 +57,8 @@ impl BlockPool {
             head: 1,
             tail: usable_blocks as i64 + 1,
             table: HashMap::new(),
+            track_evictions: false,
+            evicted: Vec::new(),
         }
     }
 
@@ -100,8 +109,12 @@ impl BlockPool {
                 && self.table.get(&k) == Some(&b)
             {
                 self.table.remove(&k);
+                if self.track_evictions {
+                    self.evicted.push((b, k));
+                }
             }
             blk.hashed = false;
+            blk.ungranted = false;
             blk.ref_cnt = 1;
             out.push(b);
         }

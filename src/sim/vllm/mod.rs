@@ -36,19 +36,26 @@
 //! The files: `server` (the state, the event loop and the KV primitives),
 //! `scheduler` (front end, prefill, decode admission and steps, finish),
 //! `connector` (the NixlConnector's pull, lease and heartbeats, failed
-//! loads) and `block_pool` (vLLM's block pool). What both engine models
-//! share is `sim::base`.
+//! loads), `block_pool` (vLLM's block pool) and `tier` (the KV tiers
+//! behind the block pools: a SimpleCPUOffload-style CPU tier on decode,
+//! an LMCache-style store both instances share, each a `cache` pool) with
+//! `offload` (the engine's stores into them and loads from them).
+//! What both engine models share is `sim::base`.
 
 mod block_pool;
 mod connector;
+mod offload;
 mod scheduler;
 mod server;
+mod tier;
 
 use crate::sim::base::{DECODE_POOL, PREFILL_POOL};
-use crate::sim::config::{CacheSalt, SGLANG_KEYS, SimConfig};
+use crate::sim::config::{CacheSalt, PoolConfig, SGLANG_KEYS, SimConfig, VLLM_TIER_KEYS};
 use crate::trace::manifest::{Deployment, Pool, PrefixCacheScope, Role};
 
 pub(crate) use server::Engine;
+
+pub use crate::sim::base::{CPU_POOL, LMCACHE_POOL};
 
 /// The trace.json deployment of a simulated vLLM run: two pools of
 /// `num_gpu_blocks` blocks each (block 0 is vLLM's null block), and the
@@ -75,17 +82,37 @@ pub fn deployment(cfg: &SimConfig) -> Deployment {
         for k in SGLANG_KEYS {
             m.remove(k);
         }
+        for k in VLLM_TIER_KEYS {
+            if m.get(k).is_some_and(|v| v.is_null()) {
+                m.remove(k);
+            }
+        }
     }
     let mut extra = serde_json::Map::new();
     extra.insert("simulator".into(), sim);
+    let mut pools = vec![
+        pool(PREFILL_POOL, "prefill-0", Role::Prefill, &cfg.prefill),
+        pool(DECODE_POOL, "decode-0", Role::Decode, &cfg.decode),
+    ];
+    for (id, name, tokens) in [
+        (CPU_POOL, "cpu-0", cfg.cpu_offload_tokens),
+        (LMCACHE_POOL, "lmcache-0", cfg.lmcache_tokens),
+    ] {
+        if let Some(t) = tokens {
+            let p = PoolConfig {
+                capacity_tokens: t,
+                page_size: bs,
+            };
+            let mut tier = pool(id, name, Role::Cache, &p);
+            tier.extra.remove("num_gpu_blocks");
+            pools.push(tier);
+        }
+    }
     Deployment {
         name: cfg.name.clone(),
         engine: cfg.engine.name().into(),
         context_window: cfg.context_window,
-        pools: vec![
-            pool(PREFILL_POOL, "prefill-0", Role::Prefill, &cfg.prefill),
-            pool(DECODE_POOL, "decode-0", Role::Decode, &cfg.decode),
-        ],
+        pools,
         prefix_cache_scope: (cfg.prefix_cache && cfg.cache_salt() == CacheSalt::Tenant)
             .then_some(PrefixCacheScope::Tenant),
         extra,

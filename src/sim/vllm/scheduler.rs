@@ -61,6 +61,7 @@ impl Engine<'_> {
             out_target,
             keys,
             p_hits: 0,
+            p_loaded: 0,
             p_hit_owner: Vec::new(),
             ref_rid: rid,
             ref_blocks: Vec::new(),
@@ -107,30 +108,50 @@ impl Engine<'_> {
     /// leases included) cannot give them.
     pub(super) fn try_prefill(&mut self, rid: u64) -> Result<bool> {
         let bs = self.bs();
-        let (len, hits) = {
+        let (len, hits, keys) = {
             let l = &self.live[&rid];
             let max_hit = ((l.len - 1) / bs) as usize;
-            (l.len, self.p.lookup(&l.keys[..max_hit.min(l.keys.len())]))
+            let keys = l.keys[..max_hit.min(l.keys.len())].to_vec();
+            (l.len, self.p.lookup(&keys), keys)
         };
+        // LMCache: the leading chunks the store holds, past the local hit.
+        let loaded = self.lmc.as_ref().map_or(0, |t| {
+            (t.lookup(&keys) * t.unit as usize)
+                .min(keys.len())
+                .saturating_sub(hits.len())
+        });
         let need = (len.div_ceil(bs) as usize) - hits.len();
         if self.p.free.len() - self.p.idle(&hits) < need {
             return Ok(false);
         }
         self.p.touch(&hits);
-        let owners: Vec<u64> = hits
-            .iter()
-            .map(|&b| self.pf_state.owner[(b * bs) as usize])
-            .collect();
-        let hit_slots = self.block_slots(&hits);
-        self.grant(PREFILL_POOL, rid, &hit_slots, 0)?;
+        let mut owners = Vec::with_capacity(hits.len() + loaded);
+        let mut granted = Vec::with_capacity(hits.len());
+        for (i, &b) in hits.iter().enumerate() {
+            if self.p.blocks[b as usize].ungranted {
+                owners.push(super::tier::NO_OWNER);
+            } else {
+                owners.push(self.pf_state.owner[(b * bs) as usize]);
+                granted.push((i as u32 * bs, b));
+            }
+        }
+        self.grant_blocks(PREFILL_POOL, rid, &granted)?;
         let new = self.p.get_new(need).expect("counted");
         self.alloc(PREFILL_POOL, rid, &new)?;
+        if loaded > 0 {
+            let pool = crate::sim::base::LMCACHE_POOL;
+            let dst = (PREFILL_POOL, &new[..loaded]);
+            let got = self.tier_load(pool, rid, &keys, hits.len(), dst)?;
+            owners.extend(got.owners);
+        }
         let t = &self.cfg.timing;
-        let computed = (len - hits.len() as u32 * bs) as u64;
+        let done = (hits.len() + loaded) as u32;
+        let computed = (len - done * bs) as u64;
         let dur =
             span(t.prefill_base_us, 1000).saturating_add(span(computed, t.prefill_ns_per_token));
         let l = self.live.get_mut(&rid).expect("live");
-        l.p_hits = hits.len() as u32;
+        l.p_hits = done;
+        l.p_loaded = loaded as u32;
         l.p_hit_owner = owners;
         let mut table = hits;
         table.extend_from_slice(&new);
@@ -148,9 +169,10 @@ impl Engine<'_> {
     pub(super) fn prefill_done(&mut self, rid: u64) -> Result<()> {
         self.p_busy = false;
         let bs = self.bs();
-        let (len, hits, table, keys) = {
+        let (len, hits, loaded, table, keys) = {
             let l = &self.live[&rid];
-            (l.len, l.p_hits, l.ref_blocks.clone(), l.keys.clone())
+            let k = l.keys.clone();
+            (l.len, l.p_hits, l.p_loaded, l.ref_blocks.clone(), k)
         };
         let slots = self.table_slots(&table, len);
         self.write(PREFILL_POOL, rid, &slots[(hits * bs) as usize..], hits * bs)?;
@@ -158,13 +180,14 @@ impl Engine<'_> {
         for (i, k) in keys.iter().enumerate() {
             self.p.cache(table[i], *k);
         }
+        self.lmcache_store(PREFILL_POOL, &table, &keys)?;
         let now = self.now;
         let lease = self.cfg.lease_s();
         let expiry = later(now, lease, 1_000_000_000);
         self.holds.insert(
             rid,
             Hold {
-                own: table[hits as usize..].to_vec(),
+                own: table[(hits - loaded) as usize..].to_vec(),
                 table: table.clone(),
                 expiry,
                 hb_start: None,
@@ -218,15 +241,11 @@ impl Engine<'_> {
     /// `recompute` a local prefill.
     pub(super) fn try_decode(&mut self, rid: u64) -> Result<bool> {
         let bs = self.bs();
-        let (len, out, hits, recompute) = {
+        let (len, out, hits, recompute, keys) = {
             let l = &self.live[&rid];
             let max_hit = ((l.len - 1) / bs) as usize;
-            (
-                l.len,
-                l.out_target,
-                self.d.lookup(&l.keys[..max_hit.min(l.keys.len())]),
-                l.recompute,
-            )
+            let keys = l.keys[..max_hit.min(l.keys.len())].to_vec();
+            (l.len, l.out_target, self.d.lookup(&keys), l.recompute, keys)
         };
         let nblocks = len.div_ceil(bs) as usize;
         let need = nblocks - hits.len();
@@ -236,17 +255,34 @@ impl Engine<'_> {
             return Ok(false);
         }
         self.d.touch(&hits);
-        let hit_slots = self.block_slots(&hits);
-        self.grant(DECODE_POOL, rid, &hit_slots, 0)?;
-        let new = self.d.get_new(need).expect("counted");
+        let granted: Vec<(u32, u32)> = (hits.iter().enumerate())
+            .filter(|(_, b)| !self.d.blocks[**b as usize].ungranted)
+            .map(|(i, &b)| (i as u32 * bs, b))
+            .collect();
+        self.grant_blocks(DECODE_POOL, rid, &granted)?;
+        let new = self.d_get_new(need)?.expect("counted");
         self.alloc(DECODE_POOL, rid, &new)?;
+        // The CPU tier: the blocks past the local hit that it holds (looked
+        // up once the blocks it stored for this allocation are in).
+        let loaded = self
+            .cpu
+            .as_ref()
+            .map_or(0, |t| t.lookup(&keys[hits.len()..]));
+        if loaded > 0 {
+            let dst = (DECODE_POOL, &new[..loaded]);
+            self.tier_load(crate::sim::base::CPU_POOL, rid, &keys, hits.len(), dst)?;
+            for (i, &b) in new[..loaded].iter().enumerate() {
+                self.d.cache(b, keys[hits.len() + i]);
+            }
+        }
         self.d_reserved += out_blocks as u64;
+        let hits_len = hits.len() + loaded;
         let mut table = hits.clone();
         table.extend_from_slice(&new);
         let d_slots = self.table_slots(&table, len);
         {
             let l = self.live.get_mut(&rid).expect("live");
-            l.d_hits = hits.len() as u32;
+            l.d_hits = hits_len as u32;
             l.d_table = table;
             l.d_own = new.clone();
             l.d_reserve = out_blocks as u32;
@@ -255,7 +291,7 @@ impl Engine<'_> {
         let t = &self.cfg.timing;
         let now = self.now;
         if recompute {
-            let computed = (len - hits.len() as u32 * bs) as u64;
+            let computed = (len - hits_len as u32 * bs) as u64;
             let dur = span(t.prefill_base_us, 1000)
                 .saturating_add(span(computed, t.prefill_ns_per_token));
             self.at(now.saturating_add(dur), Ev::LocalPrefillDone, rid);
@@ -310,8 +346,7 @@ impl Engine<'_> {
         for p in len + generated..len + j1 {
             if (p / bs) as usize >= self.live[&rid].d_table.len() {
                 let b = self
-                    .d
-                    .get_new(1)
+                    .d_get_new(1)?
                     .expect("decode blocks are reserved at admission")[0];
                 self.alloc(DECODE_POOL, rid, &[b])?;
                 self.d_reserved -= 1;
@@ -381,6 +416,8 @@ impl Engine<'_> {
                     self.d.cache(b, None);
                 }
             }
+            let keys = self.live[&rid].keys.clone();
+            self.lmcache_store(DECODE_POOL, &table, &keys)?;
         } else {
             let r = self.live[&rid].ref_rid;
             self.stop_heartbeat(r);

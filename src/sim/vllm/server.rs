@@ -10,11 +10,14 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use super::block_pool::BlockPool;
+use super::tier::Tier;
 use crate::capture::Recorder;
 use crate::error::Result;
 use crate::progress::Reporter;
 use crate::schema::{CopySrc, KvEvent, Op};
-use crate::sim::base::{EPOCH_NS, PREFILL_POOL, RunStats, Slots, clock_checked};
+use crate::sim::base::{
+    CPU_POOL, DECODE_POOL, EPOCH_NS, LMCACHE_POOL, PREFILL_POOL, RunStats, Slots, clock_checked,
+};
 use crate::sim::config::{CacheSalt, SimConfig};
 use crate::sim::model;
 use crate::sim::truth::{ReadLog, TruthBuilder};
@@ -41,6 +44,9 @@ pub(super) struct Live {
     /// Hash key of each full prompt block (None: no other prompt has it).
     pub(super) keys: Vec<Option<u64>>,
     pub(super) p_hits: u32,
+    /// Of `p_hits`, the blocks loaded from the LMCache store (allocated
+    /// by the request itself).
+    pub(super) p_loaded: u32,
     /// Content owner of each prefill hit block at the hit.
     pub(super) p_hit_owner: Vec<u64>,
     /// The producer reference decode was handed: request and block table.
@@ -83,6 +89,10 @@ pub(crate) struct Engine<'a> {
     pub(super) d: BlockPool,
     pub(super) pf_state: Slots,
     pub(super) dec_state: Slots,
+    /// The decode instance's CPU tier (`cpu_offload_tokens`).
+    pub(super) cpu: Option<Tier>,
+    /// The LMCache store both instances share (`lmcache_tokens`).
+    pub(super) lmc: Option<Tier>,
     pub(super) live: HashMap<u64, Live>,
     pub(super) holds: BTreeMap<u64, Hold>,
     /// The latest reference whose transfer consumed it (the producer
@@ -123,12 +133,23 @@ impl<'a> Engine<'a> {
             bs,
             cfg.prefix_cache,
         );
-        let d = BlockPool::new(
+        let mut d = BlockPool::new(
             (cfg.decode.capacity_tokens / bs as u64) as u32,
             bs,
             cfg.prefix_cache,
         );
+        let cpu = cfg.cpu_offload_tokens.map(|t| {
+            let ppm = cfg.bug_stale_cpu_offload_ppm.unwrap_or(0);
+            Tier::new(CPU_POOL, t, bs, 1, ppm)
+        });
+        d.track_evictions = cpu.is_some() && cfg.prefix_cache;
+        let lmc = cfg.lmcache_tokens.map(|t| {
+            let ppm = cfg.bug_stale_lmcache_ppm.unwrap_or(0);
+            Tier::new(LMCACHE_POOL, t, bs, cfg.lmcache_chunk() / bs, ppm)
+        });
         Engine {
+            cpu,
+            lmc,
             pf_state: Slots::new(p.slot_space()),
             dec_state: Slots::new(d.slot_space()),
             p,
@@ -260,10 +281,27 @@ impl<'a> Engine<'a> {
     }
 
     pub(super) fn state_mut(&mut self, pool: u16) -> &mut Slots {
+        match pool {
+            PREFILL_POOL => &mut self.pf_state,
+            DECODE_POOL => &mut self.dec_state,
+            _ => &mut self.tier_mut(pool).slots,
+        }
+    }
+
+    pub(super) fn state(&self, pool: u16) -> &Slots {
+        match pool {
+            PREFILL_POOL => &self.pf_state,
+            DECODE_POOL => &self.dec_state,
+            _ => &self.tier(pool).slots,
+        }
+    }
+
+    /// The block pool of an instance.
+    pub(super) fn pool_of(&mut self, pool: u16) -> &mut BlockPool {
         if pool == PREFILL_POOL {
-            &mut self.pf_state
+            &mut self.p
         } else {
-            &mut self.dec_state
+            &mut self.d
         }
     }
 
