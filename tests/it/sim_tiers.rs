@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use kvtrail::progress::NoReporter;
 use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar};
-use kvtrail::schema::{KvEvent, Op, RequestRecord, hex32};
+use kvtrail::schema::{KvEvent, Op};
 use kvtrail::scope::ScopeReport;
 use kvtrail::trace::Trace;
 use kvtrail::trace::manifest::Role;
 
 use crate::sim_vllm::check_against_truth;
 use crate::support::cli::kvtrail;
-use crate::support::record::connect_to;
+use crate::support::record::{connect_to, kv_line, request_line};
 use crate::support::sim::{self, Simulated, events, simulate};
 
 /// Copies per (source pool, destination pool), with the requests that
@@ -263,34 +263,6 @@ fn bad_tier_values_exit_2_naming_the_key() {
     ] {
         refused(sets, key);
     }
-}
-
-fn kv_line(e: &KvEvent) -> String {
-    let mut v = serde_json::json!({
-        "type": "kv", "pool": e.pool, "seq": e.seq, "ts_ns": e.ts_ns,
-        "request_id": e.request_id, "op": e.op.as_str(),
-        "slot_start": e.slot_start, "slot_count": e.slot_count,
-        "token_pos": e.token_pos,
-    });
-    if let Some(s) = e.src {
-        v["src_pool"] = s.pool.into();
-        v["src_slot_start"] = s.slot_start.into();
-        v["src_seq"] = s.seq.into();
-    }
-    v.to_string()
-}
-
-fn request_line(r: &RequestRecord) -> String {
-    serde_json::json!({
-        "type": "request", "request_id": r.request_id, "external_id": r.external_id,
-        "tenant": r.tenant, "arrival_ns": r.arrival_ns, "finish_ns": r.finish_ns,
-        "prompt_tokens": r.prompt_tokens, "prefilled_tokens": r.prefilled_tokens,
-        "output_tokens": r.output_tokens, "http_status": r.http_status,
-        "finish_reason": r.finish_reason, "prefill_pool": r.prefill_pool,
-        "decode_pool": r.decode_pool, "prompt_hash": r.prompt_hash.as_ref().map(hex32),
-        "output_hash": r.output_hash.as_ref().map(hex32),
-    })
-    .to_string()
 }
 
 /// Streams a simulated trace through a sidecar, one connection per pool

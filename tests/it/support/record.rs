@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::cli::kvtrail;
 use kvtrail::record::{Listen, NoLog, RecordConfig, RecordSummary, Sidecar};
-use kvtrail::schema::KvEvent;
+use kvtrail::schema::{KvEvent, RequestRecord, hex32};
 use kvtrail::trace::Trace;
 use kvtrail::trace::manifest::Deployment;
 
@@ -228,4 +228,34 @@ pub fn wait_bounded(mut child: Child, limit: Duration) -> std::process::Output {
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
     }
+}
+
+/// A `kv` wire line for an event (what a hook sends).
+pub fn kv_line(e: &KvEvent) -> String {
+    let mut v = serde_json::json!({
+        "type": "kv", "pool": e.pool, "seq": e.seq, "ts_ns": e.ts_ns,
+        "request_id": e.request_id, "op": e.op.as_str(),
+        "slot_start": e.slot_start, "slot_count": e.slot_count,
+        "token_pos": e.token_pos,
+    });
+    if let Some(s) = e.src {
+        v["src_pool"] = s.pool.into();
+        v["src_slot_start"] = s.slot_start.into();
+        v["src_seq"] = s.seq.into();
+    }
+    v.to_string()
+}
+
+/// A `request` wire line for a request row.
+pub fn request_line(r: &RequestRecord) -> String {
+    serde_json::json!({
+        "type": "request", "request_id": r.request_id, "external_id": r.external_id,
+        "tenant": r.tenant, "arrival_ns": r.arrival_ns, "finish_ns": r.finish_ns,
+        "prompt_tokens": r.prompt_tokens, "prefilled_tokens": r.prefilled_tokens,
+        "output_tokens": r.output_tokens, "http_status": r.http_status,
+        "finish_reason": r.finish_reason, "prefill_pool": r.prefill_pool,
+        "decode_pool": r.decode_pool, "prompt_hash": r.prompt_hash.as_ref().map(hex32),
+        "output_hash": r.output_hash.as_ref().map(hex32),
+    })
+    .to_string()
 }
