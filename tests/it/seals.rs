@@ -33,21 +33,10 @@ use crate::support::reseal::reseal_trace;
 
 const ID: &str = "capture@example";
 
-/// An ed25519 key made by stock ssh-keygen, and an allowed_signers file
-/// naming it as [`ID`].
+/// A stock ssh-keygen ed25519 key and an allowed_signers file naming it
+/// as [`ID`].
 fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(name);
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "test", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen (OpenSSH) is installed");
-    assert!(st.success());
-    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
-    let two: Vec<&str> = public.split_whitespace().take(2).collect();
-    let allowed = dir.join(format!("{name}.allowed"));
-    std::fs::write(&allowed, format!("{ID} {}\n", two.join(" "))).unwrap();
-    (key, allowed)
+    crate::support::keys::keygen(dir, name, ID)
 }
 
 /// `ssh-keygen -Y verify` of one seal: its exit code and output.

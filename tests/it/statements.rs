@@ -32,21 +32,10 @@ use crate::support::trace_builder::TraceBuilder;
 const ID: &str = "responder@example";
 const STATEMENT: &str = "statement.intoto.jsonl";
 
-/// An ed25519 key made by stock ssh-keygen, and an allowed_signers file
-/// naming it as [`ID`].
+/// A stock ssh-keygen ed25519 key and an allowed_signers file naming it
+/// as [`ID`].
 pub(crate) fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(name);
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "test", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen (OpenSSH) is installed");
-    assert!(st.success());
-    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
-    let two: Vec<&str> = public.split_whitespace().take(2).collect();
-    let allowed = dir.join(format!("{name}.allowed"));
-    std::fs::write(&allowed, format!("{ID} {}\n", two.join(" "))).unwrap();
-    (key, allowed)
+    crate::support::keys::keygen(dir, name, ID)
 }
 
 /// Tenant acme writes pool 1 (decode); globex reads it.

@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod files;
+pub mod keys;
 pub mod objstore;
 pub mod record;
 pub mod reference;
