@@ -374,6 +374,12 @@ fn bug_effect(key: &str) -> &'static str {
         "bug_out_of_range_ppm" => {
             "decode dispatches whose reference names blocks past the end of the producer's pool read memory of no request, which NIXL reports done and decode answers with HTTP 200 (vllm-project/vllm#52234)"
         }
+        "bug_stale_cpu_offload_ppm" => {
+            "the CPU offload tier frees an evicted entry's blocks but keeps its key, so a later prefix hit loads whatever reused those blocks, another request's KV, and answers HTTP 200"
+        }
+        "bug_stale_lmcache_ppm" => {
+            "the external KV store frees an evicted chunk but keeps its key, so a later hit on either instance loads another request's KV and answers HTTP 200"
+        }
         _ => "a defect of the engine model that exposes KV across requests",
     }
 }

@@ -335,6 +335,16 @@ fn defect12_audit_fails_a_deployment_that_declares_a_known_bug() {
         c.set(set).unwrap();
         cases.push((set, c));
     }
+    // The tier bugs, each on its scenario (the tier they spoil is on).
+    for (set, name) in [
+        ("bug_stale_cpu_offload_ppm", "vllm-cpu-offload-stale"),
+        ("bug_stale_lmcache_ppm", "vllm-lmcache-stale"),
+    ] {
+        let c = kvtrail::sim::scenario::scenario(name, None, 1)
+            .unwrap()
+            .config;
+        cases.push((set, c));
+    }
     // Every bug_* switch of the model is among the cases.
     let keys: Vec<String> = serde_json::to_value(SimConfig::default())
         .unwrap()
