@@ -287,6 +287,17 @@ fn guard_says_unknown_where_it_cannot_see() {
     // A hole: the own write before it is no longer vouched for.
     assert_eq!(f["hole"]["before"], Value::Null);
     assert_eq!(f["hole"]["after"][0], "unknown");
+    // Slots 0 and 2^32 - 2: two pages of 4096 slots, a few MiB at most
+    // (the page table up to the top page is 8 MiB of pointers, mostly
+    // untouched), and the far read is still foreign with its source.
+    assert_eq!(f["far"]["slots_allocated"], 2 * 4096, "{}", f["far"]);
+    assert_eq!(f["far"]["check"][0], "foreign", "{}", f["far"]);
+    assert_eq!(f["far"]["check"][1], serde_json::json!([31]));
+    assert!(
+        f["far"]["rss_growth_kib"].as_u64().unwrap() < 64 * 1024,
+        "{}",
+        f["far"]
+    );
     let bad = f["bad_settings"].as_array().unwrap();
     assert!(bad[0].as_str().unwrap().contains("KVTRAIL_GUARD="));
     assert!(bad[1].as_str().unwrap().contains("KVTRAIL_GUARD_UNKNOWN="));

@@ -242,7 +242,11 @@ fn check_stale(facts: &serde_json::Value, out: &Path, side_err: &str) {
     );
     let j = scope(&out);
     let affected = j["affected_responses"].as_array().unwrap();
-    assert_eq!(affected.len(), 1, "{j:#}");
+    assert_eq!(
+        affected.len(),
+        1,
+        "{j:#}\nsidecar:\n{side_err}\nfacts: {facts}"
+    );
     let a = &affected[0];
     assert_eq!(a["request_id"], r3, "{a}");
     assert_eq!(a["http_status"], 200, "{a}");
@@ -542,6 +546,56 @@ fn send(c: &mut impl Write, lines: &[String]) {
 
 fn pull(body: &str) -> String {
     format!(r#"{{"type":"xfer_pull","pool":1,"ts_ns":5,"request_id":9,{body}}}"#)
+}
+
+/// The decode engine's hook may connect, and load, before the prefill
+/// engine's hook has connected at all (nothing orders two engines' starts):
+/// the load waits for the source pool's connection as for its mark, and is
+/// stamped with the producer's write, not recorded as a hole. A pool no
+/// connection claims within --copy-timeout gives holes, and the capture is
+/// incomplete.
+#[test]
+fn a_load_before_its_producer_connects_waits_for_it() {
+    let rig: Rig = record::start(|c| c.copy_timeout = Duration::from_secs(30));
+    let mut c = rig.connect(&[1]);
+    send(
+        &mut c,
+        &[
+            pull(r#""src_pool":0,"runs":[[32,0,16,0]],"outcome":"ok""#),
+            record::kv(1, 9, "read", 32, 16),
+        ],
+    );
+    // No pause: the producer connects as soon as it can, after the load.
+    let mut p = rig.connect(&[0]);
+    send(&mut p, &[record::kv(0, 3, "write", 0, 16)]);
+    drop(p); // a clean `bye`: pool 0 has sent everything
+    drop(c);
+    let (sum, trace, _d, _out) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!((st.pulls_written, st.copies_unresolved), (1, 0), "{st:?}");
+    let ev = record::events(&trace);
+    let w: Vec<_> = ev[&1].iter().filter(|e| e.src.is_some()).collect();
+    assert_eq!(w.len(), 1, "{ev:?}");
+    let src = w[0].src.unwrap();
+    assert_eq!((src.pool, src.slot_start, src.seq), (0, 0, 0));
+
+    // A producer that never connects: one wait, then holes at once.
+    let rig: Rig = record::start(|c| c.copy_timeout = Duration::from_secs(1));
+    let mut c = rig.connect(&[1]);
+    send(
+        &mut c,
+        &[pull(r#""src_pool":0,"runs":[[32,0,16,0]],"outcome":"ok""#)],
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    send(
+        &mut c,
+        &[pull(r#""src_pool":0,"runs":[[48,0,16,0]],"outcome":"ok""#)],
+    );
+    drop(c);
+    let (sum, _trace, _d, out) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!((st.pulls_written, st.copies_unresolved), (0, 2), "{st:?}");
+    assert!(!Manifest::load(&out).unwrap().capture.complete);
 }
 
 #[test]

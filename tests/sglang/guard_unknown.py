@@ -8,6 +8,7 @@ tuples), never sees the prefill pool. Prints one JSON line.
 - another request reading those pages later (stale, preallocated again):
   `foreign` all the same (the content was received for someone else);
 - a `lost` item (a hook failure): what the pool held before it is unknown;
+- a write at slot 2^32 - 2 costs a page of the guard's table, not 96 GB;
 - bad settings are refused with the variable named.
 """
 
@@ -47,6 +48,20 @@ before = g.decide(3, 21, "Z", slots=[0, 1])
 g.feed((LOST, 3, 1))
 after = g.native.check(3, 21, [0, 1])
 out["hole"] = {"before": before, "after": list(after)}
+
+# Memory follows the slots touched, not the highest index: a write at the
+# top of the 2^32-slot range and another at 0 allocate two pages, and a
+# read of the far slot by another request is still foreign.
+import resource  # noqa: E402
+
+g = Guard("alert", "allow")
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+top = (1 << 32) - 2
+g.feed((KV, 4, 0, 31, WRITE, [0, top, top + 1], 0, 0))
+far = g.native.check(4, 32, [top, top + 1])
+rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out["far"] = {"check": list(far), "rss_growth_kib": rss1 - rss0,
+              "slots_allocated": g.native.stats()["slots_allocated"]}
 
 errs = []
 for m, u in (("block", None), (None, "maybe")):

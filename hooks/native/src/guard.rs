@@ -22,6 +22,12 @@ use kvtrail::schema::{KvEvent, Op};
 /// The rule's pools hold at most 2^32 slots; slot pages are allocated as
 /// content is set, so the declared capacity costs nothing.
 const CAPACITY: u64 = 1 << 32;
+/// Slots per page of the guard's slot table (4096 x 24 bytes = 96 KiB):
+/// memory grows with the pages a hook's events touch, never with the
+/// highest slot index (a write to slot 2^32 - 1 costs one page, plus the
+/// page table's 8 bytes per page up to it: at most 8 MiB).
+const PAGE_BITS: u32 = 12;
+const PAGE: usize = 1 << PAGE_BITS;
 /// Sends held for a commit that never came (an aborted room): bounded.
 const MAX_ROOMS: usize = 100_000;
 /// Source request ids kept per check.
@@ -71,10 +77,21 @@ impl Tally {
     }
 }
 
+/// Slot `s` of a page table (never written where its page is missing).
+#[inline]
+fn slot_at(pages: &[Option<Box<[Slot]>>], s: u64) -> Slot {
+    match pages.get((s >> PAGE_BITS) as usize) {
+        Some(Some(p)) => p[s as usize & (PAGE - 1)],
+        _ => EMPTY,
+    }
+}
+
 /// The guard's per-slot data for one pool.
 #[derive(Default)]
 struct Slots {
-    v: Vec<Slot>,
+    /// Pages of [`PAGE`] slots, allocated when content is first set in
+    /// them; a missing page reads as never written.
+    pages: Vec<Option<Box<[Slot]>>>,
     /// Content set at or before this generation may have been changed by
     /// events the hook failed to report (`holed`).
     hole: u64,
@@ -85,14 +102,28 @@ struct Slots {
 impl Slots {
     #[inline]
     fn get(&self, s: u64) -> Slot {
-        self.v.get(s as usize).copied().unwrap_or(EMPTY)
+        slot_at(&self.pages, s)
     }
 
+    /// Sets slots `a..b` to `x`, allocating only the pages they fall in.
     fn fill(&mut self, a: u64, b: u64, x: Slot) {
-        if self.v.len() < b as usize {
-            self.v.resize(b as usize, EMPTY);
+        let mut s = a;
+        while s < b {
+            let page = (s >> PAGE_BITS) as usize;
+            let off = s as usize & (PAGE - 1);
+            let n = (PAGE - off).min((b - s) as usize);
+            if self.pages.len() <= page {
+                self.pages.resize_with(page + 1, || None);
+            }
+            let p = self.pages[page].get_or_insert_with(|| vec![EMPTY; PAGE].into_boxed_slice());
+            p[off..off + n].fill(x);
+            s += n as u64;
         }
-        self.v[a as usize..b as usize].fill(x);
+    }
+
+    /// Slots allocated (the guard's memory is about 24 bytes each).
+    fn allocated(&self) -> u64 {
+        self.pages.iter().flatten().count() as u64 * PAGE as u64
     }
 
     fn val(&self, s: u64, stale: bool) -> SlotVal {
@@ -130,8 +161,9 @@ impl SlotData for Slots {
         let reader = e.request_id;
         let g = grants.lookup(reader)?;
         let t = &mut self.tally;
+        let pages = &self.pages;
         for s in a..b {
-            let x = self.v.get(s as usize).copied().unwrap_or(EMPTY);
+            let x = slot_at(pages, s);
             let holed = self.holed && x.wseq1 <= self.hole;
             match classify(
                 x.owner,
@@ -261,6 +293,11 @@ fn slot_run(a: u64, n: u64) -> Option<(u64, u64)> {
 }
 
 impl Guard {
+    /// Slots of every pool's slot table allocated so far.
+    pub fn slots_allocated(&self) -> u64 {
+        self.pools.values().map(|p| p.slots.allocated()).sum()
+    }
+
     fn pool(&mut self, p: u16) -> &mut Pool {
         self.pools.entry(p).or_insert_with(Pool::new)
     }

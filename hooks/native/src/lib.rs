@@ -142,7 +142,8 @@ impl Guard {
     }
 
     /// Counters: events mirrored, copies (local: from a pool this process
-    /// sees; remote: content of unknown owner), holes, checks, errors.
+    /// sees; remote: content of unknown owner), holes, checks, errors, and
+    /// the slots its tables hold (memory: about 24 bytes per slot).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = &self.g.counts;
         let d = PyDict::new(py);
@@ -152,6 +153,7 @@ impl Guard {
         d.set_item("holes", c.holes)?;
         d.set_item("checks", c.checks)?;
         d.set_item("errors", c.errors)?;
+        d.set_item("slots_allocated", self.g.slots_allocated())?;
         Ok(d)
     }
 }

@@ -189,6 +189,10 @@ struct W<'a> {
     recent: HashMap<u16, VecDeque<(i64, u64)>>,
     /// Per pool: who feeds it and how far (stamping pulls causally).
     feeds: HashMap<u16, Feed>,
+    /// Deployment pools no connection has claimed yet that a pull waited
+    /// for until `--copy-timeout`: later pulls from them are holes at once,
+    /// until a connection claims them.
+    unclaimed_silent: HashSet<u16>,
     /// Per live connection: the pools it holds.
     conns: HashMap<u64, Vec<u16>>,
     /// Per pool: where its holder's positions start (engine copies).
@@ -260,6 +264,7 @@ fn run_inner(
         policies: Default::default(),
         recent: HashMap::new(),
         feeds: HashMap::new(),
+        unclaimed_silent: HashSet::new(),
         conns: HashMap::new(),
         positions: HashMap::new(),
         written_ids: HashSet::new(),
@@ -577,6 +582,7 @@ impl W<'_> {
                             silent: false,
                         },
                     );
+                    self.unclaimed_silent.remove(&p);
                 }
                 self.conns.insert(conn, pools);
             }
@@ -681,7 +687,16 @@ impl W<'_> {
     /// before `ts`.
     fn ready(&self, conn: u64, src: u16, ts: i64) -> Ready {
         match self.feeds.get(&src) {
-            None => Ready::Never(format!("no connection has reported pool {src}")),
+            // Not claimed yet: its engine's hook may connect after the
+            // consumer's (the order engines start in is no one's promise),
+            // so the pull waits for it as for a mark, up to --copy-timeout.
+            None if self.sh.deployment.pool(src).is_none() => {
+                Ready::Never(format!("pool {src} is not in the deployment"))
+            }
+            None if self.unclaimed_silent.contains(&src) => Ready::Never(format!(
+                "no connection has claimed pool {src} within --copy-timeout before"
+            )),
+            None => Ready::Wait,
             // One stream: everything before the pull has arrived.
             Some(f) if f.conn == Some(conn) => Ready::Now,
             Some(f) if f.mark >= ts => Ready::Now,
@@ -757,8 +772,11 @@ impl W<'_> {
                 ));
             }
             Wait::Pull(x) => {
-                if let Some(f) = self.feeds.get_mut(&x.src_pool) {
-                    f.silent = true;
+                match self.feeds.get_mut(&x.src_pool) {
+                    Some(f) => f.silent = true,
+                    None => {
+                        self.unclaimed_silent.insert(x.src_pool);
+                    }
                 }
                 let why = format!(
                     "pool {} never reported past the load's time ({why})",
