@@ -2,7 +2,8 @@
 //! gets a signed statement as it comes back from its executor, and the
 //! merged folder one of its own citing them; `verify --allowed-signers`
 //! accepts each, `merge --allowed-signers` merges the shards into the same
-//! summary, and a shard forged after the run (findings emptied,
+//! summary, `verify --reproduce` re-runs the merge from the shards, and a
+//! shard forged after the run (findings emptied,
 //! evidence.json recomputed) is refused, by name. On local Spark
 //! (`local[2]`, the pyspark of .ci/setup.d/50-sql.sh), as tests/it/fleet_spark.rs.
 //!
@@ -127,6 +128,10 @@ fn fleet_spark_signs_every_shard_and_a_forged_one_is_refused() {
     let merged = summary(&out);
     assert!(merged["coverage"].get("shards_not_authenticated").is_none());
     assert_eq!(merged["affected_responses"].as_array().unwrap().len(), 1);
+
+    // Re-run from its shard folders, the merged folder is the same.
+    let o = kvtrail(["verify", s(&out), "--reproduce"]).run();
+    assert!(o.ok().contains("OK: reproduced"), "{}", o.stdout);
 
     // merge --allowed-signers takes the shards as they lie: same summary.
     let m = dir.path().join("m");
