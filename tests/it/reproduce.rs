@@ -9,6 +9,7 @@
 //! - a_tampered_output_fails_naming_the_first_difference
 //! - a_merged_folder_reproduces_from_its_shards
 //! - what_cannot_be_reproduced_exits_2
+//! - a_folder_of_a_trace_in_s3_reproduces_from_the_bucket
 
 use std::path::Path;
 
@@ -216,4 +217,96 @@ fn what_cannot_be_reproduced_exits_2() {
     let o = kvtrail(["verify", s(&out), "--reproduce"]).run();
     assert_eq!(o.code, 2, "{}{}", o.stdout, o.stderr);
     assert!(o.stderr.contains("does not parse"), "{}", o.stderr);
+}
+
+/// A scope folder of a trace in S3 (moto, .ci/setup.d/56-moto.sh) records
+/// the trace's URL; `verify --reproduce` reads the trace from the bucket
+/// again: identical, signed on request; a tampered folder fails naming
+/// the file; the trace gone from the bucket cannot be re-run (exit 2).
+#[test]
+fn a_folder_of_a_trace_in_s3_reproduces_from_the_bucket() {
+    use crate::support::objstore::{on_s3, start};
+    let dir = tempfile::tempdir().unwrap();
+    let (key, allowed) = crate::statements::keygen(dir.path(), "k");
+    let t = decode_leak().record(&dir.path().join("t"));
+    let spec = dir.path().join("spec.json");
+    std::fs::write(
+        &spec,
+        serde_json::json!({
+            "bucket": "traces",
+            "uploads": [{"dir": t, "prefix": "leak"}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let server = start(&["s3", s(&spec)]);
+    let url = "s3://traces/leak";
+    let out = dir.path().join("scope");
+    on_s3(
+        &server,
+        kvtrail([
+            "scope",
+            url,
+            "--out",
+            s(&out),
+            "--backend",
+            "cpu",
+            "--signing-key",
+            s(&key),
+        ]),
+    )
+    .run()
+    .ok();
+    let ev: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("evidence.json")).unwrap()).unwrap();
+    assert_eq!(ev["inputs"][0]["root"], url, "{ev}");
+    // The local copy of the trace is gone: only the bucket has it.
+    std::fs::remove_dir_all(&t).unwrap();
+    let before = snapshot(&out);
+    let st = dir.path().join("reproduced.intoto.jsonl");
+    let o = on_s3(
+        &server,
+        kvtrail([
+            "verify",
+            s(&out),
+            "--reproduce",
+            "--json",
+            "--signing-key",
+            s(&key),
+            "--out",
+            s(&st),
+        ]),
+    )
+    .run();
+    o.ok();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout_bytes).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["identical"].as_u64().unwrap() >= 10, "{v}");
+    assert!(o.stderr.contains(url), "{}", o.stderr);
+    assert_eq!(snapshot(&out), before);
+    assert!(st.is_file());
+    // The folder's own statement still holds after the re-run.
+    kvtrail(["verify", s(&out), "--allowed-signers", s(&allowed)])
+        .run()
+        .ok();
+    // Findings emptied, evidence.json recomputed: not reproduced.
+    let p = out.join("responses.csv");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let header = text.lines().next().unwrap();
+    std::fs::write(&p, format!("{header}\n")).unwrap();
+    reseal_evidence(&out);
+    let o = on_s3(&server, kvtrail(["verify", s(&out), "--reproduce"])).run();
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains("NOT reproduced: responses.csv: differs"),
+        "{}",
+        o.stdout
+    );
+    // The recorded URL names a prefix the bucket does not hold.
+    let p = out.join("evidence.json");
+    let mut ev: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    ev["inputs"][0]["root"] = "s3://traces/gone".into();
+    std::fs::write(&p, serde_json::to_string_pretty(&ev).unwrap()).unwrap();
+    let o = on_s3(&server, kvtrail(["verify", s(&out), "--reproduce"])).run();
+    assert_eq!(o.code, 2, "{}{}", o.stdout, o.stderr);
 }

@@ -1,7 +1,7 @@
 //! `kvtrail verify SCOPE_DIR --reproduce` (not a command of its own): the
 //! folder's analysis run again from the inputs its evidence.json records
 //! (the trace, local or in object storage, for `scope`; the shard folders
-//! for `merge`), with the options of the command line it records, written
+//! for `merge` and `fleet spark`), with the options of the command line it records, written
 //! as a sibling of the folder (so every relative path in it is the same)
 //! and compared with the folder file by file, byte for byte, apart from
 //! the exceptions of `custody::reproduce`. Exit 0 when identical, 1 naming
@@ -42,24 +42,37 @@ fn cannot(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
 /// backend note (scope) for the statement.
 fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String>> {
     // The recorded command line parsed by the commands' own definitions.
-    let cmd = clap::Command::new("kvtrail")
-        .subcommand(super::scope::Args::augment_args(clap::Command::new(
-            "scope",
-        )))
-        .subcommand(super::merge::Args::augment_args(clap::Command::new(
-            "merge",
-        )));
+    let cmd =
+        clap::Command::new("kvtrail")
+            .subcommand(super::scope::Args::augment_args(clap::Command::new(
+                "scope",
+            )))
+            .subcommand(super::merge::Args::augment_args(clap::Command::new(
+                "merge",
+            )))
+            .subcommand(clap::Command::new("fleet").subcommand(
+                super::fleet::SparkArgs::augment_args(clap::Command::new("spark")),
+            ));
     let parsed = cmd
         .try_get_matches_from(&ev.command)
         .and_then(|m| match m.subcommand() {
             Some(("scope", sub)) => super::scope::Args::from_arg_matches(sub).map(Recorded::Scope),
-            Some(("merge", sub)) => super::merge::Args::from_arg_matches(sub).map(Recorded::Merge),
+            Some(("merge", sub)) => super::merge::Args::from_arg_matches(sub)
+                .map(|a| Recorded::Merge(a.allowed_signers.is_some())),
+            // `fleet spark` merged the shard folders its own job wrote,
+            // unmarked: re-run as a merge of them.
+            Some(("fleet", f)) => match f.subcommand() {
+                Some(("spark", sub)) => {
+                    super::fleet::SparkArgs::from_arg_matches(sub).map(|_| Recorded::Merge(true))
+                }
+                _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+            },
             _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
         });
     let recorded = parsed.map_err(|e| {
         cannot(
             dir,
-            format!("evidence.json's command line does not parse as `kvtrail scope` or `kvtrail merge`, the commands that are re-run ({})", e.kind()),
+            format!("evidence.json's command line does not parse as `kvtrail scope`, `kvtrail merge` or `kvtrail fleet spark`, the commands that are re-run ({})", e.kind()),
         )
     })?;
     match recorded {
@@ -85,7 +98,7 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
             writer::write_scope_folder(dest, &s.trace, &s.report, s.shard.as_ref(), &ev.command)?;
             Ok(Some(note))
         }
-        Recorded::Merge(a) => {
+        Recorded::Merge(authenticated) => {
             let parts: Vec<PathBuf> = ev.inputs.iter().map(|i| input_path(dir, &i.root)).collect();
             if ev.inputs.iter().any(|i| i.kind != "scope") || parts.is_empty() {
                 return Err(cannot(
@@ -101,7 +114,7 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
             // The marking follows the recorded command: with
             // --allowed-signers the shards were authenticated then (and are
             // the same bytes now: load_shards checked them).
-            let r = if a.allowed_signers.is_some() {
+            let r = if authenticated {
                 kvtrail::scope::merge::merge(&parts)?
             } else {
                 kvtrail::scope::merge::merge_unauthenticated(&parts)?
@@ -112,10 +125,12 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
     }
 }
 
-/// The command a scope folder records: only scope and merge are re-run.
+/// The command a scope folder records: only scope and merge (also the
+/// merge of `fleet spark`) are re-run; a merge says whether its result was
+/// left unmarked (shards authenticated, or written by its own job).
 enum Recorded {
     Scope(super::scope::Args),
-    Merge(super::merge::Args),
+    Merge(bool),
 }
 
 pub fn run(
