@@ -113,8 +113,9 @@ class _Hook:
                        "hicache_key_mismatch": 0}
 
     def put(self, pool, item):
-        if self.guard.native is not None:
-            self.guard.feed(item)
+        push = self.guard.push
+        if push is not None:
+            push(item)
         cl = self.clients.get(pool)
         if cl is not None:
             cl.put(pool, item)

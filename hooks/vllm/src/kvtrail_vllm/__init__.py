@@ -162,8 +162,9 @@ class _Engine:
         return src[group] if group < len(src) else None
 
     def put(self, pool, item):
-        if _H.guard.native is not None:
-            _H.guard.feed(item)
+        push = _H.guard.push
+        if push is not None:
+            push(item)
         if self.client is None:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
             if self.cache_pool is not None:
