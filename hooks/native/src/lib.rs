@@ -39,6 +39,19 @@ const OPS: [Option<Op>; 6] = [
     Some(Op::Scrub),
 ];
 
+/// The run of a step-1 range of at least one index (None: another kind
+/// of index, or a range `runs` handles).
+fn one_run(idx: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    let Ok(r) = idx.cast::<PyRange>() else {
+        return Ok(None);
+    };
+    let (a, b) = (r.start()?, r.stop()?);
+    if a < 0 || b <= a || r.step()? != 1 {
+        return Ok(None);
+    }
+    Ok(Some((a as u64, (b - a) as u64)))
+}
+
 /// Slot runs (start, count) of an index list, range, array or tensor.
 fn runs(idx: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
     if let Ok(r) = idx.cast::<PyRange>() {
@@ -257,7 +270,12 @@ impl Guard {
                     return Ok(()); // the rule: a free changes no content
                 }
                 let rid: u64 = at(3)?.extract()?;
-                let r = runs(&at(5)?)?;
+                let idx = at(5)?;
+                // The hooks' usual index: one range (no run list to build).
+                if let Some(run) = one_run(&idx)? {
+                    return self.g.kv(pool, rid, op, &[run]).map_err(err);
+                }
+                let r = runs(&idx)?;
                 self.g.kv(pool, rid, op, &r).map_err(err)
             }
             SEND => {
