@@ -41,6 +41,8 @@ ap.add_argument("--batch", type=int, default=256)
 ap.add_argument("--prompt", type=int, default=64)
 ap.add_argument("--decode", type=int, default=32)
 ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--replay-only", action="store_true",
+                help="only the guard's replayed cost (e.g. to compare guard modules)")
 ap.add_argument("--kvtrail", default=None, help="kvtrail binary: run a record sidecar")
 args = ap.parse_args()
 
@@ -127,8 +129,61 @@ def one_round(tag, seed):
     return steps, decode
 
 
+def replay_round(seed):
+    """The guard's own engine-thread work per decode step, without the
+    sender thread's GIL share: one round with the hook on and the guard's
+    input recorded per step, then each decode step's items pushed into a
+    fresh native guard as the hooks push them (and applied), timed."""
+    import kvtrail_guard
+
+    kh.install(capture=f"unix:{sock}", pools=[0], worker="bench-replay", guard="off")
+    g = kh._H.guard
+    per_step, cur = [], []
+    g.push = cur.append  # the hooks' call site: record instead of mirroring
+    s = make_scheduler()
+    kh.tag(s, [0])
+    hasher = get_request_block_hasher(BS, sha256)
+    for i in range(B):
+        sp = SamplingParams(max_tokens=args.decode, ignore_eos=True)
+        sp.update_from_generation_config({}, eos_token_id=2)
+        toks = [(seed * 7919 + i * 131 + k) % 31000 + 3 for k in range(args.prompt)]
+        s.add_request(Request(f"replay-{seed}-{i}", toks, sp, None, cache_salt="t", block_hasher=hasher))
+    while s.requests:
+        out = s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=[[] if s.requests[r].is_prefill_chunk else [7] for r in ids])
+        s.update_from_output(out, m)
+        per_step.append((len(ids) == B and out.total_num_scheduled_tokens == B, cur[:]))
+        cur.clear()
+    kh.flush()
+    kh.uninstall()
+    native = kvtrail_guard.Guard()
+    # The hook's call per item: the native push (older modules: the
+    # Python-side feed, which filtered and called the native feed).
+    if hasattr(native, "push"):
+        push = native.push
+        done = native.flush
+    else:
+        from kvtrail_hook_client import guard as gm
+
+        pg = gm.Guard("alert")
+        pg.native = native
+        push, done = pg.feed, (lambda: None)
+    times = []
+    for decode_step, items in per_step:
+        t = time.perf_counter()
+        for it in items:
+            push(it)
+        done()
+        dt = time.perf_counter() - t
+        if decode_step:
+            times.append(dt)
+    return statistics.median(times) if times else float("nan"), sum(len(x[1]) for x in per_step)
+
+
 results = {"off": [], "hook": [], "guard": []}
-for r in range(args.rounds):
+for r in range(0 if args.replay_only else args.rounds):
     for tag in ("off", "hook", "guard"):
         if tag != "off":
             kh.install(capture=f"unix:{sock}", pools=[0], worker=f"bench-{tag}",
@@ -145,10 +200,16 @@ for r in range(args.rounds):
         results[tag].append((statistics.median(decode) if decode else float("nan"),
                              statistics.mean(steps), len(steps), len(decode)))
 
+replay = [replay_round(100 + r) for r in range(args.rounds)]
+
 if sidecar is not None:
     sidecar.terminate()
     sidecar.wait()
 
+if args.replay_only:
+    rep = statistics.median(x[0] for x in replay)
+    sys.exit(print(f"batch {B}: guard alone (replayed): {rep * 1e6:.1f} us per decode step "
+                   f"({rep / B * 1e9:.0f} ns per request)"))
 print(f"vLLM {__import__('vllm').__version__} Scheduler on CPU, batch {B}, prompt {args.prompt}, "
       f"decode {args.decode}, {args.rounds} rounds, sidecar {'yes' if sidecar else 'no (unreachable)'}")
 print(f"{'config':<8} {'decode step ms (median)':>24} {'all steps ms (mean)':>20} {'added/step ms':>14}")
@@ -161,3 +222,6 @@ hook = statistics.median(x[0] for x in results["hook"])
 guard = statistics.median(x[0] for x in results["guard"])
 print(f"guard over hook: {(guard - hook) * 1e6:.0f} us per decode step ({(guard - hook) / B * 1e9:.0f} ns "
       f"per request); hook over off: {(hook - base) * 1e6:.0f} us")
+rep = statistics.median(x[0] for x in replay)
+print(f"guard alone (its decode-step input replayed, engine thread only): {rep * 1e6:.1f} us per decode "
+      f"step ({rep / B * 1e9:.0f} ns per request)")

@@ -298,6 +298,19 @@ fn guard_says_unknown_where_it_cannot_see() {
         "{}",
         f["far"]
     );
+    // Pushed items: applied in order before the check; the bad ones
+    // counted (2), the one of pool 5 a hole there.
+    let p = &f["push"];
+    assert_eq!(
+        p["check"],
+        serde_json::json!(["foreign", [42], 1, 1, 2]),
+        "{p}"
+    );
+    assert_eq!(
+        (&p["errors"], &p["holes"], &p["events"]),
+        (&2.into(), &1.into(), &3.into()),
+        "{p}"
+    );
     let bad = f["bad_settings"].as_array().unwrap();
     assert!(bad[0].as_str().unwrap().contains("KVTRAIL_GUARD="));
     assert!(bad[1].as_str().unwrap().contains("KVTRAIL_GUARD_UNKNOWN="));

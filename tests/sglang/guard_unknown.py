@@ -8,6 +8,9 @@ tuples), never sees the prefill pool. Prints one JSON line.
 - another request reading those pages later (stale, preallocated again):
   `foreign` all the same (the content was received for someone else);
 - a `lost` item (a hook failure): what the pool held before it is unknown;
+- items pushed (the hooks' hot path) are held and applied in order before
+  a check; one the module cannot apply is counted and leaves a hole, and
+  never raises into the engine;
 - a write at slot 2^32 - 2 costs a page of the guard's table, not 96 GB;
 - bad settings are refused with the variable named.
 """
@@ -62,6 +65,19 @@ far = g.native.check(4, 32, [top, top + 1])
 rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out["far"] = {"check": list(far), "rss_growth_kib": rss1 - rss0,
               "slots_allocated": g.native.stats()["slots_allocated"]}
+
+# The hot path: items held, applied in order before the check; a bad item
+# (a kind that is no number, a non-tuple) is counted, never raised, and a
+# bad item of a pool is a hole there: the write before it is unknown, the
+# write after it foreign.
+g = Guard("alert", "allow")
+g.feed_many([(KV, 5, 0, 41, ALLOC, [0, 1], None, 0), (KV, 5, 0, 41, WRITE, range(0, 2), 0, 0)])
+g.push(("bad", 5))
+g.push(7)
+g.push((KV, 5, 0, 42, WRITE, range(1, 2), 0, 0))
+held = g.native.stats()
+out["push"] = {"check": list(g.native.check(5, 43, [0, 1])),
+               "errors": held["errors"], "holes": held["holes"], "events": held["events"]}
 
 errs = []
 for m, u in (("block", None), (None, "maybe")):

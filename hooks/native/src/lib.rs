@@ -16,6 +16,10 @@ use kvtrail::schema::Op;
 
 use guard::runs_of;
 
+/// Items `push` holds before it applies them (the hooks' queue items are
+/// immutable once queued: the sender thread formats them later too).
+const PENDING: usize = 1024;
+
 // Event kinds and ops in the hooks' queue (kvtrail_hook_client).
 const KV: i64 = 0;
 const SEND: i64 = 2;
@@ -23,6 +27,9 @@ const COMMIT: i64 = 3;
 const LOST: i64 = 4;
 const PULL: i64 = 5;
 const COPY: i64 = 6;
+const REQ: i64 = 1;
+const OP_READ: i64 = 2;
+const OP_FREE: i64 = 3;
 const OPS: [Option<Op>; 6] = [
     Some(Op::Alloc),
     Some(Op::Write),
@@ -31,6 +38,19 @@ const OPS: [Option<Op>; 6] = [
     Some(Op::Share),
     Some(Op::Scrub),
 ];
+
+/// The run of a step-1 range of at least one index (None: another kind
+/// of index, or a range `runs` handles).
+fn one_run(idx: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    let Ok(r) = idx.cast::<PyRange>() else {
+        return Ok(None);
+    };
+    let (a, b) = (r.start()?, r.stop()?);
+    if a < 0 || b <= a || r.step()? != 1 {
+        return Ok(None);
+    }
+    Ok(Some((a as u64, (b - a) as u64)))
+}
 
 /// Slot runs (start, count) of an index list, range, array or tensor.
 fn runs(idx: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
@@ -66,6 +86,8 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 #[pyclass(module = "kvtrail_guard")]
 struct Guard {
     g: guard::Guard,
+    /// Items `push` took and has not applied yet, in the hook's order.
+    pending: Vec<Py<PyTuple>>,
 }
 
 #[pymethods]
@@ -74,25 +96,70 @@ impl Guard {
     fn new() -> Self {
         Guard {
             g: guard::Guard::default(),
+            pending: Vec::new(),
         }
     }
 
+    /// One item of the hook's queue, the hot path: held, and applied in
+    /// order with the others before anything reads the state (a check,
+    /// stats, `sees`, a page size) or once [`PENDING`] are held. Items the
+    /// rule need not see (requests, reads, frees) are dropped here. An
+    /// item that cannot be applied is counted in `errors` and leaves a hole
+    /// in its pool, as `feed` does, but raises nothing.
+    fn push(&mut self, py: Python<'_>, item: &Bound<'_, PyAny>) {
+        let Ok(t) = item.cast::<PyTuple>() else {
+            self.g.counts.errors += 1;
+            return;
+        };
+        if !wanted(t) {
+            return;
+        }
+        self.pending.push(t.clone().unbind());
+        if self.pending.len() >= PENDING {
+            self.drain(py);
+        }
+    }
+
+    /// Many items of the hook's queue (a list or any iterable), in order:
+    /// `push` for each, in one call.
+    fn feed_many(&mut self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(l) = items.cast::<PyList>() {
+            for it in l.iter() {
+                self.push(py, &it);
+            }
+        } else {
+            for it in items.try_iter()? {
+                self.push(py, &it?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies what `push` holds (the hooks need not call it: every read
+    /// of the state does).
+    fn flush(&mut self, py: Python<'_>) {
+        self.drain(py);
+    }
+
     /// The page size of `pool` (slots per page of its transfer pages).
-    fn page_size(&mut self, pool: i64, page_size: u64) {
+    fn page_size(&mut self, py: Python<'_>, pool: i64, page_size: u64) {
+        self.drain(py);
         if let Some(p) = pool_id(pool) {
             self.g.set_page_size(p, page_size);
         }
     }
 
     /// Whether this process reports events of `pool`.
-    fn sees(&self, pool: i64) -> bool {
+    fn sees(&mut self, py: Python<'_>, pool: i64) -> bool {
+        self.drain(py);
         pool_id(pool).is_some_and(|p| self.g.sees(p))
     }
 
     /// One item of the hook's queue, as the hook queues it for the sidecar.
     /// A malformed item raises ValueError and leaves a hole in its pool
     /// (later checks of what it may have changed answer unknown).
-    fn feed(&mut self, item: &Bound<'_, PyTuple>) -> PyResult<()> {
+    fn feed(&mut self, py: Python<'_>, item: &Bound<'_, PyTuple>) -> PyResult<()> {
+        self.drain(py);
         let kind: i64 = item.get_item(0)?.extract()?;
         let Some(pool) = pool_id(item.get_item(1)?.extract()?) else {
             return Ok(());
@@ -115,16 +182,18 @@ impl Guard {
         slots: &Bound<'_, PyAny>,
     ) -> PyResult<(&'static str, Vec<u64>, u64, u64, u64)> {
         let r = runs(slots)?;
-        self.check_runs(pool, request_id, r)
+        self.check_runs(slots.py(), pool, request_id, r)
     }
 
     /// `check` over slot runs (start, count).
     fn check_runs(
         &mut self,
+        py: Python<'_>,
         pool: i64,
         request_id: u64,
         runs: Vec<(u64, u64)>,
     ) -> PyResult<(&'static str, Vec<u64>, u64, u64, u64)> {
+        self.drain(py);
         let t = match pool_id(pool) {
             Some(p) => self.g.check(p, request_id, &runs).map_err(err)?,
             None => guard::Tally {
@@ -144,7 +213,8 @@ impl Guard {
     /// Counters: events mirrored, copies (local: from a pool this process
     /// sees; remote: content of unknown owner), holes, checks, errors, and
     /// the slots its tables hold (memory: about 24 bytes per slot).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.drain(py);
         let c = &self.g.counts;
         let d = PyDict::new(py);
         d.set_item("events", c.events)?;
@@ -159,6 +229,34 @@ impl Guard {
 }
 
 impl Guard {
+    /// Applies the held items in order; one that cannot be applied is
+    /// counted and leaves a hole in its pool.
+    fn drain(&mut self, py: Python<'_>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let items = std::mem::take(&mut self.pending);
+        for it in &items {
+            let t = it.bind(py);
+            let pool = match t.get_item(1).and_then(|p| p.extract::<i64>()) {
+                Ok(p) => pool_id(p),
+                Err(_) => {
+                    self.g.counts.errors += 1;
+                    continue;
+                }
+            };
+            let Some(pool) = pool else { continue };
+            let kind = t.get_item(0).and_then(|k| k.extract::<i64>());
+            if kind.and_then(|k| self.feed_kind(k, pool, t)).is_err() {
+                self.g.counts.errors += 1;
+                self.g.lost(pool);
+            }
+        }
+        // Reuse the buffer (the references drop here).
+        self.pending = items;
+        self.pending.clear();
+    }
+
     fn feed_kind(&mut self, kind: i64, pool: u16, item: &Bound<'_, PyTuple>) -> PyResult<()> {
         let at = |i: usize| item.get_item(i);
         match kind {
@@ -172,7 +270,12 @@ impl Guard {
                     return Ok(()); // the rule: a free changes no content
                 }
                 let rid: u64 = at(3)?.extract()?;
-                let r = runs(&at(5)?)?;
+                let idx = at(5)?;
+                // The hooks' usual index: one range (no run list to build).
+                if let Some(run) = one_run(&idx)? {
+                    return self.g.kv(pool, rid, op, &[run]).map_err(err);
+                }
+                let r = runs(&idx)?;
                 self.g.kv(pool, rid, op, &r).map_err(err)
             }
             SEND => {
@@ -218,6 +321,22 @@ impl Guard {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// Whether the rule needs this queue item: not a request row, a read (a
+/// check, not an event) or a free (it changes no content).
+fn wanted(t: &Bound<'_, PyTuple>) -> bool {
+    let Ok(k) = t.get_borrowed_item(0) else {
+        return true; // malformed: applied, so counted
+    };
+    match k.extract::<i64>() {
+        Ok(KV) => !matches!(
+            t.get_borrowed_item(4).and_then(|o| o.extract::<i64>()),
+            Ok(OP_READ | OP_FREE)
+        ),
+        Ok(REQ) => false,
+        _ => true,
     }
 }
 

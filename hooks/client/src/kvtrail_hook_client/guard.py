@@ -23,11 +23,6 @@ log = logging.getLogger("kvtrail")
 MODES = ("off", "alert", "abort")
 UNKNOWN = ("allow", "abort")
 
-# Queue kinds and ops (kvtrail_hook_client): what the guard need not see.
-_KV, _REQ = 0, 1
-_SKIP_OPS = (2, 3)  # read (a check, not an event), free (changes no content)
-
-
 class GuardUnavailable(RuntimeError):
     """KVTRAIL_GUARD=abort, and the native module cannot be loaded."""
 
@@ -45,6 +40,10 @@ class Guard:
         self.mode = mode
         self.unknown = unknown
         self.native = None
+        # The hot path: the native module's ``push`` (None while unguarded).
+        # The hooks call it once per queued item; the module holds the items
+        # and applies them in one pass before anything reads its state.
+        self.push = None
         self.page_sizes = {}
         self.counts = {"checks": 0, "ok": 0, "foreign": 0, "unknown": 0, "alerts": 0,
                        "aborts": 0, "errors": 0}
@@ -64,21 +63,23 @@ class Guard:
                         "running unguarded (KVTRAIL_GUARD=alert)", e)
             return
         self.native = kvtrail_guard.Guard()
+        self.push = self.native.push
 
     @property
     def active(self):
         return self.native is not None
 
     def feed(self, item):
-        """Mirrors one queued item (the hook's put)."""
-        k = item[0]
-        if k == _REQ or (k == _KV and item[4] in _SKIP_OPS):
-            return
-        try:
-            self.native.feed(item)
-        except Exception as e:  # the guard must never break capture
-            self.counts["errors"] += 1
-            log.warning("kvtrail: guard could not mirror an event: %s", e)
+        """Mirrors one queued item (the hook's put); the hooks call
+        ``push`` directly. Never raises: an item the module cannot apply
+        is counted in its ``errors`` and leaves a hole in its pool."""
+        if self.push is not None:
+            self.push(item)
+
+    def feed_many(self, items):
+        """Mirrors many queued items, in order, in one native call."""
+        if self.native is not None:
+            self.native.feed_many(items)
 
     def page_size(self, pool, ps):
         if self.page_sizes.get(pool) != ps:

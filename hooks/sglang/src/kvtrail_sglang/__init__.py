@@ -112,9 +112,12 @@ class _Hook:
         self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
                        "hicache_key_mismatch": 0}
 
-    def put(self, pool, item):
-        if self.guard.native is not None:
-            self.guard.feed(item)
+    def put(self, pool, item, mirror=True):
+        """Queues ``item`` for the sidecar and, unless ``mirror`` is false
+        (a read or a free: the guard's rule needs neither), the guard."""
+        push = self.guard.push
+        if push is not None and mirror:
+            push(item)
         cl = self.clients.get(pool)
         if cl is not None:
             cl.put(pool, item)
@@ -192,7 +195,8 @@ def _role(req, pool):
 
 
 def _kv(pool, rid, op, idx, tpos=None):
-    _H.put(pool, (_c.KV, pool, _time_ns(), rid, op, capture_indices(idx), tpos, 0))
+    _H.put(pool, (_c.KV, pool, _time_ns(), rid, op, capture_indices(idx), tpos, 0),
+           op != READ and op != FREE)
 
 
 # ---------------------------------------------------------------- request hooks

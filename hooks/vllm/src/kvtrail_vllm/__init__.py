@@ -161,9 +161,12 @@ class _Engine:
             return src[0] if src else None
         return src[group] if group < len(src) else None
 
-    def put(self, pool, item):
-        if _H.guard.native is not None:
-            _H.guard.feed(item)
+    def put(self, pool, item, mirror=True):
+        """Queues ``item`` for the sidecar and, unless ``mirror`` is false
+        (a read or a free: the guard's rule needs neither), the guard."""
+        push = _H.guard.push
+        if push is not None and mirror:
+            push(item)
         if self.client is None:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
             if self.cache_pool is not None:
@@ -256,9 +259,10 @@ def _slot_runs(table, bs, a, b):
 
 def _kv_runs(eng, pool, rid, op, runs, with_pos):
     ts = _time_ns()
+    mirror = op != READ and op != FREE
     for start, count, tp in runs:
         eng.put(pool, (_c.KV, pool, ts, rid, op, range(start, start + count),
-                       tp if with_pos else None, 0))
+                       tp if with_pos else None, 0), mirror)
 
 
 def _blocks_kv(eng, group, rid, op, blocks, with_pos=False):
