@@ -44,6 +44,13 @@ fn clean(name: &str, sets: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let out = stream(&run, dir.path());
     let live = read_findings(&out);
+    // The stream is unpaced: a machine too loaded for the writer drops
+    // events as holes (counted, alerted as capture loss); say so plainly.
+    assert_eq!(
+        live.live.seq_holes, 0,
+        "{name} {sets:?}: the sidecar lost events (machine overloaded?): {:?}",
+        live.live
+    );
     assert!(live.exact, "{name} {sets:?}: {:?}", live.live);
     assert_eq!(
         live.live.events_applied,
@@ -65,17 +72,11 @@ fn clean(name: &str, sets: &[&str]) {
     );
 }
 
+/// One test, the configurations in turn: three unpaced streams at once
+/// on a small machine overrun the writer's queue.
 #[test]
-fn clean_sglang_with_decode_radix_cache_and_hicache_raises_nothing() {
+fn clean_requests_of_both_engine_models_raise_nothing() {
     clean("steady", &["decode_radix_cache=true", "hicache=true"]);
-}
-
-#[test]
-fn clean_vllm_with_cpu_offload_raises_nothing() {
     clean("vllm-cpu-offload", &[]);
-}
-
-#[test]
-fn clean_vllm_with_lmcache_raises_nothing() {
     clean("vllm-lmcache", &[]);
 }
