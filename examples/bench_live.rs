@@ -500,6 +500,12 @@ fn clean_chunk(name: &str, sets: &[&str], requests: u64, seed: u64, acc: &mut Cl
     acc.affected += f.affected_responses.len() as u64;
     acc.shared += f.cross_tenant_shared.len() as u64;
     acc.inexact += u64::from(!f.exact);
+    if !f.exact || live.alerts > 0 {
+        println!(
+            "    chunk seed {seed}: {:?}; writer: {} written, {} dropped as holes",
+            f.live, sum.stats.kv_written, sum.stats.lost_queue
+        );
+    }
 }
 
 fn clean(requests: u64, chunk: u64) {
