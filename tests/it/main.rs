@@ -36,6 +36,7 @@ mod record_engine_copy;
 mod record_hicache;
 mod record_hostile;
 mod record_live;
+mod record_live_clean;
 mod record_live_ops;
 mod record_protocol;
 mod record_sglang;

@@ -72,12 +72,12 @@ fn hits(hs: &[SharedHit]) -> Vec<String> {
         .collect()
 }
 
-fn read_findings(out: &std::path::Path) -> LiveFindings {
+pub(crate) fn read_findings(out: &std::path::Path) -> LiveFindings {
     let bytes = std::fs::read(out.join(LIVE_FINDINGS)).expect("live-findings.json written");
     serde_json::from_slice(&bytes).unwrap()
 }
 
-fn fresh_scope(out: &std::path::Path) -> ScopeReport {
+pub(crate) fn fresh_scope(out: &std::path::Path) -> ScopeReport {
     let t = Trace::open(out).unwrap();
     kvtrail::scope::scope(&t, &Default::default(), &NoReporter).unwrap()
 }
@@ -86,7 +86,7 @@ fn fresh_scope(out: &std::path::Path) -> ScopeReport {
 /// connection per pool, the events in time order across the connections
 /// (as engines emit them), the request rows last; returns the recorded
 /// trace's folder.
-fn stream(run: &sim::Simulated, dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn stream(run: &sim::Simulated, dir: &std::path::Path) -> std::path::PathBuf {
     let t = Trace::open(&run.trace).unwrap();
     let deployment: Deployment = t.deployment().clone();
     let events = sim::events(&run.trace);
