@@ -79,6 +79,12 @@ pub struct RecordConfig {
     pub max_line_bytes: usize,
     /// Batches (of up to 1024 messages) between connections and the writer.
     pub queue_batches: usize,
+    /// What a connection does when the writer (or the live thread) is
+    /// behind and its queue is full: drop the events as counted holes (an
+    /// engine must never wait on its recorder), or wait, so the sender is
+    /// slowed through the socket and nothing is lost (`--when-behind
+    /// wait`: replaying a capture, a hook that buffers on its side).
+    pub when_behind: WhenBehind,
     /// How long a decode-side transfer commit waits for the prefill's send.
     pub copy_timeout: Duration,
     /// How long a request's prefill (or decode) view waits for the other.
@@ -102,6 +108,18 @@ pub struct RecordConfig {
     pub live: Option<super::live::LiveOptions>,
 }
 
+/// What the sidecar does when its writer falls behind (`--when-behind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum WhenBehind {
+    /// Drop the events as counted seq holes; the capture says it is
+    /// incomplete and live detection alerts the loss.
+    #[default]
+    Drop,
+    /// Stop reading the connection until the writer catches up: the
+    /// sender waits (socket back-pressure) and nothing is lost.
+    Wait,
+}
+
 /// How the sidecar seals the trace it writes.
 #[derive(Debug, Clone)]
 pub struct SealConfig {
@@ -118,6 +136,7 @@ impl RecordConfig {
             max_bytes: None,
             max_line_bytes: crate::capture::jsonl::MAX_LINE_BYTES,
             queue_batches: 256,
+            when_behind: WhenBehind::Drop,
             copy_timeout: Duration::from_secs(10),
             pair_timeout: Duration::from_secs(900),
             max_connections: 256,

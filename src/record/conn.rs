@@ -441,8 +441,9 @@ impl Conn {
         }
     }
 
-    /// Hands the batch to the writer. `wait`: block until it is taken
-    /// (end of connection); otherwise drop on a full queue and count.
+    /// Hands the batch to the writer. `wait` (end of connection) or
+    /// `--when-behind wait`: block until it is taken; otherwise drop on a
+    /// full queue and count.
     fn flush(&mut self, wait: bool) {
         if self.batch.is_empty() && self.pending_loss.is_empty() && self.pending_hook.is_empty() {
             return;
@@ -468,6 +469,7 @@ impl Conn {
             msgs,
         };
         let must_wait = wait
+            || self.shared.cfg.when_behind == super::config::WhenBehind::Wait
             || batch
                 .msgs
                 .iter()

@@ -29,7 +29,7 @@ pub mod stats;
 pub mod wire;
 pub mod writer;
 
-pub use config::{Listen, RecordConfig, SealConfig};
+pub use config::{Listen, RecordConfig, SealConfig, WhenBehind};
 use shared::{Batch, Shared, View};
 pub use shared::{NoLog, RecordLog, RecordSummary};
 use stats::add;
@@ -76,6 +76,7 @@ impl Sidecar {
                 o,
                 &deployment,
                 cfg.recorder.from_engine_start,
+                cfg.when_behind == WhenBehind::Wait,
                 stats.clone(),
             )?),
             None => None,

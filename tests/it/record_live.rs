@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvtrail::progress::NoReporter;
 use kvtrail::record::live::{AlertTarget, LIVE_FINDINGS, LiveFindings, LiveOptions};
-use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar};
+use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar, WhenBehind};
 use kvtrail::schema::KvEvent;
 use kvtrail::scope::{Confidence, Response, ScopeReport, SharedHit};
 use kvtrail::trace::Trace;
@@ -96,6 +96,11 @@ pub(crate) fn stream(run: &sim::Simulated, dir: &std::path::Path) -> std::path::
     // A holdback of a second: the streams of one scenario drift apart by
     // far less, also on a loaded machine.
     let mut cfg = live_cfg(&sock, |o| o.bounds.holdback = Duration::from_secs(1));
+    // The stream is as fast as the test can write: the sidecar slows it
+    // through the socket instead of dropping (a loaded machine's writer
+    // falls behind), so the answers compared are over the whole stream.
+    // Dropping has tests of its own (unpaced_senders_never_hide_a_finding).
+    cfg.when_behind = WhenBehind::Wait;
     cfg.recorder.from_engine_start = t.manifest.from_engine_start();
     let sidecar = Sidecar::start(cfg, deployment.clone(), &out, Arc::new(NoLog)).unwrap();
     let pools: Vec<u16> = deployment.pools.iter().map(|p| p.id).collect();

@@ -192,6 +192,34 @@ fn writer_behind_drops_become_counted_holes() {
 }
 
 #[test]
+fn when_behind_wait_slows_the_sender_and_loses_nothing() {
+    // The same slow writer and one-batch queue, with `--when-behind wait`:
+    // the connection stops reading until the writer catches up, so the
+    // sender waits and every event lands, in order, with no hole.
+    let rig = start(|c| {
+        c.queue_batches = 1;
+        c.when_behind = kvtrail::record::WhenBehind::Wait;
+        c.recorder.row_group_rows = 64;
+        c.recorder.part.rotate_bytes = 1;
+    });
+    let n = 60_000u64;
+    let mut a = rig.connect(&[3]);
+    let mut buf = String::new();
+    for i in 0..n {
+        buf.push_str(&kv(3, 1, "read", (i % 4000) as u32, 1));
+        buf.push('\n');
+    }
+    a.write_all(buf.as_bytes()).unwrap();
+    drop(a);
+    let (sum, t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.lost_queue, 0, "{st:?}");
+    assert_eq!(st.kv_written, n, "{st:?}");
+    assert_eq!(seqs(&t, 3), (0..n).collect::<Vec<_>>());
+    assert!(sum.complete);
+}
+
+#[test]
 fn hook_reported_loss_is_a_hole() {
     let rig = start(|_| {});
     let mut a = rig.connect(&[2]);

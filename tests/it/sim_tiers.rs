@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvtrail::progress::NoReporter;
-use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar};
+use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar, WhenBehind};
 use kvtrail::schema::{KvEvent, Op};
 use kvtrail::scope::ScopeReport;
 use kvtrail::trace::Trace;
@@ -274,6 +274,9 @@ fn stream(run: &Simulated, dir: &Path) -> std::path::PathBuf {
     let sock = dir.join("s.sock");
     let out = dir.join("rec");
     let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
+    // As fast as the test writes: wait rather than drop when the writer
+    // is behind (a loaded machine), so nothing is lost to compare.
+    cfg.when_behind = WhenBehind::Wait;
     cfg.recorder.from_engine_start = t.manifest.from_engine_start();
     let sidecar = Sidecar::start(cfg, deployment.clone(), &out, Arc::new(NoLog)).unwrap();
     let mut conns: BTreeMap<u16, _> = deployment

@@ -41,6 +41,9 @@ pub struct Args {
     /// Batches (up to 1024 messages each) queued for the writer before events are dropped as holes.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
+    /// When the writer is behind and the queue is full: drop events as counted holes (default; the engine never waits on kvtrail), or wait, slowing the sender through its socket (replaying a capture; a hook that buffers and reports its own loss).
+    #[arg(long, value_enum, default_value_t = kvtrail::record::WhenBehind::Drop, value_name = "drop|wait")]
+    pub when_behind: kvtrail::record::WhenBehind,
     /// Seconds between health lines on stderr (0: none).
     #[arg(long, default_value_t = 5)]
     pub health_secs: u64,
@@ -114,6 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     cfg.max_bytes = args.max_bytes;
     cfg.max_line_bytes = args.max_line_bytes.max(64);
     cfg.queue_batches = args.queue.max(1);
+    cfg.when_behind = args.when_behind;
     cfg.copy_timeout = Duration::from_secs(args.copy_timeout);
     cfg.max_connections = args.max_connections.max(1);
     cfg.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));

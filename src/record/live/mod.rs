@@ -151,6 +151,8 @@ pub struct Live {
     thread: Option<JoinHandle<Closed>>,
     metrics: Arc<Metrics>,
     dropped: u64,
+    /// `--when-behind wait`: a full queue waits instead of dropping.
+    wait: bool,
     /// The alert sinks configured (metrics labels).
     sinks: Vec<&'static str>,
     _server: Option<metrics::Server>,
@@ -167,6 +169,7 @@ impl Live {
         opts: &LiveOptions,
         deployment: &Deployment,
         from_engine_start: bool,
+        wait: bool,
         stats: Arc<crate::record::stats::Stats>,
     ) -> Result<Live> {
         let metrics = Arc::new(Metrics::default());
@@ -224,6 +227,7 @@ impl Live {
             thread: Some(thread),
             metrics,
             dropped: 0,
+            wait,
             sinks,
             _server: server,
         })
@@ -243,7 +247,8 @@ impl Live {
         }
     }
 
-    /// Hands the gathered events over (never waits).
+    /// Hands the gathered events over (waits only with `--when-behind
+    /// wait`).
     pub fn flush(&mut self) {
         if self.buf.is_empty() {
             return;
@@ -257,6 +262,9 @@ impl Live {
     }
 
     fn send(&self, m: Msg) -> bool {
+        if self.wait {
+            return self.tx.as_ref().is_some_and(|t| t.send(m).is_ok());
+        }
         match self.tx.as_ref().map(|t| t.try_send(m)) {
             Some(Ok(())) => true,
             Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => false,
