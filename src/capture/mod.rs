@@ -22,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Location, Result};
 use crate::schema::{KvEvent, Op, RequestRecord, kv_schema, requests_schema};
 use crate::trace::manifest::{Capture, Deployment, FileEntry, Manifest};
+use crate::trace::read::{Extent, check_extent};
 use crate::trace::write::{OpenPartState, PartOptions, PartWriter, kv_batch, requests_batch};
 
 /// How a recorder writes.
@@ -188,17 +189,14 @@ impl Recorder {
         if ev.slot_count == 0 {
             return bad("slot_count", "slot_count is 0".into());
         }
-        if ev.slot_end() > self.pools[i].capacity {
-            return bad(
-                "slot_start",
-                format!(
-                    "extent {}..{} outside pool {}",
-                    ev.slot_start,
-                    ev.slot_end(),
-                    ev.pool
-                ),
-            );
-        }
+        check_extent(
+            || Location::default().column("slot_start"),
+            Extent::Slots,
+            ev.pool,
+            ev.slot_start,
+            ev.slot_count,
+            self.pools[i].capacity,
+        )?;
         if let Some(src) = ev.src {
             if ev.op != Op::Write {
                 return bad("src_pool", format!("src set on a `{}` event", ev.op));
@@ -207,9 +205,14 @@ impl Recorder {
             if src.pool == ev.pool {
                 return bad("src_pool", "copy from a pool into itself".into());
             }
-            if src.slot_start as u64 + ev.slot_count as u64 > self.pools[j].capacity {
-                return bad("src_slot_start", "source extent outside its pool".into());
-            }
+            check_extent(
+                || Location::default().column("src_slot_start"),
+                Extent::Source,
+                src.pool,
+                src.slot_start,
+                ev.slot_count,
+                self.pools[j].capacity,
+            )?;
         }
         Ok(i)
     }

@@ -169,6 +169,36 @@ fn unknown_pool_id() {
     );
 }
 
+/// A copy whose source extent runs past its source pool's capacity: the
+/// replay captures a copy's source (when the source pool reaches src_seq)
+/// before the copy's own row is decoded, so the planning scan must refuse
+/// it; it once indexed past the source pool's last page (a panic found by
+/// fuzzing).
+#[test]
+fn copy_source_extent_outside_its_pool() {
+    const POOL1: &str = "kv/pool=1/part-00000.parquet";
+    let (_d, t) = fresh();
+    let mut evs: Vec<KvEvent> = events().into_iter().filter(|e| e.pool == 1).collect();
+    let i = evs.iter().position(|e| e.src.is_some()).unwrap();
+    evs[i].src.as_mut().unwrap().slot_start = 245;
+    write_parquet(&t.join(POOL1), kv_cols(&evs), Compression::SNAPPY);
+    let want = [
+        POOL1,
+        &format!("row {i}") as &str,
+        "column `src_slot_start`",
+        "source extent 245..253 lies outside pool 0 (capacity_tokens 64)",
+    ];
+    check_bad(&t, &want, 1);
+    let out = t.with_file_name("scope-out");
+    let r = kvtrail(["scope", s(&t), "--out", s(&out)]).run();
+    assert_eq!(r.code, 2, "scope exit code; stderr:\n{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    for f in want {
+        assert!(r.stderr.contains(f), "scope lacks {f:?}:\n{}", r.stderr);
+    }
+    assert!(!out.join("summary.json").exists(), "scope wrote a report");
+}
+
 /// The required columns of a two-row requests table with these ids.
 fn two_requests(ids: [u64; 2]) -> Vec<(&'static str, ArrayRef)> {
     vec![

@@ -10,7 +10,9 @@ use crate::trace::hive::{self};
 use crate::trace::manifest::Deployment;
 use crate::trace::read::column::{Col, opt};
 use crate::trace::read::parquet_file::{Cursor, open_builder_dict, project};
-use crate::trace::read::values::{MAX_REQUEST_ID, check_seq, reserved_id};
+use crate::trace::read::values::{
+    Capacities, Extent, MAX_REQUEST_ID, check_extent, check_seq, reserved_id,
+};
 use crate::trace::root::TraceRoot;
 
 /// Events from one stretch of one kv file.
@@ -25,9 +27,7 @@ pub struct KvChunk {
 /// Streams one kv file as checked events.
 pub struct KvFileReader {
     cur: Cursor,
-    /// capacity_tokens by pool id (0: not in the deployment), a flat table
-    /// so the per-row lookup is one index.
-    capacity: Vec<u64>,
+    capacity: Capacities,
     /// A used batch's buffer handed back ([`KvFileReader::recycle`]): the
     /// next batch is decoded into it instead of a new allocation.
     spare: Vec<KvEvent>,
@@ -57,14 +57,7 @@ impl KvFileReader {
         let reader = project(path, builder, &KV_REQUIRED, &KV_OPTIONAL, &hive)?;
         Ok(KvFileReader {
             cur: Cursor::new(root, path, hive, reader),
-            capacity: {
-                let max = deployment.pools.iter().map(|p| p.id).max().unwrap_or(0);
-                let mut cap = vec![0u64; max as usize + 1];
-                for p in &deployment.pools {
-                    cap[p.id as usize] = p.capacity_tokens;
-                }
-                cap
-            },
+            capacity: Capacities::of(deployment),
             spare: Vec::new(),
         })
     }
@@ -81,10 +74,7 @@ impl KvFileReader {
 
     #[inline]
     fn capacity(&self, pool: u16) -> Option<u64> {
-        match self.capacity.get(pool as usize) {
-            Some(&c) if c > 0 => Some(c),
-            _ => None,
-        }
+        self.capacity.get(pool)
     }
 
     fn decode(&mut self, batch: &RecordBatch) -> Result<Vec<KvEvent>> {
@@ -151,17 +141,14 @@ impl KvFileReader {
                     "an extent covers at least one slot; drop empty events",
                 ));
             }
-            let end = start[i] as u64 + count[i] as u64;
-            if end > cap {
-                return Err(Error::invalid(
-                    loc(kv_col::SLOT_START),
-                    format!(
-                        "extent {}..{} lies outside pool {} (capacity_tokens {cap})",
-                        start[i], end, pool[i]
-                    ),
-                    "slots are numbered 0..capacity_tokens of their pool",
-                ));
-            }
+            check_extent(
+                || loc(kv_col::SLOT_START),
+                Extent::Slots,
+                pool[i],
+                start[i],
+                count[i],
+                cap,
+            )?;
             let src_parts = (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i));
             let src = match src_parts {
                 (None, None, None) => None,
@@ -187,16 +174,14 @@ impl KvFileReader {
                             "copies go between pools (a DAG: prefill pools before decode pools)",
                         ));
                     }
-                    if ss as u64 + count[i] as u64 > scap {
-                        return Err(Error::invalid(
-                            loc(kv_col::SRC_SLOT_START),
-                            format!(
-                                "source extent {ss}..{} lies outside pool {sp}",
-                                ss as u64 + count[i] as u64
-                            ),
-                            "slots are numbered 0..capacity_tokens of their pool",
-                        ));
-                    }
+                    check_extent(
+                        || loc(kv_col::SRC_SLOT_START),
+                        Extent::Source,
+                        sp,
+                        ss,
+                        count[i],
+                        scap,
+                    )?;
                     check_seq(|| loc(kv_col::SRC_SEQ), sq)?;
                     Some(CopySrc {
                         pool: sp,

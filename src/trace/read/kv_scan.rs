@@ -8,9 +8,10 @@ use arrow_array::RecordBatch;
 use crate::error::{Location, Result};
 use crate::schema::{CopySrc, kv_col};
 use crate::trace::hive::{self};
+use crate::trace::manifest::Deployment;
 use crate::trace::read::column::{Col, opt};
 use crate::trace::read::parquet_file::{Cursor, open_builder, project};
-use crate::trace::read::values::{MAX_SEQ, check_seq};
+use crate::trace::read::values::{Capacities, Extent, MAX_SEQ, check_extent, check_seq};
 use crate::trace::root::TraceRoot;
 
 /// A light view of one batch of a kv file: only what replay needs to plan
@@ -31,11 +32,14 @@ pub struct KvScanBatch {
 /// the src columns), batch by batch.
 pub struct KvScanReader {
     cur: Cursor,
+    /// The deployment's pools: a copy's source extent is checked here,
+    /// since replay captures the source before the copy's row is decoded.
+    capacity: Capacities,
 }
 
 impl KvScanReader {
     /// Opens the kv file at `path` of the trace at `root`.
-    pub fn open(root: &TraceRoot, path: &Path) -> Result<Self> {
+    pub fn open(root: &TraceRoot, path: &Path, deployment: &Deployment) -> Result<Self> {
         let builder = open_builder(root, path)?;
         let required = [kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT];
         let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
@@ -43,6 +47,7 @@ impl KvScanReader {
         let reader = project(path, builder, &required, &optional, &hive)?;
         Ok(KvScanReader {
             cur: Cursor::new(root, path, hive, reader),
+            capacity: Capacities::of(deployment),
         })
     }
 
@@ -75,10 +80,20 @@ impl KvScanReader {
                     if let (Some(a), Some(b), Some(s)) =
                         (opt(&sp, &spn, i), opt(&ss, &ssn, i), opt(&sq, &sqn, i))
                     {
-                        check_seq(
-                            || Location::file(p).row(r0 + i as u64).column(kv_col::SRC_SEQ),
-                            s,
-                        )?;
+                        let loc = |col| Location::file(p).row(r0 + i as u64).column(col);
+                        check_seq(|| loc(kv_col::SRC_SEQ), s)?;
+                        // An unknown source pool is refused with the
+                        // trace-wide checks (`check::finish`).
+                        if let Some(cap) = self.capacity.get(a) {
+                            check_extent(
+                                || loc(kv_col::SRC_SLOT_START),
+                                Extent::Source,
+                                a,
+                                b,
+                                count[i],
+                                cap,
+                            )?;
+                        }
                         copies.push((
                             i as u32,
                             CopySrc {

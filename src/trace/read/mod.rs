@@ -28,4 +28,6 @@ pub use kv_scan::{KvScanBatch, KvScanReader};
 pub use open::{Trace, list_parquet, rel_path};
 pub use parquet_file::{MAX_FOOTER_BYTES, MAX_ROW_GROUPS, READ_BATCH_ROWS, footer_rows};
 pub use requests::RequestFileReader;
-pub use values::{MAX_REQUEST_ID, MAX_SEQ, check_request_id, check_seq};
+pub use values::{
+    Capacities, Extent, MAX_REQUEST_ID, MAX_SEQ, check_extent, check_request_id, check_seq,
+};

@@ -102,7 +102,7 @@ impl Trace {
 
     /// Opens the planning columns of one kv file.
     pub fn kv_scan(&self, path: &Path) -> Result<KvScanReader> {
-        KvScanReader::open(&self.root, path)
+        KvScanReader::open(&self.root, path, &self.manifest.deployment)
     }
 
     /// Rows a data file of the trace holds, from its footer alone.

@@ -46,3 +46,65 @@ pub fn check_seq(loc: impl FnOnce() -> Location, seq: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// `capacity_tokens` by pool id, a flat table so the per-row lookup is one
+/// index (0: the id is not in the deployment).
+#[derive(Debug, Clone, Default)]
+pub struct Capacities(Vec<u64>);
+
+impl Capacities {
+    pub fn of(deployment: &crate::trace::manifest::Deployment) -> Self {
+        let max = deployment.pools.iter().map(|p| p.id).max().unwrap_or(0);
+        let mut cap = vec![0u64; max as usize + 1];
+        for p in &deployment.pools {
+            cap[p.id as usize] = p.capacity_tokens;
+        }
+        Capacities(cap)
+    }
+
+    /// The pool's capacity, or None when the deployment does not list it.
+    #[inline]
+    pub fn get(&self, pool: u16) -> Option<u64> {
+        match self.0.get(pool as usize) {
+            Some(&c) if c > 0 => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// Which extent of a row [`check_extent`] checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extent {
+    /// `slot_start .. slot_start + slot_count` of the row's pool.
+    Slots,
+    /// A copy's `src_slot_start .. src_slot_start + slot_count` of its
+    /// source pool.
+    Source,
+}
+
+/// The contract's extent rule: `count` slots from `start` lie within the
+/// `capacity` slots of `pool`. Every reader of kv rows (the full reader and
+/// the planning scan, which captures a copy's source before the copy's own
+/// row is decoded) checks extents here.
+pub fn check_extent(
+    loc: impl FnOnce() -> Location,
+    which: Extent,
+    pool: u16,
+    start: u32,
+    count: u32,
+    capacity: u64,
+) -> Result<()> {
+    let end = start as u64 + count as u64;
+    if end <= capacity {
+        return Ok(());
+    }
+    let what = match which {
+        Extent::Slots => "extent",
+        Extent::Source => "source extent",
+    };
+    Err(Error::invalid(
+        loc(),
+        format!("{what} {start}..{end} lies outside pool {pool} (capacity_tokens {capacity})"),
+        "slots are numbered 0..capacity_tokens of their pool",
+    ))
+}
