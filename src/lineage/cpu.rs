@@ -1029,4 +1029,58 @@ mod tests {
         );
         assert_eq!(refusal(CpuBackend::with_threads(3).unwrap()), one);
     }
+
+    /// `rule::changes_content` agrees with the transition: an event it
+    /// says leaves the content alone captures the same before and after,
+    /// on random state (gaps and stale bits included), one event at a time.
+    #[test]
+    fn what_changes_content_is_what_the_rule_changes() {
+        use crate::lineage::rule::changes_content;
+        const CAP: u64 = 3 * PAGE as u64 + 11;
+        let ops = [
+            Op::Alloc,
+            Op::Write,
+            Op::Read,
+            Op::Share,
+            Op::Scrub,
+            Op::Free,
+        ];
+        let mut changed = std::collections::BTreeSet::new();
+        for seed in 1..40u64 {
+            let mut rng = Rng((seed * 7919) | 1);
+            let mut b = CpuBackend::new();
+            b.add_pool(0, CAP, seed % 2 == 0).unwrap();
+            for seq in 0..400u64 {
+                let op = ops[rng.below(ops.len() as u64) as usize];
+                let long = rng.below(4) == 0;
+                let count = 1 + rng.below(if long { 2 * PAGE as u64 } else { 30 });
+                let start = rng.below(CAP - count);
+                let e = event(0, seq, 1 + rng.below(3), op, start as u32, count as u32);
+                let (mut before, mut after) = (Payload::default(), Payload::default());
+                b.capture(0, e.slot_start, e.slot_count, false, &mut before)
+                    .unwrap();
+                let (mut out, mut c) = (Vec::new(), Counters::default());
+                b.apply(0, &[e], &mut out, &mut c).unwrap();
+                b.capture(0, e.slot_start, e.slot_count, false, &mut after)
+                    .unwrap();
+                if before != after {
+                    assert!(
+                        changes_content(op),
+                        "{op:?} changed {before:?} to {after:?}"
+                    );
+                    changed.insert(format!("{op:?}"));
+                }
+                if rng.below(50) == 0 {
+                    b.mark_gap(0, seq + 1);
+                }
+            }
+        }
+        // Each op the predicate names does change content somewhere.
+        let named: std::collections::BTreeSet<String> = ops
+            .iter()
+            .filter(|&&o| changes_content(o))
+            .map(|o| format!("{o:?}"))
+            .collect();
+        assert_eq!(changed, named);
+    }
 }

@@ -29,6 +29,18 @@ use super::grants::Grants;
 use super::stale::StaleBits;
 use super::state::{Grant, Payload, SCRUBBED, SlotVal};
 
+/// Whether an event of `op` (not a copy) can change what a copy of its
+/// slots captures ([`SlotVal`]: owner, uncertainty, stale state), as
+/// [`PoolState::apply`] below defines: `alloc` (stale), `write` and
+/// `scrub` (content). `free`, `share` (grants only) and `read` leave it as
+/// it was. A copy always can. Live detection keeps the prior content of
+/// exactly these events, so a copy that arrives after its source pool
+/// moved on still sees the source as of `src_seq`.
+#[inline]
+pub fn changes_content(op: Op) -> bool {
+    matches!(op, Op::Alloc | Op::Write | Op::Scrub)
+}
+
 /// What a backend keeps per slot besides the rule's stale bits and grants.
 /// Slot ranges are `a..b` (non-empty for `set`, `copy` and `read` when the
 /// event is; a backend that splits a pool calls the rule once per piece).

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtrail::progress::NoReporter;
-use kvtrail::record::live::{AlertTarget, LIVE_FINDINGS, LiveFindings, LiveOptions};
+use kvtrail::record::live::{AlertTarget, Bounds, LIVE_FINDINGS, LiveFindings, LiveOptions};
 use kvtrail::record::{Listen, NoLog, RecordConfig, Sidecar, WhenBehind};
 use kvtrail::schema::KvEvent;
 use kvtrail::scope::{Confidence, Response, ScopeReport, SharedHit};
@@ -323,15 +323,25 @@ fn copy(seq: u64, rid: u64, start: u32, count: u32, src_seq: u64) -> String {
 /// Request 1 prefills slots 0..4 on pool 0; request 2 later overwrites
 /// them. The copy into pool 1 reads pool 0 as of seq 1 (request 1's KV):
 /// decode's read is request 1's own. Sent with the copy after pool 0 has
-/// moved on and no holdback, the live view cannot see pool 0 as of seq 1:
-/// the copy is counted late and its slots uncertain, never a guess.
+/// moved on and no holdback, the live view rebuilds pool 0 as of seq 1
+/// from its history (exact, nothing found); with no history kept it cannot
+/// see pool 0 as of seq 1: the copy is counted late and its slots
+/// uncertain, never a guess.
 #[test]
-fn a_copy_whose_source_moved_on_is_counted_and_uncertain() {
-    for (holdback, exact) in [(Duration::from_secs(3), true), (Duration::ZERO, false)] {
+fn a_copy_whose_source_moved_on_is_rebuilt_or_counted_uncertain() {
+    let default = Bounds::default().history;
+    for (holdback, history, rebuilt, exact) in [
+        (Duration::from_secs(3), default, 0, true),
+        (Duration::ZERO, default, 1, true),
+        (Duration::ZERO, 0, 0, false),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("s.sock");
         let out = dir.path().join("rec");
-        let cfg = live_cfg(&sock, |o| o.bounds.holdback = holdback);
+        let cfg = live_cfg(&sock, |o| {
+            o.bounds.holdback = holdback;
+            o.bounds.history = history;
+        });
         let sidecar = Sidecar::start(cfg, pd(), &out, Arc::new(NoLog)).unwrap();
         let mut p = connect_to(&sock, &[0]);
         for l in [
@@ -339,6 +349,9 @@ fn a_copy_whose_source_moved_on_is_counted_and_uncertain() {
             ev(0, 1, 1, "write", 0, 4),
             ev(0, 2, 2, "alloc", 0, 4),
             ev(0, 3, 2, "write", 0, 4),
+            ev(0, 4, 2, "free", 0, 4),
+            ev(0, 5, 3, "alloc", 2, 6),
+            ev(0, 6, 3, "write", 2, 6),
         ] {
             writeln!(p, "{l}").unwrap();
         }
@@ -359,15 +372,17 @@ fn a_copy_whose_source_moved_on_is_counted_and_uncertain() {
         let live = read_findings(&out);
         let scope = fresh_scope(&out);
         assert!(scope.affected_responses.is_empty(), "scope: own read");
-        assert_eq!(live.exact, exact, "{:?}", live.live);
+        let case = format!("holdback {holdback:?}, history {history}: {:?}", live.live);
+        assert_eq!(live.exact, exact, "{case}");
+        assert_eq!(live.live.copies_rebuilt, rebuilt, "{case}");
         assert_eq!(sum.live.unwrap(), live.live);
         if exact {
-            assert!(live.affected_responses.is_empty());
+            assert!(live.affected_responses.is_empty(), "{case}");
         } else {
             assert_eq!(live.live.copies_late, 1);
-            // Taken from pool 0's current content (request 2's) marked
-            // uncertain: a possible finding, never a confirmed one, and
-            // never silently clean.
+            // Taken from pool 0's current content (requests 2 and 3)
+            // marked uncertain: a possible finding, never a confirmed
+            // one, and never silently clean.
             let a = &live.affected_responses;
             assert_eq!(a.len(), 1, "{a:?}");
             assert_eq!(a[0].request_id, 1);

@@ -92,6 +92,9 @@ pub struct Args {
     /// Milliseconds live detection holds each event before applying it (so copies see their source as of src_seq).
     #[arg(long, default_value_t = 200)]
     pub live_holdback_ms: u64,
+    /// Content-changing events per pool whose prior content live detection keeps, so a copy that arrives after its source moved on is rebuilt exactly (0: none; each costs about 50 bytes).
+    #[arg(long, default_value_t = kvtrail::record::live::Bounds::default().history, value_name = "N")]
+    pub live_history: usize,
 }
 
 struct StderrLog;
@@ -148,6 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             ..Default::default()
         };
         o.bounds.holdback = Duration::from_millis(args.live_holdback_ms);
+        o.bounds.history = args.live_history;
         cfg.live = Some(o);
     }
 
@@ -248,7 +252,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         output::print_human(|out| {
             writeln!(
                 out,
-                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped{}{}), {} seq holes; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
+                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped{}{}), {} seq holes, {} late copies rebuilt; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
                 l.events_applied,
                 l.affected_responses,
                 l.alerts,
@@ -268,6 +272,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     String::new()
                 },
                 l.seq_holes,
+                l.copies_rebuilt,
                 l.events_dropped,
                 l.copies_late,
                 l.copies_timed_out,

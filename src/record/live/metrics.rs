@@ -46,6 +46,7 @@ pub struct Metrics {
     pub lag: Histogram,
     pub copies_waiting: Gauge,
     pub events_held: Gauge,
+    pub copies_rebuilt: Counter,
     pub copies_late: Counter,
     pub copies_timed_out: Counter,
     pub bytes_written: Gauge,
@@ -74,6 +75,7 @@ impl Default for Metrics {
             lag: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             copies_waiting: Gauge::default(),
             events_held: Gauge::default(),
+            copies_rebuilt: Counter::default(),
             copies_late: Counter::default(),
             copies_timed_out: Counter::default(),
             bytes_written: Gauge::default(),
@@ -159,6 +161,11 @@ impl Default for Metrics {
             "events_held",
             "Events waiting in the live replay's queues",
             m.events_held.clone(),
+        );
+        r.register(
+            "copies_rebuilt",
+            "Copies whose source had moved past src_seq, rebuilt exactly from its history",
+            m.copies_rebuilt.clone(),
         );
         r.register(
             "copies_late",

@@ -95,6 +95,10 @@ pub struct LiveStats {
     /// Events the live queue could not take: written, not classified live.
     pub events_dropped: u64,
     pub seq_holes: u64,
+    /// Copies that arrived after their source moved on, rebuilt exactly
+    /// from the source pool's history.
+    #[serde(default)]
+    pub copies_rebuilt: u64,
     pub copies_late: u64,
     pub copies_timed_out: u64,
     pub late_sources: u64,
@@ -312,6 +316,7 @@ impl Live {
             events_applied: engine.counters.events,
             events_dropped: self.dropped,
             seq_holes: engine.gaps.len() as u64,
+            copies_rebuilt: engine.copies_rebuilt,
             copies_late: engine.copies_late,
             copies_timed_out: engine.copies_timed_out,
             late_sources: engine.late_sources.len() as u64,
@@ -404,6 +409,7 @@ fn run(
     engine.pump(Instant::now(), true, &mut |runs| detector.runs(runs));
     count_holes(&engine, holes, m);
     detector.flush_losses(now_ns());
+    m.copies_rebuilt.inc_by(engine.copies_rebuilt);
     m.copies_late.inc_by(engine.copies_late);
     m.copies_timed_out.inc_by(engine.copies_timed_out);
     Closed { engine, detector }

@@ -10,11 +10,18 @@
 //! `src_seq`. A copy that has arrived registers its source; the source
 //! pool stops before the first event past that `src_seq` and captures
 //! the slots first (as `sched::finish_captures` does), and a copy whose
-//! source has not reached `src_seq` pulls it forward or waits. A copy
-//! whose source had already moved past `src_seq` when it arrived
-//! (`copies_late`), or that waited past `copy_wait` or `max_held`
-//! (`copies_timed_out`), takes the source's current content marked
-//! uncertain: counted, never a silent guess.
+//! source has not reached `src_seq` pulls it forward or waits.
+//!
+//! A copy whose source had already moved past `src_seq` when it arrived
+//! (engines on other hosts, connections read at different speeds) is
+//! rebuilt exactly from the source pool's history: every content-changing
+//! event applied (`rule::changes_content`, and copies) keeps what its
+//! slots held before it, at most `history` events per pool, so the source
+//! as of `src_seq` is its current content with the later events undone
+//! (`copies_rebuilt`). One that is older than the history, or with a hole
+//! in its source after `src_seq` (`copies_late`), or that waited past
+//! `copy_wait` or `max_held` (`copies_timed_out`), takes the source's
+//! current content marked uncertain: counted, never a silent guess.
 //!
 //! Seq holes are marked exactly as the scheduler marks them (a first event
 //! above seq 0, a jump), so reads after a hole are uncertain as in scope.
@@ -25,8 +32,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::lineage::backend::{Backend, Counters, Payload, ReadRun};
+use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
 use crate::lineage::cpu::CpuBackend;
+use crate::lineage::rule::changes_content;
 use crate::lineage::{Exposures, Gap, LineageOutcome};
 use crate::schema::KvEvent;
 use crate::trace::manifest::Deployment;
@@ -42,6 +50,10 @@ pub struct Bounds {
     pub max_held: usize,
     /// How long a copy waits for its source pool to reach `src_seq`.
     pub copy_wait: Duration,
+    /// Content-changing events per pool whose prior content is kept, so a
+    /// copy that arrives after its source moved on is rebuilt exactly; 0
+    /// keeps none.
+    pub history: usize,
 }
 
 impl Default for Bounds {
@@ -50,6 +62,7 @@ impl Default for Bounds {
             holdback: Duration::from_millis(200),
             max_held: 1 << 18,
             copy_wait: Duration::from_secs(5),
+            history: 1 << 16,
         }
     }
 }
@@ -63,6 +76,72 @@ struct PoolLive {
     wait_since: Option<Instant>,
     /// Its head copy is pulling its source forward (a cycle check).
     pulling: bool,
+    /// before_seq of the latest hole marked.
+    last_gap: Option<u64>,
+    history: History,
+}
+
+/// What one pool's latest content-changing events found in their slots,
+/// oldest first: an entry per event, its prior content as runs of equal
+/// slot values in a shared queue.
+#[derive(Default)]
+struct History {
+    /// (seq, slot_start, slot_count, runs).
+    entries: VecDeque<(u64, u32, u32, u32)>,
+    runs: VecDeque<(u32, SlotVal)>,
+    /// Every content-changing event after this seq is in `entries` (None:
+    /// since the pool's first event).
+    after: Option<u64>,
+}
+
+impl History {
+    /// Keeps event `e`'s prior content `prior`, dropping the oldest past
+    /// `max` entries (or four runs an entry).
+    fn push(&mut self, e: &KvEvent, prior: &Payload, max: usize) {
+        let runs = prior.runs();
+        self.entries
+            .push_back((e.seq, e.slot_start, e.slot_count, runs.len() as u32));
+        self.runs.extend(runs.iter().copied());
+        while self.entries.len() > max || self.runs.len() > 4 * max {
+            let Some((seq, _, _, n)) = self.entries.pop_front() else {
+                break;
+            };
+            self.runs.drain(..n as usize);
+            self.after = Some(seq);
+        }
+    }
+
+    /// Undoes, in `vals` (the current content of slots `a..a + vals.len()`),
+    /// every kept event after `seq`, newest first; false when the history
+    /// does not reach back to `seq`.
+    fn undo_after(&self, seq: u64, a: u64, vals: &mut [SlotVal]) -> bool {
+        if self.after.is_some_and(|after| seq < after) {
+            return false;
+        }
+        let b = a + vals.len() as u64;
+        let from = self.entries.partition_point(|x| x.0 <= seq);
+        let mut end = self.runs.len();
+        for k in (0..self.entries.len()).rev() {
+            let (_, start, count, n) = self.entries[k];
+            let first = end - n as usize;
+            if k >= from && (start as u64) < b && a < start as u64 + count as u64 {
+                let mut s = start as u64;
+                for i in first..end {
+                    let (len, v) = self.runs[i];
+                    let (x, y) = (s.max(a), (s + len as u64).min(b));
+                    if x < y {
+                        vals[(x - a) as usize..(y - a) as usize].fill(v);
+                    }
+                    s += len as u64;
+                }
+            }
+            if k < from {
+                break;
+            }
+            end = first;
+        }
+        true
+    }
 }
 
 /// A copy that arrived, waiting for its source to be captured:
@@ -81,7 +160,9 @@ pub struct Engine {
     pub counters: Counters,
     pub gaps: Vec<Gap>,
     pub late_sources: BTreeMap<u16, (u64, u64)>,
-    /// Copies whose source had applied past src_seq when they arrived.
+    /// Copies whose source had applied past src_seq when they arrived,
+    /// rebuilt from its history (exact), and not (uncertain).
+    pub copies_rebuilt: u64,
     pub copies_late: u64,
     /// Copies that waited past the bound for their source.
     pub copies_timed_out: u64,
@@ -95,6 +176,10 @@ pub struct Engine {
     bounds: Bounds,
     runs: Vec<ReadRun>,
     scratch: Payload,
+    /// The content-changing extents of the batch being split (start ->
+    /// end, disjoint).
+    touched: BTreeMap<u64, u64>,
+    vals: Vec<SlotVal>,
 }
 
 impl Engine {
@@ -114,6 +199,7 @@ impl Engine {
             counters: Counters::default(),
             gaps: Vec::new(),
             late_sources: BTreeMap::new(),
+            copies_rebuilt: 0,
             copies_late: 0,
             copies_timed_out: 0,
             unknown_pool_events: 0,
@@ -122,6 +208,8 @@ impl Engine {
             bounds,
             runs: Vec::new(),
             scratch: Payload::default(),
+            touched: BTreeMap::new(),
+            vals: Vec::new(),
         })
     }
 
@@ -246,6 +334,7 @@ impl Engine {
             _ => None,
         };
         if let Some(after_seq) = gap {
+            self.pools.get_mut(&id).expect("declared").last_gap = Some(seq);
             self.gaps.push(Gap {
                 pool: id,
                 after_seq,
@@ -362,8 +451,7 @@ impl Engine {
                 .drain(..n)
                 .map(|(e, _)| e)
                 .collect();
-            self.backend
-                .apply(id, &batch, &mut self.runs, &mut self.counters)?;
+            self.apply_kept(id, &batch)?;
             self.pools.get_mut(&id).expect("declared").last = prev;
             if !self.runs.is_empty() {
                 self.exposures.add_runs(&self.runs);
@@ -393,8 +481,12 @@ impl Engine {
                 .is_some_and(|c| c.contains_key(&(src.seq, id, e.seq)));
             if !registered || !self.pools.contains_key(&src.pool) {
                 // The source had moved past src_seq when the copy arrived.
-                self.copies_late += 1;
-                self.take_current(id, e)?;
+                if self.rebuild(e)? {
+                    self.copies_rebuilt += 1;
+                } else {
+                    self.copies_late += 1;
+                    self.take_current(id, e)?;
+                }
             } else if src.pool != id && !self.pools[&src.pool].pulling {
                 self.pools.get_mut(&id).expect("declared").pulling = true;
                 let pulled = self.advance(src.pool, Some(src.seq), now, closing, on_runs);
@@ -423,6 +515,7 @@ impl Engine {
         }
         let payload = self.payloads.remove(&key).expect("captured above");
         self.gap_before(id, e.seq);
+        self.keep_prior(id, &e)?;
         self.backend
             .apply_copy(id, &e, &payload, &mut self.counters)?;
         let p = self.pools.get_mut(&id).expect("declared");
@@ -438,6 +531,93 @@ impl Engine {
         if let Some(c) = self.caps.get_mut(&src.pool) {
             c.remove(&(src.seq, e.pool, e.seq));
         }
+    }
+
+    /// Applies a batch of plain events of pool `id`, keeping each
+    /// content-changing event's prior content: the batch is cut before an
+    /// event whose extent overlaps an earlier one's, so what is kept is
+    /// what the slots held just before that event.
+    fn apply_kept(&mut self, id: u16, batch: &[KvEvent]) -> Result<()> {
+        if self.bounds.history == 0 {
+            return self
+                .backend
+                .apply(id, batch, &mut self.runs, &mut self.counters);
+        }
+        self.touched.clear();
+        let mut from = 0;
+        for (k, e) in batch.iter().enumerate() {
+            if !changes_content(e.op) || e.slot_count == 0 {
+                continue;
+            }
+            let (a, b) = (u64::from(e.slot_start), e.slot_end());
+            let overlaps = self
+                .touched
+                .range(..b)
+                .next_back()
+                .is_some_and(|(_, &end)| end > a);
+            if overlaps {
+                self.backend
+                    .apply(id, &batch[from..k], &mut self.runs, &mut self.counters)?;
+                from = k;
+                self.touched.clear();
+            }
+            self.keep_prior(id, e)?;
+            self.touched.insert(a, b);
+        }
+        self.backend
+            .apply(id, &batch[from..], &mut self.runs, &mut self.counters)
+    }
+
+    /// Keeps what event `e`'s slots of pool `id` hold before it applies.
+    fn keep_prior(&mut self, id: u16, e: &KvEvent) -> Result<()> {
+        if self.bounds.history == 0 || e.slot_count == 0 {
+            return Ok(());
+        }
+        self.backend
+            .capture(id, e.slot_start, e.slot_count, false, &mut self.scratch)?;
+        let max = self.bounds.history;
+        let p = self.pools.get_mut(&id).expect("declared");
+        p.history.push(e, &self.scratch, max);
+        Ok(())
+    }
+
+    /// The copy `e`, whose source pool had moved past `src_seq` when it
+    /// arrived: its source as of `src_seq`, rebuilt from the pool's
+    /// history, into `payloads`. False when the history does not reach
+    /// back, or a hole after `src_seq` changed what the source's content
+    /// is known as since.
+    fn rebuild(&mut self, e: KvEvent) -> Result<bool> {
+        let src = e.src.expect("a copy");
+        let Some(p) = self.pools.get(&src.pool) else {
+            return Ok(false);
+        };
+        if self.bounds.history == 0
+            || p.last.is_none_or(|l| l < src.seq)
+            || p.last_gap.is_some_and(|g| g > src.seq)
+        {
+            return Ok(false);
+        }
+        self.backend.capture(
+            src.pool,
+            src.slot_start,
+            e.slot_count,
+            false,
+            &mut self.scratch,
+        )?;
+        self.vals.clear();
+        self.vals.extend(self.scratch.iter());
+        let p = &self.pools[&src.pool];
+        if !p
+            .history
+            .undo_after(src.seq, u64::from(src.slot_start), &mut self.vals)
+        {
+            return Ok(false);
+        }
+        self.scratch.clear();
+        self.scratch.extend(self.vals.iter().copied());
+        self.payloads
+            .insert((e.pool, e.seq), std::mem::take(&mut self.scratch));
+        Ok(true)
     }
 
     /// The copy `e` into pool `id` takes its source's current content,
@@ -472,6 +652,7 @@ impl Engine {
         }
         let payload = self.payloads.remove(&(id, e.seq)).expect("captured");
         self.gap_before(id, e.seq);
+        self.keep_prior(id, &e)?;
         self.backend
             .apply_copy(id, &e, &payload, &mut self.counters)?;
         let p = self.pools.get_mut(&id).expect("declared");
