@@ -3,7 +3,12 @@
 //! `Sidecar` until every event is in closed Parquet files), run in pairs,
 //! unsealed and sealed (`--signing-key`, a seal every `SEAL_MS`), in the
 //! same process, alternating so that a busy machine slows both alike.
-//! Prints each pair and the median ratio of sealed to unsealed time.
+//! Prints each pair and the median ratios of sealed to unsealed wall time
+//! and CPU time (user + system of the whole process: the senders only
+//! write prepared bytes, so nearly all of it is the sidecar's). On a
+//! shared machine the CPU ratio is the steadier figure: sealing runs on a
+//! thread of its own, so what it costs is CPU, which a wall clock on an
+//! idle core does not show and a busy machine drowns.
 //!
 //! cargo run --release --example bench_seal -- [EVENTS_PER_SENDER] [SENDERS] [PAIRS] [SEAL_MS]
 
@@ -56,20 +61,31 @@ fn bench_key(dir: &Path) -> Arc<SigningKey> {
     Arc::new(SigningKey::load(&p).unwrap())
 }
 
-/// One capture of `payloads`; its wall time and the seals written.
+/// CPU seconds (user + system) this process has used so far.
+fn cpu_seconds() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// One capture of `payloads`; its wall time, CPU time and the seals
+/// written.
 fn run(
     dir: &Path,
     name: &str,
     dep: &Deployment,
     payloads: &[Vec<u8>],
     seal: Option<SealConfig>,
-) -> (f64, u64) {
+) -> (f64, f64, u64) {
     let sock = dir.join(format!("{name}.sock"));
     let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
     cfg.queue_batches = 4096;
     cfg.seal = seal;
     let out = dir.join(name);
     let sc = Sidecar::start(cfg, dep.clone(), &out, Arc::new(NoLog)).unwrap();
+    let cpu = cpu_seconds();
     let t = Instant::now();
     std::thread::scope(|s| {
         for p in payloads {
@@ -84,9 +100,10 @@ fn run(
     });
     let sum = sc.shutdown().unwrap();
     let wall = t.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     assert_eq!(sum.stats.lost_queue, 0, "{:?}", sum.stats);
     std::fs::remove_dir_all(&out).unwrap();
-    (wall, sum.seals)
+    (wall, cpu, sum.seals)
 }
 
 fn main() {
@@ -118,32 +135,38 @@ fn main() {
     // One warm-up run each (page cache, allocator).
     run(dir.path(), "warm", &dep, &payloads, None);
     let mut ratios = Vec::new();
+    let mut cpu_ratios = Vec::new();
     for i in 0..pairs {
         let seal = SealConfig {
             key: key.clone(),
             every: Duration::from_millis(seal_ms),
         };
         // Alternate the order so a drift in load favours neither side.
-        let (plain, (sealed, seals)) = if i % 2 == 0 {
+        let (plain, sealed) = if i % 2 == 0 {
             let a = run(dir.path(), "plain", &dep, &payloads, None);
-            (a.0, run(dir.path(), "sealed", &dep, &payloads, Some(seal)))
+            (a, run(dir.path(), "sealed", &dep, &payloads, Some(seal)))
         } else {
             let b = run(dir.path(), "sealed", &dep, &payloads, Some(seal));
-            (run(dir.path(), "plain", &dep, &payloads, None).0, b)
+            (run(dir.path(), "plain", &dep, &payloads, None), b)
         };
+        let (pw, pc, _) = plain;
+        let (sw, sc, seals) = sealed;
         println!(
-            "  pair {i}: unsealed {plain:.3} s ({:.0} events/s), sealed {sealed:.3} s ({:.0} events/s, {seals} seals): ratio {:.4}",
-            total as f64 / plain,
-            total as f64 / sealed,
-            sealed / plain
+            "  pair {i}: unsealed {pw:.3} s wall ({:.0} events/s), {pc:.3} CPU-s; sealed {sw:.3} s wall ({:.0} events/s), {sc:.3} CPU-s, {seals} seals: wall ratio {:.4}, CPU ratio {:.4}",
+            total as f64 / pw,
+            total as f64 / sw,
+            sw / pw,
+            sc / pc
         );
-        ratios.push(sealed / plain);
+        ratios.push(sw / pw);
+        cpu_ratios.push(sc / pc);
     }
-    ratios.sort_by(|a, b| a.total_cmp(b));
-    println!(
-        "  median ratio sealed / unsealed time: {:.4} (min {:.4}, max {:.4})",
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1]
-    );
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let (m, lo, hi) = median(&mut ratios);
+    println!("  median ratio sealed / unsealed wall time: {m:.4} (min {lo:.4}, max {hi:.4})");
+    let (m, lo, hi) = median(&mut cpu_ratios);
+    println!("  median ratio sealed / unsealed CPU time: {m:.4} (min {lo:.4}, max {hi:.4})");
 }

@@ -13,6 +13,7 @@ mod crash;
 mod cuda_cli;
 mod cuda_emu;
 mod cuda_nvrtc;
+mod evidence_chain;
 mod evidence_claims;
 mod export;
 mod fleet_spark;

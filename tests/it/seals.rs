@@ -20,7 +20,7 @@
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use kvtrail::record::SealConfig;
 
 use crate::support::cli::{kvtrail, s};
 use crate::support::record::*;
-use crate::support::reseal::reseal_trace;
+use crate::support::reseal::{reseal_trace, reseal_trace_digests};
 
 const ID: &str = "capture@example";
 
@@ -39,34 +39,9 @@ fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     crate::support::keys::keygen(dir, name, ID)
 }
 
-/// `ssh-keygen -Y verify` of one seal: its exit code and output.
+/// `ssh-keygen -Y verify` of one seal by [`ID`].
 fn openssh_verify(allowed: &Path, seal: &Path) -> (bool, String) {
-    let sig = PathBuf::from(format!("{}.sig", seal.display()));
-    let mut child = Command::new("ssh-keygen")
-        .args(["-Y", "verify", "-f"])
-        .arg(allowed)
-        .args(["-I", ID, "-n", "kvtrail-seal", "-s"])
-        .arg(&sig)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&std::fs::read(seal).unwrap())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    crate::support::keys::openssh_verify(allowed, ID, seal)
 }
 
 fn seal_files(trace: &Path) -> Vec<PathBuf> {
@@ -280,7 +255,7 @@ fn ingest_and_simulate_seal_the_finished_trace() {
         assert!(ok, "{msg}");
         let (code, out, err) = verify(t, &["--allowed-signers", s(&allowed)]);
         assert_eq!(code, 0, "{out}{err}");
-        assert!(out.contains("SEALED: 1 seals"), "{out}");
+        assert!(out.contains("SEALED: 1 seal of"), "{out}");
     }
 }
 
@@ -554,4 +529,135 @@ fn unsafe_keys_are_refused_before_anything_is_written() {
     std::fs::write(&junk, "hello").unwrap();
     std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).unwrap();
     run(&junk, "not an OpenSSH private key");
+}
+
+/// Two requests under one id found at close: the requests file already
+/// sealed while open is rewritten without them, and the final seal lists
+/// the rewritten file (`rewritten`), so the chain still holds and stock
+/// OpenSSH accepts every seal.
+#[test]
+fn a_requests_file_rewritten_at_close_is_sealed_again() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, allowed) = keygen(d.path(), "key");
+    let signing = Arc::new(SigningKey::load(&key).unwrap());
+    let rig = start(|c| {
+        c.seal = Some(SealConfig {
+            key: signing,
+            every: Duration::from_millis(150),
+        });
+        c.recorder.row_group_rows = 20;
+        c.recorder.part.rotate_bytes = 4_000;
+    });
+    let req = |rid: u64, tenant: &str| {
+        serde_json::json!({"type": "request", "request_id": rid, "external_id": format!("x{rid}"),
+            "tenant": tenant, "arrival_ns": 1, "finish_ns": 2, "prompt_tokens": 8,
+            "prefilled_tokens": 8, "output_tokens": 1, "http_status": 200, "finish_reason": "stop",
+            "prefill_pool": 2, "decode_pool": 2})
+        .to_string()
+    };
+    {
+        let mut c = rig.connect(&[2]);
+        writeln!(c, "{}", kv(2, 7, "write", 0, 4)).unwrap();
+        writeln!(c, "{}", req(7, "acme")).unwrap();
+        for rid in 100..260u64 {
+            writeln!(c, "{}", kv(2, rid, "write", 8 + rid as u32, 1)).unwrap();
+            writeln!(c, "{}", req(rid, "initech")).unwrap();
+        }
+        c.flush().unwrap();
+        // Past a few intervals: the requests written so far are sealed.
+        std::thread::sleep(Duration::from_millis(600));
+        writeln!(c, "{}", req(7, "globex")).unwrap();
+        c.flush().unwrap();
+    }
+    let (sum, _t, dir, out) = rig.stop();
+    assert_eq!(sum.stats.request_conflicts, 1, "{sum:?}");
+    assert!(!sum.complete);
+    let dest = d.path().join("trace");
+    copy_dir(&out, &dest);
+    drop(dir);
+    let seals = seal_files(&dest);
+    let last = seal_json(seals.last().unwrap());
+    assert_eq!(last["final"], true);
+    let rewritten: Vec<&serde_json::Value> = last["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["rewritten"] == true)
+        .collect();
+    assert!(
+        rewritten
+            .iter()
+            .any(|f| f["path"].as_str().unwrap().starts_with("requests/")),
+        "the rewritten requests file is sealed again: {last}"
+    );
+    for p in &seals {
+        let (ok, msg) = openssh_verify(&allowed, p);
+        assert!(ok, "{}: {msg}", p.display());
+    }
+    let (code, o, e) = verify(&dest, &["--allowed-signers", s(&allowed), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|_| panic!("{o}{e}"));
+    assert_eq!(v["seals"]["ok"], true, "{v}");
+    assert_eq!(v["seals"]["final_seal"], true, "{v}");
+    // The capture itself is incomplete (the conflict), and says so.
+    assert_eq!(v["complete"], false, "{v}");
+    assert_eq!(v["all_ok"], false, "{v}");
+    assert_eq!(code, 1, "{o}{e}");
+    // The rewritten file edited after the final seal still fails.
+    let req_file = crate::support::files::paths(&dest.join("requests"))
+        .into_iter()
+        .next()
+        .unwrap();
+    let mut bytes = std::fs::read(&req_file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&req_file, bytes).unwrap();
+    reseal_trace_digests(&dest);
+    let (code, o, e) = verify(&dest, &["--allowed-signers", s(&allowed)]);
+    assert_eq!(code, 1, "{o}{e}");
+    assert!(o.contains("FAIL seal"), "{o}");
+}
+
+/// The sealing thread failing mid-capture (its folder replaced by a
+/// file) never passes silently: record keeps capturing, logs it, and
+/// exits 2 at shutdown naming the failure; the trace's seals then fail
+/// verify (no final seal), never "SEALED".
+#[test]
+fn a_sealing_failure_ends_record_with_exit_2() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, allowed) = keygen(d.path(), "key");
+    let (child, sock, out) = spawn_record(
+        d.path(),
+        &["--signing-key", s(&key), "--seal-every", "200ms"],
+    );
+    let mut c = hello(&sock, 2);
+    for i in 0..50 {
+        writeln!(c, "{}", kv(2, 1, "write", i, 1)).unwrap();
+    }
+    c.flush().unwrap();
+    let t = std::time::Instant::now();
+    while seal_files(&out).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no first seal");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The seals folder becomes a file: the next seal cannot be written.
+    std::fs::remove_dir_all(out.join("seals")).unwrap();
+    std::fs::write(out.join("seals"), "not a folder").unwrap();
+    for i in 50..100 {
+        writeln!(c, "{}", kv(2, 1, "write", i, 1)).unwrap();
+    }
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    writeln!(c, r#"{{"type":"bye","enqueued":0,"sent":0,"dropped":0}}"#).unwrap();
+    drop(c);
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = wait_bounded(child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("seal"), "{stderr}");
+    // The events were captured all the same.
+    let trace = kvtrail::trace::Trace::open(&out).unwrap();
+    assert_eq!(seqs(&trace, 2).len(), 100);
+    let (code, v, e) = verify(&out, &["--allowed-signers", s(&allowed)]);
+    assert_ne!(code, 0, "{v}{e}");
+    assert!(!v.contains("SEALED:"), "{v}");
 }

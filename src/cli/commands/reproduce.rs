@@ -161,6 +161,27 @@ pub fn run(
             format!("it is a {} folder; only scope folders are re-run", ev.kind),
         ));
     }
+    // The inputs first: a re-run from inputs that are not the recorded
+    // ones proves nothing, and the difference it would show (in some
+    // output byte) would hide the cause. An input out of reach (gone, or
+    // in object storage) is left to the re-run, which reads it itself.
+    let checked = kvtrail::custody::folder::verify_folder(dir, true)?;
+    if let Some(p) = checked.problems.iter().find(|p| p.side == "input") {
+        let verdict = format!(
+            "NOT reproduced: the recorded input has changed since the folder was written: {} ({}: {}); the re-run was not attempted",
+            p.path, p.kind, p.detail
+        );
+        output::print(
+            json,
+            &ReproduceReport {
+                ok: false,
+                comparison: &Comparison::default(),
+                verdict: &verdict,
+            },
+            |o| writeln!(o, "FAILED: {}", term(&verdict)),
+        )?;
+        return Ok(1);
+    }
     // The reproduction lies beside the folder, so that the input roots
     // evidence.json records relative to it are the same.
     let at = std::fs::canonicalize(dir).map_err(|e| cannot(dir, e))?;

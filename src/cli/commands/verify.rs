@@ -20,6 +20,7 @@ use kvtrail::custody::statement::{
 use kvtrail::custody::{FolderReport, is_output_folder, verify_folder};
 use kvtrail::text::{term, term_message};
 use kvtrail::trace::verify::verify;
+use kvtrail::words::{count, noun};
 
 use crate::cli::output;
 
@@ -85,30 +86,27 @@ fn print_seals(out: &mut dyn Write, s: &SealReport) -> std::io::Result<()> {
         )?;
     }
     let id = s.capture_id.as_deref().unwrap_or("?");
+    let seals = count(s.seals, "seal", "seals");
+    let files = count(s.files_checked as u64, "data file", "data files");
     if !s.ok {
         writeln!(
             out,
-            "SEALS FAILED: {} seals of capture {}, {} data files checked",
-            s.seals,
+            "SEALS FAILED: {seals} of capture {}, {files} checked",
             term(id),
-            s.files_checked
         )
     } else if s.signatures_checked {
         writeln!(
             out,
-            "SEALED: {} seals of capture {}, signed by {}; chain whole, {} data files match their seals, none unsealed",
-            s.seals,
+            "SEALED: {seals} of capture {}, signed by {}; chain whole, {files} {} their seals, none unsealed",
             term(id),
             term(&s.signers.join("; ")),
-            s.files_checked
+            noun(s.files_checked as u64, "matches", "match"),
         )
     } else {
         writeln!(
             out,
-            "sealed, signatures not checked: {} seals of capture {}; chain and {} data files match the seals, but who signed is unknown (pass --allowed-signers FILE)",
-            s.seals,
+            "sealed, signatures not checked: {seals} of capture {}; chain and {files} match the seals, but who signed is unknown (pass --allowed-signers FILE)",
             term(id),
-            s.files_checked
         )
     }
 }
@@ -190,8 +188,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             if report.seq_holes > 0 {
                 format!(
                     " ({} lost in {}: no analysis of this trace is complete)",
-                    count(report.lost_events, "event"),
-                    count(report.seq_holes, "seq hole")
+                    count(report.lost_events, "event", "events"),
+                    count(report.seq_holes, "seq hole", "seq holes")
                 )
             } else {
                 String::new()
@@ -339,11 +337,6 @@ fn run_statement_file(args: Args, allowed: Option<&AllowedSigners>) -> anyhow::R
     let s = check_statement(&args.trace, &base, false, allowed)?;
     output::print(args.json, &s, |out| print_statement(out, &s, "the file is"))?;
     Ok(if s.ok { 0 } else { 1 })
-}
-
-/// `1 event`, `2 events`.
-fn count(n: u64, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
 
 /// The `--signing-key` of a trace writer, loaded (and refused when unsafe)

@@ -19,3 +19,37 @@ pub fn keygen(dir: &Path, name: &str, id: &str) -> (PathBuf, PathBuf) {
     std::fs::write(&allowed, format!("{id} {}\n", two.join(" "))).unwrap();
     (key, allowed)
 }
+
+/// Stock `ssh-keygen -Y verify` of one seal (`seal` and `seal.sig`) for
+/// the signer `id` in the namespace `kvtrail-seal`: success, and what it
+/// printed.
+pub fn openssh_verify(allowed: &Path, id: &str, seal: &Path) -> (bool, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let sig = PathBuf::from(format!("{}.sig", seal.display()));
+    let mut child = Command::new("ssh-keygen")
+        .args(["-Y", "verify", "-f"])
+        .arg(allowed)
+        .args(["-I", id, "-n", "kvtrail-seal", "-s"])
+        .arg(&sig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ssh-keygen (OpenSSH) is installed");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&std::fs::read(seal).unwrap())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
