@@ -501,9 +501,18 @@ fn check_offload_verdict(facts: &serde_json::Value, out: &Path, side_err: &str, 
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| (x["request_id"].as_u64().unwrap(), x["tenant"].as_str().unwrap().into()))
+        .map(|x| {
+            (
+                x["request_id"].as_u64().unwrap(),
+                x["tenant"].as_str().unwrap().into(),
+            )
+        })
         .collect();
-    assert_eq!(src, vec![(id_of(&trace, "b"), "tenant-b".to_string())], "{a}");
+    assert_eq!(
+        src,
+        vec![(id_of(&trace, "b"), "tenant-b".to_string())],
+        "{a}"
+    );
 }
 
 /// vLLM's SimpleCPUOffloadConnector, scheduler side for real
@@ -517,7 +526,11 @@ fn check_offload_verdict(facts: &serde_json::Value, out: &Path, side_err: &str, 
 /// found, with b as the source.
 #[test]
 fn vllm_simple_cpu_offload_is_recorded_as_tier_copies() {
-    for (mode, stale) in [("simple", false), ("simple-disk", false), ("simple-stale", true)] {
+    for (mode, stale) in [
+        ("simple", false),
+        ("simple-disk", false),
+        ("simple-stale", true),
+    ] {
         let d = tempfile::tempdir().unwrap();
         let (facts, out, side_err) = capture_in(mode, &d, true, "deploy-vllm-tiers.json");
         let jobs = &facts["offload_jobs"];
@@ -573,10 +586,19 @@ fn vllm_disk_tier_is_recorded_as_tier_copies() {
 fn vllm_lmcache_loads_are_recorded_as_holes() {
     let d = tempfile::tempdir().unwrap();
     let (facts, out, side_err) = capture_in("lmcache", &d, true, "deploy-vllm-tiers.json");
-    assert_eq!(facts["lmcache_loads"], serde_json::json!([["a2", 48]]), "{facts}");
+    assert_eq!(
+        facts["lmcache_loads"],
+        serde_json::json!([["a2", 48]]),
+        "{facts}"
+    );
     assert_eq!(facts["hook_stats"]["hook"]["lmcache_loads"], 1, "{facts}");
     let v = kvtrail(["verify", s(&out)]).run();
-    assert!(v.code == 0 || v.code == 1, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(
+        v.code == 0 || v.code == 1,
+        "{}\n{}\n{side_err}",
+        v.stdout,
+        v.stderr
+    );
     let trace = Trace::open(&out).unwrap();
     let a2 = id_of(&trace, "a2");
     let j = scope(&out);

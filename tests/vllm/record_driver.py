@@ -27,6 +27,16 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   for a2 (same prompt, same salt); in offload-stale the tier's index is
   corrupted first (a's chunks pointed at b's, as a tier that reused a chunk
   without dropping its key would), so a2 loads b's KV;
+- simple, simple-disk, simple-stale: the same with SimpleCPUOffloadConnector
+  (cpu backend; disk backend; cpu with the offload pool's index planted to
+  name b's blocks under a's hashes);
+- tier, tier-stale: the same with the offload tiering layer
+  (TieringOffloadingSpec, a small CPU primary tier and vLLM's fs tier, real
+  files): a's chunks are evicted from the CPU tier too and come back from
+  disk; in tier-stale the fs tier's file mapper is planted to send four of
+  b's keys to a's files;
+- lmcache: LMCacheConnectorV1 over a stand-in for the lmcache package's
+  engine, reporting a 48-token hit for a2 (the load is out of sight);
 - broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
@@ -446,7 +456,8 @@ elif MODE == "lmcache":
             return 48 if request.request_id == "a2" else 0
 
         def update_state_after_alloc(self, request, num_external_tokens):
-            self.loads.append((request.request_id, num_external_tokens))
+            if num_external_tokens:
+                self.loads.append((request.request_id, num_external_tokens))
 
         def build_connector_meta(self, scheduler_output):
             return KVConnectorMetadata()
