@@ -457,6 +457,162 @@ fn vllm_cpu_offload_is_recorded_as_tier_copies() {
     }
 }
 
+/// The verdict of an offload capture (a stored, evicted, loaded back for
+/// a2): clean, or, with a planted stale tier entry, a2 the one affected
+/// response, confirmed, 64 foreign tokens, source b (tenant-b).
+fn check_offload_verdict(facts: &serde_json::Value, out: &Path, side_err: &str, stale: bool) {
+    let mode = &facts["mode"];
+    assert_eq!(
+        facts["finish"],
+        serde_json::json!({"a": "length", "b": "length", "a2": "length"}),
+        "{facts}"
+    );
+    let v = kvtrail(["verify", s(out)]).run();
+    assert_eq!(v.code, 0, "{mode}: {}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let trace = Trace::open(out).unwrap();
+    let ev = record::events(&trace);
+    // a2's blocks come back from the offload pool (pool 2), all four.
+    let a2 = id_of(&trace, "a2");
+    let loaded: u32 = ev[&0]
+        .iter()
+        .filter(|e| e.op == Op::Write && e.request_id == a2 && e.src.is_some_and(|c| c.pool == 2))
+        .map(|e| e.slot_count)
+        .sum();
+    assert_eq!(loaded, 64, "{mode}: a's four blocks come back");
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["offload_unverified"], 0, "{hook}");
+    let j = scope(out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    if !stale {
+        assert_eq!(hook["offload_key_mismatch"], 0, "{hook}");
+        assert!(affected.is_empty(), "{mode}: {j:#}");
+        return;
+    }
+    assert_eq!(facts["planted"], 4, "{facts}");
+    assert_eq!(hook["offload_key_mismatch"], 4, "{hook}");
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], a2, "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    assert_eq!(a["foreign_tokens"], 64, "{a}");
+    let src: Vec<(u64, String)> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["request_id"].as_u64().unwrap(),
+                x["tenant"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        src,
+        vec![(id_of(&trace, "b"), "tenant-b".to_string())],
+        "{a}"
+    );
+}
+
+/// vLLM's SimpleCPUOffloadConnector, scheduler side for real
+/// (SimpleCPUOffloadScheduler: its offload BlockPool, lookups, eager store
+/// events, load events) with a synthetic worker that reports every event
+/// of a step done in that step (the worker's copy kernels need CUDA; it
+/// copies nothing here), on the cpu backend and on the disk backend (the
+/// scheduler side sized by disk_capacity_bytes). a's blocks are stored,
+/// evicted from the GPU by b, loaded back for a2: clean. With the tier's
+/// index planted to name b's blocks under a's hashes, a2 reads b's KV:
+/// found, with b as the source.
+#[test]
+fn vllm_simple_cpu_offload_is_recorded_as_tier_copies() {
+    for (mode, stale) in [
+        ("simple", false),
+        ("simple-disk", false),
+        ("simple-stale", true),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_in(mode, &d, true, "deploy-vllm-tiers.json");
+        let jobs = &facts["offload_jobs"];
+        assert_eq!(jobs["store"].as_array().unwrap().len(), 2, "{facts}");
+        assert_eq!(jobs["load"].as_array().unwrap().len(), 1, "{facts}");
+        assert_eq!(jobs["load"][0]["req"], serde_json::json!(["a2"]), "{facts}");
+        check_offload_verdict(&facts, &out, &side_err, stale);
+    }
+}
+
+/// The offload tiering layer (OffloadingConnector + TieringOffloadingSpec)
+/// with vLLM's file-system tier, for real, writing and reading files in a
+/// temp directory; the GPU<->CPU worker is synthetic as above. The CPU tier
+/// (10 chunks) loses a's chunks to b, so a2's blocks come back disk -> CPU
+/// (a promotion: a copy from pool 3 into pool 2) -> GPU. With the tier's
+/// file mapper planted to send four of b's keys to a's files, b's store
+/// overwrites them: a2 reads b's KV, found with b as the source.
+#[test]
+fn vllm_disk_tier_is_recorded_as_tier_copies() {
+    for (mode, stale) in [("tier", false), ("tier-stale", true)] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_in(mode, &d, true, "deploy-vllm-tiers.json");
+        // The fs tier wrote one file per chunk of a and b (the plant: four
+        // fewer, b's four colliding keys wrote a's files).
+        let files = facts["offload_jobs"]["tier"].as_array().unwrap().len();
+        assert_eq!(files, if stale { 10 } else { 14 }, "{facts}");
+        let trace = Trace::open(&out).unwrap();
+        let ev = record::events(&trace);
+        let into = |pool: u16, from: u16| -> u32 {
+            ev.get(&pool)
+                .map(|v| {
+                    v.iter()
+                        .filter(|e| e.op == Op::Write && e.src.is_some_and(|c| c.pool == from))
+                        .map(|e| e.slot_count)
+                        .sum()
+                })
+                .unwrap_or(0)
+        };
+        // Stores to the disk tier (a's 4 chunks, b's 10) and a's promotion.
+        assert_eq!(into(3, 2), 14 * 16, "{mode}");
+        assert_eq!(into(2, 3), 4 * 16, "{mode}");
+        check_offload_verdict(&facts, &out, &side_err, stale);
+    }
+}
+
+/// LMCache: vLLM's LMCacheConnectorV1 over a stand-in for the lmcache
+/// package's engine (the package is not installed: installing it would
+/// replace vLLM's pinned dependencies). Its load of 48 tokens into a2's
+/// blocks (which held b's KV) is out of the hook's sight: a hole, so scope
+/// reports a2 as possibly affected, never confirmed, never clean, and says
+/// the evidence is incomplete.
+#[test]
+fn vllm_lmcache_loads_are_recorded_as_holes() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("lmcache", &d, true, "deploy-vllm-tiers.json");
+    assert_eq!(
+        facts["lmcache_loads"],
+        serde_json::json!([["a2", 48]]),
+        "{facts}"
+    );
+    assert_eq!(facts["hook_stats"]["hook"]["lmcache_loads"], 1, "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(
+        v.code == 0 || v.code == 1,
+        "{}\n{}\n{side_err}",
+        v.stdout,
+        v.stderr
+    );
+    let trace = Trace::open(&out).unwrap();
+    let a2 = id_of(&trace, "a2");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], false, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == a2).collect();
+    assert_eq!(mine.len(), 1, "{j:#}");
+    assert_eq!(mine[0]["confidence"], "possible", "{j:#}");
+    assert!(
+        affected.iter().all(|a| a["confidence"] != "confirmed"),
+        "{j:#}"
+    );
+}
+
 #[test]
 fn vllm_load_faults_leave_evidence() {
     let d = tempfile::tempdir().unwrap();

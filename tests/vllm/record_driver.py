@@ -27,6 +27,16 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   for a2 (same prompt, same salt); in offload-stale the tier's index is
   corrupted first (a's chunks pointed at b's, as a tier that reused a chunk
   without dropping its key would), so a2 loads b's KV;
+- simple, simple-disk, simple-stale: the same with SimpleCPUOffloadConnector
+  (cpu backend; disk backend; cpu with the offload pool's index planted to
+  name b's blocks under a's hashes);
+- tier, tier-stale: the same with the offload tiering layer
+  (TieringOffloadingSpec, a small CPU primary tier and vLLM's fs tier, real
+  files): a's chunks are evicted from the CPU tier too and come back from
+  disk; in tier-stale the fs tier's file mapper is planted to send four of
+  b's keys to a's files;
+- lmcache: LMCacheConnectorV1 over a stand-in for the lmcache package's
+  engine, reporting a 48-token hit for a2 (the load is out of sight);
 - broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
@@ -48,6 +58,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -68,7 +79,7 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec, SlidingWindowSpec)
+                                        KVCacheGroupSpec, KVCacheTensor, SlidingWindowSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -86,7 +97,7 @@ with open(os.path.join(model_dir, "config.json"), "w") as f:
 init_none_hash(sha256)
 
 
-def make_scheduler(nb, kv):
+def make_scheduler(nb, kv, tensors=False):
     mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
     vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"),
                     scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
@@ -102,7 +113,11 @@ def make_scheduler(nb, kv):
         # sliding-window layers sharing the block pool.
         groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
             block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=WINDOW)))
-    kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=[], kv_cache_groups=groups)
+    page = groups[0].kv_cache_spec.page_size_bytes
+    # SimpleCPUOffloadConnector sizes its tier from the GPU tensors' bytes.
+    kct = [KVCacheTensor(size=page * nb, layers=["layer"], layer_stride=page * nb,
+                         block_stride=page)] if tensors else []
+    kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=kct, kv_cache_groups=groups)
     return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=True,
                      structured_output_manager=StructuredOutputManager(vc))
 
@@ -308,6 +323,180 @@ elif MODE in ("offload", "offload-stale"):
     facts["offload_jobs"] = jobs
     facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
     facts["p_free_blocks_o"] = O.kv_cache_manager.block_pool.get_num_free_blocks()
+elif MODE in ("simple", "simple-stale", "simple-disk", "tier", "tier-stale"):
+    # SimpleCPUOffloadConnector (its cpu or disk backend) or the offload
+    # tiering layer (OffloadingConnector + TieringOffloadingSpec, a CPU
+    # primary tier of 10 chunks and vLLM's real file-system tier in a temp
+    # directory), on one engine: pool 0, the CPU (or disk) blocks pool 2,
+    # the fs tier pool 3. The scheduler sides are vLLM's; the GPU<->CPU
+    # worker is synthetic (it reports every job of a step done in that
+    # step, copying nothing); the fs tier's store and load threads are
+    # vLLM's own, writing and reading real files.
+    from vllm.v1.kv_offload.base import make_offload_key  # noqa: E402
+    SIMPLE = MODE.startswith("simple")
+    disk = tempfile.mkdtemp()
+    if SIMPLE:
+        from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata  # noqa: E402
+        extra = {"cpu_bytes_to_use": 1 << 14}
+        if MODE == "simple-disk":
+            extra.update(kv_offload_backend="disk", disk_path=disk, disk_capacity_bytes=1 << 14)
+        kvc = KVTransferConfig(kv_connector="SimpleCPUOffloadConnector", kv_role="kv_both",
+                               engine_id="E0", kv_connector_extra_config=extra)
+    else:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import \
+            OffloadingWorkerMetadata  # noqa: E402
+        kvc = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id="E0",
+                               kv_connector_extra_config={
+                                   "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 40960,
+                                   "tier_poll_interval_s": 0,
+                                   "secondary_tiers": [{"type": "fs", "root_dir": disk,
+                                                        "n_read_threads": 1, "n_write_threads": 1}]})
+    O = make_scheduler(12, kvc, tensors=SIMPLE)
+    kh.tag(O, [0], role="mixed", cache_pool=2, tier_pools=[3])
+    conn = O.connector
+    pending = (lambda: conn.scheduler_manager.has_pending_stores()) if SIMPLE else \
+        (lambda: bool(conn.connector_scheduler._jobs) or conn.connector_scheduler.manager.has_pending_work())
+    jobs = {"store": [], "load": [], "tier": []}
+
+    def tstep():
+        out = O.schedule()
+        meta = out.kv_connector_metadata
+        recv = set()
+        if SIMPLE:
+            done = {}
+            if meta.store_event >= 0:
+                done[meta.store_event] = 1
+                jobs["store"].append({"src": list(meta.store_gpu_blocks), "dst": list(meta.store_cpu_blocks)})
+            if meta.load_event >= 0:
+                jobs["load"].append({"req": meta.load_event_to_reqs[meta.load_event],
+                                     "src": list(meta.load_cpu_blocks), "dst": list(meta.load_gpu_blocks)})
+                recv.update(meta.load_event_to_reqs[meta.load_event])
+            wm = SimpleCPUOffloadWorkerMetadata(completed_store_events=done)
+        else:
+            done = {}
+            for kind, js in (("load", meta.load_jobs), ("store", meta.store_jobs)):
+                for j, t in js.items():
+                    done[j] = 1
+                    jobs[kind].append({"req": t.req_id, "src": [int(x) for x in t.src_spec.block_ids],
+                                       "dst": [int(x) for x in t.dst_spec.block_ids]})
+                    if kind == "load":
+                        recv.add(t.req_id)
+            wm = OffloadingWorkerMetadata(completed_jobs=done)
+        ids = list(out.num_scheduled_tokens)
+        m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=[[] if r in O.requests and O.requests[r].is_prefill_chunk
+                                                 else [7] for r in ids],
+                              kv_connector_output=KVConnectorOutput(finished_recving=recv or None,
+                                                                    kv_connector_worker_meta=wm))
+        res = O.update_from_output(out, m)
+        for eco in res.values():
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = (str(o.finish_reason), None)
+
+    def trun(req):
+        O.add_request(req)
+        for _ in range(200):
+            tstep()
+            if req.request_id in finished and not pending():
+                break
+            time.sleep(0.005)  # the fs tier's threads
+
+    A3 = list(range(100, 164))  # 64 tokens: 4 full blocks
+    B3 = list(range(300, 460))  # 160 tokens: evicts a's GPU blocks (and CPU chunks)
+    trun(make_req("a", A3, "tenant-a", 2))
+    breq = make_req("b", B3, "tenant-b", 2)
+    if MODE == "tier-stale":
+        # The plant: the fs tier's file mapper sends b's keys 4..7 to a's
+        # files (a collision), so b's store overwrites a's files while a's
+        # keys still name them. b never looks those keys up (its lookup
+        # stops at its first miss, key 0).
+        fm = conn.connector_scheduler.manager.secondary_tiers[0].file_mapper
+        orig_name = fm.get_file_name
+        a_keys = [make_offload_key(h, 0) for h in make_req("x", A3, "tenant-a", 1).block_hashes]
+        to_a = {make_offload_key(h, 0): orig_name(a_keys[j])
+                for j, h in enumerate(breq.block_hashes[4:8])}
+        fm.get_file_name = lambda key: to_a.get(key) or orig_name(key)
+        facts["planted"] = len(to_a)
+    trun(breq)
+    if MODE == "simple-stale":
+        # The plant: the tier's index sends a's hashes to b's blocks (a tier
+        # block reused for b without dropping a's key).
+        bp = conn.scheduler_manager.cpu_block_pool
+        a_cpu, b_cpu = jobs["store"][0]["dst"], jobs["store"][1]["dst"]
+        n = 0
+        for key, v in list(bp.cached_block_hash_to_block._cache.items()):
+            if getattr(v, "block_id", None) in a_cpu:
+                bp.cached_block_hash_to_block._cache[key] = bp.blocks[b_cpu[a_cpu.index(v.block_id)]]
+                n += 1
+        facts["planted"] = n
+    trun(make_req("a2", A3 + [5, 6], "tenant-a", 2))
+    if not SIMPLE:
+        for root, _, files in os.walk(disk):
+            jobs["tier"] += [f for f in files if f.endswith(".bin")]
+    facts["offload_jobs"] = jobs
+    facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
+elif MODE == "lmcache":
+    # LMCacheConnectorV1 (vLLM's class, real) over a stand-in for the
+    # external lmcache package's engine (the one import it makes,
+    # lmcache.integration.vllm.vllm_v1_adapter.LMCacheConnectorV1Impl):
+    # the stand-in says it holds the first 48 tokens of a2's prompt and
+    # loads them (synchronously, as lmcache does by default). The package
+    # is not installed: what it would put in the blocks is unknown here,
+    # as it is to the hook.
+    import types  # noqa: E402
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata  # noqa: E402
+
+    class Impl:
+        def __init__(self, vllm_config, role, parent):
+            self.loads = []
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 48 if request.request_id == "a2" else 0
+
+        def update_state_after_alloc(self, request, num_external_tokens):
+            if num_external_tokens:
+                self.loads.append((request.request_id, num_external_tokens))
+
+        def build_connector_meta(self, scheduler_output):
+            return KVConnectorMetadata()
+
+        def request_finished(self, request, block_ids):
+            return False, None
+
+        def update_connector_output(self, connector_output):
+            pass
+
+        def get_kv_events(self):
+            return []
+
+    names = ["lmcache", "lmcache.integration", "lmcache.integration.vllm",
+             "lmcache.integration.vllm.vllm_v1_adapter"]
+    for n in names:
+        sys.modules[n] = types.ModuleType(n)
+    sys.modules[names[-1]].LMCacheConnectorV1Impl = Impl
+    L = make_scheduler(12, KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both",
+                                            engine_id="E0"))
+    kh.tag(L, [0], role="mixed")
+
+    def lrun(rid, tokens, salt):
+        L.add_request(make_req(rid, tokens, salt, 2))
+        for _ in range(12):
+            out = L.schedule()
+            res = L.update_from_output(out, mro(L, out))
+            for eco in res.values():
+                for o in eco.outputs:
+                    if o.finish_reason is not None:
+                        finished[o.request_id] = (str(o.finish_reason), None)
+            if rid in finished:
+                break
+
+    lrun("a", list(range(100, 164)), "tenant-a")
+    lrun("b", list(range(300, 460)), "tenant-b")  # reuses a's freed blocks
+    lrun("a2", list(range(100, 166)), "tenant-c")
+    facts["lmcache_loads"] = L.connector._lmcache_engine.loads
+    facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
 elif MODE == "broken":
     # A hook failure must never reach the engine: make the hook's own
     # slot mapping raise and run a request on the producer to its end.

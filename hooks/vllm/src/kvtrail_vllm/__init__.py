@@ -123,6 +123,36 @@ class _Engine:
             self.workers = int(getattr(cfg, "num_workers", 1))
         except Exception:
             pass
+        # SimpleCPUOffloadConnector (cpu or disk backend): its scheduler-side
+        # manager, the store events in flight (event -> [GPU ids, offload
+        # block ids, reports still due]) and the loads planned per request.
+        self.simple = None
+        self.sstores = {}
+        self.sloads = {}
+        # The offload tiering layer (TieringOffloadingManager): a pool per
+        # secondary tier, each tier's storage locations (file, or key) ->
+        # index of a chunk-sized slot range, the offload key the content at
+        # each location was first stored under, and the tier jobs in flight.
+        self.tier_pools = list(_H.tier_pools)
+        self.tiers = []
+        self.tier_locs = {}
+        self.tier_next = {}
+        self.loc_keys = {}
+        self.tjobs = {}
+        conn = getattr(sched, "connector", None)
+        try:
+            sm = getattr(conn, "scheduler_manager", None)
+            if sm is not None and hasattr(sm, "_reqs_to_load") and hasattr(sm, "cpu_block_pool"):
+                self.simple = sm
+                self.workers = int(getattr(sm, "_expected_worker_count", 1))
+            mgr = getattr(getattr(conn, "connector_scheduler", None), "manager", None)
+            if mgr is not None and hasattr(mgr, "secondary_tiers"):
+                self.tiers = list(mgr.secondary_tiers)
+                mgr._kvtrail_engine = self
+            if conn is not None and "LMCache" in type(conn).__name__:
+                conn._kvtrail_engine = self
+        except Exception:
+            pass
         self.block_sizes = []
         self.attention = []
         try:
@@ -171,6 +201,7 @@ class _Engine:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
             if self.cache_pool is not None:
                 used.add(self.cache_pool)
+            used.update(self.tier_pools)
             pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
                 return
@@ -197,6 +228,9 @@ class _Hook:
         self.errors = 0
         self.pulls_unmapped = 0
         self.offload_key_mismatch = 0
+        self.offload_unverified = 0
+        self.lmcache_loads = 0
+        self.tier_pools = []
         self._warned = 0.0
 
 
@@ -505,6 +539,8 @@ def on_schedule(sched, out):
                     [int(c) for c in cpu.block_ids], eng.workers,
                     _job_keys(status, jid),
                 ]
+    if eng.simple is not None and meta is not None and eng.cache_pool is not None:
+        _simple_plan(sched, eng, meta)
     recv = getattr(meta, "reqs_to_recv", None)
     if recv:
         for rid_s, m in recv.items():
@@ -608,6 +644,8 @@ def on_update(sched, out, mro):
         return
     if eng.jobs:
         _offload_done(sched, eng, getattr(kco, "kv_connector_worker_meta", None))
+    if eng.sstores or eng.sloads:
+        _simple_done(sched, eng, kco)
     done = set(getattr(kco, "finished_recving", None) or ())
     failed = set(getattr(kco, "failed_recving", None) or ())
     invalid = set(getattr(kco, "invalid_block_ids", None) or ())
@@ -653,6 +691,263 @@ def on_update(sched, out, mro):
                 continue
             eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs if outcome != "failed" else [], outcome,
                            eng.policy))
+
+
+def _pair_runs(pairs, bs):
+    """(dst_slot, src_slot, count, token_pos) runs of whole blocks, from
+    (dst block, src block, token_pos) pairs; consecutive pairs that are
+    contiguous on both sides make one run."""
+    out = []
+    for d, s_, tp in pairs:
+        dst, src = d * bs, s_ * bs
+        if out and out[-1][0] + out[-1][2] == dst and out[-1][1] + out[-1][2] == src:
+            a, b, n, p = out[-1]
+            out[-1] = (a, b, n + bs, p)
+        else:
+            out.append((dst, src, bs, tp))
+    return out
+
+
+def _rid(sched, eng, rid_s):
+    r = eng.reqs.get(rid_s)
+    if r:
+        return r["id"]
+    req = sched.requests.get(rid_s) if sched is not None else None
+    return request_id(req) if req is not None else _c.id_of(str(rid_s))
+
+
+def _simple_plan(sched, eng, meta):
+    """SimpleCPUOffloadConnector, after ``schedule``: the store event of the
+    step (GPU block ids -> offload block ids) and, per request of the load
+    event, its blocks (GPU id, offload id, block index in the request, the
+    block hash the request needs there)."""
+    ev = getattr(meta, "store_event", -1)
+    if ev is not None and ev >= 0 and meta.store_gpu_blocks:
+        if len(eng.sstores) > 100_000:  # never reported: keep memory bounded
+            eng.sstores.pop(next(iter(eng.sstores)))
+        eng.sstores[int(ev)] = [[int(b) for b in meta.store_gpu_blocks],
+                                [int(b) for b in meta.store_cpu_blocks], eng.workers,
+                                list((eng.simple._store_event_to_reqs or {}).get(ev, ()))]
+    ev = getattr(meta, "load_event", -1)
+    if ev is None or ev < 0:
+        return
+    sm = eng.simple
+    kvm = sched.kv_cache_manager
+    hbs = int(getattr(sm, "hash_block_size", 0) or 0)
+    same = bool(eng.block_sizes) and hbs == eng.block_sizes[0]
+    for rid_s in (meta.load_event_to_reqs or {}).get(ev, ()):
+        st = sm._reqs_to_load.get(rid_s)
+        req = sched.requests.get(rid_s)
+        if st is None or req is None or st.transfer_meta is None:
+            continue
+        where = {}
+        for g, table in enumerate(kvm.get_block_ids(rid_s)):
+            if eng.aliased(g) and eng.attention[g]:
+                for i, b in enumerate(table):
+                    where.setdefault(b, i)
+        hashes = req.block_hashes
+        blocks = []
+        for gb, cb in zip(st.transfer_meta.gpu_block_ids, st.transfer_meta.cpu_block_ids):
+            i = where.get(gb)
+            want = bytes(hashes[i]) if same and i is not None and i < len(hashes) else None
+            blocks.append((int(gb), int(cb), i, want))
+        if len(eng.sloads) > 100_000:
+            eng.sloads.pop(next(iter(eng.sloads)))
+        eng.sloads[rid_s] = blocks
+
+
+def _simple_done(sched, eng, kco):
+    """SimpleCPUOffloadConnector, before ``update_from_output``: a store
+    event every worker reported done is a copy into the cache pool (the
+    offload blocks) from the engine's pool, each offload block remembering
+    the block hash vLLM registers it under (the GPU block's); a finished
+    load is a copy back, and a ``share`` to the loading request of the
+    blocks whose offload block was stored under the hash the request needs
+    there. A block stored under another hash gets no grant (its read is
+    foreign, with its true source); a block the hook never saw stored, or
+    whose hash it cannot compare, is not copied but a hole (uncertain)."""
+    pool, cache = eng.pool(0), eng.cache_pool
+    if pool is None or pool < 0 or cache is None:
+        return
+    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    wm = getattr(kco, "kv_connector_worker_meta", None)
+    gpu_pool = getattr(eng.simple, "_gpu_block_pool", None)
+    for ev, n in sorted((getattr(wm, "completed_store_events", None) or {}).items()):
+        job = eng.sstores.get(int(ev))
+        if job is None:
+            continue
+        job[2] -= int(n)
+        if job[2] > 0:
+            continue
+        del eng.sstores[int(ev)]
+        gpu, cpu, _, reqs = job
+        rid = _rid(sched, eng, reqs[0]) if reqs else _c.id_of("kvtrail-vllm:offload-store")
+        eng.put(cache, (_c.PULL, cache, _time_ns(), rid, pool,
+                        _pair_runs([(c, g, 0) for g, c in zip(gpu, cpu)], bs), "ok", None))
+        if len(eng.chunk_keys) > 1 << 22:
+            eng.chunk_keys.clear()  # bounded; later loads of older blocks are holes
+        for g, c in zip(gpu, cpu):
+            h = gpu_pool.blocks[g].block_hash if gpu_pool is not None else None
+            # BlockHashWithGroupId: the block hash, then 4 bytes of group id.
+            eng.chunk_keys[c] = bytes(h)[:-4] if h is not None else None
+    for rid_s in sorted(getattr(kco, "finished_recving", None) or ()):
+        blocks = eng.sloads.pop(rid_s, None)
+        if not blocks:
+            continue
+        rid = _rid(sched, eng, rid_s)
+        copied, granted, lost = [], [], 0
+        for gb, cb, i, want in blocks:
+            stored = eng.chunk_keys.get(cb)
+            if i is None or want is None or stored is None:
+                lost += 1
+                continue
+            copied.append((gb, cb, i * bs))
+            if stored == want:
+                granted.append((gb * bs, bs, i * bs))
+            else:
+                _H.offload_key_mismatch += 1
+        if lost:
+            _H.offload_unverified += lost
+            eng.put(pool, (_c.LOST, pool, lost))
+        if copied:
+            eng.put(pool, (_c.PULL, pool, _time_ns(), rid, cache, _pair_runs(copied, bs), "ok", None))
+        if granted:
+            _kv_runs(eng, pool, rid, SHARE, granted, True)
+
+
+_TIER_LOCS_MAX = 1 << 22
+
+
+def _tier_loc(tier, key):
+    """Where a secondary tier keeps ``key``: the file its FileMapper names
+    (the fs tier), else the key itself."""
+    fm = getattr(tier, "file_mapper", None)
+    return fm.get_file_name(key) if fm is not None else bytes(key)
+
+
+def _tier_job(eng, job, tier_idx):
+    """A tier job registered: promotion (tier -> CPU chunks) or store (CPU
+    chunks -> tier), with the storage location of each key."""
+    tier = eng.tiers[tier_idx] if tier_idx < len(eng.tiers) else None
+    items = [(bytes(k), _tier_loc(tier, k) if tier is not None else None, int(c))
+             for k, c in zip(job.keys, job.chunk_ids)]
+    if len(eng.tjobs) > 100_000:
+        eng.tjobs.pop(next(iter(eng.tjobs)))
+    rc = getattr(job, "req_context", None)
+    eng.tjobs[int(job.job_id)] = (bool(job.is_promotion), int(tier_idx), items, getattr(rc, "req_id", None))
+
+
+def _tier_done(eng, job_id, res):
+    """A tier job finished: a store is a copy into the tier's pool (the
+    locations) from the cache pool (the chunks), a promotion a copy back,
+    the chunk then remembering the offload key its content was first stored
+    under (so the GPU load's grant is checked against it). A promotion from
+    a location the hook never saw written (another engine's files, a failed
+    store, no pool for the tier) is a hole in the cache pool, never a copy."""
+    job = eng.tjobs.pop(int(job_id), None)
+    cache = eng.cache_pool
+    if job is None or cache is None:
+        return
+    promo, ti, items, rid_s = job
+    tp = eng.tier_pools[ti] if ti < len(eng.tier_pools) else None
+    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    cs = max(1, eng.blocks_per_chunk) * bs
+    ok = None if res.success else {bytes(k) for k in (getattr(res, "successful_keys", None) or ())}
+    locs = eng.tier_locs.setdefault(ti, {})
+    runs, lost = [], 0
+    for key, loc, c in items:
+        good = ok is None or key in ok
+        if promo:
+            if not good:
+                continue  # vLLM does not make the chunk available
+            idx = locs.get(loc) if tp is not None else None
+            if idx is None:
+                lost += 1
+                eng.chunk_keys.pop(c, None)
+                continue
+            runs.append((c * cs, idx * cs, cs, 0))
+            eng.chunk_keys[c] = eng.loc_keys.get((ti, idx))
+        elif tp is not None:
+            if not good:
+                # What a failed store left at the location is unknown.
+                locs.pop(loc, None)
+                continue
+            idx = locs.get(loc)
+            if idx is None:
+                if len(locs) >= _TIER_LOCS_MAX:
+                    continue  # the location stays unknown: its loads are holes
+                idx = eng.tier_next.get(ti, 0)
+                eng.tier_next[ti] = idx + 1
+                locs[loc] = idx
+            runs.append((idx * cs, c * cs, cs, 0))
+            eng.loc_keys[(ti, idx)] = eng.chunk_keys.get(c)
+    rid = _c.id_of(str(rid_s)) if rid_s is not None else _c.id_of("kvtrail-vllm:tier")
+    r = eng.reqs.get(rid_s)
+    if r:
+        rid = r["id"]
+    ts = _time_ns()
+    if promo:
+        if lost:
+            _H.offload_unverified += lost
+            eng.put(cache, (_c.LOST, cache, lost))
+        if runs:
+            eng.put(cache, (_c.PULL, cache, ts, rid, tp, runs, "ok", None))
+    elif runs:
+        eng.put(tp, (_c.PULL, tp, ts, rid, cache, runs, "ok", None))
+
+
+def _w_tier_register(orig):
+    def _register_job(self, transfer_job, tier_idx, *args, **kwargs):
+        out = orig(self, transfer_job, tier_idx, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                _tier_job(eng, transfer_job, tier_idx)
+            except Exception as e:
+                _fail("TieringOffloadingManager._register_job", e)
+        return out
+
+    return _register_job
+
+
+def _w_tier_done(orig, name, meta_at):
+    """A completion path of TieringOffloadingManager taking (..., job
+    metadata, job result) with the metadata at ``meta_at``."""
+
+    def wrapper(self, *args, **kwargs):
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                _tier_done(eng, args[meta_at].transfer_job.job_id, args[meta_at + 1])
+            except Exception as e:
+                _fail(name, e)
+        return orig(self, *args, **kwargs)
+
+    wrapper.__name__ = name
+    return wrapper
+
+
+def _w_lmcache_alloc(orig):
+    """LMCache's scheduler side accepted a load of ``num_external_tokens``:
+    the external ``lmcache`` package fills the blocks, out of the hook's
+    sight. A hole in the engine's pool, after the blocks' alloc: their
+    reads are uncertain, never confirmed, never clean."""
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens, *args, **kwargs):
+        out = orig(self, request, blocks, num_external_tokens, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None and num_external_tokens:
+            try:
+                pool = eng.pool(0)
+                if pool is not None and pool >= 0 and int(num_external_tokens) > 0:
+                    bs = eng.block_sizes[0] if eng.block_sizes else 16
+                    _H.lmcache_loads += 1
+                    eng.put(pool, (_c.LOST, pool, -(-int(num_external_tokens) // bs)))
+            except Exception as e:
+                _fail("LMCache update_state_after_alloc", e)
+        return out
+
+    return update_state_after_alloc
 
 
 def _job_keys(status, jid):
@@ -730,12 +1025,23 @@ def _offload_done(sched, eng, wm):
                 for c, key in zip(chunks, keys):
                     eng.chunk_keys[c] = key
         else:
-            eng.put(pool, (_c.PULL, pool, ts, rid, eng.cache_pool, runs, "ok", None))
+            unknown = [c for c in range(len(chunks))
+                       if keys is None or c >= len(keys) or eng.chunk_keys.get(chunks[c]) is None]
+            if unknown:
+                # Chunks the hook never saw stored (or whose key it cannot
+                # compare): what they hold cannot be attributed. Not copied, a
+                # hole instead: reads of those blocks are uncertain.
+                _H.offload_unverified += len(unknown)
+                unk = set(unknown)
+                runs = _offload_runs(eng, gpu, sizes, first, chunks, bs, lambda c: c not in unk)
+                eng.put(pool, (_c.LOST, pool, len(unknown)))
+            if runs:
+                eng.put(pool, (_c.PULL, pool, ts, rid, eng.cache_pool, runs, "ok", None))
 
             def grant(c):
                 stored = eng.chunk_keys.get(chunks[c])
-                ok = keys is None or stored is None or c >= len(keys) or stored == keys[c]
-                if not ok:
+                ok = stored is not None and keys is not None and c < len(keys) and stored == keys[c]
+                if stored is not None and not ok:
                     _H.offload_key_mismatch += 1
                 return ok
 
@@ -827,6 +1133,8 @@ def _w_update(orig):
 
 
 _STM = "vllm.v1.core.single_type_kv_cache_manager"
+_TIER = "vllm.v1.kv_offload.tiering.manager"
+_KVC = "vllm.distributed.kv_transfer.kv_connector.v1."
 # (module, class, attribute, wrapper factory)
 _PATCHES = [
     ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", _w_sched_init),
@@ -848,6 +1156,16 @@ _PATCHES = [
     # the window mid-request: the request's, in the manager's group.
     (_STM, "SingleTypeKVCacheManager", "remove_skipped_blocks",
      lambda o: _w_manager_ctx(o, "remove_skipped_blocks")),
+    # The offload tiering layer: tier jobs and their completions.
+    (_TIER, "TieringOffloadingManager", "_register_job", _w_tier_register),
+    (_TIER, "TieringOffloadingManager", "_complete_promotion",
+     lambda o: _w_tier_done(o, "_complete_promotion", 0)),
+    (_TIER, "TieringOffloadingManager", "_update_backpressure",
+     lambda o: _w_tier_done(o, "_update_backpressure", 1)),
+    # LMCache: loads the external package performs (recorded as holes).
+    (_KVC + "lmcache_connector", "LMCacheConnectorV1", "update_state_after_alloc", _w_lmcache_alloc),
+    (_KVC + "lmcache_mp_connector", "LMCacheMPConnectorUpstream", "update_state_after_alloc", _w_lmcache_alloc),
+    (_KVC + "lmcache_mp_connector", "LMCacheMPConnector", "update_state_after_alloc", _w_lmcache_alloc),
 ]
 
 
@@ -900,7 +1218,7 @@ def _parse_remote(s):
 
 def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
             remote_pools=None, max_queue=None, pseudonymize=None, cache_pool=None, guard=None,
-            guard_unknown=None):
+            guard_unknown=None, tier_pools=None):
     """Enables capture in this process. Arguments default to the environment:
 
     - ``KVTRAIL_CAPTURE``: sidecar address, ``unix:/path.sock`` or ``tcp:127.0.0.1:PORT``;
@@ -919,7 +1237,13 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     - ``KVTRAIL_QUEUE``: events buffered before they are dropped as holes;
     - ``KVTRAIL_CACHE_POOL``: the pool (role ``cache``) of this engine's CPU
       offload tier (OffloadingConnector): stores and loads are recorded as
-      copies to and from it;
+      copies to and from it (OffloadingConnector's CPU tier, or
+      SimpleCPUOffloadConnector's CPU or disk blocks);
+    - ``KVTRAIL_TIER_POOLS`` (``tier_pools=``): comma-separated, one pool
+      (role ``cache``) per secondary tier of the offload tiering layer, in
+      ``secondary_tiers`` order: stores to and promotions from each tier are
+      copies between it and the cache pool (a tier without a pool: its
+      promotions are holes);
     - ``KVTRAIL_GUARD`` (``guard=``): off, alert (default) or abort;
       ``KVTRAIL_GUARD_UNKNOWN`` (``guard_unknown=``): allow (default) or
       abort (docs/guard.md). ``abort`` without the native module raises
@@ -949,6 +1273,9 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
             int(os.environ["KVTRAIL_CACHE_POOL"]) if os.environ.get("KVTRAIL_CACHE_POOL") else None),
         g,
     )
+    if tier_pools is None:
+        tier_pools = [int(p) for p in os.environ.get("KVTRAIL_TIER_POOLS", "").split(",") if p.strip()]
+    _H.tier_pools = [int(p) for p in tier_pools]
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     for mod in {m for m, _, _, _ in _PATCHES}:
@@ -957,7 +1284,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     return _H
 
 
-def tag(scheduler, pools, role=None, cache_pool=None):
+def tag(scheduler, pools, role=None, cache_pool=None, tier_pools=None):
     """Declares a scheduler's pool (first entry: every group of group 0's
     block size, which alias its blocks; further entries: groups of another
     block size) and role, for processes that run more than one engine.
@@ -970,6 +1297,8 @@ def tag(scheduler, pools, role=None, cache_pool=None):
     eng.pools = [int(p) for p in pools]
     if cache_pool is not None:
         eng.cache_pool = int(cache_pool)
+    if tier_pools is not None:
+        eng.tier_pools = [int(p) for p in tier_pools]
     if role is not None:
         eng.role = role
     return scheduler
@@ -1014,11 +1343,14 @@ def stats():
     own: ``hook_errors`` (a patched entry point whose recording failed; the
     engine went on) and ``pulls_unmapped`` (loads from a producer engine
     not named in KVTRAIL_REMOTE_POOLS, sent as holes), ``offload_key_mismatch``
-    (CPU-offload chunks loaded under another key than they were stored
-    under: no share granted)."""
+    (offloaded blocks loaded under another key than they were stored
+    under: no share granted), ``offload_unverified`` (offloaded blocks
+    loaded that the hook never saw stored, or could not compare: holes),
+    ``lmcache_loads`` (LMCache loads, recorded as holes)."""
     if _H is None:
         return {}
     out = {cl.worker: dict(cl.stats) for cl in _H.clients}
     out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped,
-                   "offload_key_mismatch": _H.offload_key_mismatch}
+                   "offload_key_mismatch": _H.offload_key_mismatch,
+                   "offload_unverified": _H.offload_unverified, "lmcache_loads": _H.lmcache_loads}
     return out
