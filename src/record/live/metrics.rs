@@ -6,7 +6,8 @@
 //!
 //! Names follow Prometheus conventions (`kvtrail_` prefix, `_total`
 //! counters, units in the name). No label names a tenant or a request
-//! (cardinality): pools and ops only.
+//! (cardinality): pools, ops, sinks, and the guard's verdicts and actions
+//! only.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -24,6 +25,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Location, Result};
 use crate::record::stats::Stats;
+use crate::record::wire::{GuardAction, GuardVerdict};
 
 type Labels = Vec<(String, String)>;
 
@@ -51,6 +53,7 @@ pub struct Metrics {
     pub copies_timed_out: Counter,
     pub bytes_written: Gauge,
     pub connections: Gauge,
+    pub guard_decisions: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -80,6 +83,7 @@ impl Default for Metrics {
             copies_timed_out: Counter::default(),
             bytes_written: Gauge::default(),
             connections: Gauge::default(),
+            guard_decisions: Family::default(),
         };
         r.register(
             "events",
@@ -188,6 +192,11 @@ impl Default for Metrics {
             "Live engine connections",
             m.connections.clone(),
         );
+        r.register(
+            "guard_decisions",
+            "Decisions of the guard in the engines that were not ok, by verdict (foreign, unknown) and action (alert, abort, allow)",
+            m.guard_decisions.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 }
@@ -211,12 +220,27 @@ impl Metrics {
                 .affected
                 .get_or_create(&vec![("confidence".to_string(), c.to_string())]);
         }
+        for v in GuardVerdict::ALL {
+            for &a in v.actions() {
+                let _ = self.guard(v, a);
+            }
+        }
         for s in sinks {
             self.queue(s);
             self.sent(s);
             self.dropped(s);
             self.delivery_failures(s);
         }
+    }
+
+    /// The guard decisions counter of one verdict and action.
+    pub fn guard(&self, v: GuardVerdict, a: GuardAction) -> Counter {
+        self.guard_decisions
+            .get_or_create(&vec![
+                ("verdict".to_string(), v.as_str().to_string()),
+                ("action".to_string(), a.as_str().to_string()),
+            ])
+            .clone()
     }
 
     /// The queue depth of a sink (`file`, `alertmanager`).
