@@ -87,6 +87,9 @@ fn vllm_capture_is_sealed_and_openssh_accepts_every_seal() {
         s(&key),
         "--seal-every",
         "1s",
+        // Live detection: live-findings.json is sealed with the trace and
+        // must equal a fresh scope.
+        "--live",
     ])
     .spawn();
     wait_for(&sock);
@@ -147,6 +150,7 @@ fn vllm_capture_is_sealed_and_openssh_accepts_every_seal() {
     assert_eq!(v["all_ok"], true, "{v}");
     assert_eq!(v["seals"]["ok"], true, "{v}");
     assert_eq!(v["seals"]["final_seal"], true, "{v}");
+    assert_eq!(v["live"]["equal"], true, "{v}");
     assert!(
         v["seals"]["signers"][0].as_str().unwrap().starts_with(ID),
         "{v}"
@@ -159,6 +163,8 @@ fn vllm_capture_is_sealed_and_openssh_accepts_every_seal() {
         !v["affected_responses"].as_array().unwrap().is_empty(),
         "{v}"
     );
+
+    crate::support::record::assert_live_equals_scope(&out);
 
     // A seal removed from the middle of the chain fails.
     let gone = &seals[seals.len() / 2];
