@@ -473,7 +473,7 @@ impl Conn {
             || batch
                 .msgs
                 .iter()
-                .filter(|m| matches!(m, Msg::Request(_) | Msg::Guard(_)))
+                .filter(|m| matches!(m, Msg::Request(_) | Msg::Guard(_) | Msg::GuardOk { .. }))
                 .count()
                 > MAX_CARRIED;
         stats.queue_depth.fetch_add(n, Ordering::Relaxed);
@@ -502,6 +502,7 @@ impl Conn {
                         // request (the metrics count every one).
                         r @ (Msg::Request(_)
                         | Msg::Guard(_)
+                        | Msg::GuardOk { .. }
                         | Msg::Open { .. }
                         | Msg::End { .. }) => self.batch.push(r),
                         // A mark must not pass the holes dropped with it; the

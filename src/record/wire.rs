@@ -32,6 +32,8 @@
 //!   (`foreign`, `unknown`), what the guard did (`alert`, `abort`, `allow`)
 //!   and the source requests; counted in the metrics and, with live
 //!   detection, alerted once per request. Not written to the trace;
+//! - `{"type":"guard_ok","n":N}`: N more guard checks answered `ok` on
+//!   this connection since its last such line (counted in the metrics);
 //! - `{"type":"mark","ts_ns":T}`: every event of this connection's pools
 //!   stamped at or before T has been sent (the sidecar holds a pull from
 //!   these pools until their connection has marked past the pull's time);
@@ -265,6 +267,14 @@ pub struct GuardDecision {
     pub slots_unknown: u64,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardOk {
+    #[serde(rename = "type")]
+    _kind: String,
+    n: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Lost {
@@ -307,6 +317,10 @@ pub enum Msg {
     Copy(Box<EngineCopy>),
     /// A `guard` line: a decision of the engine's guard that was not `ok`.
     Guard(Box<GuardDecision>),
+    /// A `guard_ok` line: `n` more guard checks answered `ok`.
+    GuardOk {
+        n: u64,
+    },
     /// A `mark` line: every event of the connection's pools stamped at or
     /// before `ts_ns` has been sent.
     Mark {
@@ -379,7 +393,11 @@ impl Msg {
             Msg::XferPull(p) => Some(p.pool),
             Msg::Copy(c) => Some(c.pool),
             Msg::Guard(g) => Some(g.pool),
-            Msg::Mark { .. } | Msg::Bye(_) | Msg::Open { .. } | Msg::End { .. } => None,
+            Msg::GuardOk { .. }
+            | Msg::Mark { .. }
+            | Msg::Bye(_)
+            | Msg::Open { .. }
+            | Msg::End { .. } => None,
         }
     }
 }
@@ -637,6 +655,17 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
                 .map_err(|e| plain(format!("bad `guard` message: {e}")))?;
             check_guard(&mut g)?;
             Ok(Msg::Guard(Box::new(g)))
+        }
+        Some("guard_ok") => {
+            let l: GuardOk = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `guard_ok` message: {e}")))?;
+            if l.n == 0 || l.n > WIRE_MAX_COUNT {
+                return Err(plain(format!(
+                    "`guard_ok` with n = {} (1 to {WIRE_MAX_COUNT}, 2^48)",
+                    l.n
+                )));
+            }
+            Ok(Msg::GuardOk { n: l.n })
         }
         Some("mark") => {
             let m: Mark = serde_json::from_str(line)

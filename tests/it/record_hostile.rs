@@ -449,8 +449,9 @@ fn reconnect_loop_leaves_no_per_connection_state() {
 
 /// A `guard` line (a decision of the engine's guard): the good ones
 /// counted by verdict and action in /metrics and, where foreign or an
-/// abort, alerted once per request; every bad one rejected and counted,
-/// never a panic, never a hole in the pool.
+/// abort, alerted once per request; `guard_ok` lines summed as verdict
+/// ok; every bad one rejected and counted, never a panic, never a hole
+/// in the pool.
 #[test]
 fn guard_lines_are_checked_counted_and_alerted_once_per_request() {
     use kvtrail::record::live::{AlertTarget, LiveOptions};
@@ -490,6 +491,12 @@ fn guard_lines_are_checked_counted_and_alerted_once_per_request() {
         r#"{"type":"guard","pool":2,"ts_ns":5,"request_id":11,"verdict":"unknown","action":"allow"}"#.to_string(),
         r#"{"type":"guard"}"#.to_string(),
         r#"{"type":"guard","pool":2,"#.to_string(),
+        r#"{"type":"guard_ok","n":0}"#.to_string(),
+        r#"{"type":"guard_ok","n":281474976710657}"#.to_string(),
+        r#"{"type":"guard_ok","n":-1}"#.to_string(),
+        r#"{"type":"guard_ok","n":"3"}"#.to_string(),
+        r#"{"type":"guard_ok","n":3,"pool":2}"#.to_string(),
+        r#"{"type":"guard_ok"}"#.to_string(),
     ];
     let mut c = rig.connect(&[2]);
     writeln!(c, "{}", kv(2, 7, "alloc", 0, 4)).unwrap();
@@ -500,6 +507,9 @@ fn guard_lines_are_checked_counted_and_alerted_once_per_request() {
     // 9: unknown, let run (counted, no alert); 10: unknown, aborted.
     writeln!(c, "{}", g("9", "unknown", "allow", "[]", "")).unwrap();
     writeln!(c, "{}", g("10", "unknown", "abort", "[]", "")).unwrap();
+    // Checks answered ok: counted, summed.
+    writeln!(c, r#"{{"type":"guard_ok","n":3}}"#).unwrap();
+    writeln!(c, r#"{{"type":"guard_ok","n":2}}"#).unwrap();
     for l in &bad {
         writeln!(c, "{l}").unwrap();
     }
@@ -541,6 +551,7 @@ fn guard_lines_are_checked_counted_and_alerted_once_per_request() {
     assert_eq!(series(&body, "foreign", "alert"), Some(1), "{body}");
     assert_eq!(series(&body, "unknown", "allow"), Some(1), "{body}");
     assert_eq!(series(&body, "unknown", "alert"), Some(0), "{body}");
+    assert_eq!(series(&body, "ok", "allow"), Some(5), "{body}");
     // No series for an action the guard never takes on a verdict.
     assert_eq!(series(&body, "foreign", "allow"), None, "{body}");
     drop(c);

@@ -25,7 +25,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Location, Result};
 use crate::record::stats::Stats;
-use crate::record::wire::{GuardAction, GuardVerdict};
+use crate::record::wire::GuardVerdict;
 
 type Labels = Vec<(String, String)>;
 
@@ -194,7 +194,7 @@ impl Default for Metrics {
         );
         r.register(
             "guard_decisions",
-            "Decisions of the guard in the engines that were not ok, by verdict (foreign, unknown) and action (alert, abort, allow)",
+            "Decisions of the guard in the engines, by verdict (ok, foreign, unknown) and action (alert, abort, allow)",
             m.guard_decisions.clone(),
         );
         Metrics { registry: r, ..m }
@@ -220,9 +220,10 @@ impl Metrics {
                 .affected
                 .get_or_create(&vec![("confidence".to_string(), c.to_string())]);
         }
+        let _ = self.guard("ok", "allow");
         for v in GuardVerdict::ALL {
             for &a in v.actions() {
-                let _ = self.guard(v, a);
+                let _ = self.guard(v.as_str(), a.as_str());
             }
         }
         for s in sinks {
@@ -233,12 +234,14 @@ impl Metrics {
         }
     }
 
-    /// The guard decisions counter of one verdict and action.
-    pub fn guard(&self, v: GuardVerdict, a: GuardAction) -> Counter {
+    /// The guard decisions counter of one verdict and action (`ok` and
+    /// `allow` for the checks answered ok; else a [`GuardVerdict`] and one
+    /// of its actions).
+    pub fn guard(&self, verdict: &str, action: &str) -> Counter {
         self.guard_decisions
             .get_or_create(&vec![
-                ("verdict".to_string(), v.as_str().to_string()),
-                ("action".to_string(), a.as_str().to_string()),
+                ("verdict".to_string(), verdict.to_string()),
+                ("action".to_string(), action.to_string()),
             ])
             .clone()
     }

@@ -298,7 +298,9 @@ impl Live {
     /// line): counted at once; a foreign read or an abort goes to the live
     /// thread to be alerted (once per request).
     pub fn guard(&mut self, g: GuardDecision) {
-        self.metrics.guard(g.verdict, g.action).inc();
+        self.metrics
+            .guard(g.verdict.as_str(), g.action.as_str())
+            .inc();
         if !alerts::guard_alerted(&g) {
             return;
         }
@@ -308,6 +310,12 @@ impl Live {
                 self.metrics.dropped(s).inc();
             }
         }
+    }
+
+    /// `n` more guard checks answered `ok` (a `guard_ok` line): counted
+    /// as verdict `ok`, action `allow`.
+    pub fn guard_ok(&mut self, n: u64) {
+        self.metrics.guard("ok", "allow").inc_by(n);
     }
 
     /// A request row was written.

@@ -154,6 +154,7 @@ fn msg_bytes(m: &Msg) -> u64 {
         | Msg::Lost { .. }
         | Msg::Hole { .. }
         | Msg::Mark { .. }
+        | Msg::GuardOk { .. }
         | Msg::Bye(_)
         | Msg::End { .. } => 0,
     };
@@ -566,6 +567,11 @@ impl W<'_> {
             Msg::Guard(g) => {
                 if let Some(l) = &mut self.live {
                     l.guard(*g);
+                }
+            }
+            Msg::GuardOk { n } => {
+                if let Some(l) = &mut self.live {
+                    l.guard_ok(n);
                 }
             }
             // Kept by the connection, which hands it over with `End`.

@@ -5,7 +5,8 @@ The engine thread only appends small tuples to a bounded deque (the hot
 path: no JSON, no socket, no lock). A daemon thread turns them into JSON
 lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
 `xfer_commit`, `xfer_pull`, `copy` and `guard` messages) and sends them in
-batches.
+batches. The count of guard checks answered ok goes with the marks as
+`guard_ok` lines.
 
 Never stalls the engine: when the deque is full, events are dropped and
 counted per pool; the count goes to the sidecar as a `lost` line ahead of
@@ -194,6 +195,12 @@ class Client:
         self.sent_items = 0  # items whose lines reached a socket
         self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
         self._last_mark = 0.0
+        # Guard checks answered ok through this client: counted by the
+        # engine thread (its only writer), reported by the sender thread as
+        # `guard_ok` lines with the marks and before `bye` (the sender's
+        # own count of what it reported).
+        self.guard_ok = 0
+        self._guard_ok_sent = 0
         # Pool positions (see "Positions"): committed once a batch is sent,
         # and the working copy while a batch is formatted.
         self._pos = {}
@@ -422,13 +429,23 @@ class Client:
         if self.q and not busy:
             return
         self._last_mark = now
+        ok_line, n_ok = self._guard_ok_line()
         try:
-            self.sock.sendall(('{"type":"mark","ts_ns":%d}\n' % (t0 - MARK_LAG_NS)).encode())
+            self.sock.sendall((ok_line + '{"type":"mark","ts_ns":%d}\n' % (t0 - MARK_LAG_NS)).encode())
+            self._guard_ok_sent += n_ok
         except OSError:
             try:
                 self.sock.close()
             finally:
                 self.sock = None
+
+    def _guard_ok_line(self):
+        """The `guard_ok` line of the ok checks not yet reported ("" when
+        none) and their number."""
+        n = self.guard_ok - self._guard_ok_sent
+        if n <= 0:
+            return "", 0
+        return '{"type":"guard_ok","n":%d}\n' % n, n
 
     def _ensure_connected(self):
         """Connects (before a batch is formatted: its positions count on
@@ -519,10 +536,14 @@ class Client:
             counts[p] = counts.get(p, 0) + n
         self.down_lost, self.dropped = {}, {}
         lines = self._lost_lines(counts)
+        ok_line, n_ok = self._guard_ok_line()
+        if n_ok:
+            lines.append(ok_line.rstrip("\n"))
         lines.append('{"type":"bye","enqueued":%d,"sent":%d,"dropped":%d}'
                      % (self.enqueued, self.sent_items, self.dropped_items))
         try:
             self.sock.sendall(("\n".join(lines) + "\n").encode())
+            self._guard_ok_sent += n_ok
         except OSError:
             pass
         try:

@@ -94,7 +94,7 @@ class Guard:
         abort it with. A decision that is not ``ok`` also goes to the
         sidecar as a ``guard`` line through ``client`` (the connection
         holding ``pool``), where it is counted and, with live detection,
-        alerted."""
+        alerted; an ``ok`` one is counted there (``guard_ok`` lines)."""
         c = self.counts
         c["checks"] += 1
         try:
@@ -109,6 +109,8 @@ class Guard:
             log.warning("kvtrail: guard check failed for request %s: %s", name, e)
         c[verdict] += 1
         if verdict == "ok":
+            if client is not None:
+                client.guard_ok += 1  # the sidecar's count (guard_ok lines)
             return None
         if verdict == "unknown" and self.unknown == "allow":
             self._report(client, pool, rid, verdict, "allow", sources, n, nf, nu)
