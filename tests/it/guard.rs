@@ -108,7 +108,10 @@ fn with_sidecar(
         native,
         env,
     };
-    let (facts, rows, _) = run.with_sidecar(d.path(), &[], |_| {});
+    // Live detection on: a request the guard aborted has no read in the
+    // trace, and live findings still equal a fresh scope.
+    let (facts, rows, out) = run.with_sidecar(d.path(), &["--live"], |_| {});
+    crate::support::record::assert_live_equals_scope(&out);
     (facts, rows)
 }
 
@@ -276,7 +279,8 @@ fn scrape(addr: &str) -> String {
 /// The guard's decisions reach the sidecar: SGLang's seed path under
 /// `KVTRAIL_GUARD=abort` against `kvtrail record --metrics --alerts`.
 /// While the sidecar runs, /metrics counts the two aborts
-/// (`kvtrail_guard_decisions_total{verdict="foreign",action="abort"} 2`);
+/// (`kvtrail_guard_decisions_total{verdict="foreign",action="abort"} 2`)
+/// and the two checks answered ok (`verdict="ok",action="allow"`);
 /// at close the alerts file holds one `guard_foreign_read` alert for each
 /// aborted request (C and D), naming its sources; the live findings still
 /// equal a fresh scope.
@@ -310,7 +314,9 @@ fn guard_aborts_reach_the_sidecar_metrics_and_alerts() {
             let t = Instant::now();
             loop {
                 body = scrape(&addr);
-                if guard_series(&body, "foreign", "abort") == Some(2) {
+                if guard_series(&body, "foreign", "abort") == Some(2)
+                    && guard_series(&body, "ok", "allow") == Some(2)
+                {
                     break;
                 }
                 assert!(t.elapsed() < Duration::from_secs(30), "{body}");
@@ -321,6 +327,8 @@ fn guard_aborts_reach_the_sidecar_metrics_and_alerts() {
     assert_eq!(f["guard"]["aborts"], 2, "{f}");
     assert_eq!(guard_series(&body, "foreign", "alert"), Some(0), "{body}");
     assert_eq!(guard_series(&body, "unknown", "allow"), Some(0), "{body}");
+    // A and B were checked and ok: counted through `guard_ok` lines.
+    assert_eq!(guard_series(&body, "ok", "allow"), Some(2), "{body}");
     for r in ["C", "D"] {
         assert_eq!(rows[r], (500, Some("abort".into())), "{r}");
     }
