@@ -423,6 +423,16 @@ fn hook_counts_loss_instead_of_stalling() {
     assert_eq!(down["lost_sidecar_down"], 10_000, "{down}");
     assert_eq!(down["sent_lines"], 0, "{down}");
     assert!(down["us_per_call"].as_f64().unwrap() < 1000.0, "{down}");
+    // Guard decisions that could not be sent: counted apart, no pool's
+    // loss (which would become a hole), and the closing counts add up.
+    let g = &facts["guard_loss"];
+    assert_eq!(g["full"]["guard_lost"], 3, "{g}");
+    assert_eq!(g["full"]["dropped_queue"], 0, "{g}");
+    assert_eq!(g["full_pool"], serde_json::json!({}), "{g}");
+    assert_eq!(g["down"]["guard_lost"], 3, "{g}");
+    assert_eq!(g["down"]["lost_sidecar_down"], 0, "{g}");
+    assert_eq!(g["down_pool"], serde_json::json!({}), "{g}");
+    assert_eq!(g["down_counts"], serde_json::json!([3, 0, 3]), "{g}");
     // Sender starved with a 64-event queue: drops, counted, and in the trace
     // as a hole of exactly that size inside pool 0's stream.
     let st = &facts["starved"];
