@@ -16,7 +16,7 @@ use kvtrail::record::live::{LIVE_FINDINGS, LiveFindings, LiveOptions};
 use kvtrail::record::{RecordSummary, WhenBehind};
 use kvtrail::scope::{Confidence, Response, Tenant};
 
-use crate::support::record::{Rig, assert_live_equals_scope, kv, start};
+use crate::support::record::{Rig, assert_live_equals_scope, kv, live_vs_scope, start};
 
 fn rig() -> Rig {
     start(|cfg| {
@@ -167,7 +167,14 @@ fn a_read_by_a_request_never_seen_gives_scope_s_answer() {
         writeln!(c, "{l}").unwrap();
     }
     drop(c);
-    let (rs, _sum, _out, _d) = stop_and_compare(rig);
+    let (rs, sum, out, _d) = stop_and_compare(rig);
+    // A complete capture: `kvtrail verify` itself compares and says so.
+    assert!(sum.complete, "{:?}", sum.stats);
+    let (_, said) = live_vs_scope(&out);
+    assert!(
+        said.contains("live findings equal a fresh scope: 1 affected responses"),
+        "{said}"
+    );
     let r = find(&rs, 99);
     assert!(!r.in_requests_table, "{r:?}");
     assert_eq!(r.tenant, Tenant::Unknown, "{r:?}");
