@@ -6,8 +6,8 @@
 //! live: when the queue is full the batch's KV messages are dropped and
 //! turned into holes for their pools, sent ahead of the next batch that
 //! gets through, so the loss lands in the trace as an explicit seq hole
-//! close to where it happened. Requests and the hook's `lost` counts are
-//! never dropped: they are carried into the next batch.
+//! close to where it happened. Requests, guard decisions and the hook's
+//! `lost` counts are never dropped: they are carried into the next batch.
 //!
 //! Time bounds: the hello must come within `hello_timeout` (a silent
 //! connection must not hold a slot); after the stop a connection may send
@@ -473,7 +473,7 @@ impl Conn {
             || batch
                 .msgs
                 .iter()
-                .filter(|m| matches!(m, Msg::Request(_)))
+                .filter(|m| matches!(m, Msg::Request(_) | Msg::Guard(_) | Msg::GuardOk { .. }))
                 .count()
                 > MAX_CARRIED;
         stats.queue_depth.fetch_add(n, Ordering::Relaxed);
@@ -498,9 +498,13 @@ impl Conn {
                 // apart from our own holes (each is counted once).
                 for m in b.msgs.into_iter().skip(head) {
                     match m {
-                        r @ (Msg::Request(_) | Msg::Open { .. } | Msg::End { .. }) => {
-                            self.batch.push(r)
-                        }
+                        // A guard decision is no KV event: kept like a
+                        // request (the metrics count every one).
+                        r @ (Msg::Request(_)
+                        | Msg::Guard(_)
+                        | Msg::GuardOk { .. }
+                        | Msg::Open { .. }
+                        | Msg::End { .. }) => self.batch.push(r),
                         // A mark must not pass the holes dropped with it; the
                         // next one says as much.
                         Msg::Mark { .. } => {}

@@ -27,6 +27,13 @@
 //!   how many of the source pool's events the connection had reported
 //!   before it); the writer resolves the position to the source seq
 //!   (docs/capture-sglang.md, "Engine copies");
+//! - `{"type":"guard",...}`: a decision of the guard in the engine
+//!   (docs/guard.md) that was not `ok`: the request, its verdict
+//!   (`foreign`, `unknown`), what the guard did (`alert`, `abort`, `allow`)
+//!   and the source requests; counted in the metrics and, with live
+//!   detection, alerted once per request. Not written to the trace;
+//! - `{"type":"guard_ok","n":N}`: N more guard checks answered `ok` on
+//!   this connection since its last such line (counted in the metrics);
 //! - `{"type":"mark","ts_ns":T}`: every event of this connection's pools
 //!   stamped at or before T has been sent (the sidecar holds a pull from
 //!   these pools until their connection has marked past the pull's time);
@@ -185,6 +192,89 @@ pub struct EngineCopy {
     pub unsure: Option<&'static str>,
 }
 
+/// The most source request ids one `guard` line may name.
+pub const GUARD_MAX_SOURCES: usize = 256;
+
+/// The guard's answer about a request's read (docs/guard.md); `ok` is
+/// never sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardVerdict {
+    /// Some slot holds another request's content, no grant covers it.
+    Foreign,
+    /// Some slot's owner depends on state the engine process cannot see.
+    Unknown,
+}
+
+/// What the guard did about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardAction {
+    /// Logged and let run (`KVTRAIL_GUARD=alert`).
+    Alert,
+    /// Ended with an error before its first token (`KVTRAIL_GUARD=abort`).
+    Abort,
+    /// Counted and let run (`unknown` under `KVTRAIL_GUARD_UNKNOWN=allow`).
+    Allow,
+}
+
+impl GuardVerdict {
+    pub const ALL: [GuardVerdict; 2] = [GuardVerdict::Foreign, GuardVerdict::Unknown];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardVerdict::Foreign => "foreign",
+            GuardVerdict::Unknown => "unknown",
+        }
+    }
+    /// The actions the guard can take on this verdict: `foreign` is
+    /// alerted or aborted, never let run silently.
+    pub fn actions(self) -> &'static [GuardAction] {
+        match self {
+            GuardVerdict::Foreign => &[GuardAction::Alert, GuardAction::Abort],
+            GuardVerdict::Unknown => &[GuardAction::Alert, GuardAction::Abort, GuardAction::Allow],
+        }
+    }
+}
+
+impl GuardAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardAction::Alert => "alert",
+            GuardAction::Abort => "abort",
+            GuardAction::Allow => "allow",
+        }
+    }
+}
+
+/// One decision of the guard in the engine that was not `ok`: request
+/// `request_id`'s read of `slots_read` slots of `pool`, before its first
+/// token. `sources`: the requests whose content it found (sorted, no
+/// duplicates once parsed).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardDecision {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool: u16,
+    pub ts_ns: i64,
+    pub request_id: u64,
+    pub verdict: GuardVerdict,
+    pub action: GuardAction,
+    #[serde(default)]
+    pub sources: Vec<u64>,
+    pub slots_read: u64,
+    pub slots_foreign: u64,
+    pub slots_unknown: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardOk {
+    #[serde(rename = "type")]
+    _kind: String,
+    n: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Lost {
@@ -225,6 +315,12 @@ pub enum Msg {
     XferPull(Box<XferPull>),
     /// A `copy` line: an engine copy between two pools of one connection.
     Copy(Box<EngineCopy>),
+    /// A `guard` line: a decision of the engine's guard that was not `ok`.
+    Guard(Box<GuardDecision>),
+    /// A `guard_ok` line: `n` more guard checks answered `ok`.
+    GuardOk {
+        n: u64,
+    },
     /// A `mark` line: every event of the connection's pools stamped at or
     /// before `ts_ns` has been sent.
     Mark {
@@ -296,7 +392,12 @@ impl Msg {
             Msg::XferCommit(c) => Some(c.pool),
             Msg::XferPull(p) => Some(p.pool),
             Msg::Copy(c) => Some(c.pool),
-            Msg::Mark { .. } | Msg::Bye(_) | Msg::Open { .. } | Msg::End { .. } => None,
+            Msg::Guard(g) => Some(g.pool),
+            Msg::GuardOk { .. }
+            | Msg::Mark { .. }
+            | Msg::Bye(_)
+            | Msg::Open { .. }
+            | Msg::End { .. } => None,
         }
     }
 }
@@ -549,6 +650,23 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
             check_copy(&c)?;
             Ok(Msg::Copy(Box::new(c)))
         }
+        Some("guard") => {
+            let mut g: GuardDecision = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `guard` message: {e}")))?;
+            check_guard(&mut g)?;
+            Ok(Msg::Guard(Box::new(g)))
+        }
+        Some("guard_ok") => {
+            let l: GuardOk = serde_json::from_str(line)
+                .map_err(|e| plain(format!("bad `guard_ok` message: {e}")))?;
+            if l.n == 0 || l.n > WIRE_MAX_COUNT {
+                return Err(plain(format!(
+                    "`guard_ok` with n = {} (1 to {WIRE_MAX_COUNT}, 2^48)",
+                    l.n
+                )));
+            }
+            Ok(Msg::GuardOk { n: l.n })
+        }
         Some("mark") => {
             let m: Mark = serde_json::from_str(line)
                 .map_err(|e| plain(format!("bad `mark` message: {e}")))?;
@@ -638,6 +756,45 @@ fn check_copy(c: &EngineCopy) -> Result<(), LineError> {
             "copy runs: each [dst_slot, src_slot, count] needs count >= 1".into(),
         ));
     }
+    Ok(())
+}
+
+fn check_guard(g: &mut GuardDecision) -> Result<(), LineError> {
+    if g.request_id == 0 {
+        return Err(plain("guard with request_id 0 (the engine's own)".into()));
+    }
+    check_request_id(g.request_id)?;
+    if !g.verdict.actions().contains(&g.action) {
+        return Err(plain(format!(
+            "guard verdict {} with action {} (a foreign read is alerted or aborted)",
+            g.verdict.as_str(),
+            g.action.as_str()
+        )));
+    }
+    if g.sources.len() > GUARD_MAX_SOURCES {
+        return Err(plain(format!(
+            "guard with {} sources, more than {GUARD_MAX_SOURCES}",
+            g.sources.len()
+        )));
+    }
+    for &s in &g.sources {
+        check_request_id(s)?;
+    }
+    if g.verdict == GuardVerdict::Foreign && g.sources.is_empty() {
+        return Err(plain(
+            "guard verdict foreign names no source request".into(),
+        ));
+    }
+    if g.slots_read > WIRE_MAX_COUNT
+        || g.slots_foreign.saturating_add(g.slots_unknown) > g.slots_read
+    {
+        return Err(plain(format!(
+            "guard slots: foreign {} + unknown {} must be at most read {} (at most 2^48)",
+            g.slots_foreign, g.slots_unknown, g.slots_read
+        )));
+    }
+    g.sources.sort_unstable();
+    g.sources.dedup();
     Ok(())
 }
 

@@ -6,6 +6,9 @@
 //! tests/vllm/record_driver.py (vLLM 0.33.0: the #52234 stale reference,
 //! the stale CPU-offload load, and the clean runs).
 //!
+//! The guard's decisions also reach the sidecar (`guard` lines): counted
+//! in `record --metrics` and alerted once per request.
+//!
 //! Needs the venvs (30-/32-) and the module (34-): with `CI` set a missing
 //! one FAILS the test; otherwise it is skipped with a message.
 
@@ -96,43 +99,100 @@ fn with_sidecar(
     env: &[(&str, &str)],
 ) -> (Value, BTreeMap<String, (u16, Option<String>)>) {
     let d = tempfile::tempdir().unwrap();
-    let sock = d.path().join("kvtrail.sock");
-    let out = d.path().join("trace");
-    let mut sidecar = kvtrail([
-        "record",
-        "--listen",
-        &format!("unix:{}", sock.display()),
-        "--deployment",
-        s(&root().join("tests/data/record").join(deploy)),
-        "--out",
-        s(&out),
-        "--health-secs",
-        "0",
-    ])
-    .spawn();
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "no sidecar socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut args = vec![s(&sock)];
-    args.extend(mode);
-    let o = driver(py, engine, script, &args, Some(native), env);
-    unsafe { libc::kill(sidecar.id() as i32, libc::SIGTERM) };
-    let status = sidecar.wait().unwrap();
-    assert!(status.success(), "sidecar: {status:?}");
-    let facts = facts_of(&o, script);
-    let trace = Trace::open(&out).unwrap();
-    let mut rows = BTreeMap::new();
-    for b in trace.requests() {
-        for r in b.unwrap() {
-            rows.insert(
-                r.external_id.clone().unwrap(),
-                (r.http_status, r.finish_reason.clone()),
-            );
-        }
-    }
+    let run = Run {
+        py,
+        engine,
+        script,
+        mode,
+        deploy,
+        native,
+        env,
+    };
+    // Live detection on: a request the guard aborted has no read in the
+    // trace, and live findings still equal a fresh scope.
+    let (facts, rows, out) = run.with_sidecar(d.path(), &["--live"], |_| {});
+    crate::support::record::assert_live_equals_scope(&out);
     (facts, rows)
+}
+
+/// One driver run against a sidecar.
+struct Run<'a> {
+    py: &'a Path,
+    engine: &'a str,
+    script: &'a str,
+    mode: Option<&'a str>,
+    deploy: &'a str,
+    native: &'a Path,
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// A request row's status and finish reason, by external id.
+type Rows = BTreeMap<String, (u16, Option<String>)>;
+
+impl Run<'_> {
+    /// Records into `dir/trace` with `record` given `extra` options;
+    /// `before_stop` runs once the driver has ended, while the sidecar
+    /// still runs. Returns the facts, the rows and the trace folder.
+    fn with_sidecar(
+        &self,
+        dir: &Path,
+        extra: &[&str],
+        before_stop: impl FnOnce(&Value),
+    ) -> (Value, Rows, PathBuf) {
+        let Run {
+            py,
+            engine,
+            script,
+            mode,
+            deploy,
+            native,
+            env,
+        } = *self;
+        let sock = dir.join("kvtrail.sock");
+        let out = dir.join("trace");
+        let mut args = vec![
+            "record".to_string(),
+            "--listen".into(),
+            format!("unix:{}", sock.display()),
+            "--deployment".into(),
+            s(&root().join("tests/data/record").join(deploy)).into(),
+            "--out".into(),
+            s(&out).into(),
+            "--health-secs".into(),
+            "0".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let sidecar = kvtrail(&args).spawn();
+        let t = Instant::now();
+        while !sock.exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "no sidecar socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut args = vec![s(&sock)];
+        args.extend(mode);
+        let o = driver(py, engine, script, &args, Some(native), env);
+        let facts = facts_of(&o, script);
+        before_stop(&facts);
+        unsafe { libc::kill(sidecar.id() as i32, libc::SIGTERM) };
+        let o = crate::support::record::wait_bounded(sidecar, Duration::from_secs(60));
+        assert!(
+            o.status.success(),
+            "sidecar: {:?}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let trace = Trace::open(&out).unwrap();
+        let mut rows = BTreeMap::new();
+        for b in trace.requests() {
+            for r in b.unwrap() {
+                rows.insert(
+                    r.external_id.clone().unwrap(),
+                    (r.http_status, r.finish_reason.clone()),
+                );
+            }
+        }
+        (facts, rows, out)
+    }
 }
 
 fn sources(alert: &Value) -> Vec<u64> {
@@ -193,6 +253,120 @@ fn guard_aborts_sglang_seed_placeholder_decode_with_an_error() {
     assert_eq!(sources(&alerts[0]), [a.min(b), a.max(b)]);
     assert_eq!(alerts[1]["request"], "D");
     assert_eq!(sources(&alerts[1]), [a]);
+}
+
+/// `kvtrail_guard_decisions_total{verdict,action}` in a scrape (None:
+/// no such series).
+fn guard_series(body: &str, verdict: &str, action: &str) -> Option<u64> {
+    let key = format!(r#"kvtrail_guard_decisions_total{{verdict="{verdict}",action="{action}"}} "#);
+    body.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|x| x.trim().parse().ok())
+}
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = c.read_to_string(&mut body);
+    body
+}
+
+/// The guard's decisions reach the sidecar: SGLang's seed path under
+/// `KVTRAIL_GUARD=abort` against `kvtrail record --metrics --alerts`.
+/// While the sidecar runs, /metrics counts the two aborts
+/// (`kvtrail_guard_decisions_total{verdict="foreign",action="abort"} 2`)
+/// and the two checks answered ok (`verdict="ok",action="allow"`);
+/// at close the alerts file holds one `guard_foreign_read` alert for each
+/// aborted request (C and D), naming its sources; the live findings still
+/// equal a fresh scope.
+#[test]
+fn guard_aborts_reach_the_sidecar_metrics_and_alerts() {
+    let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let alerts = d.path().join("alerts.jsonl");
+    let run = Run {
+        py: &py,
+        engine: "sglang",
+        script: "guard_driver.py",
+        mode: None,
+        deploy: "deploy-sglang-cpu.json",
+        native: &native,
+        env: &[("KVTRAIL_GUARD", "abort")],
+    };
+    let mut body = String::new();
+    let (f, rows, out) = run.with_sidecar(
+        d.path(),
+        &["--metrics", &addr, "--alerts", s(&alerts)],
+        |_| {
+            let t = Instant::now();
+            loop {
+                body = scrape(&addr);
+                if guard_series(&body, "foreign", "abort") == Some(2)
+                    && guard_series(&body, "ok", "allow") == Some(2)
+                {
+                    break;
+                }
+                assert!(t.elapsed() < Duration::from_secs(30), "{body}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        },
+    );
+    assert_eq!(f["guard"]["aborts"], 2, "{f}");
+    assert_eq!(guard_series(&body, "foreign", "alert"), Some(0), "{body}");
+    assert_eq!(guard_series(&body, "unknown", "allow"), Some(0), "{body}");
+    // A and B were checked and ok: counted through `guard_ok` lines.
+    assert_eq!(guard_series(&body, "ok", "allow"), Some(2), "{body}");
+    for r in ["C", "D"] {
+        assert_eq!(rows[r], (500, Some("abort".into())), "{r}");
+    }
+    let lines: Vec<Value> = std::fs::read_to_string(&alerts)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut guard: Vec<(u64, Vec<u64>)> = lines
+        .iter()
+        .filter(|a| a["unmapped"]["trigger"] == "guard_foreign_read")
+        .map(|a| {
+            assert_eq!(a["unmapped"]["action"], "abort", "{a}");
+            assert_eq!(a["class_uid"], 2006, "{a}");
+            let srcs = a["unmapped"]["sources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["request_id"].as_u64().unwrap())
+                .collect();
+            (a["unmapped"]["request_id"].as_u64().unwrap(), srcs)
+        })
+        .collect();
+    guard.sort();
+    let id = |r: &str| f[r]["request_id"].as_u64().unwrap();
+    let (a, b) = (id("A"), id("B"));
+    let mut want = vec![(id("C"), vec![a.min(b), a.max(b)]), (id("D"), vec![a])];
+    want.sort();
+    assert_eq!(guard, want, "{lines:?}");
+    // The aborted requests read nothing the hook recorded past the check:
+    // live detection still gives what a fresh scope gives.
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(
+        v.stdout.contains("live findings equal a fresh scope"),
+        "{}\n{}",
+        v.stdout,
+        v.stderr
+    );
 }
 
 #[test]

@@ -38,6 +38,7 @@ mod record_hicache;
 mod record_hostile;
 mod record_live;
 mod record_live_clean;
+mod record_live_edges;
 mod record_live_ops;
 mod record_protocol;
 mod record_sglang;

@@ -8,7 +8,8 @@
 //! the CUDA driver). Checked on the trace: a clean offload, device
 //! eviction, prefix hit and load back reports nothing; a host slot reused
 //! without dropping its key is found, with the sources the KV tensors
-//! really hold.
+//! really hold. The sidecar runs with `--live`: on every capture its live
+//! findings equal a fresh scope.
 //!
 //! Needs the venv of .ci/setup.d/30-sglang.sh (+ blake3 from 31-...): with
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use kvtrail::scope::{Confidence, ScopeReport};
 
 use crate::support::cli::{kvtrail, s};
+use crate::support::record::assert_live_equals_scope;
 use crate::support::venv;
 
 /// Runs the driver in `mode` against a sidecar; returns its facts and the
@@ -39,6 +41,9 @@ fn drive(py: &Path, mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pa
         s(&out),
         "--health-secs",
         "0",
+        // Live detection on every capture: compared with a fresh scope
+        // below.
+        "--live",
     ])
     .spawn();
     let t = Instant::now();
@@ -71,6 +76,9 @@ fn drive(py: &Path, mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pa
     assert!(status.success(), "sidecar: {status:?}");
     let stdout = String::from_utf8_lossy(&driver.stdout);
     let facts = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    // What live detection found while recording (the tier copies applied
+    // as they came) is what a fresh scope finds on the trace.
+    assert_live_equals_scope(&out);
     (facts, out)
 }
 

@@ -17,6 +17,7 @@
 //! - transfer_into_the_last_page_of_a_2_32_page_pool_does_not_stop_the_writer
 //! - writer_failure_is_not_silent
 //! - reconnect_loop_leaves_no_per_connection_state
+//! - guard_lines_are_checked_counted_and_alerted_once_per_request
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -444,4 +445,174 @@ fn reconnect_loop_leaves_no_per_connection_state() {
     let (sum, t, _d, _o) = rig.stop();
     assert!(sum.complete);
     assert_eq!(seqs(&t, 2).len() + seqs(&t, 3).len(), N as usize);
+}
+
+/// A `guard` line (a decision of the engine's guard): the good ones
+/// counted by verdict and action in /metrics and, where foreign or an
+/// abort, alerted once per request; `guard_ok` lines summed as verdict
+/// ok; every bad one rejected and counted, never a panic, never a hole
+/// in the pool.
+#[test]
+fn guard_lines_are_checked_counted_and_alerted_once_per_request() {
+    use kvtrail::record::live::{AlertTarget, LiveOptions};
+    let alerts = tempfile::tempdir().unwrap();
+    let alerts_file = alerts.path().join("alerts.jsonl");
+    let af = alerts_file.clone();
+    let rig = start(move |cfg| {
+        cfg.live = Some(LiveOptions {
+            metrics: Some("127.0.0.1:0".parse().unwrap()),
+            alerts: Some(AlertTarget::File(af)),
+            ..LiveOptions::default()
+        });
+    });
+    let addr = rig.sidecar.metrics_addr().expect("metrics served");
+    let g = |rid: &str, verdict: &str, action: &str, sources: &str, tail: &str| {
+        format!(
+            r#"{{"type":"guard","pool":2,"ts_ns":5,"request_id":{rid},"verdict":"{verdict}","action":"{action}","sources":{sources},"slots_read":8,"slots_foreign":4,"slots_unknown":0{tail}}}"#
+        )
+    };
+    let too_many: Vec<u64> = (1..=257).collect();
+    let bad = [
+        g("11", "ok", "allow", "[]", ""),
+        g("11", "foreign", "allow", "[7]", ""),
+        g("11", "foreign", "abort", "[]", ""),
+        g("11", "maybe", "abort", "[7]", ""),
+        g("11", "unknown", "stop", "[]", ""),
+        g("0", "foreign", "abort", "[7]", ""),
+        g("18446744073709551615", "foreign", "abort", "[7]", ""),
+        g("11", "foreign", "abort", "[18446744073709551615]", ""),
+        g("11", "foreign", "abort", &format!("{too_many:?}"), ""),
+        g("11", "foreign", "abort", "\"7\"", ""),
+        g("11", "foreign", "abort", "[7]", r#","x_extra":1"#),
+        g("11", "foreign", "abort", "[7]", r#","pool":2"#),
+        g("11", "foreign", "abort", "[-7]", ""),
+        r#"{"type":"guard","pool":2,"ts_ns":5,"request_id":11,"verdict":"unknown","action":"allow","sources":[],"slots_read":1,"slots_foreign":1,"slots_unknown":1}"#.to_string(),
+        r#"{"type":"guard","pool":2,"ts_ns":5,"request_id":11,"verdict":"unknown","action":"allow","sources":[],"slots_read":18446744073709551616,"slots_foreign":0,"slots_unknown":0}"#.to_string(),
+        r#"{"type":"guard","pool":2,"ts_ns":5,"request_id":11,"verdict":"unknown","action":"allow"}"#.to_string(),
+        r#"{"type":"guard"}"#.to_string(),
+        r#"{"type":"guard","pool":2,"#.to_string(),
+        r#"{"type":"guard_ok","n":0}"#.to_string(),
+        r#"{"type":"guard_ok","n":281474976710657}"#.to_string(),
+        r#"{"type":"guard_ok","n":-1}"#.to_string(),
+        r#"{"type":"guard_ok","n":"3"}"#.to_string(),
+        r#"{"type":"guard_ok","n":3,"pool":2}"#.to_string(),
+        r#"{"type":"guard_ok"}"#.to_string(),
+    ];
+    let mut c = rig.connect(&[2]);
+    writeln!(c, "{}", kv(2, 7, "alloc", 0, 4)).unwrap();
+    writeln!(c, "{}", kv(2, 7, "write", 0, 4)).unwrap();
+    // Request 8: foreign, aborted; then again, alerted (one alert).
+    writeln!(c, "{}", g("8", "foreign", "abort", "[7,7]", "")).unwrap();
+    writeln!(c, "{}", g("8", "foreign", "alert", "[7]", "")).unwrap();
+    // 9: unknown, let run (counted, no alert); 10: unknown, aborted.
+    writeln!(c, "{}", g("9", "unknown", "allow", "[]", "")).unwrap();
+    writeln!(c, "{}", g("10", "unknown", "abort", "[]", "")).unwrap();
+    // Checks answered ok: counted, summed.
+    writeln!(c, r#"{{"type":"guard_ok","n":3}}"#).unwrap();
+    writeln!(c, r#"{{"type":"guard_ok","n":2}}"#).unwrap();
+    for l in &bad {
+        writeln!(c, "{l}").unwrap();
+    }
+    // A pool this connection did not declare: forged.
+    writeln!(
+        c,
+        "{}",
+        g("12", "foreign", "abort", "[7]", "").replace(r#""pool":2"#, r#""pool":3"#)
+    )
+    .unwrap();
+    writeln!(c, "{}", kv(2, 7, "free", 0, 4)).unwrap();
+    c.flush().unwrap();
+    let st = rig.sidecar.stats();
+    let n_bad = bad.len() as u64;
+    until("every line handled", || {
+        st.rejected_unattributed.load(Ordering::Relaxed) == n_bad
+            && st.rejected_forged.load(Ordering::Relaxed) == 1
+            && st.kv_written.load(Ordering::Relaxed) == 3
+    });
+    let series = |body: &str, v: &str, a: &str| -> Option<u64> {
+        let key = format!(r#"kvtrail_guard_decisions_total{{verdict="{v}",action="{a}"}} "#);
+        body.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|x| x.trim().parse().ok())
+    };
+    let t = Instant::now();
+    let body = loop {
+        let mut sock = std::net::TcpStream::connect(addr).unwrap();
+        write!(sock, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut b = String::new();
+        std::io::Read::read_to_string(&mut sock, &mut b).unwrap();
+        if series(&b, "unknown", "abort") == Some(1) {
+            break b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{b}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(series(&body, "foreign", "abort"), Some(1), "{body}");
+    assert_eq!(series(&body, "foreign", "alert"), Some(1), "{body}");
+    assert_eq!(series(&body, "unknown", "allow"), Some(1), "{body}");
+    assert_eq!(series(&body, "unknown", "alert"), Some(0), "{body}");
+    assert_eq!(series(&body, "ok", "allow"), Some(5), "{body}");
+    // No series for an action the guard never takes on a verdict.
+    assert_eq!(series(&body, "foreign", "allow"), None, "{body}");
+    drop(c);
+    let (sum, t, _d, _out) = rig.stop();
+    // Guard lines are no KV events: the pool has no hole.
+    assert_eq!(seqs(&t, 2), vec![0, 1, 2]);
+    assert_eq!(sum.stats.rejected_unattributed, n_bad);
+    assert_eq!(sum.stats.rejected_forged, 1);
+    let live = sum.live.expect("live stats");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&alerts_file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let guard: Vec<(u64, String, String)> = lines
+        .iter()
+        .filter(|a| a["unmapped"]["kind"] == "guard")
+        .map(|a| {
+            (
+                a["unmapped"]["request_id"].as_u64().unwrap(),
+                a["unmapped"]["trigger"].as_str().unwrap().to_string(),
+                a["unmapped"]["action"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        guard,
+        vec![
+            (8, "guard_foreign_read".into(), "abort".into()),
+            (10, "guard_abort".into(), "abort".into()),
+        ],
+        "{lines:?}"
+    );
+    let first = lines
+        .iter()
+        .find(|a| a["unmapped"]["request_id"] == 8)
+        .unwrap();
+    assert_eq!(first["class_uid"], 2006);
+    assert_eq!(first["severity_id"], 4);
+    assert_eq!(first["unmapped"]["sources"][0]["request_id"], 7);
+    assert_eq!(first["unmapped"]["sources"].as_array().unwrap().len(), 1);
+    assert_eq!(live.alerts, lines.len() as u64);
+}
+
+/// Without live detection a good `guard` line is taken and not kept: the
+/// trace has no trace of it, and nothing is rejected.
+#[test]
+fn guard_lines_without_live_detection_are_accepted_and_not_written() {
+    let rig = start(|_| {});
+    let mut c = rig.connect(&[2]);
+    writeln!(c, "{}", kv(2, 7, "alloc", 0, 4)).unwrap();
+    writeln!(
+        c,
+        r#"{{"type":"guard","pool":2,"ts_ns":5,"request_id":8,"verdict":"foreign","action":"abort","sources":[7],"slots_read":4,"slots_foreign":4,"slots_unknown":0}}"#
+    )
+    .unwrap();
+    writeln!(c, "{}", kv(2, 7, "free", 0, 4)).unwrap();
+    drop(c);
+    let (sum, t, _d, _out) = rig.stop();
+    assert_eq!(sum.stats.rejected_unattributed, 0, "{:?}", sum.stats);
+    assert_eq!(sum.stats.rejected_forged, 0, "{:?}", sum.stats);
+    assert!(sum.complete, "{:?}", sum.stats);
+    assert_eq!(seqs(&t, 2), vec![0, 1]);
 }

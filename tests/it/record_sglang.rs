@@ -7,6 +7,8 @@
 //! prompt_tokens 120 vs prefilled_tokens 1 and a 200, and both an
 //! independent replay over the library reader and `kvtrail scope` find the
 //! planted foreign read (request C reading A's and B's stale decode KV).
+//! The sidecar runs with `--live`: its live findings equal a fresh scope
+//! (`kvtrail verify`).
 //!
 //! Needs the venv of .ci/setup.d/30-sglang.sh (+ blake3 from 31-...): with
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
@@ -23,6 +25,7 @@ use kvtrail::schema::{KvEvent, Op};
 use kvtrail::trace::{Manifest, Trace};
 
 use crate::support::cli::{kvtrail, s};
+use crate::support::record::assert_live_equals_scope;
 
 fn wait_for(path: &Path) {
     let t = Instant::now();
@@ -178,6 +181,9 @@ fn with_sidecar(
         s(&out),
         "--health-secs",
         "0",
+        // Live detection on every capture: its findings must equal a
+        // fresh scope's (each test asserts it).
+        "--live",
     ])
     .spawn();
     wait_for(&sock);
@@ -235,6 +241,15 @@ fn sglang_cpu_capture_finds_the_planted_foreign_read() {
     let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
     assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    // Live detection saw what scope sees: C and D, the same tokens,
+    // sources and confidence.
+    assert!(
+        v.stdout
+            .contains("live findings equal a fresh scope: 2 affected responses"),
+        "{}",
+        v.stdout
+    );
+    assert_live_equals_scope(&out);
 
     // inspect: the over-long prompt, placeholder prefill, 200 to the client.
     let i = kvtrail(["inspect", s(&out), "--json"]).run();
@@ -408,6 +423,16 @@ fn hook_counts_loss_instead_of_stalling() {
     assert_eq!(down["lost_sidecar_down"], 10_000, "{down}");
     assert_eq!(down["sent_lines"], 0, "{down}");
     assert!(down["us_per_call"].as_f64().unwrap() < 1000.0, "{down}");
+    // Guard decisions that could not be sent: counted apart, no pool's
+    // loss (which would become a hole), and the closing counts add up.
+    let g = &facts["guard_loss"];
+    assert_eq!(g["full"]["guard_lost"], 3, "{g}");
+    assert_eq!(g["full"]["dropped_queue"], 0, "{g}");
+    assert_eq!(g["full_pool"], serde_json::json!({}), "{g}");
+    assert_eq!(g["down"]["guard_lost"], 3, "{g}");
+    assert_eq!(g["down"]["lost_sidecar_down"], 0, "{g}");
+    assert_eq!(g["down_pool"], serde_json::json!({}), "{g}");
+    assert_eq!(g["down_counts"], serde_json::json!([3, 0, 3]), "{g}");
     // Sender starved with a 64-event queue: drops, counted, and in the trace
     // as a hole of exactly that size inside pool 0's stream.
     let st = &facts["starved"];
@@ -433,6 +458,10 @@ fn hook_counts_loss_instead_of_stalling() {
     );
     let m = Manifest::load(&out).unwrap();
     assert!(!m.capture.complete);
+    // The trace fails verify (incomplete), so verify does not compare;
+    // the same comparison through the library: the holes make the same
+    // reads uncertain live as in scope.
+    assert_live_equals_scope(&out);
     // TP rank 1's allocator is marked not captured (-1); rank 0's is left alone.
     assert_eq!(facts["tp_rank_pools"], serde_json::json!([-1, null]));
     // Pool 0 held by another connection: the hook's hello is refused, it

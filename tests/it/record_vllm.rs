@@ -9,7 +9,8 @@
 //! by `kvtrail scope` with its true source, also on a hybrid model (full
 //! attention + sliding window, whose groups alias one block pool);
 //! out-of-range block ids, a failed and a partial load leave evidence
-//! (holes, counters, the failure policy).
+//! (holes, counters, the failure policy). Every capture runs with
+//! `--live`, and its live findings equal a fresh scope.
 //!
 //! Needs the venv of .ci/setup.d/32-vllm.sh (+ the hook's dependencies from
 //! 33-kvtrail-vllm-hook.sh); a missing venv FAILS these tests. The wire
@@ -93,6 +94,9 @@ fn capture_exit(
         "--health-secs",
         "0",
         "--from-engine-start",
+        // Live detection on every capture: compared with a fresh scope
+        // below, whatever the test checks after.
+        "--live",
     ])
     .spawn();
     wait_for(&sock);
@@ -137,6 +141,9 @@ fn capture_exit(
             assert_eq!(st["lost_sidecar_down"], 0, "{w}: {st}");
         }
     }
+    // Every capture of the real package: what live detection found while
+    // recording is what a fresh scope finds on the trace.
+    record::assert_live_equals_scope(&out);
     (facts, out, side_err)
 }
 

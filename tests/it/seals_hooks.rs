@@ -72,6 +72,9 @@ fn sealed_capture(d: &Path, key: &Path, drv: &Driver) -> PathBuf {
         s(key),
         "--seal-every",
         "1s",
+        // Live detection: live-findings.json is sealed with the trace and
+        // must equal a fresh scope.
+        "--live",
     ])
     .args(drv.record)
     .spawn();
@@ -134,6 +137,7 @@ fn check_chain(d: &Path, out: &Path, key: &Path, allowed: &Path) {
     assert_eq!(v["all_ok"], true, "{v}");
     assert_eq!(v["seals"]["ok"], true, "{v}");
     assert_eq!(v["seals"]["final_seal"], true, "{v}");
+    assert_eq!(v["live"]["equal"], true, "{v}");
     assert!(
         v["seals"]["signers"][0].as_str().unwrap().starts_with(ID),
         "{v}"
@@ -184,6 +188,8 @@ fn check_chain(d: &Path, out: &Path, key: &Path, allowed: &Path) {
     // A stranger reproduces the verdict from the capture.
     let r = kvtrail(["verify", s(&scope), "--reproduce"]).run();
     assert!(r.ok().starts_with("OK: reproduced"), "{}", r.stdout);
+
+    crate::support::record::assert_live_equals_scope(&out);
 
     // A seal removed from the middle of the chain fails.
     let gone = &seals[seals.len() / 2];

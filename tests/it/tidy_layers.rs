@@ -563,6 +563,11 @@ fn check_root_files(root: &Path) -> Vec<String> {
         .collect();
     names.sort();
     for name in names {
+        // A linked git worktree's `.git` is a file pointing at the
+        // repository: git's, not the project's.
+        if name == ".git" {
+            continue;
+        }
         if !ROOT_FILES.contains(&name.as_str()) {
             v.push(format!(
                 "{name}:1: a file at the repository's root that is not in the fixed list \

@@ -11,6 +11,8 @@
 3. An allocator built on tensor-parallel rank 1 is marked not captured.
 4. Pool claimed by another live connection: the sidecar refuses the
    hook's hello; the hook sends nothing and counts every event as lost.
+Guard decisions that cannot be sent (a full queue, the sidecar down) are
+counted apart (`guard_lost`), never as events lost of a pool.
 Prints one JSON line of facts.
 """
 
@@ -43,6 +45,22 @@ def main():
     st = list(kh.stats().values())[0]
     kh.uninstall()
     facts["down"] = {"us_per_call": dt / (2 * N) * 1e6, **st}
+
+    # Guard decisions that cannot be sent (a full queue, the sidecar down)
+    # are counted apart (guard_lost), never as a KV event lost of the pool.
+    from kvtrail_hook_client import Client
+
+    full = Client("unix:" + sock + ".nobody", [0], "guard-full", max_queue=0)
+    down = Client("unix:" + sock + ".nobody", [0], "guard-down")
+    for rid in (1, 2, 3):
+        full.put_guard(0, time.time_ns(), rid, "foreign", "alert", [9], 4, 4, 0)
+        down.put_guard(0, time.time_ns(), rid, "unknown", "allow", [], 4, 0, 4)
+    down.flush(30)
+    facts["guard_loss"] = {"full": dict(full.stats), "full_pool": dict(full.dropped),
+                           "down": dict(down.stats), "down_pool": dict(down.down_lost),
+                           "down_counts": [down.enqueued, down.sent_items, down.dropped_items]}
+    full.close(0)
+    down.close(0)
 
     kh.install(capture="unix:" + sock, pools=[0], roles={}, worker="starved", max_queue=64)
     a = kh.tag(TokenToKVPoolAllocator(4096, torch.float32, "cpu", None, True), 0)

@@ -8,8 +8,10 @@
 //! replay classifies: a response's first foreign read (one alert per
 //! affected response, however many reads follow), a cross-tenant
 //! prefix-cache hit where the deployment promised per-tenant prefix
-//! caches (once per response; raised when both tenants are known), and
-//! capture loss (at most one alert per pool a second, the loss summed).
+//! caches (once per response; raised when both tenants are known),
+//! capture loss (at most one alert per pool a second, the loss summed),
+//! and a decision of the guard in the engine that found a foreign read or
+//! aborted a request (once per request).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::Write;
@@ -25,8 +27,9 @@ use super::alertmanager::{AmAlert, Delivery};
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
 use crate::lineage::{ReadKind, ReadRun};
+use crate::record::wire::{GuardAction, GuardDecision, GuardVerdict};
 use crate::report::export::Audience;
-use crate::report::export::ocsf::{self, Context, PrefixTime};
+use crate::report::export::ocsf::{self, Context, GuardCheck, PrefixTime};
 use crate::schema::{ENGINE_REQUEST, RequestRecord};
 use crate::scope::{Confidence, Crossing, Response, SharedHit, SharedSource, Source, Tenant};
 
@@ -183,6 +186,23 @@ pub struct Detector {
     pending_hits: HashMap<u64, (u16, BTreeMap<u64, u64>)>,
     /// Loss per pool not yet alerted.
     lost: BTreeMap<u16, u64>,
+    /// Requests alerted for a guard decision (the oldest forgotten first).
+    guarded: HashSet<u64>,
+    guarded_order: VecDeque<u64>,
+}
+
+/// Whether a guard decision is alerted: a foreign read (whatever the
+/// guard did about it), or a request the guard aborted.
+pub fn guard_alerted(g: &GuardDecision) -> bool {
+    g.verdict == GuardVerdict::Foreign || g.action == GuardAction::Abort
+}
+
+/// The alert trigger of an alerted guard decision.
+fn guard_trigger(g: &GuardDecision) -> &'static str {
+    match g.verdict {
+        GuardVerdict::Foreign => "guard_foreign_read",
+        GuardVerdict::Unknown => "guard_abort",
+    }
 }
 
 /// Where a [`Detector`] delivers and how it aggregates.
@@ -240,6 +260,8 @@ impl Detector {
             prefix: HashSet::new(),
             pending_hits: HashMap::new(),
             lost: BTreeMap::new(),
+            guarded: HashSet::new(),
+            guarded_order: VecDeque::new(),
         }
     }
 
@@ -337,6 +359,48 @@ impl Detector {
         for reader in ready {
             self.try_prefix(reader);
         }
+    }
+
+    /// A decision of the engine's guard: alerted once per request when
+    /// [`guard_alerted`].
+    pub fn guard(&mut self, g: &GuardDecision) {
+        if !guard_alerted(g) || self.guarded.contains(&g.request_id) {
+            return;
+        }
+        if self.guarded.len() >= REQUESTS_KEPT
+            && let Some(old) = self.guarded_order.pop_front()
+        {
+            self.guarded.remove(&old);
+        }
+        self.guarded.insert(g.request_id);
+        self.guarded_order.push_back(g.request_id);
+        let check = GuardCheck {
+            request_id: g.request_id,
+            external_id: self.external(g.request_id),
+            tenant: self.tenant(g.request_id),
+            pool: g.pool,
+            verdict: g.verdict.as_str(),
+            action: g.action.as_str(),
+            sources: g
+                .sources
+                .iter()
+                .map(|&s| (s, self.external(s), self.tenant(s)))
+                .collect(),
+            slots_read: g.slots_read,
+            slots_foreign: g.slots_foreign,
+            slots_unknown: g.slots_unknown,
+            time_ns: g.ts_ns,
+        };
+        let trigger = guard_trigger(g);
+        let mut v = ocsf::guard_event(&self.cx, &check);
+        mark_live(&mut v, trigger, g.pool, 0);
+        self.emit(Raised {
+            trigger,
+            pool: Some(g.pool),
+            request_id: Some(g.request_id),
+            confidence: None,
+            finding: v,
+        });
     }
 
     /// Events lost on `pool` (a hole in its seq stream).
@@ -592,6 +656,16 @@ fn am_kind(trigger: &str, folded_foreign: bool) -> (&'static str, &'static str, 
             "warning",
             "A prefix-cache hit crossed tenants where prefix caches are per tenant. Check the engine's cache salt / namespace configuration.",
         ),
+        "guard_foreign_read" => (
+            "KvtrailGuardForeignRead",
+            "critical",
+            "The guard in the engine found KV of another request in what a request was about to read, before its first token; the finding says whether it was aborted (action). If it was not, take the response out of circulation; then run kvtrail scope on the trace.",
+        ),
+        "guard_abort" => (
+            "KvtrailGuardAbort",
+            "warning",
+            "The guard in the engine aborted a request whose KV owner it could not see (KVTRAIL_GUARD_UNKNOWN=abort). Check the engine's connection to the sidecar and the hook's losses; the client got an error.",
+        ),
         "capture_loss" => (
             "KvtrailCaptureLoss",
             "warning",
@@ -613,10 +687,13 @@ fn am_kind(trigger: &str, folded_foreign: bool) -> (&'static str, &'static str, 
 /// The Alertmanager alert of a raised one: no tenant or customer data in
 /// the labels; the finding in the annotations.
 fn am_alert(deployment: &str, a: &Raised) -> AmAlert {
-    let folded_foreign = a
-        .finding
-        .pointer("/unmapped/folded/first_foreign_read")
-        .is_some();
+    let folded_foreign = ["first_foreign_read", "guard_foreign_read"]
+        .iter()
+        .any(|t| {
+            a.finding
+                .pointer(&format!("/unmapped/folded/{t}"))
+                .is_some()
+        });
     let (name, severity, first) = am_kind(a.trigger, folded_foreign);
     let mut labels = serde_json::Map::new();
     labels.insert("alertname".into(), name.into());

@@ -6,7 +6,8 @@
 //!
 //! Names follow Prometheus conventions (`kvtrail_` prefix, `_total`
 //! counters, units in the name). No label names a tenant or a request
-//! (cardinality): pools and ops only.
+//! (cardinality): pools, ops, sinks, and the guard's verdicts and actions
+//! only.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -24,6 +25,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Location, Result};
 use crate::record::stats::Stats;
+use crate::record::wire::GuardVerdict;
 
 type Labels = Vec<(String, String)>;
 
@@ -51,6 +53,7 @@ pub struct Metrics {
     pub copies_timed_out: Counter,
     pub bytes_written: Gauge,
     pub connections: Gauge,
+    pub guard_decisions: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -80,6 +83,7 @@ impl Default for Metrics {
             copies_timed_out: Counter::default(),
             bytes_written: Gauge::default(),
             connections: Gauge::default(),
+            guard_decisions: Family::default(),
         };
         r.register(
             "events",
@@ -188,6 +192,11 @@ impl Default for Metrics {
             "Live engine connections",
             m.connections.clone(),
         );
+        r.register(
+            "guard_decisions",
+            "Decisions of the guard in the engines, by verdict (ok, foreign, unknown) and action (alert, abort, allow)",
+            m.guard_decisions.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 }
@@ -211,12 +220,30 @@ impl Metrics {
                 .affected
                 .get_or_create(&vec![("confidence".to_string(), c.to_string())]);
         }
+        let _ = self.guard("ok", "allow");
+        for v in GuardVerdict::ALL {
+            for &a in v.actions() {
+                let _ = self.guard(v.as_str(), a.as_str());
+            }
+        }
         for s in sinks {
             self.queue(s);
             self.sent(s);
             self.dropped(s);
             self.delivery_failures(s);
         }
+    }
+
+    /// The guard decisions counter of one verdict and action (`ok` and
+    /// `allow` for the checks answered ok; else a [`GuardVerdict`] and one
+    /// of its actions).
+    pub fn guard(&self, verdict: &str, action: &str) -> Counter {
+        self.guard_decisions
+            .get_or_create(&vec![
+                ("verdict".to_string(), verdict.to_string()),
+                ("action".to_string(), action.to_string()),
+            ])
+            .clone()
     }
 
     /// The queue depth of a sink (`file`, `alertmanager`).

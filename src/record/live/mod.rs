@@ -8,7 +8,8 @@
 //! live view and counted; the trace has it). That thread runs the live
 //! replay (`state`: the CPU backend scope uses, the scheduler's copy and
 //! hole discipline made incremental), the [`alerts::Detector`] over its
-//! read runs, and the metrics (`metrics`, served at `/metrics`).
+//! read runs and the engine guard's decisions (`guard` lines), and the
+//! metrics (`metrics`, served at `/metrics`).
 //!
 //! At close the outcome goes through `scope::scope_outcome` with the trace
 //! just written (the requests table) and the findings are written to
@@ -33,6 +34,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::record::wire::GuardDecision;
 use crate::report::export::ocsf::Context;
 use crate::schema::{KvEvent, RequestRecord};
 use crate::scope::{Response, SharedHit};
@@ -86,6 +88,7 @@ enum Msg {
     Events(Vec<KvEvent>, Instant),
     Lost(u16, u64),
     Request(Box<RequestRecord>),
+    Guard(Box<GuardDecision>),
 }
 
 /// What the live side did, for the summary and live-findings.json.
@@ -291,6 +294,30 @@ impl Live {
         }
     }
 
+    /// A decision of the engine's guard that was not `ok` (a `guard`
+    /// line): counted at once; a foreign read or an abort goes to the live
+    /// thread to be alerted (once per request).
+    pub fn guard(&mut self, g: GuardDecision) {
+        self.metrics
+            .guard(g.verdict.as_str(), g.action.as_str())
+            .inc();
+        if !alerts::guard_alerted(&g) {
+            return;
+        }
+        self.flush();
+        if !self.send(Msg::Guard(Box::new(g))) {
+            for s in &self.sinks {
+                self.metrics.dropped(s).inc();
+            }
+        }
+    }
+
+    /// `n` more guard checks answered `ok` (a `guard_ok` line): counted
+    /// as verdict `ok`, action `allow`.
+    pub fn guard_ok(&mut self, n: u64) {
+        self.metrics.guard("ok", "allow").inc_by(n);
+    }
+
     /// A request row was written.
     pub fn request(&mut self, r: &RequestRecord) {
         self.flush();
@@ -385,6 +412,7 @@ fn run(
             }
             Ok(Msg::Lost(pool, n)) => detector.lost(pool, n),
             Ok(Msg::Request(r)) => detector.request(&r),
+            Ok(Msg::Guard(g)) => detector.guard(&g),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }

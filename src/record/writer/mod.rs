@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use super::wire::{EngineCopy, LoadPolicy, Msg, PageRun, XferCommit, XferPull};
+use super::wire::{EngineCopy, GuardDecision, LoadPolicy, Msg, PageRun, XferCommit, XferPull};
 
 mod xfer;
 use super::live::Live;
@@ -148,11 +148,13 @@ fn msg_bytes(m: &Msg) -> u64 {
         Msg::XferCommit(x) => size_of::<XferCommit>() as u64 + 8 * x.dst_pages.len() as u64,
         Msg::XferPull(x) => size_of::<XferPull>() as u64 + 16 * x.runs.len() as u64,
         Msg::Copy(x) => size_of::<EngineCopy>() as u64 + 12 * x.runs.len() as u64,
+        Msg::Guard(g) => size_of::<GuardDecision>() as u64 + 8 * g.sources.len() as u64,
         Msg::Open { pools } => 2 * pools.len() as u64,
         Msg::Kv { .. }
         | Msg::Lost { .. }
         | Msg::Hole { .. }
         | Msg::Mark { .. }
+        | Msg::GuardOk { .. }
         | Msg::Bye(_)
         | Msg::End { .. } => 0,
     };
@@ -560,6 +562,17 @@ impl W<'_> {
                     }
                 }
                 self.wake(&pools)?;
+            }
+            // Not in the trace: counted and alerted by live detection.
+            Msg::Guard(g) => {
+                if let Some(l) = &mut self.live {
+                    l.guard(*g);
+                }
+            }
+            Msg::GuardOk { n } => {
+                if let Some(l) = &mut self.live {
+                    l.guard_ok(n);
+                }
             }
             // Kept by the connection, which hands it over with `End`.
             Msg::Bye(_) => {}

@@ -516,6 +516,129 @@ pub fn degraded_event(cx: &Context, pool: u16, lost: u64, time_ns: i64) -> Value
     .event
 }
 
+/// A request the guard in the engine checked before its first token and
+/// did not find clean (a live alert): what it found and what it did.
+#[derive(Debug, Clone)]
+pub struct GuardCheck {
+    pub request_id: u64,
+    pub external_id: Option<String>,
+    pub tenant: Tenant,
+    pub pool: u16,
+    /// `foreign` or `unknown`.
+    pub verdict: &'static str,
+    /// `alert`, `abort` or `allow`.
+    pub action: &'static str,
+    /// The source requests the guard named: id, external id, tenant.
+    pub sources: Vec<(u64, Option<String>, Tenant)>,
+    pub slots_read: u64,
+    pub slots_foreign: u64,
+    pub slots_unknown: u64,
+    pub time_ns: i64,
+}
+
+/// The Data Security Finding (class 2006) of a guard decision: High for
+/// a foreign read (confidence High: the guard applies the slot rule to the
+/// engine's own events), Medium for a request aborted because its KV's
+/// owner could not be seen (confidence Low). Internal: it names the
+/// source requests and their customers.
+pub fn guard_event(cx: &Context, g: &GuardCheck) -> Value {
+    let uid = format!("{}:guard:{}", cx.incident_uid, g.request_id);
+    let t = ms(g.time_ns);
+    let foreign = g.verdict == "foreign";
+    let others = other_customers(&g.tenant, g.sources.iter().map(|s| &s.2));
+    let info = Obj::new()
+        .set("uid", uid.clone())
+        .set(
+            "title",
+            if foreign {
+                "KV-cache isolation failure caught by the guard before the first token"
+            } else {
+                "KV of unknown owner: request stopped by the guard before the first token"
+            },
+        )
+        .set(
+            "types",
+            vec!["KV-cache isolation failure", "guard decision"],
+        )
+        .set("first_seen_time", t)
+        .set("last_seen_time", t)
+        .set("data_sources", vec!["kvtrail guard"])
+        .done();
+    let did = match g.action {
+        "abort" => "aborted before its first token",
+        "alert" => "let run (alert only)",
+        _ => "let run",
+    };
+    let message = if foreign {
+        format!(
+            "guard: request {} was about to read {} of {} KV slots holding other requests' content ({} of {}); {did}",
+            g.request_id,
+            g.slots_foreign,
+            g.slots_read,
+            count(g.sources.len() as u64, "source request", "source requests"),
+            count(others.len() as u64, "other customer", "other customers"),
+        )
+    } else {
+        format!(
+            "guard: request {} was about to read {} of {} KV slots whose owner the engine cannot see; {did}",
+            g.request_id, g.slots_unknown, g.slots_read
+        )
+    };
+    let mut resources = vec![response_resource(
+        g.request_id,
+        g.external_id.as_deref(),
+        &g.tenant,
+    )];
+    resources.extend(
+        g.sources
+            .iter()
+            .map(|(id, ext, t)| source_resource(*id, ext.as_deref(), t)),
+    );
+    let sources: Vec<Value> = g
+        .sources
+        .iter()
+        .map(|(id, ext, t)| {
+            Obj::new()
+                .set("request_id", *id)
+                .opt("external_id", ext.clone())
+                .opt("tenant", customer(t))
+                .set("tenant_kind", tenant_kind(t))
+                .done()
+        })
+        .collect();
+    let unmapped = Obj::new()
+        .set("kind", "guard")
+        .set("audience", Audience::Internal.as_str())
+        .set("request_id", g.request_id)
+        .opt("external_id", g.external_id.clone())
+        .set("tenant_kind", tenant_kind(&g.tenant))
+        .set("verdict", g.verdict)
+        .set("action", g.action)
+        .set("slots_read", g.slots_read)
+        .set("slots_foreign", g.slots_foreign)
+        .set("slots_unknown", g.slots_unknown)
+        .set("source_tenants", others.iter().copied().collect::<Vec<_>>())
+        .set("sources", sources)
+        .set("evidence_complete", false)
+        .opt("trace_json_blake3", cx.trace_blake3.clone());
+    data_security_finding(
+        DataSecurity {
+            severity: if foreign { 4 } else { 3 },
+            start_ms: t,
+            end_ms: None,
+            time_ms: t,
+            confidence: if foreign { 3 } else { 1 },
+            pattern: "KV-cache read of another request's KV (guard in the engine)",
+        },
+        message,
+        info,
+        resources,
+        metadata(cx, Audience::Internal, &uid, &[]),
+        unmapped.done(),
+    )
+    .event
+}
+
 /// A live alert storm's summary: the alerts of one window that were not
 /// sent one by one, counted by trigger (`folded`).
 pub fn storm_event(
@@ -526,7 +649,8 @@ pub fn storm_event(
 ) -> Value {
     let uid = format!("{}:storm:{end_ns}", cx.incident_uid);
     let total: u64 = folded.values().sum();
-    let foreign = folded.contains_key("first_foreign_read");
+    let foreign =
+        folded.contains_key("first_foreign_read") || folded.contains_key("guard_foreign_read");
     let (start, end) = (ms(start_ns), ms(end_ns));
     let info = Obj::new()
         .set("uid", uid.clone())

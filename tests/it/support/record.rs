@@ -259,3 +259,42 @@ pub fn request_line(r: &RequestRecord) -> String {
     })
     .to_string()
 }
+
+// ------------------------------------------------ live against scope
+
+/// For a trace recorded with `--live`: its live findings
+/// (live-findings.json) against a fresh scope. `kvtrail verify` compares
+/// them on a trace that passes its own checks and prints the verdict; a
+/// trace that fails them (an incomplete capture) verify does not compare,
+/// so it is compared through the same library call verify makes. Returns
+/// the comparison and verify's stdout.
+pub fn live_vs_scope(trace: &Path) -> (kvtrail::record::live::compare::Comparison, String) {
+    let v = kvtrail(["verify", trace.to_str().unwrap()]).run();
+    let c = kvtrail::record::live::compare::compare_trace(trace)
+        .unwrap()
+        .expect("live-findings.json written at close");
+    if v.code == 0 {
+        // verify ran the comparison and said so.
+        let want = if c.equal {
+            "live findings equal a fresh scope"
+        } else if c.live_said_less {
+            "FAILED: live findings said less"
+        } else {
+            "live findings said more than a fresh scope, never less"
+        };
+        assert!(v.stdout.contains(want), "{}\n{}", v.stdout, v.stderr);
+    }
+    (c, v.stdout)
+}
+
+/// Live findings equal a fresh scope, field by field; where the trace
+/// verifies, `kvtrail verify` prints "live findings equal a fresh scope".
+pub fn assert_live_equals_scope(trace: &Path) {
+    let (c, out) = live_vs_scope(trace);
+    assert!(
+        c.equal && c.live_exact,
+        "live against scope on {}: {:#?}\n{out}",
+        trace.display(),
+        c
+    );
+}

@@ -4,7 +4,9 @@ engine hooks (kvtrail_sglang, kvtrail_vllm).
 The engine thread only appends small tuples to a bounded deque (the hot
 path: no JSON, no socket, no lock). A daemon thread turns them into JSON
 lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
-`xfer_commit`, `xfer_pull` and `copy` messages) and sends them in batches.
+`xfer_commit`, `xfer_pull`, `copy` and `guard` messages) and sends them in
+batches. The count of guard checks answered ok goes with the marks as
+`guard_ok` lines.
 
 Never stalls the engine: when the deque is full, events are dropped and
 counted per pool; the count goes to the sidecar as a `lost` line ahead of
@@ -50,8 +52,13 @@ import time
 
 log = logging.getLogger("kvtrail")
 
-# Event kinds in the queue.
-KV, REQ, SEND, COMMIT, LOST, PULL, COPY = 0, 1, 2, 3, 4, 5, 6
+# Event kinds in the queue. GUARD is no KV event: a decision of the guard
+# (docs/guard.md) that was not ``ok``, sent as a ``guard`` line.
+KV, REQ, SEND, COMMIT, LOST, PULL, COPY, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
+# Items that are no KV event of a pool: never counted as a pool's loss.
+NOT_KV = (REQ, GUARD)
+# The most source request ids one ``guard`` line names (the sidecar's bound).
+GUARD_MAX_SOURCES = 256
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
 
@@ -182,12 +189,18 @@ class Client:
         self.down_lost = {}  # pool -> events lost while the sidecar was down, not yet reported
         self.sock = None
         self.stats = {"sent_lines": 0, "dropped_queue": 0, "lost_sidecar_down": 0,
-                      "connect_failures": 0, "requests_lost": 0}
+                      "connect_failures": 0, "requests_lost": 0, "guard_lost": 0}
         self.enqueued = 0  # items accepted (engine thread)
         self.handled = 0  # items sent or counted lost (sender thread)
         self.sent_items = 0  # items whose lines reached a socket
         self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
         self._last_mark = 0.0
+        # Guard checks answered ok through this client: counted by the
+        # engine thread (its only writer), reported by the sender thread as
+        # `guard_ok` lines with the marks and before `bye` (the sender's
+        # own count of what it reported).
+        self.guard_ok = 0
+        self._guard_ok_sent = 0
         # Pool positions (see "Positions"): committed once a batch is sent,
         # and the working copy while a batch is formatted.
         self._pos = {}
@@ -219,6 +232,20 @@ class Client:
                 self.q.append((LOST, pool, n))
         self.enqueued += 1
         self.q.append(item)
+
+    def put_guard(self, pool, ts, rid, verdict, action, sources, slots_read, slots_foreign,
+                  slots_unknown):
+        """Queues a guard decision (engine thread). It is no KV event: on a
+        full queue it is dropped and counted (``guard_lost``), never a hole
+        in the pool."""
+        self.enqueued += 1
+        if len(self.q) >= self.max_queue:
+            self.stats["guard_lost"] += 1
+            self.dropped_items += 1
+            return
+        srcs = tuple(sorted({int(s) for s in sources}))[:GUARD_MAX_SOURCES]
+        self.q.append((GUARD, pool, ts, rid, verdict, action, srcs, slots_read, slots_foreign,
+                       slots_unknown))
 
     # ---- sender thread ----
     def _connect(self):
@@ -290,6 +317,13 @@ class Client:
         if kind == REQ:
             out.append(json.dumps(item[2], separators=(",", ":")))
             return
+        if kind == GUARD:
+            _, pool, ts, rid, verdict, action, srcs, nr, nf, nu = item
+            out.append(json.dumps({"type": "guard", "pool": pool, "ts_ns": ts, "request_id": rid,
+                                   "verdict": verdict, "action": action, "sources": list(srcs),
+                                   "slots_read": nr, "slots_foreign": nf, "slots_unknown": nu},
+                                  separators=(",", ":")))
+            return
         if kind == LOST:
             out.append('{"type":"lost","pool":%d,"n":%d}' % (item[1], item[2]))
             self._tmp[item[1]] = self._tmp.get(item[1], 0) + item[2]
@@ -353,8 +387,9 @@ class Client:
                 try:
                     self._format(it, lines)
                 except Exception as e:  # a bad item is a lost event, never a crash
-                    pool = it[1]
-                    self.dropped[pool] = self.dropped.get(pool, 0) + 1
+                    if it[0] not in NOT_KV:
+                        pool = it[1]
+                        self.dropped[pool] = self.dropped.get(pool, 0) + 1
                     log.warning("kvtrail: could not encode an event: %s", e)
             self._send(lines, items)
             self.handled += len(items)
@@ -378,8 +413,8 @@ class Client:
             it = self.q.popleft()
             self.handled += 1
             self.dropped_items += 1
-            if it[0] == REQ:
-                self.stats["requests_lost"] += 1
+            if it[0] in NOT_KV:
+                self.stats["requests_lost" if it[0] == REQ else "guard_lost"] += 1
                 continue
             k = it[2] if it[0] == LOST else 1
             self.dropped[it[1]] = self.dropped.get(it[1], 0) + k
@@ -394,13 +429,23 @@ class Client:
         if self.q and not busy:
             return
         self._last_mark = now
+        ok_line, n_ok = self._guard_ok_line()
         try:
-            self.sock.sendall(('{"type":"mark","ts_ns":%d}\n' % (t0 - MARK_LAG_NS)).encode())
+            self.sock.sendall((ok_line + '{"type":"mark","ts_ns":%d}\n' % (t0 - MARK_LAG_NS)).encode())
+            self._guard_ok_sent += n_ok
         except OSError:
             try:
                 self.sock.close()
             finally:
                 self.sock = None
+
+    def _guard_ok_line(self):
+        """The `guard_ok` line of the ok checks not yet reported ("" when
+        none) and their number."""
+        n = self.guard_ok - self._guard_ok_sent
+        if n <= 0:
+            return "", 0
+        return '{"type":"guard_ok","n":%d}\n' % n, n
 
     def _ensure_connected(self):
         """Connects (before a batch is formatted: its positions count on
@@ -447,8 +492,8 @@ class Client:
         n = 0
         self.dropped_items += len(items)
         for it in items:
-            if it[0] == REQ:
-                self.stats["requests_lost"] += 1
+            if it[0] in NOT_KV:
+                self.stats["requests_lost" if it[0] == REQ else "guard_lost"] += 1
                 continue
             k = it[2] if it[0] == LOST else 1
             self.down_lost[it[1]] = self.down_lost.get(it[1], 0) + k
@@ -491,10 +536,14 @@ class Client:
             counts[p] = counts.get(p, 0) + n
         self.down_lost, self.dropped = {}, {}
         lines = self._lost_lines(counts)
+        ok_line, n_ok = self._guard_ok_line()
+        if n_ok:
+            lines.append(ok_line.rstrip("\n"))
         lines.append('{"type":"bye","enqueued":%d,"sent":%d,"dropped":%d}'
                      % (self.enqueued, self.sent_items, self.dropped_items))
         try:
             self.sock.sendall(("\n".join(lines) + "\n").encode())
+            self._guard_ok_sent += n_ok
         except OSError:
             pass
         try:

@@ -17,6 +17,7 @@ engine does not start unguarded); in ``alert`` mode it is one warning.
 import collections
 import logging
 import os
+import time
 
 log = logging.getLogger("kvtrail")
 
@@ -86,11 +87,14 @@ class Guard:
             self.page_sizes[pool] = ps
             self.native.page_size(pool, int(ps))
 
-    def decide(self, pool, rid, name, slots=None, runs=None):
+    def decide(self, pool, rid, name, slots=None, runs=None, client=None):
         """Checks a request's read of ``slots`` (indices) or ``runs``
         ((start, count)) of ``pool`` before its first forward over KV it did
         not compute. Returns None to let it run, or the error message to
-        abort it with."""
+        abort it with. A decision that is not ``ok`` also goes to the
+        sidecar as a ``guard`` line through ``client`` (the connection
+        holding ``pool``), where it is counted and, with live detection,
+        alerted; an ``ok`` one is counted there (``guard_ok`` lines)."""
         c = self.counts
         c["checks"] += 1
         try:
@@ -105,8 +109,11 @@ class Guard:
             log.warning("kvtrail: guard check failed for request %s: %s", name, e)
         c[verdict] += 1
         if verdict == "ok":
+            if client is not None:
+                client.guard_ok += 1  # the sidecar's count (guard_ok lines)
             return None
         if verdict == "unknown" and self.unknown == "allow":
+            self._report(client, pool, rid, verdict, "allow", sources, n, nf, nu)
             return None
         if verdict == "foreign":
             what = (f"{nf} of {n} KV slots it is about to read hold other requests' content "
@@ -115,12 +122,23 @@ class Guard:
             what = f"{nu} of {n} KV slots it is about to read have an owner this node cannot see"
         abort = self.mode == "abort"
         c["aborts" if abort else "alerts"] += 1
+        self._report(client, pool, rid, verdict, "abort" if abort else "alert", sources, n, nf, nu)
         self.alerts.append({"request": str(name), "request_id": rid, "pool": pool, "verdict": verdict,
                             "sources": list(sources), "slots_foreign": nf, "slots_unknown": nu,
                             "slots": n, "action": "abort" if abort else "alert"})
         msg = f"kvtrail guard: request {name}: {what}"
         log.error("%s%s", msg, "; aborted" if abort else "; alert only (KVTRAIL_GUARD=alert)")
         return msg if abort else None
+
+    def _report(self, client, pool, rid, verdict, action, sources, n, nf, nu):
+        if client is None:
+            return
+        try:
+            client.put_guard(pool, time.time_ns(), rid, verdict, action, sources, n, nf, nu)
+        except Exception as e:  # never into the engine
+            c = self.counts
+            c["report_errors"] = c.get("report_errors", 0) + 1
+            log.warning("kvtrail: could not queue the guard decision for the sidecar: %s", e)
 
     def stats(self):
         out = dict(self.counts)

@@ -336,7 +336,7 @@ def _check(req, pool, rid, slots):
     if g.native is None or getattr(req, "_kvtrail_guarded", False):
         return False
     req._kvtrail_guarded = True
-    msg = g.decide(pool, rid, req.rid, slots=slots)
+    msg = g.decide(pool, rid, req.rid, slots=slots, client=_H.clients.get(pool))
     if msg is None:
         return False
     from sglang.srt.managers.schedule_batch import FINISH_ABORT

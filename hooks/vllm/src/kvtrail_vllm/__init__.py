@@ -564,7 +564,8 @@ def _check(eng, rid_s, rid, reads):
         eng.guarded.clear()
     eng.guarded.add(rid_s)
     for pool, read in reads:
-        msg = _H.guard.decide(pool, rid, rid_s, runs=[(a, n) for a, n, _ in read])
+        msg = _H.guard.decide(pool, rid, rid_s, runs=[(a, n) for a, n, _ in read],
+                              client=eng.client)
         if msg is not None:
             eng.to_abort.append((rid_s, msg))
             return
