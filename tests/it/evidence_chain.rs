@@ -106,6 +106,16 @@ fn chain(t: &Path, key: &Path, allowed: &Path, work: &Path) -> (PathBuf, serde_j
     (scope, summary)
 }
 
+/// `kvtrail simulate` of `scenario` into `dir/trace`, sealed with `key`.
+fn sealed_simulation(dir: &Path, key: &Path, scenario: &str, requests: &str) -> PathBuf {
+    let t = dir.join("trace");
+    kvtrail(["simulate", "--scenario", scenario, "--requests", requests])
+        .args(["--out", s(&t), "--signing-key", s(key)])
+        .expect(&[0])
+        .run();
+    t
+}
+
 #[test]
 fn the_shipped_incident_is_sealed_signed_and_reproduced() {
     let d = tempfile::tempdir().unwrap();
@@ -139,20 +149,7 @@ fn simulated_incidents_of_both_engines_carry_the_chain() {
     for scenario in ["incident", "vllm-stale-reference"] {
         let d = tempfile::tempdir().unwrap();
         let (key, allowed) = crate::support::keys::keygen(d.path(), "key", ID);
-        let t = d.path().join("trace");
-        kvtrail([
-            "simulate",
-            "--scenario",
-            scenario,
-            "--requests",
-            "400",
-            "--out",
-            s(&t),
-            "--signing-key",
-            s(&key),
-        ])
-        .expect(&[0])
-        .run();
+        let t = sealed_simulation(d.path(), &key, scenario, "400");
         let (_scope, summary) = chain(&t, &key, &allowed, d.path());
         assert!(
             !summary["affected_responses"].as_array().unwrap().is_empty(),
@@ -182,20 +179,7 @@ fn the_demo_trace_reproduces() {
 fn an_edited_trace_breaks_every_link_above_it() {
     let d = tempfile::tempdir().unwrap();
     let (key, allowed) = crate::support::keys::keygen(d.path(), "key", ID);
-    let t = d.path().join("trace");
-    kvtrail([
-        "simulate",
-        "--scenario",
-        "incident",
-        "--requests",
-        "300",
-        "--out",
-        s(&t),
-        "--signing-key",
-        s(&key),
-    ])
-    .expect(&[0])
-    .run();
+    let t = sealed_simulation(d.path(), &key, "incident", "300");
     let scope = d.path().join("scope");
     kvtrail(["scope", s(&t), "--out", s(&scope), "--signing-key", s(&key)])
         .expect(&[0])
