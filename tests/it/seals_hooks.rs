@@ -189,7 +189,7 @@ fn check_chain(d: &Path, out: &Path, key: &Path, allowed: &Path) {
     let r = kvtrail(["verify", s(&scope), "--reproduce"]).run();
     assert!(r.ok().starts_with("OK: reproduced"), "{}", r.stdout);
 
-    crate::support::record::assert_live_equals_scope(&out);
+    crate::support::record::assert_live_equals_scope(out);
 
     // A seal removed from the middle of the chain fails.
     let gone = &seals[seals.len() / 2];
