@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtrail::custody::keys::SigningKey;
-use kvtrail::record::{Listen, NoLog, RecordConfig, SealConfig, Sidecar};
+use kvtrail::record::{Listen, NoLog, RecordConfig, SealConfig, Sidecar, WhenBehind};
 use kvtrail::trace::manifest::Deployment;
 
 fn deployment(senders: usize) -> Deployment {
@@ -82,6 +82,9 @@ fn run(
     let sock = dir.join(format!("{name}.sock"));
     let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
     cfg.queue_batches = 4096;
+    // Long runs outpace the writer's queue: the senders wait rather than
+    // lose events, so both sides capture everything.
+    cfg.when_behind = WhenBehind::Wait;
     cfg.seal = seal;
     let out = dir.join(name);
     let sc = Sidecar::start(cfg, dep.clone(), &out, Arc::new(NoLog)).unwrap();
