@@ -125,6 +125,23 @@ fn rerun(dir: &Path, ev: &Evidence, dest: &Path) -> anyhow::Result<Option<String
     }
 }
 
+/// The verdict when an input the folder recorded (evidence.json) has
+/// changed since, as `verify SCOPE_DIR` checks it; None when none has (an
+/// input out of reach, gone or in object storage, is not judged here).
+fn changed_input(dir: &Path) -> anyhow::Result<Option<String>> {
+    let checked = kvtrail::custody::folder::verify_folder(dir, true)?;
+    Ok(checked
+        .problems
+        .iter()
+        .find(|p| p.side == "input")
+        .map(|p| {
+            format!(
+                "NOT reproduced: the recorded input has changed since the folder was written: {} ({}: {}); the re-run cannot stand for the folder",
+                p.path, p.kind, p.detail
+            )
+        }))
+}
+
 /// The command a scope folder records: only scope and merge (also the
 /// merge of `fleet spark`) are re-run; a merge says whether its result was
 /// left unmarked (shards authenticated, or written by its own job).
@@ -161,27 +178,6 @@ pub fn run(
             format!("it is a {} folder; only scope folders are re-run", ev.kind),
         ));
     }
-    // The inputs first: a re-run from inputs that are not the recorded
-    // ones proves nothing, and the difference it would show (in some
-    // output byte) would hide the cause. An input out of reach (gone, or
-    // in object storage) is left to the re-run, which reads it itself.
-    let checked = kvtrail::custody::folder::verify_folder(dir, true)?;
-    if let Some(p) = checked.problems.iter().find(|p| p.side == "input") {
-        let verdict = format!(
-            "NOT reproduced: the recorded input has changed since the folder was written: {} ({}: {}); the re-run was not attempted",
-            p.path, p.kind, p.detail
-        );
-        output::print(
-            json,
-            &ReproduceReport {
-                ok: false,
-                comparison: &Comparison::default(),
-                verdict: &verdict,
-            },
-            |o| writeln!(o, "FAILED: {}", term(&verdict)),
-        )?;
-        return Ok(1);
-    }
     // The reproduction lies beside the folder, so that the input roots
     // evidence.json records relative to it are the same.
     let at = std::fs::canonicalize(dir).map_err(|e| cannot(dir, e))?;
@@ -195,8 +191,31 @@ pub fn run(
         .prefix(&format!(".{name}.reproduce."))
         .tempdir_in(parent)
         .map_err(|e| cannot(dir, format!("no room beside it for the re-run ({e})")))?;
-    let backend = rerun(dir, &ev, tmp.path())?;
-    let cmp = compare_folders(dir, tmp.path())?;
+    let rerun_result = rerun(dir, &ev, tmp.path());
+    let cmp = match &rerun_result {
+        Ok(_) => Some(compare_folders(dir, tmp.path())?),
+        Err(_) => None,
+    };
+    // A re-run that failed or differs may come from inputs that are not
+    // the recorded ones: then say so, naming the input, rather than some
+    // output byte. (A re-run identical to the folder needs no such check:
+    // evidence.json, compared with the rest, records every input's digest.)
+    if cmp.as_ref().is_none_or(|c| c.first_difference.is_some())
+        && let Some(verdict) = changed_input(dir)?
+    {
+        output::print(
+            json,
+            &ReproduceReport {
+                ok: false,
+                comparison: &Comparison::default(),
+                verdict: &verdict,
+            },
+            |o| writeln!(o, "FAILED: {}", term(&verdict)),
+        )?;
+        return Ok(1);
+    }
+    let backend = rerun_result?;
+    let cmp = cmp.unwrap_or_default();
     let ok = cmp.first_difference.is_none();
     let verdict = match &cmp.first_difference {
         None => format!(
