@@ -440,27 +440,7 @@ fn vllm_cpu_offload_is_recorded_as_tier_copies() {
         }
         assert_eq!(facts["planted"], 4, "{facts}");
         assert_eq!(mismatch, 4);
-        assert_eq!(affected.len(), 1, "{j:#}");
-        let a = &affected[0];
-        assert_eq!(a["request_id"], a2, "{a}");
-        assert_eq!(a["confidence"], "confirmed", "{a}");
-        assert_eq!(a["foreign_tokens"], 64, "{a}");
-        let src: Vec<(u64, String)> = a["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| {
-                (
-                    x["request_id"].as_u64().unwrap(),
-                    x["tenant"].as_str().unwrap().into(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            src,
-            vec![(id_of(&trace, "b"), "tenant-b".to_string())],
-            "{a}"
-        );
+        assert_only_a2_read_b(&trace, a2, affected, &j);
     }
 }
 
@@ -499,6 +479,17 @@ fn check_offload_verdict(facts: &serde_json::Value, out: &Path, side_err: &str, 
     }
     assert_eq!(facts["planted"], 4, "{facts}");
     assert_eq!(hook["offload_key_mismatch"], 4, "{hook}");
+    assert_only_a2_read_b(&trace, a2, affected, &j);
+}
+
+/// A planted stale tier entry's verdict: a2 the one affected response,
+/// confirmed, 64 foreign tokens, its one source b (tenant-b).
+fn assert_only_a2_read_b(
+    trace: &Trace,
+    a2: u64,
+    affected: &[serde_json::Value],
+    j: &serde_json::Value,
+) {
     assert_eq!(affected.len(), 1, "{j:#}");
     let a = &affected[0];
     assert_eq!(a["request_id"], a2, "{a}");
@@ -517,7 +508,7 @@ fn check_offload_verdict(facts: &serde_json::Value, out: &Path, side_err: &str, 
         .collect();
     assert_eq!(
         src,
-        vec![(id_of(&trace, "b"), "tenant-b".to_string())],
+        vec![(id_of(trace, "b"), "tenant-b".to_string())],
         "{a}"
     );
 }

@@ -882,10 +882,7 @@ def _tier_done(eng, job_id, res):
                 locs[loc] = idx
             runs.append((idx * cs, c * cs, cs, 0))
             eng.loc_keys[(ti, idx)] = eng.chunk_keys.get(c)
-    rid = _c.id_of(str(rid_s)) if rid_s is not None else _c.id_of("kvtrail-vllm:tier")
-    r = eng.reqs.get(rid_s)
-    if r:
-        rid = r["id"]
+    rid = _rid(None, eng, rid_s) if rid_s is not None else _c.id_of("kvtrail-vllm:tier")
     ts = _time_ns()
     if promo:
         if lost:
