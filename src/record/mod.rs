@@ -31,7 +31,7 @@ pub mod writer;
 
 pub use config::{Listen, RecordConfig, SealConfig, WhenBehind};
 use shared::{Batch, Shared, View};
-pub use shared::{NoLog, RecordLog, RecordSummary};
+pub use shared::{NoLog, RecordLog, RecordSummary, SealCost};
 use stats::add;
 pub use stats::{Stats, StatsSnapshot};
 

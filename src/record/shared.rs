@@ -79,6 +79,28 @@ pub struct RecordSummary {
     pub files: usize,
     /// Seals written (`--signing-key`), the final one included.
     pub seals: u64,
+    /// What sealing cost the capture (None: not sealed).
+    pub seal_cost: Option<SealCost>,
     /// What live detection did (None: it was off, or failed: logged).
     pub live: Option<super::live::LiveStats>,
+}
+
+/// What sealing cost a capture. The writer is the capture's bottleneck,
+/// so its time on sealing is what sealing takes from throughput; the
+/// sealing thread's CPU is what it takes from a machine with no idle core.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SealCost {
+    /// The sealing thread's CPU time (user and system): reading each new
+    /// byte back, sha256 and blake3, signing.
+    pub sealer_cpu_s: f64,
+    /// The writer's time handing the sealer each interval's state (the
+    /// open files flushed to disk, the list of files, the counts).
+    pub writer_s: f64,
+    /// The writer's time encoding the rows buffered when a seal was due:
+    /// rows it encodes anyway, moved earlier (a row group ends there), so
+    /// not a cost of its own; shown apart.
+    pub flush_s: f64,
+    /// The wait for the final seal at close (the bytes since the last seal
+    /// read back): once per capture.
+    pub final_wait_s: f64,
 }

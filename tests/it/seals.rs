@@ -199,6 +199,12 @@ fn record_cli_seals_and_verify_prints_the_signer() {
     assert!(stdout.contains("sealed: "), "{stdout}");
     let seals = seal_files(&out);
     assert!(seals.len() >= 3, "{seals:?}");
+    // The summary counts what is on disk and says what sealing cost.
+    assert!(
+        stdout.contains(&format!("sealed: {} seals in seals/", seals.len())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("sealing used "), "{stdout}");
     for p in &seals {
         let (ok, msg) = openssh_verify(&allowed, p);
         assert!(ok, "{}: {msg}", p.display());

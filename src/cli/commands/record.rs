@@ -239,11 +239,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         )?;
         if args.signing_key.is_some() {
+            let cost = sum.seal_cost.unwrap_or_default();
             writeln!(
                 out,
-                "{}: sealed: {} seals in seals/ (check: kvtrail verify --allowed-signers FILE)",
+                "{}: sealed: {} in seals/ (check: kvtrail verify --allowed-signers FILE); sealing used {:.3} CPU-s on its thread, {:.3} s of the writer's, {:.3} s waiting for the final seal",
                 term(&args.out.display().to_string()),
-                sum.seals
+                kvtrail::words::count(sum.seals, "seal", "seals"),
+                cost.sealer_cpu_s,
+                cost.writer_s,
+                cost.final_wait_s
             )?;
         }
         Ok(())

@@ -27,7 +27,7 @@ pub use format::{
     new_capture_id, parse_every, seal_name, sha256_hex,
 };
 pub use verify::{SealProblem, SealReport, verify_seals};
-pub use writer::{PoolCounts, SealJob, Sealer, seal_trace};
+pub use writer::{PoolCounts, SealJob, Sealed, Sealer, seal_trace, thread_cpu_s};
 
 #[cfg(test)]
 mod tests {

@@ -318,8 +318,37 @@ enum Msg {
 /// written, or the error that stopped the thread.
 pub struct Sealer {
     tx: Sender<Msg>,
-    handle: JoinHandle<Result<u64>>,
+    handle: JoinHandle<Result<Sealed>>,
     capture_id: String,
+}
+
+/// What a sealing thread did: the seals written (the final one included)
+/// and the CPU time it used (user and system), which is what sealing
+/// costs a capture beside the writer's hand-over.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sealed {
+    pub seals: u64,
+    pub cpu_s: f64,
+}
+
+/// CPU time (user and system) the calling thread has used, in seconds.
+#[cfg(unix)]
+pub fn thread_cpu_s() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return 0.0;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// CPU time the calling thread has used: not measured here (0).
+#[cfg(not(unix))]
+pub fn thread_cpu_s() -> f64 {
+    0.0
 }
 
 impl Sealer {
@@ -336,7 +365,7 @@ impl Sealer {
         let (tx, rx) = channel::<Msg>();
         let handle = std::thread::Builder::new()
             .name("kvtrail-sealer".into())
-            .spawn(move || -> Result<u64> {
+            .spawn(move || -> Result<Sealed> {
                 while let Ok(m) = rx.recv() {
                     match m {
                         Msg::Seal(job) => st.seal(&job, false)?,
@@ -346,7 +375,10 @@ impl Sealer {
                         }
                     }
                 }
-                Ok(st.index)
+                Ok(Sealed {
+                    seals: st.index,
+                    cpu_s: thread_cpu_s(),
+                })
             })
             .map_err(|e| Error::Other(format!("cannot start the sealing thread: {e}")))?;
         Ok(Sealer {
@@ -369,7 +401,7 @@ impl Sealer {
 
     /// Writes the final seal over `job` (the trace closed) and waits for
     /// the thread.
-    pub fn finish(self, job: SealJob) -> Result<u64> {
+    pub fn finish(self, job: SealJob) -> Result<Sealed> {
         let _ = self.tx.send(Msg::Final(job));
         drop(self.tx);
         self.handle
