@@ -733,9 +733,16 @@ fn check_copy(c: &EngineCopy) -> Result<(), LineError> {
     if c.request_id != 0 {
         check_request_id(c.request_id)?;
     }
-    if c.src_pool == c.pool {
+    if c.src_pool == c.pool
+        && c.runs.iter().any(|&(d, s, n)| {
+            let (d, s, n) = (d as u64, s as u64, n as u64);
+            d < s + n && s < d + n
+        })
+    {
+        // A copy inside one pool (a copy-on-write block copy) reads
+        // another extent of it.
         return Err(plain(format!(
-            "copy from pool {} into itself (src_pool must be another pool)",
+            "copy inside pool {} with a run whose source and destination overlap",
             c.pool
         )));
     }
