@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Location, Result};
 use crate::schema::{KvEvent, Op, RequestRecord, kv_schema, requests_schema};
 use crate::trace::manifest::{Capture, Deployment, FileEntry, Manifest};
-use crate::trace::read::{Extent, check_extent};
+use crate::trace::read::{Extent, SAME_POOL_COPY_HINT, check_extent, check_same_pool_copy};
 use crate::trace::write::{OpenPartState, PartOptions, PartWriter, kv_batch, requests_batch};
 
 /// How a recorder writes.
@@ -177,7 +177,8 @@ impl Recorder {
         }
     }
 
-    fn check(&self, ev: &KvEvent) -> Result<usize> {
+    /// Checks `ev` against the contract; `seq` is the seq it will have.
+    fn check(&self, ev: &KvEvent, seq: u64) -> Result<usize> {
         let i = self.stream(ev.pool)?;
         let bad = |col: &str, what: String| {
             Err(Error::invalid(
@@ -202,8 +203,17 @@ impl Recorder {
                 return bad("src_pool", format!("src set on a `{}` event", ev.op));
             }
             let j = self.stream(src.pool)?;
-            if src.pool == ev.pool {
-                return bad("src_pool", "copy from a pool into itself".into());
+            if let Err((col, what)) = check_same_pool_copy(
+                ev.pool,
+                Some(seq),
+                Some((ev.slot_start, ev.slot_count)),
+                src,
+            ) {
+                return Err(Error::invalid(
+                    Location::default().column(col),
+                    what,
+                    SAME_POOL_COPY_HINT,
+                ));
             }
             check_extent(
                 || Location::default().column("src_slot_start"),
@@ -220,7 +230,8 @@ impl Recorder {
     /// Records one event; the recorder assigns and returns its `seq` (the
     /// `seq` field of `ev` is ignored).
     pub fn kv(&mut self, mut ev: KvEvent) -> Result<u64> {
-        let i = self.check(&ev)?;
+        let i = self.stream(ev.pool)?;
+        let i = self.check(&ev, self.pools[i].next_seq)?;
         let s = &mut self.pools[i];
         if s.next_seq == u64::MAX {
             return Err(Error::invalid(
@@ -238,7 +249,7 @@ impl Recorder {
     /// Records one event with the `seq` it already has (JSONL import, the
     /// record sidecar). Seqs must increase per pool; a jump leaves a hole.
     pub fn kv_with_seq(&mut self, ev: KvEvent) -> Result<()> {
-        let i = self.check(&ev)?;
+        let i = self.check(&ev, ev.seq)?;
         let s = &mut self.pools[i];
         if ev.seq < s.next_seq {
             return Err(Error::invalid(

@@ -263,7 +263,11 @@ impl<'a> Sched<'a> {
         // One pass over the copy edges (not one per pool).
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); self.pools.len()];
         for (src, dst) in &self.plan.edges {
-            if let (Some(&s), Some(&d)) = (self.index.get(src), self.index.get(dst)) {
+            if let (Some(&s), Some(&d)) = (self.index.get(src), self.index.get(dst))
+                && s != d
+            {
+                // A copy inside one pool captures its source as the pool
+                // passes src_seq (its own turn), so it consumes no other.
                 consumers[s].push(d);
             }
         }

@@ -22,7 +22,8 @@
 //!   (docs/capture-vllm.md); or a failed / partial load with the engine's
 //!   failure policy;
 //! - `{"type":"copy",...}`: a copy between two pools of one engine (an
-//!   offload into its `cache` pool, a load back), stamped causally by the
+//!   offload into its `cache` pool, a load back) or inside one pool (a
+//!   copy-on-write block copy), stamped causally by the
 //!   hook with the source pool's position on this connection (`src_pos`:
 //!   how many of the source pool's events the connection had reported
 //!   before it); the writer resolves the position to the source seq
@@ -167,7 +168,8 @@ pub struct XferPull {
 pub type CopyRun = (u32, u32, u32);
 
 /// A copy between two pools of one engine (HiCache's offload to host
-/// memory and load back), reported by the engine's hook in the order of its
+/// memory and load back) or inside one pool (vLLM's copy-on-write block
+/// copies), reported by the engine's hook in the order of its
 /// own events. `src_pos` is the source pool's position on this connection:
 /// the number of events of `src_pool` the connection had reported before
 /// this line (each KV line 1, each `lost` line its n, each `copy` into that
@@ -733,9 +735,16 @@ fn check_copy(c: &EngineCopy) -> Result<(), LineError> {
     if c.request_id != 0 {
         check_request_id(c.request_id)?;
     }
-    if c.src_pool == c.pool {
+    if c.src_pool == c.pool
+        && c.runs.iter().any(|&(d, s, n)| {
+            let (d, s, n) = (d as u64, s as u64, n as u64);
+            d < s + n && s < d + n
+        })
+    {
+        // A copy inside one pool (a copy-on-write block copy) reads
+        // another extent of it.
         return Err(plain(format!(
-            "copy from pool {} into itself (src_pool must be another pool)",
+            "copy inside pool {} with a run whose source and destination overlap",
             c.pool
         )));
     }

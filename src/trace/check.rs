@@ -347,13 +347,8 @@ pub fn finish(
                     "every pool id must be listed in trace.json deployment.pools",
                 ));
             }
-            if src == dst {
-                return Err(Error::invalid(
-                    loc(),
-                    format!("copy from pool {src} into itself"),
-                    "copies go between pools (a transfer, or a tier load or offload); src_pool must differ from pool",
-                ));
-            }
+            // A copy inside one pool (src == dst) is checked per row
+            // (`values::check_same_pool_copy`): it reads an earlier state.
             edges.entry((src, dst)).or_insert((fi as u32, row));
         }
     }
@@ -519,6 +514,12 @@ pub fn topo_order(mut pools: Vec<u16>, edges: &BTreeMap<(u16, u16), (u32, u64)>)
     let mut indeg: BTreeMap<u16, usize> = pools.iter().map(|&p| (p, 0)).collect();
     let mut out: BTreeMap<u16, Vec<u16>> = BTreeMap::new();
     for &(s, d) in edges.keys() {
+        if s == d {
+            // A copy inside one pool reads an earlier state of that pool:
+            // no order between pools follows from it.
+            indeg.entry(s).or_default();
+            continue;
+        }
         *indeg.entry(d).or_default() += 1;
         indeg.entry(s).or_default();
         out.entry(s).or_default().push(d);

@@ -908,6 +908,52 @@ case("sem_copy_reads_state_at_src_seq",
                 coverage_complete=True))
 
 
+def s_copy_inside_one_pool():
+    # A copy-on-write block copy: R2 gets a private copy (slots 16..20) of
+    # R1's block 4..8 as it was just after R1's write, although R3 rewrote
+    # 4..8 before the copy; R2 is granted the copy and reads it (shared);
+    # R3 reads a second copy of R1's block without a grant (foreign, R1).
+    s = Stream(1)
+    a = s(1, "write", 4, 4, 0)
+    s(3, "write", 4, 4, 0)
+    s(2, "alloc", 16, 4)
+    s(2, "write", 16, 4, 0, src=(1, 4, a))
+    s(2, "share", 16, 4, 0)
+    s(2, "read", 16, 4, 0)
+    s(3, "write", 24, 4, 0, src=(1, 4, a))
+    s(3, "read", 24, 4, 0)
+    return s.events
+
+
+sem("sem_copy_inside_one_pool",
+    "copy inside one pool: each destination slot takes the state its source slot had just "
+    "after the earlier event src_seq of the same pool",
+    s_copy_inside_one_pool, exit=0, affected=foreign(3, {1: 4}), coverage_complete=True)
+
+
+def s_same_pool_not_earlier():
+    s = Stream(1)
+    s(1, "write", 4, 4, 0)
+    s(2, "write", 16, 4, 0, src=(1, 4, 1))  # reads its own seq
+    return s.events
+
+
+def s_same_pool_overlap():
+    s = Stream(1)
+    a = s(1, "write", 4, 4, 0)
+    s(2, "write", 6, 4, 0, src=(1, 4, a))  # 4..8 into 6..10
+    return s.events
+
+
+sem("bad_same_pool_copy_not_earlier",
+    "copy inside one pool: src_seq must be below the copy's own seq",
+    s_same_pool_not_earlier, exit=2, stderr=["kv/pool=1/part-00000.parquet", "row 1", "src_seq"])
+sem("bad_same_pool_copy_overlap",
+    "copy inside one pool: source and destination extents must not overlap",
+    s_same_pool_overlap, exit=2,
+    stderr=["kv/pool=1/part-00000.parquet", "row 1", "src_slot_start", "overlap"])
+
+
 def s_copy_of_copy():
     p0, p1, p2 = Stream(0), Stream(1), Stream(2)
     a = p0(1, "write", 4, 4, 0)

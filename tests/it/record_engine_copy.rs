@@ -205,6 +205,64 @@ fn stale_host_slot_is_found_with_its_true_source() {
     assert_eq!(source_tenants(a), vec!["globex".to_string()]);
 }
 
+/// A copy inside one pool (a copy-on-write block copy, `src_pool` equal
+/// to `pool`), stamped by the pool's own position: slots 0..8 of 1's KV
+/// copied into 8..16 (where 2's KV was) for 3, as they were before 1
+/// rewrote them, and granted to 3: a shared read, nothing affected. A
+/// second copy, of 2's slots 16..24 into 24..32, read by 3 without a
+/// grant: found, confirmed, with 2 as the source.
+#[test]
+fn copy_inside_one_pool_is_stamped_by_its_own_position() {
+    let rig = start();
+    let mut c = rig.connect(&[0]);
+    send_all(
+        &mut c,
+        &[
+            kv(0, 100, 1, "alloc", 0, 8, None),     // p0 = 1
+            kv(0, 110, 1, "write", 0, 8, Some(0)),  // p0 = 2
+            kv(0, 111, 2, "alloc", 8, 16, None),    // p0 = 3
+            kv(0, 112, 2, "write", 8, 16, Some(0)), // p0 = 4
+            kv(0, 113, 2, "free", 8, 8, None),      // p0 = 5
+            kv(0, 120, 3, "alloc", 8, 8, None),     // p0 = 6
+            copy(0, 121, 0, 2, &[[8, 0, 8]]),       // p0 = 7 (reads seq 1)
+            kv(0, 122, 3, "share", 8, 8, Some(0)),  // p0 = 8
+            kv(0, 123, 1, "write", 0, 8, Some(8)),  // p0 = 9
+            kv(0, 130, 3, "read", 8, 8, Some(0)),   // p0 = 10
+            kv(0, 131, 3, "alloc", 24, 8, None),    // p0 = 11
+            copy(0, 132, 0, 11, &[[24, 16, 8]]),    // p0 = 12 (reads seq 10)
+            kv(0, 133, 3, "read", 24, 8, Some(8)),
+            req(1, "acme"),
+            req(2, "initech"),
+            req(3, "globex"),
+        ],
+    );
+    drop(c);
+    let (sum, r, t, _dir) = rig.stop();
+    assert!(sum.complete, "{sum:?}");
+    assert_eq!(sum.stats.copies_unresolved, 0, "{sum:?}");
+    let ev = events(&t);
+    let copies: Vec<_> = ev[&0].iter().filter(|e| e.src.is_some()).collect();
+    let got: Vec<_> = copies
+        .iter()
+        .map(|e| {
+            (
+                e.seq,
+                e.slot_start,
+                e.src.unwrap().pool,
+                e.src.unwrap().slot_start,
+                e.src.unwrap().seq,
+            )
+        })
+        .collect();
+    assert_eq!(got, vec![(6, 8, 0, 0, 1), (11, 24, 0, 16, 10)]);
+    assert_eq!(r.affected_responses.len(), 1, "{:?}", r.affected_responses);
+    let a = &r.affected_responses[0];
+    assert_eq!(a.request_id, 3);
+    assert_eq!(a.confidence, Confidence::Confirmed);
+    assert_eq!(a.foreign_tokens, 8);
+    assert_eq!(source_tenants(a), vec!["initech".to_string()]);
+}
+
 /// A position inside a reported loss is stamped inside the hole: the load
 /// carries the hole's uncertainty, exactly as a pull after a hole does.
 #[test]
@@ -269,7 +327,8 @@ fn unknowable_copies_are_holes_never_guesses() {
     ];
     send_all(&mut c, &before);
     let malformed = [
-        r#"{"type":"copy","pool":0,"ts_ns":1,"src_pool":0,"src_pos":1,"runs":[[0,0,4]]}"#,
+        // A copy inside one pool whose source and destination overlap.
+        r#"{"type":"copy","pool":0,"ts_ns":1,"src_pool":0,"src_pos":1,"runs":[[0,2,4]]}"#,
         r#"{"type":"copy","pool":0,"ts_ns":1,"src_pool":1,"src_pos":1,"runs":[]}"#,
         r#"{"type":"copy","pool":0,"ts_ns":1,"src_pool":1,"src_pos":1,"runs":[[0,0,0]]}"#,
         r#"{"type":"copy","pool":0,"ts_ns":1,"src_pool":1,"src_pos":1,"runs":[[0,0,4]],"x":1}"#,

@@ -79,6 +79,18 @@ fn capture_exit(
     deploy: &str,
     exit: &str,
 ) -> (serde_json::Value, PathBuf, String) {
+    capture_script("record_driver.py", mode, d, hook_ok, deploy, exit)
+}
+
+/// As [`capture_exit`], with the driver `script` of tests/vllm.
+fn capture_script(
+    script: &str,
+    mode: &str,
+    d: &tempfile::TempDir,
+    hook_ok: bool,
+    deploy: &str,
+    exit: &str,
+) -> (serde_json::Value, PathBuf, String) {
     let py = python();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sock = d.path().join("kvtrail.sock");
@@ -103,7 +115,7 @@ fn capture_exit(
     let driver = Command::new(py)
         .arg("-W")
         .arg("ignore")
-        .arg(root.join("tests/vllm/record_driver.py"))
+        .arg(root.join("tests/vllm").join(script))
         .arg(&sock)
         .arg(mode)
         .env(
@@ -285,6 +297,141 @@ fn check_stale(facts: &serde_json::Value, out: &Path, side_err: &str) {
 /// the producer's reuse of r1's full-attention block by r2's sliding-window
 /// layers is what r3 reads: the true source of each slot is whoever wrote
 /// that block last, in either group.
+/// A copy-on-write block copy on the real scheduler (tests/vllm/cow_driver.py):
+/// b's partial prefix hit on a's tail block is redirected to a private
+/// block, which held x's KV before. Returns the facts, the trace, b's and
+/// x's trace ids and the blocks of the copy (source, destination).
+fn capture_cow(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, PathBuf, u64, u64) {
+    let (facts, out, side_err) = capture_script(
+        "cow_driver.py",
+        mode,
+        d,
+        true,
+        "deploy-vllm-cow.json",
+        "uninstall",
+    );
+    // What the real classes did: every request ran to its end, and b's
+    // private block is one x wrote (the pool is small, x freed it).
+    for r in ["x", "a", "b"] {
+        assert_eq!(facts[r], "length", "{facts}");
+    }
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let trace = Trace::open(&out).unwrap();
+    (facts.clone(), out, id_of(&trace, "b"), id_of(&trace, "x"))
+}
+
+/// The full-attention copy of b's step: a's tail block (a's second block)
+/// into b's second block, which x held before.
+fn cow_blocks(facts: &serde_json::Value) -> (u32, u32) {
+    let a_tail = facts["a_blocks"][1].as_u64().unwrap() as u32;
+    let b_priv = facts["b_blocks"][1].as_u64().unwrap() as u32;
+    assert_ne!(a_tail, b_priv, "{facts}");
+    let x: Vec<u64> = facts["x_blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(
+        x.contains(&(b_priv as u64)),
+        "b's private block was not x's: {facts}"
+    );
+    (a_tail, b_priv)
+}
+
+#[test]
+fn vllm_copy_on_write_is_recorded_and_scopes_clean() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, b, _) = capture_cow("cow", &d);
+    let (src, dst) = cow_blocks(&facts);
+    // The scheduler handed the worker the copy in b's step.
+    assert!(
+        facts["b_copies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c[0] == src && c[1] == dst),
+        "{facts}"
+    );
+    assert_eq!(facts["hook_stats"]["hook"]["cow_copies"], 1, "{facts}");
+    assert_eq!(facts["hook_stats"]["hook"]["cow_unverified"], 0, "{facts}");
+    // One same-pool copy of the whole 64-token block, for b, before b's
+    // reads; then a share of the copied block to b.
+    let trace = Trace::open(&out).unwrap();
+    let evs = &record::events(&trace)[&0];
+    let copies: Vec<_> = evs.iter().filter(|e| e.src.is_some()).collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let c = copies[0];
+    let cs = c.src.unwrap();
+    assert_eq!(
+        (
+            c.request_id,
+            c.slot_start,
+            c.slot_count,
+            cs.pool,
+            cs.slot_start
+        ),
+        (b, dst * 64, 64, 0, src * 64),
+        "{c:?}"
+    );
+    assert!(cs.seq < c.seq, "{c:?}");
+    let first_read = evs
+        .iter()
+        .find(|e| e.op == Op::Read && e.request_id == b)
+        .unwrap();
+    assert!(c.seq < first_read.seq, "{c:?} {first_read:?}");
+    assert!(
+        evs.iter().any(|e| e.op == Op::Share
+            && e.request_id == b
+            && e.slot_start == dst * 64
+            && e.seq > c.seq),
+        "no share of the copied block to b"
+    );
+    let j = scope(&out);
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+}
+
+/// The copy dropped (the engine lost it, the worker never ran it): b's
+/// private block keeps x's KV, and b's attention reads positions 64..80
+/// (its hit's tail) from it: found, confirmed, with x as the true source.
+#[test]
+fn vllm_dropped_copy_on_write_is_found_with_its_true_source() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, b, x) = capture_cow("cow-dropped", &d);
+    let (src, dst) = cow_blocks(&facts);
+    assert!(
+        !facts["b_copies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c[0] == src && c[1] == dst),
+        "{facts}"
+    );
+    assert_eq!(facts["hook_stats"]["hook"]["cow_copies"], 0, "{facts}");
+    let j = scope(&out);
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], b, "{a}");
+    assert_eq!(a["tenant"], "tenant-a", "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    assert_eq!(a["foreign_tokens"], 16, "{a}");
+    let sources: Vec<u64> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["request_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sources, vec![x], "{a}");
+}
+
 #[test]
 fn vllm_hybrid_stale_reference_is_found_with_its_true_sources() {
     let d = tempfile::tempdir().unwrap();

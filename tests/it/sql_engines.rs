@@ -345,6 +345,40 @@ fn revision_2_traces() -> Vec<(&'static str, TraceBuilder)> {
     tb.share(1, 2, 32, 4);
     tb.read(1, 2, 32, 4);
     v.push(("r2_offload_and_load_back", tb));
+
+    // Copies inside one pool (a copy-on-write block copy): 3's partial hit
+    // on 1's block is copied into 3's private slots 8..12, which 2 wrote
+    // before; the copy carries 1's current KV over 2's, and 3's grant on
+    // the copied slots covers it (cross-tenant shared). A copy taken after
+    // 2 allocated 1's slots carries stale content: 3's grant on it covers
+    // nothing, foreign with source 1. A copy of the copy (2, slots 24..28,
+    // no grant) still names 1. A copy of slots 2 rewrote after src_seq
+    // reads them as of src_seq (1's KV), not as they are now. The tiered
+    // deployment (a `cache` pool) gives the manifest-sized SQL script the
+    // levels a chain of two copies needs: from the manifest alone nothing
+    // bounds a chain inside one pool (`kvtrail sql` sizes it from the data).
+    let mut tb = tiered();
+    tb.alloc(0, 1, 0, 4);
+    let w = tb.write(0, 1, 0, 4);
+    tb.write(0, 2, 8, 4);
+    tb.free(0, 2, 8, 4);
+    tb.alloc(0, 3, 8, 4);
+    let c = tb.copy(0, 3, 8, 4, 0, 0, w);
+    tb.share(0, 3, 8, 4);
+    tb.read(0, 3, 8, 4);
+    let a = tb.alloc(0, 2, 0, 4);
+    tb.alloc(0, 3, 16, 4);
+    tb.copy(0, 3, 16, 4, 0, 0, a);
+    tb.share(0, 3, 16, 4);
+    tb.read(0, 3, 16, 4);
+    tb.alloc(0, 2, 24, 4);
+    tb.copy(0, 2, 24, 4, 0, 8, c);
+    tb.read(0, 2, 24, 4);
+    tb.write(0, 2, 0, 4);
+    tb.alloc(0, 2, 32, 4);
+    tb.copy(0, 2, 32, 4, 0, 0, w);
+    tb.read(0, 2, 32, 4);
+    v.push(("r2_copy_inside_one_pool", tb));
     v
 }
 
@@ -927,6 +961,14 @@ fn revision_2_traces_classify_as_the_contract_says() {
                 "S 2 <- 1 ext=ext-1 tenant=tenant:acme tokens=4 ",
                 "X 3 tenant=tenant:umbrella tokens=4 srcs=1",
                 "XS 3 <- 1 tenant=tenant:acme tokens=4 pools=1",
+            ],
+        ),
+        (
+            "r2_copy_inside_one_pool",
+            &[
+                "S 3 <- 1 ext=ext-1 tenant=tenant:acme tokens=4 ",
+                "S 2 <- 1 ext=ext-1 tenant=tenant:acme tokens=8 ",
+                "XS 3 <- 1 tenant=tenant:acme tokens=4 pools=0",
             ],
         ),
     ];

@@ -11,7 +11,8 @@ use crate::trace::manifest::Deployment;
 use crate::trace::read::column::{Col, opt};
 use crate::trace::read::parquet_file::{Cursor, open_builder_dict, project};
 use crate::trace::read::values::{
-    Capacities, Extent, MAX_REQUEST_ID, check_extent, check_seq, reserved_id,
+    Capacities, Extent, MAX_REQUEST_ID, SAME_POOL_COPY_HINT, check_extent, check_same_pool_copy,
+    check_seq, reserved_id,
 };
 use crate::trace::root::TraceRoot;
 
@@ -167,12 +168,15 @@ impl KvFileReader {
                             "every pool id must be listed in trace.json deployment.pools",
                         )
                     })?;
-                    if sp == pool[i] {
-                        return Err(Error::invalid(
-                            loc(kv_col::SRC_POOL),
-                            format!("copy from pool {sp} into itself"),
-                            "copies go between pools (a DAG: prefill pools before decode pools)",
-                        ));
+                    let cs = CopySrc {
+                        pool: sp,
+                        slot_start: ss,
+                        seq: sq,
+                    };
+                    if let Err((col, what)) =
+                        check_same_pool_copy(pool[i], Some(seq[i]), Some((start[i], count[i])), cs)
+                    {
+                        return Err(Error::invalid(loc(col), what, SAME_POOL_COPY_HINT));
                     }
                     check_extent(
                         || loc(kv_col::SRC_SLOT_START),

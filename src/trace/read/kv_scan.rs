@@ -5,13 +5,15 @@ use std::path::Path;
 
 use arrow_array::RecordBatch;
 
-use crate::error::{Location, Result};
+use crate::error::{Error, Location, Result};
 use crate::schema::{CopySrc, kv_col};
 use crate::trace::hive::{self};
 use crate::trace::manifest::Deployment;
 use crate::trace::read::column::{Col, opt};
 use crate::trace::read::parquet_file::{Cursor, open_builder, project};
-use crate::trace::read::values::{Capacities, Extent, MAX_SEQ, check_extent, check_seq};
+use crate::trace::read::values::{
+    Capacities, Extent, MAX_SEQ, SAME_POOL_COPY_HINT, check_extent, check_same_pool_copy, check_seq,
+};
 use crate::trace::root::TraceRoot;
 
 /// A light view of one batch of a kv file: only what replay needs to plan
@@ -82,6 +84,19 @@ impl KvScanReader {
                     {
                         let loc = |col| Location::file(p).row(r0 + i as u64).column(col);
                         check_seq(|| loc(kv_col::SRC_SEQ), s)?;
+                        let src = CopySrc {
+                            pool: a,
+                            slot_start: b,
+                            seq: s,
+                        };
+                        // Replay plans the capture from these columns
+                        // before the copy's row is decoded: a copy inside
+                        // one pool must read an earlier state of it.
+                        if let Err((col, what)) =
+                            check_same_pool_copy(pool[i], Some(seq[i]), None, src)
+                        {
+                            return Err(Error::invalid(loc(col), what, SAME_POOL_COPY_HINT));
+                        }
                         // An unknown source pool is refused with the
                         // trace-wide checks (`check::finish`).
                         if let Some(cap) = self.capacity.get(a) {
@@ -94,15 +109,7 @@ impl KvScanReader {
                                 cap,
                             )?;
                         }
-                        copies.push((
-                            i as u32,
-                            CopySrc {
-                                pool: a,
-                                slot_start: b,
-                                seq: s,
-                            },
-                            count[i],
-                        ));
+                        copies.push((i as u32, src, count[i]));
                     }
                 }
             }

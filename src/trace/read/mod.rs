@@ -29,5 +29,6 @@ pub use open::{Trace, list_parquet, rel_path};
 pub use parquet_file::{MAX_FOOTER_BYTES, MAX_ROW_GROUPS, READ_BATCH_ROWS, footer_rows};
 pub use requests::RequestFileReader;
 pub use values::{
-    Capacities, Extent, MAX_REQUEST_ID, MAX_SEQ, check_extent, check_request_id, check_seq,
+    Capacities, Extent, MAX_REQUEST_ID, MAX_SEQ, SAME_POOL_COPY_HINT, check_extent,
+    check_request_id, check_same_pool_copy, check_seq,
 };

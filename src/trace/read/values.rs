@@ -47,6 +47,56 @@ pub fn check_seq(loc: impl FnOnce() -> Location, seq: u64) -> Result<()> {
     Ok(())
 }
 
+/// The rule of a copy inside one pool (`src_pool` equal to `pool`, a
+/// copy-on-write block copy): it reads the pool as it was just after an
+/// EARLIER event (`src_seq` < `seq`), and its source and destination
+/// extents do not overlap (the destination is another block). A copy
+/// between two pools is unaffected. `seq` None (the Recorder, before it
+/// numbers the event) checks the extents only; `slots` None (the light
+/// planning pass, which reads no slot columns) checks the seqs only.
+/// Returns the column at fault and what is wrong.
+pub fn check_same_pool_copy(
+    pool: u16,
+    seq: Option<u64>,
+    slots: Option<(u32, u32)>,
+    src: crate::schema::CopySrc,
+) -> std::result::Result<(), (&'static str, String)> {
+    if src.pool != pool {
+        return Ok(());
+    }
+    if let Some(seq) = seq
+        && src.seq >= seq
+    {
+        return Err((
+            crate::schema::kv_col::SRC_SEQ,
+            format!(
+                "copy inside pool {pool} at seq {seq} reads src_seq {} (not before it): a copy \
+                 inside one pool reads an earlier state of the pool",
+                src.seq
+            ),
+        ));
+    }
+    if let Some((start, count)) = slots {
+        let (a, b) = (start as u64, start as u64 + count as u64);
+        let (sa, sb) = (src.slot_start as u64, src.slot_start as u64 + count as u64);
+        if a < sb && sa < b {
+            return Err((
+                crate::schema::kv_col::SRC_SLOT_START,
+                format!(
+                    "copy inside pool {pool} from slots {sa}..{sb} into slots {a}..{b}: source \
+                     and destination overlap"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The hint for a refused copy inside one pool.
+pub const SAME_POOL_COPY_HINT: &str = "a copy inside one pool (a copy-on-write block copy) \
+     names an earlier event of the pool as src_seq and a source extent apart from its \
+     destination (docs/trace-format.md, \"Copies inside one pool\")";
+
 /// `capacity_tokens` by pool id, a flat table so the per-row lookup is one
 /// index (0: the id is not in the deployment).
 #[derive(Debug, Clone, Default)]

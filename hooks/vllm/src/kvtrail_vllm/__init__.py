@@ -46,6 +46,12 @@ its arguments or results; a failure inside the hook is counted in
   every worker reported one done (``completed_jobs``), a copy between the
   engine's pool and its cache pool (``KVTRAIL_CACHE_POOL``), a load also a
   ``share`` to the loading request;
+- ``SingleTypeKVCacheManager._apply_cow`` / ``take_pending_cow_copies``
+  and ``Scheduler.schedule``: each copy-on-write block copy of the step
+  (``SchedulerOutput.kv_cache_block_copies``, run by the worker before the
+  step's forward) as a ``copy`` inside the engine's pool for the request
+  that got the private block, before the step's writes and reads, and a
+  ``share`` of the copied block to it;
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
 
@@ -102,6 +108,13 @@ class _Engine:
         self.policy = None
         self.client = None
         self.reqs = {}  # vLLM request_id -> dict
+        # Copy-on-write block copies (a partial prefix hit redirected to a
+        # private block): destination block -> (request id, group, index
+        # of the block in the request's table, source block), from
+        # _apply_cow; and (group, source, destination) of every copy the
+        # managers handed to take_kv_cache_block_copies this step.
+        self.cow = {}
+        self.cow_taken = []
         self.plans = {}  # request_id -> (local ids per group, remote ids per group, engine id, hits)
         # CPU offload (OffloadingConnector): the cache pool, and the jobs
         # in flight: job id -> [store?, request id, GPU ids, group sizes,
@@ -230,6 +243,8 @@ class _Hook:
         self.offload_key_mismatch = 0
         self.offload_unverified = 0
         self.lmcache_loads = 0
+        self.cow_copies = 0
+        self.cow_unverified = 0
         self.tier_pools = []
         self._warned = 0.0
 
@@ -469,6 +484,80 @@ def _w_add_local(orig):
     return add_local_computed_blocks
 
 
+def _w_apply_cow(orig):
+    def _apply_cow(self, request_id_, block_idx, source_block, cow_block, *args, **kwargs):
+        out = orig(self, request_id_, block_idx, source_block, cow_block, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
+            try:
+                r = eng.reqs.get(request_id_)
+                rid = r["id"] if r else _c.id_of(request_id_)
+                if len(eng.cow) > 100_000:  # never scheduled: keep memory bounded
+                    eng.cow.pop(next(iter(eng.cow)))
+                eng.cow[int(cow_block.block_id)] = (rid, getattr(self, "_kvtrail_group", 0), int(block_idx),
+                                                    int(source_block.block_id))
+            except Exception as e:
+                _fail("_apply_cow", e)
+        return out
+
+    return _apply_cow
+
+
+def _w_take_cow(orig):
+    def take_pending_cow_copies(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None and out:
+            try:
+                g = getattr(self, "_kvtrail_group", 0)
+                if len(eng.cow_taken) > 100_000:
+                    del eng.cow_taken[:1000]
+                eng.cow_taken.extend((g, int(a.block_id), int(b.block_id)) for a, b in out)
+            except Exception as e:
+                _fail("take_pending_cow_copies", e)
+        return out
+
+    return take_pending_cow_copies
+
+
+def _cow_copies(eng, copies):
+    """The step's copy-on-write block copies (``kv_cache_block_copies``),
+    which the worker runs before the step's forward: each a same-pool
+    ``copy`` of the whole source block into the destination block, for the
+    request that got the private block, followed by a ``share`` of the
+    destination to that request when the copy's source is the block its
+    prefix hit named (the hit's grant was on the source block; a grant
+    does not follow a copy). A copy whose group the managers did not
+    report cannot be given slots: a hole in the engine's pool, never a
+    guess."""
+    groups = {}
+    for g, a, b in eng.cow_taken:
+        groups[(a, b)] = g
+    eng.cow_taken = []
+    ts = _time_ns()
+    for c in copies:
+        src, dst = int(c[0]), int(c[1])
+        g = groups.get((src, dst))
+        info = eng.cow.pop(dst, None)
+        if g is None:
+            _H.cow_unverified += 1
+            pool = eng.pool(0)
+            if pool is not None and pool >= 0:
+                eng.put(pool, (_c.LOST, pool, 1))
+            continue
+        if g >= len(eng.attention) or not eng.attention[g]:
+            continue  # Mamba state blocks: no slots
+        pool = eng.pool(g)
+        if pool is None or pool < 0:
+            continue
+        bs = eng.block_sizes[g]
+        rid = info[0] if info is not None else 0
+        eng.put(pool, (_c.COPY, pool, ts, rid, pool, [(dst * bs, src * bs, bs)]))
+        _H.cow_copies += 1
+        if info is not None and info[3] == src and rid:
+            _kv_runs(eng, pool, rid, SHARE, [(dst * bs, bs, info[2] * bs)], True)
+
+
 def _w_kvm_free(orig):
     def free(self, request, *args, **kwargs):
         eng = _engine_of(self) if _H is not None else None
@@ -495,6 +584,9 @@ def on_schedule(sched, out):
     if eng is None:
         return
     kvm = sched.kv_cache_manager
+    copies = getattr(out, "kv_cache_block_copies", None)
+    if copies or eng.cow_taken:
+        _cow_copies(eng, copies or ())
     for rid_s, n in out.num_scheduled_tokens.items():
         req = sched.requests.get(rid_s)
         if req is None or n <= 0:
@@ -1145,6 +1237,10 @@ _PATCHES = [
     ("vllm.v1.core.block_pool", "BlockPool", "free_blocks", _w_free_blocks),
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "free", _w_kvm_free),
     (_STM, "SingleTypeKVCacheManager", "add_local_computed_blocks", _w_add_local),
+    # Copy-on-write of a partial prefix hit's tail block: which request and
+    # group each copy is for (the copy itself is recorded at schedule).
+    (_STM, "SingleTypeKVCacheManager", "_apply_cow", _w_apply_cow),
+    (_STM, "SingleTypeKVCacheManager", "take_pending_cow_copies", _w_take_cow),
     (_STM, "SingleTypeKVCacheManager", "allocate_new_blocks",
      lambda o: _w_manager_ctx(o, "allocate_new_blocks")),
     (_STM, "SingleTypeKVCacheManager", "allocate_external_computed_blocks",
@@ -1344,11 +1440,14 @@ def stats():
     (offloaded blocks loaded under another key than they were stored
     under: no share granted), ``offload_unverified`` (offloaded blocks
     loaded that the hook never saw stored, or could not compare: holes),
-    ``lmcache_loads`` (LMCache loads, recorded as holes)."""
+    ``lmcache_loads`` (LMCache loads, recorded as holes), ``cow_copies``
+    (copy-on-write block copies recorded) and ``cow_unverified`` (copies
+    whose KV cache group the hook did not see: holes)."""
     if _H is None:
         return {}
     out = {cl.worker: dict(cl.stats) for cl in _H.clients}
     out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped,
                    "offload_key_mismatch": _H.offload_key_mismatch,
-                   "offload_unverified": _H.offload_unverified, "lmcache_loads": _H.lmcache_loads}
+                   "offload_unverified": _H.offload_unverified, "lmcache_loads": _H.lmcache_loads,
+                   "cow_copies": _H.cow_copies, "cow_unverified": _H.cow_unverified}
     return out
