@@ -10,10 +10,12 @@
 //! - `rss [N...]`: one child process per size (default 1e6 and 1e7
 //!   events), live detection off and on; each prints its peak RSS
 //!   (VmHWM).
-//! - `clean [REQUESTS] [CHUNK]`: simulated clean requests (both engine
-//!   models, prefix cache, decode radix cache, HiCache, vLLM CPU offload
-//!   and LMCache) streamed through the wire in chunks of CHUNK requests (a
-//!   fresh sidecar each); counts alerts and live findings (must be 0).
+//! - `clean [REQUESTS] [CHUNK] [ONLY]`: simulated clean requests (both
+//!   engine models, prefix cache, decode radix cache, HiCache, vLLM CPU
+//!   offload and LMCache) streamed through the wire in chunks of CHUNK
+//!   requests (a fresh sidecar each); counts alerts and live findings
+//!   (must be 0). ONLY keeps the configurations whose scenario name
+//!   contains it (`steady`, `vllm-cpu-offload`, `vllm-lmcache`).
 //! - no argument: all four at small default sizes.
 //!
 //! cargo run --release --example bench_live -- [MODE] [ARGS]
@@ -508,7 +510,9 @@ fn clean_chunk(name: &str, sets: &[&str], requests: u64, seed: u64, acc: &mut Cl
     }
 }
 
-fn clean(requests: u64, chunk: u64) {
+/// `only`: run the configurations whose simulator scenario contains it
+/// (all when empty).
+fn clean(requests: u64, chunk: u64, only: &str) {
     println!(
         "clean: simulated clean requests streamed through the wire, live detection on (default bounds), chunks of {chunk} requests, a fresh sidecar per chunk"
     );
@@ -522,6 +526,9 @@ fn clean(requests: u64, chunk: u64) {
         ("vllm-0.33.0", "vllm-lmcache", &[]),
     ];
     for (engine, name, sets) in configs {
+        if !name.contains(only) {
+            continue;
+        }
         let (t, c0) = (Instant::now(), cpu_secs());
         let mut acc = Clean0::default();
         let mut seed = 1;
@@ -561,13 +568,17 @@ fn main() {
             arg(&args, 2, 1_000_000),
             args.get(3).is_none_or(|m| m != "off"),
         ),
-        Some("clean") => clean(arg(&args, 2, 1_000_000), arg(&args, 3, 100_000)),
+        Some("clean") => clean(
+            arg(&args, 2, 1_000_000),
+            arg(&args, 3, 100_000),
+            args.get(4).map_or("", String::as_str),
+        ),
         Some(m) => eprintln!("unknown mode {m}: throughput, lag, rss, clean"),
         None => {
             throughput(2_000_000);
             lag(3_000_000, 1_000_000);
             rss(&[1_000_000, 10_000_000]);
-            clean(40_000, 20_000);
+            clean(40_000, 20_000, "");
         }
     }
 }
