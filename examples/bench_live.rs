@@ -8,8 +8,9 @@
 //!   live lag histogram (`kvtrail_live_lag_seconds`, arrival at the writer
 //!   to classification) scraped from `/metrics` before close; p50/p99.
 //! - `rss [N...]`: one child process per size (default 1e6 and 1e7
-//!   events), live detection off and on; each prints its peak RSS
-//!   (VmHWM).
+//!   events), live detection off and on, default queue bounds, the sender
+//!   waiting when the writer is behind (nothing dropped); each prints its
+//!   peak RSS (VmHWM).
 //! - `clean [REQUESTS] [CHUNK] [ONLY]`: simulated clean requests (both
 //!   engine models, prefix cache, decode radix cache, HiCache, vLLM CPU
 //!   offload and LMCache) streamed through the wire in chunks of CHUNK
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use kvtrail::progress::NoReporter;
 use kvtrail::record::live::LiveOptions;
-use kvtrail::record::{Listen, NoLog, RecordConfig, RecordSummary, Sidecar};
+use kvtrail::record::{Listen, NoLog, RecordConfig, RecordSummary, Sidecar, WhenBehind};
 use kvtrail::schema::{KvEvent, RequestRecord, hex32};
 use kvtrail::sim::{self, RunLabel, scenario};
 use kvtrail::trace::Trace;
@@ -332,8 +333,15 @@ fn lag(events: u64, rate: u64) {
 fn rss_one(events: u64, live: bool) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("rss.sock");
+    // The default queue bound (not the throughput runs' 4096 batches):
+    // a writer that falls behind holds at most that many batches, and the
+    // sender waits rather than drop, so every event is captured and the
+    // peak is what a deployment with default bounds sees.
+    let mut cfg = config(&sock, live, false);
+    cfg.queue_batches = RecordConfig::new(Listen::Unix(sock.clone())).queue_batches;
+    cfg.when_behind = WhenBehind::Wait;
     let sc = Sidecar::start(
-        config(&sock, live, false),
+        cfg,
         one_pool(),
         &dir.path().join("rss"),
         Arc::new(NoLog),
