@@ -291,6 +291,89 @@ fn check_stale(facts: &serde_json::Value, out: &Path, side_err: &str) {
     assert_ne!(r1, r2);
 }
 
+/// A producer of 8-token blocks, decode of 16 (deploy-vllm-hetero.json):
+/// the hook reports the producer's block ids, the sidecar expands them with
+/// pool 0's page size, so the loads are copies (each decode block from two
+/// producer blocks), not holes, and the run scopes clean.
+#[test]
+fn vllm_heterogeneous_block_sizes_give_copies() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("hetero", &d, true, "deploy-vllm-hetero.json");
+    assert_eq!(facts["r1"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r2"]["finish"], "length", "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let m = Manifest::load(&out).unwrap();
+    let rec = &m.capture.extra["record"];
+    assert_eq!(rec["copies_unresolved"], 0, "{rec}\n{side_err}");
+    assert_eq!(rec["rejected_contract"], 0, "{rec}");
+    // r1's 40 tokens: five 8-token producer blocks into three 16-token
+    // decode blocks; the first copy starts at producer block R[0], slot
+    // R[0] * 8 of pool 0.
+    let trace = Trace::open(&out).unwrap();
+    let copies: Vec<_> = record::events(&trace)[&1]
+        .iter()
+        .filter(|e| e.op == Op::Write && e.src.is_some())
+        .map(|e| (e.src.unwrap().pool, e.src.unwrap().slot_start, e.slot_count))
+        .collect();
+    let r1 = facts["r1_remote"][0].as_array().unwrap();
+    assert_eq!(r1.len(), 5, "{facts}");
+    assert_eq!(copies[0].0, 0, "{copies:?}");
+    assert_eq!(copies[0].1, r1[0].as_u64().unwrap() as u32 * 8, "{copies:?}");
+    assert!(rec["pulls_written"].as_u64().unwrap() >= 2, "{rec}");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+}
+
+/// The stale reference with a producer of another block size: found, with
+/// its true source, as with equal block sizes.
+#[test]
+fn vllm_heterogeneous_stale_reference_is_found_with_its_true_source() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("hetero-stale", &d, true, "deploy-vllm-hetero.json");
+    assert_eq!(facts["r3"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r3"]["remote"], facts["r1_remote"], "{facts}");
+    let stale = facts["stale_blocks_now_r2"].as_array().unwrap().len();
+    let r1_blocks = facts["r1_remote"][0].as_array().unwrap().len();
+    assert!(stale > 0, "{facts}");
+    let trace = Trace::open(&out).unwrap();
+    let (r1, r2, r3) = (
+        id_of(&trace, "r1"),
+        id_of(&trace, "r2"),
+        id_of(&trace, "r3"),
+    );
+    let j = scope(&out);
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}\nsidecar:\n{side_err}\nfacts: {facts}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], r3, "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    let mut sources: Vec<u64> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["request_id"].as_u64().unwrap())
+        .collect();
+    sources.sort_unstable();
+    // The true sources: r2, whose KV the reused producer blocks held, and
+    // r1 where a block of its reference was not reused (the producer's
+    // 16-block pool leaves r2 one of r1's five).
+    let mut want = vec![r2];
+    if stale < r1_blocks {
+        want.push(r1);
+    }
+    want.sort_unstable();
+    assert_eq!(sources, want, "{a}\nfacts: {facts}");
+    // Positions 0..38 of r3's prompt came from the producer's blocks.
+    assert_eq!(a["foreign_tokens"], 39, "{a}");
+}
+
 /// The stale reference on a hybrid model: full attention + a sliding
 /// window, two KV cache groups over one shared BlockPool on each engine
 /// (vLLM's HybridKVCacheCoordinator). The groups alias the same blocks, so
