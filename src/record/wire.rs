@@ -1,7 +1,8 @@
 //! The sidecar's wire protocol: one JSON object per line.
 //!
 //! A connection starts with a `hello` line declaring the pools it speaks
-//! for. The sidecar answers one line: `{"type":"welcome","connection":N,
+//! for (and, optionally, its block size in each, which must be the
+//! deployment's `page_size`). The sidecar answers one line: `{"type":"welcome","connection":N,
 //! "pools":[..]}` when the claim holds, or `{"type":"error","error":".."}`
 //! and a close when it is refused (unknown pool, a pool held by another
 //! live connection, too many connections). After that every line the
@@ -18,9 +19,10 @@
 //!   `write` events with `src` on the decode pool (docs/capture-sglang.md);
 //! - `{"type":"xfer_pull",...}`: a pull-based transfer (vLLM's NIXL READ)
 //!   reported whole by the consumer: slot runs of a source pool copied into
-//!   its own pool, stamped by the writer with the source pool's latest seq
-//!   (docs/capture-vllm.md); or a failed / partial load with the engine's
-//!   failure policy;
+//!   its own pool, or runs over the source's block ids (the block form,
+//!   expanded with the source pool's page size), stamped by the writer
+//!   with the source pool's latest seq (docs/capture-vllm.md); or a failed
+//!   / partial load with the engine's failure policy;
 //! - `{"type":"copy",...}`: a copy between two pools of one engine (an
 //!   offload into its `cache` pool, a load back) or inside one pool (a
 //!   copy-on-write block copy), stamped causally by the

@@ -9,7 +9,8 @@
 //! by `kvtrail scope` with its true source, also on a hybrid model (full
 //! attention + sliding window, whose groups alias one block pool);
 //! out-of-range block ids, a failed and a partial load leave evidence
-//! (holes, counters, the failure policy). Every capture runs with
+//! (holes, counters, the failure policy); a producer of another block
+//! size gives copies (block-form pulls expanded by the sidecar). Every capture runs with
 //! `--live`, and its live findings equal a fresh scope.
 //!
 //! Needs the venv of .ci/setup.d/32-vllm.sh (+ the hook's dependencies from
