@@ -117,8 +117,18 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     pools.sort_unstable();
     pools.dedup();
     for p in &pools {
-        if shared.deployment.pool(*p).is_none() {
+        let Some(dp) = shared.deployment.pool(*p) else {
             let e = format!("hello declares pool {p}, which the deployment does not list");
+            shared.stats.refused_claims.fetch_add(1, Ordering::Relaxed);
+            return refuse(stream, &shared, id, &e);
+        };
+        if let Some(&n) = hello.page_sizes.get(p)
+            && n != dp.page_size
+        {
+            let e = format!(
+                "hello gives pool {p} block size {n}, the deployment's page_size is {}",
+                dp.page_size
+            );
             shared.stats.refused_claims.fetch_add(1, Ordering::Relaxed);
             return refuse(stream, &shared, id, &e);
         }

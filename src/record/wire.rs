@@ -1,7 +1,8 @@
 //! The sidecar's wire protocol: one JSON object per line.
 //!
 //! A connection starts with a `hello` line declaring the pools it speaks
-//! for. The sidecar answers one line: `{"type":"welcome","connection":N,
+//! for (and, optionally, its block size in each, which must be the
+//! deployment's `page_size`). The sidecar answers one line: `{"type":"welcome","connection":N,
 //! "pools":[..]}` when the claim holds, or `{"type":"error","error":".."}`
 //! and a close when it is refused (unknown pool, a pool held by another
 //! live connection, too many connections). After that every line the
@@ -18,9 +19,10 @@
 //!   `write` events with `src` on the decode pool (docs/capture-sglang.md);
 //! - `{"type":"xfer_pull",...}`: a pull-based transfer (vLLM's NIXL READ)
 //!   reported whole by the consumer: slot runs of a source pool copied into
-//!   its own pool, stamped by the writer with the source pool's latest seq
-//!   (docs/capture-vllm.md); or a failed / partial load with the engine's
-//!   failure policy;
+//!   its own pool, or runs over the source's block ids (the block form,
+//!   expanded with the source pool's page size), stamped by the writer
+//!   with the source pool's latest seq (docs/capture-vllm.md); or a failed
+//!   / partial load with the engine's failure policy;
 //! - `{"type":"copy",...}`: a copy between two pools of one engine (an
 //!   offload into its `cache` pool, a load back) or inside one pool (a
 //!   copy-on-write block copy), stamped causally by the
@@ -62,6 +64,11 @@ pub struct Hello {
     pub pools: Vec<u16>,
     #[serde(default)]
     pub worker: String,
+    /// The engine's block size per claimed pool, when it knows it: each
+    /// must equal the deployment's `page_size` for that pool (the sidecar
+    /// expands block-form pulls with it), or the hello is refused.
+    #[serde(default)]
+    pub page_sizes: std::collections::BTreeMap<u16, u32>,
 }
 
 /// Parses and checks a hello line (pool existence is checked by the server).
@@ -79,6 +86,14 @@ pub fn parse_hello(line: &str) -> Result<Hello, String> {
     }
     if h.worker.len() > 128 || h.worker.chars().any(char::is_control) {
         return Err("worker name: at most 128 printable characters".into());
+    }
+    if let Some(p) = h.page_sizes.keys().find(|p| !h.pools.contains(p)) {
+        return Err(format!(
+            "hello gives a page size for pool {p}, which it does not claim"
+        ));
+    }
+    if let Some((p, _)) = h.page_sizes.iter().find(|e| *e.1 == 0) {
+        return Err(format!("hello gives pool {p} page size 0"));
     }
     Ok(h)
 }
@@ -145,9 +160,22 @@ pub enum LoadPolicy {
     Recompute,
 }
 
+/// The most source block ids one block-form `xfer_pull` line may carry.
+pub const PULL_MAX_SRC_BLOCKS: usize = 1 << 16;
+
 /// Consumer side of a pull-based transfer, reported once the engine knows
 /// how the load ended: the runs of `src_pool`'s slots copied into `pool`.
 /// The writer stamps the copies with `src_pool`'s latest written seq.
+///
+/// Two forms. Slot form (no `src_blocks`): each run is `[dst_slot,
+/// src_slot, count, token_pos]`. Block form (`src_blocks`, the source's
+/// block ids, when the consumer does not know the source's block size):
+/// the source is the blocks laid end to end, each expanded with the source
+/// pool's `page_size` (token k is slot `src_blocks[k / ps] * ps + k % ps`),
+/// and each run is `[dst_slot, src_tok, count, token_pos]` with `src_tok`
+/// a token offset into that source. With `tail` = N, the load read the
+/// last N tokens of the source (all of it when it is shorter): `src_tok`
+/// counts from there, and tokens past the source's end are not loaded.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct XferPull {
@@ -159,9 +187,98 @@ pub struct XferPull {
     pub src_pool: u16,
     #[serde(default)]
     pub runs: Vec<PullRun>,
+    #[serde(default)]
+    pub src_blocks: Option<Vec<u32>>,
+    #[serde(default)]
+    pub tail: Option<u32>,
     pub outcome: PullOutcome,
     #[serde(default)]
     pub policy: Option<LoadPolicy>,
+}
+
+/// One copy of a pull in slots: `(dst_slot, src_slot, count, token_pos)`,
+/// the source slot wide enough for a block id times a page size (one past
+/// the u32 slot space is out of range, a hole, never wrapped).
+pub type PullCopy = (u64, u64, u64, u64);
+
+impl XferPull {
+    /// Estimated bytes the message holds while queued or parked.
+    pub fn bytes(&self) -> u64 {
+        size_of::<XferPull>() as u64
+            + 16 * self.runs.len() as u64
+            + 4 * self.src_blocks.as_ref().map_or(0, Vec::len) as u64
+    }
+
+    /// The pull's copies in slots, with the source pool's page size
+    /// `src_page` (used by the block form only): see [`pull_copies`].
+    pub fn copies(&self, src_page: u32) -> Vec<Result<PullCopy, String>> {
+        pull_copies(&self.runs, self.src_blocks.as_deref(), self.tail, src_page)
+    }
+}
+
+/// A pull's copies in slots (the engine hooks' guard mirrors them too):
+/// the slot form's runs as they are; the block form's (`src_blocks`, `tail`,
+/// see [`XferPull`]) expanded with the source pool's page size `src_page`,
+/// each run split at source block boundaries and its pieces contiguous on
+/// both sides merged; or the reason a run names no source slots (a hole).
+/// Bounded: a block-form line splits into at most one copy per run and per
+/// source block, as a load that reads each source token once does; runs
+/// past that are refused.
+pub fn pull_copies(
+    runs: &[PullRun],
+    src_blocks: Option<&[u32]>,
+    tail: Option<u32>,
+    src_page: u32,
+) -> Vec<Result<PullCopy, String>> {
+    let Some(blocks) = src_blocks else {
+        return runs
+            .iter()
+            .map(|&(d, s, n, tp)| Ok((d as u64, s as u64, n as u64, tp as u64)))
+            .collect();
+    };
+    let ps = src_page.max(1) as u64;
+    let total = blocks.len() as u64 * ps;
+    let base = tail.map_or(0, |t| total.saturating_sub(t as u64));
+    let budget = runs.len() + blocks.len();
+    let mut pieces = 0usize;
+    let mut out: Vec<Result<PullCopy, String>> = Vec::new();
+    for &(d, off, n, tp) in runs {
+        let first = out.len();
+        let start = base + off as u64;
+        let mut end = start + n as u64;
+        if tail.is_some() {
+            end = end.min(total);
+        } else if end > total {
+            out.push(Err(format!(
+                "run [{d}, {off}, {n}, {tp}] names source tokens {start}..{end}, past its {} blocks of {ps} tokens ({total} tokens)",
+                blocks.len()
+            )));
+            continue;
+        }
+        let mut k = start;
+        while k < end {
+            pieces += 1;
+            if pieces > budget {
+                out.push(Err(format!(
+                    "runs split into more than {budget} copies (one per run and per source block): the runs read source blocks more than once"
+                )));
+                return out;
+            }
+            let within = k % ps;
+            let len = (ps - within).min(end - k);
+            let src = blocks[(k / ps) as usize] as u64 * ps + within;
+            let (dst, pos) = (d as u64 + (k - start), tp as u64 + (k - start));
+            let same_run = out.len() > first;
+            match out.last_mut() {
+                Some(Ok(last)) if same_run && last.0 + last.2 == dst && last.1 + last.2 == src => {
+                    last.2 += len;
+                }
+                _ => out.push(Ok((dst, src, len, pos))),
+            }
+            k += len;
+        }
+    }
+    out
 }
 
 /// One copied run of an engine copy: `[dst_slot, src_slot, count]`.
@@ -722,6 +839,36 @@ fn check_pull(p: &XferPull) -> Result<(), LineError> {
             "xfer_pull runs: each [dst_slot, src_slot, count, token_pos] needs count >= 1".into(),
         ));
     }
+    match (&p.src_blocks, p.tail) {
+        (None, Some(_)) => {
+            return Err(plain(
+                "xfer_pull with tail and no src_blocks (tail is of the block form)".into(),
+            ));
+        }
+        (Some(b), _) if b.len() > PULL_MAX_SRC_BLOCKS => {
+            return Err(plain(format!(
+                "xfer_pull with {} src_blocks, more than {PULL_MAX_SRC_BLOCKS}",
+                b.len()
+            )));
+        }
+        (Some(b), _) if b.is_empty() && !p.runs.is_empty() => {
+            return Err(plain(
+                "xfer_pull with runs over an empty src_blocks (no source to read)".into(),
+            ));
+        }
+        (Some(_), Some(0)) => {
+            return Err(plain("xfer_pull with tail 0 (a load of no tokens)".into()));
+        }
+        (Some(_), Some(t)) => {
+            if let Some(r) = p.runs.iter().find(|r| r.1 as u64 + r.2 as u64 > t as u64) {
+                return Err(plain(format!(
+                    "xfer_pull run [{}, {}, {}, {}] reads past the load's tail of {t} tokens",
+                    r.0, r.1, r.2, r.3
+                )));
+            }
+        }
+        _ => {}
+    }
     match (p.outcome, p.runs.is_empty()) {
         (PullOutcome::Ok, true) => Err(plain("xfer_pull outcome ok with no runs".into())),
         (PullOutcome::Failed, false) => Err(plain(
@@ -1018,9 +1165,21 @@ mod tests {
             Ok(Hello {
                 kind: "hello".into(),
                 pools: vec![0, 1],
-                worker: "prefill-0".into()
+                worker: "prefill-0".into(),
+                page_sizes: Default::default(),
             })
         );
+        let h = parse_hello(r#"{"type":"hello","pools":[0,1],"page_sizes":{"1":64}}"#).unwrap();
+        assert_eq!(h.page_sizes, [(1, 64)].into_iter().collect());
+        assert_eq!(
+            parse_hello(r#"{"type":"hello","pools":[0],"page_sizes":{"1":64}}"#),
+            Err("hello gives a page size for pool 1, which it does not claim".into())
+        );
+        assert_eq!(
+            parse_hello(r#"{"type":"hello","pools":[0],"page_sizes":{"0":0}}"#),
+            Err("hello gives pool 0 page size 0".into())
+        );
+        assert!(parse_hello(r#"{"type":"hello","pools":[0],"page_sizes":{"x":1}}"#).is_err());
         assert_eq!(
             parse_hello(r#"{"type":"hello","pools":[]}"#),
             Err("hello declares no pools".into())

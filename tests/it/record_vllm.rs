@@ -9,7 +9,8 @@
 //! by `kvtrail scope` with its true source, also on a hybrid model (full
 //! attention + sliding window, whose groups alias one block pool);
 //! out-of-range block ids, a failed and a partial load leave evidence
-//! (holes, counters, the failure policy). Every capture runs with
+//! (holes, counters, the failure policy); a producer of another block
+//! size gives copies (block-form pulls expanded by the sidecar). Every capture runs with
 //! `--live`, and its live findings equal a fresh scope.
 //!
 //! Needs the venv of .ci/setup.d/32-vllm.sh (+ the hook's dependencies from
@@ -289,6 +290,117 @@ fn check_stale(facts: &serde_json::Value, out: &Path, side_err: &str) {
     // 39 itself after the load).
     assert_eq!(a["foreign_tokens"], 39, "{a}");
     assert_ne!(r1, r2);
+}
+
+/// A producer of 8-token blocks, decode of 16 (deploy-vllm-hetero.json):
+/// the hook reports the producer's block ids, the sidecar expands them with
+/// pool 0's page size, so the loads are copies (each decode block from two
+/// producer blocks), not holes, and the run scopes clean.
+#[test]
+fn vllm_heterogeneous_block_sizes_give_copies() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("hetero", &d, true, "deploy-vllm-hetero.json");
+    assert_eq!(facts["r1"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r2"]["finish"], "length", "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let m = Manifest::load(&out).unwrap();
+    let rec = &m.capture.extra["record"];
+    assert_eq!(rec["copies_unresolved"], 0, "{rec}\n{side_err}");
+    assert_eq!(rec["rejected_contract"], 0, "{rec}");
+    // Slot by slot, what NIXL's pairing reads: decode's blocks (16) end
+    // to end read the producer's (8) end to end, the destination's tail
+    // past the source not loaded (r1: 40 tokens, five producer blocks
+    // into three decode blocks).
+    let ids = |v: &serde_json::Value| -> Vec<u64> {
+        v[0].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let mut want = std::collections::BTreeSet::new();
+    for r in ["r1", "r2"] {
+        let (l, rm) = (ids(&facts[r]["local"]), ids(&facts[r]["remote"]));
+        let (d, src) = (l.len() as u64 * 16, rm.len() as u64 * 8);
+        let base = src - d.min(src);
+        for t in 0..d.min(src) {
+            let k = base + t;
+            want.insert((
+                l[(t / 16) as usize] * 16 + t % 16,
+                rm[(k / 8) as usize] * 8 + k % 8,
+            ));
+        }
+    }
+    assert_eq!(ids(&facts["r1"]["remote"]).len(), 5, "{facts}");
+    let trace = Trace::open(&out).unwrap();
+    let mut got = std::collections::BTreeSet::new();
+    for e in record::events(&trace)[&1]
+        .iter()
+        .filter(|e| e.src.is_some())
+    {
+        let src = e.src.unwrap();
+        assert_eq!(src.pool, 0, "{e:?}");
+        for i in 0..e.slot_count as u64 {
+            got.insert((e.slot_start as u64 + i, src.slot_start as u64 + i));
+        }
+    }
+    assert_eq!(got, want, "{facts}");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+}
+
+/// The stale reference with a producer of another block size: found, with
+/// its true source, as with equal block sizes.
+#[test]
+fn vllm_heterogeneous_stale_reference_is_found_with_its_true_source() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("hetero-stale", &d, true, "deploy-vllm-hetero.json");
+    assert_eq!(facts["r3"]["finish"], "length", "{facts}");
+    assert_eq!(facts["r3"]["remote"], facts["r1_remote"], "{facts}");
+    let stale = facts["stale_blocks_now_r2"].as_array().unwrap().len();
+    let r1_blocks = facts["r1_remote"][0].as_array().unwrap().len();
+    assert!(stale > 0, "{facts}");
+    let trace = Trace::open(&out).unwrap();
+    let (r1, r2, r3) = (
+        id_of(&trace, "r1"),
+        id_of(&trace, "r2"),
+        id_of(&trace, "r3"),
+    );
+    let j = scope(&out);
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(
+        affected.len(),
+        1,
+        "{j:#}\nsidecar:\n{side_err}\nfacts: {facts}"
+    );
+    let a = &affected[0];
+    assert_eq!(a["request_id"], r3, "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    let mut sources: Vec<u64> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["request_id"].as_u64().unwrap())
+        .collect();
+    sources.sort_unstable();
+    // The true sources: r2, whose KV the reused producer blocks held, and
+    // r1 where a block of its reference was not reused (the producer's
+    // 16-block pool leaves r2 one of r1's five).
+    let mut want = vec![r2];
+    if stale < r1_blocks {
+        want.push(r1);
+    }
+    want.sort_unstable();
+    assert_eq!(sources, want, "{a}\nfacts: {facts}");
+    // Positions 0..38 of r3's prompt came from the producer's blocks.
+    assert_eq!(a["foreign_tokens"], 39, "{a}");
 }
 
 /// The stale reference on a hybrid model: full attention + a sliding
@@ -974,4 +1086,265 @@ fn hostile_pull_lines_are_counted_and_rejected() {
     );
     // Rejected unattributed lines make the capture incomplete; the files verify.
     assert!(!m.capture.complete);
+}
+
+// ------------------------------------------- producers of another block size
+
+/// A producer pool of 128-token blocks (0), consumers of 64 (1) and 16 (2).
+fn mixed_block_sizes() -> kvtrail::trace::manifest::Deployment {
+    serde_json::from_value(serde_json::json!({
+        "name": "bs", "engine": "vllm", "context_window": 1024,
+        "pools": [
+            {"id": 0, "role": "prefill", "capacity_tokens": 1024, "page_size": 128},
+            {"id": 1, "role": "decode", "capacity_tokens": 1024, "page_size": 64},
+            {"id": 2, "role": "decode", "capacity_tokens": 1024, "page_size": 16}
+        ]
+    }))
+    .unwrap()
+}
+
+fn kv_at(pool: u16, ts: i64, rid: u64, op: &str, start: u32, count: u32) -> String {
+    format!(
+        r#"{{"type":"kv","pool":{pool},"ts_ns":{ts},"request_id":{rid},"op":"{op}","slot_start":{start},"slot_count":{count},"token_pos":0}}"#
+    )
+}
+
+fn request(rid: u64, tenant: &str) -> String {
+    format!(
+        r#"{{"type":"request","request_id":{rid},"tenant":"{tenant}","arrival_ns":1,"prompt_tokens":256,"output_tokens":1,"http_status":200}}"#
+    )
+}
+
+fn block_pull(pool: u16, rid: u64, body: &str) -> String {
+    format!(
+        r#"{{"type":"xfer_pull","pool":{pool},"ts_ns":5,"request_id":{rid},"src_pool":0,{body}}}"#
+    )
+}
+
+/// Records request 3's prefill on the producer (its blocks 2 and 4; with
+/// `stale`, block 2 reused by request 4 before the load) and its loads in
+/// the block form into a 64-token consumer (blocks 5, 1, 2, 7) and a
+/// 16-token one (blocks 10, 11, 3..9), each consumer reading what it
+/// loaded. Returns the trace's directory.
+fn capture_block_sizes(
+    stale: bool,
+) -> (
+    kvtrail::record::RecordSummary,
+    Trace,
+    PathBuf,
+    tempfile::TempDir,
+) {
+    let rig: Rig = record::start_in(mixed_block_sizes(), |_| {});
+    let mut p = rig.connect(&[0]);
+    let mut lines = vec![
+        request(3, "tenant-a"),
+        kv_at(0, 1, 3, "alloc", 256, 128),
+        kv_at(0, 1, 3, "write", 256, 128),
+        kv_at(0, 1, 3, "alloc", 512, 128),
+        kv_at(0, 1, 3, "write", 512, 128),
+    ];
+    if stale {
+        // The producer frees block 2 and hands it to request 4 before the
+        // consumer reads it (a stale reference).
+        lines.extend([
+            request(4, "tenant-b"),
+            kv_at(0, 2, 3, "free", 256, 128),
+            kv_at(0, 2, 4, "alloc", 256, 128),
+            kv_at(0, 2, 4, "write", 256, 128),
+        ]);
+    }
+    send(&mut p, &lines);
+    drop(p); // a clean `bye`: the producer has sent everything
+    let mut c = rig.connect(&[1, 2]);
+    send(
+        &mut c,
+        &[
+            // 64-token blocks 5, 1, 2, 7 read source tokens 0..256: the
+            // middle run crosses from producer block 2 into block 4.
+            kv_at(1, 4, 3, "alloc", 320, 64),
+            kv_at(1, 4, 3, "alloc", 64, 128),
+            kv_at(1, 4, 3, "alloc", 448, 64),
+            block_pull(
+                1,
+                3,
+                r#""src_blocks":[2,4],"tail":256,"runs":[[320,0,64,0],[64,64,128,64],[448,192,64,192]],"outcome":"ok""#,
+            ),
+            kv_at(1, 6, 3, "read", 320, 64),
+            kv_at(1, 6, 3, "read", 64, 128),
+            kv_at(1, 6, 3, "read", 448, 64),
+            // 16-token blocks 10, 11, 3..8 read producer block 2 (the last
+            // 128 tokens of the one-block source).
+            kv_at(2, 4, 3, "alloc", 160, 32),
+            kv_at(2, 4, 3, "alloc", 48, 96),
+            block_pull(
+                2,
+                3,
+                r#""src_blocks":[2],"tail":128,"runs":[[160,0,32,0],[48,32,96,32]],"outcome":"ok""#,
+            ),
+            kv_at(2, 6, 3, "read", 160, 32),
+            kv_at(2, 6, 3, "read", 48, 96),
+        ],
+    );
+    drop(c);
+    let (sum, trace, d, out) = rig.stop();
+    (sum, trace, out, d)
+}
+
+#[test]
+fn block_form_pulls_copy_across_block_sizes() {
+    let (sum, trace, out, _d) = capture_block_sizes(false);
+    let st = &sum.stats;
+    assert_eq!(
+        (st.pulls_written, st.copies_unresolved, st.rejected_contract),
+        (6, 0, 0),
+        "{st:?}"
+    );
+    let ev = record::events(&trace);
+    let copies = |pool: u16| -> Vec<(u32, u32, u32)> {
+        ev[&pool]
+            .iter()
+            .filter_map(|e| e.src.map(|s| (e.slot_start, s.slot_start, e.slot_count)))
+            .collect()
+    };
+    // Producer block b is slots b*128..b*128+128 of pool 0, whatever the
+    // consumer's block size.
+    assert_eq!(
+        copies(1),
+        vec![
+            (320, 256, 64),
+            (64, 320, 64),
+            (128, 512, 64),
+            (448, 576, 64)
+        ]
+    );
+    assert_eq!(copies(2), vec![(160, 256, 32), (48, 288, 96)]);
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}", v.stdout, v.stderr);
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+}
+
+#[test]
+fn block_form_stale_producer_block_is_found_with_its_true_source() {
+    let (sum, _trace, out, _d) = capture_block_sizes(true);
+    assert_eq!(sum.stats.pulls_written, 6, "{:?}", sum.stats);
+    let j = scope(&out);
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let a = &affected[0];
+    assert_eq!(a["request_id"], 3, "{a}");
+    assert_eq!(a["confidence"], "confirmed", "{a}");
+    let sources: Vec<u64> = a["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["request_id"].as_u64().unwrap())
+        .collect();
+    // Request 4 reused producer block 2: its KV, not request 3's, is what
+    // both consumers loaded from it (block 4 is still request 3's own).
+    assert_eq!(sources, vec![4], "{a}");
+}
+
+#[test]
+fn hostile_block_form_pull_lines_are_counted_and_rejected() {
+    let rig: Rig = record::start_in(mixed_block_sizes(), |_| {});
+    let mut p = rig.connect(&[0]);
+    send(&mut p, &[kv_at(0, 1, 3, "write", 0, 1024)]);
+    drop(p);
+    let mut c = rig.connect(&[1]);
+    let b = |body: &str| block_pull(1, 9, body);
+    let bad = [
+        // tail without src_blocks, runs over no source block, tail 0
+        b(r#""tail":64,"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[],"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[1],"tail":0,"runs":[[0,0,64,0]],"outcome":"ok""#),
+        // a run past the load's tail; its count + offset overflowing u32
+        b(r#""src_blocks":[1],"tail":64,"runs":[[0,32,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[1],"tail":64,"runs":[[0,4294967295,4294967295,0]],"outcome":"ok""#),
+        // a block id beyond u32, a negative one, not a list
+        b(r#""src_blocks":[4294967296],"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[-1],"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":7,"runs":[[0,0,64,0]],"outcome":"ok""#),
+        // too many source blocks
+        b(&format!(
+            r#""src_blocks":[{}],"runs":[[0,0,64,0]],"outcome":"ok""#,
+            vec!["1"; 65537].join(",")
+        )),
+    ];
+    send(&mut c, &bad);
+    // Well formed, impossible with the source's 128-token blocks: a block
+    // past the pool, a block whose slots pass u32, tokens past the blocks
+    // (no tail), runs that read one block many times, a destination past
+    // the u32 slot space. Each is a hole with its reason.
+    let impossible = [
+        b(r#""src_blocks":[8],"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[4294967295],"runs":[[0,0,64,0]],"outcome":"ok""#),
+        b(r#""src_blocks":[1],"runs":[[0,100,64,0]],"outcome":"ok""#),
+        b(&format!(
+            r#""src_blocks":[1,3],"runs":[{}],"outcome":"ok""#,
+            ["[0,0,256,0]"; 3].join(",")
+        )),
+        b(r#""src_blocks":[1],"runs":[[4294967295,0,128,0]],"outcome":"ok""#),
+    ];
+    send(&mut c, &impossible);
+    // A good one still goes through afterwards, and the slot form too.
+    send(
+        &mut c,
+        &[
+            b(r#""src_blocks":[1],"tail":64,"runs":[[64,0,64,0]],"outcome":"ok""#),
+            pull(r#""src_pool":0,"runs":[[512,0,64,0]],"outcome":"ok""#),
+        ],
+    );
+    drop(c);
+    let (sum, trace, _d, _out) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.rejected_unattributed, bad.len() as u64, "{st:?}");
+    // Past the pool, past u32, past the blocks, the sixth piece of three
+    // runs over two blocks (which allow five: the rest of the line), past
+    // the slot space.
+    assert_eq!(st.rejected_contract, 5, "{st:?}");
+    // The slot form between pools of different page sizes stays a hole.
+    assert_eq!(st.copies_unresolved, 1, "{st:?}");
+    // The five pieces before the bound, and the good line.
+    assert_eq!(st.pulls_written, 6, "{st:?}");
+    let ev = record::events(&trace);
+    let w: Vec<_> = ev[&1]
+        .iter()
+        .filter_map(|e| e.src.map(|s| (e.slot_start, s.slot_start, e.slot_count)))
+        .collect();
+    // The tail: the last 64 tokens of block 1 (slots 192..256).
+    assert_eq!(w.last(), Some(&(64, 192, 64)), "{w:?}");
+}
+
+#[test]
+fn hello_page_sizes_must_match_the_deployment() {
+    let rig: Rig = record::start_in(mixed_block_sizes(), |_| {});
+    let hello = |body: &str| -> serde_json::Value {
+        let mut c = std::os::unix::net::UnixStream::connect(&rig.sock).unwrap();
+        writeln!(c, r#"{{"type":"hello","pools":[1,2],"worker":"t",{body}}}"#).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    };
+    let r = hello(r#""page_sizes":{"1":16}"#);
+    assert_eq!(r["type"], "error", "{r}");
+    assert_eq!(
+        r["error"],
+        "hello gives pool 1 block size 16, the deployment's page_size is 64"
+    );
+    let r = hello(r#""page_sizes":{"0":128}"#);
+    assert_eq!(
+        r["error"], "hello gives a page size for pool 0, which it does not claim",
+        "{r}"
+    );
+    let r = hello(r#""page_sizes":{"1":64,"2":16}"#);
+    assert_eq!(r["type"], "welcome", "{r}");
+    let (sum, _t, _d, _o) = rig.stop();
+    assert_eq!(sum.stats.rejected_hello, 2, "{:?}", sum.stats);
 }

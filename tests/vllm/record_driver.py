@@ -11,6 +11,9 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   first request's (already consumed) kv_transfer_params after the
   producer freed and reused those blocks for another tenant's request;
   NIXL reports the read done, so the request answers 200 over that KV;
+- hetero, hetero-stale: clean and stale again with a producer of 8-token
+  blocks (decode's are 16): the hook reports the producer's block ids and
+  the sidecar expands them with pool 0's page_size (deploy-vllm-hetero.json);
 - faults: out-of-range remote block ids reported done (fail-open), a
   failed load and a partial load (invalid block ids) under
   kv_load_failure_policy "fail";
@@ -86,6 +89,13 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 BS = 16
 NB_P, NB_D = 8, 32  # the producer's pool is small, so freed blocks are reused
+HETERO = MODE.startswith("hetero")
+if HETERO:
+    # The producer's blocks are 8 tokens, decode's 16 (vLLM's NIXL pairs
+    # each decode block with two producer blocks); same producer tokens.
+    BS_P, NB_P = 8, 16
+else:
+    BS_P = BS
 HYBRID = MODE == "hybrid"
 WINDOW = 32  # the sliding-window group's window (tokens)
 
@@ -97,16 +107,16 @@ with open(os.path.join(model_dir, "config.json"), "w") as f:
 init_none_hash(sha256)
 
 
-def make_scheduler(nb, kv, tensors=False):
+def make_scheduler(nb, kv, tensors=False, bs=BS):
     mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
     vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"),
                     scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
                                                      max_model_len=2048, is_encoder_decoder=False,
                                                      async_scheduling=False),
-                    cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+                    cache_config=CacheConfig(block_size=bs, enable_prefix_caching=True),
                     kv_transfer_config=kv)
     vc.cache_config.num_gpu_blocks = nb
-    groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
+    groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1,
                                                             dtype=torch.float32))]
     if HYBRID:
         # As vLLM's own hybrid tests build one: a second group of
@@ -118,23 +128,23 @@ def make_scheduler(nb, kv, tensors=False):
     kct = [KVCacheTensor(size=page * nb, layers=["layer"], layer_stride=page * nb,
                          block_stride=page)] if tensors else []
     kcc = KVCacheConfig(num_blocks=nb, kv_cache_tensors=kct, kv_cache_groups=groups)
-    return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=True,
+    return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=bs, log_stats=True,
                      structured_output_manager=StructuredOutputManager(vc))
 
 
 P = kh.tag(make_scheduler(NB_P, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_producer",
-                                                   engine_id="P0")), [0])
+                                                   engine_id="P0"), bs=BS_P), [0])
 D = kh.tag(make_scheduler(NB_D, KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_consumer",
                                                    engine_id="D0", kv_load_failure_policy="fail")),
            [1])
 
 
-def make_req(rid, tokens, salt, max_tokens, ktp=None):
+def make_req(rid, tokens, salt, max_tokens, ktp=None, bs=BS):
     sp = SamplingParams(max_tokens=max_tokens,
                         extra_args={"kv_transfer_params": dict(ktp)} if ktp else None)
     sp.update_from_generation_config({}, eos_token_id=2)
     return Request(rid, list(tokens), sp, None, cache_salt=salt,
-                   block_hasher=get_request_block_hasher(BS, sha256))
+                   block_hasher=get_request_block_hasher(bs, sha256))
 
 
 def mro(s, out, tok=7, **kv):
@@ -162,7 +172,7 @@ def step(s, **kv):
 
 def prefill(rid, tokens, salt):
     """The producer computes the prompt and holds its blocks for decode."""
-    P.add_request(make_req(rid, tokens, salt, 1, {"do_remote_decode": True}))
+    P.add_request(make_req(rid, tokens, salt, 1, {"do_remote_decode": True}, bs=BS_P))
     for _ in range(10):
         step(P)
         if rid in finished:
@@ -200,14 +210,14 @@ A = list(range(100, 140))  # 40 tokens
 B = list(range(300, 412))  # 112 tokens: 7 full blocks, the producer's whole pool
 C = list(range(600, 640))  # 40 tokens
 
-if MODE in ("clean", "stale"):
+if MODE in ("clean", "stale", "hetero", "hetero-stale"):
     ktp1 = prefill("r1", A, "tenant-a")
     facts["r1_remote"] = ktp1["remote_block_ids"]
     facts["r1"] = decode("r1", A, "tenant-a", ktp1)
     release("r1")
     ktp2 = prefill("r2", B, "tenant-b")
     facts["r2_remote"] = ktp2["remote_block_ids"]
-    if MODE == "clean":
+    if MODE in ("clean", "hetero"):
         facts["r2"] = decode("r2", B, "tenant-b", ktp2)
         release("r2")
         # A local prefix-cache hit on decode: r1's loaded blocks, same salt.

@@ -17,6 +17,7 @@ use kvtrail::Result;
 use kvtrail::lineage::grants::Grants;
 use kvtrail::lineage::rule::{PoolState, SlotData};
 use kvtrail::lineage::state::{Grant, NEVER, ReadKind, SlotVal, classify};
+use kvtrail::record::wire::{PullRun, pull_copies};
 use kvtrail::schema::{KvEvent, Op};
 
 /// The rule's pools hold at most 2^32 slots; slot pages are allocated as
@@ -365,6 +366,46 @@ impl Guard {
             self.pool(p).copy_in(rid, d, &vals)?;
         }
         Ok(())
+    }
+
+    /// A pull into `p` for `rid` (an `xfer_pull` item): the slot form's
+    /// runs, or the block form's (`src_blocks`, `tail`) expanded with the
+    /// source pool's page size as the sidecar expands them
+    /// ([`pull_copies`]). A block form from a pool this process does not
+    /// mirror needs no source slots (the content is received for `rid`);
+    /// from a mirrored pool whose page size it was never told, or a run
+    /// that names no source slots, it is a hole.
+    pub fn pull(
+        &mut self,
+        p: u16,
+        rid: u64,
+        src_pool: u16,
+        runs: &[PullRun],
+        src_blocks: Option<&[u32]>,
+        tail: Option<u32>,
+    ) -> Result<()> {
+        let copies: Vec<(u64, u64, u64)> = match (src_blocks, self.page.get(&src_pool)) {
+            (Some(_), _) if !self.pools.contains_key(&src_pool) => runs
+                .iter()
+                .map(|&(d, _, n, _)| (d as u64, 0, n as u64))
+                .collect(),
+            (Some(_), None) => {
+                self.lost(p);
+                return Ok(());
+            }
+            (_, page) => {
+                let ps = page.map_or(1, |&ps| u32::try_from(ps).unwrap_or(u32::MAX));
+                let mut v = Vec::new();
+                for c in pull_copies(runs, src_blocks, tail, ps) {
+                    match c {
+                        Ok((d, s, n, _)) => v.push((d, s, n)),
+                        Err(_) => self.lost(p),
+                    }
+                }
+                v
+            }
+        };
+        self.copy(p, rid, src_pool, &copies)
     }
 
     /// A prefill send of `pages` of `src_pool` into the destination page

@@ -298,16 +298,27 @@ impl Guard {
                 Ok(())
             }
             PULL => {
-                // (PULL, pool, ts, rid, src_pool, runs (dst, src, n, tp), outcome, policy)
+                // (PULL, pool, ts, rid, src_pool, runs (dst, src, n, tp),
+                // outcome, policy[, src_blocks, tail]): the block form when
+                // src_blocks is given (runs then (dst, src_tok, n, tp)).
                 let rid: u64 = at(3)?.extract()?;
                 let Some(src) = pool_id(at(4)?.extract()?) else {
                     self.g.lost(pool);
                     return Ok(());
                 };
-                let rs: Vec<(u64, u64, u64, Option<i64>)> = at(5)?.extract()?;
-                let rs: Vec<(u64, u64, u64)> =
-                    rs.into_iter().map(|(d, s, n, _)| (d, s, n)).collect();
-                self.g.copy(pool, rid, src, &rs).map_err(err)
+                let rs: Vec<(u32, u32, u32, Option<u32>)> = at(5)?.extract()?;
+                let rs: Vec<(u32, u32, u32, u32)> = rs
+                    .into_iter()
+                    .map(|(d, s, n, tp)| (d, s, n, tp.unwrap_or(0)))
+                    .collect();
+                let (blocks, tail): (Option<Vec<u32>>, Option<u32>) = if item.len() > 8 {
+                    (at(8)?.extract()?, at(9)?.extract()?)
+                } else {
+                    (None, None)
+                };
+                self.g
+                    .pull(pool, rid, src, &rs, blocks.as_deref(), tail)
+                    .map_err(err)
             }
             COPY => {
                 // (COPY, pool, ts, rid, src_pool, runs (dst, src, n))

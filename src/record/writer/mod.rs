@@ -146,7 +146,7 @@ fn msg_bytes(m: &Msg) -> u64 {
             size_of::<super::wire::XferSend>() as u64 + 8 * x.src_pages.len() as u64
         }
         Msg::XferCommit(x) => size_of::<XferCommit>() as u64 + 8 * x.dst_pages.len() as u64,
-        Msg::XferPull(x) => size_of::<XferPull>() as u64 + 16 * x.runs.len() as u64,
+        Msg::XferPull(x) => x.bytes(),
         Msg::Copy(x) => size_of::<EngineCopy>() as u64 + 12 * x.runs.len() as u64,
         Msg::Guard(g) => size_of::<GuardDecision>() as u64 + 8 * g.sources.len() as u64,
         Msg::Open { pools } => 2 * pools.len() as u64,

@@ -124,7 +124,7 @@ impl W<'_> {
             Ready::Now => self.stamp(&p),
             Ready::Never(why) => self.unstamped(&p, &why),
             Ready::Wait => {
-                let bytes = size_of::<XferPull>() as u64 + 16 * p.runs.len() as u64;
+                let bytes = p.bytes();
                 self.park(conn, view, Wait::Pull(p), bytes)
             }
         }
@@ -154,14 +154,15 @@ impl W<'_> {
         }
         let src_cap = src_cap.unwrap_or(0);
         let src_seq = src_seq.unwrap_or(0);
-        let page = |q: u16| dep.pool(q).map(|x| x.page_size);
-        if page(p.src_pool) != page(p.pool) {
-            // The hook maps blocks to slots with its own block size: with a
-            // producer of another block size its runs would name the wrong
-            // slots. A hole, never a guess.
+        let page = |q: u16| dep.pool(q).map_or(0, |x| x.page_size);
+        if p.src_blocks.is_none() && page(p.src_pool) != page(p.pool) {
+            // Slot form: the hook mapped blocks to slots with its own block
+            // size; with a source of another block size its runs would name
+            // the wrong slots. A hole, never a guess (the block form, which
+            // the sidecar expands with the source's page size, has none).
             add(&st.copies_unresolved, p.runs.len() as u64);
             self.log(&format!(
-                "load into pool {} for request {} from pool {}: page sizes differ ({:?} vs {:?}); recorded as lost events",
+                "load into pool {} for request {} from pool {}: page sizes differ ({} vs {}) in a slot-form pull; recorded as lost events",
                 p.pool,
                 p.request_id,
                 p.src_pool,
@@ -171,7 +172,34 @@ impl W<'_> {
             return self.lose(p.pool, p.runs.len() as u64);
         }
         let what = format!("load into pool {} for request {}", p.pool, p.request_id);
-        for &(dst, src, count, tpos) in &p.runs {
+        for c in p.copies(page(p.src_pool)) {
+            // (A copy never spans runs, so its count fits a run's u32; its
+            // start and token position may not: outside every pool.)
+            let conv = c.and_then(|(dst, src, count, tpos)| {
+                match (
+                    u32::try_from(dst),
+                    u32::try_from(count),
+                    u32::try_from(tpos),
+                ) {
+                    (Ok(d), Ok(n), Ok(t)) => Ok((d, src, n, t)),
+                    _ => Err(format!(
+                        "a copy into slots {dst}..{} at token {tpos} is outside the u32 slot space",
+                        dst + count
+                    )),
+                }
+            });
+            let (dst, src, count, tpos) = match conv {
+                Ok(x) => x,
+                Err(why) => {
+                    add(&st.rejected_contract, 1);
+                    self.log(&format!("{what}: {why}; recorded as a lost event"));
+                    self.lose(p.pool, 1)?;
+                    continue;
+                }
+            };
+            if !self.src_in_range(&what, p.pool, p.src_pool, src, count, src_cap)? {
+                continue;
+            }
             let ev = copy_event(
                 p.pool,
                 p.ts_ns,
@@ -180,7 +208,7 @@ impl W<'_> {
                 count,
                 Some(tpos),
                 p.src_pool,
-                src,
+                src as u32,
                 src_seq,
             );
             if self.copy_run(&what, ev, src_cap)? {
@@ -240,14 +268,7 @@ impl W<'_> {
     /// `src_cap` or the Recorder refuses it. Whether it was written.
     fn copy_run(&mut self, what: &str, ev: KvEvent, src_cap: u64) -> Result<bool> {
         let src = ev.src.map_or((0, 0), |s| (s.pool, s.slot_start));
-        let end = src.1 as u64 + ev.slot_count as u64;
-        if end > src_cap {
-            add(&self.sh.stats.rejected_contract, 1);
-            self.log(&format!(
-                "{what} names slots {}..{end} of pool {} ({src_cap} slots): out of range; recorded as a lost event",
-                src.1, src.0
-            ));
-            self.lose(ev.pool, 1)?;
+        if !self.src_in_range(what, ev.pool, src.0, src.1 as u64, ev.slot_count, src_cap)? {
             return Ok(false);
         }
         match self.rec.kv(ev) {
@@ -265,6 +286,30 @@ impl W<'_> {
                 Ok(false)
             }
         }
+    }
+
+    /// Whether `count` slots of `src_pool` from `src` lie inside its
+    /// `src_cap` slots; if not, a hole in `pool` (a lost event, the reason
+    /// logged after `what`).
+    fn src_in_range(
+        &mut self,
+        what: &str,
+        pool: u16,
+        src_pool: u16,
+        src: u64,
+        count: u32,
+        src_cap: u64,
+    ) -> Result<bool> {
+        let end = src + count as u64;
+        if end <= src_cap {
+            return Ok(true);
+        }
+        add(&self.sh.stats.rejected_contract, 1);
+        self.log(&format!(
+            "{what} names slots {src}..{end} of pool {src_pool} ({src_cap} slots): out of range; recorded as a lost event"
+        ));
+        self.lose(pool, 1)?;
+        Ok(false)
     }
 
     /// The source seq an engine copy's position names, or why there is none.

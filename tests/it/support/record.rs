@@ -40,12 +40,17 @@ pub struct Rig {
 }
 
 pub fn start(tune: impl FnOnce(&mut RecordConfig)) -> Rig {
+    start_in(deployment(), tune)
+}
+
+/// As [`start`], with another deployment.
+pub fn start_in(dep: Deployment, tune: impl FnOnce(&mut RecordConfig)) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
     let out = dir.path().join("trace");
     let mut cfg = RecordConfig::new(Listen::Unix(sock.clone()));
     tune(&mut cfg);
-    let sidecar = Sidecar::start(cfg, deployment(), &out, Arc::new(NoLog)).unwrap();
+    let sidecar = Sidecar::start(cfg, dep, &out, Arc::new(NoLog)).unwrap();
     Rig {
         _dir: dir,
         sock,

@@ -176,11 +176,16 @@ atexit.register(_exit_flush)
 class Client:
     """One connection (one hello) for a set of pools."""
 
-    def __init__(self, addr, pools, worker, max_queue=1 << 18, batch=4096, interval=0.002):
+    def __init__(self, addr, pools, worker, max_queue=1 << 18, batch=4096, interval=0.002,
+                 page_sizes=None):
         self.addr = addr
         self.family, self.target = parse_addr(addr)
         self.pools = sorted(set(pools))
         self.worker = worker
+        # pool -> the engine's block size there, when it knows it: the hello
+        # carries it, and the sidecar refuses a claim whose deployment says
+        # otherwise (it expands block-form pulls with the deployment's).
+        self.page_sizes = {int(p): int(n) for p, n in (page_sizes or {}).items() if p in self.pools}
         self.max_queue = max_queue
         self.batch = batch
         self.interval = interval
@@ -257,6 +262,8 @@ class Client:
             s.close()
             raise
         hello = {"type": "hello", "pools": self.pools, "worker": self.worker}
+        if self.page_sizes:
+            hello["page_sizes"] = {str(p): n for p, n in sorted(self.page_sizes.items())}
         try:
             s.sendall((json.dumps(hello) + "\n").encode())
             # The sidecar answers one line: welcome (the claim holds) or
@@ -338,13 +345,20 @@ class Client:
                                   separators=(",", ":")))
             return
         if kind == PULL:
-            # (PULL, pool, ts, rid, src_pool, runs, outcome, policy); runs are
-            # (dst_slot, src_slot, count, token_pos).
-            _, pool, ts, rid, src_pool, rs, outcome, policy = item
+            # (PULL, pool, ts, rid, src_pool, runs, outcome, policy[, src_blocks,
+            # tail]); runs are (dst_slot, src_slot, count, token_pos), or with
+            # src_blocks (the source's block ids: the block form, which the
+            # sidecar expands with the source pool's page size)
+            # (dst_slot, src_tok, count, token_pos).
+            _, pool, ts, rid, src_pool, rs, outcome, policy = item[:8]
             msg = {"type": "xfer_pull", "pool": pool, "ts_ns": ts, "request_id": rid,
                    "src_pool": src_pool, "runs": [list(r) for r in rs], "outcome": outcome}
             if policy is not None:
                 msg["policy"] = policy
+            if len(item) > 8 and item[8] is not None:
+                msg["src_blocks"] = [int(b) for b in item[8]]
+                if item[9] is not None:
+                    msg["tail"] = int(item[9])
             out.append(json.dumps(msg, separators=(",", ":")))
             return
         if kind == COMMIT:

@@ -185,6 +185,14 @@ class _Engine:
         if kt is not None and getattr(kt, "kv_connector", None):
             self.policy = getattr(kt, "kv_load_failure_policy", None)
 
+    def block_size(self, group=0):
+        """The block size of ``group`` (group 0's for a group the engine
+        did not list; 16 when it listed none)."""
+        bs = self.block_sizes
+        if group < len(bs):
+            return bs[group]
+        return bs[0] if bs else 16
+
     def aliased(self, group):
         """The group overlays group 0's blocks slot for slot (same block
         size): recorded in the engine's first pool."""
@@ -218,7 +226,17 @@ class _Engine:
             pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
                 return
-            self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue)
+            # Our block size per engine pool (not the cache or tier pools,
+            # whose chunks are another size): the hello carries it.
+            sizes = {}
+            for g in range(max(1, len(self.block_sizes))):
+                p = self.pool(g)
+                if p is not None and p >= 0 and p not in (self.cache_pool, *self.tier_pools):
+                    sizes.setdefault(p, self.block_size(g))
+                    if _H.guard.active:
+                        _H.guard.page_size(p, self.block_size(g))
+            self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue,
+                                 page_sizes=sizes)
             _H.clients.append(self.client)
         self.client.put(pool, item)
 
@@ -318,7 +336,7 @@ def _blocks_kv(eng, group, rid, op, blocks, with_pos=False):
     pool = eng.pool(group)
     if pool is None or pool < 0 or not eng.attention[group if group < len(eng.attention) else 0]:
         return
-    bs = eng.block_sizes[group] if group < len(eng.block_sizes) else eng.block_sizes[0]
+    bs = eng.block_size(group)
     ids = sorted(b.block_id for b in blocks if not b.is_null)
     if not ids:
         return
@@ -465,7 +483,7 @@ def _w_add_local(orig):
                 pool = eng.pool(g)
                 r = eng.reqs.get(request_id_)
                 rid = r["id"] if r else _c.id_of(request_id_)
-                bs = eng.block_sizes[g] if g < len(eng.block_sizes) else eng.block_sizes[0]
+                bs = eng.block_size(g)
                 table = [b.block_id for b in self.req_to_blocks.get(request_id_, ())]
                 n = len(table)
                 hit = [b.block_id for b in new_computed_blocks if not b.is_null]
@@ -695,34 +713,38 @@ def _emit_errors(eng, outputs):
 
 
 def _pull_runs(eng, local, remote, hits, invalid):
-    """Per group: copied runs (dst_slot, src_slot, count, token_pos) and
-    whether any local block was reported invalid. Local block i reads
-    remote block len(R)-len(L)+i (vLLM end-aligns the lists). The producer's
-    block size is taken to be this engine's (the sidecar checks the two
-    pools' page sizes and records a hole when they differ)."""
+    """Per group: (group, runs (dst_slot, dst_tok, count, token_pos), the
+    remote block ids, the load's tokens) and whether any local block was
+    reported invalid. The runs are of the block form (the sidecar expands
+    the remote ids with the producer pool's page size): this engine does not
+    know the producer's block size. ``dst_tok`` is the run's offset in the
+    load's destination (the local blocks end to end, ``tail`` tokens), which
+    reads the last ``tail`` tokens of the remote blocks (all of them when
+    they hold fewer): NIXL's pairing, local block i reading remote block
+    len(R)-len(L)+i when the sizes agree, the local blocks split into
+    sub-blocks of the remote size and paired from the start when the
+    remote blocks are smaller."""
     out = []
     bad = False
     for g, (L, R) in enumerate(zip(local, remote)):
         if g >= len(eng.block_sizes) or not eng.attention[g]:
             continue
-        bs = eng.block_sizes[g]
+        bs = eng.block_size(g)
         first = hits[g] if g < len(hits) else 0
-        off = len(R) - len(L)
         runs = []
         for i, lb in enumerate(L):
-            j = off + i
-            if lb == 0 or j < 0:
-                continue
             if lb in invalid:
                 bad = True
                 break  # vLLM keeps the blocks before the first bad one
-            dst, src, pos = lb * bs, R[j] * bs, (first + i) * bs
-            if runs and runs[-1][0] + runs[-1][2] == dst and runs[-1][1] + runs[-1][2] == src:
-                d, s, n, tp = runs[-1]
-                runs[-1] = (d, s, n + bs, tp)
+            if lb == 0:
+                continue
+            dst, off, pos = lb * bs, i * bs, (first + i) * bs
+            if runs and runs[-1][0] + runs[-1][2] == dst and runs[-1][1] + runs[-1][2] == off:
+                d, o, n, tp = runs[-1]
+                runs[-1] = (d, o, n + bs, tp)
             else:
-                runs.append((dst, src, bs, pos))
-        out.append((g, runs))
+                runs.append((dst, off, bs, pos))
+        out.append((g, runs, [int(b) for b in R], len(L) * bs))
     return out, bad
 
 
@@ -753,14 +775,14 @@ def on_update(sched, out, mro):
         src = _H.remote_pools.get(engine_id)
         ts = _time_ns()
         if rid_s in failed:
-            groups = [(g, []) for g in range(len(local))]
+            groups = [(g, [], None, None) for g in range(len(local))]
             bad = True
         else:
             groups, bad = _pull_runs(eng, local, remote, hits, invalid)
-        # Groups that alias one pool (and read one producer pool) make one
-        # load line: their runs name distinct blocks of the same slots.
-        lines = {}
-        for g, runs in groups:
+        # One line per group (each names its own remote blocks); a failed
+        # load is one line per pool.
+        lines = []
+        for g, runs, blocks, tail in groups:
             pool = eng.pool(g)
             if pool is None or pool < 0:
                 continue
@@ -771,9 +793,12 @@ def on_update(sched, out, mro):
                 _H.pulls_unmapped += 1
                 eng.put(pool, (_c.LOST, pool, max(1, len(runs))))
                 continue
-            lines.setdefault((pool, sp), []).extend(runs)
-        for (pool, sp), runs in lines.items():
-            runs.sort(key=lambda r: r[0])
+            if runs or not any(ln[0] == pool and ln[1] == sp for ln in lines):
+                lines.append((pool, sp, runs, blocks, tail))
+        if rid_s not in failed and bad and any(ln[2] for ln in lines):
+            # A partial load: the groups' lines with runs say so.
+            lines = [ln for ln in lines if ln[2]]
+        for pool, sp, runs, blocks, tail in lines:
             if rid_s in failed:
                 outcome = "failed"
             elif bad:
@@ -782,8 +807,10 @@ def on_update(sched, out, mro):
                 outcome = "ok" if runs else None
             if outcome is None:
                 continue
-            eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs if outcome != "failed" else [], outcome,
-                           eng.policy))
+            if outcome == "failed":
+                eng.put(pool, (_c.PULL, pool, ts, rid, sp, [], outcome, eng.policy))
+            else:
+                eng.put(pool, (_c.PULL, pool, ts, rid, sp, runs, outcome, eng.policy, blocks, tail))
 
 
 def _pair_runs(pairs, bs):
@@ -862,7 +889,7 @@ def _simple_done(sched, eng, kco):
     pool, cache = eng.pool(0), eng.cache_pool
     if pool is None or pool < 0 or cache is None:
         return
-    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    bs = eng.block_size()
     wm = getattr(kco, "kv_connector_worker_meta", None)
     gpu_pool = getattr(eng.simple, "_gpu_block_pool", None)
     for ev, n in sorted((getattr(wm, "completed_store_events", None) or {}).items()):
@@ -943,7 +970,7 @@ def _tier_done(eng, job_id, res):
         return
     promo, ti, items, rid_s = job
     tp = eng.tier_pools[ti] if ti < len(eng.tier_pools) else None
-    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    bs = eng.block_size()
     cs = max(1, eng.blocks_per_chunk) * bs
     ok = None if res.success else {bytes(k) for k in (getattr(res, "successful_keys", None) or ())}
     locs = eng.tier_locs.setdefault(ti, {})
@@ -1030,7 +1057,7 @@ def _w_lmcache_alloc(orig):
             try:
                 pool = eng.pool(0)
                 if pool is not None and pool >= 0 and int(num_external_tokens) > 0:
-                    bs = eng.block_sizes[0] if eng.block_sizes else 16
+                    bs = eng.block_size()
                     _H.lmcache_loads += 1
                     eng.put(pool, (_c.LOST, pool, -(-int(num_external_tokens) // bs)))
             except Exception as e:
@@ -1088,7 +1115,7 @@ def _offload_done(sched, eng, wm):
     pool = eng.pool(0)
     if pool is None or pool < 0:
         return
-    bs = eng.block_sizes[0] if eng.block_sizes else 16
+    bs = eng.block_size()
     for jid, count in sorted(completed.items()):
         job = eng.jobs.get(int(jid))
         if job is None:
