@@ -340,13 +340,7 @@ fn rss_one(events: u64, live: bool) {
     let mut cfg = config(&sock, live, false);
     cfg.queue_batches = RecordConfig::new(Listen::Unix(sock.clone())).queue_batches;
     cfg.when_behind = WhenBehind::Wait;
-    let sc = Sidecar::start(
-        cfg,
-        one_pool(),
-        &dir.path().join("rss"),
-        Arc::new(NoLog),
-    )
-    .unwrap();
+    let sc = Sidecar::start(cfg, one_pool(), &dir.path().join("rss"), Arc::new(NoLog)).unwrap();
     let t = Instant::now();
     let mut c = std::io::BufWriter::with_capacity(1 << 20, hello(&sock, &[0]));
     let mut events_gen = Clean::new();
