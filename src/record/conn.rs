@@ -65,8 +65,9 @@ struct Conn {
     /// Why this connection's pool positions (a `copy` line's `src_pos`)
     /// can no longer be counted, once a line broke the count.
     unsure: Option<&'static str>,
-    /// Pools this connection reported pulls or transfers into (their
-    /// events the hook cannot count): copies from them are holes.
+    /// Pools this connection reported pulls into (their events the hook
+    /// cannot count): copies from them are holes. (A transfer's commit is
+    /// counted by the writer, which moves the pool's positions past it.)
     pulled_into: Vec<u16>,
 }
 
@@ -147,11 +148,17 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
             claims.insert(*p, name.clone());
         }
     }
+    // A `cache` pool (HiCache host memory) rides on its device pool's
+    // connection and sees no requests: the view is the device pools' (a
+    // decode worker with HiCache still reports decode rows).
     let roles: Vec<Role> = pools
         .iter()
         .filter_map(|p| shared.deployment.pool(*p).map(|x| x.role))
+        .filter(|r| *r != Role::Cache)
         .collect();
-    let view = if roles.iter().all(|r| *r == Role::Prefill) {
+    let view = if roles.is_empty() {
+        View::Full
+    } else if roles.iter().all(|r| *r == Role::Prefill) {
         View::Prefill
     } else if roles.iter().all(|r| *r == Role::Decode) {
         View::Decode
@@ -554,8 +561,8 @@ impl Conn {
 
 impl Conn {
     /// Keeps the count of pool positions honest: a line whose events the
-    /// hook's position count does not know (its own seq, a pull or a
-    /// transfer into a pool) makes later copies from there holes.
+    /// hook's position count does not know (its own seq, a pull into a
+    /// pool) makes later copies from there holes.
     fn positions(&mut self, m: &mut Msg) {
         match m {
             Msg::Kv { seq: Some(_), .. } => {
@@ -564,14 +571,11 @@ impl Conn {
             Msg::XferPull(x) if !self.pulled_into.contains(&x.pool) => {
                 self.pulled_into.push(x.pool)
             }
-            Msg::XferCommit(x) if !self.pulled_into.contains(&x.pool) => {
-                self.pulled_into.push(x.pool)
-            }
             Msg::Copy(c) => {
                 c.unsure = self.unsure.or_else(|| {
-                    self.pulled_into.contains(&c.src_pool).then_some(
-                        "the connection reported pulls or transfers into the source pool",
-                    )
+                    self.pulled_into
+                        .contains(&c.src_pool)
+                        .then_some("the connection reported pulls into the source pool")
                 });
             }
             _ => {}

@@ -11,6 +11,26 @@
 //! really hold. The sidecar runs with `--live`: on every capture its live
 //! findings equal a fresh scope.
 //!
+//! The decode radix cache under HiCache (`decode`, `decode-stale`): a
+//! prefill pool and a decode pool whose HiRadixCache backs up to its host
+//! pool, each on its own connection (the decode pool's connection holds its
+//! host pool). Real besides the above: SGLang's decode HiCache steps,
+//! DecodePreallocQueue._match_prefix_and_lock, the L1/L2/L3 split of
+//! DecodeHiCachePreallocMixin, the load-back state machine
+//! (DecodeHiCacheTransferMixin._process_hicache_local_restores,
+//! _try_hicache_queue_load_back) and its commit into the request
+//! (_commit_hicache_local_restore_to_req), CommonKVSender.init and
+//! _prepare_send_indices (on a sender without its network __init__), the
+//! prefill pool's allocator. Driven directly as record_driver.py does: the
+//! hook's wrappers of _pre_alloc, _commit_transfer_to_req, alloc_for_extend
+//! and release_kv_cache around small functions doing what SGLang's do,
+//! on_send_metadata and on_prebuilt (their callers need ZMQ, RDMA'd
+//! metadata buffers and a Scheduler), and the transfer engine's page copy
+//! from the prefill tensors into the decode tensors (the same CPU copy as
+//! the kernel boundary). A's KV arrives in the decode pool by transfer, is
+//! inserted in the decode tree, written through to host and evicted; C hits
+//! it on the host and SGLang loads it back into B's former device slots.
+//!
 //! Needs the venv of .ci/setup.d/30-sglang.sh (+ blake3 from 31-...): with
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
 //! message.
@@ -26,8 +46,14 @@ use crate::support::record::assert_live_equals_scope;
 use crate::support::venv;
 
 /// Runs the driver in `mode` against a sidecar; returns its facts and the
-/// trace directory.
+/// trace directory. The `decode` modes record a prefill pool, a decode pool
+/// and its host pool (deploy-hicache-decode-cpu.json).
 fn drive(py: &Path, mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, PathBuf) {
+    let deploy = if mode.starts_with("decode") {
+        "tests/data/record/deploy-hicache-decode-cpu.json"
+    } else {
+        "tests/data/record/deploy-hicache-cpu.json"
+    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sock = d.path().join("kvtrail.sock");
     let out = d.path().join("trace");
@@ -36,7 +62,7 @@ fn drive(py: &Path, mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pa
         "--listen",
         &format!("unix:{}", sock.display()),
         "--deployment",
-        s(&root.join("tests/data/record/deploy-hicache-cpu.json")),
+        s(&root.join(deploy)),
         "--out",
         s(&out),
         "--health-secs",
@@ -182,4 +208,73 @@ fn hicache_hook_failure_is_counted_and_leaves_holes() {
         "{:?}",
         r.affected_responses
     );
+}
+
+/// Decode radix cache under HiCache: KV that arrived by transfer is backed
+/// up to host, evicted, hit by a later request and loaded back; nothing is
+/// wrong, and the capture says so (the transfer's commit does not break
+/// the decode connection's count of positions that the offloads name).
+#[test]
+fn hicache_decode_transfer_offload_and_load_back_report_nothing() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "decode", &d);
+    // C's prefix came from the host (SGLang's restore), into device slots
+    // B's transferred KV had occupied; the tensors hold A's KV there.
+    assert_eq!(
+        facts["C_loaded_into"].as_array().unwrap().len(),
+        12,
+        "{facts}"
+    );
+    assert!(
+        facts["C_loaded_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    assert_eq!(facts["C_prefix_true_owner"], serde_json::json!({"A": 12}));
+    // A and B each: one offload; C: its 2 transferred tokens are a new node.
+    assert_eq!(facts["counts"]["hicache_offloads"], 3, "{facts}");
+    assert_eq!(facts["counts"]["hicache_loads"], 1, "{facts}");
+    assert_eq!(facts["counts"]["hicache_key_mismatch"], 0, "{facts}");
+    assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
+    verified_complete(&out);
+    let r = scope(&out);
+    assert!(
+        r.affected_responses.is_empty(),
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+/// The decode tree keeps A's node naming host slots that were freed and
+/// taken by B's backup: C's restore loads B's KV, and the finding names the
+/// sources the decode tensors really hold, confirmed.
+#[test]
+fn hicache_decode_stale_host_slot_is_found_with_its_true_sources() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "decode-stale", &d);
+    assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
+    assert_eq!(facts["counts"]["hicache_key_mismatch"], 12, "{facts}");
+    verified_complete(&out);
+    let r = scope(&out);
+    assert_eq!(r.affected_responses.len(), 1, "{:?}", r.affected_responses);
+    let a = &r.affected_responses[0];
+    assert_eq!(a.external_id.as_deref(), Some("C"));
+    assert_eq!(a.confidence, Confidence::Confirmed);
+    let truth = facts["C_prefix_true_owner"].as_object().unwrap();
+    let mut got = serde_json::Map::new();
+    for src in &a.sources {
+        got.insert(src.external_id.clone().unwrap(), src.tokens.into());
+    }
+    assert_eq!(&got, truth, "{facts}");
+    assert!(
+        truth.get("B").and_then(|v| v.as_u64()).unwrap_or(0) > 0,
+        "{facts}"
+    );
+    let total: u64 = truth.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(a.foreign_tokens, total);
 }

@@ -54,7 +54,10 @@ import torch.distributed as dist
 import kvtrail_sglang as kh
 
 SOCK, MODE = sys.argv[1], sys.argv[2]
+DECODE = MODE.startswith("decode")
+STALE = MODE in ("stale", "decode-stale")
 DEV = 16
+PREFILL = 32
 MARK = {"A": 1.0, "B": 2.0, "C": 3.0}
 
 
@@ -65,9 +68,70 @@ def cpu_transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, pag
         d[dst_indices.to(torch.int64)] = s[src_indices.to(torch.int64)]
 
 
+def _extend(batch):
+    """alloc_for_extend for one request: the prefix hit's slots, then new
+    slots for the rest, the req_to_token row, and the forward's KV (the
+    request's marker) in the new slots."""
+    req = batch.reqs[0]
+    rtp, alloc, kv = batch.req_to_token_pool, batch.token_to_kv_pool_allocator, batch.kv
+    rtp.alloc([req])
+    pre = len(req.prefix_indices)
+    n = len(req.origin_input_ids) - pre
+    out = alloc.alloc(n)
+    assert out is not None, "device pool full"
+    row = torch.cat([req.prefix_indices.to(torch.int64), out.to(torch.int64)])
+    rtp.write((req.kv.req_pool_idx, slice(0, pre + n)), row.to(torch.int32))
+    for layer in range(kv.layer_num):
+        kv.k_buffer[layer][out] = MARK[req.rid]
+        kv.v_buffer[layer][out] = MARK[req.rid]
+    batch.extend_lens = [n]
+    return out, None, None
+
+
+def _release(req, tree_cache, is_insert=True):
+    """cache_finished_req: the request's KV goes into the tree (write-
+    through backs a new node up to host memory at once), its lock on the
+    matched node is dropped. A pool without a tree (prefill) frees it."""
+    rtp, alloc = tree_cache.req_to_token_pool, tree_cache.token_to_kv_pool_allocator
+    n = len(req.origin_input_ids)
+    row = rtp.req_to_token[req.kv.req_pool_idx][:n].to(torch.int64)
+    if not hasattr(tree_cache, "cache_controller"):
+        alloc.free(row)
+        return
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    r = tree_cache.insert(InsertParams(key=RadixKey(array("q", req.origin_input_ids)), value=row))
+    pre = len(req.prefix_indices)
+    if r.prefix_len > pre:
+        alloc.free(row[pre:r.prefix_len])  # duplicates of the tree's slots
+    if getattr(req, "last_node", None) is not None:
+        tree_cache.dec_lock_ref(req.last_node)
+    tree_cache.writing_check()
+
+
+_WRAP = {a: f for _, _, a, f in kh._PATCHES}
+alloc_for_extend = _WRAP["alloc_for_extend"](_extend)
+release_kv_cache = _WRAP["release_kv_cache"](_release)
+
+
+def device_batch(tree, kv, req):
+    """A one-request batch on the pool of `tree`'s allocator."""
+    alloc = tree.token_to_kv_pool_allocator
+    b = types.SimpleNamespace(reqs=[req], req_to_token_pool=tree.req_to_token_pool,
+                              token_to_kv_pool_allocator=alloc, kv=kv)
+    return kh.tag(b, alloc._kvtrail_pool)
+
+
 def main():
-    kh.install(capture=f"unix:{SOCK}", pools=[0], worker="hicache-cpu", cache_pools={0: 1},
-               tenant_field="routing_key")
+    if DECODE:
+        # PD: prefill pool 0; decode pool 1, its HiCache host pool 2.
+        kh.install(capture=f"unix:{SOCK}", pools=[0, 1], roles={0: "prefill", 1: "decode"},
+                   worker="hicache-decode-cpu", cache_pools={1: 2}, tenant_field="routing_key",
+                   per_pool_connections=True)
+    else:
+        kh.install(capture=f"unix:{SOCK}", pools=[0], worker="hicache-cpu", cache_pools={0: 1},
+                   tenant_field="routing_key")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -93,14 +157,14 @@ def main():
     host_cls = hrc.get_mha_host_pool_cls
     hrc.get_mha_host_pool_cls = lambda dev: (lambda *a, **k: host_cls(dev)(*a, pin_memory=False, **k))
 
-    ratio = 0.75 if MODE == "stale" else 2.0  # host slots: 13 / 33
+    ratio = 0.75 if STALE else 2.0  # host slots: 13 / 33
     sa = get_context().override_server_args(
         enable_hierarchical_cache=True, hicache_ratio=ratio, hicache_io_backend="direct",
         hicache_mem_layout="layer_first", hicache_write_policy="write_through", page_size=1).install()
     kv = MHATokenToKVPool(size=DEV, page_size=1, dtype=torch.float32, head_num=1, head_dim=2,
                           layer_num=2, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
     alloc = kh.tag(TokenToKVPoolAllocator(DEV, torch.float32, device="cpu", kvcache=kv,
-                                          need_sort=False), 0)
+                                          need_sort=False), 1 if DECODE else 0)
     rtp = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
     g = dist.new_group([0], backend="gloo")
     params = CacheInitParams(disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
@@ -108,49 +172,18 @@ def main():
                              attn_tp_cache_group=g, pp_cache_group=g)
     cache = hrc.HiRadixCache(params, sa)
     ctrl = cache.cache_controller
-    assert getattr(ctrl, "_kvtrail_pools", None) == (0, 1), "controller not tagged"
-
-    wrap = {a: f for _, _, a, f in kh._PATCHES}
-
-    def _extend(batch):
-        """alloc_for_extend for one request: the prefix hit's slots, then
-        new slots for the rest, the req_to_token row, and the forward's KV
-        (the request's marker) in the new slots."""
-        req = batch.reqs[0]
-        rtp.alloc([req])
-        pre = len(req.prefix_indices)
-        n = len(req.origin_input_ids) - pre
-        out = alloc.alloc(n)
-        assert out is not None, "device pool full"
-        row = torch.cat([req.prefix_indices.to(torch.int64), out.to(torch.int64)])
-        rtp.write((req.kv.req_pool_idx, slice(0, pre + n)), row.to(torch.int32))
-        for layer in range(kv.layer_num):
-            kv.k_buffer[layer][out] = batch.mark
-            kv.v_buffer[layer][out] = batch.mark
-        batch.extend_lens = [n]
-        return out, None, None
-
-    def _release(req, tree_cache, is_insert=True):
-        """cache_finished_req: the request's KV goes into the tree (write-
-        through backs a new node up to host memory at once)."""
-        n = len(req.origin_input_ids)
-        row = rtp.req_to_token[req.kv.req_pool_idx][:n].to(torch.int64)
-        r = cache.insert(InsertParams(key=RadixKey(array("q", req.origin_input_ids)), value=row))
-        if r.prefix_len:
-            alloc.free(row[:r.prefix_len])  # duplicates of the tree's slots
-        cache.writing_check()
-
-    alloc_for_extend = wrap["alloc_for_extend"](_extend)
-    release_kv_cache = wrap["release_kv_cache"](_release)
+    assert getattr(ctrl, "_kvtrail_pools", None) == ((1, 2) if DECODE else (0, 1)), \
+        "controller not tagged"
+    if DECODE:
+        decode_scenario(cache, kv)
+        return
 
     def run(name, ids, tenant, prefix=None):
         req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
         req.routing_key = tenant
         req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
         req.output_ids = [7]
-        batch = kh.tag(types.SimpleNamespace(reqs=[req], req_to_token_pool=rtp,
-                                             token_to_kv_pool_allocator=alloc, mark=MARK[name]), 0)
-        alloc_for_extend(batch)
+        alloc_for_extend(device_batch(cache, kv, req))
         return req
 
     def node_of(ids):
@@ -167,7 +200,7 @@ def main():
     facts["A_host"] = a_node.host_value.tolist()
     cache.evict(EvictParams(num_tokens=12))
     assert a_node.evicted and a_node.backuped, "A is not only on the host"
-    if MODE == "stale":
+    if STALE:
         # The planted defect: A's host slots go back to the host pool while
         # the tree keeps A's node naming them.
         ctrl.mem_pool_host.free(a_node.host_value)
@@ -195,6 +228,159 @@ def main():
         truth[who] = truth.get(who, 0) + 1
     facts["C_prefix_true_owner"] = truth
     release_kv_cache(c, cache)
+    kh.flush()
+    facts["counts"] = kh.counts()
+    facts["hook_stats"] = kh.stats()
+    kh.uninstall()
+    print(json.dumps(facts))
+
+
+def decode_scenario(cache, kv):
+    """The decode modes: `cache` is the decode pool's HiRadixCache; its KV
+    arrives by transfer from a prefill pool (see the module docstring)."""
+    from record_driver import Sender, receiver
+
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
+    from sglang.srt.disaggregation.decode_hicache_mixin import (DecodeHiCachePreallocMixin,
+                                                                DecodeHiCacheTransferMixin,
+                                                                HiCacheRestoreResult)
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.common import kv_to_page_indices, kv_to_page_num
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rtp, alloc, ctrl = cache.req_to_token_pool, cache.token_to_kv_pool_allocator, cache.cache_controller
+    pkv = MHATokenToKVPool(size=PREFILL, page_size=1, dtype=torch.float32, head_num=1, head_dim=2,
+                           layer_num=2, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+    # The prefill pool: no tree; a finished request's KV is freed.
+    prefill = types.SimpleNamespace(
+        req_to_token_pool=ReqToTokenPool(size=4, max_context_len=64, device="cpu",
+                                         enable_memory_saver=False),
+        token_to_kv_pool_allocator=kh.tag(TokenToKVPoolAllocator(
+            PREFILL, torch.float32, device="cpu", kvcache=pkv, need_sort=False), 0))
+
+    class Queue(DecodeHiCachePreallocMixin, DecodeHiCacheTransferMixin):
+        """The decode queues' HiCache steps, SGLang's own: the prefix match
+        and lock (DecodePreallocQueue._match_prefix_and_lock), the L1/L2
+        split, the load back and its commit into the request. The queues'
+        __init__ needs a Scheduler and a transfer backend."""
+
+        _match_prefix_and_lock = DecodePreallocQueue._match_prefix_and_lock
+
+        def __init__(self):
+            self.tree_cache = cache
+            self.scheduler = types.SimpleNamespace(enable_decode_hicache=True)
+            self.transfer_queue = types.SimpleNamespace(queue=[])
+
+    queue = kh.tag(Queue(), 1)
+
+    def _pre_alloc(queue, req, prefix_indices=None, prefix_len=None, total_prefix_len=None):
+        """DecodePreallocQueue._pre_alloc: the device prefix (L1) into
+        req_to_token, new slots for the tokens past the whole prefix (L1 +
+        host); the host part's slots come from the load back."""
+        pre, total = int(prefix_len or 0), int(total_prefix_len or prefix_len or 0)
+        rtp.alloc([req])
+        fill = len(req.origin_input_ids)
+        if pre:
+            rtp.write((req.kv.req_pool_idx, slice(0, pre)), prefix_indices.to(torch.int32))
+        out = alloc.alloc(fill - total)
+        assert out is not None, "decode pool full"
+        rtp.write((req.kv.req_pool_idx, slice(total, fill)), out.to(torch.int32))
+        req.kv.kv_committed_len = fill
+        req.prefix_indices = prefix_indices if pre else torch.empty((0,), dtype=torch.int64)
+        return out
+
+    def _commit(queue, decode_req):
+        """_commit_transfer_to_req on success: SGLang's own restore commit
+        (the loaded slots into the row, req.prefix_indices), then the
+        handoff token (the metadata buffers need RDMA)."""
+        queue._commit_hicache_local_restore_to_req(decode_req)
+        decode_req.req.output_ids.append(5)
+
+    pre_alloc = _WRAP["_pre_alloc"](_pre_alloc)
+    commit = _WRAP["_commit_transfer_to_req"](_commit)
+    facts = {"mode": MODE}
+
+    def pd(name, ids, tenant, room):
+        """One PD request: decode matches its tree (device and host),
+        preallocates and publishes its pages; prefill computes the prompt
+        and sends the pages past decode's prefix; decode loads the host
+        part back, commits and reads the whole prompt."""
+        reqs = []
+        for _ in range(2):  # the router sends the request to both roles
+            r = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000,
+                    bootstrap_room=room)
+            r.routing_key = tenant
+            reqs.append(r)
+        rp, rd = reqs
+        dr = DecodeRequest(req=rd, kv_receiver=None)
+        dr.prefix_match = queue._match_prefix_and_lock(rd)
+        pm = dr.prefix_match
+        total = pm.decode_prefix_len
+        kv_loc = pre_alloc(queue, rd, pm.prefix_indices, pm.l1_prefix_len, total)
+        dst_pages = kv_to_page_indices(kv_loc, 1)
+        kh.on_send_metadata(receiver(room, 1), dst_pages, total)
+        # Prefill: the whole prompt (its pool has no tree), then the send.
+        rp.prefix_indices = torch.empty(0, dtype=torch.int64)
+        alloc_for_extend(device_batch(prefill, pkv, rp))
+        prow = prefill.req_to_token_pool.req_to_token[rp.kv.req_pool_idx]
+        src_pages = kv_to_page_indices(prow[total:len(ids)], 1)
+        sender = Sender(room, 0)
+        sender.init(kv_to_page_num(len(ids) - total, 1))
+        _, index_slice, is_last, _ = sender._prepare_send_indices(src_pages)
+        assert is_last, "the sender's last chunk"
+        src = torch.as_tensor(src_pages, dtype=torch.int64)
+        dst = torch.as_tensor(dst_pages[index_slice], dtype=torch.int64)
+        cpu_transfer_kv_direct(pkv.k_buffer + pkv.v_buffer, kv.k_buffer + kv.v_buffer, src, dst, 1)
+        rp.output_ids.append(5)
+        rp.finished_reason = FINISH_LENGTH(length=0)
+        release_kv_cache(rp, prefill)
+        # Decode: the host part of the prefix loads back (SGLang's restore
+        # state machine, two ticks: queue and start the load, then done).
+        if pm.needs_local_restore:
+            for _ in range(2):
+                queue._process_hicache_local_restores([dr])
+                cache.loading_check()
+            assert dr.hicache_restore_status == HiCacheRestoreResult.READY, dr.hicache_restore_status
+            facts[name + "_loaded_into"] = dr.hicache_restored_kv_indices.tolist()
+        commit(queue, dr)
+        kh.on_prebuilt(device_batch(cache, kv, rd))
+        row = rtp.req_to_token[rd.kv.req_pool_idx][:len(ids)].tolist()
+        facts[name + "_device"] = row
+        # What the request really reads in its decode prefix: the marker
+        # each slot holds.
+        owner = {v: k for k, v in MARK.items()}
+        truth = {}
+        for s in row[:total]:
+            who = owner[float(kv.k_buffer[0][s, 0, 0])]
+            truth[who] = truth.get(who, 0) + 1
+        facts[name + "_prefix_true_owner"] = truth
+        rd.finished_reason = FINISH_LENGTH(length=1)
+        release_kv_cache(rd, cache)
+        return rd
+
+    def node_of(ids):
+        return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
+
+    a_ids = list(range(1, 13))
+    b_ids = list(range(101, 113))
+    pd("A", a_ids, "tenant-a", 1001)
+    a_node = node_of(a_ids).last_device_node
+    facts["A_host"] = a_node.host_value.tolist()
+    cache.evict(EvictParams(num_tokens=12))
+    assert a_node.evicted and a_node.backuped, "A is not only on the host"
+    if STALE:
+        ctrl.mem_pool_host.free(a_node.host_value)
+    pd("B", b_ids, "tenant-b", 1002)
+    b_node = node_of(b_ids).last_device_node
+    facts["B_host"] = b_node.host_value.tolist() if b_node.host_value is not None else None
+    m = node_of(a_ids + [13, 14])
+    assert m.host_hit_length == 12, m
+    pd("C", a_ids + [13, 14], "tenant-a", 1003)
+    facts["C_loaded_into_B_slots"] = len(set(facts["C_loaded_into"]) & set(facts["B_device"]))
     kh.flush()
     facts["counts"] = kh.counts()
     facts["hook_stats"] = kh.stats()

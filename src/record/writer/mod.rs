@@ -609,7 +609,7 @@ impl W<'_> {
             Msg::XferCommit(c) => {
                 let ready = self.rooms.get(&c.room).is_some_and(|r| r.last);
                 if ready {
-                    self.commit(&c)?;
+                    self.past_commit(c.pool, |w| w.commit(&c))?;
                 } else {
                     let bytes = size_of::<XferCommit>() as u64 + 8 * c.dst_pages.len() as u64;
                     self.park(conn, view, Wait::Commit(c), bytes)?;
@@ -640,6 +640,22 @@ impl W<'_> {
         Ok(())
     }
 
+    /// Runs `f`, which writes a transfer commit's events (or its holes)
+    /// into `pool`, and moves the pool holder's positions past the seqs
+    /// they took: the hook counts no position for a commit (the writer
+    /// builds its events from the room's sends), and the committing
+    /// stream waits for it, so the holder's later positions of the pool
+    /// (a HiCache offload's `src_pos` on a decode pool) come after them.
+    fn past_commit(&mut self, pool: u16, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let before = self.rec.next_seq(pool)?;
+        f(self)?;
+        let taken = self.rec.next_seq(pool)? - before;
+        if let Some(p) = self.positions.get_mut(&pool) {
+            p.base += taken;
+        }
+        Ok(())
+    }
+
     /// Resolves the parked commits of `room`, replaying their streams.
     fn unpark_room(&mut self, room: u64) -> Result<()> {
         let conns: Vec<u64> = self
@@ -652,7 +668,7 @@ impl W<'_> {
             let p = self.parked.remove(&conn).expect("listed above");
             self.held -= p.bytes;
             if let Wait::Commit(c) = &p.wait {
-                self.commit(c)?;
+                self.past_commit(c.pool, |w| w.commit(c))?;
             }
             self.replay(conn, p.view, p.queue)?;
         }
@@ -784,7 +800,7 @@ impl W<'_> {
         match &p.wait {
             Wait::Commit(c) => {
                 add(&self.sh.stats.copies_unresolved, 1);
-                self.lose(c.pool, 1)?;
+                self.past_commit(c.pool, |w| w.lose(c.pool, 1))?;
                 self.log(&format!(
                     "transfer into pool {} for request {} (room {}): {why}; recorded as a lost event",
                     c.pool, c.request_id, c.room

@@ -94,8 +94,17 @@ class _Hook:
         self.pseudonymize = pseudonymize
         self.clients = {}
         if per_pool:
+            # A device pool's `cache` pool goes on the device pool's
+            # connection: the tier copies between them name a source pool
+            # that the connection must hold.
+            cached = set(self.cache_pools.values())
             for p in pools:
-                self.clients[p] = Client(capture, [p], f"{worker}/pool{p}", max_queue=max_queue)
+                if p in cached:
+                    continue
+                held = [p] + ([self.cache_pools[p]] if p in self.cache_pools else [])
+                cl = Client(capture, held, f"{worker}/pool{p}", max_queue=max_queue)
+                for h in held:
+                    self.clients[h] = cl
         else:
             cl = Client(capture, pools, worker, max_queue=max_queue)
             for p in pools:
@@ -281,12 +290,13 @@ def on_release(req, tree_cache):
 # ---------------------------------------------------------------- batch hooks
 
 
-def _share(pool, rid, idx):
-    """A prefix hit's ``share``, less the device slots a HiCache load filled
-    with another node's KV (a stale host slot): those grant nothing."""
+def _share(pool, rid, idx, pos=0):
+    """A prefix hit's ``share`` (from token position ``pos``), less the
+    device slots a HiCache load filled with another node's KV (a stale host
+    slot): those grant nothing."""
     bad = _H.ungranted.get(pool)
     if not bad:
-        _kv(pool, rid, SHARE, idx, 0)
+        _kv(pool, rid, SHARE, idx, pos)
         return
     slots = _c._as_list(capture_indices(idx))
     start = None
@@ -295,7 +305,7 @@ def _share(pool, rid, idx):
         if ok and start is None:
             start = i
         elif not ok and start is not None:
-            _kv(pool, rid, SHARE, slots[start:i], start)
+            _kv(pool, rid, SHARE, slots[start:i], pos + start)
             start = None
 
 
@@ -378,7 +388,7 @@ def on_pre_alloc(queue, req, kv_loc, prefix_indices=None, prefix_len=None):
     rid = request_id(req)
     n = int(prefix_len or 0)
     if n > 0 and prefix_indices is not None and len(prefix_indices):
-        _kv(pool, rid, SHARE, prefix_indices[:n], 0)
+        _share(pool, rid, prefix_indices[:n])
     if kv_loc is not None and len(kv_loc):
         _kv(pool, rid, ALLOC, kv_loc)
 
@@ -434,6 +444,14 @@ def on_commit(queue, decode_req):
     if type(reason).__name__ == "FINISH_ABORT" or meta is None:
         return
     pages, prefix_len, pool = meta
+    # Decode HiCache: the host part of the prefix hit (positions
+    # [l1, l1 + restored) of the row), loaded back into the device and
+    # written into the request's row by _commit_hicache_local_restore_to_req
+    # inside the commit, is a share like the device part (_pre_alloc's).
+    pm = getattr(decode_req, "prefix_match", None)
+    restored = getattr(decode_req, "hicache_restored_kv_indices", None)
+    if pm is not None and restored is not None and len(restored) and pm.needs_local_restore:
+        _share(pool, request_id(req), restored, int(pm.l1_prefix_len))
     _H.put(pool, (_c.COMMIT, pool, _time_ns(), room, request_id(req), prefix_len, pages))
 
 
