@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::copies::{CopyReq, CopySpiller};
+use super::shared_read::{Next, QUEUE_EVENTS, SharedFile};
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
 use crate::spill::{Place, Record, Run, RunReader, le};
@@ -84,6 +85,9 @@ pub struct Plan {
     pub spilled_events: u64,
     /// Holds the spill files; removed when the plan is dropped.
     pub spill: Option<Place>,
+    /// Files of a few pools each, decoded once for all of them
+    /// (`shared_read`); None: a file read by one pool.
+    shared: std::sync::Mutex<HashMap<u32, Option<Arc<SharedFile>>>>,
 }
 
 /// Adds one batch's copies to the copy index.
@@ -186,7 +190,38 @@ impl Plan {
             total_events: total,
             spilled_events: spilled,
             spill,
+            shared: Default::default(),
         })
+    }
+
+    /// The shared decode of file `fi` for `pool`'s stream, when the file
+    /// holds sorted runs of several replayed pools and `pool` has not
+    /// read from it yet (`SharedFile::claim`); else None: a reader of its
+    /// own.
+    fn shared_file(&self, fi: u32, pool: u16) -> Option<Arc<SharedFile>> {
+        let mut m = self.shared.lock().ok()?;
+        let sf = m.entry(fi).or_insert_with(|| {
+            let pools: Vec<u16> = self
+                .runs
+                .iter()
+                .filter(|(_, v)| {
+                    v.iter()
+                        .any(|r| matches!(r.source, RunSource::File(f) if f == fi))
+                })
+                .map(|(&p, _)| p)
+                .collect();
+            (pools.len() > 1).then(|| {
+                Arc::new(SharedFile::new(
+                    fi,
+                    self.files[fi as usize].clone(),
+                    self.root.clone(),
+                    Arc::clone(&self.deployment),
+                    &pools,
+                    QUEUE_EVENTS,
+                ))
+            })
+        });
+        sf.as_ref().filter(|s| s.claim(pool)).cloned()
     }
 }
 
@@ -337,6 +372,15 @@ enum OpenRun {
         pool: u16,
         fi: u32,
         reader: KvFileReader,
+        /// Rows before this one were read elsewhere (a pool detached from
+        /// a shared decode).
+        skip: u64,
+    },
+    /// Rows from a decode shared with the file's other pools.
+    Shared {
+        pool: u16,
+        fi: u32,
+        file: Arc<SharedFile>,
     },
     Spill(RunReader<Ev>),
 }
@@ -347,12 +391,21 @@ impl OpenRun {
         root: &TraceRoot,
         deployment: &Deployment,
         files: &[PathBuf],
+        shared: &HashMap<u32, Arc<SharedFile>>,
     ) -> Result<OpenRun> {
         Ok(match &spec.source {
-            RunSource::File(fi) => OpenRun::File {
-                pool: spec.pool,
-                fi: *fi,
-                reader: KvFileReader::open(root, &files[*fi as usize], deployment)?,
+            RunSource::File(fi) => match shared.get(fi) {
+                Some(file) => OpenRun::Shared {
+                    pool: spec.pool,
+                    fi: *fi,
+                    file: Arc::clone(file),
+                },
+                None => OpenRun::File {
+                    pool: spec.pool,
+                    fi: *fi,
+                    reader: KvFileReader::open(root, &files[*fi as usize], deployment)?,
+                    skip: 0,
+                },
             },
             RunSource::Spill(r) | RunSource::Split(r) => OpenRun::Spill(r.reader()?),
         })
@@ -363,11 +416,37 @@ impl OpenRun {
         out.events.clear();
         out.locs.clear();
         match self {
-            OpenRun::File { pool, fi, reader } => {
+            OpenRun::Shared { pool, fi, file } => match file.next(*pool, out)? {
+                Next::Rows => {}
+                Next::End => {
+                    out.events.clear();
+                    out.locs.clear();
+                }
+                Next::Detached(skip) => {
+                    *self = OpenRun::File {
+                        pool: *pool,
+                        fi: *fi,
+                        reader: file.own_reader()?,
+                        skip,
+                    };
+                    return self.next_batch(out);
+                }
+            },
+            OpenRun::File {
+                pool,
+                fi,
+                reader,
+                skip,
+            } => {
                 while let Some(chunk) = reader.next() {
                     let chunk = chunk?;
                     let r0 = chunk.first_row;
-                    if chunk.events.iter().all(|e| e.pool == *pool) {
+                    let n = chunk.events.len() as u64;
+                    if r0 + n <= *skip {
+                        reader.recycle(chunk.events);
+                        continue;
+                    }
+                    if r0 >= *skip && chunk.events.iter().all(|e| e.pool == *pool) {
                         // the usual layout (one pool per file): no filtering
                         out.locs
                             .extend((0..chunk.events.len() as u64).map(|i| (*fi, r0 + i)));
@@ -376,10 +455,13 @@ impl OpenRun {
                     } else {
                         // Sized once (a recycled batch keeps its room):
                         // no growth by doubling, copying as it goes.
-                        let mine = chunk.events.iter().filter(|e| e.pool == *pool).count();
+                        let from = skip.saturating_sub(r0) as usize;
+                        let rows = &chunk.events[from..];
+                        let mine = rows.iter().filter(|e| e.pool == *pool).count();
                         out.events.reserve(mine);
                         out.locs.reserve(mine);
-                        for (i, e) in chunk.events.iter().enumerate() {
+                        for (i, e) in rows.iter().enumerate() {
+                            let i = i + from;
                             if e.pool == *pool {
                                 out.events.push(*e);
                                 out.locs.push((*fi, r0 + i as u64));
@@ -425,6 +507,8 @@ struct Merge {
     files: Arc<[PathBuf]>,
     pending: std::collections::VecDeque<RunSpec>,
     active: Vec<Active>,
+    /// The shared decodes this pool's file runs read from.
+    shared: HashMap<u32, Arc<SharedFile>>,
 }
 
 /// Batches decoded ahead per pool (bounds the prefetch memory).
@@ -453,7 +537,15 @@ pub struct PoolStream {
 impl PoolStream {
     /// The stream of `runs` (one pool's, from `plan`).
     pub fn new(plan: &Plan, runs: Vec<RunSpec>) -> PoolStream {
+        let shared = runs
+            .iter()
+            .filter_map(|r| match r.source {
+                RunSource::File(fi) => plan.shared_file(fi, r.pool).map(|s| (fi, s)),
+                _ => None,
+            })
+            .collect();
         let mut m = Merge {
+            shared,
             root: plan.root.clone(),
             deployment: Arc::clone(&plan.deployment),
             files: Arc::clone(&plan.files),
@@ -535,7 +627,13 @@ impl Merge {
                     break;
                 }
                 let spec = self.pending.pop_front().expect("front");
-                let mut run = OpenRun::open(&spec, &self.root, &self.deployment, &self.files)?;
+                let mut run = OpenRun::open(
+                    &spec,
+                    &self.root,
+                    &self.deployment,
+                    &self.files,
+                    &self.shared,
+                )?;
                 let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;
                 if !buf.events.is_empty() {

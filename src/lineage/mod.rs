@@ -36,6 +36,7 @@ pub mod intervals;
 pub mod rule;
 pub mod sched;
 pub mod shard;
+pub mod shared_read;
 pub mod slots;
 pub mod stale;
 pub mod state;
