@@ -19,10 +19,26 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// Units a reporter gathers before it moves its bar (a bar's `inc` takes
+/// a lock and reads the clock; the replay reports every copy).
+const BAR_STEP: u64 = 64 * 1024;
+
 /// The library's [`kvtrail::progress::Reporter`] as a progress bar.
 #[derive(Default)]
 pub struct BarReporter {
     bar: std::sync::Mutex<Option<ProgressBar>>,
+    /// Units reported and not yet shown.
+    pending: std::sync::atomic::AtomicU64,
+}
+
+impl BarReporter {
+    /// Moves the bar by the units gathered so far.
+    fn flush(&self, b: &ProgressBar) {
+        let n = self.pending.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if n > 0 {
+            b.inc(n);
+        }
+    }
 }
 
 impl kvtrail::progress::Reporter for BarReporter {
@@ -31,14 +47,20 @@ impl kvtrail::progress::Reporter for BarReporter {
             if let Some(old) = b.take() {
                 old.finish_and_clear();
             }
+            self.pending.store(0, std::sync::atomic::Ordering::Relaxed);
             *b = Some(bar(total, what));
         }
     }
     fn advance(&self, n: u64) {
-        if let Ok(b) = self.bar.lock()
+        let held = self
+            .pending
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(n);
+        if held >= BAR_STEP
+            && let Ok(b) = self.bar.lock()
             && let Some(b) = b.as_ref()
         {
-            b.inc(n);
+            self.flush(b);
         }
     }
     fn finish(&self) {

@@ -18,8 +18,6 @@
 //! to a pool's declared capacity. A copy's source is captured as runs of
 //! equal slots (`state::Payload`) and applied a run at a time.
 
-use std::collections::HashMap;
-
 use super::backend::{Backend, Counters, Payload, ReadKind, ReadRun, SlotVal};
 use super::grants::{GRANTS_IN_MEMORY, Grants};
 use super::rule::{PoolState, SlotData};
@@ -411,7 +409,7 @@ pub const PAR_MIN_TOUCHES: u64 = 1 << 14;
 pub struct CpuBackend {
     pools: Vec<CpuPool>,
     /// pool id -> index in `pools`.
-    index: HashMap<u16, usize>,
+    index: super::backend::PoolMap<usize>,
     budget: Budget,
     /// Shards per pool (the threads); 1: no pool of threads.
     threads: usize,
@@ -430,7 +428,7 @@ impl Default for CpuBackend {
     fn default() -> Self {
         CpuBackend {
             pools: Vec::new(),
-            index: HashMap::new(),
+            index: Default::default(),
             budget: Budget::default(),
             threads: 1,
             workers: None,

@@ -86,8 +86,20 @@ pub struct Plan {
     /// Holds the spill files; removed when the plan is dropped.
     pub spill: Option<Place>,
     /// Files of a few pools each, decoded once for all of them
-    /// (`shared_read`); None: a file read by one pool.
-    shared: std::sync::Mutex<HashMap<u32, Option<Arc<SharedFile>>>>,
+    /// (`shared_read`).
+    shared: std::sync::Mutex<SharedReads>,
+}
+
+/// The shared decodes of a replay: per (file, copy-connected group), the
+/// decode its pools share (None: one pool of the group reads the file).
+/// Only pools of one group share: a group replays on one scheduler or
+/// each of its pools on a thread of its own, all at once, while groups
+/// may replay one after another on one thread (a pool that would wait
+/// for a later group's stream gains nothing from sharing).
+#[derive(Default)]
+struct SharedReads {
+    group_of: Option<HashMap<u16, usize>>,
+    files: HashMap<(u32, usize), Option<Arc<SharedFile>>>,
 }
 
 /// Adds one batch's copies to the copy index.
@@ -200,13 +212,23 @@ impl Plan {
     /// own.
     fn shared_file(&self, fi: u32, pool: u16) -> Option<Arc<SharedFile>> {
         let mut m = self.shared.lock().ok()?;
-        let sf = m.entry(fi).or_insert_with(|| {
+        let m = &mut *m;
+        let group_of = m.group_of.get_or_insert_with(|| {
+            super::sched::groups(self)
+                .into_iter()
+                .enumerate()
+                .flat_map(|(g, pools)| pools.into_iter().map(move |p| (p, g)))
+                .collect()
+        });
+        let group = *group_of.get(&pool)?;
+        let sf = m.files.entry((fi, group)).or_insert_with(|| {
             let pools: Vec<u16> = self
                 .runs
                 .iter()
-                .filter(|(_, v)| {
-                    v.iter()
-                        .any(|r| matches!(r.source, RunSource::File(f) if f == fi))
+                .filter(|(p, v)| {
+                    group_of.get(p) == Some(&group)
+                        && v.iter()
+                            .any(|r| matches!(r.source, RunSource::File(f) if f == fi))
                 })
                 .map(|(&p, _)| p)
                 .collect();

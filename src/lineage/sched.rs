@@ -139,7 +139,7 @@ pub struct Sched<'a> {
     plan: &'a Plan,
     backend: &'a mut dyn Backend,
     pools: Vec<PoolRt>,
-    index: HashMap<u16, usize>,
+    index: super::backend::PoolMap<usize>,
     payloads: HashMap<(u16, u64), Payload>,
     scratch: Payload,
     /// Applied copies' payloads, cleared, for the next captures (a copy
@@ -209,7 +209,7 @@ impl<'a> Sched<'a> {
             }
         }
         let mut pools = Vec::new();
-        let mut index = HashMap::new();
+        let mut index = super::backend::PoolMap::default();
         for &id in &order {
             backend.add_pool(id, capacity(id).1, from_start)?;
             index.insert(id, pools.len());
