@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::copies::{CopyReq, CopySpiller};
+pub use super::shared_read::Batch;
 use super::shared_read::{Next, QUEUE_EVENTS, SharedFile};
 use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
@@ -214,7 +215,7 @@ impl Plan {
         let mut m = self.shared.lock().ok()?;
         let m = &mut *m;
         let group_of = m.group_of.get_or_insert_with(|| {
-            super::sched::groups(self)
+            groups(self)
                 .into_iter()
                 .enumerate()
                 .flat_map(|(g, pools)| pools.into_iter().map(move |p| (p, g)))
@@ -539,14 +540,6 @@ const PREFETCH_BATCHES: usize = 2;
 /// The seq-ordered stream of one pool. Decoding and merging run on their
 /// own thread, a few batches ahead of the replay (so Parquet decoding
 /// overlaps the slot work); the batches are the same either way.
-/// A batch of one pool's events in seq order, with where each came from.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub events: Vec<KvEvent>,
-    /// (file number, row) per event.
-    pub locs: Vec<(u32, u64)>,
-}
-
 pub struct PoolStream {
     rx: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
     /// Used batches go back to the reader thread for reuse (no allocation
@@ -715,4 +708,36 @@ impl Merge {
         }
         Ok(())
     }
+}
+
+/// The pools of the plan in groups no copy connects (connected parts of
+/// the copy graph), each in the plan's order, the groups by their first
+/// pool in that order. Groups share no state: each may replay apart.
+pub fn groups(plan: &Plan) -> Vec<std::collections::BTreeSet<u16>> {
+    let pos: HashMap<u16, usize> = plan
+        .order
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| (p, i))
+        .collect();
+    let mut root: Vec<usize> = (0..plan.order.len()).collect();
+    fn find(root: &mut [usize], mut i: usize) -> usize {
+        while root[i] != i {
+            root[i] = root[root[i]];
+            i = root[i];
+        }
+        i
+    }
+    for (s, d) in &plan.edges {
+        if let (Some(&a), Some(&b)) = (pos.get(s), pos.get(d)) {
+            let (ra, rb) = (find(&mut root, a), find(&mut root, b));
+            root[ra.max(rb)] = ra.min(rb);
+        }
+    }
+    let mut by_root: BTreeMap<usize, std::collections::BTreeSet<u16>> = BTreeMap::new();
+    for (i, &p) in plan.order.iter().enumerate() {
+        let r = find(&mut root, i);
+        by_root.entry(r).or_default().insert(p);
+    }
+    by_root.into_values().collect()
 }

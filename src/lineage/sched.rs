@@ -45,37 +45,7 @@ impl Gap {
     }
 }
 
-/// The pools of the plan in groups no copy connects (connected parts of
-/// the copy graph), each in the plan's order, the groups by their first
-/// pool in that order. Groups share no state: each may replay apart.
-pub fn groups(plan: &Plan) -> Vec<std::collections::BTreeSet<u16>> {
-    let pos: HashMap<u16, usize> = plan
-        .order
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| (p, i))
-        .collect();
-    let mut root: Vec<usize> = (0..plan.order.len()).collect();
-    fn find(root: &mut [usize], mut i: usize) -> usize {
-        while root[i] != i {
-            root[i] = root[root[i]];
-            i = root[i];
-        }
-        i
-    }
-    for (s, d) in &plan.edges {
-        if let (Some(&a), Some(&b)) = (pos.get(s), pos.get(d)) {
-            let (ra, rb) = (find(&mut root, a), find(&mut root, b));
-            root[ra.max(rb)] = ra.min(rb);
-        }
-    }
-    let mut by_root: BTreeMap<usize, std::collections::BTreeSet<u16>> = BTreeMap::new();
-    for (i, &p) in plan.order.iter().enumerate() {
-        let r = find(&mut root, i);
-        by_root.entry(r).or_default().insert(p);
-    }
-    by_root.into_values().collect()
-}
+pub use super::input::groups;
 
 /// Cleared payloads a scheduler keeps for its next captures.
 const SPARE_PAYLOADS: usize = 64;

@@ -23,11 +23,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use super::input::Batch;
 use crate::error::{Error, Result};
 use crate::schema::KvEvent;
 use crate::trace::read::KvFileReader;
 use crate::trace::{Deployment, TraceRoot};
+
+/// A batch of one pool's events in seq order, with where each came from.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<KvEvent>,
+    /// (file number, row) per event.
+    pub locs: Vec<(u32, u64)>,
+}
 
 /// Events a pool's queue may hold before the pool is detached (about
 /// 24 MB of events and locations).
