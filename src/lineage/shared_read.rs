@@ -49,6 +49,9 @@ struct PoolQ {
     held: usize,
     /// Detached: the row it reads on its own from.
     detached: Option<u64>,
+    /// A stream reads here (once per pool: a pool replayed again, for a
+    /// replay's error, reads on its own; so does one whose rows ended).
+    claimed: bool,
 }
 
 #[derive(Default)]
@@ -74,9 +77,6 @@ pub struct SharedFile {
     taken: Condvar,
     /// Signalled when rows are dealt (a stream may wait for its own).
     dealt_cv: Condvar,
-    /// Pools whose stream took its rows from here: a pool replayed again
-    /// (a replay run a second time for its error) reads on its own.
-    claimed: Mutex<Vec<u16>>,
 }
 
 /// What a pool's stream gets from the shared file.
@@ -118,7 +118,6 @@ impl SharedFile {
             queues: Mutex::new(queues),
             taken: Condvar::new(),
             dealt_cv: Condvar::new(),
-            claimed: Mutex::new(Vec::new()),
         }
     }
 
@@ -129,18 +128,16 @@ impl SharedFile {
 
     /// Whether `pool`'s stream may read here: once per pool.
     pub fn claim(&self, pool: u16) -> bool {
-        let Ok(mut c) = self.claimed.lock() else {
+        let Ok(mut q) = self.queues.lock() else {
             return false;
         };
-        let mine = self
-            .queues
-            .lock()
-            .is_ok_and(|q| q.pools.contains_key(&pool));
-        if !mine || c.contains(&pool) {
-            return false;
+        match q.pools.get_mut(&pool) {
+            Some(pq) if !pq.claimed => {
+                pq.claimed = true;
+                true
+            }
+            _ => false,
         }
-        c.push(pool);
-        true
     }
 
     fn queues(&self) -> Result<MutexGuard<'_, Queues>> {

@@ -124,6 +124,42 @@ fn verified_complete(out: &Path) {
     assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
 }
 
+/// The capture verifies complete and scopes clean.
+fn assert_clean(out: &Path) {
+    verified_complete(out);
+    let r = scope(out);
+    assert!(
+        r.affected_responses.is_empty(),
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+/// The capture verifies complete and the one affected response is C,
+/// confirmed, with exactly the sources, by request, that the KV tensors
+/// hold in the slots C read (the markers each request's forward wrote),
+/// B among them.
+fn c_confirmed_with_true_sources(facts: &serde_json::Value, out: &Path) {
+    verified_complete(out);
+    let r = scope(out);
+    assert_eq!(r.affected_responses.len(), 1, "{:?}", r.affected_responses);
+    let a = &r.affected_responses[0];
+    assert_eq!(a.external_id.as_deref(), Some("C"));
+    assert_eq!(a.confidence, Confidence::Confirmed);
+    let truth = facts["C_prefix_true_owner"].as_object().unwrap();
+    let mut got = serde_json::Map::new();
+    for src in &a.sources {
+        got.insert(src.external_id.clone().unwrap(), src.tokens.into());
+    }
+    assert_eq!(&got, truth, "{facts}");
+    assert!(
+        truth.get("B").and_then(|v| v.as_u64()).unwrap_or(0) > 0,
+        "{facts}"
+    );
+    let total: u64 = truth.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(a.foreign_tokens, total);
+}
+
 #[test]
 fn hicache_clean_offload_and_load_back_report_nothing() {
     let Some(py) = venv::SGLANG.python() else {
@@ -142,13 +178,7 @@ fn hicache_clean_offload_and_load_back_report_nothing() {
     assert_eq!(facts["counts"]["hicache_loads"], 1, "{facts}");
     assert_eq!(facts["counts"]["hicache_key_mismatch"], 0, "{facts}");
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
-    verified_complete(&out);
-    let r = scope(&out);
-    assert!(
-        r.affected_responses.is_empty(),
-        "{:?}",
-        r.affected_responses
-    );
+    assert_clean(&out);
 }
 
 #[test]
@@ -159,26 +189,7 @@ fn hicache_stale_host_slot_is_found_with_its_true_sources() {
     let d = tempfile::tempdir().unwrap();
     let (facts, out) = drive(&py, "stale", &d);
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
-    verified_complete(&out);
-    let r = scope(&out);
-    assert_eq!(r.affected_responses.len(), 1, "{:?}", r.affected_responses);
-    let a = &r.affected_responses[0];
-    assert_eq!(a.external_id.as_deref(), Some("C"));
-    assert_eq!(a.confidence, Confidence::Confirmed);
-    // Scope's sources, by request, are what the KV tensors hold in the
-    // slots C read (the markers each request's forward wrote).
-    let truth = facts["C_prefix_true_owner"].as_object().unwrap();
-    let mut got = serde_json::Map::new();
-    for src in &a.sources {
-        got.insert(src.external_id.clone().unwrap(), src.tokens.into());
-    }
-    assert_eq!(&got, truth, "{facts}");
-    assert!(
-        truth.get("B").and_then(|v| v.as_u64()).unwrap_or(0) > 0,
-        "{facts}"
-    );
-    let total: u64 = truth.values().map(|v| v.as_u64().unwrap()).sum();
-    assert_eq!(a.foreign_tokens, total);
+    c_confirmed_with_true_sources(&facts, &out);
 }
 
 /// A failing hook never stops the engine: HiCache's offloads and the load
@@ -238,13 +249,7 @@ fn hicache_decode_transfer_offload_and_load_back_report_nothing() {
     assert_eq!(facts["counts"]["hicache_loads"], 1, "{facts}");
     assert_eq!(facts["counts"]["hicache_key_mismatch"], 0, "{facts}");
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
-    verified_complete(&out);
-    let r = scope(&out);
-    assert!(
-        r.affected_responses.is_empty(),
-        "{:?}",
-        r.affected_responses
-    );
+    assert_clean(&out);
 }
 
 /// The decode tree keeps A's node naming host slots that were freed and
@@ -259,22 +264,5 @@ fn hicache_decode_stale_host_slot_is_found_with_its_true_sources() {
     let (facts, out) = drive(&py, "decode-stale", &d);
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
     assert_eq!(facts["counts"]["hicache_key_mismatch"], 12, "{facts}");
-    verified_complete(&out);
-    let r = scope(&out);
-    assert_eq!(r.affected_responses.len(), 1, "{:?}", r.affected_responses);
-    let a = &r.affected_responses[0];
-    assert_eq!(a.external_id.as_deref(), Some("C"));
-    assert_eq!(a.confidence, Confidence::Confirmed);
-    let truth = facts["C_prefix_true_owner"].as_object().unwrap();
-    let mut got = serde_json::Map::new();
-    for src in &a.sources {
-        got.insert(src.external_id.clone().unwrap(), src.tokens.into());
-    }
-    assert_eq!(&got, truth, "{facts}");
-    assert!(
-        truth.get("B").and_then(|v| v.as_u64()).unwrap_or(0) > 0,
-        "{facts}"
-    );
-    let total: u64 = truth.values().map(|v| v.as_u64().unwrap()).sum();
-    assert_eq!(a.foreign_tokens, total);
+    c_confirmed_with_true_sources(&facts, &out);
 }
