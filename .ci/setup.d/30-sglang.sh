@@ -20,7 +20,19 @@ PY="${KVTRAIL_PYTHON:-$(command -v python3.11 || command -v python3)}"
 # The marker is versioned: bump it when the package list changes (v2 added
 # einops, which sglang.srt.managers.utils imports).
 MARK="$VENV/.kvtrail-ready-v2"
+
+# HiCache's L3 storage path hashes pages with SGLang's C++ extension, which
+# torch's JIT loader builds with ninja on first use (about 1.5 min on the
+# shared 2-core machine; cached under ~/.cache/torch_extensions). Built
+# here, so no test waits on it. Idempotent; also run on a cached venv.
+hash_extension() {
+  "$VENV/bin/python" -c "import ninja" 2>/dev/null || "$VENV/bin/pip" install --quiet ninja==1.13.2
+  PATH="$VENV/bin:$PATH" "$VENV/bin/python" -W ignore -c \
+    "from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash as h; h([1, 2], None, 1)"
+}
+
 if [ -f "$MARK" ]; then
+  hash_extension
   echo "30-sglang: cached venv ready at $VENV"
   exit 0
 fi
@@ -46,5 +58,6 @@ fi
   partial_json_parser xgrammar==0.2.1 sentencepiece numpy einops
 "$VENV/bin/pip" install --quiet --no-deps sglang==0.5.19
 "$VENV/bin/pip" install --quiet --no-deps --target "$VENV/sglang-$CURRENT" "sglang==$CURRENT"
+hash_extension
 echo "$CURRENT" > "$MARK"
 echo "30-sglang: venv built in $(( $(date +%s) - start )) s at $VENV"

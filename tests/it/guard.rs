@@ -553,8 +553,11 @@ fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
         facts_of(&o, mode)
     };
     // P/D loads, a prefix-cache hit with the same salt, CPU offload and
-    // its load back: checked, and never foreign or unknown.
-    for mode in ["clean", "offload"] {
+    // its load back, and P/D loads from a producer of another block size
+    // (8-token blocks into 16-token decode blocks: the guard places each
+    // side's blocks with its own engine's size): checked, and never
+    // foreign or unknown.
+    for mode in ["clean", "offload", "hetero"] {
         let f = run(mode);
         let g = &f["guard"];
         assert!(g["checks"].as_u64().unwrap() >= 3, "{mode}: {g}");
@@ -566,10 +569,14 @@ fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
         );
         assert!(!f.to_string().contains("\"error\""), "{mode}: {f}");
     }
-    // The hybrid model's stale reference and the stale offload load.
-    let f = run("hybrid");
-    assert_eq!(f["r3"]["finish"], "error", "{f}");
-    assert_eq!(f["r1"]["finish"], "length");
+    // The hybrid model's stale reference, the stale reference with
+    // heterogeneous block sizes, and the stale offload load.
+    for mode in ["hybrid", "hetero-stale"] {
+        let f = run(mode);
+        assert_eq!(f["r3"]["finish"], "error", "{mode}: {f}");
+        assert_eq!(f["r1"]["finish"], "length", "{mode}");
+        assert_eq!(f["guard"]["aborts"], 1, "{mode}: {f}");
+    }
     let f = run("offload-stale");
     assert_eq!(f["finish"]["a2"], "error", "{f}");
     assert_eq!(f["finish"]["a"], "length");

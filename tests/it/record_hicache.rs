@@ -31,6 +31,13 @@
 //! inserted in the decode tree, written through to host and evicted; C hits
 //! it on the host and SGLang loads it back into B's former device slots.
 //!
+//! The tree SGLang 0.5.19 builds by default with --enable-hierarchical-cache
+//! (`unified`, `unified-stale`, and for the decode pool `decode-unified`,
+//! `decode-unified-stale`): UnifiedRadixCache with init_hicache, its
+//! HybridCacheController and HostPoolGroup, SGLang's own release_kv_cache.
+//! L3 storage on it (`storage`): SGLang's HiCacheFile backend, its storage
+//! threads and prefetch.
+//!
 //! Needs the venv of .ci/setup.d/30-sglang.sh (+ blake3 from 31-...): with
 //! `CI` set a missing venv FAILS the test; otherwise it is skipped with a
 //! message.
@@ -162,11 +169,22 @@ fn c_confirmed_with_true_sources(facts: &serde_json::Value, out: &Path) {
 
 #[test]
 fn hicache_clean_offload_and_load_back_report_nothing() {
+    local_clean("clean");
+}
+
+/// The tree SGLang builds by default (UnifiedRadixCache + init_hicache, a
+/// HybridCacheController over a HostPoolGroup): the same clean run.
+#[test]
+fn hicache_unified_tree_clean_offload_and_load_back_report_nothing() {
+    local_clean("unified");
+}
+
+fn local_clean(mode: &str) {
     let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let (facts, out) = drive(&py, "clean", &d);
+    let (facts, out) = drive(&py, mode, &d);
     // The scenario is the one that would go wrong without the copies: C's
     // load lands in device slots B's KV had occupied, and the tensors hold
     // A's KV there (same tenant as C, the prefix C asked for).
@@ -175,6 +193,8 @@ fn hicache_clean_offload_and_load_back_report_nothing() {
         "{facts}"
     );
     assert_eq!(facts["C_prefix_true_owner"], serde_json::json!({"A": 12}));
+    // A's and B's backups, and C's 2 new tokens; one load back.
+    assert_eq!(facts["counts"]["hicache_offloads"], 3, "{facts}");
     assert_eq!(facts["counts"]["hicache_loads"], 1, "{facts}");
     assert_eq!(facts["counts"]["hicache_key_mismatch"], 0, "{facts}");
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
@@ -183,12 +203,22 @@ fn hicache_clean_offload_and_load_back_report_nothing() {
 
 #[test]
 fn hicache_stale_host_slot_is_found_with_its_true_sources() {
+    local_stale("stale");
+}
+
+#[test]
+fn hicache_unified_tree_stale_host_slot_is_found_with_its_true_sources() {
+    local_stale("unified-stale");
+}
+
+fn local_stale(mode: &str) {
     let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let (facts, out) = drive(&py, "stale", &d);
+    let (facts, out) = drive(&py, mode, &d);
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
+    assert_eq!(facts["counts"]["hicache_key_mismatch"], 12, "{facts}");
     c_confirmed_with_true_sources(&facts, &out);
 }
 
@@ -227,11 +257,21 @@ fn hicache_hook_failure_is_counted_and_leaves_holes() {
 /// the decode connection's count of positions that the offloads name).
 #[test]
 fn hicache_decode_transfer_offload_and_load_back_report_nothing() {
+    decode_clean("decode");
+}
+
+/// The same on the unified tree, SGLang's default decode tree cache.
+#[test]
+fn hicache_unified_decode_transfer_offload_and_load_back_report_nothing() {
+    decode_clean("decode-unified");
+}
+
+fn decode_clean(mode: &str) {
     let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let (facts, out) = drive(&py, "decode", &d);
+    let (facts, out) = drive(&py, mode, &d);
     // C's prefix came from the host (SGLang's restore), into device slots
     // B's transferred KV had occupied; the tensors hold A's KV there.
     assert_eq!(
@@ -257,12 +297,64 @@ fn hicache_decode_transfer_offload_and_load_back_report_nothing() {
 /// sources the decode tensors really hold, confirmed.
 #[test]
 fn hicache_decode_stale_host_slot_is_found_with_its_true_sources() {
+    decode_stale("decode-stale");
+}
+
+#[test]
+fn hicache_unified_decode_stale_host_slot_is_found_with_its_true_sources() {
+    decode_stale("decode-unified-stale");
+}
+
+fn decode_stale(mode: &str) {
     let Some(py) = venv::SGLANG.python() else {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let (facts, out) = drive(&py, "decode-stale", &d);
+    let (facts, out) = drive(&py, mode, &d);
     assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
     assert_eq!(facts["counts"]["hicache_key_mismatch"], 12, "{facts}");
     c_confirmed_with_true_sources(&facts, &out);
+}
+
+/// L3 storage on the unified tree (HiCacheFile): C's prefix comes from
+/// storage, prefetched into host slots and loaded back. What the backend
+/// wrote there is out of the hook's sight, so the prefetch is a hole: C is
+/// possibly affected, never confirmed, never clean, and the capture says
+/// it is incomplete (rather than naming the host slots' earlier holder as
+/// a source, as an unrecorded prefetch would).
+#[test]
+fn hicache_storage_prefetch_is_recorded_as_unverifiable() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "storage", &d);
+    assert!(facts["storage_files"].as_u64().unwrap() >= 12, "{facts}");
+    assert_eq!(facts["A_evicted_from_host"], 12, "{facts}");
+    assert_eq!(facts["C_from_storage"], 12, "{facts}");
+    assert_eq!(facts["C_prefix_true_owner"], serde_json::json!({"A": 12}));
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_storage_loads"], 1, "{facts}");
+    assert_eq!(c["hicache_storage_tokens"], 12, "{facts}");
+    assert_eq!(c["hicache_loads"], 1, "{facts}");
+    assert_eq!(c["hicache_key_mismatch"], 0, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    let c: Vec<_> = r
+        .affected_responses
+        .iter()
+        .filter(|a| a.external_id.as_deref() == Some("C"))
+        .collect();
+    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
+    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
 }

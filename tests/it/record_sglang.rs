@@ -476,3 +476,34 @@ fn hook_counts_loss_instead_of_stalling() {
         "{side_err}"
     );
 }
+
+/// The hook claims each pool's page size in its hello, as the pool's
+/// allocator reports it (the client connects when its first event is
+/// queued, after the allocator noted its size). Against a deployment that
+/// says 8 where the engine pages by 4, the sidecar refuses both claims
+/// and says why, rather than expanding pages with the wrong size; the
+/// engine runs to the end, the hook counts what it could not send, and
+/// the capture is incomplete.
+#[test]
+fn sglang_hello_claims_the_allocator_page_size() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) =
+        with_sidecar(&py, "deploy-sglang-cpu-page8.json", "record_driver.py", &d);
+    assert_eq!(facts["C"]["prefill_to_finish"], "FINISH_ABORT", "{facts}");
+    for p in [0, 1] {
+        let want = format!("hello gives pool {p} block size 4, the deployment's page_size is 8");
+        assert!(side_err.contains(&want), "{want}\n{side_err}");
+    }
+    for w in facts["hook_stats"].as_object().unwrap().values() {
+        assert!(w["connect_failures"].as_u64().unwrap() >= 1, "{w}");
+        assert!(w["lost_sidecar_down"].as_u64().unwrap() >= 1, "{w}");
+        assert_eq!(w["sent_lines"], 0, "{w}");
+    }
+    let m = Manifest::load(&out).unwrap();
+    assert!(!m.capture.complete);
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 1, "{}", v.stdout);
+}

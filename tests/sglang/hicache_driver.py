@@ -2,7 +2,10 @@
 installed, streaming to a `kvtrail record` sidecar
 (tests/it/record_hicache.rs).
 
-    python hicache_driver.py SOCKET clean|stale|fault
+    python hicache_driver.py SOCKET MODE
+
+MODE: clean, stale, fault, decode, decode-stale, unified, unified-stale,
+decode-unified, decode-unified-stale, storage.
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -39,6 +42,30 @@ stale: the host pool is small, and A's host slots are freed while the tree
   tensors, is printed for the test to compare with scope's sources.
 fault: as clean, with the hook's copy encoding made to raise: the engine
   runs to the end, the hook counts the failures and leaves holes.
+unified, unified-stale: clean and stale on the tree SGLang 0.5.19 builds by
+  default with --enable-hierarchical-cache (registry.create_tree_cache):
+  UnifiedRadixCache with a Full component and init_hicache, whose
+  controller is a HybridCacheController over a HostPoolGroup (its anchor
+  is the MHATokenToKVPoolHost). Real besides the above: the unified tree
+  core (insert with write-through backup, match_prefix, evict, load_back
+  and build_load_back_spec, init_load_back, loading_check, writing_check)
+  and SGLang's release_kv_cache / cache_finished_req. The host pool class
+  the assembler builds is the same one, unpinned, and the kernel boundary
+  the same CPU copy.
+decode-unified, decode-unified-stale: decode and decode-stale with the
+  decode pool's tree the unified one, released by SGLang's own
+  release_kv_cache.
+storage: the unified tree with L3 storage, SGLang's `file` backend
+  (HiCacheFile) in a temporary folder: A is backed up to host and to
+  storage (the backup thread), then evicted from device and host; B runs;
+  C misses on device and host, SGLang prefetches A's pages from storage
+  into host slots (prefetch_from_storage, the prefetch and IO threads,
+  check_prefetch_progress, _handle_prefetch_result grafting them into the
+  tree), and loads them back. Real besides the above: the storage threads,
+  HiCacheFile, the page hashes (SGLang's C++ hash extension, built by
+  torch's JIT loader with ninja). The single rank's parallel values (tp,
+  pp, attention ranks 0 of 1) are set through SGLang's own
+  get_parallel().override, as a server's initialized groups would give.
 Prints one JSON line of facts.
 """
 
@@ -55,7 +82,9 @@ import kvtrail_sglang as kh
 
 SOCK, MODE = sys.argv[1], sys.argv[2]
 DECODE = MODE.startswith("decode")
-STALE = MODE in ("stale", "decode-stale")
+STORAGE = MODE == "storage"
+UNIFIED = "unified" in MODE or STORAGE
+STALE = MODE.endswith("stale")
 DEV = 16
 PREFILL = 32
 MARK = {"A": 1.0, "B": 2.0, "C": 3.0}
@@ -85,6 +114,9 @@ def _extend(batch):
         kv.k_buffer[layer][out] = MARK[req.rid]
         kv.v_buffer[layer][out] = MARK[req.rid]
     batch.extend_lens = [n]
+    # What SGLang's release_kv_cache reads (the unified tree's path).
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = pre + n
+    req.kv.cache_protected_len = pre
     return out, None, None
 
 
@@ -154,13 +186,33 @@ def main():
         kh._c.copy_runs = broken
     # The kernel boundary (CUDA/HIP only), and pinning (the CUDA driver).
     mha.transfer_kv_direct = cpu_transfer_kv_direct
+    import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as hpa
     host_cls = hrc.get_mha_host_pool_cls
-    hrc.get_mha_host_pool_cls = lambda dev: (lambda *a, **k: host_cls(dev)(*a, pin_memory=False, **k))
+    unpinned = lambda dev: (lambda *a, **k: host_cls(dev)(*a, pin_memory=False, **k))  # noqa: E731
+    hrc.get_mha_host_pool_cls = hpa.get_mha_host_pool_cls = unpinned
 
     ratio = 0.75 if STALE else 2.0  # host slots: 13 / 33
+    storage = {}
+    if STORAGE:
+        import tempfile
+
+        from sglang.srt.runtime_context import _PARALLEL_FIELDS, get_parallel
+
+        os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = tempfile.mkdtemp(prefix="kvtrail-l3-")
+        # The hash extension's JIT build finds ninja on PATH, as in an
+        # activated venv.
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+        storage = dict(hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+                       hicache_storage_backend_extra_config='{"prefetch_threshold": 1}')
+        single = ("tp", "pp", "attn_tp", "attn_cp", "attn_dcp", "attn_dp", "world")
+        ranks = {f"{p}_{k}": (0 if k == "rank" else 1) for p in single for k in ("rank", "size")}
+        global _PARALLEL
+        _PARALLEL = get_parallel().override(**{k: v for k, v in ranks.items() if k in _PARALLEL_FIELDS})
+        _PARALLEL.__enter__()  # held for the process: no scheduler builds the groups here
     sa = get_context().override_server_args(
         enable_hierarchical_cache=True, hicache_ratio=ratio, hicache_io_backend="direct",
-        hicache_mem_layout="layer_first", hicache_write_policy="write_through", page_size=1).install()
+        hicache_mem_layout="layer_first", hicache_write_policy="write_through", page_size=1,
+        **storage).install()
     kv = MHATokenToKVPool(size=DEV, page_size=1, dtype=torch.float32, head_num=1, head_dim=2,
                           layer_num=2, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
     alloc = kh.tag(TokenToKVPoolAllocator(DEV, torch.float32, device="cpu", kvcache=kv,
@@ -170,19 +222,55 @@ def main():
     params = CacheInitParams(disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
                              page_size=1, tp_cache_group=g, attn_cp_cache_group=g,
                              attn_tp_cache_group=g, pp_cache_group=g)
-    cache = hrc.HiRadixCache(params, sa)
+    if UNIFIED:
+        # What registry.create_tree_cache builds by default.
+        from sglang.srt.mem_cache.common import release_kv_cache as sglang_release
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        params.tree_components = (ComponentType.FULL,)
+        cache = UnifiedRadixCache(params)
+        cache.init_hicache(sa, params)
+        full = ComponentType.FULL
+
+        def host_value(node):
+            v = cache.tree_core.node_by_id(node).component_data[full].host_value
+            return None if v is None else v.tolist()
+
+        def evicted_on_host(node):
+            cd = cache.tree_core.node_by_id(node).component_data[full]
+            return cd.value is None and cd.host_value is not None
+
+        release = sglang_release
+    else:
+        cache = hrc.HiRadixCache(params, sa)
+
+        def host_value(node):
+            return None if node.host_value is None else node.host_value.tolist()
+
+        def evicted_on_host(node):
+            return node.evicted and node.backuped
+
+        release = release_kv_cache
     ctrl = cache.cache_controller
     assert getattr(ctrl, "_kvtrail_pools", None) == ((1, 2) if DECODE else (0, 1)), \
         "controller not tagged"
     if DECODE:
-        decode_scenario(cache, kv)
+        decode_scenario(cache, kv, host_value, evicted_on_host, release)
+        return
+    if STORAGE:
+        storage_scenario(cache, kv, release, host_value)
         return
 
-    def run(name, ids, tenant, prefix=None):
+    def run(name, ids, tenant, prefix=None, last_node=None):
         req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
         req.routing_key = tenant
         req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
-        req.output_ids = [7]
+        req.output_ids.append(7)
+        if UNIFIED:
+            # The request's lock on its prefix, as the scheduler takes it.
+            req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
+            cache.inc_lock_ref(req.last_node)
         alloc_for_extend(device_batch(cache, kv, req))
         return req
 
@@ -195,31 +283,35 @@ def main():
     facts = {"mode": MODE}
 
     a = run("A", a_ids, "tenant-a")
-    release_kv_cache(a, cache)
+    release(a, cache)
+    cache.writing_check()
     a_node = node_of(a_ids).last_device_node
-    facts["A_host"] = a_node.host_value.tolist()
+    facts["A_host"] = host_value(a_node)
     cache.evict(EvictParams(num_tokens=12))
-    assert a_node.evicted and a_node.backuped, "A is not only on the host"
+    assert evicted_on_host(a_node), "A is not only on the host"
     if STALE:
         # The planted defect: A's host slots go back to the host pool while
         # the tree keeps A's node naming them.
-        ctrl.mem_pool_host.free(a_node.host_value)
+        ctrl.mem_pool_host.free(torch.tensor(facts["A_host"], dtype=torch.int64))
     b = run("B", b_ids, "tenant-b")
     facts["B_device"] = rtp.req_to_token[b.kv.req_pool_idx][:12].tolist()
-    release_kv_cache(b, cache)
-    b_node = node_of(b_ids).last_device_node
-    facts["B_host"] = b_node.host_value.tolist() if b_node.host_value is not None else None
+    release(b, cache)
+    cache.writing_check()
+    facts["B_host"] = host_value(node_of(b_ids).last_device_node)
 
     m = node_of(a_ids + [13, 14])
     assert m.host_hit_length == 12, m
-    loaded, _ = cache.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
-                                                        host_hit_length=m.host_hit_length))
+    c_ids = a_ids + [13, 14]
+    creq = Req("C", "", array("q", c_ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+    creq.last_node = m.last_device_node
+    loaded, c_node = cache.init_load_back(InitLoadBackParams(
+        best_match_node=m.best_match_node, host_hit_length=m.host_hit_length, req=creq))
     assert len(loaded) == 12, "no load back"
     cache.ready_to_load_host_cache()
     cache.loading_check()
     facts["C_loaded_into"] = loaded.tolist()
     facts["C_loaded_into_B_slots"] = len(set(loaded.tolist()) & set(facts["B_device"]))
-    c = run("C", a_ids + [13, 14], "tenant-a", prefix=loaded)
+    c = run("C", c_ids, "tenant-a", prefix=loaded, last_node=c_node)
     # What C really reads in its prefix: the marker each slot holds.
     owner = {v: k for k, v in MARK.items()}
     truth = {}
@@ -227,7 +319,7 @@ def main():
         who = owner[float(kv.k_buffer[0][s, 0, 0])]
         truth[who] = truth.get(who, 0) + 1
     facts["C_prefix_true_owner"] = truth
-    release_kv_cache(c, cache)
+    release(c, cache)
     kh.flush()
     facts["counts"] = kh.counts()
     facts["hook_stats"] = kh.stats()
@@ -235,9 +327,90 @@ def main():
     print(json.dumps(facts))
 
 
-def decode_scenario(cache, kv):
-    """The decode modes: `cache` is the decode pool's HiRadixCache; its KV
-    arrives by transfer from a prefill pool (see the module docstring)."""
+def storage_scenario(cache, kv, release, host_value):
+    """The `storage` mode (see the module docstring)."""
+    import time
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rtp = cache.req_to_token_pool
+
+    def pump(done, what):
+        """Scheduler steps (SGLang's per-step HiCache polling) until done."""
+        t = time.monotonic()
+        while not done():
+            cache.check_hicache_events()
+            cache.writing_check()
+            assert time.monotonic() - t < 120, f"{what}: not done in 120 s"
+            time.sleep(0.005)
+
+    def run(name, ids, tenant, prefix=None, last_node=None):
+        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+        req.routing_key = tenant
+        req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
+        req.output_ids.append(7)
+        req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
+        cache.inc_lock_ref(req.last_node)
+        alloc_for_extend(device_batch(cache, kv, req))
+        return req
+
+    def node_of(ids):
+        return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
+
+    a_ids, b_ids = list(range(1, 13)), list(range(101, 113))
+    c_ids = a_ids + [13, 14]
+    facts = {"mode": MODE}
+    release(run("A", a_ids, "tenant-a"), cache)
+    pump(lambda: not cache.ongoing_write_through and not cache.ongoing_backup, "A's backups")
+    facts["storage_files"] = len(os.listdir(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"]))
+    a_node = node_of(a_ids).last_device_node
+    facts["A_host"] = host_value(a_node)
+    cache.evict(EvictParams(num_tokens=12))
+    facts["A_evicted_from_host"] = cache.evict_host(12)
+    b = run("B", b_ids, "tenant-b")
+    facts["B_device"] = rtp.req_to_token[b.kv.req_pool_idx][:12].tolist()
+    release(b, cache)
+    pump(lambda: not cache.ongoing_write_through and not cache.ongoing_backup, "B's backups")
+    m = node_of(c_ids)
+    assert len(m.device_indices) == 0 and m.host_hit_length == 0, m
+    # The scheduler's L3 step for a request that misses on device and host.
+    cache.prefetch_from_storage("C", m.last_host_node, array("q", c_ids))
+    pump(lambda: cache.check_prefetch_progress("C"), "C's prefetch")
+    facts["C_from_storage"] = cache.pop_prefetch_loaded_tokens("C")
+    m = node_of(c_ids)
+    assert m.host_hit_length == 12, m
+    creq = Req("C", "", array("q", c_ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+    creq.last_node = m.last_device_node
+    loaded, c_node = cache.init_load_back(InitLoadBackParams(
+        best_match_node=m.best_match_node, host_hit_length=m.host_hit_length, req=creq))
+    assert len(loaded) == 12, "no load back"
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    facts["C_loaded_into"] = loaded.tolist()
+    facts["C_loaded_into_B_slots"] = len(set(loaded.tolist()) & set(facts["B_device"]))
+    c = run("C", c_ids, "tenant-a", prefix=loaded, last_node=c_node)
+    owner = {v: k for k, v in MARK.items()}
+    truth = {}
+    for s in loaded.tolist():
+        who = owner[float(kv.k_buffer[0][s, 0, 0])]
+        truth[who] = truth.get(who, 0) + 1
+    facts["C_prefix_true_owner"] = truth
+    release(c, cache)
+    kh.flush()
+    facts["counts"] = kh.counts()
+    facts["hook_stats"] = kh.stats()
+    kh.uninstall()
+    cache.shutdown()
+    print(json.dumps(facts))
+
+
+def decode_scenario(cache, kv, host_value, evicted_on_host, release):
+    """The decode modes: `cache` is the decode pool's HiRadixCache or
+    unified tree; its KV arrives by transfer from a prefill pool (see the
+    module docstring). `release` frees a decode request into the tree."""
     from record_driver import Sender, receiver
 
     from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest
@@ -289,7 +462,8 @@ def decode_scenario(cache, kv):
         out = alloc.alloc(fill - total)
         assert out is not None, "decode pool full"
         rtp.write((req.kv.req_pool_idx, slice(total, fill)), out.to(torch.int32))
-        req.kv.kv_committed_len = fill
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = fill
+        req.kv.cache_protected_len = pre
         req.prefix_indices = prefix_indices if pre else torch.empty((0,), dtype=torch.int64)
         return out
 
@@ -359,7 +533,7 @@ def decode_scenario(cache, kv):
             truth[who] = truth.get(who, 0) + 1
         facts[name + "_prefix_true_owner"] = truth
         rd.finished_reason = FINISH_LENGTH(length=1)
-        release_kv_cache(rd, cache)
+        release(rd, cache)
         return rd
 
     def node_of(ids):
@@ -368,15 +542,16 @@ def decode_scenario(cache, kv):
     a_ids = list(range(1, 13))
     b_ids = list(range(101, 113))
     pd("A", a_ids, "tenant-a", 1001)
+    cache.writing_check()
     a_node = node_of(a_ids).last_device_node
-    facts["A_host"] = a_node.host_value.tolist()
+    facts["A_host"] = host_value(a_node)
     cache.evict(EvictParams(num_tokens=12))
-    assert a_node.evicted and a_node.backuped, "A is not only on the host"
+    assert evicted_on_host(a_node), "A is not only on the host"
     if STALE:
-        ctrl.mem_pool_host.free(a_node.host_value)
+        ctrl.mem_pool_host.free(torch.tensor(facts["A_host"], dtype=torch.int64))
     pd("B", b_ids, "tenant-b", 1002)
-    b_node = node_of(b_ids).last_device_node
-    facts["B_host"] = b_node.host_value.tolist() if b_node.host_value is not None else None
+    cache.writing_check()
+    facts["B_host"] = host_value(node_of(b_ids).last_device_node)
     m = node_of(a_ids + [13, 14])
     assert m.host_hit_length == 12, m
     pd("C", a_ids + [13, 14], "tenant-a", 1003)

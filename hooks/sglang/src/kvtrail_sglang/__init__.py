@@ -41,7 +41,13 @@ it, and never changes arguments or results):
   which tree node each host slot was written for, so a prefix hit is a
   ``share`` only of loaded slots that hold the hit node's KV (a host slot
   reused under a stale key gets no grant: its read is foreign, with its
-  true source).
+  true source). The unified tree SGLang builds by default is hooked the
+  same way: ``HybridCacheController.write`` / ``load`` (it overrides
+  both; its host pool is a ``HostPoolGroup``, whose anchor KV pool
+  records), ``UnifiedRadixCache.load_back`` with the tree core's
+  ``build_load_back_spec`` and ``_split_node``. An L3 storage prefetch
+  grafted into either tree (``_handle_prefetch_result``) is a ``lost`` line
+  in the cache pool: what the storage backend wrote is unverifiable.
 
 The guard (docs/guard.md; ``KVTRAIL_GUARD=off|alert|abort``, default
 alert; ``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow) mirrors every
@@ -109,6 +115,7 @@ class _Hook:
             cl = Client(capture, pools, worker, max_queue=max_queue)
             for p in pools:
                 self.clients[p] = cl
+        self.page_sizes = {}  # pool -> its allocator's page size, once seen
         self.metadata = {}  # bootstrap_room -> (dst pages, decode prefix len), decode side
         self.originals = {}  # (owner, name) -> original
         self.wrapped_funcs = {}  # original function -> wrapper (module-level functions)
@@ -119,7 +126,8 @@ class _Hook:
         self.host_node = {}
         self.ungranted = {}
         self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
-                       "hicache_key_mismatch": 0}
+                       "hicache_key_mismatch": 0, "hicache_storage_loads": 0,
+                       "hicache_storage_tokens": 0}
 
     def put(self, pool, item, mirror=True):
         """Queues ``item`` for the sidecar and, unless ``mirror`` is false
@@ -160,6 +168,8 @@ def tag(obj, pool):
     """Declares which trace pool an allocator (or sender/receiver/queue)
     belongs to, for processes that hold more than one pool."""
     obj._kvtrail_pool = pool
+    if _H is not None and hasattr(obj, "page_size") and hasattr(obj, "alloc"):
+        _guard("page size", _note_page_size, obj)
     return obj
 
 
@@ -461,8 +471,8 @@ def on_commit(queue, decode_req):
 def _wrap_alloc(orig):
     def alloc(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
-        if _H is not None and _H.guard.native is not None:
-            _guard("guard page size", _note_page_size, self)
+        if _H is not None:
+            _guard("page size", _note_page_size, self)
         if out is not None and _H is not None and not _ctx.suppress and not _H.disabled:
             pool = getattr(self, "_kvtrail_pool", None)
             if pool is None:
@@ -475,9 +485,24 @@ def _wrap_alloc(orig):
 
 
 def _note_page_size(alloc):
-    """The guard places transfer pages with the pool's page size."""
+    """The allocator's page size for its pool, once: the guard places
+    transfer pages with it, and the pool's connection claims it in its
+    hello (``page_sizes``; the sidecar refuses a claim the deployment
+    contradicts). Only a size an allocator of the pool reported is
+    claimed, and only on a connection not yet made: the client connects
+    when its first event is queued, after the allocator that queued it
+    noted its size here."""
     pool = getattr(alloc, "_kvtrail_pool", None)
-    _H.guard.page_size(_H.default_pool if pool is None else pool, int(getattr(alloc, "page_size", 1) or 1))
+    pool = _H.default_pool if pool is None else pool
+    if pool < 0 or pool in _H.page_sizes:
+        return
+    ps = int(getattr(alloc, "page_size", 1) or 1)
+    _H.page_sizes[pool] = ps
+    if _H.guard.native is not None:
+        _H.guard.page_size(pool, ps)
+    cl = _H.clients.get(pool)
+    if cl is not None and cl.sock is None and pool in cl.pools:
+        cl.page_sizes[pool] = ps
 
 
 def _wrap_free(orig):
@@ -604,7 +629,14 @@ def on_controller_init(ctrl):
     if cache is None or dev < 0:
         return
     ctrl._kvtrail_pools = (dev, cache)
-    ctrl.mem_pool_host._kvtrail_pool = cache
+    host = ctrl.mem_pool_host
+    host._kvtrail_pool = cache
+    # The unified tree's controller (HybridCacheController) holds a
+    # HostPoolGroup: its anchor entry is the KV host pool whose alloc and
+    # free record (side pools of hybrid models are not recorded).
+    anchor = getattr(host, "anchor_entry", None)
+    if anchor is not None:
+        anchor.host_pool._kvtrail_pool = cache
 
 
 def _copy(pool, src_pool, dst_idx, src_idx):
@@ -643,10 +675,59 @@ def on_load(ctrl, host_indices, device_indices):
     written = _H.host_node.get(cache, {})
     hosts = _c._as_list(capture_indices(host_indices))
     devs = _c._as_list(capture_indices(device_indices))
-    bad = [d for h, d in zip(hosts, devs) if written.get(h) != expect.get(h)]
+    # A slot filled from storage is already a hole (unverifiable), not a
+    # key mismatch.
+    bad = [d for h, d in zip(hosts, devs)
+           if written.get(h) is not _FROM_STORAGE and written.get(h) != expect.get(h)]
     if bad:
         _H.counts["hicache_key_mismatch"] += len(bad)
         _H.ungranted.setdefault(dev, set()).update(bad)
+
+
+def _host_value(node):
+    """A tree node's host slots, or None: ``HiRadixCache``'s TreeNode holds
+    them itself, the unified tree's node in its Full component's data."""
+    if getattr(node, "component_data", None) is None:
+        return getattr(node, "host_value", None)
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    return node.component(ComponentType.FULL).host_value
+
+
+# Marks a host slot whose content came from L3 storage (a prefetch): what
+# it holds is out of the capture's sight, not a node's backup.
+_FROM_STORAGE = object()
+
+
+def _wrap_prefetch_result(orig):
+    """``_handle_prefetch_result(self, operation)`` (HiRadixCache and the
+    unified tree): the prefetch's pages were read from L3 storage into
+    host slots by a storage backend the hook does not see, and are grafted
+    into the tree. Whose KV they hold is unverifiable: a ``lost`` line (a
+    hole) in the `cache` pool, so every read of them, loaded back or not,
+    is uncertain, never confirmed with a source and never clean."""
+
+    def handle(self, operation, *args, **kwargs):
+        host = getattr(operation, "host_indices", None)
+        done = int(getattr(operation, "completed_tokens", 0) or 0)
+        out = orig(self, operation, *args, **kwargs)
+        pools = _hicache_pools(getattr(self, "cache_controller", None))
+        if _H is not None and not _H.disabled and pools is not None and host is not None and done > 0:
+            _guard("prefetch result", _on_storage_load, pools[1], host, done, hole=pools[1])
+        return out
+
+    handle.__wrapped__ = orig
+    return handle
+
+
+def _on_storage_load(cache, host, done):
+    slots = _c._as_list(capture_indices(host))[:done]
+    _H.put(cache, (_c.LOST, cache, max(1, len(slots))))
+    _H.counts["hicache_storage_loads"] += 1
+    _H.counts["hicache_storage_tokens"] += len(slots)
+    m = _H.host_node.setdefault(cache, {})
+    for h in slots:
+        m[h] = _FROM_STORAGE
 
 
 def _expected_nodes(node):
@@ -663,12 +744,34 @@ def _set_expected(node):
     _load.expect = _expected_nodes(node)
 
 
-def _wrap_load_back(orig):
+def on_load_back_spec(core, out):
+    """After ``UnifiedTreeCore.build_load_back_spec``: host slot -> node id
+    of the nodes the load back is about to load (its KV transfer's
+    ``nodes_to_load``), for the controller's load that follows."""
+    if not _H.cache_pools:
+        return
+    xfer = out[0] if isinstance(out, tuple) and out else None
+    expect = {}
+    for nid in getattr(xfer, "nodes_to_load", None) or ():
+        hv = _host_value(core.node_by_id(nid))
+        if hv is not None:
+            for h in _c._as_list(capture_indices(hv)):
+                expect[h] = nid
+    _load.expect = expect
+
+
+def _wrap_load_back(orig, expected=_set_expected):
+    """``load_back(self, node, ...)``: the host slots each loaded node's KV
+    is expected in hold while it runs. ``expected(node)`` sets them before
+    (HiRadixCache); None: a step inside sets them (the unified tree's
+    ``build_load_back_spec``)."""
+
     def load_back(self, node, *args, **kwargs):
         if _H is None or _H.disabled or not _H.cache_pools:
             return orig(self, node, *args, **kwargs)
         _load.expect = None
-        _guard("HiRadixCache.load_back", _set_expected, node)
+        if expected is not None:
+            _guard("HiRadixCache.load_back", expected, node)
         try:
             return orig(self, node, *args, **kwargs)
         finally:
@@ -679,12 +782,15 @@ def _wrap_load_back(orig):
 
 
 def on_split(child, new_node):
-    """After ``HiRadixCache._split_node``: the host slots of the new prefix
-    node were written for the node it was split from."""
-    if _H is None or _H.disabled or getattr(new_node, "host_value", None) is None:
+    """After a tree's ``_split_node``: the host slots of the new prefix node
+    were written for the node it was split from."""
+    if isinstance(new_node, tuple):  # the unified tree: (new node, action)
+        new_node = new_node[0]
+    hv = _host_value(new_node) if new_node is not None else None
+    if _H is None or _H.disabled or hv is None:
         return
     for m in _H.host_node.values():
-        for h in _c._as_list(capture_indices(new_node.host_value)):
+        for h in _c._as_list(capture_indices(hv)):
             if m.get(h) == child.id:
                 m[h] = new_node.id
 
@@ -840,6 +946,28 @@ _PATCHES = [
      _wrap_after("HiCacheController.load", lambda s, a, k, out: on_load(
          s, _arg(a, k, 0, "host_indices"), out),
          hole=lambda pools: pools[0])),
+    # The unified tree (SGLang's default with --enable-hierarchical-cache):
+    # its controller overrides write and load; its tree core builds the load
+    # back and splits nodes.
+    ("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "HybridCacheController", "write",
+     _wrap_after("HybridCacheController.write", lambda s, a, k, out: on_write(
+         s, _arg(a, k, 0, "device_indices"), _arg(a, k, 2, "node_id", -1), out),
+         hole=lambda pools: pools[1])),
+    ("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "HybridCacheController", "load",
+     _wrap_after("HybridCacheController.load", lambda s, a, k, out: on_load(
+         s, _arg(a, k, 0, "host_indices"), out),
+         hole=lambda pools: pools[0])),
+    ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "load_back",
+     lambda o: _wrap_load_back(o, None)),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core", "UnifiedTreeCore", "build_load_back_spec",
+     _wrap_after("UnifiedTreeCore.build_load_back_spec", lambda s, a, k, out: on_load_back_spec(s, out))),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core", "UnifiedTreeCore", "_split_node",
+     _wrap_after("UnifiedTreeCore._split_node", lambda s, a, k, out: on_split(_arg(a, k, 1, "child"), out))),
+    # L3 storage: a prefetch's pages grafted into the host tree.
+    ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "_handle_prefetch_result",
+     _wrap_prefetch_result),
+    ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "_handle_prefetch_result",
+     _wrap_prefetch_result),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "alloc", _wrap_host_alloc),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "free", _wrap_host_free),
     ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "load_back", _wrap_load_back),
