@@ -845,6 +845,194 @@ fn vllm_lmcache_loads_are_recorded_as_holes() {
     );
 }
 
+/// Whether the set-up of the real-lmcache tests is there: the vLLM venv and
+/// the lmcache folder of .ci/setup.d/35-lmcache.sh (the driver finds it
+/// through the same path). Missing: a SKIP line, or a failure when `CI` is
+/// set.
+fn lmcache_ready() -> bool {
+    if venv::VLLM.python().is_none() {
+        return false;
+    }
+    let dir = std::env::var_os("KVTRAIL_LMCACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("KVTRAIL_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/kvtrail")
+                })
+                .join("lmcache-0.5.6")
+        });
+    if dir.join(".kvtrail-ready-v1").is_file() {
+        return true;
+    }
+    let msg = format!(
+        "the lmcache package is missing at {}: run .ci/setup.d/35-lmcache.sh",
+        dir.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set but {msg}");
+    }
+    eprintln!("SKIP: {msg}");
+    false
+}
+
+/// tests/vllm/lmcache_driver.py in `mode`: vLLM's LMCacheConnectorV1 (both
+/// roles) over the real lmcache 0.5.6 engine on CPU, with only lmcache's
+/// vLLM GPU connector adapted to CPU tensors (its CUDA streams and device
+/// check; the copies are lmcache's own). Checks what the package did.
+fn capture_lmcache(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, PathBuf, String) {
+    let (facts, out, side_err) = capture_script(
+        "lmcache_driver.py",
+        mode,
+        d,
+        true,
+        "deploy-vllm-tiers.json",
+        "uninstall",
+    );
+    assert_eq!(facts["lmcache"], "0.5.6", "{facts}");
+    // The real classes, both roles, and the real engine (not lmcache's
+    // degraded mode, which would recompute everything).
+    assert_eq!(
+        facts["connectors"],
+        serde_json::json!([
+            "LMCacheConnectorV1",
+            "LMCacheConnectorV1",
+            "lmcache.integration.vllm.vllm_v1_adapter",
+            "lmcache.integration.vllm.vllm_v1_adapter"
+        ]),
+        "{facts}"
+    );
+    assert_eq!(facts["gpu_connector"], "CpuPagedConnector", "{facts}");
+    assert_eq!(facts["device_ops"], "CpuDeviceOps", "{facts}");
+    assert_eq!(
+        facts["transfer"], "DeviceOps.multi_layer_kv_transfer",
+        "{facts}"
+    );
+    assert_eq!(facts["cuda_ops_loaded"], false, "{facts}");
+    // a's 64 tokens and f's 160 were stored to LMCache (full chunks).
+    assert_eq!(facts["lmcache_stats"]["a"]["stored"], 64, "{facts}");
+    assert_eq!(facts["lmcache_stats"]["f"]["stored"], 160, "{facts}");
+    let third = facts["third"].as_str().unwrap().to_string();
+    assert_eq!(
+        facts["finish"],
+        serde_json::json!({"a": "length", "f": "length", third: "length"}),
+        "{facts}"
+    );
+    (facts, out, side_err)
+}
+
+/// The real lmcache package: a's KV is stored to LMCache's local CPU
+/// backend, f takes every block a freed, and a2 (same tenant) and x
+/// (tenant-x: lmcache 0.5.6's keys carry no cache salt) each get a 64-token
+/// LMCache hit that lmcache loads into their blocks, which held f's KV: the
+/// bytes they hold after the load are a's (the truth). The hook records
+/// each load as a hole: scope reports the loader `possible`, its sources
+/// (the blocks' earlier holders) `possible`, nothing confirmed, the
+/// evidence incomplete.
+#[test]
+fn vllm_lmcache_real_package_loads_are_recorded_as_holes() {
+    if !lmcache_ready() {
+        return;
+    }
+    for (mode, third) in [("hit", "a2"), ("cross", "x")] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_lmcache(mode, &d);
+        assert_eq!(facts["third"], third, "{facts}");
+        // LMCache's own accounting: a 64-token lookup hit, 64 retrieved;
+        // vLLM scheduled only the 2 tokens past it.
+        let st = &facts["lmcache_stats"][third];
+        assert_eq!(st["lookup_hits"], 64, "{mode}: {facts}");
+        assert_eq!(st["retrieved"], 64, "{mode}: {facts}");
+        assert_eq!(
+            facts["first_step"][third],
+            serde_json::json!({"scheduled": 2, "computed_before": 64}),
+            "{mode}: {facts}"
+        );
+        // The truth: the load changed the blocks, to a's bytes.
+        assert_eq!(
+            facts["bytes"][third],
+            serde_json::json!({"equal_to_a": true, "changed": true}),
+            "{mode}: {facts}"
+        );
+        assert_eq!(
+            facts["hook_stats"]["hook"]["lmcache_loads"], 1,
+            "{mode}: {facts}"
+        );
+        let v = kvtrail(["verify", s(&out)]).run();
+        assert!(
+            v.code == 0 || v.code == 1,
+            "{mode}: {}\n{}\n{side_err}",
+            v.stdout,
+            v.stderr
+        );
+        let trace = Trace::open(&out).unwrap();
+        let id = id_of(&trace, third);
+        // The load is one hole in pool 0.
+        let i = kvtrail(["inspect", s(&out), "--json"]).run();
+        let ij: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
+        let p0 = ij["kv"]["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pool"] == 0)
+            .unwrap();
+        assert_eq!(p0["holes"], 1, "{mode}: {p0}");
+        let j = scope(&out);
+        assert_eq!(j["coverage"]["complete"], false, "{mode}: {j:#}");
+        assert_eq!(j["coverage"]["lost_events"], 4, "{mode}: {j:#}");
+        let affected = j["affected_responses"].as_array().unwrap();
+        let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == id).collect();
+        assert_eq!(mine.len(), 1, "{mode}: {j:#}");
+        assert_eq!(mine[0]["confidence"], "possible", "{mode}: {j:#}");
+        assert!(
+            affected.iter().all(|a| a["confidence"] != "confirmed"),
+            "{mode}: {j:#}"
+        );
+        // What the blocks held before the hole (f's KV, a's) is named only
+        // as possible: no source of the load is ever confirmed.
+        let sources = mine[0]["sources"].as_array().unwrap();
+        assert!(
+            sources.iter().all(|x| x["confidence"] == "possible"),
+            "{mode}: {j:#}"
+        );
+    }
+}
+
+/// The same engine and lmcache, the third request with other tokens: no
+/// LMCache hit, nothing loaded (its slots unchanged by start_load_kv), no
+/// hole; the capture verifies complete and scopes clean.
+#[test]
+fn vllm_lmcache_real_package_without_a_hit_scopes_clean() {
+    if !lmcache_ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_lmcache("miss", &d);
+    assert_eq!(facts["third"], "m", "{facts}");
+    let st = &facts["lmcache_stats"]["m"];
+    assert_eq!(st["lookup_hits"], 0, "{facts}");
+    assert_eq!(st["retrieved"], 0, "{facts}");
+    assert_eq!(
+        facts["first_step"]["m"],
+        serde_json::json!({"scheduled": 66, "computed_before": 0}),
+        "{facts}"
+    );
+    assert_eq!(facts["bytes"]["m"]["changed"], false, "{facts}");
+    assert_eq!(facts["hook_stats"]["hook"]["lmcache_loads"], 0, "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+}
+
 #[test]
 fn vllm_load_faults_leave_evidence() {
     let d = tempfile::tempdir().unwrap();
