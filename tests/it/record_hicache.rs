@@ -358,3 +358,43 @@ fn hicache_storage_prefetch_is_recorded_as_unverifiable() {
         r.affected_responses
     );
 }
+
+/// HiCache on without a cache pool (no KVTRAIL_CACHE_POOL): the host tier
+/// is out of the capture, so C's load back, into device slots B's KV had
+/// occupied, is a hole in the device pool. C is possibly affected, never
+/// confirmed with B (whose KV the trace last saw there) as the source,
+/// and the capture says it is incomplete.
+#[test]
+fn hicache_without_a_cache_pool_records_loads_as_holes() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "uncached", &d);
+    assert!(
+        facts["C_loaded_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
+    assert_eq!(c["hicache_offloads"], 0, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    let c: Vec<_> = r
+        .affected_responses
+        .iter()
+        .filter(|a| a.external_id.as_deref() == Some("C"))
+        .collect();
+    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
+    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}

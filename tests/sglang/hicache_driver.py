@@ -5,7 +5,7 @@ installed, streaming to a `kvtrail record` sidecar
     python hicache_driver.py SOCKET MODE
 
 MODE: clean, stale, fault, decode, decode-stale, unified, unified-stale,
-decode-unified, decode-unified-stale, storage.
+decode-unified, decode-unified-stale, storage, uncached.
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -52,6 +52,9 @@ unified, unified-stale: clean and stale on the tree SGLang 0.5.19 builds by
   and SGLang's release_kv_cache / cache_finished_req. The host pool class
   the assembler builds is the same one, unpinned, and the kernel boundary
   the same CPU copy.
+uncached: unified, with the hook given no cache pool (no
+  KVTRAIL_CACHE_POOL): the host tier is out of the capture, so the load
+  back is a hole in the device pool.
 decode-unified, decode-unified-stale: decode and decode-stale with the
   decode pool's tree the unified one, released by SGLang's own
   release_kv_cache.
@@ -83,7 +86,8 @@ import kvtrail_sglang as kh
 SOCK, MODE = sys.argv[1], sys.argv[2]
 DECODE = MODE.startswith("decode")
 STORAGE = MODE == "storage"
-UNIFIED = "unified" in MODE or STORAGE
+UNCACHED = MODE == "uncached"
+UNIFIED = "unified" in MODE or STORAGE or UNCACHED
 STALE = MODE.endswith("stale")
 DEV = 16
 PREFILL = 32
@@ -162,8 +166,8 @@ def main():
                    worker="hicache-decode-cpu", cache_pools={1: 2}, tenant_field="routing_key",
                    per_pool_connections=True)
     else:
-        kh.install(capture=f"unix:{SOCK}", pools=[0], worker="hicache-cpu", cache_pools={0: 1},
-                   tenant_field="routing_key")
+        kh.install(capture=f"unix:{SOCK}", pools=[0], worker="hicache-cpu",
+                   cache_pools={} if UNCACHED else {0: 1}, tenant_field="routing_key")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -253,8 +257,8 @@ def main():
 
         release = release_kv_cache
     ctrl = cache.cache_controller
-    assert getattr(ctrl, "_kvtrail_pools", None) == ((1, 2) if DECODE else (0, 1)), \
-        "controller not tagged"
+    want = (1, 2) if DECODE else (0, None) if UNCACHED else (0, 1)
+    assert getattr(ctrl, "_kvtrail_pools", None) == want, "controller not tagged"
     if DECODE:
         decode_scenario(cache, kv, host_value, evicted_on_host, release)
         return

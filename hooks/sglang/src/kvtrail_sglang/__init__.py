@@ -127,7 +127,7 @@ class _Hook:
         self.ungranted = {}
         self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
                        "hicache_key_mismatch": 0, "hicache_storage_loads": 0,
-                       "hicache_storage_tokens": 0}
+                       "hicache_storage_tokens": 0, "hicache_loads_unverified": 0}
 
     def put(self, pool, item, mirror=True):
         """Queues ``item`` for the sidecar and, unless ``mirror`` is false
@@ -620,15 +620,21 @@ def _hicache_pools(ctrl):
 
 def on_controller_init(ctrl):
     """After ``HiCacheController.__init__``: its host pool records into the
-    device pool's `cache` pool (when one is configured)."""
+    device pool's `cache` pool (when one is configured). Without one, the
+    host tier is out of the capture: each load back is a hole in the device
+    pool (``on_load``), never a copy of unknown content."""
     if _H is None or _H.disabled:
         return
     dev = getattr(ctrl.mem_pool_device_allocator, "_kvtrail_pool", None)
     dev = _H.default_pool if dev is None else dev
-    cache = _H.cache_pools.get(dev)
-    if cache is None or dev < 0:
+    if dev < 0:
         return
+    cache = _H.cache_pools.get(dev)
     ctrl._kvtrail_pools = (dev, cache)
+    if cache is None:
+        _c.log.warning("kvtrail: HiCache is on for pool %s without a cache pool (KVTRAIL_CACHE_POOL): "
+                       "its loads back are recorded as holes, so reads of them are uncertain", dev)
+        return
     host = ctrl.mem_pool_host
     host._kvtrail_pool = cache
     # The unified tree's controller (HybridCacheController) holds a
@@ -648,7 +654,7 @@ def on_write(ctrl, device_indices, node_id, host_indices):
     """After ``HiCacheController.write``: the offload's copy (queued and
     started in the call, from the device slots as they are now)."""
     pools = _hicache_pools(ctrl)
-    if _H is None or _H.disabled or pools is None or host_indices is None:
+    if _H is None or _H.disabled or pools is None or pools[1] is None or host_indices is None:
         return
     dev, cache = pools
     _copy(cache, dev, host_indices, device_indices)
@@ -667,6 +673,12 @@ def on_load(ctrl, host_indices, device_indices):
     if _H is None or _H.disabled or pools is None or device_indices is None:
         return
     dev, cache = pools
+    if cache is None:
+        # No cache pool: what the host slots hold is out of sight.
+        if len(_c._as_list(capture_indices(device_indices))):
+            _H.put(dev, (_c.LOST, dev, 1))
+            _H.counts["hicache_loads_unverified"] += 1
+        return
     _copy(dev, cache, device_indices, host_indices)
     _H.counts["hicache_loads"] += 1
     expect = _load.expect
@@ -712,7 +724,8 @@ def _wrap_prefetch_result(orig):
         done = int(getattr(operation, "completed_tokens", 0) or 0)
         out = orig(self, operation, *args, **kwargs)
         pools = _hicache_pools(getattr(self, "cache_controller", None))
-        if _H is not None and not _H.disabled and pools is not None and host is not None and done > 0:
+        if (_H is not None and not _H.disabled and pools is not None and pools[1] is not None
+                and host is not None and done > 0):
             _guard("prefetch result", _on_storage_load, pools[1], host, done, hole=pools[1])
         return out
 
