@@ -678,6 +678,50 @@ fn vllm_cpu_offload_is_recorded_as_tier_copies() {
     }
 }
 
+/// CPU offload on a hybrid model (full attention + a sliding window, two
+/// KV cache groups over one block pool): the hook places only group 0's
+/// chunks and keys, so a2's load back, into both groups' blocks, is a hole
+/// in the engine's pool, not copies under keys it cannot match. a2 is
+/// possibly affected, nothing is confirmed, and the capture says it is
+/// incomplete (before, the load's key check failed and the clean reload
+/// read as foreign).
+#[test]
+fn vllm_cpu_offload_of_a_hybrid_model_loads_are_holes() {
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_in("offload-hybrid", &d, true, "deploy-vllm-offload.json");
+    assert_eq!(
+        facts["finish"],
+        serde_json::json!({"a": "length", "b": "length", "a2": "length"}),
+        "{facts}"
+    );
+    let load = &facts["offload_jobs"]["load"].as_array().unwrap();
+    assert_eq!(load.len(), 1, "{facts}");
+    assert_eq!(load[0]["req"], "a2");
+    let n = load[0]["dst"].as_array().unwrap().len() as u64;
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["offload_unverified"], n, "{facts}");
+    assert_eq!(hook["offload_key_mismatch"], 0, "{facts}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(
+        v.stdout.contains("INCOMPLETE"),
+        "{}\n{}\n{side_err}",
+        v.stdout,
+        v.stderr
+    );
+    let trace = Trace::open(&out).unwrap();
+    let a2 = id_of(&trace, "a2");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], false, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == a2).collect();
+    assert_eq!(mine.len(), 1, "{j:#}");
+    assert_eq!(mine[0]["confidence"], "possible", "{j:#}");
+    assert!(
+        affected.iter().all(|a| a["confidence"] != "confirmed"),
+        "{j:#}"
+    );
+}
+
 /// The verdict of an offload capture (a stored, evicted, loaded back for
 /// a2): clean, or, with a planted stale tier entry, a2 the one affected
 /// response, confirmed, 64 foreign tokens, source b (tenant-b).

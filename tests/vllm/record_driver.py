@@ -96,7 +96,7 @@ if HETERO:
     BS_P, NB_P = 8, 16
 else:
     BS_P = BS
-HYBRID = MODE == "hybrid"
+HYBRID = MODE in ("hybrid", "offload-hybrid")
 WINDOW = 32  # the sliding-window group's window (tokens)
 
 model_dir = tempfile.mkdtemp()
@@ -272,7 +272,7 @@ elif MODE == "hybrid":
     facts["stale_blocks_now_r2"] = [sorted(set(a) & set(b)) for a, b in
                                     zip(facts["r1_remote"], facts["r2_remote"])]
     facts["groups"] = [type(m).__name__ for m in D.kv_cache_manager.coordinator.single_type_managers]
-elif MODE in ("offload", "offload-stale"):
+elif MODE in ("offload", "offload-stale", "offload-hybrid"):
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import \
         OffloadingWorkerMetadata  # noqa: E402
     O = make_scheduler(12, KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
@@ -317,7 +317,8 @@ elif MODE in ("offload", "offload-stale"):
 
     A3 = list(range(100, 164))  # 64 tokens: 4 full blocks
     orun("a", A3, "tenant-a")
-    orun("b", list(range(300, 460)), "tenant-b")  # 160 tokens: evicts a's GPU blocks
+    # 160 tokens (80 with the hybrid model's second group): evicts a's GPU blocks
+    orun("b", list(range(300, 380 if HYBRID else 460)), "tenant-b")
     if MODE == "offload-stale":
         # The plant: the tier's index sends a's keys to b's chunks.
         pol = O.connector.connector_scheduler.manager._policy

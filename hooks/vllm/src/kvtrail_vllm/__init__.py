@@ -1109,7 +1109,8 @@ def _offload_done(sched, eng, wm):
     hit: the KV is another request's, handed out by the engine), but only
     of chunks last stored under the key the load asked for: a chunk stored
     under another key holds another prefix, and reading it without a grant
-    is reported foreign with its true source. Only group 0 is recorded
+    is reported foreign with its true source. Only group 0 is recorded;
+    a load of a hybrid model's engine (several groups) is a hole
     (docs/capture-vllm.md)."""
     completed = getattr(wm, "completed_jobs", None) or {}
     pool = eng.pool(0)
@@ -1128,6 +1129,17 @@ def _offload_done(sched, eng, wm):
         r = eng.reqs.get(rid_s)
         req = sched.requests.get(rid_s)
         rid = r["id"] if r else (request_id(req) if req is not None else _c.id_of(rid_s))
+        if not store and len(sizes) > 1:
+            # A load of a hybrid model's engine (several KV cache groups):
+            # the hook places only group 0's chunks and keys, so none of
+            # the load is attributed. A hole in each loaded group's pool: its
+            # reads are uncertain, never confirmed, never clean.
+            for g, n in enumerate(sizes):
+                p = eng.pool(g) if n and g < len(eng.attention) and eng.attention[g] else None
+                if p is not None and p >= 0:
+                    _H.offload_unverified += int(n)
+                    eng.put(p, (_c.LOST, p, int(n)))
+            continue
         runs = _offload_runs(eng, gpu, sizes, first, chunks, bs)
         if not runs:
             continue
