@@ -52,6 +52,8 @@ const SPARE_PAYLOADS: usize = 64;
 
 /// Events a pool applies per turn before the next pool gets its turn.
 const TURN_EVENTS: usize = 64 * 1024;
+/// Applied events between two reports to the progress reporter.
+const REPORT_EVERY: u64 = 64 * 1024;
 
 struct PoolRt {
     id: u16,
@@ -125,6 +127,9 @@ pub struct Sched<'a> {
     pub late_sources: BTreeMap<u16, (u64, u64)>,
     /// Events applied so far (to see whether a round of turns moved).
     applied: u64,
+    /// Events applied since the reporter was last told (it is told every
+    /// `REPORT_EVERY`: an atomic add per batch or copy showed in profiles).
+    unreported: u64,
     reporter: &'a dyn Reporter,
     sink: &'a mut dyn FnMut(&[ReadRun]),
     /// Copies to and from pools replayed on other threads.
@@ -209,6 +214,7 @@ impl<'a> Sched<'a> {
             gaps: Vec::new(),
             late_sources: BTreeMap::new(),
             applied: 0,
+            unreported: 0,
             reporter,
             sink,
             exchange: None,
@@ -264,6 +270,7 @@ impl<'a> Sched<'a> {
                 }
             }
         }
+        self.reporter.advance(std::mem::take(&mut self.unreported));
         if let Some(((pool, seq), _)) = self.payloads.iter().next() {
             return Err(Error::Other(format!(
                 "replay: the copy at pool {pool} seq {seq} was captured but never applied"
@@ -272,6 +279,14 @@ impl<'a> Sched<'a> {
         self.gaps
             .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
         Ok(())
+    }
+
+    /// Counts `n` applied events toward the reporter.
+    fn progress(&mut self, n: u64) {
+        self.unreported += n;
+        if self.unreported >= REPORT_EVERY {
+            self.reporter.advance(std::mem::take(&mut self.unreported));
+        }
     }
 
     fn done_pools(&self) -> usize {
@@ -462,7 +477,7 @@ impl<'a> Sched<'a> {
                 pool.last = prev;
                 left -= i - start;
                 self.applied += (i - start) as u64;
-                self.reporter.advance((i - start) as u64);
+                self.progress((i - start) as u64);
                 self.flush_runs();
                 continue;
             }
@@ -554,7 +569,7 @@ impl<'a> Sched<'a> {
             pool.last = Some((e.ev.seq, e.file, e.row));
             left -= 1;
             self.applied += 1;
-            self.reporter.advance(1);
+            self.progress(1);
         }
         Ok(())
     }
