@@ -853,40 +853,49 @@ fn vllm_disk_tier_is_recorded_as_tier_copies() {
 }
 
 /// LMCache: vLLM's LMCacheConnectorV1 over a stand-in for the lmcache
-/// package's engine (the package is not installed: installing it would
-/// replace vLLM's pinned dependencies). Its load of 48 tokens into a2's
-/// blocks (which held b's KV) is out of the hook's sight: a hole, so scope
-/// reports a2 as possibly affected, never confirmed, never clean, and says
-/// the evidence is incomplete.
+/// package's engine (this test runs without the package). Its load of 48
+/// tokens into a2's blocks (which held b's KV) is out of the hook's sight:
+/// without a cache pool (`lmcache`) a hole at the blocks' alloc; with one
+/// (`lmcache-pool`) the hook waits for lmcache's engine to perform the
+/// load, which is not in this process (as with vLLM's worker in another
+/// one), and records a hole before a2's reads. Either way scope reports a2
+/// as possibly affected, never confirmed, never clean, and says the
+/// evidence is incomplete.
 #[test]
 fn vllm_lmcache_loads_are_recorded_as_holes() {
-    let d = tempfile::tempdir().unwrap();
-    let (facts, out, side_err) = capture_in("lmcache", &d, true, "deploy-vllm-tiers.json");
-    assert_eq!(
-        facts["lmcache_loads"],
-        serde_json::json!([["a2", 48]]),
-        "{facts}"
-    );
-    assert_eq!(facts["hook_stats"]["hook"]["lmcache_loads"], 1, "{facts}");
-    let v = kvtrail(["verify", s(&out)]).run();
-    assert!(
-        v.code == 0 || v.code == 1,
-        "{}\n{}\n{side_err}",
-        v.stdout,
-        v.stderr
-    );
-    let trace = Trace::open(&out).unwrap();
-    let a2 = id_of(&trace, "a2");
-    let j = scope(&out);
-    assert_eq!(j["coverage"]["complete"], false, "{j:#}");
-    let affected = j["affected_responses"].as_array().unwrap();
-    let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == a2).collect();
-    assert_eq!(mine.len(), 1, "{j:#}");
-    assert_eq!(mine[0]["confidence"], "possible", "{j:#}");
-    assert!(
-        affected.iter().all(|a| a["confidence"] != "confirmed"),
-        "{j:#}"
-    );
+    for mode in ["lmcache", "lmcache-pool"] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out, side_err) = capture_in(mode, &d, true, "deploy-vllm-tiers.json");
+        assert_eq!(
+            facts["lmcache_loads"],
+            serde_json::json!([["a2", 48]]),
+            "{mode}: {facts}"
+        );
+        let hook = &facts["hook_stats"]["hook"];
+        assert_eq!(hook["lmcache_loads"], 1, "{mode}: {facts}");
+        assert_eq!(hook["lmcache_holes"], 1, "{mode}: {facts}");
+        assert_eq!(hook["lmcache_copies"], 0, "{mode}: {facts}");
+        let v = kvtrail(["verify", s(&out)]).run();
+        assert!(
+            v.code == 0 || v.code == 1,
+            "{mode}: {}\n{}\n{side_err}",
+            v.stdout,
+            v.stderr
+        );
+        let trace = Trace::open(&out).unwrap();
+        let a2 = id_of(&trace, "a2");
+        let j = scope(&out);
+        assert_eq!(j["coverage"]["complete"], false, "{mode}: {j:#}");
+        assert_eq!(j["coverage"]["lost_events"], 3, "{mode}: {j:#}");
+        let affected = j["affected_responses"].as_array().unwrap();
+        let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == a2).collect();
+        assert_eq!(mine.len(), 1, "{mode}: {j:#}");
+        assert_eq!(mine[0]["confidence"], "possible", "{mode}: {j:#}");
+        assert!(
+            affected.iter().all(|a| a["confidence"] != "confirmed"),
+            "{mode}: {j:#}"
+        );
+    }
 }
 
 /// Whether the set-up of the real-lmcache tests is there: the vLLM venv and
@@ -932,7 +941,7 @@ fn capture_lmcache(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pat
         mode,
         d,
         true,
-        "deploy-vllm-tiers.json",
+        "deploy-vllm-lmcache.json",
         "uninstall",
     );
     assert_eq!(facts["lmcache"], "0.5.6", "{facts}");
@@ -967,81 +976,218 @@ fn capture_lmcache(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pat
     (facts, out, side_err)
 }
 
-/// The real lmcache package: a's KV is stored to LMCache's local CPU
-/// backend, f takes every block a freed, and a2 (same tenant) and x
-/// (tenant-x: lmcache 0.5.6's keys carry no cache salt) each get a 64-token
-/// LMCache hit that lmcache loads into their blocks, which held f's KV: the
-/// bytes they hold after the load are a's (the truth). The hook records
-/// each load as a hole: scope reports the loader `possible`, its sources
-/// (the blocks' earlier holders) `possible`, nothing confirmed, the
-/// evidence incomplete.
+/// What lmcache did for the third request of `mode`: a 64-token lookup
+/// hit, 64 tokens retrieved, vLLM scheduling only the 2 tokens past it,
+/// and the load changing the blocks (which held f's KV) to the bytes of
+/// `source` (the truth, read from the bytes: the requests whose KV they
+/// are).
+fn check_lmcache_load(facts: &serde_json::Value, third: &str, source: &str) {
+    let mode = &facts["mode"];
+    assert_eq!(facts["third"], third, "{facts}");
+    assert_eq!(
+        facts["chunks"],
+        serde_json::json!({"a": 4, "f": 10}),
+        "{facts}"
+    );
+    let st = &facts["lmcache_stats"][third];
+    assert_eq!(st["lookup_hits"], 64, "{mode}: {facts}");
+    assert_eq!(st["retrieved"], 64, "{mode}: {facts}");
+    assert_eq!(
+        facts["first_step"][third],
+        serde_json::json!({"scheduled": 2, "computed_before": 64}),
+        "{mode}: {facts}"
+    );
+    assert_eq!(
+        facts["bytes"][third],
+        serde_json::json!({"equal_to_a": source == "a", "changed": true, "sources": [source]}),
+        "{mode}: {facts}"
+    );
+    assert_eq!(
+        facts["hook_stats"]["hook"]["lmcache_loads"], 1,
+        "{mode}: {facts}"
+    );
+}
+
+/// Tokens of request `rid` written into pool `pool` by copies out of pool
+/// `from`.
+fn copied(trace: &Trace, pool: u16, from: u16, rid: Option<u64>) -> u32 {
+    record::events(trace)
+        .get(&pool)
+        .map(|v| {
+            v.iter()
+                .filter(|e| {
+                    e.op == Op::Write
+                        && e.src.is_some_and(|c| c.pool == from)
+                        && rid.is_none_or(|r| e.request_id == r)
+                })
+                .map(|e| e.slot_count)
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The real lmcache package, its stores and loads recorded as copies
+/// through the cache pool (pool 2, lmcache's local CPU memory, located by
+/// the memory objects' allocator addresses): a's 4 chunks and f's 10 are
+/// copied into it; f takes every block a freed; the third request gets a
+/// 64-token LMCache hit that lmcache loads into its blocks: a copy out of
+/// the cache pool and a share of the chunks stored under the keys loaded.
+/// The truth: the blocks then hold a's bytes.
+/// - hit (a2, tenant-a): clean, the capture complete;
+/// - cross (x, tenant-x; lmcache 0.5.6's keys carry no cache salt): not a
+///   stale read and not clean: scope's `cross_tenant_shared` names x with
+///   a (tenant-a) as the source of its 64 tokens.
 #[test]
-fn vllm_lmcache_real_package_loads_are_recorded_as_holes() {
+fn vllm_lmcache_real_package_loads_are_cache_pool_copies() {
     if !lmcache_ready() {
         return;
     }
     for (mode, third) in [("hit", "a2"), ("cross", "x")] {
         let d = tempfile::tempdir().unwrap();
         let (facts, out, side_err) = capture_lmcache(mode, &d);
-        assert_eq!(facts["third"], third, "{facts}");
-        // LMCache's own accounting: a 64-token lookup hit, 64 retrieved;
-        // vLLM scheduled only the 2 tokens past it.
-        let st = &facts["lmcache_stats"][third];
-        assert_eq!(st["lookup_hits"], 64, "{mode}: {facts}");
-        assert_eq!(st["retrieved"], 64, "{mode}: {facts}");
-        assert_eq!(
-            facts["first_step"][third],
-            serde_json::json!({"scheduled": 2, "computed_before": 64}),
-            "{mode}: {facts}"
-        );
-        // The truth: the load changed the blocks, to a's bytes.
-        assert_eq!(
-            facts["bytes"][third],
-            serde_json::json!({"equal_to_a": true, "changed": true}),
-            "{mode}: {facts}"
-        );
-        assert_eq!(
-            facts["hook_stats"]["hook"]["lmcache_loads"], 1,
-            "{mode}: {facts}"
-        );
+        check_lmcache_load(&facts, third, "a");
+        let hook = &facts["hook_stats"]["hook"];
+        // 14 stores and the load.
+        assert_eq!(hook["lmcache_copies"], 15, "{mode}: {hook}");
+        assert_eq!(hook["lmcache_holes"], 0, "{mode}: {hook}");
         let v = kvtrail(["verify", s(&out)]).run();
-        assert!(
-            v.code == 0 || v.code == 1,
-            "{mode}: {}\n{}\n{side_err}",
-            v.stdout,
-            v.stderr
-        );
+        assert_eq!(v.code, 0, "{mode}: {}\n{}\n{side_err}", v.stdout, v.stderr);
+        assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
         let trace = Trace::open(&out).unwrap();
         let id = id_of(&trace, third);
-        // The load is one hole in pool 0.
-        let i = kvtrail(["inspect", s(&out), "--json"]).run();
-        let ij: serde_json::Value = serde_json::from_str(&i.stdout).unwrap();
-        let p0 = ij["kv"]["pools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pool"] == 0)
-            .unwrap();
-        assert_eq!(p0["holes"], 1, "{mode}: {p0}");
+        let a = id_of(&trace, "a");
+        assert_eq!(copied(&trace, 2, 0, Some(a)), 64, "{mode}: a stored");
+        assert_eq!(copied(&trace, 2, 0, None), 224, "{mode}: a and f stored");
+        assert_eq!(copied(&trace, 0, 2, Some(id)), 64, "{mode}: loaded");
         let j = scope(&out);
-        assert_eq!(j["coverage"]["complete"], false, "{mode}: {j:#}");
-        assert_eq!(j["coverage"]["lost_events"], 4, "{mode}: {j:#}");
-        let affected = j["affected_responses"].as_array().unwrap();
-        let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == id).collect();
-        assert_eq!(mine.len(), 1, "{mode}: {j:#}");
-        assert_eq!(mine[0]["confidence"], "possible", "{mode}: {j:#}");
-        assert!(
-            affected.iter().all(|a| a["confidence"] != "confirmed"),
+        assert_eq!(j["coverage"]["complete"], true, "{mode}: {j:#}");
+        assert_eq!(j["coverage"]["lost_events"], 0, "{mode}: {j:#}");
+        assert_eq!(
+            j["affected_responses"].as_array().unwrap().len(),
+            0,
             "{mode}: {j:#}"
         );
-        // What the blocks held before the hole (f's KV, a's) is named only
-        // as possible: no source of the load is ever confirmed.
-        let sources = mine[0]["sources"].as_array().unwrap();
-        assert!(
-            sources.iter().all(|x| x["confidence"] == "possible"),
+        if mode == "hit" {
+            assert!(j["cross_tenant_shared"].is_null(), "{mode}: {j:#}");
+            continue;
+        }
+        assert_eq!(
+            j["cross_tenant_shared"],
+            serde_json::json!([{
+                "request_id": id,
+                "external_id": "x",
+                "tenant": "tenant-x",
+                "tokens": 64,
+                "sources": [{"request_id": a, "tenant": "tenant-a", "tokens": 64}]
+            }]),
             "{mode}: {j:#}"
         );
     }
+}
+
+/// lmcache's local CPU backend planted stale: its index entry for each of
+/// a's chunk keys made to name the memory object of one of f's chunks (a's
+/// objects go back to lmcache's allocator). a2 (tenant-a) gets the same
+/// 64-token hit; the truth: the bytes loaded are f's, not a's. The hook
+/// locates chunks by memory object, not key: the load copies what f
+/// stored, under keys it was not stored under (no share): scope confirms
+/// a2, 64 foreign tokens, its one source f (tenant-f), the capture
+/// complete.
+#[test]
+fn vllm_lmcache_real_package_stale_chunk_is_confirmed_with_its_true_source() {
+    if !lmcache_ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_lmcache("stale", &d);
+    assert_eq!(facts["planted"], 4, "{facts}");
+    check_lmcache_load(&facts, "a2", "f");
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["lmcache_holes"], 0, "{hook}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    let trace = Trace::open(&out).unwrap();
+    let a2 = id_of(&trace, "a2");
+    assert_eq!(copied(&trace, 0, 2, Some(a2)), 64);
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    assert_eq!(affected.len(), 1, "{j:#}");
+    let x = &affected[0];
+    assert_eq!(x["request_id"], a2, "{x}");
+    assert_eq!(x["confidence"], "confirmed", "{x}");
+    assert_eq!(x["foreign_tokens"], 64, "{x}");
+    let src: Vec<_> = x["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|y| {
+            (
+                y["request_id"].clone(),
+                y["tenant"].clone(),
+                y["confidence"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        src,
+        vec![(
+            serde_json::json!(id_of(&trace, "f")),
+            serde_json::json!("tenant-f"),
+            serde_json::json!("confirmed")
+        )],
+        "{x}"
+    );
+}
+
+/// Chunks put straight into lmcache's local CPU backend, not through the
+/// store path the hook watches (as a chunk stored before the hook was
+/// installed, or by another engine sharing the cache), holding the KV of a
+/// request the trace never saw. u (tenant-u) gets a 64-token hit on them;
+/// the truth: the bytes loaded are that request's. The hook cannot say
+/// whose they are: four holes (`lmcache_holes`), no copy, so scope reports
+/// u possibly affected, nothing confirmed, no source confirmed, the
+/// evidence incomplete.
+#[test]
+fn vllm_lmcache_real_package_unseen_chunk_is_a_hole() {
+    if !lmcache_ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_lmcache("unseen", &d);
+    assert_eq!(facts["planted"], 4, "{facts}");
+    check_lmcache_load(&facts, "u", "ext");
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["lmcache_holes"], 4, "{hook}");
+    assert_eq!(hook["lmcache_copies"], 14, "{hook}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert!(
+        v.code == 0 || v.code == 1,
+        "{}\n{}\n{side_err}",
+        v.stdout,
+        v.stderr
+    );
+    let trace = Trace::open(&out).unwrap();
+    let u = id_of(&trace, "u");
+    assert_eq!(copied(&trace, 0, 2, Some(u)), 0, "no copy names a source");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], false, "{j:#}");
+    assert_eq!(j["coverage"]["lost_events"], 4, "{j:#}");
+    let affected = j["affected_responses"].as_array().unwrap();
+    let mine: Vec<_> = affected.iter().filter(|a| a["request_id"] == u).collect();
+    assert_eq!(mine.len(), 1, "{j:#}");
+    assert_eq!(mine[0]["confidence"], "possible", "{j:#}");
+    assert!(
+        affected.iter().all(|a| a["confidence"] != "confirmed"),
+        "{j:#}"
+    );
+    assert!(
+        affected
+            .iter()
+            .flat_map(|a| a["sources"].as_array().unwrap())
+            .all(|x| x["confidence"] != "confirmed"),
+        "{j:#}"
+    );
 }
 
 /// The same engine and lmcache, the third request with other tokens: no
@@ -1065,6 +1211,7 @@ fn vllm_lmcache_real_package_without_a_hit_scopes_clean() {
     );
     assert_eq!(facts["bytes"]["m"]["changed"], false, "{facts}");
     assert_eq!(facts["hook_stats"]["hook"]["lmcache_loads"], 0, "{facts}");
+    assert_eq!(facts["hook_stats"]["hook"]["lmcache_holes"], 0, "{facts}");
     let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
     assert!(v.stdout.contains("capture complete"), "{}", v.stdout);

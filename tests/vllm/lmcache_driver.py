@@ -11,9 +11,15 @@ Usage: lmcache_driver.py SOCKET MODE, MODE one of
 - cross: the same with the third request x of tenant-x: LMCache 0.5.6's
   non-multiprocess keys are the token chunks alone (no cache salt), so x
   loads a's KV;
-- miss: the third request has other tokens: no LMCache hit, no load.
+- miss: the third request has other tokens: no LMCache hit, no load;
+- stale: as hit, with lmcache's CPU backend index planted after f's store
+  to name, under each of a's chunk keys, the memory object of one of f's
+  chunks (a's objects go back to lmcache's allocator): a2 loads f's KV;
+- unseen: four chunks holding the KV of a request the trace never saw
+  ("ext") are put straight into the CPU backend (its allocator and put,
+  not the engine's store path); u (tenant-u) gets a 64-token hit on them.
 
-One engine, pool 0 (deploy-vllm-tiers.json). Two LMCacheConnectorV1
+One engine, pool 0 and the cache pool 2 (deploy-vllm-lmcache.json). Two LMCacheConnectorV1
 instances, as in a vLLM engine: the scheduler's (made by vLLM's Scheduler)
 and the worker's (made here through vLLM's KVConnectorFactory with the
 WORKER role), each over LMCache's real LMCacheConnectorV1Impl.
@@ -49,9 +55,10 @@ connector's start_load_kv and wait_for_save, as a forward pass would; and
 it reports one sampled token per request. No weights, no tokenizer, no
 network.
 
-The truth: a's KV is read back from a's blocks after its prefill; after
-the third request's load (before its forward), the bytes its first 64
-tokens' slots hold are compared with it.
+The truth: a's and f's KV are read back from their blocks after their
+prefill; after the third request's load (before its forward), the bytes
+its first 64 tokens' slots hold are compared with a's, and matched to the
+requests whose KV they are (`sources`).
 
 Prints one JSON line of facts last.
 """
@@ -82,7 +89,7 @@ os.environ.update({"LMCACHE_CHUNK_SIZE": "16", "LMCACHE_LOCAL_CPU": "True",
                    "LMCACHE_DISABLE_BANNER": "1"})
 
 SOCK, MODE = sys.argv[1], sys.argv[2]
-if MODE not in ("hit", "cross", "miss"):
+if MODE not in ("hit", "cross", "miss", "stale", "unseen"):
     raise SystemExit(f"unknown mode {MODE}")
 
 # The lmcache package and the modules its import path needs, outside the
@@ -93,7 +100,7 @@ sys.path.append(LMC_DIR)
 
 import kvtrail_vllm as kh  # noqa: E402
 
-kh.install(capture=f"unix:{SOCK}", pools=[0], worker="driver")
+kh.install(capture=f"unix:{SOCK}", pools=[0], worker="driver", cache_pool=2)
 
 import torch  # noqa: E402
 import vllm  # noqa: E402
@@ -216,7 +223,7 @@ with set_current_vllm_config(vc):
     W.register_kv_caches(kv)
     L = Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=True,
                   structured_output_manager=StructuredOutputManager(vc))
-kh.tag(L, [0], role="mixed")
+kh.tag(L, [0], role="mixed", cache_pool=2)
 facts["connectors"] = [type(L.connector).__name__, type(W).__name__,
                        type(W._lmcache_engine).__module__, type(L.connector._lmcache_engine).__module__]
 facts["gpu_connector"] = type(W._lmcache_engine.lmcache_engine.gpu_connector).__name__
@@ -260,6 +267,17 @@ def forward(out):
                     kv[name][k, b, o] = value(rid, p, li, k)
 
 
+def whose(tokens):
+    """The requests whose KV the given tokens' bytes are (by the values the
+    synthetic forward, or the unseen put, wrote: unique per request,
+    position, layer and K or V), "?" for bytes of no known request."""
+    index = {}
+    for r, t in truth.items():
+        for i in range(t.shape[0]):
+            index[t[i].numpy().tobytes()] = r
+    return sorted({index.get(tokens[i].numpy().tobytes(), "?") for i in range(tokens.shape[0])})
+
+
 finished = {}
 loaded = {}  # request -> whether start_load_kv changed its first slots, to a's bytes
 truth = {}
@@ -276,7 +294,8 @@ def step(check_load=None):
         rid, n = check_load
         after = read_kv(rid, 0, n)
         loaded[rid] = {"equal_to_a": bool(torch.equal(after, truth["a"][:n])),
-                       "changed": not bool(torch.equal(after, before))}
+                       "changed": not bool(torch.equal(after, before)),
+                       "sources": whose(after)}
     forward(out)
     W.wait_for_save()
     sending, recving = W.get_finished(out.finished_req_ids)
@@ -322,11 +341,68 @@ def run(rid, tokens, salt, check_load=None, after_prefill=None):
         "retrieved": int(st.interval_hit_tokens)}
 
 
+ENGINE = W._lmcache_engine.lmcache_engine
+CPU = ENGINE.storage_manager.local_cpu_backend
+
+
+def plant_stale(a_keys, f_keys):
+    """lmcache's index of its local CPU backend made to name, under each of
+    a's chunk keys, the memory object of one of f's chunks (an index entry
+    left pointing at memory that now holds other KV): a's objects go back
+    to the allocator, f's are referenced by both keys. Through lmcache's own
+    structures (hot_cache, the objects' reference counts) only."""
+    with CPU.cpu_lock:
+        for ak, fk in zip(a_keys, f_keys):
+            fo = CPU.hot_cache[fk]
+            fo.ref_count_up()
+            old = CPU.hot_cache[ak]
+            CPU.hot_cache[ak] = fo
+            old.ref_count_down()
+    facts["planted"] = len(list(zip(a_keys, f_keys)))
+
+
+def put_unseen(tokens):
+    """Chunks of ``tokens`` put straight into lmcache's local CPU backend
+    (its allocator, its put), not through the engine's store path the hook
+    watches: as a chunk stored before the hook was installed, or by another
+    engine sharing the cache. Their bytes are the KV of request "ext"."""
+    REQ_NO["ext"] = len(REQ_NO) + 1
+    n = 0
+    rows = []
+    for start, end, key in ENGINE.token_database.process_tokens(tokens=torch.tensor(tokens)):
+        obj = ENGINE.storage_manager.allocate(ENGINE.metadata.get_shapes(end - start),
+                                              ENGINE.metadata.get_dtypes(), fmt=ENGINE.fmt,
+                                              busy_loop=False)
+        for t, p in enumerate(range(start, end)):
+            row = []
+            for li in range(LAYERS):
+                for k in (0, 1):
+                    v = value("ext", p, li, k)
+                    obj.tensor[k, li, t] = v.reshape(-1)
+                    row.append(v)
+            rows.append(torch.stack(row))
+        CPU.submit_put_task(key, obj)
+        obj.ref_count_down()  # the backend holds it now (as StorageManager.batched_put does)
+        n += 1
+    truth["ext"] = torch.stack(rows)
+    facts["planted"] = n
+
+
 A = list(range(100, 164))  # 64 tokens: 4 blocks, 4 LMCache chunks
+F = list(range(300, 460))  # 160 tokens: takes every block a freed
+U = list(range(700, 764))  # the unseen chunks' tokens
 run("a", A, "tenant-a", after_prefill=lambda: truth.update(a=read_kv("a", 0, len(A))))
-run("f", list(range(300, 460)), "tenant-f")  # 160 tokens: takes every block a freed
+a_keys = list(CPU.hot_cache)
+run("f", F, "tenant-f", after_prefill=lambda: truth.update(f=read_kv("f", 0, len(F))))
+f_keys = [k for k in CPU.hot_cache if k not in a_keys]
+facts["chunks"] = {"a": len(a_keys), "f": len(f_keys)}
+if MODE == "stale":
+    plant_stale(a_keys, f_keys[:4])
+elif MODE == "unseen":
+    put_unseen(U)
 third = {"hit": ("a2", A + [5, 6], "tenant-a"), "cross": ("x", A + [5, 6], "tenant-x"),
-         "miss": ("m", list(range(600, 666)), "tenant-m")}[MODE]
+         "miss": ("m", list(range(600, 666)), "tenant-m"), "stale": ("a2", A + [5, 6], "tenant-a"),
+         "unseen": ("u", U + [5, 6], "tenant-u")}[MODE]
 run(third[0], third[1], third[2], check_load=(third[0], len(A)))
 facts["third"] = third[0]
 facts["cuda_ops_loaded"] = "lmcache.cuda_ops" in sys.modules
@@ -338,6 +414,7 @@ W.shutdown()
 L.connector.shutdown()
 kh.flush()
 facts["hook_stats"] = kh.stats()
+facts["guard"] = kh.guard_stats()
 kh.uninstall()
 print(json.dumps(facts))
 sys.stdout.flush()

@@ -40,6 +40,8 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   b's keys to a's files;
 - lmcache: LMCacheConnectorV1 over a stand-in for the lmcache package's
   engine, reporting a 48-token hit for a2 (the load is out of sight);
+  lmcache-pool: the same with a cache pool tagged (the hook waits for
+  lmcache's engine to perform the load, which is not in this process);
 - broken: the hook's slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
@@ -447,7 +449,7 @@ elif MODE in ("simple", "simple-stale", "simple-disk", "tier", "tier-stale"):
             jobs["tier"] += [f for f in files if f.endswith(".bin")]
     facts["offload_jobs"] = jobs
     facts["finish"] = {r: finished.get(r, (None,))[0] for r in ("a", "b", "a2")}
-elif MODE == "lmcache":
+elif MODE in ("lmcache", "lmcache-pool"):
     # LMCacheConnectorV1 (vLLM's class, real) over a stand-in for the
     # external lmcache package's engine (the one import it makes,
     # lmcache.integration.vllm.vllm_v1_adapter.LMCacheConnectorV1Impl):
@@ -489,7 +491,10 @@ elif MODE == "lmcache":
     sys.modules[names[-1]].LMCacheConnectorV1Impl = Impl
     L = make_scheduler(12, KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both",
                                             engine_id="E0"))
-    kh.tag(L, [0], role="mixed")
+    # lmcache-pool: with a cache pool, but no lmcache engine in the process
+    # (as when vLLM's worker runs in another process): the hook never sees
+    # lmcache perform the load.
+    kh.tag(L, [0], role="mixed", cache_pool=2 if MODE == "lmcache-pool" else None)
 
     def lrun(rid, tokens, salt):
         L.add_request(make_req(rid, tokens, salt, 2))

@@ -52,6 +52,16 @@ its arguments or results; a failure inside the hook is counted in
   step's forward) as a ``copy`` inside the engine's pool for the request
   that got the private block, before the step's writes and reads, and a
   ``share`` of the copied block to it;
+- ``LMCacheConnectorV1.update_state_after_alloc`` and, in the external
+  ``lmcache`` package, ``LMCacheEngine.retrieve`` /
+  ``_process_tokens_internal``, ``VLLMPagedMemGPUConnectorV2.batched_from_gpu``,
+  ``StorageManager.batched_put``, ``TensorMemoryObj.ref_count_down`` /
+  ``unpin``: with a cache pool and lmcache's engine in this process, its
+  stores and loads as copies between the engine's pool and the cache pool,
+  located by lmcache's memory objects (allocator addresses), a load also a
+  ``share`` of the chunks stored under the key loaded, and memory objects
+  lmcache frees as frees; the request's reads of a loading step wait for
+  the load. Loads it cannot map are holes (docs/capture-vllm.md);
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
 
@@ -146,6 +156,17 @@ class _Engine:
         # secondary tier, each tier's storage locations (file, or key) ->
         # index of a chunk-sized slot range, the offload key the content at
         # each location was first stored under, and the tier jobs in flight.
+        # LMCache (LMCacheConnectorV1, the external lmcache package): loads
+        # accepted by the scheduler side and not yet seen done by lmcache's
+        # engine (request id -> {"n": tokens, "reads": the deferred reads
+        # of its first step, "check": guard due, "rid": trace id}); per
+        # cache-pool location (first slot of a memory object, see
+        # _lmc_loc) the chunk key its content was stored under and its
+        # token count; bytes per token of lmcache's memory objects.
+        self.lmc_wait = {}
+        self.lmc_keys = {}
+        self.lmc_tb = None
+        self.lmc_alloc = None
         self.tier_pools = list(_H.tier_pools)
         self.tiers = []
         self.tier_locs = {}
@@ -164,6 +185,10 @@ class _Engine:
                 mgr._kvtrail_engine = self
             if conn is not None and "LMCache" in type(conn).__name__:
                 conn._kvtrail_engine = self
+                if type(conn).__name__ == "LMCacheConnectorV1":
+                    # The in-process lmcache engine's stores and loads are
+                    # seen by the lmcache patches below (_lmc_*).
+                    _H.lmc_engines.append(self)
         except Exception:
             pass
         self.block_sizes = []
@@ -261,6 +286,9 @@ class _Hook:
         self.offload_key_mismatch = 0
         self.offload_unverified = 0
         self.lmcache_loads = 0
+        self.lmcache_copies = 0
+        self.lmcache_holes = 0
+        self.lmc_engines = []
         self.cow_copies = 0
         self.cow_unverified = 0
         self.tier_pools = []
@@ -615,6 +643,11 @@ def on_schedule(sched, out):
         c = end - int(n)
         tables = kvm.get_block_ids(rid_s)
         check = c > 0 and _H.guard.native is not None and rid_s not in eng.guarded
+        # An LMCache load into this step's blocks runs after schedule (the
+        # worker's start_load_kv): the reads (and the guard) wait for it.
+        wait = eng.lmc_wait.get(rid_s)
+        if wait is not None and wait["reads"] is not None:
+            wait = None
         reads = []
         for g, table in enumerate(tables):
             pool = eng.pool(g)
@@ -623,10 +656,13 @@ def on_schedule(sched, out):
             bs = eng.block_sizes[g]
             _kv_runs(eng, pool, rid, WRITE, _slot_runs(table, bs, c, end), True)
             read = _slot_runs(table, bs, 0, end)
-            _kv_runs(eng, pool, rid, READ, read, True)
-            if check:
+            if wait is None:
+                _kv_runs(eng, pool, rid, READ, read, True)
+            if check or wait is not None:
                 reads.append((pool, read))
-        if check:
+        if wait is not None:
+            wait.update(reads=reads, check=check, rid=rid)
+        elif check:
             _check(eng, rid_s, rid, reads)
         if r is not None:
             r["covered"] = max(r["covered"], end)
@@ -754,6 +790,8 @@ def on_update(sched, out, mro):
     eng = _engine_of(sched)
     if eng is None:
         return
+    if eng.lmc_wait:
+        _lmc_unseen(eng)
     kco = getattr(mro, "kv_connector_output", None)
     if kco is None:
         return
@@ -1045,10 +1083,15 @@ def _w_tier_done(orig, name, meta_at):
 
 
 def _w_lmcache_alloc(orig):
-    """LMCache's scheduler side accepted a load of ``num_external_tokens``:
-    the external ``lmcache`` package fills the blocks, out of the hook's
-    sight. A hole in the engine's pool, after the blocks' alloc: their
-    reads are uncertain, never confirmed, never clean."""
+    """LMCache's scheduler side accepted a load of ``num_external_tokens``
+    into the request's blocks. With a cache pool and the lmcache engine in
+    this process (LMCacheConnectorV1 with its worker here: one engine, TP 1),
+    the load is recorded when lmcache's engine performs it (_lmc_retrieve):
+    a copy per chunk out of the cache pool; the request's reads of that step
+    wait for it. Otherwise (no cache pool, the MP connector, the worker in
+    another process) the external ``lmcache`` package fills the blocks out
+    of the hook's sight: a hole in the engine's pool, after the blocks'
+    alloc: their reads are uncertain, never confirmed, never clean."""
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens, *args, **kwargs):
         out = orig(self, request, blocks, num_external_tokens, *args, **kwargs)
@@ -1056,15 +1099,291 @@ def _w_lmcache_alloc(orig):
         if eng is not None and num_external_tokens:
             try:
                 pool = eng.pool(0)
-                if pool is not None and pool >= 0 and int(num_external_tokens) > 0:
-                    bs = eng.block_size()
+                n = int(num_external_tokens)
+                if pool is not None and pool >= 0 and n > 0:
                     _H.lmcache_loads += 1
-                    eng.put(pool, (_c.LOST, pool, -(-int(num_external_tokens) // bs)))
+                    if eng.cache_pool is not None and eng in _H.lmc_engines and len(_H.lmc_engines) == 1:
+                        if len(eng.lmc_wait) > 100_000:  # abandoned: keep memory bounded
+                            eng.lmc_wait.pop(next(iter(eng.lmc_wait)))
+                        eng.lmc_wait[request.request_id] = {"n": n, "reads": None}
+                    else:
+                        _H.lmcache_holes += 1
+                        eng.put(pool, (_c.LOST, pool, -(-n // eng.block_size())))
             except Exception as e:
                 _fail("LMCache update_state_after_alloc", e)
         return out
 
     return update_state_after_alloc
+
+
+# ---- LMCache's engine (the external lmcache package, in this process) ----
+#
+# The cache pool stands for lmcache's local CPU memory: a chunk's location
+# is where lmcache's allocator put its memory object, never its key, so a
+# memory object reused for other KV, or a key that names another chunk's
+# memory, is seen for what it holds.
+
+
+class _LmcCtx(threading.local):
+    chunks = None  # retrieve: (key, memory object, start, end) of _process_tokens_internal
+    saved = None  # store: id(memory object) -> (memory object, start, end, slot mapping, request)
+
+
+_lctx = _LmcCtx()
+
+
+def _lmc_engine():
+    """The engine whose LMCacheConnectorV1 this process's lmcache engine
+    serves: the only one (with several, none: their loads are holes)."""
+    engs = _H.lmc_engines if _H is not None else ()
+    eng = engs[0] if len(engs) == 1 else None
+    return eng if eng is not None and eng.cache_pool is not None else None
+
+
+def _lmc_loc(eng, obj, ntok=None):
+    """The one home of the location rule: (first cache-pool slot, tokens)
+    of lmcache memory object ``obj``, from its allocator address (the
+    offset inside lmcache's buffer) in tokens of the engine's bytes per
+    token (both learned from the first stored chunk: ``ntok`` tokens); None
+    when the object has no address, belongs to another allocator than the
+    first stored chunk's (another address space), or the bytes per token
+    are not known yet."""
+    meta = getattr(obj, "meta", None)
+    addr = getattr(meta, "address", None)
+    alloc = id(getattr(obj, "parent_allocator", None))
+    if addr is None:
+        return None
+    if eng.lmc_alloc is None and ntok:
+        eng.lmc_alloc = alloc
+    if alloc != eng.lmc_alloc:
+        return None  # another allocator's address space
+    try:
+        nbytes = int(obj.tensor.numel() * obj.tensor.element_size())
+    except Exception:
+        return None
+    if ntok:
+        tb = nbytes // int(ntok)
+        if eng.lmc_tb is None and tb > 0 and nbytes == tb * int(ntok):
+            eng.lmc_tb = tb
+    tb = eng.lmc_tb
+    if not tb or nbytes % tb:
+        return None
+    return int(addr) // tb, nbytes // tb
+
+
+def _slot_list(sm, start, end):
+    sm = sm[start:end]
+    return [int(x) for x in (sm.tolist() if hasattr(sm, "tolist") else sm)]
+
+
+def _pos_runs(pairs):
+    """(dst, src, count, token_pos) runs of (dst, src, token_pos) triples."""
+    out = []
+    for d, s_, tp in pairs:
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == s_ \
+                and out[-1][3] + out[-1][2] == tp:
+            a, b, n, p = out[-1]
+            out[-1] = (a, b, n + 1, p)
+        else:
+            out.append((d, s_, 1, tp))
+    return out
+
+
+def _lmc_store(eng, items):
+    """lmcache put memory objects it filled from vLLM's slots under their
+    keys: a copy per chunk from the engine's pool into the cache pool at the
+    object's location, which then remembers the key. (key, obj, start, end,
+    slot mapping, request) per chunk."""
+    pool = eng.pool(0)
+    if pool is None or pool < 0:
+        return
+    ts = _time_ns()
+    for key, obj, start, end, sm, rid_s in items:
+        loc = _lmc_loc(eng, obj, end - start)
+        if loc is None:
+            continue  # its loads are holes
+        first, n = loc
+        src = _slot_list(sm, start, end)
+        if len(src) != n:
+            continue
+        runs = _pos_runs([(first + i, s_, start + i) for i, s_ in enumerate(src)])
+        rid = _rid(None, eng, rid_s) if rid_s is not None else _c.id_of("kvtrail-vllm:lmcache")
+        eng.put(eng.cache_pool, (_c.PULL, eng.cache_pool, ts, rid, pool, runs, "ok", None))
+        if len(eng.lmc_keys) > 1 << 22:
+            eng.lmc_keys.clear()  # bounded; later loads are holes
+        eng.lmc_keys[first] = (key, n)
+        _H.lmcache_copies += 1
+
+
+def _lmc_free(eng, loc):
+    """lmcache's allocator got back the memory object at ``loc`` (from
+    _lmc_loc: evicted, removed, or a store it dropped): a free of its slots
+    in the cache pool; the key it held is forgotten (a later load from
+    there is a hole unless stored again)."""
+    if eng.lmc_keys.pop(loc[0], None) is None:
+        return
+    _kv_runs(eng, eng.cache_pool, 0, FREE, [(loc[0], loc[1], 0)], False)
+
+
+def _lmc_load(eng, rid_s, chunks, sm):
+    """lmcache copied memory objects into vLLM's slots for request
+    ``rid_s``: a copy per chunk from the cache pool at the object's location
+    into the engine's pool, and a share of those slots to the request (an
+    LMCache hit is a prefix hit: another request's KV, handed out under the
+    chunk's key) only where the location was last stored under the key
+    loaded. A chunk whose location the hook never saw stored (put by
+    another engine, before install, an unknown allocator) is a hole."""
+    pool = eng.pool(0)
+    wait = eng.lmc_wait.get(rid_s)
+    rid = wait.get("rid") if wait and wait.get("rid") is not None else _rid(None, eng, rid_s)
+    copies, grants, lost = [], [], 0
+    for key, obj, start, end in chunks:
+        loc = _lmc_loc(eng, obj, end - start)
+        known = eng.lmc_keys.get(loc[0]) if loc is not None else None
+        dst = _slot_list(sm, start, end)
+        if known is None or known[1] != len(dst) or loc[1] != len(dst):
+            lost += 1
+            continue
+        pairs = [(d, loc[0] + i, start + i) for i, d in enumerate(dst) if d >= 0]
+        copies += pairs
+        if known[0] == key:
+            grants += pairs
+    if wait is not None and sum(end - start for _, _, start, end in chunks) < int(wait["n"]):
+        lost += 1  # lmcache loaded less than the scheduler was promised
+    ts = _time_ns()
+    if copies:
+        eng.put(pool, (_c.PULL, pool, ts, rid, eng.cache_pool, _pos_runs(copies), "ok", None))
+        _H.lmcache_copies += 1
+    if lost:
+        _H.lmcache_holes += lost
+        eng.put(pool, (_c.LOST, pool, lost))
+    if grants:
+        _kv_runs(eng, pool, rid, SHARE, [(d, n, tp) for d, _, n, tp in _pos_runs(grants)], True)
+
+
+def _lmc_release(eng, rid_s):
+    """The deferred reads of a request's step with an LMCache load, after
+    the load's copies (or hole), and the guard's check of them."""
+    wait = eng.lmc_wait.pop(rid_s, None)
+    if wait is None or wait["reads"] is None:
+        if wait is not None:
+            eng.lmc_wait[rid_s] = wait  # not scheduled yet
+        return
+    rid = wait["rid"]
+    for pool, read in wait["reads"]:
+        _kv_runs(eng, pool, rid, READ, read, True)
+    if wait["check"]:
+        _check(eng, rid_s, rid, wait["reads"])
+
+
+def _lmc_unseen(eng, only=None):
+    """Before update_from_output: a scheduled LMCache load the hook did not
+    see lmcache perform (its worker in another process, async or layerwise
+    loading, a failure): a hole over its blocks, then its reads."""
+    for rid_s, wait in list(eng.lmc_wait.items()):
+        if wait["reads"] is None or (only is not None and rid_s != only):
+            continue
+        pool = eng.pool(0)
+        _H.lmcache_holes += 1
+        eng.put(pool, (_c.LOST, pool, -(-int(wait["n"]) // eng.block_size())))
+        _lmc_release(eng, rid_s)
+
+
+def _w_lmc_retrieve(orig):
+    def retrieve(self, tokens, *args, **kwargs):
+        eng = _lmc_engine()
+        if eng is None:
+            return orig(self, tokens, *args, **kwargs)
+        prev, _lctx.chunks = _lctx.chunks, []
+        try:
+            out = orig(self, tokens, *args, **kwargs)
+            chunks = _lctx.chunks
+        finally:
+            _lctx.chunks = prev
+        try:
+            rid_s = kwargs.get("req_id")
+            sm = kwargs.get("slot_mapping")
+            if rid_s in eng.lmc_wait and sm is not None:
+                _lmc_load(eng, rid_s, chunks, sm)
+                _lmc_release(eng, rid_s)
+        except Exception as e:
+            _fail("LMCacheEngine.retrieve", e)
+        return out
+
+    return retrieve
+
+
+def _w_lmc_process(orig):
+    def _process_tokens_internal(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if _lctx.chunks is not None:
+            try:
+                _lctx.chunks.extend((c[0], c[1], int(c[2]), int(c[3])) for c in out[0])
+            except Exception as e:
+                _fail("LMCacheEngine._process_tokens_internal", e)
+        return out
+
+    return _process_tokens_internal
+
+
+def _w_lmc_from_gpu(orig):
+    def batched_from_gpu(self, memory_objs, starts, ends, *args, **kwargs):
+        out = orig(self, memory_objs, starts, ends, *args, **kwargs)
+        if _lmc_engine() is not None:
+            sm, rid_s = kwargs.get("slot_mapping"), kwargs.get("req_id")
+            _lctx.saved = {id(o): (o, int(a), int(b), sm, rid_s)
+                           for o, a, b in zip(memory_objs, starts, ends) if sm is not None}
+        return out
+
+    return batched_from_gpu
+
+
+def _w_lmc_put(orig):
+    def batched_put(self, keys, memory_objs, *args, **kwargs):
+        eng = _lmc_engine()
+        saved, _lctx.saved = _lctx.saved, None
+        if eng is not None and saved:
+            # Before the put: a put lmcache drops (the key is held) frees the
+            # object inside it, after this copy.
+            try:
+                items = []
+                for k, o in zip(keys, memory_objs):
+                    v = saved.get(id(o))
+                    if v is not None and v[0] is o:
+                        items.append((k, o, v[1], v[2], v[3], v[4]))
+                _lmc_store(eng, items)
+            except Exception as e:
+                _fail("StorageManager.batched_put", e)
+        return orig(self, keys, memory_objs, *args, **kwargs)
+
+    return batched_put
+
+
+def _w_lmc_drop(orig, name):
+    """TensorMemoryObj.ref_count_down / unpin: the paths on which lmcache
+    hands a memory object back to its allocator (the object turns invalid).
+    Its location is taken before (an invalid object has no tensor)."""
+
+    def wrapper(self, *args, **kwargs):
+        eng = _lmc_engine()
+        loc = None
+        if eng is not None:
+            try:
+                if self.is_valid() and self.parent_allocator is not None:
+                    loc = _lmc_loc(eng, self)
+            except Exception:
+                loc = None
+        out = orig(self, *args, **kwargs)
+        if loc is not None:
+            try:
+                if not self.is_valid():
+                    _lmc_free(eng, loc)
+            except Exception as e:
+                _fail("TensorMemoryObj." + name, e)
+        return out
+
+    wrapper.__name__ = name
+    return wrapper
 
 
 def _job_keys(status, jid):
@@ -1215,6 +1534,9 @@ def _w_free_request(orig):
         if eng is not None:
             try:
                 eng.guarded.discard(request.request_id)
+                if request.request_id in eng.lmc_wait:
+                    _lmc_unseen(eng, request.request_id)
+                    eng.lmc_wait.pop(request.request_id, None)
                 row = request_row(eng, request)
                 eng.plans.pop(request.request_id, None)
                 pool = eng.pool(0)
@@ -1247,11 +1569,17 @@ def _w_schedule(orig):
 
 def _w_update(orig):
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
-        if _H is not None and _engine_of(self) is not None:
+        eng = _engine_of(self) if _H is not None else None
+        if eng is not None:
             try:
                 on_update(self, scheduler_output, model_runner_output)
             except Exception as e:
                 _fail("Scheduler.update_from_output", e)
+            if eng.to_abort:
+                # The guard stopped a request after schedule (its LMCache
+                # load ran in the worker's start_load_kv): finished before
+                # update_from_output, which then drops its output.
+                _abort_guarded(self, eng)
         out = orig(self, scheduler_output, model_runner_output, *args, **kwargs)
         eng = _engine_of(self) if _H is not None else None
         if eng is not None and eng.error_outputs:
@@ -1295,8 +1623,19 @@ _PATCHES = [
      lambda o: _w_tier_done(o, "_complete_promotion", 0)),
     (_TIER, "TieringOffloadingManager", "_update_backpressure",
      lambda o: _w_tier_done(o, "_update_backpressure", 1)),
-    # LMCache: loads the external package performs (recorded as holes).
+    # LMCache: loads the scheduler side accepted (copies when lmcache's
+    # engine runs here, else holes), and lmcache's own engine: its loads
+    # (retrieve, the chunks it loads), stores (the copy out of vLLM's slots,
+    # the put under keys) and its memory objects going back to the allocator.
     (_KVC + "lmcache_connector", "LMCacheConnectorV1", "update_state_after_alloc", _w_lmcache_alloc),
+    ("lmcache.v1.cache_engine", "LMCacheEngine", "retrieve", _w_lmc_retrieve),
+    ("lmcache.v1.cache_engine", "LMCacheEngine", "_process_tokens_internal", _w_lmc_process),
+    ("lmcache.v1.gpu_connector.gpu_connectors", "VLLMPagedMemGPUConnectorV2", "batched_from_gpu",
+     _w_lmc_from_gpu),
+    ("lmcache.v1.storage_backend.storage_manager", "StorageManager", "batched_put", _w_lmc_put),
+    ("lmcache.v1.memory_management", "TensorMemoryObj", "ref_count_down",
+     lambda o: _w_lmc_drop(o, "ref_count_down")),
+    ("lmcache.v1.memory_management", "TensorMemoryObj", "unpin", lambda o: _w_lmc_drop(o, "unpin")),
     (_KVC + "lmcache_mp_connector", "LMCacheMPConnectorUpstream", "update_state_after_alloc", _w_lmcache_alloc),
     (_KVC + "lmcache_mp_connector", "LMCacheMPConnector", "update_state_after_alloc", _w_lmcache_alloc),
 ]
@@ -1479,7 +1818,12 @@ def stats():
     (offloaded blocks loaded under another key than they were stored
     under: no share granted), ``offload_unverified`` (offloaded blocks
     loaded that the hook never saw stored, or could not compare: holes),
-    ``lmcache_loads`` (LMCache loads, recorded as holes), ``cow_copies``
+    ``lmcache_loads`` (LMCache loads the scheduler side accepted),
+    ``lmcache_copies`` (LMCache chunk copies recorded: a store's, or a
+    load's chunks from the cache pool), ``lmcache_holes`` (LMCache chunks or
+    loads recorded as holes: a chunk whose store the hook never saw, a load
+    the hook cannot see lmcache perform, a load short of what was
+    promised), ``cow_copies``
     (copy-on-write block copies recorded) and ``cow_unverified`` (copies
     whose KV cache group the hook did not see: holes)."""
     if _H is None:
@@ -1488,5 +1832,6 @@ def stats():
     out["hook"] = {"hook_errors": _H.errors, "pulls_unmapped": _H.pulls_unmapped,
                    "offload_key_mismatch": _H.offload_key_mismatch,
                    "offload_unverified": _H.offload_unverified, "lmcache_loads": _H.lmcache_loads,
+                   "lmcache_copies": _H.lmcache_copies, "lmcache_holes": _H.lmcache_holes,
                    "cow_copies": _H.cow_copies, "cow_unverified": _H.cow_unverified}
     return out
