@@ -398,3 +398,69 @@ fn hicache_without_a_cache_pool_records_loads_as_holes() {
         r.affected_responses
     );
 }
+
+/// Decode retraction to the host pool (the unified tree's
+/// `retraction_backup` / `retraction_restore`, a PD decode worker's default
+/// with an MHA model): SGLang copies the retracted request's KV to host
+/// slots and back with the transfer engine itself, not through the
+/// controller's write / load. A resumes into device slots B's KV had
+/// occupied, restored from its own backup: its read is its own KV, so the
+/// capture reports nothing (unrecorded, the read would be confirmed foreign
+/// with B, an innocent customer, as the source).
+#[test]
+fn hicache_retraction_to_the_host_pool_is_recorded_as_copies() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "retract", &d);
+    assert!(
+        facts["A_resumed_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    assert_eq!(facts["A_reads_true_owner"], serde_json::json!({"A": 12}));
+    assert_clean(&out);
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_retraction_backups"], 1, "{facts}");
+    assert_eq!(c["hicache_retraction_restores"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+}
+
+/// The same retraction without a cache pool, and with the `cpu_tensor`
+/// backend (a per-request CPU tensor, in no pool): the restore is a hole
+/// in the device pool, so A's read is uncertain (possible), never
+/// confirmed with B as the source, and the capture is incomplete.
+#[test]
+fn hicache_retraction_without_a_cache_pool_is_a_hole() {
+    retraction_hole("retract-uncached");
+}
+
+#[test]
+fn retraction_to_cpu_tensors_is_a_hole() {
+    retraction_hole("retract-cpu");
+}
+
+fn retraction_hole(mode: &str) {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, mode, &d);
+    assert!(
+        facts["A_resumed_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    assert_eq!(facts["A_reads_true_owner"], serde_json::json!({"A": 12}));
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}
