@@ -464,3 +464,38 @@ fn retraction_hole(mode: &str) {
         r.affected_responses
     );
 }
+
+/// A load back on a tree core the hook does not patch (SGLang's Rust one;
+/// here the Python core with its wrappers taken off): which node each
+/// loaded host slot should hold is unseen, so the hook can neither grant
+/// the loaded slots (a stale key's exposure would read as shared) nor
+/// withhold the grant (the prefix's owner would be named): the load is a
+/// hole after its copy, and C is possible, never confirmed, never clean.
+#[test]
+fn hicache_load_back_on_an_unhooked_tree_core_is_a_hole() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "unified-unhooked", &d);
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_loads"], 1, "{facts}");
+    assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    let c: Vec<_> = r
+        .affected_responses
+        .iter()
+        .filter(|a| a.external_id.as_deref() == Some("C"))
+        .collect();
+    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
+    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}

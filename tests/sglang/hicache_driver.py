@@ -6,7 +6,7 @@ installed, streaming to a `kvtrail record` sidecar
 
 MODE: clean, stale, fault, decode, decode-stale, unified, unified-stale,
 decode-unified, decode-unified-stale, storage, uncached, retract,
-retract-uncached.
+retract-uncached, retract-cpu, unified-unhooked.
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -56,6 +56,10 @@ unified, unified-stale: clean and stale on the tree SGLang 0.5.19 builds by
 uncached: unified, with the hook given no cache pool (no
   KVTRAIL_CACHE_POOL): the host tier is out of the capture, so the load
   back is a hole in the device pool.
+unified-unhooked: unified, with the tree core's build_load_back_spec and
+  _split_node left unpatched (as with a tree core the hook does not
+  patch, SGLang's Rust one): the load back's expected nodes are unseen,
+  so the load is a hole after its copy.
 retract, retract-uncached: the unified tree's decode retraction to the
   host pool (the default backend of a PD decode worker with an MHA
   model): A prefills and is retracted, SGLang's retraction_backup copying
@@ -247,6 +251,11 @@ def main():
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+        if MODE == "unified-unhooked":
+            from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+            for name in ("build_load_back_spec", "_split_node"):
+                setattr(UnifiedTreeCore, name, getattr(UnifiedTreeCore, name).__wrapped__)
         params.tree_components = (ComponentType.FULL,)
         cache = UnifiedRadixCache(params)
         cache.init_hicache(sa, params)

@@ -683,6 +683,16 @@ def on_load(ctrl, host_indices, device_indices):
     _copy(dev, cache, device_indices, host_indices)
     _H.counts["hicache_loads"] += 1
     expect = _load.expect
+    if expect is _UNSEEN:
+        # Inside a load back whose expected nodes the hook did not see (a
+        # tree core it does not hook, e.g. SGLang's Rust one, or a failure
+        # in the hook): whether a loaded host slot still holds the hit
+        # node's KV is unknown. Granting it could hide a stale key's
+        # exposure, withholding it could name the prefix's owner: a hole
+        # after the copy, so reads of the loaded slots are uncertain.
+        _H.put(dev, (_c.LOST, dev, 1))
+        _H.counts["hicache_loads_unverified"] += 1
+        return
     if expect is None:
         return
     written = _H.host_node.get(cache, {})
@@ -706,6 +716,9 @@ def _host_value(node):
 
     return node.component(ComponentType.FULL).host_value
 
+
+# _load.expect inside a load back before its expected nodes are known.
+_UNSEEN = object()
 
 # Marks a host slot whose content came from L3 storage (a prefetch): what
 # it holds is out of the capture's sight, not a node's backup.
@@ -783,7 +796,10 @@ def _wrap_load_back(orig, expected=_set_expected):
     def load_back(self, node, *args, **kwargs):
         if _H is None or _H.disabled or not _H.cache_pools:
             return orig(self, node, *args, **kwargs)
-        _load.expect = None
+        # Until the expected nodes are known (set before the call, or by
+        # the tree core's build_load_back_spec inside it), a load is
+        # unverifiable (on_load).
+        _load.expect = _UNSEEN
         if expected is not None:
             _guard("HiRadixCache.load_back", expected, node)
         try:
