@@ -235,6 +235,14 @@ impl<'a> Sched<'a> {
     /// never runs far ahead of them (which would hold captured copies in
     /// memory for the whole trace).
     pub fn run(&mut self) -> Result<()> {
+        let r = self.run_turns();
+        // The events applied since the last report, on every path out (an
+        // error included): the reporter is told every event applied.
+        self.reporter.advance(std::mem::take(&mut self.unreported));
+        r
+    }
+
+    fn run_turns(&mut self) -> Result<()> {
         let order: Vec<usize> = (0..self.pools.len()).rev().collect();
         // One pass over the copy edges (not one per pool).
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); self.pools.len()];
@@ -270,7 +278,6 @@ impl<'a> Sched<'a> {
                 }
             }
         }
-        self.reporter.advance(std::mem::take(&mut self.unreported));
         if let Some(((pool, seq), _)) = self.payloads.iter().next() {
             return Err(Error::Other(format!(
                 "replay: the copy at pool {pool} seq {seq} was captured but never applied"

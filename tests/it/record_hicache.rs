@@ -398,3 +398,104 @@ fn hicache_without_a_cache_pool_records_loads_as_holes() {
         r.affected_responses
     );
 }
+
+/// Decode retraction to the host pool (the unified tree's
+/// `retraction_backup` / `retraction_restore`, a PD decode worker's default
+/// with an MHA model): SGLang copies the retracted request's KV to host
+/// slots and back with the transfer engine itself, not through the
+/// controller's write / load. A resumes into device slots B's KV had
+/// occupied, restored from its own backup: its read is its own KV, so the
+/// capture reports nothing (unrecorded, the read would be confirmed foreign
+/// with B, an innocent customer, as the source).
+#[test]
+fn hicache_retraction_to_the_host_pool_is_recorded_as_copies() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "retract", &d);
+    assert!(
+        facts["A_resumed_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    assert_eq!(facts["A_reads_true_owner"], serde_json::json!({"A": 12}));
+    assert_clean(&out);
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_retraction_backups"], 1, "{facts}");
+    assert_eq!(c["hicache_retraction_restores"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+}
+
+/// The same retraction without a cache pool, and with the `cpu_tensor`
+/// backend (a per-request CPU tensor, in no pool): the restore is a hole
+/// in the device pool, so A's read is uncertain (possible), never
+/// confirmed with B as the source, and the capture is incomplete.
+#[test]
+fn hicache_retraction_without_a_cache_pool_is_a_hole() {
+    retraction_hole("retract-uncached");
+}
+
+#[test]
+fn retraction_to_cpu_tensors_is_a_hole() {
+    retraction_hole("retract-cpu");
+}
+
+fn retraction_hole(mode: &str) {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, mode, &d);
+    assert!(
+        facts["A_resumed_into_B_slots"].as_u64().unwrap() >= 4,
+        "{facts}"
+    );
+    assert_eq!(facts["A_reads_true_owner"], serde_json::json!({"A": 12}));
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+/// A load back on a tree core the hook does not patch (SGLang's Rust one;
+/// here the Python core with its wrappers taken off): which node each
+/// loaded host slot should hold is unseen, so the hook can neither grant
+/// the loaded slots (a stale key's exposure would read as shared) nor
+/// withhold the grant (the prefix's owner would be named): the load is a
+/// hole after its copy, and C is possible, never confirmed, never clean.
+#[test]
+fn hicache_load_back_on_an_unhooked_tree_core_is_a_hole() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out) = drive(&py, "unified-unhooked", &d);
+    let c = &facts["counts"];
+    assert_eq!(c["hicache_loads"], 1, "{facts}");
+    assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
+    assert_eq!(c["hook_errors"], 0, "{facts}");
+    let r = scope(&out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    let c: Vec<_> = r
+        .affected_responses
+        .iter()
+        .filter(|a| a.external_id.as_deref() == Some("C"))
+        .collect();
+    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
+    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}

@@ -344,3 +344,50 @@ fn a_huge_rayon_num_threads_is_capped_at_1024_threads() {
     assert!(many.stderr.contains("on 1024 threads"), "{}", many.stderr);
     assert_eq!(many.stdout, one.stdout);
 }
+
+/// Counts what the replay tells its reporter: the total it starts with
+/// and the events it reports applied since (the last start).
+#[derive(Default)]
+struct Tally {
+    phase: std::sync::Mutex<(String, u64, u64)>,
+}
+
+impl kvtrail::progress::Reporter for Tally {
+    fn start(&self, what: &str, total: u64) {
+        *self.phase.lock().unwrap() = (what.to_string(), total, 0);
+    }
+    fn advance(&self, n: u64) {
+        self.phase.lock().unwrap().2 += n;
+    }
+}
+
+/// Replays `t` with each thread count, pools on threads of their own or
+/// not: the replay phase's reports add up to its total (the scheduler
+/// reports in batches of events; the last batch of every scheduler, on
+/// every thread, must be told too).
+fn progress_totals(t: &Path) {
+    let trace = kvtrail::trace::Trace::open(t).unwrap();
+    for threads in [1, 2, 3] {
+        for pool_threads in [Some(true), Some(false)] {
+            let tally = Tally::default();
+            let opts = kvtrail::lineage::LineageOptions {
+                threads,
+                pool_threads,
+                ..Default::default()
+            };
+            kvtrail::lineage::run(&trace, &opts, &tally).unwrap();
+            let (what, total, done) = tally.phase.lock().unwrap().clone();
+            assert_eq!(what, "replay");
+            assert!(total > 0);
+            assert_eq!(done, total, "{threads} threads, {pool_threads:?}");
+        }
+    }
+}
+
+#[test]
+fn the_replay_reports_every_event_on_every_number_of_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    progress_totals(&groups().record(&tmp.path().join("g")));
+    progress_totals(&one_group().record(&tmp.path().join("o")));
+    progress_totals(&repo().join("tests/data/golden-v1"));
+}

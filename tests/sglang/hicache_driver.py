@@ -5,7 +5,8 @@ installed, streaming to a `kvtrail record` sidecar
     python hicache_driver.py SOCKET MODE
 
 MODE: clean, stale, fault, decode, decode-stale, unified, unified-stale,
-decode-unified, decode-unified-stale, storage, uncached.
+decode-unified, decode-unified-stale, storage, uncached, retract,
+retract-uncached, retract-cpu, unified-unhooked.
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -55,6 +56,23 @@ unified, unified-stale: clean and stale on the tree SGLang 0.5.19 builds by
 uncached: unified, with the hook given no cache pool (no
   KVTRAIL_CACHE_POOL): the host tier is out of the capture, so the load
   back is a hole in the device pool.
+unified-unhooked: unified, with the tree core's build_load_back_spec and
+  _split_node left unpatched (as with a tree core the hook does not
+  patch, SGLang's Rust one): the load back's expected nodes are unseen,
+  so the load is a hole after its copy.
+retract, retract-uncached: the unified tree's decode retraction to the
+  host pool (the default backend of a PD decode worker with an MHA
+  model): A prefills and is retracted, SGLang's retraction_backup copying
+  its device KV to host slots; its device slots are freed and B prefills
+  into them; A resumes into the same slots (the allocator hands them back)
+  and SGLang's retraction_restore copies A's host backup over B's KV; A
+  then reads its whole row, as the decode step after a resume does
+  (on_prebuilt). The KV A reads is A's own; without the copies recorded
+  its read would look foreign with B, an innocent customer, as the
+  source. retract-uncached: the same without a cache pool (the restore is
+  a hole in the device pool). retract-cpu: the same with the cpu_tensor
+  backend (Req.offload_kv_cache / load_kv_cache through SGLang's
+  retraction_backup / retraction_restore): the restore is a hole.
 decode-unified, decode-unified-stale: decode and decode-stale with the
   decode pool's tree the unified one, released by SGLang's own
   release_kv_cache.
@@ -86,8 +104,9 @@ import kvtrail_sglang as kh
 SOCK, MODE = sys.argv[1], sys.argv[2]
 DECODE = MODE.startswith("decode")
 STORAGE = MODE == "storage"
-UNCACHED = MODE == "uncached"
-UNIFIED = "unified" in MODE or STORAGE or UNCACHED
+RETRACT = MODE.startswith("retract")
+UNCACHED = MODE.endswith("uncached")
+UNIFIED = "unified" in MODE or STORAGE or UNCACHED or RETRACT
 STALE = MODE.endswith("stale")
 DEV = 16
 PREFILL = 32
@@ -232,6 +251,11 @@ def main():
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+        if MODE == "unified-unhooked":
+            from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+            for name in ("build_load_back_spec", "_split_node"):
+                setattr(UnifiedTreeCore, name, getattr(UnifiedTreeCore, name).__wrapped__)
         params.tree_components = (ComponentType.FULL,)
         cache = UnifiedRadixCache(params)
         cache.init_hicache(sa, params)
@@ -264,6 +288,9 @@ def main():
         return
     if STORAGE:
         storage_scenario(cache, kv, release, host_value)
+        return
+    if RETRACT:
+        retract_scenario(cache, kv)
         return
 
     def run(name, ids, tenant, prefix=None, last_node=None):
@@ -327,6 +354,65 @@ def main():
     kh.flush()
     facts["counts"] = kh.counts()
     facts["hook_stats"] = kh.stats()
+    kh.uninstall()
+    print(json.dumps(facts))
+
+
+def retract_scenario(cache, kv):
+    """The `retract` modes (see the module docstring)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rtp, alloc = cache.req_to_token_pool, cache.token_to_kv_pool_allocator
+    facts = {"mode": MODE}
+
+    def run(name, ids, tenant):
+        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=4), vocab_size=1000)
+        req.routing_key = tenant
+        req.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.output_ids.append(7)
+        alloc_for_extend(device_batch(cache, kv, req))
+        return req
+
+    def drop(req):
+        row = rtp.req_to_token[req.kv.req_pool_idx][:12].to(torch.int64)
+        alloc.free(row)
+        rtp.free(req)
+        return row.tolist()
+
+    a = run("A", list(range(1, 13)), "tenant-a")
+    assert a.seqlen - 1 == 12
+    if MODE == "retract-cpu":
+        from sglang.srt.mem_cache import common
+
+        assert common.retraction_backup(a, cache, rtp, alloc, "cpu_tensor")
+        restore = lambda: common.retraction_restore(a, cache, rtp, alloc, "cpu_tensor")  # noqa: E731
+    else:
+        backup = cache.retraction_backup(a)
+        assert backup is not None, "no host room for the backup"
+        restore = lambda: cache.retraction_restore(a, backup)  # noqa: E731
+    facts["A_device"] = drop(a)
+    b = run("B", list(range(101, 113)), "tenant-b")
+    facts["B_device"] = drop(b)
+    # A resumes: its row is preallocated (as _pre_alloc does, in A's name),
+    # and its KV restored from the host backup.
+    rtp.alloc([a])
+    with kh.request_context(a):
+        new = alloc.alloc(12)
+    rtp.write((a.kv.req_pool_idx, slice(0, 12)), new.to(torch.int32))
+    facts["A_resumed_into_B_slots"] = len(set(new.tolist()) & set(facts["B_device"]))
+    restore()
+    batch = device_batch(cache, kv, a)
+    kh.on_prebuilt(batch)
+    owner = {v: k for k, v in MARK.items()}
+    truth = {}
+    for s in new.tolist():
+        who = owner[float(kv.k_buffer[0][s, 0, 0])]
+        truth[who] = truth.get(who, 0) + 1
+    facts["A_reads_true_owner"] = truth
+    drop(a)
+    kh.flush()
+    facts["counts"] = kh.counts()
     kh.uninstall()
     print(json.dumps(facts))
 

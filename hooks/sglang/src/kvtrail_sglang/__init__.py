@@ -127,7 +127,8 @@ class _Hook:
         self.ungranted = {}
         self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
                        "hicache_key_mismatch": 0, "hicache_storage_loads": 0,
-                       "hicache_storage_tokens": 0, "hicache_loads_unverified": 0}
+                       "hicache_storage_tokens": 0, "hicache_loads_unverified": 0,
+                       "hicache_retraction_backups": 0, "hicache_retraction_restores": 0}
 
     def put(self, pool, item, mirror=True):
         """Queues ``item`` for the sidecar and, unless ``mirror`` is false
@@ -682,6 +683,16 @@ def on_load(ctrl, host_indices, device_indices):
     _copy(dev, cache, device_indices, host_indices)
     _H.counts["hicache_loads"] += 1
     expect = _load.expect
+    if expect is _UNSEEN:
+        # Inside a load back whose expected nodes the hook did not see (a
+        # tree core it does not hook, e.g. SGLang's Rust one, or a failure
+        # in the hook): whether a loaded host slot still holds the hit
+        # node's KV is unknown. Granting it could hide a stale key's
+        # exposure, withholding it could name the prefix's owner: a hole
+        # after the copy, so reads of the loaded slots are uncertain.
+        _H.put(dev, (_c.LOST, dev, 1))
+        _H.counts["hicache_loads_unverified"] += 1
+        return
     if expect is None:
         return
     written = _H.host_node.get(cache, {})
@@ -705,6 +716,9 @@ def _host_value(node):
 
     return node.component(ComponentType.FULL).host_value
 
+
+# _load.expect inside a load back before its expected nodes are known.
+_UNSEEN = object()
 
 # Marks a host slot whose content came from L3 storage (a prefetch): what
 # it holds is out of the capture's sight, not a node's backup.
@@ -782,7 +796,10 @@ def _wrap_load_back(orig, expected=_set_expected):
     def load_back(self, node, *args, **kwargs):
         if _H is None or _H.disabled or not _H.cache_pools:
             return orig(self, node, *args, **kwargs)
-        _load.expect = None
+        # Until the expected nodes are known (set before the call, or by
+        # the tree core's build_load_back_spec inside it), a load is
+        # unverifiable (on_load).
+        _load.expect = _UNSEEN
         if expected is not None:
             _guard("HiRadixCache.load_back", expected, node)
         try:
@@ -806,6 +823,110 @@ def on_split(child, new_node):
         for h in _c._as_list(capture_indices(hv)):
             if m.get(h) == child.id:
                 m[h] = new_node.id
+
+
+def _retraction_device(tree, req):
+    """The device slots a retraction backup or restore of ``req`` moves:
+    its row's first ``seqlen - 1`` slots, padded to whole pages as SGLang's
+    ``_retraction_device_transfers`` pads them (the pad lies in the row's
+    last page)."""
+    import torch
+
+    n = req.seqlen - 1
+    row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+    return tree._pad_retraction_indices(row, tree.page_size)
+
+
+def _retraction_pools(tree):
+    if _H is None or _H.disabled:
+        return None
+    return _hicache_pools(getattr(tree, "cache_controller", None))
+
+
+def _wrap_retraction_backup(orig):
+    """``UnifiedRadixCache.retraction_backup(self, req)``: a PD decode
+    worker's retraction copies the request's device KV to host slots with
+    the transfer engine itself (not the controller's ``write``), and waits
+    for it. Recorded after it returns (the copy is done, the device slots
+    unchanged since): a copy into the `cache` pool."""
+
+    def backup(self, req, *args, **kwargs):
+        out = orig(self, req, *args, **kwargs)
+        pools = _retraction_pools(self)
+        if out is not None and pools is not None and pools[1] is not None:
+            _guard("retraction backup", _on_retraction_backup, self, req, out, pools, hole=pools[1])
+        return out
+
+    backup.__wrapped__ = orig
+    return backup
+
+
+def _on_retraction_backup(tree, req, out, pools):
+    dev, cache = pools
+    _copy(cache, dev, out.host_indices, _retraction_device(tree, req))
+    _H.counts["hicache_retraction_backups"] += 1
+
+
+def _wrap_retraction_restore(orig):
+    """``UnifiedRadixCache.retraction_restore(self, req, backup)``: the
+    backup is copied back into the request's newly preallocated device
+    slots by the transfer engine, waited for, and its host slots freed.
+    Recorded after it returns: a copy from the `cache` pool (a host slot's
+    content is unchanged by its free); without a cache pool, a hole in the
+    device pool. If SGLang raises part way, what reached the device slots
+    is unknown: a hole in the device pool too."""
+
+    def restore(self, req, backup, *args, **kwargs):
+        pools = _retraction_pools(self)
+        host = getattr(backup, "host_indices", None)
+        try:
+            out = orig(self, req, backup, *args, **kwargs)
+        except BaseException:
+            if pools is not None:
+                _guard("retraction restore", _lost, pools[0])
+            raise
+        if pools is not None:
+            _guard("retraction restore", _on_retraction_restore, self, req, host, pools, hole=pools[0])
+        return out
+
+    restore.__wrapped__ = orig
+    return restore
+
+
+def _lost(pool):
+    _H.put(pool, (_c.LOST, pool, 1))
+    _H.counts["hicache_loads_unverified"] += 1
+
+
+def _on_retraction_restore(tree, req, host, pools):
+    dev, cache = pools
+    if cache is None or host is None:
+        _lost(dev)
+        return
+    _copy(dev, cache, _retraction_device(tree, req), host)
+    _H.counts["hicache_retraction_restores"] += 1
+
+
+def _wrap_load_kv_cache(orig):
+    """``Req.load_kv_cache(self, req_to_token_pool, allocator)``: decode
+    retraction's ``cpu_tensor`` backend restores the request's KV from a
+    per-request CPU tensor into its new device slots. That tensor is in no
+    pool, and a copy is stamped with its source as it is now, not as it was
+    at the backup: the restore is a hole in the device pool (the restored
+    slots must not read as the stale KV the trace last saw there)."""
+
+    def load_kv_cache(self, req_to_token_pool, token_to_kv_pool_allocator, *args, **kwargs):
+        try:
+            return orig(self, req_to_token_pool, token_to_kv_pool_allocator, *args, **kwargs)
+        finally:
+            if _H is not None and not _H.disabled:
+                pool = getattr(token_to_kv_pool_allocator, "_kvtrail_pool", None)
+                pool = _H.default_pool if pool is None else pool
+                if pool >= 0:
+                    _guard("retraction restore", _lost, pool)
+
+    load_kv_cache.__wrapped__ = orig
+    return load_kv_cache
 
 
 def _wrap_host_alloc(orig):
@@ -981,6 +1102,12 @@ _PATCHES = [
      _wrap_prefetch_result),
     ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "_handle_prefetch_result",
      _wrap_prefetch_result),
+    # Decode retraction to the host pool: copies by the transfer engine.
+    ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "retraction_backup",
+     _wrap_retraction_backup),
+    ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "retraction_restore",
+     _wrap_retraction_restore),
+    ("sglang.srt.managers.schedule_batch", "Req", "load_kv_cache", _wrap_load_kv_cache),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "alloc", _wrap_host_alloc),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "free", _wrap_host_free),
     ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "load_back", _wrap_load_back),
@@ -1128,8 +1255,13 @@ def stats():
 def counts():
     """The hook's own counters: ``hook_errors`` (a failure inside a hook
     function, caught and logged: the engine went on), HiCache offloads and
-    loads recorded, and ``hicache_key_mismatch`` (loaded slots whose host
-    copy was written for another tree node: no grant at the prefix hit)."""
+    loads recorded, ``hicache_key_mismatch`` (loaded slots whose host copy
+    was written for another tree node: no grant at the prefix hit),
+    ``hicache_loads_unverified`` (loads back and retraction restores
+    recorded as holes in the device pool), ``hicache_storage_loads`` /
+    ``hicache_storage_tokens`` (L3 prefetches grafted, recorded as holes),
+    ``hicache_retraction_backups`` / ``hicache_retraction_restores``
+    (decode retraction to the host pool, recorded as copies)."""
     return dict(_H.counts) if _H is not None else {}
 
 
