@@ -582,3 +582,57 @@ fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
     assert_eq!(f["finish"]["a"], "length");
     assert_eq!(f["guard"]["aborts"], 1);
 }
+
+/// tests/vllm/lmcache_driver.py in `mode` (the real lmcache 0.5.6 on CPU)
+/// with the guard in abort mode, in a fresh working directory (lmcache's
+/// lookup socket and the process-group file live there), no sidecar.
+fn lmcache_run(py: &Path, native: &Path, mode: &str) -> Value {
+    let d = tempfile::tempdir().unwrap();
+    let path = [
+        native.to_path_buf(),
+        root().join("hooks/vllm/src"),
+        root().join("hooks/client/src"),
+    ];
+    let o = Command::new(py)
+        .arg("-W")
+        .arg("ignore")
+        .arg(root().join("tests/vllm/lmcache_driver.py"))
+        .arg(d.path().join("absent.sock"))
+        .arg(mode)
+        .env("PYTHONPATH", std::env::join_paths(path).unwrap())
+        .env("HF_HUB_OFFLINE", "1")
+        .env("KVTRAIL_GUARD", "abort")
+        .env("KVTRAIL_GUARD_UNKNOWN", "abort")
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    facts_of(&o, mode)
+}
+
+/// The guard over LMCache loads (real lmcache package, recorded as copies
+/// through the cache pool): the request's check waits for lmcache's load
+/// (run after schedule, in start_load_kv). A clean hit (a2, tenant-a,
+/// loading a's chunks) is checked and passes; the planted stale chunk
+/// (a's keys naming f's memory objects) is foreign and a2 ends with an
+/// error, its output of that step dropped.
+#[test]
+fn guard_lmcache_clean_hit_runs_and_stale_chunk_aborts() {
+    let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
+        return;
+    };
+    if !crate::record_vllm::lmcache_ready() {
+        return;
+    }
+    let f = lmcache_run(&py, &native, "hit");
+    let g = &f["guard"];
+    assert!(g["checks"].as_u64().unwrap() >= 1, "{g}");
+    assert_eq!(g["checks"], g["ok"], "{g}");
+    assert_eq!((&g["aborts"], &g["errors"]), (&0.into(), &0.into()), "{g}");
+    assert_eq!(f["finish"]["a2"], "length", "{f}");
+    assert_eq!(f["bytes"]["a2"]["sources"], serde_json::json!(["a"]), "{f}");
+    let f = lmcache_run(&py, &native, "stale");
+    assert_eq!(f["bytes"]["a2"]["sources"], serde_json::json!(["f"]), "{f}");
+    assert_eq!(f["finish"]["a2"], "error", "{f}");
+    assert_eq!(f["finish"]["a"], "length", "{f}");
+    assert_eq!(f["guard"]["aborts"], 1, "{f}");
+}

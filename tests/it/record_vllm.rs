@@ -902,7 +902,7 @@ fn vllm_lmcache_loads_are_recorded_as_holes() {
 /// the lmcache folder of .ci/setup.d/35-lmcache.sh (the driver finds it
 /// through the same path). Missing: a SKIP line, or a failure when `CI` is
 /// set.
-fn lmcache_ready() -> bool {
+pub(crate) fn lmcache_ready() -> bool {
     if venv::VLLM.python().is_none() {
         return false;
     }
