@@ -145,6 +145,32 @@ fn assert_clean(out: &Path) {
 /// The capture verifies complete and the one affected response is C,
 /// confirmed, with exactly the sources, by request, that the KV tensors
 /// hold in the slots C read (the markers each request's forward wrote),
+/// No response of the report is confirmed affected.
+fn nothing_confirmed(r: &ScopeReport) {
+    assert!(
+        r.affected_responses
+            .iter()
+            .all(|a| a.confidence != Confidence::Confirmed),
+        "{:?}",
+        r.affected_responses
+    );
+}
+
+/// A load the capture could not vouch for: the capture is incomplete, C
+/// is possibly affected, and nothing is confirmed.
+fn c_possible_only(out: &Path) {
+    let r = scope(out);
+    assert!(!r.coverage.complete, "{:?}", r.coverage);
+    let c: Vec<_> = r
+        .affected_responses
+        .iter()
+        .filter(|a| a.external_id.as_deref() == Some("C"))
+        .collect();
+    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
+    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
+    nothing_confirmed(&r);
+}
+
 /// B among them.
 fn c_confirmed_with_true_sources(facts: &serde_json::Value, out: &Path) {
     verified_complete(out);
@@ -242,13 +268,7 @@ fn hicache_hook_failure_is_counted_and_leaves_holes() {
     let v = kvtrail(["verify", s(&out)]).run();
     assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
     let r = scope(&out);
-    assert!(
-        r.affected_responses
-            .iter()
-            .all(|a| a.confidence != Confidence::Confirmed),
-        "{:?}",
-        r.affected_responses
-    );
+    nothing_confirmed(&r);
 }
 
 /// Decode radix cache under HiCache: KV that arrived by transfer is backed
@@ -341,22 +361,7 @@ fn hicache_storage_prefetch_is_recorded_as_unverifiable() {
     assert_eq!(c["hook_errors"], 0, "{facts}");
     let v = kvtrail(["verify", s(&out)]).run();
     assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
-    let r = scope(&out);
-    assert!(!r.coverage.complete, "{:?}", r.coverage);
-    let c: Vec<_> = r
-        .affected_responses
-        .iter()
-        .filter(|a| a.external_id.as_deref() == Some("C"))
-        .collect();
-    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
-    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
-    assert!(
-        r.affected_responses
-            .iter()
-            .all(|a| a.confidence != Confidence::Confirmed),
-        "{:?}",
-        r.affected_responses
-    );
+    c_possible_only(&out);
 }
 
 /// HiCache on without a cache pool (no KVTRAIL_CACHE_POOL): the host tier
@@ -381,22 +386,7 @@ fn hicache_without_a_cache_pool_records_loads_as_holes() {
     assert_eq!(c["hook_errors"], 0, "{facts}");
     let v = kvtrail(["verify", s(&out)]).run();
     assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
-    let r = scope(&out);
-    assert!(!r.coverage.complete, "{:?}", r.coverage);
-    let c: Vec<_> = r
-        .affected_responses
-        .iter()
-        .filter(|a| a.external_id.as_deref() == Some("C"))
-        .collect();
-    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
-    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
-    assert!(
-        r.affected_responses
-            .iter()
-            .all(|a| a.confidence != Confidence::Confirmed),
-        "{:?}",
-        r.affected_responses
-    );
+    c_possible_only(&out);
 }
 
 /// Decode retraction to the host pool (the unified tree's
@@ -456,13 +446,7 @@ fn retraction_hole(mode: &str) {
     assert_eq!(c["hook_errors"], 0, "{facts}");
     let r = scope(&out);
     assert!(!r.coverage.complete, "{:?}", r.coverage);
-    assert!(
-        r.affected_responses
-            .iter()
-            .all(|a| a.confidence != Confidence::Confirmed),
-        "{:?}",
-        r.affected_responses
-    );
+    nothing_confirmed(&r);
 }
 
 /// A load back on a tree core the hook does not patch (SGLang's Rust one;
@@ -482,20 +466,5 @@ fn hicache_load_back_on_an_unhooked_tree_core_is_a_hole() {
     assert_eq!(c["hicache_loads"], 1, "{facts}");
     assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
     assert_eq!(c["hook_errors"], 0, "{facts}");
-    let r = scope(&out);
-    assert!(!r.coverage.complete, "{:?}", r.coverage);
-    let c: Vec<_> = r
-        .affected_responses
-        .iter()
-        .filter(|a| a.external_id.as_deref() == Some("C"))
-        .collect();
-    assert_eq!(c.len(), 1, "{:?}", r.affected_responses);
-    assert_eq!(c[0].confidence, Confidence::Possible, "{:?}", c[0]);
-    assert!(
-        r.affected_responses
-            .iter()
-            .all(|a| a.confidence != Confidence::Confirmed),
-        "{:?}",
-        r.affected_responses
-    );
+    c_possible_only(&out);
 }
