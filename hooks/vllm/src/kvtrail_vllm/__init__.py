@@ -1104,7 +1104,10 @@ def _w_lmcache_alloc(orig):
                     _H.lmcache_loads += 1
                     if eng.cache_pool is not None and eng in _H.lmc_engines and len(_H.lmc_engines) == 1:
                         if len(eng.lmc_wait) > 100_000:  # abandoned: keep memory bounded
-                            eng.lmc_wait.pop(next(iter(eng.lmc_wait)))
+                            # Never drop deferred reads: a hole, then them.
+                            old = next(iter(eng.lmc_wait))
+                            _lmc_unseen(eng, only=old)
+                            eng.lmc_wait.pop(old, None)
                         eng.lmc_wait[request.request_id] = {"n": n, "reads": None}
                     else:
                         _H.lmcache_holes += 1
