@@ -142,9 +142,6 @@ fn assert_clean(out: &Path) {
     );
 }
 
-/// The capture verifies complete and the one affected response is C,
-/// confirmed, with exactly the sources, by request, that the KV tensors
-/// hold in the slots C read (the markers each request's forward wrote),
 /// No response of the report is confirmed affected.
 fn nothing_confirmed(r: &ScopeReport) {
     assert!(
@@ -171,6 +168,9 @@ fn c_possible_only(out: &Path) {
     nothing_confirmed(&r);
 }
 
+/// The capture verifies complete and the one affected response is C,
+/// confirmed, with exactly the sources, by request, that the KV tensors
+/// hold in the slots C read (the markers each request's forward wrote),
 /// B among them.
 fn c_confirmed_with_true_sources(facts: &serde_json::Value, out: &Path) {
     verified_complete(out);
@@ -467,4 +467,51 @@ fn hicache_load_back_on_an_unhooked_tree_core_is_a_hole() {
     assert_eq!(c["hicache_loads_unverified"], 1, "{facts}");
     assert_eq!(c["hook_errors"], 0, "{facts}");
     c_possible_only(&out);
+}
+
+/// SGLang's direct L3 path (the unified tree's external cache linker, no
+/// host tier): C's prefix comes from an external store into device slots
+/// B's KV had occupied. The store is out of the capture's sight, so the
+/// load is a hole: C is possible, its sources (the slots' earlier writers,
+/// B among them) only possible, never confirmed, C never listed as a
+/// shared read of B's KV, and the capture is incomplete. The same whether C really read
+/// A's KV (`linker`) or, with A's keys planted to name B's pages, B's
+/// (`linker-stale`): never clean.
+#[test]
+fn linker_load_back_is_recorded_as_unverifiable() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    for (mode, truth) in [("linker", "A"), ("linker-stale", "B")] {
+        let d = tempfile::tempdir().unwrap();
+        let (facts, out) = drive(&py, mode, &d);
+        assert!(
+            facts["C_loaded_into_B_slots"].as_u64().unwrap() >= 4,
+            "{facts}"
+        );
+        assert_eq!(facts["C_prefix_true_owner"], serde_json::json!({truth: 12}));
+        let c = &facts["counts"];
+        assert_eq!(c["linker_loads_unverified"], 1, "{facts}");
+        assert_eq!(c["linker_tokens"], 12, "{facts}");
+        assert_eq!(c["hook_errors"], 0, "{facts}");
+        let v = kvtrail(["verify", s(&out)]).run();
+        assert!(v.stdout.contains("INCOMPLETE"), "{}", v.stdout);
+        c_possible_only(&out);
+        let r = scope(&out);
+        assert!(
+            r.affected_responses
+                .iter()
+                .flat_map(|a| &a.sources)
+                .all(|s| s.confidence == Confidence::Possible),
+            "{mode}: a source named with certainty: {:?}",
+            r.affected_responses
+        );
+        assert!(
+            r.cross_tenant_shared
+                .iter()
+                .all(|x| x.external_id.as_deref() != Some("C")),
+            "{mode}: {:?}",
+            r.cross_tenant_shared
+        );
+    }
 }

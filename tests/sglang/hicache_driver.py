@@ -6,7 +6,7 @@ installed, streaming to a `kvtrail record` sidecar
 
 MODE: clean, stale, fault, decode, decode-stale, unified, unified-stale,
 decode-unified, decode-unified-stale, storage, uncached, retract,
-retract-uncached, retract-cpu, unified-unhooked.
+retract-uncached, retract-cpu, unified-unhooked, linker, linker-stale.
 
 Real (sglang 0.5.19 from the venv, patched by kvtrail_sglang): HiRadixCache
 (insert with write-through backup, match_prefix, evict, init_load_back /
@@ -87,6 +87,23 @@ storage: the unified tree with L3 storage, SGLang's `file` backend
   torch's JIT loader with ninja). The single rank's parallel values (tp,
   pp, attention ranks 0 of 1) are set through SGLang's own
   get_parallel().override, as a server's initialized groups would give.
+linker, linker-stale: the unified tree with SGLang's direct L3 path (no
+  host tier): UnifiedRadixCache.init_cache_linker with an external store,
+  driven by SGLang's real UnifiedCacheLinkerWrapper (match's lookup and
+  hit marker, load_back's slot allocation, tree insert and queued load,
+  write-through offload_nodes, check_hicache_events' completion steps).
+  Replaced: the store backend only. SGLang's one backend for it,
+  MooncakeDirectLinker, reads and writes GPU buffers through Mooncake's
+  RDMA transfer engine, which does not run here; `MemLinker` below
+  implements SGLang's UnifiedCacheLinker interface over a dict of page
+  copies keyed by SGLang's own page hashes (the hash extension is built
+  as in `storage`). A (tenant-a) prefills, is offloaded to the store and
+  evicted from device; B (tenant-b) runs in A's former slots and is
+  evicted too; C (tenant-a) misses on device, hits A's pages in the store
+  and load_back brings them into slots B's KV had occupied. C's read is
+  A's KV (clean) or, with linker-stale (A's keys planted to hold B's
+  pages), B's. The store is out of the capture's sight either way: the
+  load is a hole, C is possible, never confirmed, never clean.
 Prints one JSON line of facts.
 """
 
@@ -105,8 +122,9 @@ SOCK, MODE = sys.argv[1], sys.argv[2]
 DECODE = MODE.startswith("decode")
 STORAGE = MODE == "storage"
 RETRACT = MODE.startswith("retract")
+LINKER = MODE.startswith("linker")
 UNCACHED = MODE.endswith("uncached")
-UNIFIED = "unified" in MODE or STORAGE or UNCACHED or RETRACT
+UNIFIED = "unified" in MODE or STORAGE or UNCACHED or RETRACT or LINKER
 STALE = MODE.endswith("stale")
 DEV = 16
 PREFILL = 32
@@ -216,6 +234,10 @@ def main():
 
     ratio = 0.75 if STALE else 2.0  # host slots: 13 / 33
     storage = {}
+    if LINKER:
+        # SGLang's page hash extension is built by torch's JIT loader with
+        # ninja, found on PATH as in an activated venv.
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     if STORAGE:
         import tempfile
 
@@ -258,6 +280,10 @@ def main():
                 setattr(UnifiedTreeCore, name, getattr(UnifiedTreeCore, name).__wrapped__)
         params.tree_components = (ComponentType.FULL,)
         cache = UnifiedRadixCache(params)
+        if LINKER:
+            cache.init_cache_linker(MemLinker(kv))
+            linker_scenario(cache, kv)
+            return
         cache.init_hicache(sa, params)
         full = ComponentType.FULL
 
@@ -351,6 +377,148 @@ def main():
         truth[who] = truth.get(who, 0) + 1
     facts["C_prefix_true_owner"] = truth
     release(c, cache)
+    kh.flush()
+    facts["counts"] = kh.counts()
+    facts["hook_stats"] = kh.stats()
+    kh.uninstall()
+    print(json.dumps(facts))
+
+
+class MemLinker:
+    """SGLang's UnifiedCacheLinker interface over an in-memory store: page
+    hash -> that page's K and V rows of every layer. Loads run at
+    start_layer_wise_loading, offloads at once; both complete in order."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.store = {}
+        self.layer_done_counter = None
+        self.pending = {}
+        self.loads_done = []
+        self.offloads_done = []
+
+    def _pages(self, t):
+        return t.device_indices.to(torch.int64).reshape(len(t.keys), -1)
+
+    def lookup(self, rid, transfers):
+        out = []
+        for i, k in enumerate(transfers[0].keys):
+            if k not in self.store:
+                break
+            out.append(i + 1)
+        return out
+
+    def load(self, rid, transfers):
+        self.pending[rid] = transfers
+        return True
+
+    def start_layer_wise_loading(self):
+        if not self.pending:
+            return -1
+        for transfers in self.pending.values():
+            for t in transfers:
+                for k, rows in zip(t.keys, self._pages(t)):
+                    ks, vs = self.store[k]
+                    for layer in range(self.kv.layer_num):
+                        self.kv.k_buffer[layer][rows] = ks[layer]
+                        self.kv.v_buffer[layer][rows] = vs[layer]
+        self.loads_done.append(list(self.pending))
+        self.pending = {}
+        return 0
+
+    def cancel_queued_load(self, rid):
+        return self.pending.pop(rid, None) is not None
+
+    def num_completed_loads(self):
+        return len(self.loads_done)
+
+    def pop_completed_load(self):
+        return self.loads_done.pop(0)
+
+    def offload(self, transfers):
+        for t in transfers:
+            for k, rows in zip(t.keys, self._pages(t)):
+                self.store[k] = ([self.kv.k_buffer[i][rows].clone() for i in range(self.kv.layer_num)],
+                                 [self.kv.v_buffer[i][rows].clone() for i in range(self.kv.layer_num)])
+        self.offloads_done.append(True)
+        return True
+
+    def num_completed_offloads(self):
+        return len(self.offloads_done)
+
+    def pop_completed_offload(self):
+        return self.offloads_done.pop(0)
+
+    def reset(self):
+        self.pending.clear()
+
+    def close(self):
+        self.reset()
+
+
+def linker_scenario(cache, kv):
+    """The `linker` modes (see the module docstring)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rtp = cache.req_to_token_pool
+    store = cache.linker.cache_linker.store
+
+    def run(name, ids, tenant, prefix=None, last_node=None):
+        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+        req.routing_key = tenant
+        req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
+        req.output_ids.append(7)
+        req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
+        cache.inc_lock_ref(req.last_node)
+        alloc_for_extend(device_batch(cache, kv, req))
+        return req
+
+    def offloaded(req, ids):
+        """Release into the tree (write-through offloads to the store), the
+        scheduler's completion step, then eviction from the device."""
+        before = set(store)
+        release_kv_cache(req, cache)
+        cache.check_hicache_events()
+        cache.evict(EvictParams(num_tokens=len(ids)))
+        return [k for k in store if k not in before]
+
+    a_ids, b_ids = list(range(1, 13)), list(range(101, 113))
+    c_ids = a_ids + [13, 14]
+    facts = {"mode": MODE}
+    a = run("A", a_ids, "tenant-a")
+    facts["A_device"] = rtp.req_to_token[a.kv.req_pool_idx][:12].tolist()
+    a_keys = offloaded(a, a_ids)
+    b = run("B", b_ids, "tenant-b")
+    facts["B_device"] = rtp.req_to_token[b.kv.req_pool_idx][:12].tolist()
+    b_keys = offloaded(b, b_ids)
+    facts["store_pages"] = {"A": len(a_keys), "B": len(b_keys)}
+    if MODE == "linker-stale":
+        # The planted defect: A's keys name B's pages in the store.
+        for ka, kb in zip(a_keys, b_keys):
+            store[ka] = store[kb]
+    creq = Req("C", "", array("q", c_ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", c_ids)), req=creq))
+    assert len(m.device_indices) == 0 and m.host_hit_length == 12, m
+    creq.last_node = m.last_device_node
+    loaded, c_node = cache.init_load_back(InitLoadBackParams(
+        best_match_node=m.best_match_node, host_hit_length=m.host_hit_length, req=creq))
+    assert len(loaded) == 12, "no load back"
+    cache.ready_to_load_host_cache()
+    cache.check_hicache_events()
+    facts["C_loaded_into"] = loaded.tolist()
+    facts["C_loaded_into_B_slots"] = len(set(loaded.tolist()) & set(facts["B_device"]))
+    c = run("C", c_ids, "tenant-a", prefix=loaded, last_node=c_node)
+    owner = {v: k for k, v in MARK.items()}
+    truth = {}
+    for slot in loaded.tolist():
+        who = owner[float(kv.k_buffer[0][slot, 0, 0])]
+        truth[who] = truth.get(who, 0) + 1
+    facts["C_prefix_true_owner"] = truth
+    release_kv_cache(c, cache)
     kh.flush()
     facts["counts"] = kh.counts()
     facts["hook_stats"] = kh.stats()

@@ -48,6 +48,10 @@ it, and never changes arguments or results):
   ``build_load_back_spec`` and ``_split_node``. An L3 storage prefetch
   grafted into either tree (``_handle_prefetch_result``) is a ``lost`` line
   in the cache pool: what the storage backend wrote is unverifiable.
+- the unified tree's direct L3 linker (``UnifiedCacheLinkerWrapper.load_back``,
+  an external store loading straight into device slots, no host tier): a
+  load back that had a hit is a ``lost`` line in the device pool, with or
+  without a cache pool (the store's content is unverifiable).
 
 The guard (docs/guard.md; ``KVTRAIL_GUARD=off|alert|abort``, default
 alert; ``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow) mirrors every
@@ -128,7 +132,8 @@ class _Hook:
         self.counts = {"hook_errors": 0, "hicache_offloads": 0, "hicache_loads": 0,
                        "hicache_key_mismatch": 0, "hicache_storage_loads": 0,
                        "hicache_storage_tokens": 0, "hicache_loads_unverified": 0,
-                       "hicache_retraction_backups": 0, "hicache_retraction_restores": 0}
+                       "hicache_retraction_backups": 0, "hicache_retraction_restores": 0,
+                       "linker_loads_unverified": 0, "linker_tokens": 0}
 
     def put(self, pool, item, mirror=True):
         """Queues ``item`` for the sidecar and, unless ``mirror`` is false
@@ -907,6 +912,52 @@ def _on_retraction_restore(tree, req, host, pools):
     _H.counts["hicache_retraction_restores"] += 1
 
 
+def _wrap_linker_load_back(orig):
+    """``UnifiedCacheLinkerWrapper.load_back(self, req)``: the unified
+    tree's direct L3 path (an external KV store linked straight to the
+    device pool, no host tier; SGLang's ``MooncakeDirectLinker``) allocates
+    device slots for the stored tail of a prefix hit, queues the store's
+    load into them and inserts them into the tree. The store is keyed by
+    content hash, shared across engines and restarts, and its backend
+    writes the slots on its own threads: whose KV lands there is out of
+    the capture's sight. A load back that had a hit and returns loaded
+    slots (or raises part way) is a hole in the device pool after it
+    (``linker_loads_unverified``, ``linker_tokens``): reads of the loaded
+    slots are uncertain, never clean and never confirmed with the slots'
+    earlier writer as the source."""
+
+    def load_back(self, req, *args, **kwargs):
+        if _H is None or _H.disabled:
+            return orig(self, req, *args, **kwargs)
+        hit = getattr(req, "rid", None) in (getattr(self, "hit_markers", None) or {})
+        try:
+            out = orig(self, req, *args, **kwargs)
+        except BaseException:
+            if hit:
+                _guard("linker load back", _linker_lost, self, 0)
+            raise
+        if hit:
+            idx = out[0] if isinstance(out, tuple) and out else None
+            n = 0 if idx is None else len(_c._as_list(capture_indices(idx)))
+            if n:
+                _guard("linker load back", _linker_lost, self, n)
+        return out
+
+    load_back.__wrapped__ = orig
+    return load_back
+
+
+def _linker_lost(wrapper, tokens):
+    alloc = getattr(getattr(wrapper, "cache", None), "token_to_kv_pool_allocator", None)
+    pool = getattr(alloc, "_kvtrail_pool", None)
+    pool = _H.default_pool if pool is None else pool
+    if pool < 0:
+        return
+    _H.put(pool, (_c.LOST, pool, 1))
+    _H.counts["linker_loads_unverified"] += 1
+    _H.counts["linker_tokens"] += tokens
+
+
 def _wrap_load_kv_cache(orig):
     """``Req.load_kv_cache(self, req_to_token_pool, allocator)``: decode
     retraction's ``cpu_tensor`` backend restores the request's KV from a
@@ -1108,6 +1159,9 @@ _PATCHES = [
     ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "retraction_restore",
      _wrap_retraction_restore),
     ("sglang.srt.managers.schedule_batch", "Req", "load_kv_cache", _wrap_load_kv_cache),
+    # The unified tree's direct L3 linker (no host tier): loads are holes.
+    ("sglang.srt.mem_cache.unified_cache.unified_cache_linker", "UnifiedCacheLinkerWrapper", "load_back",
+     _wrap_linker_load_back),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "alloc", _wrap_host_alloc),
     ("sglang.srt.mem_cache.pool_host.base", "HostKVCache", "free", _wrap_host_free),
     ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "load_back", _wrap_load_back),
