@@ -224,15 +224,24 @@ impl SharedFile {
     fn deal(&self, reader: u16, first_row: u64, events: &[KvEvent]) -> Result<()> {
         let mut guard = self.queues()?;
         let q = &mut *guard;
-        let mut split: HashMap<u16, Batch> = HashMap::new();
+        // The pools still reading here (a shared file has a few): a
+        // linear look-up per row, the last hit first, no hashing.
+        let pools: Vec<u16> = q
+            .pools
+            .iter()
+            .filter(|(_, pq)| pq.detached.is_none())
+            .map(|(&p, _)| p)
+            .collect();
+        let mut split: Vec<Option<Batch>> = pools.iter().map(|_| None).collect();
+        let mut last = 0;
         for (i, e) in events.iter().enumerate() {
-            let Some(pq) = q.pools.get(&e.pool) else {
-                continue;
-            };
-            if pq.detached.is_some() {
-                continue;
+            if pools.get(last) != Some(&e.pool) {
+                match pools.iter().position(|&p| p == e.pool) {
+                    Some(k) => last = k,
+                    None => continue,
+                }
             }
-            let b = split.entry(e.pool).or_insert_with(|| {
+            let b = split[last].get_or_insert_with(|| {
                 let mut b = q.spare.pop().unwrap_or_default();
                 b.events.clear();
                 b.locs.clear();
@@ -242,7 +251,11 @@ impl SharedFile {
             b.locs.push((self.fi, first_row + i as u64));
         }
         drop(guard);
-        for (pool, b) in split {
+        for (pool, b) in pools
+            .into_iter()
+            .zip(split)
+            .filter_map(|(p, b)| Some((p, b?)))
+        {
             let mut q = self.queues()?;
             // A full queue: wait while its stream takes batches; detach
             // it once it takes none for `STALL` (it waits on this pool,

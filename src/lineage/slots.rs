@@ -47,6 +47,15 @@ impl<P: ?Sized> Pages<P> {
             .as_deref()
     }
 
+    /// Page `page`, if anything was ever stored in it, to change.
+    #[inline]
+    pub fn get_mut(&mut self, page: usize) -> Option<&mut P> {
+        self.blocks
+            .get_mut(page >> BLOCK_BITS)?
+            .get_mut(page & (BLOCK - 1))?
+            .as_deref_mut()
+    }
+
     /// Page `page`, allocated with `make` on first use.
     #[inline]
     pub fn get_or_insert_with(&mut self, page: usize, make: impl FnOnce() -> Box<P>) -> &mut P {

@@ -33,8 +33,8 @@ impl StaleBits {
     /// stale for the new holder.
     pub fn alloc(&mut self, a: u64, b: u64) {
         for (pi, lo, hi) in segments(a, b) {
-            if self.pages.get(pi).is_some() {
-                set_bits(self.page_mut(pi), lo, hi, true);
+            if let Some(page) = self.pages.get_mut(pi) {
+                set_bits(page, lo, hi, true);
             }
         }
     }
