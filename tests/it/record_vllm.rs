@@ -968,11 +968,13 @@ fn capture_lmcache(mode: &str, d: &tempfile::TempDir) -> (serde_json::Value, Pat
     assert_eq!(facts["lmcache_stats"]["a"]["stored"], 64, "{facts}");
     assert_eq!(facts["lmcache_stats"]["f"]["stored"], 160, "{facts}");
     let third = facts["third"].as_str().unwrap().to_string();
-    assert_eq!(
-        facts["finish"],
-        serde_json::json!({"a": "length", "f": "length", third: "length"}),
-        "{facts}"
-    );
+    let mut finish = serde_json::json!({"a": "length", "f": "length", third: "length"});
+    if mode == "evict" {
+        for i in 0..5 {
+            finish[format!("s{i}")] = "length".into();
+        }
+    }
+    assert_eq!(facts["finish"], finish, "{facts}");
     (facts, out, side_err)
 }
 
@@ -1083,6 +1085,81 @@ fn vllm_lmcache_real_package_loads_are_cache_pool_copies() {
             "{mode}: {j:#}"
         );
     }
+}
+
+/// lmcache's own eviction, and the memory it frees reused: its local CPU
+/// backend holds 10 chunks, so storing f's 10 evicts a's 4 and puts f's
+/// chunks 6 to 9 in a's former memory objects (the same allocator
+/// addresses). Short requests (no full chunk, nothing stored) take f's
+/// tail blocks from vLLM's prefix cache; f2 (tenant-f, f's 160 tokens and
+/// 2 more) hits f's first 6 blocks in vLLM and lmcache loads chunks 6 to
+/// 9 from the reused memory. The truth: the bytes loaded are f's. The
+/// capture records the eviction as frees in the cache pool and the
+/// reuse as f's stores, so the load is f's own KV: clean, complete, and
+/// a (whose KV those cache slots held before) is named nowhere.
+#[test]
+fn vllm_lmcache_real_package_evicted_and_reused_memory_stays_clean() {
+    if !lmcache_ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_lmcache("evict", &d);
+    assert_eq!(
+        facts["chunks"],
+        serde_json::json!({"a": 4, "f": 10}),
+        "{facts}"
+    );
+    assert_eq!(facts["evicted_a"], 4, "{facts}");
+    for i in 0..4 {
+        assert_eq!(
+            facts["addr"]["f"][(6 + i).to_string()],
+            facts["addr"]["a"][i],
+            "f's chunk {} is not in a's memory: {facts}",
+            6 + i
+        );
+    }
+    assert_eq!(
+        facts["f_kept"],
+        serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+        "{facts}"
+    );
+    let st = &facts["lmcache_stats"]["f2"];
+    assert_eq!(st["lookup_hits"], 160, "{facts}");
+    assert_eq!(st["retrieved"], 64, "{facts}");
+    assert_eq!(
+        facts["bytes"]["f2"],
+        serde_json::json!({"equal_to_a": false, "changed": true, "sources": ["f"]}),
+        "{facts}"
+    );
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["lmcache_loads"], 1, "{hook}");
+    assert_eq!(hook["lmcache_copies"], 15, "{hook}");
+    assert_eq!(hook["lmcache_holes"], 0, "{hook}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let trace = Trace::open(&out).unwrap();
+    let f2 = id_of(&trace, "f2");
+    assert_eq!(copied(&trace, 2, 0, None), 224, "a and f stored");
+    assert_eq!(copied(&trace, 0, 2, Some(f2)), 64, "loaded");
+    let freed: u32 = record::events(&trace)
+        .get(&2)
+        .map(|v| {
+            v.iter()
+                .filter(|e| e.op == Op::Free)
+                .map(|e| e.slot_count)
+                .sum()
+        })
+        .unwrap_or(0);
+    assert!(freed >= 64, "a's evicted chunks not freed: {freed}");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+    assert!(j["cross_tenant_shared"].is_null(), "{j:#}");
 }
 
 /// lmcache's local CPU backend planted stale: its index entry for each of

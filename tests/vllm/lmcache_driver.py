@@ -17,7 +17,14 @@ Usage: lmcache_driver.py SOCKET MODE, MODE one of
   chunks (a's objects go back to lmcache's allocator): a2 loads f's KV;
 - unseen: four chunks holding the KV of a request the trace never saw
   ("ext") are put straight into the CPU backend (its allocator and put,
-  not the engine's store path); u (tenant-u) gets a 64-token hit on them.
+  not the engine's store path); u (tenant-u) gets a 64-token hit on them;
+- evict: lmcache's local CPU backend has room for 10 chunks, so f's store
+  evicts a's 4 chunks (lmcache's own LRU eviction) and puts f's chunks 6
+  to 9 in a's former memory objects; five short requests (13 tokens: no
+  full chunk, nothing stored) run at once and take f's partial block and
+  its tail blocks 9 to 6 from vLLM's prefix cache; f2 (tenant-f, f's 160
+  tokens and 2 more) hits f's first 6 blocks in vLLM and lmcache loads
+  chunks 6 to 9 from the reused memory: f's own KV.
 
 One engine, pool 0 and the cache pool 2 (deploy-vllm-lmcache.json). Two LMCacheConnectorV1
 instances, as in a vLLM engine: the scheduler's (made by vLLM's Scheduler)
@@ -89,8 +96,12 @@ os.environ.update({"LMCACHE_CHUNK_SIZE": "16", "LMCACHE_LOCAL_CPU": "True",
                    "LMCACHE_DISABLE_BANNER": "1"})
 
 SOCK, MODE = sys.argv[1], sys.argv[2]
-if MODE not in ("hit", "cross", "miss", "stale", "unseen"):
+if MODE not in ("hit", "cross", "miss", "stale", "unseen", "evict"):
     raise SystemExit(f"unknown mode {MODE}")
+if MODE == "evict":
+    # Room for 10 chunks: a chunk's 2048 bytes take one 4096-byte slot of
+    # lmcache's allocator (its alignment).
+    os.environ["LMCACHE_MAX_LOCAL_CPU_SIZE"] = repr(10 * 4096 / 2**30)
 
 # The lmcache package and the modules its import path needs, outside the
 # vLLM venv (35-lmcache.sh).
@@ -316,12 +327,16 @@ def step(check_load=None):
     return out
 
 
-def run(rid, tokens, salt, check_load=None, after_prefill=None):
+def add(rid, tokens, salt):
     REQ_NO[rid] = len(REQ_NO) + 1
     sp = SamplingParams(max_tokens=2)
     sp.update_from_generation_config({}, eos_token_id=2)
     L.add_request(Request(rid, list(tokens), sp, None, cache_salt=salt,
                           block_hasher=get_request_block_hasher(BS, sha256)))
+
+
+def run(rid, tokens, salt, check_load=None, after_prefill=None):
+    add(rid, tokens, salt)
     first = True
     for _ in range(12):
         out = step(check_load if first else None)
@@ -393,6 +408,7 @@ F = list(range(300, 460))  # 160 tokens: takes every block a freed
 U = list(range(700, 764))  # the unseen chunks' tokens
 run("a", A, "tenant-a", after_prefill=lambda: truth.update(a=read_kv("a", 0, len(A))))
 a_keys = list(CPU.hot_cache)
+addrs_a = [CPU.hot_cache[k].meta.address for k in a_keys]
 run("f", F, "tenant-f", after_prefill=lambda: truth.update(f=read_kv("f", 0, len(F))))
 f_keys = [k for k in CPU.hot_cache if k not in a_keys]
 facts["chunks"] = {"a": len(a_keys), "f": len(f_keys)}
@@ -400,10 +416,26 @@ if MODE == "stale":
     plant_stale(a_keys, f_keys[:4])
 elif MODE == "unseen":
     put_unseen(U)
+if MODE == "evict":
+    facts["evicted_a"] = sum(1 for k in a_keys if k not in CPU.hot_cache)
+    facts["addr"] = {"a": addrs_a, "f": {i: CPU.hot_cache[k].meta.address
+                                         for i, k in enumerate(f_keys) if k in CPU.hot_cache}}
+    # Short requests (no full chunk: lmcache stores nothing of them) take
+    # the free blocks vLLM evicts first: f's partial last block, then f's
+    # tail blocks 9 down to 6, whose chunks lmcache keeps in a's former
+    # memory objects.
+    # They run at once, each holding its block.
+    for i in range(5):
+        add(f"s{i}", list(range(800 + 20 * i, 813 + 20 * i)), "tenant-s")
+    for _ in range(12):
+        step()
+        if all(f"s{i}" in finished for i in range(5)):
+            break
+    facts["f_kept"] = [i for i, k in enumerate(f_keys) if k in CPU.hot_cache]
 third = {"hit": ("a2", A + [5, 6], "tenant-a"), "cross": ("x", A + [5, 6], "tenant-x"),
          "miss": ("m", list(range(600, 666)), "tenant-m"), "stale": ("a2", A + [5, 6], "tenant-a"),
-         "unseen": ("u", U + [5, 6], "tenant-u")}[MODE]
-run(third[0], third[1], third[2], check_load=(third[0], len(A)))
+         "unseen": ("u", U + [5, 6], "tenant-u"), "evict": ("f2", F + [5, 6], "tenant-f")}[MODE]
+run(third[0], third[1], third[2], check_load=(third[0], len(F) if MODE == "evict" else len(A)))
 facts["third"] = third[0]
 facts["cuda_ops_loaded"] = "lmcache.cuda_ops" in sys.modules
 facts["bytes"] = loaded
