@@ -507,3 +507,53 @@ fn sglang_hello_claims_the_allocator_page_size() {
     let v = kvtrail(["verify", s(&out)]).run();
     assert_eq!(v.code, 1, "{}", v.stdout);
 }
+
+/// SGLang's SWA allocator (sliding-window models) allocates and frees
+/// through two inner allocators of the classes the hook records: the
+/// full-attention one's slots are the recorded pool's, the sliding-window
+/// one's are another pool's (not recorded). Only the full-attention
+/// allocator's events reach the trace: before, each alloc and free was
+/// recorded twice into the full pool, the second time under the
+/// sliding-window allocator's slot ids, which name other slots there
+/// (content marked stale or freed under a reader: false foreign reads).
+#[test]
+fn sglang_swa_allocator_records_the_full_pool_only() {
+    let Some(py) = venv::SGLANG.python() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = with_sidecar(&py, "deploy-hicache-cpu.json", "swa_driver.py", &d);
+    assert_eq!(facts["swa_tag"], -1, "{facts}");
+    assert!(facts["full_tag"].is_null(), "{facts}");
+    assert_eq!(facts["counts"]["hook_errors"], 0, "{facts}");
+    let trace = Trace::open(&out).unwrap();
+    let evs = crate::support::record::events(&trace);
+    let got: Vec<(Op, u32, u32)> = evs
+        .get(&0)
+        .map(|v| {
+            v.iter()
+                .map(|e| (e.op, e.slot_start, e.slot_count))
+                .collect()
+        })
+        .unwrap_or_default();
+    let slots = |k: &str| -> Vec<u32> {
+        facts[k]["full"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let (a, b) = (slots("A"), slots("B"));
+    assert_eq!(
+        got,
+        vec![
+            (Op::Alloc, a[0], a.len() as u32),
+            (Op::Free, a[0], a.len() as u32),
+            (Op::Alloc, b[0], b.len() as u32),
+        ],
+        "{facts}\n{side_err}"
+    );
+    assert!(evs.keys().all(|&p| p == 0), "{:?}", evs.keys());
+    assert_live_equals_scope(&out);
+}

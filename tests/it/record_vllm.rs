@@ -1162,6 +1162,65 @@ fn vllm_lmcache_real_package_evicted_and_reused_memory_stays_clean() {
     assert!(j["cross_tenant_shared"].is_null(), "{j:#}");
 }
 
+/// An LMCache load starts at a chunk boundary (32-token chunks here, two
+/// blocks), so it rewrites vLLM prefix-cache blocks below vLLM's own hit
+/// that other running requests share: a (64 tokens) is stored; c shares
+/// a's first three blocks and keeps decoding; a filler takes every free
+/// block but one, so vLLM evicts a's block 3; b (a's tokens and 2 more)
+/// hits 48 tokens in vLLM and lmcache reloads positions 32 to 63, over
+/// the block c shares. The truth: c's bytes there are unchanged, a's. The
+/// chunk was loaded under the key last stored there, so it writes the
+/// same prefix's KV: nothing is recorded below vLLM's hit (a copy there
+/// would end c's grant and report c confirmed foreign with a as its
+/// source), b's 16 tokens past it are a copy; the run scopes clean.
+#[test]
+fn vllm_lmcache_real_package_chunk_overlap_keeps_sharers_clean() {
+    if !lmcache_ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (facts, out, side_err) = capture_script(
+        "lmcache_driver.py",
+        "overlap",
+        &d,
+        true,
+        "deploy-vllm-lmcache.json",
+        "uninstall",
+    );
+    assert_eq!(facts["lmcache"], "0.5.6", "{facts}");
+    assert_eq!(facts["c_shares_a_blocks"], 3, "{facts}");
+    assert_eq!(facts["c_block2_unchanged"], true, "{facts}");
+    assert_eq!(facts["c_block2_is_a"], true, "{facts}");
+    assert_eq!(facts["lmcache_stats"]["b"]["retrieved"], 32, "{facts}");
+    assert_eq!(
+        facts["first_step"]["b"],
+        serde_json::json!({"scheduled": 2, "computed_before": 64}),
+        "{facts}"
+    );
+    assert_eq!(
+        facts["bytes"]["b"],
+        serde_json::json!({"equal_to_a": true, "changed": true, "sources": ["a"]}),
+        "{facts}"
+    );
+    let hook = &facts["hook_stats"]["hook"];
+    assert_eq!(hook["lmcache_loads"], 1, "{hook}");
+    assert_eq!(hook["lmcache_holes"], 0, "{hook}");
+    let v = kvtrail(["verify", s(&out)]).run();
+    assert_eq!(v.code, 0, "{}\n{}\n{side_err}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("capture complete"), "{}", v.stdout);
+    let trace = Trace::open(&out).unwrap();
+    let b = id_of(&trace, "b");
+    assert_eq!(copied(&trace, 0, 2, Some(b)), 16, "only past vLLM's hit");
+    let j = scope(&out);
+    assert_eq!(j["coverage"]["complete"], true, "{j:#}");
+    assert_eq!(
+        j["affected_responses"].as_array().unwrap().len(),
+        0,
+        "{j:#}"
+    );
+    assert!(j["cross_tenant_shared"].is_null(), "{j:#}");
+}
+
 /// lmcache's local CPU backend planted stale: its index entry for each of
 /// a's chunk keys made to name the memory object of one of f's chunks (a's
 /// objects go back to lmcache's allocator). a2 (tenant-a) gets the same

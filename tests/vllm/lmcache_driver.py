@@ -24,7 +24,14 @@ Usage: lmcache_driver.py SOCKET MODE, MODE one of
   full chunk, nothing stored) run at once and take f's partial block and
   its tail blocks 9 to 6 from vLLM's prefix cache; f2 (tenant-f, f's 160
   tokens and 2 more) hits f's first 6 blocks in vLLM and lmcache loads
-  chunks 6 to 9 from the reused memory: f's own KV.
+  chunks 6 to 9 from the reused memory: f's own KV;
+- overlap: 32-token chunks (two blocks): a is stored; c (tenant-a, a's
+  first 48 tokens and 16 of its own) shares a's first three blocks in
+  vLLM's prefix cache and keeps decoding; a filler takes every free block
+  but one, so vLLM evicts a's block 3; b (a's tokens and 2 more) hits 48
+  tokens in vLLM, and lmcache, starting its load at the chunk boundary,
+  reloads positions 32 to 63: over the block c shares, with the same
+  prefix's KV (c's bytes there are unchanged).
 
 One engine, pool 0 and the cache pool 2 (deploy-vllm-lmcache.json). Two LMCacheConnectorV1
 instances, as in a vLLM engine: the scheduler's (made by vLLM's Scheduler)
@@ -96,8 +103,12 @@ os.environ.update({"LMCACHE_CHUNK_SIZE": "16", "LMCACHE_LOCAL_CPU": "True",
                    "LMCACHE_DISABLE_BANNER": "1"})
 
 SOCK, MODE = sys.argv[1], sys.argv[2]
-if MODE not in ("hit", "cross", "miss", "stale", "unseen", "evict"):
+if MODE not in ("hit", "cross", "miss", "stale", "unseen", "evict", "overlap"):
     raise SystemExit(f"unknown mode {MODE}")
+if MODE == "overlap":
+    # Chunks of two blocks: a load starts at a chunk boundary below
+    # vLLM's own prefix hit.
+    os.environ["LMCACHE_CHUNK_SIZE"] = "32"
 if MODE == "evict":
     # Room for 10 chunks: a chunk's 2048 bytes take one 4096-byte slot of
     # lmcache's allocator (its alignment).
@@ -327,9 +338,9 @@ def step(check_load=None):
     return out
 
 
-def add(rid, tokens, salt):
+def add(rid, tokens, salt, max_tokens=2):
     REQ_NO[rid] = len(REQ_NO) + 1
-    sp = SamplingParams(max_tokens=2)
+    sp = SamplingParams(max_tokens=max_tokens)
     sp.update_from_generation_config({}, eos_token_id=2)
     L.add_request(Request(rid, list(tokens), sp, None, cache_salt=salt,
                           block_hasher=get_request_block_hasher(BS, sha256)))
@@ -403,40 +414,75 @@ def put_unseen(tokens):
     facts["planted"] = n
 
 
-A = list(range(100, 164))  # 64 tokens: 4 blocks, 4 LMCache chunks
-F = list(range(300, 460))  # 160 tokens: takes every block a freed
-U = list(range(700, 764))  # the unseen chunks' tokens
-run("a", A, "tenant-a", after_prefill=lambda: truth.update(a=read_kv("a", 0, len(A))))
-a_keys = list(CPU.hot_cache)
-addrs_a = [CPU.hot_cache[k].meta.address for k in a_keys]
-run("f", F, "tenant-f", after_prefill=lambda: truth.update(f=read_kv("f", 0, len(F))))
-f_keys = [k for k in CPU.hot_cache if k not in a_keys]
-facts["chunks"] = {"a": len(a_keys), "f": len(f_keys)}
-if MODE == "stale":
-    plant_stale(a_keys, f_keys[:4])
-elif MODE == "unseen":
-    put_unseen(U)
-if MODE == "evict":
-    facts["evicted_a"] = sum(1 for k in a_keys if k not in CPU.hot_cache)
-    facts["addr"] = {"a": addrs_a, "f": {i: CPU.hot_cache[k].meta.address
-                                         for i, k in enumerate(f_keys) if k in CPU.hot_cache}}
-    # Short requests (no full chunk: lmcache stores nothing of them) take
-    # the free blocks vLLM evicts first: f's partial last block, then f's
-    # tail blocks 9 down to 6, whose chunks lmcache keeps in a's former
-    # memory objects.
-    # They run at once, each holding its block.
-    for i in range(5):
-        add(f"s{i}", list(range(800 + 20 * i, 813 + 20 * i)), "tenant-s")
-    for _ in range(12):
-        step()
-        if all(f"s{i}" in finished for i in range(5)):
+def overlap_scenario():
+    """The `overlap` mode (see the module docstring)."""
+    A = list(range(100, 164))
+    a_blocks = []
+
+    def kept():
+        truth.update(a=read_kv("a", 0, len(A)))
+        a_blocks.extend(L.kv_cache_manager.get_block_ids("a")[0])
+
+    run("a", A, "tenant-a", after_prefill=kept)
+    # c shares a's first three blocks in vLLM's prefix cache and keeps
+    # decoding while b loads.
+    add("c", A[:48] + list(range(500, 516)), "tenant-a", max_tokens=30)
+    step()
+    step()
+    c_blocks = L.kv_cache_manager.get_block_ids("c")[0]
+    facts["c_shares_a_blocks"] = sum(1 for x, y in zip(a_blocks, c_blocks) if x == y)
+    # Every free block but one taken: vLLM evicts a's cached block 3.
+    free = L.kv_cache_manager.block_pool.get_num_free_blocks()
+    add("fill", list(range(900, 900 + 16 * free - 8)), "tenant-z", max_tokens=1)
+    step()
+    before = read_kv("c", 32, 48)
+    run("b", A + [5, 6], "tenant-a", check_load=("b", len(A)))
+    facts["c_block2_unchanged"] = bool(torch.equal(read_kv("c", 32, 48), before))
+    facts["c_block2_is_a"] = bool(torch.equal(read_kv("c", 32, 48), truth["a"][32:48]))
+    for _ in range(40):
+        if "c" in finished:
             break
-    facts["f_kept"] = [i for i, k in enumerate(f_keys) if k in CPU.hot_cache]
-third = {"hit": ("a2", A + [5, 6], "tenant-a"), "cross": ("x", A + [5, 6], "tenant-x"),
-         "miss": ("m", list(range(600, 666)), "tenant-m"), "stale": ("a2", A + [5, 6], "tenant-a"),
-         "unseen": ("u", U + [5, 6], "tenant-u"), "evict": ("f2", F + [5, 6], "tenant-f")}[MODE]
-run(third[0], third[1], third[2], check_load=(third[0], len(F) if MODE == "evict" else len(A)))
-facts["third"] = third[0]
+        step()
+    facts["third"] = "b"
+
+
+if MODE == "overlap":
+    overlap_scenario()
+else:
+    A = list(range(100, 164))  # 64 tokens: 4 blocks, 4 LMCache chunks
+    F = list(range(300, 460))  # 160 tokens: takes every block a freed
+    U = list(range(700, 764))  # the unseen chunks' tokens
+    run("a", A, "tenant-a", after_prefill=lambda: truth.update(a=read_kv("a", 0, len(A))))
+    a_keys = list(CPU.hot_cache)
+    addrs_a = [CPU.hot_cache[k].meta.address for k in a_keys]
+    run("f", F, "tenant-f", after_prefill=lambda: truth.update(f=read_kv("f", 0, len(F))))
+    f_keys = [k for k in CPU.hot_cache if k not in a_keys]
+    facts["chunks"] = {"a": len(a_keys), "f": len(f_keys)}
+    if MODE == "stale":
+        plant_stale(a_keys, f_keys[:4])
+    elif MODE == "unseen":
+        put_unseen(U)
+    if MODE == "evict":
+        facts["evicted_a"] = sum(1 for k in a_keys if k not in CPU.hot_cache)
+        facts["addr"] = {"a": addrs_a, "f": {i: CPU.hot_cache[k].meta.address
+                                             for i, k in enumerate(f_keys) if k in CPU.hot_cache}}
+        # Short requests (no full chunk: lmcache stores nothing of them) take
+        # the free blocks vLLM evicts first: f's partial last block, then f's
+        # tail blocks 9 down to 6, whose chunks lmcache keeps in a's former
+        # memory objects.
+        # They run at once, each holding its block.
+        for i in range(5):
+            add(f"s{i}", list(range(800 + 20 * i, 813 + 20 * i)), "tenant-s")
+        for _ in range(12):
+            step()
+            if all(f"s{i}" in finished for i in range(5)):
+                break
+        facts["f_kept"] = [i for i, k in enumerate(f_keys) if k in CPU.hot_cache]
+    third = {"hit": ("a2", A + [5, 6], "tenant-a"), "cross": ("x", A + [5, 6], "tenant-x"),
+             "miss": ("m", list(range(600, 666)), "tenant-m"), "stale": ("a2", A + [5, 6], "tenant-a"),
+             "unseen": ("u", U + [5, 6], "tenant-u"), "evict": ("f2", F + [5, 6], "tenant-f")}[MODE]
+    run(third[0], third[1], third[2], check_load=(third[0], len(F) if MODE == "evict" else len(A)))
+    facts["third"] = third[0]
 facts["cuda_ops_loaded"] = "lmcache.cuda_ops" in sys.modules
 facts["bytes"] = loaded
 facts["finish"] = finished

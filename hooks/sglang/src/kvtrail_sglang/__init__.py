@@ -929,30 +929,48 @@ def _wrap_linker_load_back(orig):
     def load_back(self, req, *args, **kwargs):
         if _H is None or _H.disabled:
             return orig(self, req, *args, **kwargs)
-        hit = getattr(req, "rid", None) in (getattr(self, "hit_markers", None) or {})
+        try:
+            hit = req.rid in self.hit_markers
+        except Exception:
+            hit = True  # unknown: a hole if slots come back
+        pool = _linker_pool(self)
         try:
             out = orig(self, req, *args, **kwargs)
         except BaseException:
-            if hit:
-                _guard("linker load back", _linker_lost, self, 0)
+            if hit and pool is not None:
+                _guard("linker load back", _linker_lost, pool, None, hole=pool)
             raise
-        if hit:
-            idx = out[0] if isinstance(out, tuple) and out else None
-            n = 0 if idx is None else len(_c._as_list(capture_indices(idx)))
-            if n:
-                _guard("linker load back", _linker_lost, self, n)
+        if hit and pool is not None:
+            _guard("linker load back", _linker_lost, pool, out, hole=pool)
         return out
 
     load_back.__wrapped__ = orig
     return load_back
 
 
-def _linker_lost(wrapper, tokens):
-    alloc = getattr(getattr(wrapper, "cache", None), "token_to_kv_pool_allocator", None)
-    pool = getattr(alloc, "_kvtrail_pool", None)
-    pool = _H.default_pool if pool is None else pool
-    if pool < 0:
-        return
+def _linker_pool(wrapper):
+    """The recorded pool the linker's KV slots come from: the full
+    attention allocator's (the SWA allocator's full part, as SGLang's
+    FullComponent takes them), or None when it is not recorded."""
+    try:
+        alloc = wrapper.cache.token_to_kv_pool_allocator
+        alloc = getattr(alloc, "full_attn_allocator", None) or alloc
+        pool = getattr(alloc, "_kvtrail_pool", None)
+        pool = _H.default_pool if pool is None else pool
+    except Exception:
+        pool = _H.default_pool
+    return pool if pool is not None and pool >= 0 else None
+
+
+def _linker_lost(pool, out):
+    """A hole after a linker load back that returned loaded slots (``out``
+    its result), or raised (``out`` None)."""
+    tokens = 0
+    if out is not None:
+        idx = out[0] if isinstance(out, tuple) and out else None
+        tokens = 0 if idx is None else len(_c._as_list(capture_indices(idx)))
+        if not tokens:
+            return
     _H.put(pool, (_c.LOST, pool, 1))
     _H.counts["linker_loads_unverified"] += 1
     _H.counts["linker_tokens"] += tokens
@@ -1089,8 +1107,30 @@ def _alloc_init(orig):
     return __init__
 
 
+def _swa_alloc_init(orig):
+    """SGLang's SWA allocator (sliding-window models) holds a full-attention
+    and a sliding-window allocator, both of the classes this hook records.
+    The sliding-window one hands out slots of another pool (the SWA KV
+    pool, not recorded): it is marked not to be captured, or its events
+    would land in the full-attention pool under slot ids that name other
+    slots there. A pure-SWA allocator (one allocator for both) stays."""
+
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        try:
+            swa = getattr(self, "swa_attn_allocator", None)
+            if swa is not None and swa is not getattr(self, "full_attn_allocator", None):
+                swa._kvtrail_pool = -1  # no client has pool -1: not captured
+        except Exception as e:
+            _c.log.warning("kvtrail: SWA allocator hook failed: %s", e)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
 # (module, class or None, attribute, wrapper factory)
 _PATCHES = [
+    ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator", "__init__", _swa_alloc_init),
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "__init__", _alloc_init),
     ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator", "__init__", _alloc_init),
     ("sglang.srt.managers.schedule_batch", "Req", "__init__", _req_init),

@@ -1228,18 +1228,29 @@ def _lmc_free(eng, loc):
     _kv_runs(eng, eng.cache_pool, 0, FREE, [(loc[0], loc[1], 0)], False)
 
 
-def _lmc_load(eng, rid_s, chunks, sm):
+def _lmc_load(eng, rid_s, chunks, sm, vllm_cached=0):
     """lmcache copied memory objects into vLLM's slots for request
     ``rid_s``: a copy per chunk from the cache pool at the object's location
     into the engine's pool, and a share of those slots to the request (an
     LMCache hit is a prefix hit: another request's KV, handed out under the
     chunk's key) only where the location was last stored under the key
     loaded. A chunk whose location the hook never saw stored (put by
-    another engine, before install, an unknown allocator) is a hole."""
+    another engine, before install, an unknown allocator) is a hole.
+
+    lmcache starts a load at a chunk boundary, so a chunk may also cover
+    positions below ``vllm_cached`` (vLLM's own prefix hit): those slots
+    are prefix-cache blocks other running requests may share, and the
+    chunk rewrites them. Loaded under the key last stored there, it writes
+    the same prefix's KV they hold: nothing is recorded for them (a copy
+    would end every other sharer's grant and name the blocks' writer as
+    a false source). Under another key (a stale chunk), other KV lands in
+    shared blocks: the copy is recorded, so every reader of them is
+    checked against what really lands."""
     pool = eng.pool(0)
     wait = eng.lmc_wait.get(rid_s)
     rid = wait.get("rid") if wait and wait.get("rid") is not None else _rid(None, eng, rid_s)
     copies, grants, lost = [], [], 0
+    covered = 0  # positions at or past vllm_cached loaded
     for key, obj, start, end in chunks:
         loc = _lmc_loc(eng, obj, end - start)
         known = eng.lmc_keys.get(loc[0]) if loc is not None else None
@@ -1247,11 +1258,14 @@ def _lmc_load(eng, rid_s, chunks, sm):
         if known is None or known[1] != len(dst) or loc[1] != len(dst):
             lost += 1
             continue
-        pairs = [(d, loc[0] + i, start + i) for i, d in enumerate(dst) if d >= 0]
+        covered += max(0, end - max(start, vllm_cached))
+        same = known[0] == key
+        pairs = [(d, loc[0] + i, start + i) for i, d in enumerate(dst)
+                 if d >= 0 and not (same and start + i < vllm_cached)]
         copies += pairs
-        if known[0] == key:
+        if same:
             grants += pairs
-    if wait is not None and sum(end - start for _, _, start, end in chunks) < int(wait["n"]):
+    if wait is not None and covered < int(wait["n"]):
         lost += 1  # lmcache loaded less than the scheduler was promised
     ts = _time_ns()
     if copies:
@@ -1307,7 +1321,7 @@ def _w_lmc_retrieve(orig):
             rid_s = kwargs.get("req_id")
             sm = kwargs.get("slot_mapping")
             if rid_s in eng.lmc_wait and sm is not None:
-                _lmc_load(eng, rid_s, chunks, sm)
+                _lmc_load(eng, rid_s, chunks, sm, int(kwargs.get("vllm_cached_tokens") or 0))
                 _lmc_release(eng, rid_s)
         except Exception as e:
             _fail("LMCacheEngine.retrieve", e)
