@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::ahead::{Ahead, Decoder};
 use super::copies::{CopyReq, CopySpiller};
 pub use super::shared_read::Batch;
 use super::shared_read::{Next, QUEUE_EVENTS, SharedFile};
@@ -89,6 +90,9 @@ pub struct Plan {
     /// Files of a few pools each, decoded once for all of them
     /// (`shared_read`).
     shared: std::sync::Mutex<SharedReads>,
+    /// The first kv file's rows decoded while this plan was built, for
+    /// its first reader (`ahead`).
+    pub ahead: Ahead,
 }
 
 /// The shared decodes of a replay: per (file, copy-connected group), the
@@ -204,6 +208,7 @@ impl Plan {
             spilled_events: spilled,
             spill,
             shared: Default::default(),
+            ahead: Ahead::default(),
         })
     }
 
@@ -234,14 +239,17 @@ impl Plan {
                 .map(|(&p, _)| p)
                 .collect();
             (pools.len() > 1).then(|| {
-                Arc::new(SharedFile::new(
-                    fi,
-                    self.files[fi as usize].clone(),
-                    self.root.clone(),
-                    Arc::clone(&self.deployment),
-                    &pools,
-                    QUEUE_EVENTS,
-                ))
+                Arc::new(
+                    SharedFile::new(
+                        fi,
+                        self.files[fi as usize].clone(),
+                        self.root.clone(),
+                        Arc::clone(&self.deployment),
+                        &pools,
+                        QUEUE_EVENTS,
+                    )
+                    .with_ahead(self.ahead.clone()),
+                )
             })
         });
         sf.as_ref().filter(|s| s.claim(pool)).cloned()
@@ -394,7 +402,7 @@ enum OpenRun {
     File {
         pool: u16,
         fi: u32,
-        reader: KvFileReader,
+        reader: Box<Decoder>,
         /// Rows before this one were read elsewhere (a pool detached from
         /// a shared decode).
         skip: u64,
@@ -415,6 +423,7 @@ impl OpenRun {
         deployment: &Deployment,
         files: &[PathBuf],
         shared: &HashMap<u32, Arc<SharedFile>>,
+        ahead: &Ahead,
     ) -> Result<OpenRun> {
         Ok(match &spec.source {
             RunSource::File(fi) => match shared.get(fi) {
@@ -426,7 +435,14 @@ impl OpenRun {
                 None => OpenRun::File {
                     pool: spec.pool,
                     fi: *fi,
-                    reader: KvFileReader::open(root, &files[*fi as usize], deployment)?,
+                    reader: Box::new(match ahead.take(*fi) {
+                        Some(d) => d,
+                        None => Decoder::fresh(KvFileReader::open(
+                            root,
+                            &files[*fi as usize],
+                            deployment,
+                        )?),
+                    }),
                     skip: 0,
                 },
             },
@@ -449,7 +465,7 @@ impl OpenRun {
                     *self = OpenRun::File {
                         pool: *pool,
                         fi: *fi,
-                        reader: file.own_reader()?,
+                        reader: Box::new(Decoder::fresh(file.own_reader()?)),
                         skip,
                     };
                     return self.next_batch(out);
@@ -461,7 +477,7 @@ impl OpenRun {
                 reader,
                 skip,
             } => {
-                while let Some(chunk) = reader.next() {
+                while let Some(chunk) = reader.next_chunk() {
                     let chunk = chunk?;
                     let r0 = chunk.first_row;
                     let n = chunk.events.len() as u64;
@@ -532,6 +548,8 @@ struct Merge {
     active: Vec<Active>,
     /// The shared decodes this pool's file runs read from.
     shared: HashMap<u32, Arc<SharedFile>>,
+    /// The plan's decoded-ahead first file.
+    ahead: Ahead,
 }
 
 /// Batches decoded ahead per pool (bounds the prefetch memory).
@@ -566,6 +584,7 @@ impl PoolStream {
             files: Arc::clone(&plan.files),
             pending: runs.into(),
             active: Vec::new(),
+            ahead: plan.ahead.clone(),
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
         let (recycle, reuse) = std::sync::mpsc::sync_channel::<Batch>(PREFETCH_BATCHES + 2);
@@ -648,6 +667,7 @@ impl Merge {
                     &self.deployment,
                     &self.files,
                     &self.shared,
+                    &self.ahead,
                 )?;
                 let mut buf = Batch::default();
                 run.next_batch(&mut buf)?;

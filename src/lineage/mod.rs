@@ -20,6 +20,7 @@
 //! batch per open run, share grants and the exposure sets. Nothing here
 //! holds the trace's events or grows with a pool's declared capacity.
 
+pub mod ahead;
 pub mod backend;
 pub mod chains;
 pub mod config;
@@ -139,9 +140,18 @@ pub fn run_with(
         backend.limit_grants(chunk);
     }
     let spill = opts.spill_dir.as_deref().map(Path::new);
+    // With cores the index pass leaves idle (it reads the kv files one a
+    // core), the first kv file's rows are decoded for the replay while it
+    // plans (`ahead`).
+    let started = (backend.threads() > trace.kv_files.len())
+        .then(|| ahead::start(trace, 0, shared_read::QUEUE_EVENTS))
+        .flatten();
     let mut plan = on_threads(opts.threads, || {
         input::Plan::build(trace, spill, opts.chunk)
     })??;
+    if let Some(s) = started {
+        plan.ahead = s.finish();
+    }
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
     // A shard: restrict the plan, hide the source-only pools' reads.

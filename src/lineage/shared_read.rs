@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
+use super::ahead::{Ahead, Decoder};
 use crate::error::{Error, Result};
 use crate::schema::KvEvent;
 use crate::trace::read::KvFileReader;
@@ -71,7 +72,10 @@ pub struct SharedFile {
     root: TraceRoot,
     deployment: Arc<Deployment>,
     limit: usize,
-    decoder: Mutex<Option<KvFileReader>>,
+    decoder: Mutex<Option<Decoder>>,
+    /// The plan's decoded-ahead first file: taken, when it is this one,
+    /// as the decoder.
+    ahead: Ahead,
     queues: Mutex<Queues>,
     /// Signalled when a stream takes a batch (a dealer may wait for room).
     taken: Condvar,
@@ -115,10 +119,18 @@ impl SharedFile {
             deployment,
             limit: limit.max(1),
             decoder: Mutex::new(None),
+            ahead: Ahead::default(),
             queues: Mutex::new(queues),
             taken: Condvar::new(),
             dealt_cv: Condvar::new(),
         }
+    }
+
+    /// Takes the plan's decoded-ahead first file (`ahead`) as this
+    /// file's decoder when it is this file.
+    pub fn with_ahead(mut self, ahead: Ahead) -> SharedFile {
+        self.ahead = ahead;
+        self
     }
 
     /// A reader of the file of its own (a detached pool's).
@@ -170,7 +182,12 @@ impl SharedFile {
                 return Ok(n);
             }
             if dec.is_none() {
-                match KvFileReader::open(&self.root, &self.path, &self.deployment) {
+                let opened = match self.ahead.take(self.fi) {
+                    Some(d) => Ok(d),
+                    None => KvFileReader::open(&self.root, &self.path, &self.deployment)
+                        .map(Decoder::fresh),
+                };
+                match opened {
                     Ok(r) => *dec = Some(r),
                     Err(_) => {
                         // Every stream opens it itself and meets the error.
@@ -180,7 +197,7 @@ impl SharedFile {
                 }
             }
             let reader = dec.as_mut().expect("opened above");
-            match reader.next() {
+            match reader.next_chunk() {
                 None => self.queues()?.ended = true,
                 Some(Err(_)) => self.detach_all()?,
                 Some(Ok(chunk)) => {
