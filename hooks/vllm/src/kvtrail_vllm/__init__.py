@@ -1255,10 +1255,10 @@ def _lmc_load(eng, rid_s, chunks, sm, vllm_cached=0):
         loc = _lmc_loc(eng, obj, end - start)
         known = eng.lmc_keys.get(loc[0]) if loc is not None else None
         dst = _slot_list(sm, start, end)
+        covered += max(0, end - max(start, vllm_cached))  # loaded, seen or not
         if known is None or known[1] != len(dst) or loc[1] != len(dst):
             lost += 1
             continue
-        covered += max(0, end - max(start, vllm_cached))
         same = known[0] == key
         pairs = [(d, loc[0] + i, start + i) for i, d in enumerate(dst)
                  if d >= 0 and not (same and start + i < vllm_cached)]
