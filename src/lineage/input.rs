@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::schema::{CopySrc, KvEvent, Op};
 use crate::spill::{Place, Record, Run, RunReader, le};
 use crate::trace::check::{self, FileRuns};
-use crate::trace::read::{KvFileReader, KvScanBatch, Trace};
+use crate::trace::read::{KvScanBatch, Trace};
 use crate::trace::{Deployment, TraceRoot};
 
 /// Events per spilled chunk of an unsorted file (about 72 MB in memory).
@@ -210,6 +210,15 @@ impl Plan {
             shared: Default::default(),
             ahead: Ahead::default(),
         })
+    }
+
+    /// Whether some pool's stream reads kv file `fi` straight from the
+    /// file (not a spilled or split copy of its rows).
+    pub fn reads_file(&self, fi: u32) -> bool {
+        self.runs
+            .values()
+            .flatten()
+            .any(|r| matches!(r.source, RunSource::File(f) if f == fi))
     }
 
     /// The shared decode of file `fi` for `pool`'s stream, when the file
@@ -435,14 +444,7 @@ impl OpenRun {
                 None => OpenRun::File {
                     pool: spec.pool,
                     fi: *fi,
-                    reader: Box::new(match ahead.take(*fi) {
-                        Some(d) => d,
-                        None => Decoder::fresh(KvFileReader::open(
-                            root,
-                            &files[*fi as usize],
-                            deployment,
-                        )?),
-                    }),
+                    reader: Box::new(ahead.open(*fi, root, &files[*fi as usize], deployment)?),
                     skip: 0,
                 },
             },

@@ -149,9 +149,6 @@ pub fn run_with(
     let mut plan = on_threads(opts.threads, || {
         input::Plan::build(trace, spill, opts.chunk)
     })??;
-    if let Some(s) = started {
-        plan.ahead = s.finish();
-    }
     reporter.advance(trace.kv_files.len() as u64);
     reporter.finish();
     // A shard: restrict the plan, hide the source-only pools' reads.
@@ -162,6 +159,11 @@ pub fn run_with(
         }
         None => None,
     };
+    // Kept only for a replay that reads the file (not sorted, split or
+    // restricted away): else nobody takes it and its memory is dropped.
+    if let Some(s) = started.filter(|_| plan.reads_file(0)) {
+        plan.ahead = s.finish();
+    }
     let new_exposures = || Exposures {
         tenant_source: opts.tenants.clone(),
         ..Default::default()

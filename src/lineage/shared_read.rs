@@ -182,12 +182,10 @@ impl SharedFile {
                 return Ok(n);
             }
             if dec.is_none() {
-                let opened = match self.ahead.take(self.fi) {
-                    Some(d) => Ok(d),
-                    None => KvFileReader::open(&self.root, &self.path, &self.deployment)
-                        .map(Decoder::fresh),
-                };
-                match opened {
+                match self
+                    .ahead
+                    .open(self.fi, &self.root, &self.path, &self.deployment)
+                {
                     Ok(r) => *dec = Some(r),
                     Err(_) => {
                         // Every stream opens it itself and meets the error.
