@@ -196,6 +196,24 @@ def device_batch(tree, kv, req):
     return kh.tag(b, alloc._kvtrail_pool)
 
 
+def prefill(cache, kv, name, ids, tenant, prefix=None, last_node=None):
+    """Request `name` of `tenant` prefilled on `cache`'s pool: `prefix` the
+    slots of its prefix hit; on the unified tree it holds the lock on its
+    matched node (`last_node`, else the root), as the scheduler takes it."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
+    req.routing_key = tenant
+    req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
+    req.output_ids.append(7)
+    if UNIFIED:
+        req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
+        cache.inc_lock_ref(req.last_node)
+    alloc_for_extend(device_batch(cache, kv, req))
+    return req
+
+
 def main():
     if DECODE:
         # PD: prefill pool 0; decode pool 1, its HiCache host pool 2.
@@ -320,16 +338,7 @@ def main():
         return
 
     def run(name, ids, tenant, prefix=None, last_node=None):
-        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
-        req.routing_key = tenant
-        req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
-        req.output_ids.append(7)
-        if UNIFIED:
-            # The request's lock on its prefix, as the scheduler takes it.
-            req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
-            cache.inc_lock_ref(req.last_node)
-        alloc_for_extend(device_batch(cache, kv, req))
-        return req
+        return prefill(cache, kv, name, ids, tenant, prefix, last_node)
 
     def node_of(ids):
         m = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
@@ -468,14 +477,7 @@ def linker_scenario(cache, kv):
     store = cache.linker.cache_linker.store
 
     def run(name, ids, tenant, prefix=None, last_node=None):
-        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
-        req.routing_key = tenant
-        req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
-        req.output_ids.append(7)
-        req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
-        cache.inc_lock_ref(req.last_node)
-        alloc_for_extend(device_batch(cache, kv, req))
-        return req
+        return prefill(cache, kv, name, ids, tenant, prefix, last_node)
 
     def offloaded(req, ids):
         """Release into the tree (write-through offloads to the store), the
@@ -606,14 +608,7 @@ def storage_scenario(cache, kv, release, host_value):
             time.sleep(0.005)
 
     def run(name, ids, tenant, prefix=None, last_node=None):
-        req = Req(name, "", array("q", ids), SamplingParams(max_new_tokens=1), vocab_size=1000)
-        req.routing_key = tenant
-        req.prefix_indices = prefix if prefix is not None else torch.empty(0, dtype=torch.int64)
-        req.output_ids.append(7)
-        req.last_node = cache.tree_core.root_node.id if last_node is None else last_node
-        cache.inc_lock_ref(req.last_node)
-        alloc_for_extend(device_batch(cache, kv, req))
-        return req
+        return prefill(cache, kv, name, ids, tenant, prefix, last_node)
 
     def node_of(ids):
         return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
