@@ -58,6 +58,44 @@ fn cpu_secs() -> f64 {
     (tick(11) + tick(12)) / 100.0
 }
 
+/// CPU seconds of the calling thread alone (the sender's share, taken
+/// out of the process's to give the sidecar's own).
+fn thread_cpu_secs() -> f64 {
+    let s = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Pins the calling thread (and the threads it starts from now on) to
+/// one core. False where the core is not there or pinning is refused.
+fn pin(core: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in
+    // its bounds for core < CPU_SETSIZE (checked).
+    unsafe {
+        if core >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// Unpins the calling thread: every core the machine has.
+fn unpin() {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: as in `pin`.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in 0..n.min(libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
     args.get(i)
         .and_then(|a| a.replace('_', "").parse::<f64>().ok())
@@ -168,11 +206,19 @@ fn bye(c: &mut impl Write) {
 struct Run {
     wall: f64,
     cpu: f64,
+    /// The sidecar's own CPU: the process's less the sending thread's.
+    sidecar_cpu: f64,
     sum: RecordSummary,
 }
 
-fn throughput_run(dir: &Path, name: &str, payload: &[u8], live: bool) -> Run {
+/// One run. `one_core`: every sidecar thread on core 0 (they are started
+/// while this thread is pinned there, and inherit it) and the sender on
+/// core 1, so the wall rate is the sidecar's on one core.
+fn throughput_run(dir: &Path, name: &str, payload: &[u8], live: bool, one_core: bool) -> Run {
     let sock = dir.join(format!("{name}.sock"));
+    if one_core {
+        assert!(pin(0), "cannot pin to core 0");
+    }
     let sc = Sidecar::start(
         config(&sock, live, false),
         one_pool(),
@@ -180,17 +226,26 @@ fn throughput_run(dir: &Path, name: &str, payload: &[u8], live: bool) -> Run {
         Arc::new(NoLog),
     )
     .unwrap();
-    let (t, c0) = (Instant::now(), cpu_secs());
+    if one_core {
+        assert!(pin(1), "cannot pin the sender to core 1");
+    }
+    let (t, c0, s0) = (Instant::now(), cpu_secs(), thread_cpu_secs());
     let mut c = hello(&sock, &[0]);
     for chunk in payload.chunks(1 << 20) {
         c.write_all(chunk).unwrap();
     }
     bye(&mut c);
     drop(c);
+    let sent = thread_cpu_secs() - s0;
     let sum = sc.shutdown().unwrap();
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - c0);
+    if one_core {
+        unpin();
+    }
     Run {
-        wall: t.elapsed().as_secs_f64(),
-        cpu: cpu_secs() - c0,
+        wall,
+        cpu,
+        sidecar_cpu: cpu - sent,
         sum,
     }
 }
@@ -209,28 +264,72 @@ fn throughput(events: u64) {
         payload.len() as f64 / 1e6,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let off = throughput_run(dir.path(), "off", &payload, false);
-    let on = throughput_run(dir.path(), "on", &payload, true);
-    for (label, r) in [("live off", &off), ("live on ", &on)] {
-        assert_eq!(r.sum.stats.kv_written + r.sum.stats.lost_queue, n);
+    let one_core = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    // Rounds alternate off and on; each figure is the median of 3.
+    let mut runs: Vec<(bool, bool, Run)> = Vec::new();
+    for round in 0..3 {
+        for pinned in [false, true] {
+            if pinned && !one_core {
+                continue;
+            }
+            for live in [false, true] {
+                let name = format!("r{round}-{}-{}", pinned as u8, live as u8);
+                let r = throughput_run(dir.path(), &name, &payload, live, pinned);
+                assert_eq!(r.sum.stats.kv_written + r.sum.stats.lost_queue, n);
+                runs.push((pinned, live, r));
+            }
+        }
+    }
+    let med = |pinned: bool, live: bool, f: &dyn Fn(&Run) -> f64| {
+        let mut v: Vec<f64> = runs
+            .iter()
+            .filter(|(p, l, _)| *p == pinned && *l == live)
+            .map(|(_, _, r)| f(r))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let per_s = |r: &Run| r.sum.stats.kv_written as f64 / r.wall;
+    let per_cpu = |r: &Run| r.sum.stats.kv_written as f64 / r.cpu;
+    let per_sidecar_cpu = |r: &Run| r.sum.stats.kv_written as f64 / r.sidecar_cpu;
+    let dropped = |r: &Run| r.sum.stats.lost_queue as f64;
+    for pinned in [false, true] {
+        if pinned && !one_core {
+            println!("  (one core: needs 2 cores, skipped)");
+            continue;
+        }
         println!(
-            "  {label}: {:>7.3} s wall {:>10.0} events/s written; {:>7.2} CPU-s {:>10.0} events/CPU-s; {} dropped as holes",
-            r.wall,
-            r.sum.stats.kv_written as f64 / r.wall,
-            r.cpu,
-            r.sum.stats.kv_written as f64 / r.cpu,
-            r.sum.stats.lost_queue
+            "  {}",
+            if pinned {
+                "sidecar pinned to core 0, sender to core 1 (the wall rate is the sidecar's on one core):"
+            } else {
+                "unpinned (medians of 3):"
+            }
+        );
+        for live in [false, true] {
+            println!(
+                "    live {}: {:>10.0} events/s written; {:>10.0} events/CPU-s (process), {:>10.0} events/CPU-s (sidecar threads); {} dropped as holes",
+                if live { "on " } else { "off" },
+                med(pinned, live, &per_s),
+                med(pinned, live, &per_cpu),
+                med(pinned, live, &per_sidecar_cpu),
+                med(pinned, live, &dropped),
+            );
+        }
+        println!(
+            "    ratio on / off: {:.2}x events/s (wall), {:.2}x events per sidecar CPU-s",
+            med(pinned, true, &per_s) / med(pinned, false, &per_s),
+            med(pinned, true, &per_sidecar_cpu) / med(pinned, false, &per_sidecar_cpu)
         );
     }
-    let live = on.sum.live.clone().expect("live stats");
+    let live = runs
+        .iter()
+        .find(|(_, l, _)| *l)
+        .and_then(|(_, _, r)| r.sum.live.clone())
+        .expect("live stats");
     println!(
-        "  live: {} classified, {} dropped from the live view, {} alerts, {} affected responses",
+        "  live (first run): {} classified, {} dropped from the live view, {} alerts, {} affected responses",
         live.events_applied, live.events_dropped, live.alerts, live.affected_responses
-    );
-    println!(
-        "  ratio on / off: {:.2}x events/s (wall), {:.2}x events/CPU-s",
-        off.wall / on.wall,
-        off.cpu / on.cpu
     );
 }
 

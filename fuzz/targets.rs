@@ -13,7 +13,7 @@ use std::path::Path;
 use kvtrail::capture::jsonl::{JsonlRecord, parse_line};
 use kvtrail::lineage::LineageOptions;
 use kvtrail::progress::NoReporter;
-use kvtrail::record::wire::{Msg, parse_hello, parse_msg};
+use kvtrail::record::wire::{Msg, canonical_kv, parse_hello, parse_msg};
 use kvtrail::schema::Op;
 use kvtrail::trace::Trace;
 
@@ -196,6 +196,17 @@ pub fn wire(data: &[u8]) {
     for raw in data.split(|&b| b == b'\n') {
         if let Err(e) = parse_hello(&String::from_utf8_lossy(raw)) {
             let _ = e.to_string();
+        }
+        // The connection reads the canonical KV line from its bytes,
+        // before any UTF-8 check: what it accepts must be ASCII and read
+        // exactly as parse_line reads it.
+        if let Some(Msg::Kv { event, seq }) = canonical_kv(raw) {
+            let line = std::str::from_utf8(raw).expect("a canonical KV line is ASCII");
+            assert_eq!(
+                parse_line(line),
+                Ok(JsonlRecord::Kv { event, seq }),
+                "canonical_kv and parse_line disagree on {line}"
+            );
         }
         let Ok(line) = std::str::from_utf8(raw) else {
             continue;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::shared::{Batch, Shared, View};
 use super::stats::add;
-use super::wire::{Msg, WIRE_MAX_COUNT, parse_hello, parse_msg};
+use super::wire::{Msg, WIRE_MAX_COUNT, canonical_kv, parse_hello, parse_msg};
 use crate::trace::manifest::Role;
 
 /// Most messages per batch handed to the writer.
@@ -226,6 +226,22 @@ pub(crate) fn serve(mut stream: Box<dyn Stream>, id: u64, shared: Arc<Shared>) {
     };
     let mut at_stop = false;
     loop {
+        // Whole lines already in the buffer are read in place (no copy);
+        // a line that spans reads, or is too long, takes read_bounded.
+        let buf = reader.buffer();
+        if let Some(i) = memchr::memchr(b'\n', buf)
+            && i <= max
+        {
+            let raw = &buf[..i];
+            if !raw.iter().all(u8::is_ascii_whitespace) {
+                c.line(raw);
+            }
+            reader.consume(i + 1);
+            if c.batch.len() >= BATCH || reader.buffer().is_empty() {
+                c.flush(false);
+            }
+            continue;
+        }
         match read_bounded(&mut reader, max, &shared, None) {
             Got::Line(line) => {
                 c.line(&line);
@@ -346,7 +362,7 @@ fn read_bounded(
         if buf.is_empty() {
             return finish(line, discarding);
         }
-        match buf.iter().position(|&b| b == b'\n') {
+        match memchr::memchr(b'\n', buf) {
             Some(i) => {
                 let over = discarding || line.len() + i > max;
                 if !over {
@@ -411,8 +427,16 @@ impl Conn {
     }
 
     fn line(&mut self, raw: &[u8]) {
-        let Ok(line) = std::str::from_utf8(raw) else {
-            return self.reject_unattributed("a line that is not UTF-8");
+        // The hook's canonical KV line is read from its bytes (it is ASCII
+        // when it parses); anything else is checked for UTF-8 first.
+        let (parsed, line) = match canonical_kv(raw) {
+            Some(m) => (Ok(m), ""),
+            None => {
+                let Ok(line) = std::str::from_utf8(raw) else {
+                    return self.reject_unattributed("a line that is not UTF-8");
+                };
+                (Err(()), line)
+            }
         };
         if self.bye.is_some() {
             // `bye` is the last line: whatever follows it breaks the
@@ -420,7 +444,7 @@ impl Conn {
             self.bye = None;
             return self.reject_unattributed("a line after the closing `bye` line");
         }
-        match parse_msg(line) {
+        match parsed.or_else(|()| parse_msg(line)) {
             Ok(Msg::Bye(b)) => self.bye = Some(b),
             Ok(mut m) => {
                 self.positions(&mut m);

@@ -585,7 +585,8 @@ fn checked(event: KvEvent, seq: Option<u64>) -> Option<Msg> {
 
 /// A cursor over the canonical KV line the hook writes:
 /// `{"type":"kv","pool":N,"ts_ns":N,"request_id":N,"op":"OP","slot_start":N,"slot_count":N,"token_pos":N|null}`
-/// (keys in this order, no whitespace, no seq/src). Anything else: `None`.
+/// (keys in this order, no whitespace, no seq/src; `token_pos` may be left
+/// out). Anything else: `None`.
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
@@ -638,7 +639,10 @@ impl Scan<'_> {
     }
 }
 
-fn canonical_kv(b: &[u8]) -> Option<Msg> {
+/// The canonical KV line read straight from its bytes (no UTF-8 check is
+/// needed: a line it accepts is ASCII). `None` for any other line, which
+/// [`parse_msg`] then reads.
+pub fn canonical_kv(b: &[u8]) -> Option<Msg> {
     let mut s = Scan { b, i: 0 };
     s.lit(br#"{"type":"kv","pool":"#)?;
     let pool = s.uint(u16::MAX as u64)? as u16;
@@ -654,13 +658,19 @@ fn canonical_kv(b: &[u8]) -> Option<Msg> {
     let slot_start = s.uint(u32::MAX as u64)? as u32;
     s.lit(br#","slot_count":"#)?;
     let slot_count = s.uint(u32::MAX as u64)? as u32;
-    s.lit(br#","token_pos":"#)?;
-    let token_pos = if s.lit(b"null").is_some() {
+    // `token_pos` may be left out (it is optional): then the line ends.
+    let token_pos = if s.lit(b"}").is_some() {
         None
     } else {
-        Some(s.uint(u32::MAX as u64)? as u32)
+        s.lit(br#","token_pos":"#)?;
+        let t = if s.lit(b"null").is_some() {
+            None
+        } else {
+            Some(s.uint(u32::MAX as u64)? as u32)
+        };
+        s.lit(b"}")?;
+        t
     };
-    s.lit(b"}")?;
     if s.i != b.len() || slot_count == 0 {
         return None;
     }
@@ -1005,6 +1015,9 @@ mod tests {
             r#"{"type":"kv","pool":1,"ts_ns":1,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null} "#,
             r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775808,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
             r#"{"type":"kv","pool":1,"ts_ns":-9223372036854775809,"request_id":1,"op":"read","slot_start":0,"slot_count":1,"token_pos":null}"#,
+            r#"{"type":"kv","pool":2,"ts_ns":7,"request_id":5,"op":"alloc","slot_start":64,"slot_count":64}"#,
+            r#"{"type":"kv","pool":2,"ts_ns":7,"request_id":5,"op":"alloc","slot_start":64,"slot_count":64,}"#,
+            r#"{"type":"kv","pool":2,"ts_ns":7,"request_id":5,"op":"alloc","slot_start":64,"slot_count":64}}"#,
         ];
         for line in canonical {
             let reference = parse_line(line).map(|r| match r {
@@ -1019,6 +1032,10 @@ mod tests {
         // The hook's exact shape takes the canonical path.
         assert!(canonical_kv(canonical[0].as_bytes()).is_some());
         assert!(canonical_kv(canonical[1].as_bytes()).is_some());
+        // So does a line without the optional token_pos.
+        assert!(canonical_kv(canonical[12].as_bytes()).is_some());
+        assert!(canonical_kv(canonical[13].as_bytes()).is_none());
+        assert!(canonical_kv(canonical[14].as_bytes()).is_none());
         for line in lines {
             let reference = parse_line(line).map(|r| match r {
                 JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
@@ -1042,9 +1059,14 @@ mod tests {
             at in 0usize..200, byte in 32u8..127,
         ) {
             let ops = ["alloc", "write", "read", "free", "share", "scrub", "bogus"];
-            let tp = tp.map_or("null".to_string(), |t| t.to_string());
+            // Absent, null or a number.
+            let tp = match (tp, at % 3) {
+                (_, 0) => String::new(),
+                (None, _) => r#","token_pos":null"#.to_string(),
+                (Some(t), _) => format!(r#","token_pos":{t}"#),
+            };
             let line = format!(
-                r#"{{"type":"kv","pool":{pool},"ts_ns":{ts},"request_id":{rid},"op":"{}","slot_start":{start},"slot_count":{count},"token_pos":{tp}}}"#,
+                r#"{{"type":"kv","pool":{pool},"ts_ns":{ts},"request_id":{rid},"op":"{}","slot_start":{start},"slot_count":{count}{tp}}}"#,
                 ops[op]
             );
             let mut mutated = line.clone().into_bytes();

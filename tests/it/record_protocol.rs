@@ -6,6 +6,7 @@
 //! - concurrent_connections_each_write_their_pool
 //! - forged_events_and_pool_claims_are_rejected
 //! - oversized_malformed_and_out_of_contract_lines
+//! - how_the_stream_is_cut_into_writes_changes_nothing
 //! - writer_behind_drops_become_counted_holes
 //! - hook_reported_loss_is_a_hole
 //! - transfer_halves_join_into_copies / commit_waits_for_its_send / unresolved_copy_is_a_hole
@@ -150,6 +151,92 @@ fn oversized_malformed_and_out_of_contract_lines() {
     assert!(!sum.complete);
     let m = Manifest::load(&out).unwrap();
     assert_eq!(m.capture.extra["record"]["rejected_unattributed"], 2);
+}
+
+/// The connection reads whole lines in place from its buffer and lines
+/// that span reads through a slower path: how the stream is cut into
+/// writes must not change a single recorded event or count.
+#[test]
+fn how_the_stream_is_cut_into_writes_changes_nothing() {
+    const MAX: usize = 512;
+    let mut lines: Vec<Vec<u8>> = vec![
+        kv(2, 1, "alloc", 0, 64).into_bytes(),
+        // The hook's canonical shape, token_pos given and null.
+        br#"{"type":"kv","pool":2,"ts_ns":2,"request_id":1,"op":"write","slot_start":0,"slot_count":16,"token_pos":0}"#.to_vec(),
+        br#"{"type":"kv","pool":2,"ts_ns":3,"request_id":1,"op":"share","slot_start":0,"slot_count":16,"token_pos":null}"#.to_vec(),
+        Vec::new(),
+        b"   \t ".to_vec(),
+        b"\xff\xfe not UTF-8".to_vec(),
+        // Another key order: the full parser.
+        br#"{"op":"read","type":"kv","pool":2,"ts_ns":4,"request_id":1,"slot_start":0,"slot_count":16,"token_pos":0}"#.to_vec(),
+        "x".repeat(3 * MAX).into_bytes(), // over the limit: skipped unread
+        kv(2, 1, "write", 4090, 100).into_bytes(), // outside the pool: a hole
+    ];
+    // Exactly at the limit (padded with JSON whitespace) and one past it.
+    for len in [MAX, MAX + 1] {
+        let mut l = kv(2, 1, "read", 0, 16).into_bytes();
+        let close = l.pop().unwrap();
+        l.resize(len - 1, b' ');
+        l.push(close);
+        lines.push(l);
+    }
+    for i in 0..300u32 {
+        lines.push(kv(2, 2 + u64::from(i % 5), "write", (i * 16) % 4000, 16).into_bytes());
+    }
+    lines.push(kv(2, 1, "free", 0, 64).into_bytes());
+    let mut stream = Vec::new();
+    for l in &lines {
+        stream.extend_from_slice(l);
+        stream.push(b'\n');
+    }
+    let run = |cut: &dyn Fn(usize) -> usize| {
+        let rig = start(|c| c.max_line_bytes = MAX);
+        let mut a = rig.connect(&[2]);
+        let mut at = 0;
+        let mut k = 0;
+        while at < stream.len() {
+            let n = cut(k).clamp(1, stream.len() - at);
+            a.write_all(&stream[at..at + n]).unwrap();
+            a.flush().unwrap();
+            at += n;
+            k += 1;
+        }
+        drop(a);
+        let (sum, t, _d, _out) = rig.stop();
+        let st = &sum.stats;
+        (
+            events(&t),
+            (
+                st.kv_written,
+                st.rejected_unattributed,
+                st.rejected_malformed,
+                st.rejected_contract,
+            ),
+        )
+    };
+    let whole = run(&|_| usize::MAX);
+    // 300 writes and 6 more events; a hole for the out-of-pool write.
+    assert_eq!(whole.1.0, 306, "{:?}", whole.1);
+    assert_eq!(
+        whole.1.1, 3,
+        "not UTF-8, over the limit, one past the limit"
+    );
+    assert_eq!(whole.1.3, 1, "the write outside the pool");
+    let events_at_limit = whole.0[&2].iter().filter(|e| e.op == Op::Read).count();
+    assert_eq!(
+        events_at_limit, 2,
+        "the reordered read and the one at the limit"
+    );
+    for (what, cut) in [
+        (
+            "one byte per write",
+            &(|_| 1usize) as &dyn Fn(usize) -> usize,
+        ),
+        ("writes of 7 to 700 bytes", &|k| 7 + (k * 7919) % 694),
+        ("a line and a half at a time", &|_| 170),
+    ] {
+        assert_eq!(run(cut), whole, "{what}");
+    }
 }
 
 #[test]

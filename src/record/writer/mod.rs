@@ -41,6 +41,7 @@ use super::stats::add;
 use crate::capture::Recorder;
 use crate::custody::seal::{PoolCounts, SealJob, Sealer};
 use crate::error::{Error, Result};
+use crate::lineage::backend::PoolMap;
 use crate::schema::{KvEvent, RequestRecord};
 use crate::trace::manifest::FileEntry;
 
@@ -179,7 +180,7 @@ struct W<'a> {
     /// Per pool: next seq after the last event actually written. A pool
     /// whose recorder seq is beyond it at close lost its last events: no
     /// later event shows that hole, so the capture is marked incomplete.
-    written_next: HashMap<u16, u64>,
+    written_next: PoolMap<u64>,
     /// Per consumer pool: the load-failure policies its pulls reported
     /// (kept for trace.json's `capture.kv_load_failure_policy`).
     policies: std::collections::BTreeMap<u16, Vec<LoadPolicy>>,
@@ -188,7 +189,7 @@ struct W<'a> {
     /// and every hole (at the time of the event before it: the lost events
     /// may be anywhere after it), so a pull is stamped with the source
     /// pool's last change at or before the load (`xfer_pull`'s ts_ns).
-    recent: HashMap<u16, VecDeque<(i64, u64)>>,
+    recent: PoolMap<VecDeque<(i64, u64)>>,
     /// Per pool: who feeds it and how far (stamping pulls causally).
     feeds: HashMap<u16, Feed>,
     /// Deployment pools no connection has claimed yet that a pull waited
@@ -198,7 +199,7 @@ struct W<'a> {
     /// Per live connection: the pools it holds.
     conns: HashMap<u64, Vec<u16>>,
     /// Per pool: where its holder's positions start (engine copies).
-    positions: HashMap<u16, Positions>,
+    positions: PoolMap<Positions>,
     /// Ids of the request rows written so far (a second row for one id is a
     /// conflict). About 16 bytes per request, like the request keys every
     /// analysis holds.
@@ -266,13 +267,13 @@ fn run_inner(
         held: 0,
         stopped_at_max: false,
         logged: 0,
-        written_next: HashMap::new(),
+        written_next: PoolMap::default(),
         policies: Default::default(),
-        recent: HashMap::new(),
+        recent: PoolMap::default(),
         feeds: HashMap::new(),
         unclaimed_silent: HashSet::new(),
         conns: HashMap::new(),
-        positions: HashMap::new(),
+        positions: PoolMap::default(),
         written_ids: HashSet::new(),
         conflicts: BTreeSet::new(),
         seal_s: 0.0,
