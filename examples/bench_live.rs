@@ -150,7 +150,8 @@ impl Clean {
                 Some(t) => {
                     let _ = writeln!(out, r#","token_pos":{t}}}"#);
                 }
-                None => out.extend_from_slice(b"}\n"),
+                // As the hook client writes it.
+                None => out.extend_from_slice(b",\"token_pos\":null}\n"),
             }
         };
         for r in first..first + GROUP {
