@@ -378,8 +378,14 @@ fn a_copy_whose_source_moved_on_is_rebuilt_or_counted_uncertain() {
         assert_eq!(sum.live.unwrap(), live.live);
         if exact {
             assert!(live.affected_responses.is_empty(), "{case}");
+            assert_eq!(live.live.reads_unverified, 0, "{case}");
         } else {
             assert_eq!(live.live.copies_late, 1);
+            // The uncertainty is the live view's own (the trace has the
+            // copy's source as of src_seq): the read is counted as
+            // unverified, and no alert pages anyone over a clean request.
+            assert_eq!(live.live.reads_unverified, 1, "{case}");
+            assert_eq!(live.live.alerts, 0, "{case}");
             // Taken from pool 0's current content (requests 2 and 3)
             // marked uncertain: a possible finding, never a confirmed
             // one, and never silently clean.

@@ -423,8 +423,12 @@ impl Detector {
         }
     }
 
-    /// The unclean read runs of one batch of the live replay.
-    pub fn runs(&mut self, runs: &[ReadRun]) {
+    /// The unclean read runs of one batch of the live replay. `inexact`:
+    /// the live view has left the trace's exact history (its queue dropped
+    /// events, a copy was late or timed out), so a foreign run that is only
+    /// uncertain may be the view's own doing: such runs are counted
+    /// (`reads_unverified`), not alerted; certain ones still are.
+    pub fn runs(&mut self, runs: &[ReadRun], inexact: bool) {
         let mut i = 0;
         while i < runs.len() {
             // The runs of one read event lie together.
@@ -433,20 +437,24 @@ impl Detector {
             while j < runs.len() && (runs[j].seq, runs[j].pool) == (r0.seq, r0.pool) {
                 j += 1;
             }
-            self.event_runs(&runs[i..j]);
+            self.event_runs(&runs[i..j], inexact);
             i = j;
         }
     }
 
-    fn event_runs(&mut self, runs: &[ReadRun]) {
+    fn event_runs(&mut self, runs: &[ReadRun], inexact: bool) {
         let reader = runs[0].reader;
-        let mut foreign: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+        // Per source: tokens, whether all are certain, the certain tokens.
+        let mut foreign: BTreeMap<u64, (u64, bool, u64)> = BTreeMap::new();
         for r in runs {
             match r.kind {
                 ReadKind::Foreign => {
-                    let f = foreign.entry(r.source).or_insert((0, true));
+                    let f = foreign.entry(r.source).or_insert((0, true, 0));
                     f.0 += r.count as u64;
                     f.1 &= !r.uncertain;
+                    if !r.uncertain {
+                        f.2 += r.count as u64;
+                    }
                 }
                 ReadKind::Shared if self.tenant_prefix => {
                     if reader == ENGINE_REQUEST || r.source == ENGINE_REQUEST {
@@ -474,6 +482,14 @@ impl Detector {
         if self.pending_hits.contains_key(&reader) {
             self.try_prefix(reader);
         }
+        if inexact && reader != ENGINE_REQUEST && foreign.values().any(|v| !v.1) {
+            // What is certain stands; the rest is unverified, not alerted.
+            self.metrics.reads_unverified.inc();
+            foreign.retain(|_, v| v.2 > 0);
+            for v in foreign.values_mut() {
+                *v = (v.2, true, v.2);
+            }
+        }
         if foreign.is_empty() || reader == ENGINE_REQUEST {
             return;
         }
@@ -499,7 +515,7 @@ impl Detector {
         let pool = runs[0].pool;
         let sources: Vec<Source> = foreign
             .iter()
-            .map(|(&src, &(tokens, certain))| {
+            .map(|(&src, &(tokens, certain, _))| {
                 let st = self.tenant(src);
                 let crossing = Crossing::between(&tenant, src, &st);
                 Source {

@@ -39,6 +39,7 @@ pub struct Metrics {
     pub lost: Family<Labels, Counter>,
     pub holes: Family<Labels, Counter>,
     pub live_dropped: Counter,
+    pub reads_unverified: Counter,
     pub alerts: Counter,
     pub alerts_aggregated: Counter,
     pub alerts_sent: Family<Labels, Counter>,
@@ -68,6 +69,7 @@ impl Default for Metrics {
             lost: Family::default(),
             holes: Family::default(),
             live_dropped: Counter::default(),
+            reads_unverified: Counter::default(),
             alerts: Counter::default(),
             alerts_aggregated: Counter::default(),
             alerts_sent: Family::default(),
@@ -119,6 +121,11 @@ impl Default for Metrics {
             "live_events_dropped",
             "Events the live replay's queue could not take (written to the trace, not classified live)",
             m.live_dropped.clone(),
+        );
+        r.register(
+            "live_reads_unverified",
+            "Read events whose foreign runs were only uncertain while the live view was not exact (dropped events, late copies): not alerted; scope the trace",
+            m.reads_unverified.clone(),
         );
         r.register(
             "alerts",

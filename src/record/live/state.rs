@@ -261,7 +261,14 @@ impl Engine {
     /// Applies what is ripe (older than the holdback, or over the queue
     /// bound; everything when `closing`), handing each batch's unclean
     /// read runs to `on_runs`.
-    pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut dyn FnMut(&[ReadRun])) {
+    /// Whether this view has left the trace's exact history: a copy taken
+    /// from its source's current content (late) or given up waiting. Its
+    /// uncertain reads then say nothing about the engine.
+    pub fn inexact(&self) -> bool {
+        self.copies_late > 0 || self.copies_timed_out > 0
+    }
+
+    pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut dyn FnMut(&[ReadRun], bool)) {
         if self.stopped.is_some() {
             return;
         }
@@ -279,7 +286,7 @@ impl Engine {
         &mut self,
         now: Instant,
         closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun]),
+        on_runs: &mut dyn FnMut(&[ReadRun], bool),
     ) -> Result<()> {
         let ids: Vec<u16> = self.pools.keys().copied().collect();
         loop {
@@ -389,7 +396,7 @@ impl Engine {
         until: Option<u64>,
         now: Instant,
         closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun]),
+        on_runs: &mut dyn FnMut(&[ReadRun], bool),
     ) -> Result<bool> {
         let mut moved = false;
         loop {
@@ -455,7 +462,7 @@ impl Engine {
             self.pools.get_mut(&id).expect("declared").last = prev;
             if !self.runs.is_empty() {
                 self.exposures.add_runs(&self.runs);
-                on_runs(&self.runs);
+                on_runs(&self.runs, self.inexact());
                 self.runs.clear();
             }
             moved = true;
@@ -470,7 +477,7 @@ impl Engine {
         e: KvEvent,
         now: Instant,
         closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun]),
+        on_runs: &mut dyn FnMut(&[ReadRun], bool),
     ) -> Result<bool> {
         let src = e.src.expect("a copy");
         let key = (id, e.seq);
