@@ -256,7 +256,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         output::print_human(|out| {
             writeln!(
                 out,
-                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped{}{}), {} seq holes, {} late copies rebuilt; not seen live: {} events dropped, {} copies late, {} copies timed out{}; {}",
+                "live: {} events classified, {} affected responses, {} alerts ({} written, {} dropped{}{}), {} seq holes, {} late copies rebuilt; not seen live: {} events dropped, {} copies late, {} copies timed out, {} reads unverified (not alerted){}; {}",
                 l.events_applied,
                 l.affected_responses,
                 l.alerts,
@@ -280,6 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 l.events_dropped,
                 l.copies_late,
                 l.copies_timed_out,
+                l.reads_unverified,
                 l.stopped
                     .as_deref()
                     .map(|s| format!("; stopped: {}", term(s)))

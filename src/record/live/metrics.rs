@@ -124,7 +124,7 @@ impl Default for Metrics {
         );
         r.register(
             "live_reads_unverified",
-            "Read events whose foreign runs were only uncertain while the live view was not exact (dropped events, late copies): not alerted; scope the trace",
+            "Read events with foreign runs the live view could only call uncertain while it was not exact (dropped events, late copies): those runs are not alerted; scope the trace",
             m.reads_unverified.clone(),
         );
         r.register(

@@ -258,16 +258,16 @@ impl Engine {
         }
     }
 
-    /// Applies what is ripe (older than the holdback, or over the queue
-    /// bound; everything when `closing`), handing each batch's unclean
-    /// read runs to `on_runs`.
     /// Whether this view has left the trace's exact history: a copy taken
     /// from its source's current content (late) or given up waiting. Its
-    /// uncertain reads then say nothing about the engine.
+    /// uncertain reads may then be its own doing, not the engine's.
     pub fn inexact(&self) -> bool {
         self.copies_late > 0 || self.copies_timed_out > 0
     }
 
+    /// Applies what is ripe (older than the holdback, or over the queue
+    /// bound; everything when `closing`), handing each batch's unclean
+    /// read runs to `on_runs`, with whether the view is [`Engine::inexact`].
     pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut dyn FnMut(&[ReadRun], bool)) {
         if self.stopped.is_some() {
             return;
