@@ -48,24 +48,25 @@ fn proc_status_kib(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Process CPU seconds (user + system; USER_HZ 100): the machine may be
-/// shared, so wall time alone misleads.
-fn cpu_secs() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// CPU seconds (user + system; USER_HZ 100) from a `/proc/.../stat` file.
+fn stat_cpu_secs(path: &str) -> f64 {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
     let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
     let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (tick(11) + tick(12)) / 100.0
 }
 
+/// Process CPU seconds: the machine may be shared, so wall time alone
+/// misleads.
+fn cpu_secs() -> f64 {
+    stat_cpu_secs("/proc/self/stat")
+}
+
 /// CPU seconds of the calling thread alone (the sender's share, taken
 /// out of the process's to give the sidecar's own).
 fn thread_cpu_secs() -> f64 {
-    let s = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
-    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (tick(11) + tick(12)) / 100.0
+    stat_cpu_secs("/proc/thread-self/stat")
 }
 
 /// Pins the calling thread (and the threads it starts from now on) to
