@@ -131,15 +131,44 @@ def one_round(tag, seed):
 
 def replay_round(seed):
     """The guard's own engine-thread work per decode step, without the
-    sender thread's GIL share: one round with the hook on and the guard's
-    input recorded per step, then each decode step's items pushed into a
-    fresh native guard as the hooks push them (and applied), timed."""
+    sender thread's GIL share: one round with the hook on, the native
+    step's input of each step copied; then each decode step's native step
+    run again, once unguarded and once into a fresh native guard (fed the
+    round's other events as the hook pushes them, in order), timed. The
+    difference is the guard's: mirroring the writes and the checks."""
     import kvtrail_guard
 
     kh.install(capture=f"unix:{sock}", pools=[0], worker="bench-replay", guard="off")
-    g = kh._H.guard
     per_step, cur = [], []
-    g.push = cur.append  # the hooks' call site: record instead of mirroring
+    g = kh._H.guard
+    g.push = cur.append  # the hooks' other events: recorded, replayed in order
+    real = kh._native.schedule_step
+
+    class Blk:
+        __slots__ = ("block_id",)
+
+        def __init__(self, i):
+            self.block_id = i
+
+    class Req:
+        __slots__ = ("num_computed_tokens",)
+
+        def __init__(self, n):
+            self.num_computed_tokens = n
+
+    class Rec:
+        @staticmethod
+        def schedule_step(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of):
+            snap = (dict(sched_), {k: Req(requests[k].num_computed_tokens) for k in sched_ if k in requests},
+                    {k: dict(reqs[k]) for k in sched_ if k in reqs}, list(groups),
+                    [{k: [Blk(b.block_id) for b in t[k]] for k in sched_ if k in t} for t in tables], ts)
+            per_step.append((cur[:], snap))
+            cur.clear()
+            return real(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of)
+
+        slot_runs = staticmethod(kh._native.slot_runs)
+
+    kh._native = Rec
     s = make_scheduler()
     kh.tag(s, [0])
     hasher = get_request_block_hasher(BS, sha256)
@@ -154,32 +183,31 @@ def replay_round(seed):
         m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                               sampled_token_ids=[[] if s.requests[r].is_prefill_chunk else [7] for r in ids])
         s.update_from_output(out, m)
-        per_step.append((len(ids) == B and out.total_num_scheduled_tokens == B, cur[:]))
-        cur.clear()
     kh.flush()
     kh.uninstall()
-    native = kvtrail_guard.Guard()
-    # The hook's call per item: the native push (older modules: the
-    # Python-side feed, which filtered and called the native feed).
-    if hasattr(native, "push"):
-        push = native.push
-        done = native.flush
-    else:
-        from kvtrail_hook_client import guard as gm
+    kh._native = kvtrail_guard
 
-        pg = gm.Guard("alert")
-        pg.native = native
-        push, done = pg.feed, (lambda: None)
-    times = []
-    for decode_step, items in per_step:
-        t = time.perf_counter()
-        for it in items:
-            push(it)
-        done()
-        dt = time.perf_counter() - t
-        if decode_step:
-            times.append(dt)
-    return statistics.median(times) if times else float("nan"), sum(len(x[1]) for x in per_step)
+    def run(guard):
+        times = []
+        checked = set()  # the hook's eng.guarded: a request is checked once
+        for pushed, (sched_, requests, reqs, groups, tables, ts) in per_step:
+            if guard is not None:
+                for it in pushed:
+                    guard.push(it)
+            decode_step = len(sched_) == B and all(v == 1 for v in sched_.values())
+            t = time.perf_counter()
+            step = kvtrail_guard.schedule_step(sched_, requests, reqs, groups, tables, ts, guard,
+                                               checked if guard is not None else None, {}, kh.request_id)
+            dt = time.perf_counter() - t
+            checked.update(c[0] for c in step.checks)
+            if decode_step:
+                times.append(dt)
+        return times
+
+    bare = run(None)
+    guarded = run(kvtrail_guard.Guard())
+    diffs = [b - a for a, b in zip(bare, guarded)]
+    return statistics.median(diffs) if diffs else float("nan"), statistics.median(bare) if bare else 0.0
 
 
 results = {"off": [], "hook": [], "guard": []}
@@ -210,6 +238,7 @@ if args.replay_only:
     rep = statistics.median(x[0] for x in replay)
     sys.exit(print(f"batch {B}: guard alone (replayed): {rep * 1e6:.1f} us per decode step "
                    f"({rep / B * 1e9:.0f} ns per request)"))
+native_step = statistics.median(x[1] for x in replay)
 print(f"vLLM {__import__('vllm').__version__} Scheduler on CPU, batch {B}, prompt {args.prompt}, "
       f"decode {args.decode}, {args.rounds} rounds, sidecar {'yes' if sidecar else 'no (unreachable)'}")
 print(f"{'config':<8} {'decode step ms (median)':>24} {'all steps ms (mean)':>20} {'added/step ms':>14}")
@@ -225,3 +254,5 @@ print(f"guard over hook: {(guard - hook) * 1e6:.0f} us per decode step ({(guard 
 rep = statistics.median(x[0] for x in replay)
 print(f"guard alone (its decode-step input replayed, engine thread only): {rep * 1e6:.1f} us per decode "
       f"step ({rep / B * 1e9:.0f} ns per request)")
+print(f"the native step unguarded (replayed): {native_step * 1e6:.1f} us per decode step "
+      f"({native_step / B * 1e9:.0f} ns per request)")

@@ -22,6 +22,7 @@ os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "hooks", "vllm", "src"))
 sys.path.insert(0, os.path.join(here, "..", "hooks", "client", "src"))
+sys.path.insert(0, os.path.join(here, "..", "target", "kvtrail-guard-native"))  # .ci/setup.d/34-
 
 import kvtrail_vllm as kh  # noqa: E402
 

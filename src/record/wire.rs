@@ -690,6 +690,59 @@ pub fn canonical_kv(b: &[u8]) -> Option<Msg> {
     )
 }
 
+/// Appends the canonical KV line (no newline): the exact line the hooks
+/// send and [`canonical_kv`] reads. Its one writer in Rust; the engine
+/// hooks' native module builds a step's lines with it (the Python client's
+/// own writer for its other items is held to the same bytes by a test).
+#[allow(clippy::too_many_arguments)]
+pub fn write_canonical_kv(
+    out: &mut Vec<u8>,
+    pool: u16,
+    ts_ns: i64,
+    request_id: u64,
+    op: Op,
+    slot_start: u64,
+    slot_count: u64,
+    token_pos: Option<u64>,
+) {
+    out.extend_from_slice(br#"{"type":"kv","pool":"#);
+    push_uint(out, u64::from(pool));
+    out.extend_from_slice(br#","ts_ns":"#);
+    if ts_ns < 0 {
+        out.push(b'-');
+    }
+    push_uint(out, ts_ns.unsigned_abs());
+    out.extend_from_slice(br#","request_id":"#);
+    push_uint(out, request_id);
+    out.extend_from_slice(br#","op":""#);
+    out.extend_from_slice(op.as_str().as_bytes());
+    out.extend_from_slice(br#"","slot_start":"#);
+    push_uint(out, slot_start);
+    out.extend_from_slice(br#","slot_count":"#);
+    push_uint(out, slot_count);
+    out.extend_from_slice(br#","token_pos":"#);
+    match token_pos {
+        Some(t) => push_uint(out, t),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
+}
+
+/// Appends `v` in decimal.
+fn push_uint(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
 fn plain(message: String) -> LineError {
     LineError {
         field: None,
@@ -989,6 +1042,44 @@ fn sniff_type(line: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the writer writes, the canonical scanner reads back as the same
+    /// event, and `parse_line` agrees.
+    #[test]
+    fn canonical_writer_round_trips() {
+        let cases = [
+            (0u16, 0i64, 1u64, Op::Write, 0u64, 1u64, Some(0u64)),
+            (
+                u16::MAX,
+                -7,
+                u64::MAX >> 1,
+                Op::Read,
+                4_294_967_295,
+                1,
+                None,
+            ),
+            (3, i64::MAX, 42, Op::Share, 16, 4096, Some(u32::MAX as u64)),
+            (9, 1_700_000_000_000_000_000, 5, Op::Alloc, 10, 20, None),
+        ];
+        for (pool, ts, rid, op, start, count, tp) in cases {
+            let mut b = Vec::new();
+            write_canonical_kv(&mut b, pool, ts, rid, op, start, count, tp);
+            let Some(Msg::Kv { event, seq: None }) = canonical_kv(&b) else {
+                panic!("not canonical: {}", String::from_utf8_lossy(&b));
+            };
+            assert_eq!(
+                (event.pool, event.ts_ns, event.request_id, event.op),
+                (pool, ts, rid, op)
+            );
+            assert_eq!(
+                (u64::from(event.slot_start), u64::from(event.slot_count)),
+                (start, count)
+            );
+            assert_eq!(event.token_pos.map(u64::from), tp);
+            let text = std::str::from_utf8(&b).unwrap();
+            assert!(matches!(parse_msg(text), Ok(Msg::Kv { event: e, .. }) if e == event));
+        }
+    }
 
     /// The fast path must agree with `parse_line` on every line it accepts.
     #[test]

@@ -531,6 +531,28 @@ fn guard_aborts_vllm_stale_reference_as_an_error() {
     assert_eq!(f2["alerts"][0]["sources"], a["sources"]);
 }
 
+/// The vLLM hook's native step (tests/vllm/native_step.py, no vLLM
+/// needed): its lines byte-identical to the shared client's writer for the
+/// same events, its runs, holes for unreadable requests, and the guard's
+/// checks in the stream's order.
+#[test]
+fn native_step_lines_match_the_client_and_checks_follow_the_stream() {
+    let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
+        return;
+    };
+    let o = Command::new(py)
+        .arg(root().join("tests/vllm/native_step.py"))
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([native, root().join("hooks/client/src")]).unwrap(),
+        )
+        .output()
+        .unwrap();
+    let f = facts_of(&o, "native_step.py");
+    assert_eq!(f["failures"], serde_json::json!([]), "{f}");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
     let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {

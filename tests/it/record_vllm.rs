@@ -121,8 +121,7 @@ fn capture_script(
         .arg(mode)
         .env(
             "PYTHONPATH",
-            std::env::join_paths([root.join("hooks/vllm/src"), root.join("hooks/client/src")])
-                .unwrap(),
+            crate::support::venv::hook_pythonpath("hooks/vllm/src"),
         )
         .env("HF_HUB_OFFLINE", "1")
         .env("KVTRAIL_DRIVER_EXIT", exit)

@@ -88,7 +88,7 @@ fn sealed_capture(d: &Path, key: &Path, drv: &Driver) -> PathBuf {
         .args(drv.args)
         .env(
             "PYTHONPATH",
-            std::env::join_paths([root.join(drv.hook), root.join("hooks/client/src")]).unwrap(),
+            crate::support::venv::hook_pythonpath(drv.hook),
         )
         .current_dir(if drv.in_temp {
             d

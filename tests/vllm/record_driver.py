@@ -42,7 +42,7 @@ Usage: record_driver.py SOCKET MODE, MODE one of
   engine, reporting a 48-token hit for a2 (the load is out of sight);
   lmcache-pool: the same with a cache pool tagged (the hook waits for
   lmcache's engine to perform the load, which is not in this process);
-- broken: the hook's slot mapping made to raise; the engine must not notice.
+- broken: the hook's native step and slot mapping made to raise; the engine must not notice.
 
 Real: Request construction (block hashes, cache_salt), Scheduler.add_request
 / schedule / update_from_output / _free_request, KVCacheManager, the
@@ -519,7 +519,11 @@ elif MODE == "broken":
     def boom(*a, **k):
         raise RuntimeError("planted hook failure")
 
-    kh._slot_runs = boom
+    class Broken:  # the native module's per-step events and slot runs
+        def __getattr__(self, name):
+            return boom
+
+    kh._native = Broken()
     P.add_request(make_req("b1", A, "tenant-a", 1))
     for _ in range(10):
         step(P)

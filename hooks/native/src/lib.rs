@@ -5,8 +5,12 @@
 //! home of the rule), and answers, before a request's first forward over KV
 //! it did not compute, whether every slot it will read is its own, granted,
 //! foreign (whose) or unknown. docs/guard.md.
+//!
+//! It also builds the vLLM hook's per-step events (`schedule_step`, the
+//! `step` module): the hook's hot path, one native call per scheduler step.
 
 mod guard;
+mod step;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -359,6 +363,9 @@ fn flat(idx: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
 #[pymodule]
 fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Guard>()?;
+    m.add_class::<step::Step>()?;
+    m.add_function(wrap_pyfunction!(step::schedule_step, m)?)?;
+    m.add_function(wrap_pyfunction!(step::py_slot_runs, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

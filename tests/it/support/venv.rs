@@ -139,3 +139,20 @@ pub const MOTO: Venv = Venv {
     setup: ".ci/setup.d/56-moto.sh",
     imports: Some("moto.server, boto3"),
 };
+
+/// The PYTHONPATH a hook under test runs with: its source folder, the
+/// shared client, and the native module `kvtrail_guard` the set-up built
+/// (.ci/setup.d/34-kvtrail-guard.sh; the vLLM hook builds its per-step
+/// events with it and will not install without it). A missing module
+/// fails under `CI` (the driver would fail anyway, less clearly).
+pub fn hook_pythonpath(hook: &str) -> std::ffi::OsString {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let native = root.join("target/kvtrail-guard-native");
+    if !native.join("kvtrail_guard").is_dir() && std::env::var_os("CI").is_some() {
+        panic!(
+            "CI is set but the native module is missing at {}: run .ci/setup.d/34-kvtrail-guard.sh",
+            native.display()
+        );
+    }
+    std::env::join_paths([root.join(hook), root.join("hooks/client/src"), native]).unwrap()
+}

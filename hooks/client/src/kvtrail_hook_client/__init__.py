@@ -53,8 +53,10 @@ import time
 log = logging.getLogger("kvtrail")
 
 # Event kinds in the queue. GUARD is no KV event: a decision of the guard
-# (docs/guard.md) that was not ``ok``, sent as a ``guard`` line.
-KV, REQ, SEND, COMMIT, LOST, PULL, COPY, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
+# (docs/guard.md) that was not ``ok``, sent as a ``guard`` line. LINES is a
+# block of lines already formatted (the vLLM hook's native step: its KV and
+# ``lost`` lines), with its line count per pool.
+KV, REQ, SEND, COMMIT, LOST, PULL, COPY, GUARD, LINES = 0, 1, 2, 3, 4, 5, 6, 7, 8
 # Items that are no KV event of a pool: never counted as a pool's loss.
 NOT_KV = (REQ, GUARD)
 # The most source request ids one ``guard`` line names (the sidecar's bound).
@@ -198,6 +200,10 @@ class Client:
         self.enqueued = 0  # items accepted (engine thread)
         self.handled = 0  # items sent or counted lost (sender thread)
         self.sent_items = 0  # items whose lines reached a socket
+        # Lines held in LINES items: queued (engine thread) and taken off
+        # the queue (sender thread); the queue's bound counts them.
+        self._lines_in = 0
+        self._lines_out = 0
         self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
         self._last_mark = 0.0
         # Guard checks answered ok through this client: counted by the
@@ -223,7 +229,7 @@ class Client:
 
     # ---- hot path (engine thread) ----
     def put(self, pool, item):
-        if len(self.q) >= self.max_queue:
+        if len(self.q) + self._lines_in - self._lines_out >= self.max_queue:
             self.dropped[pool] = self.dropped.get(pool, 0) + 1
             self.stats["dropped_queue"] += 1
             self.enqueued += 1
@@ -238,13 +244,35 @@ class Client:
         self.enqueued += 1
         self.q.append(item)
 
+    def put_lines(self, ts, text, counts, n):
+        """Queues ``n`` lines formatted natively (newline-separated, KV and
+        ``lost`` lines of the pools in ``counts``: (pool, lines), a ``lost``
+        line counting its n), stamped ``ts``, as one item. On a full queue
+        they are dropped and counted per pool, as ``put``'s events are."""
+        if len(self.q) + self._lines_in - self._lines_out + n > self.max_queue:
+            for pool, k in counts:
+                self.dropped[pool] = self.dropped.get(pool, 0) + k
+            self.stats["dropped_queue"] += n
+            self.enqueued += 1
+            self.dropped_items += 1
+            return
+        if self.dropped:
+            for pool, _ in counts:
+                k = self.dropped.pop(pool, 0)
+                if k:
+                    self.enqueued += 1
+                    self.q.append((LOST, pool, k))
+        self.enqueued += 1
+        self._lines_in += n
+        self.q.append((LINES, counts[0][0] if counts else -1, ts, text, counts, n))
+
     def put_guard(self, pool, ts, rid, verdict, action, sources, slots_read, slots_foreign,
                   slots_unknown):
         """Queues a guard decision (engine thread). It is no KV event: on a
         full queue it is dropped and counted (``guard_lost``), never a hole
         in the pool."""
         self.enqueued += 1
-        if len(self.q) >= self.max_queue:
+        if len(self.q) + self._lines_in - self._lines_out >= self.max_queue:
             self.stats["guard_lost"] += 1
             self.dropped_items += 1
             return
@@ -293,6 +321,12 @@ class Client:
 
     def _format(self, item, out):
         kind = item[0]
+        if kind == LINES:
+            _, _, _, text, counts, _ = item
+            out.append(text)
+            for pool, k in counts:
+                self._tmp[pool] = self._tmp.get(pool, 0) + k
+            return
         if kind == KV:
             _, pool, ts, rid, op, idx, tpos, ps = item
             if ps:
@@ -389,7 +423,10 @@ class Client:
             items = []
             q = self.q
             for _ in range(min(self.batch, len(q))):
-                items.append(q.popleft())
+                it = q.popleft()
+                if it[0] == LINES:
+                    self._lines_out += it[5]
+                items.append(it)
             drained = not q
             lines = []
             self._ensure_connected()
@@ -401,7 +438,10 @@ class Client:
                 try:
                     self._format(it, lines)
                 except Exception as e:  # a bad item is a lost event, never a crash
-                    if it[0] not in NOT_KV:
+                    if it[0] == LINES:
+                        for pool, k in it[4]:
+                            self.dropped[pool] = self.dropped.get(pool, 0) + k
+                    elif it[0] not in NOT_KV:
                         pool = it[1]
                         self.dropped[pool] = self.dropped.get(pool, 0) + 1
                     log.warning("kvtrail: could not encode an event: %s", e)
@@ -416,7 +456,7 @@ class Client:
                     head = q[0]
                 except IndexError:
                     head = None
-                if head is not None and head[0] in (KV, SEND, COMMIT, PULL, COPY):
+                if head is not None and head[0] in (KV, SEND, COMMIT, PULL, COPY, LINES):
                     self._mark(min(t0, head[2]), force=True, busy=True)
         self._close()
 
@@ -427,6 +467,11 @@ class Client:
             it = self.q.popleft()
             self.handled += 1
             self.dropped_items += 1
+            if it[0] == LINES:
+                self._lines_out += it[5]
+                for pool, k in it[4]:
+                    self.dropped[pool] = self.dropped.get(pool, 0) + k
+                continue
             if it[0] in NOT_KV:
                 self.stats["requests_lost" if it[0] == REQ else "guard_lost"] += 1
                 continue
@@ -489,7 +534,7 @@ class Client:
         data = ("\n".join(lines) + "\n").encode()
         try:
             self.sock.sendall(data)
-            self.stats["sent_lines"] += len(lines)
+            self.stats["sent_lines"] += len(lines) + sum(it[5] - 1 for it in items if it[0] == LINES)
             self.sent_items += len(items)
             self._pos = self._tmp
         except OSError as e:
@@ -506,6 +551,11 @@ class Client:
         n = 0
         self.dropped_items += len(items)
         for it in items:
+            if it[0] == LINES:
+                for pool, k in it[4]:
+                    self.down_lost[pool] = self.down_lost.get(pool, 0) + k
+                n += it[5]
+                continue
             if it[0] in NOT_KV:
                 self.stats["requests_lost" if it[0] == REQ else "guard_lost"] += 1
                 continue

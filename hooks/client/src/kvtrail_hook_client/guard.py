@@ -87,10 +87,13 @@ class Guard:
             self.page_sizes[pool] = ps
             self.native.page_size(pool, int(ps))
 
-    def decide(self, pool, rid, name, slots=None, runs=None, client=None):
+    def decide(self, pool, rid, name, slots=None, runs=None, client=None, answer=None):
         """Checks a request's read of ``slots`` (indices) or ``runs``
         ((start, count)) of ``pool`` before its first forward over KV it did
-        not compute. Returns None to let it run, or the error message to
+        not compute, or takes the native module's ``answer`` to that check
+        (verdict, sources, slots foreign, slots unknown, slots read: the
+        vLLM hook's native step checks in the stream's order). Returns None
+        to let it run, or the error message to
         abort it with. A decision that is not ``ok`` also goes to the
         sidecar as a ``guard`` line through ``client`` (the connection
         holding ``pool``), where it is counted and, with live detection,
@@ -98,7 +101,9 @@ class Guard:
         c = self.counts
         c["checks"] += 1
         try:
-            if runs is not None:
+            if answer is not None:
+                verdict, sources, nf, nu, n = answer
+            elif runs is not None:
                 verdict, sources, nf, nu, n = self.native.check_runs(pool, rid, runs)
             else:
                 verdict, sources, nf, nu, n = self.native.check(pool, rid, slots)

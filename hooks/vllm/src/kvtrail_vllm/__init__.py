@@ -31,12 +31,16 @@ its arguments or results; a failure inside the hook is counted in
 - ``BlockPool.free_blocks``: ``free`` of the blocks' slots;
 - ``SingleTypeKVCacheManager.add_local_computed_blocks``: prefix-cache hit,
   ``share`` of the hit blocks;
-- ``SingleTypeKVCacheManager.allocate_new_blocks`` /
-  ``allocate_external_computed_blocks`` / ``remove_skipped_blocks`` (a
-  sliding window dropping blocks mid-request), ``KVCacheManager.free``:
-  attribute the allocator calls inside them to their request and group;
+- ``KVCacheManager.free``: attributes the allocator calls inside it to its
+  request; ``SingleTypeKVCacheManager.allocate_new_blocks`` /
+  ``allocate_external_computed_blocks`` / ``free`` / ``remove_skipped_blocks``
+  (a sliding window dropping blocks mid-request) are not wrapped (they run
+  per request and step): an allocator call finds the nearest of them on its
+  call stack, and so its request and group;
 - ``Scheduler.schedule``: per scheduled request ``write`` of the tokens
-  computed this step and ``read`` of its whole context; the NIXL consumer's
+  computed this step and ``read`` of its whole context, built in one call
+  into the native module ``kvtrail_guard`` (required: ``install`` raises
+  without it); the NIXL consumer's
   transfer plan (``kv_connector_metadata.reqs_to_recv``);
 - ``Scheduler.update_from_output``: a finished, failed or partial remote
   load (``finished_recving``, ``failed_recving``, ``invalid_block_ids``) as
@@ -90,6 +94,7 @@ __all__ = ["install", "uninstall", "stats", "guard_stats", "guard_alerts", "flus
 
 _time_ns = time.time_ns
 _H = None  # the installed hook state
+_native = None  # kvtrail_guard: the per-step events and the guard (install)
 hash_tokens = _c.hash_tokens
 
 # Status the client gets per vLLM finish reason (an ERROR finish raises
@@ -191,6 +196,7 @@ class _Engine:
                     _H.lmc_engines.append(self)
         except Exception:
             pass
+        self.managers = []  # the single-type managers, per group (their req_to_blocks)
         self.block_sizes = []
         self.attention = []
         try:
@@ -243,6 +249,27 @@ class _Engine:
         push = _H.guard.push
         if push is not None and mirror:
             push(item)
+        if self.client is None and not self._connect():
+            return
+        self.client.put(pool, item)
+
+    def put_lines(self, ts, step):
+        """Queues a step's lines built by the native module (already
+        mirrored into the guard)."""
+        if self.client is None and not self._connect():
+            return
+        self.client.put_lines(ts, step.text, step.counts, step.lines)
+
+    def groups(self):
+        """Per KV cache group: (pool or None, block size, attention), for
+        the native step."""
+        n = max(1, len(self.block_sizes))
+        return [(self.pool(g), self.block_size(g), self.attention[g] if g < len(self.attention) else True)
+                for g in range(n)]
+
+    def _connect(self):
+        """The engine's connection, made on its first event (False: it
+        records no pool)."""
         if self.client is None:
             used = {self.pool(g) for g in range(max(1, len(self.block_sizes)))}
             if self.cache_pool is not None:
@@ -250,7 +277,7 @@ class _Engine:
             used.update(self.tier_pools)
             pools = sorted({p for p in used if p is not None and p >= 0})
             if not pools:
-                return
+                return False
             # Our block size per engine pool (not the cache or tier pools,
             # whose chunks are another size): the hello carries it.
             sizes = {}
@@ -263,7 +290,7 @@ class _Engine:
             self.client = Client(_H.capture, pools, f"{_H.worker}/{self.role}", max_queue=_H.max_queue,
                                  page_sizes=sizes)
             _H.clients.append(self.client)
-        self.client.put(pool, item)
+        return True
 
 
 class _Hook:
@@ -331,25 +358,9 @@ def _tenant(req):
 
 def _slot_runs(table, bs, a, b):
     """Slot runs (start, count, token_pos) of token positions [a, b) in a
-    block table; null blocks (id 0) are skipped."""
-    out = []
-    if b <= a:
-        return out
-    for i in range(a // bs, (b - 1) // bs + 1):
-        if i >= len(table):
-            break
-        blk = table[i]
-        if blk == 0:
-            continue
-        lo = max(a, i * bs)
-        hi = min(b, (i + 1) * bs)
-        start = blk * bs + (lo - i * bs)
-        if out and out[-1][0] + out[-1][1] == start:
-            s, n, tp = out[-1]
-            out[-1] = (s, n + hi - lo, tp)
-        else:
-            out.append((start, hi - lo, lo))
-    return out
+    block table; null blocks (id 0) are skipped (the native module's
+    ``slot_runs``: the one home of this walk, which the step uses too)."""
+    return _native.slot_runs(table, bs, a, b)
 
 
 def _kv_runs(eng, pool, rid, op, runs, with_pos):
@@ -391,6 +402,7 @@ def _w_sched_init(orig):
             kvm = self.kv_cache_manager
             coord = kvm.coordinator
             kvm._kvtrail_engine = eng
+            eng.managers = list(coord.single_type_managers)
             coord.block_pool._kvtrail_engine = eng
             for g, m in enumerate(coord.single_type_managers):
                 m._kvtrail_engine = eng
@@ -429,7 +441,8 @@ def _w_get_new_blocks(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
-                _blocks_kv(eng, _ctx.group, _ctx.rid, ALLOC, out)
+                group, rid = _who(eng)
+                _blocks_kv(eng, group, rid, ALLOC, out)
             except Exception as e:
                 _fail("BlockPool.get_new_blocks", e)
         return out
@@ -466,7 +479,8 @@ def _w_free_blocks(orig):
             return orig(self, ordered_blocks, *args, **kwargs)
         blocks = list(ordered_blocks)  # an iterator (reversed): read once, forward the list
         try:
-            _blocks_kv(eng, _ctx.group, _ctx.rid, FREE, blocks)
+            group, rid = _who(eng)
+            _blocks_kv(eng, group, rid, FREE, blocks)
         except Exception as e:
             _fail("BlockPool.free_blocks", e)
         return orig(self, blocks, *args, **kwargs)
@@ -474,31 +488,46 @@ def _w_free_blocks(orig):
     return free_blocks
 
 
-def _w_manager_ctx(orig, name):
-    """A single-type manager method taking ``request_id`` first: block-pool
-    calls inside it are that request's, in this manager's group."""
+# The single-type manager methods that take ``request_id`` first and call
+# the block pool on that request's behalf (allocate_new_blocks,
+# allocate_external_computed_blocks, free, remove_skipped_blocks: a sliding
+# window dropping blocks mid-request), by code object, filled by _apply
+# from the classes it patches. They are not wrapped: the scheduler calls
+# them once per request and group per step, and a wrapper there cost more
+# than all the rest of the hook. An allocator call (get_new_blocks,
+# free_blocks: a few per block, not per step) finds the nearest of them on
+# its call stack instead.
+_CTX_CODES = set()
+_CTX_METHODS = ("allocate_new_blocks", "allocate_external_computed_blocks", "free", "remove_skipped_blocks")
+# How far up the stack an allocator call looks (the manager method's own
+# helpers sit between: _remove_blocks_in_range, _claim_ring_block).
+_CTX_DEPTH = 6
 
-    def wrapper(self, request_id_, *args, **kwargs):
-        eng = _engine_of(self) if _H is not None else None
-        if eng is None:
-            return orig(self, request_id_, *args, **kwargs)
-        prev = (_ctx.rid, _ctx.group)
-        try:
-            r = eng.reqs.get(request_id_)
+
+def _who(eng):
+    """(group, trace request id) on whose behalf the running allocator call
+    runs: the nearest single-type manager method of _CTX_CODES on the call
+    stack (its manager's group, its request), else the request an outer
+    ``KVCacheManager.free`` set, else the engine (group 0, request 0)."""
+    f = sys._getframe(2)  # the allocator wrapper's caller
+    for _ in range(_CTX_DEPTH):
+        if f is None:
+            break
+        code = f.f_code
+        if code in _CTX_CODES:
+            names = code.co_varnames
+            loc = f.f_locals
+            mgr, rid_s = loc.get(names[0]), loc.get(names[1])
+            r = eng.reqs.get(rid_s)
             if r is not None:
-                _ctx.rid = r["id"]
-            elif not _ctx.rid:  # an outer KVCacheManager.free may have set it
-                _ctx.rid = _c.id_of(request_id_)
-            _ctx.group = getattr(self, "_kvtrail_group", 0)
-        except Exception as e:
-            _fail(name, e)
-        try:
-            return orig(self, request_id_, *args, **kwargs)
-        finally:
-            _ctx.rid, _ctx.group = prev
-
-    wrapper.__name__ = name
-    return wrapper
+                rid = r["id"]
+            elif _ctx.rid:  # an outer KVCacheManager.free set it
+                rid = _ctx.rid
+            else:
+                rid = _c.id_of(rid_s)
+            return getattr(mgr, "_kvtrail_group", 0), rid
+        f = f.f_back
+    return _ctx.group, _ctx.rid
 
 
 def _w_add_local(orig):
@@ -629,43 +658,30 @@ def on_schedule(sched, out):
     eng = _engine_of(sched)
     if eng is None:
         return
-    kvm = sched.kv_cache_manager
     copies = getattr(out, "kv_cache_block_copies", None)
     if copies or eng.cow_taken:
         _cow_copies(eng, copies or ())
-    for rid_s, n in out.num_scheduled_tokens.items():
-        req = sched.requests.get(rid_s)
-        if req is None or n <= 0:
-            continue
-        r = eng.reqs.get(rid_s)
-        rid = r["id"] if r else request_id(req)
-        end = int(req.num_computed_tokens)
-        c = end - int(n)
-        tables = kvm.get_block_ids(rid_s)
-        check = c > 0 and _H.guard.native is not None and rid_s not in eng.guarded
-        # An LMCache load into this step's blocks runs after schedule (the
-        # worker's start_load_kv): the reads (and the guard) wait for it.
-        wait = eng.lmc_wait.get(rid_s)
-        if wait is not None and wait["reads"] is not None:
-            wait = None
-        reads = []
-        for g, table in enumerate(tables):
-            pool = eng.pool(g)
-            if pool is None or pool < 0 or not eng.attention[g]:
-                continue
-            bs = eng.block_sizes[g]
-            _kv_runs(eng, pool, rid, WRITE, _slot_runs(table, bs, c, end), True)
-            read = _slot_runs(table, bs, 0, end)
-            if wait is None:
-                _kv_runs(eng, pool, rid, READ, read, True)
-            if check or wait is not None:
-                reads.append((pool, read))
-        if wait is not None:
-            wait.update(reads=reads, check=check, rid=rid)
-        elif check:
-            _check(eng, rid_s, rid, reads)
-        if r is not None:
-            r["covered"] = max(r["covered"], end)
+    if out.num_scheduled_tokens:
+        # Per scheduled request and group, in one native call: the write of
+        # the tokens computed this step, the read of the whole context (an
+        # LMCache load into this step's blocks runs after schedule, in the
+        # worker's start_load_kv: the reads and the guard wait for it), the
+        # writes mirrored into the guard, and the guard's check of a
+        # request's first step over KV it did not compute this step.
+        native = _H.guard.native
+        ts = _time_ns()
+        step = _native.schedule_step(
+            out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
+            [m.req_to_blocks for m in eng.managers], ts, native,
+            eng.guarded if native is not None else None, eng.lmc_wait, request_id)
+        if step.text is not None:
+            eng.put_lines(ts, step)
+        if step.holes:
+            _fail("Scheduler.schedule", ValueError(f"{step.holes} requests' state unreadable: holes"))
+        for rid_s, rid, check, reads in step.waits:
+            eng.lmc_wait[rid_s].update(reads=reads, check=check, rid=rid)
+        for rid_s, rid, answers in step.checks:
+            _checked(eng, rid_s, rid, answers)
     meta = getattr(out, "kv_connector_metadata", None)
     if eng.cache_pool is not None:
         try:
@@ -706,12 +722,21 @@ def on_schedule(sched, out):
 def _check(eng, rid_s, rid, reads):
     """The guard, once per request, before its first step over KV it did
     not compute this step: every group's read of its context."""
+    _checked(eng, rid_s, rid, [(pool, None, [(a, n) for a, n, _ in read]) for pool, read in reads])
+
+
+def _checked(eng, rid_s, rid, answers):
+    """Acts on the guard's answers for a request's reads, per group: a
+    (pool, verdict, sources, slots foreign, slots unknown, slots read)
+    answer the native step gave, or (pool, None, runs) still to check."""
     if len(eng.guarded) > 1_000_000:  # finished requests leave it below
         eng.guarded.clear()
     eng.guarded.add(rid_s)
-    for pool, read in reads:
-        msg = _H.guard.decide(pool, rid, rid_s, runs=[(a, n) for a, n, _ in read],
-                              client=eng.client)
+    for a in answers:
+        if a[1] is None:
+            msg = _H.guard.decide(a[0], rid, rid_s, runs=a[2], client=eng.client)
+        else:
+            msg = _H.guard.decide(a[0], rid, rid_s, client=eng.client, answer=a[1:])
         if msg is not None:
             eng.to_abort.append((rid_s, msg))
             return
@@ -1625,15 +1650,6 @@ _PATCHES = [
     # group each copy is for (the copy itself is recorded at schedule).
     (_STM, "SingleTypeKVCacheManager", "_apply_cow", _w_apply_cow),
     (_STM, "SingleTypeKVCacheManager", "take_pending_cow_copies", _w_take_cow),
-    (_STM, "SingleTypeKVCacheManager", "allocate_new_blocks",
-     lambda o: _w_manager_ctx(o, "allocate_new_blocks")),
-    (_STM, "SingleTypeKVCacheManager", "allocate_external_computed_blocks",
-     lambda o: _w_manager_ctx(o, "allocate_external_computed_blocks")),
-    (_STM, "SingleTypeKVCacheManager", "free", lambda o: _w_manager_ctx(o, "free")),
-    # Sliding-window (and chunked-local, Mamba) groups free blocks that left
-    # the window mid-request: the request's, in the manager's group.
-    (_STM, "SingleTypeKVCacheManager", "remove_skipped_blocks",
-     lambda o: _w_manager_ctx(o, "remove_skipped_blocks")),
     # The offload tiering layer: tier jobs and their completions.
     (_TIER, "TieringOffloadingManager", "_register_job", _w_tier_register),
     (_TIER, "TieringOffloadingManager", "_complete_promotion",
@@ -1673,6 +1689,12 @@ def _apply(module):
             targets += [v for v in vars(module).values()
                         if isinstance(v, type) and issubclass(v, owner) and v is not owner]
         for t in targets:
+            if mod == _STM:
+                # The request-context methods: found on the stack (_who).
+                for m in _CTX_METHODS:
+                    fn = t.__dict__.get(m)
+                    if callable(fn) and hasattr(fn, "__code__"):
+                        _CTX_CODES.add(fn.__code__)
             if (t, attr) in _H.originals:
                 continue
             orig = t.__dict__.get(attr)
@@ -1738,10 +1760,18 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
       abort (docs/guard.md). ``abort`` without the native module raises
       ``kvtrail_hook_client.guard.GuardUnavailable``.
     """
-    global _H
+    global _H, _native
     if _H is not None:
         return _H
     g = _guard_mod.Guard(guard, guard_unknown)
+    try:
+        import kvtrail_guard
+    except ImportError as e:
+        raise ImportError(
+            "kvtrail_vllm: the native module kvtrail_guard cannot be loaded "
+            f"({e}): it builds the hook's per-step events (and is the guard); install it "
+            "(docs/guard.md, \"Building\")") from e
+    _native = kvtrail_guard
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
     if not capture:
         raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")

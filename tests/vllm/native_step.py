@@ -1,0 +1,149 @@
+"""The vLLM hook's native step (kvtrail_guard.schedule_step) against the
+shared client's own writer, without vLLM: hand-built scheduler state in
+the shapes vLLM's Scheduler has (requests with num_computed_tokens, the
+single-type managers' req_to_blocks of blocks with block_id).
+
+Checks, and prints one JSON line of facts at the end:
+- every line the step writes is byte-identical to the line the client's
+  `_format` writes for the same event (one format, two writers held
+  together);
+- the runs: null blocks skipped, a table shorter than the context ends the
+  runs, a run continues only where slots and positions both do;
+- a request whose state cannot be read leaves a `lost` line in its pool
+  (a hole), and the others still get their lines;
+- groups without a pool, or without attention, write nothing;
+- the guard sees the writes and checks a request in the stream's order:
+  a request scheduled after another does not see its later writes, and a
+  read of another request's slots is foreign, naming it;
+- an LMCache wait defers the reads and the check.
+
+Run with PYTHONPATH=hooks/client/src:target/kvtrail-guard-native.
+"""
+
+import json
+import sys
+
+import kvtrail_guard
+import kvtrail_hook_client as c
+
+
+class Blk:
+    def __init__(self, i):
+        self.block_id = i
+
+
+class Req:
+    def __init__(self, computed):
+        self.num_computed_tokens = computed
+
+
+def tables(*per_group):
+    return [{k: [Blk(i) for i in v] for k, v in g.items()} for g in per_group]
+
+
+def client_lines(items):
+    cl = c.Client.__new__(c.Client)
+    cl._tmp = {}
+    out = []
+    for it in items:
+        cl._format(it, out)
+    return out
+
+
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+BS = 4
+TS = 1_700_000_000_000_000_123
+rid_of_calls = []
+
+
+def rid_of(req):
+    rid_of_calls.append(req)
+    return 777
+
+
+# Request a: 10 tokens computed, 2 this step; table [5, 0, 9] (a null
+# block in the middle: positions 4..7 hold nothing). Request b: 6 computed,
+# all 6 this step (its first step), no hook row (rid_of). Request c: a
+# broken request (its count is not a number): a hole. Group 1 has no pool,
+# group 2 is not attention.
+sched = {"a": 2, "b": 6, "c": 1, "z": 0}
+requests = {"a": Req(10), "b": Req(6), "c": Req("x")}
+reqs = {"a": {"id": 11, "covered": 3, "prompt": 8}}
+groups = [(3, BS, True), (None, BS, True), (3, BS, False)]
+tabs = tables({"a": [5, 0, 9], "b": [6, 7], "c": [1]}, {"a": [1, 2, 3]}, {"a": [8]})
+step = kvtrail_guard.schedule_step(sched, requests, reqs, groups, tabs, TS, None, None, {}, rid_of)
+lines = step.text.split("\n")
+W, R = c.WRITE, c.READ
+# Positions 8..9 of a are block index 2 (id 9): slots 36, 37.
+want = client_lines([
+    (c.KV, 3, TS, 11, W, range(36, 38), 8, 0),
+    (c.KV, 3, TS, 11, R, range(20, 24), 0, 0),    # block 5: positions 0..3
+    (c.KV, 3, TS, 11, R, range(36, 38), 8, 0),    # block 9: positions 8..9 (block 0 skipped)
+    (c.KV, 3, TS, 777, W, range(24, 30), 0, 0),   # b: blocks 6, 7 contiguous: one run of 6
+    (c.KV, 3, TS, 777, R, range(24, 30), 0, 0),
+])
+want.append('{"type":"lost","pool":3,"n":1}')
+expect(lines == want, f"lines differ:\n{lines}\n{want}")
+expect(step.counts == [(3, 6)] and step.lines == 6, f"counts {step.counts} {step.lines}")
+expect(step.holes == 1, f"holes {step.holes}")
+expect(reqs["a"]["covered"] == 8, f"covered {reqs['a']}")
+expect(len(rid_of_calls) == 1 and rid_of_calls[0] is requests["b"], "rid_of called for b only")
+expect(step.checks == [] and step.waits == [], "no guard, no waits")
+
+# Contiguous slots whose positions are not contiguous are two runs: the
+# table [2, 0, 3] reads blocks 2 and 3 (slots 8..11 and 12..15, adjacent)
+# at positions 0..3 and 8..11.
+runs = kvtrail_guard.slot_runs([2, 0, 3], 4, 0, 12)
+expect(runs == [(8, 4, 0), (12, 4, 8)], f"runs across a null block {runs}")
+expect(kvtrail_guard.slot_runs([2, 3], 4, 0, 20) == [(8, 8, 0)], "short table ends the runs")
+expect(kvtrail_guard.slot_runs([2, 3], 4, 5, 5) == [], "empty range")
+
+# The guard. Request p wrote slots 0..3 (block 0 is vLLM's null block, so
+# use block 1: slots 4..7) in an earlier step; now q is scheduled first
+# and reads p's block as its own context (a stale table: foreign, naming
+# p), and p then writes its next token. q's check must not see p's later
+# write, and p's write must reach the guard.
+g = kvtrail_guard.Guard()
+g.page_size(3, BS)
+g.push((c.KV, 3, 1, 21, c.ALLOC, range(4, 8), None, 0))
+g.push((c.KV, 3, 2, 21, c.WRITE, range(4, 7), 0, 0))
+g.push((c.KV, 3, 3, 22, c.ALLOC, range(8, 12), None, 0))
+sched = {"q": 1, "p": 1}
+requests = {"q": Req(4), "p": Req(4)}
+reqs = {"q": {"id": 22, "covered": 0}, "p": {"id": 21, "covered": 0}}
+tabs = tables({"q": [1], "p": [1]})
+guarded = set()
+step = kvtrail_guard.schedule_step(sched, requests, reqs, [(3, BS, True)], tabs, 5, g, guarded, {}, rid_of)
+expect(len(step.checks) == 2, f"checks {step.checks}")
+name, rid, answers = step.checks[0]
+expect(name == "q" and rid == 22, f"first check {step.checks[0]}")
+pool, verdict, sources, nf, nu, n = answers[0]
+expect(verdict == "foreign" and sources == [21] and n == 4, f"q's answer {answers[0]}")
+name, rid, answers = step.checks[1]
+expect(name == "p" and answers[0][1] == "ok", f"p's answer {step.checks[1]}")
+st = g.stats()
+expect(st["events"] >= 5, f"guard events {st}")
+
+# A request already checked is not checked again; an LMCache wait defers
+# its reads (no read line) and its check.
+guarded = {"q", "p"}
+waits = {"p": {"reads": None}}
+step = kvtrail_guard.schedule_step({"q": 1, "p": 1}, {"q": Req(5), "p": Req(5)}, reqs,
+                                   [(3, BS, True)], tables({"q": [2, 3], "p": [1, 3]}), 6, g,
+                                   guarded, waits, rid_of)
+expect(step.checks == [], f"checked again {step.checks}")
+expect(len(step.waits) == 1 and step.waits[0][0] == "p" and step.waits[0][2] is False,
+       f"waits {step.waits}")
+expect(step.waits[0][3] == [(3, [(4, 4, 0), (12, 1, 4)])], f"deferred reads {step.waits[0][3]}")
+ops = [json.loads(x)["op"] + str(json.loads(x)["request_id"]) for x in step.text.split("\n")]
+expect(ops == ["write22", "read22", "write21"], f"ops {ops}")
+
+print(json.dumps({"failures": failures}))
+sys.exit(1 if failures else 0)
