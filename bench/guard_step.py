@@ -156,12 +156,20 @@ def replay_round(seed):
         def __init__(self, n):
             self.num_computed_tokens = n
 
+    blk_objs = {}  # one object per block, as the engine's pool has
+
+    def blk(i):
+        b = blk_objs.get(i)
+        if b is None:
+            b = blk_objs[i] = Blk(i)
+        return b
+
     class Rec:
         @staticmethod
         def schedule_step(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of):
             snap = (dict(sched_), {k: Req(requests[k].num_computed_tokens) for k in sched_ if k in requests},
                     {k: dict(reqs[k]) for k in sched_ if k in reqs}, list(groups),
-                    [{k: [Blk(b.block_id) for b in t[k]] for k in sched_ if k in t} for t in tables], ts)
+                    [{k: [blk(b.block_id) for b in t[k]] for k in sched_ if k in t} for t in tables], ts)
             per_step.append((cur[:], snap))
             cur.clear()
             return real(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of)

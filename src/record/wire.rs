@@ -728,17 +728,29 @@ pub fn write_canonical_kv(
     out.push(b'}');
 }
 
-/// Appends `v` in decimal.
+/// Appends `v` in decimal (two digits a step: a step's lines are written
+/// on the engine's scheduler thread).
 fn push_uint(out: &mut Vec<u8>, mut v: u64) {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
     let mut buf = [0u8; 20];
     let mut i = buf.len();
-    loop {
+    while v >= 100 {
+        let p = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+    }
+    if v >= 10 {
+        let p = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+        buf[i] = b'0' + v as u8;
     }
     out.extend_from_slice(&buf[i..]);
 }
@@ -1060,6 +1072,7 @@ mod tests {
             ),
             (3, i64::MAX, 42, Op::Share, 16, 4096, Some(u32::MAX as u64)),
             (9, 1_700_000_000_000_000_000, 5, Op::Alloc, 10, 20, None),
+            (10, 99, 100, Op::Free, 9, 101, Some(1009)),
         ];
         for (pool, ts, rid, op, start, count, tp) in cases {
             let mut b = Vec::new();
@@ -1078,6 +1091,19 @@ mod tests {
             assert_eq!(event.token_pos.map(u64::from), tp);
             let text = std::str::from_utf8(&b).unwrap();
             assert!(matches!(parse_msg(text), Ok(Msg::Kv { event: e, .. }) if e == event));
+        }
+    }
+
+    #[test]
+    fn decimal_writer_matches_format() {
+        let mut v: Vec<u64> = (0..20_000).collect();
+        v.extend((0..64).map(|k| 1u64 << k));
+        v.extend((1..20).map(|k| 10u64.pow(k) - 1));
+        v.push(u64::MAX);
+        for x in v {
+            let mut b = Vec::new();
+            push_uint(&mut b, x);
+            assert_eq!(b, x.to_string().into_bytes());
         }
     }
 

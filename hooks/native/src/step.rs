@@ -10,6 +10,10 @@
 //! `slot_runs` is the one home of the block-table walk: token positions to
 //! slot runs.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -45,6 +49,55 @@ pub fn slot_runs(table: &[u64], bs: u64, a: u64, b: u64, out: &mut Vec<(u64, u64
             Some((s, n, tp)) if *s + *n == start && *tp + *n == lo => *n += hi - lo,
             _ => out.push((start, hi - lo, lo)),
         }
+    }
+}
+
+/// Block ids by block object. vLLM's block objects (`KVCacheBlock`) live
+/// as long as their pool and never change their `block_id`; reading it
+/// from the object each step touches one more cold object per block of
+/// every request's table. Each object is held (a strong reference), so its
+/// address names it while it is cached. Bounded: cleared when full.
+struct BlockIds {
+    map: HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<AddrHasher>>,
+}
+
+/// Most block objects cached (about 40 bytes each).
+const BLOCK_IDS_MAX: usize = 1 << 22;
+
+static BLOCK_IDS: Mutex<BlockIds> = Mutex::new(BlockIds {
+    map: HashMap::with_hasher(BuildHasherDefault::new()),
+});
+
+impl BlockIds {
+    fn id(&mut self, b: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let key = b.as_ptr() as usize;
+        if let Some((id, _)) = self.map.get(&key) {
+            return Ok(*id);
+        }
+        let id: u64 = b.getattr(intern!(b.py(), "block_id"))?.extract()?;
+        if self.map.len() >= BLOCK_IDS_MAX {
+            self.map.clear();
+        }
+        self.map.insert(key, (id, b.clone().unbind()));
+        Ok(id)
+    }
+}
+
+/// A hasher for object addresses (aligned: the low bits carry nothing).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = ((n as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -184,6 +237,9 @@ pub fn schedule_step<'py>(
     let mut writes = Vec::new();
     let mut reads: Vec<Reads> = Vec::new();
     let some_waits = !waits.is_empty();
+    // Never waited for: another thread holding it (it calls into Python
+    // while it does) only means this step reads the ids from the objects.
+    let mut cache = BLOCK_IDS.try_lock().ok();
     for (name, n) in scheduled.iter() {
         let n: i64 = n.extract().unwrap_or(0);
         if n <= 0 {
@@ -207,6 +263,7 @@ pub fn schedule_step<'py>(
             guarded.as_ref(),
             some_waits.then_some(waits),
             rid_of,
+            cache.as_deref_mut(),
             &mut out,
             &mut ids,
             &mut writes,
@@ -292,6 +349,7 @@ fn request<'py>(
     guarded: Option<&Bound<'py, PySet>>,
     waits: Option<&Bound<'py, PyDict>>,
     rid_of: &Bound<'py, PyAny>,
+    mut cache: Option<&mut BlockIds>,
     out: &mut Out,
     ids: &mut Vec<u64>,
     writes: &mut Vec<(u64, u64, u64)>,
@@ -331,7 +389,10 @@ fn request<'py>(
             // Only the blocks the context reaches.
             let want = usize::try_from(end.div_ceil(bs)).unwrap_or(usize::MAX);
             for b in blocks.iter().take(want) {
-                ids.push(b.getattr(intern!(py, "block_id"))?.extract()?);
+                ids.push(match cache.as_deref_mut() {
+                    Some(c) => c.id(&b)?,
+                    None => b.getattr(intern!(py, "block_id"))?.extract()?,
+                });
             }
         }
         slot_runs(ids, bs, c, end, writes);
