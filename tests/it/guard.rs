@@ -432,6 +432,37 @@ fn guard_abort_without_the_native_module_refuses_to_start() {
     assert_eq!(err.matches("running unguarded").count(), 1, "{err}");
 }
 
+/// The vLLM hook builds its steps' events in the native module: without
+/// it, `install()` raises (whatever the guard's mode), naming the module,
+/// and warns nothing about running unguarded first.
+#[test]
+fn vllm_hook_without_the_native_module_refuses_to_install() {
+    let Some(py) = venv::VLLM.python() else {
+        return;
+    };
+    for mode in ["off", "alert"] {
+        let o = Command::new(&py)
+            .arg("-c")
+            .arg(format!(
+                "import kvtrail_vllm; kvtrail_vllm.install(capture='unix:/nonexistent', guard='{mode}')"
+            ))
+            .env(
+                "PYTHONPATH",
+                std::env::join_paths([root().join("hooks/vllm/src"), root().join("hooks/client/src")])
+                    .unwrap(),
+            )
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{mode}: {err}");
+        assert!(
+            err.contains("ImportError") && err.contains("kvtrail_guard"),
+            "{mode}: {err}"
+        );
+        assert!(!err.contains("running unguarded"), "{mode}: {err}");
+    }
+}
+
 #[test]
 fn guard_says_unknown_where_it_cannot_see() {
     let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {

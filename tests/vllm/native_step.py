@@ -145,5 +145,70 @@ expect(step.waits[0][3] == [(3, [(4, 4, 0), (12, 1, 4)])], f"deferred reads {ste
 ops = [json.loads(x)["op"] + str(json.loads(x)["request_id"]) for x in step.text.split("\n")]
 expect(ops == ["write22", "read22", "write21"], f"ops {ops}")
 
+# Hostile numbers never panic: a block id whose slots overflow.
+try:
+    kvtrail_guard.slot_runs([2**64 // 16 - 1, 5], 16, 0, 32)
+except BaseException as e:  # a PanicException is a BaseException
+    failures.append(f"slot_runs raised {e!r}")
+
+# A group without its table (or a table that is not a dict): each request
+# is a hole in every pool, never an exception that loses the step.
+step = kvtrail_guard.schedule_step({"a": 1}, {"a": Req(3)}, {"a": {"id": 5}}, [(3, BS, True), (4, BS, True)],
+                                   tables({"a": [1]}), 9, None, None, {}, rid_of)
+expect(step.holes == 1 and step.text.split("\n") == ['{"type":"lost","pool":3,"n":1}',
+                                                     '{"type":"lost","pool":4,"n":1}'],
+       f"missing table {step.text!r}")
+step = kvtrail_guard.schedule_step({"a": 1}, {"a": Req(3)}, {"a": {"id": 5}}, [(3, BS, True)], [[]], 9,
+                                   None, None, {}, rid_of)
+expect(step.holes == 1 and step.counts == [(3, 1)], f"table not a dict {step.counts}")
+
+# Python code the step runs (rid_of) may use the guard: it is not held
+# while Python runs.
+g2 = kvtrail_guard.Guard()
+
+
+def rid_of_using_guard(req):
+    g2.stats()
+    g2.push((c.KV, 3, 1, 31, c.ALLOC, range(0, 4), None, 0))
+    return 31
+
+
+step = kvtrail_guard.schedule_step({"r": 1}, {"r": Req(2)}, {}, [(3, BS, True)], tables({"r": [1]}), 10, g2,
+                                   set(), {}, rid_of_using_guard)
+expect(not step.guard_missed and step.holes == 0 and len(step.checks) == 1, f"guard in rid_of {step.checks}")
+
+# The block-id cache: ids read once per object, and it goes with its
+# engine (garbage collected with the blocks it holds).
+import gc
+import weakref
+
+
+class Pool:
+    pass
+
+
+pool_obj = Pool()
+
+
+class PBlk(Blk):
+    def __init__(self, i):
+        super().__init__(i)
+        self.pool = pool_obj  # vLLM's blocks point at their pool
+
+
+blocks = [PBlk(i) for i in range(8)]
+cache = kvtrail_guard.BlockIds()
+eng = {"cache": cache, "blocks": blocks}
+pool_obj.eng = eng  # a cycle through the cache, as the hook has
+for _ in range(2):
+    step = kvtrail_guard.schedule_step({"a": 2}, {"a": Req(6)}, {"a": {"id": 5}}, [(3, BS, True)],
+                                       [{"a": [blocks[2], blocks[3]]}], 11, None, None, {}, rid_of, cache)
+expect(len(cache) == 2, f"cache size {len(cache)}")
+expect(step.text.split("\n")[0].endswith('"slot_start":12,"slot_count":2,"token_pos":4}'), step.text)
+ref = weakref.ref(pool_obj)
+del pool_obj, eng, cache, blocks, step
+gc.collect()
+expect(ref() is None, "the block-id cache kept its engine's blocks alive")
+
 print(json.dumps({"failures": failures}))
 sys.exit(1 if failures else 0)

@@ -7,14 +7,21 @@
 //! did not compute, made in the stream's order. The Python hook only queues
 //! the lines (one queue item a step) and acts on the checks.
 //!
+//! Two passes: the first reads vLLM's objects (Python calls, during which
+//! another thread may run) and writes the lines; the second, with no
+//! Python call, applies the step to the guard in the stream's order. So the
+//! guard is never held while Python code runs.
+//!
 //! `slot_runs` is the one home of the block-table walk: token positions to
 //! slot runs.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
+use std::ops::Range;
 
+use pyo3::PyTraverseError;
 use pyo3::exceptions::PyValueError;
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString};
@@ -46,27 +53,64 @@ pub fn slot_runs(table: &[u64], bs: u64, a: u64, b: u64, out: &mut Vec<(u64, u64
             continue;
         };
         match out.last_mut() {
-            Some((s, n, tp)) if *s + *n == start && *tp + *n == lo => *n += hi - lo,
+            Some((s, n, tp))
+                if s.checked_add(*n) == Some(start) && tp.checked_add(*n) == Some(lo) =>
+            {
+                *n += hi - lo
+            }
             _ => out.push((start, hi - lo, lo)),
         }
     }
 }
 
-/// Block ids by block object. vLLM's block objects (`KVCacheBlock`) live
+/// `slot_runs` for Python: the runs of positions `[a, b)` of `table`.
+#[pyfunction(name = "slot_runs")]
+pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    slot_runs(&table, bs, a, b, &mut out);
+    out
+}
+
+/// Block ids by block object, one cache per engine (the hook keeps it
+/// beside the engine's state). vLLM's block objects (`KVCacheBlock`) live
 /// as long as their pool and never change their `block_id`; reading it
 /// from the object each step touches one more cold object per block of
 /// every request's table. Each object is held (a strong reference), so its
-/// address names it while it is cached. Bounded: cleared when full.
-struct BlockIds {
+/// address names it while it is cached; the cache takes part in Python's
+/// garbage collection, so an engine that goes away takes its cache and its
+/// blocks with it. Bounded: cleared when full.
+#[pyclass(module = "kvtrail_guard")]
+#[derive(Default)]
+pub struct BlockIds {
     map: HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<AddrHasher>>,
 }
 
-/// Most block objects cached (about 40 bytes each).
+/// Most block objects one cache holds (about 50 bytes each, the table's
+/// own included).
 const BLOCK_IDS_MAX: usize = 1 << 22;
 
-static BLOCK_IDS: Mutex<BlockIds> = Mutex::new(BlockIds {
-    map: HashMap::with_hasher(BuildHasherDefault::new()),
-});
+#[pymethods]
+impl BlockIds {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for (_, o) in self.map.values() {
+            visit.call(o)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.map.clear();
+    }
+}
 
 impl BlockIds {
     fn id(&mut self, b: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -101,14 +145,6 @@ impl Hasher for AddrHasher {
     }
 }
 
-/// `slot_runs` for Python: the runs of positions `[a, b)` of `table`.
-#[pyfunction(name = "slot_runs")]
-pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, u64)> {
-    let mut out = Vec::new();
-    slot_runs(&table, bs, a, b, &mut out);
-    out
-}
-
 /// A guard check's answer: (pool, verdict, source request ids, slots
 /// foreign, slots unknown, slots read).
 type Answer = (i64, &'static str, Vec<u64>, u64, u64, u64);
@@ -131,15 +167,19 @@ pub struct Step {
     /// trace request id, whether a check is due, their reads per group).
     waits: Vec<(Py<PyAny>, u64, bool, Vec<Reads>)>,
     /// Requests whose state could not be read: each left a `lost` line in
-    /// its pools (a hole) instead of events.
+    /// every pool of the engine's groups (a hole) instead of events.
     holes: u64,
+    /// The guard was busy in another thread for the whole step: it did
+    /// not see this step (the hook feeds it a hole per pool) and the
+    /// checks due answered `unknown`.
+    guard_missed: bool,
 }
 
 /// One KV cache group of the engine: its pool (None: not recorded), block
 /// size, and whether it holds attention KV (a Mamba state group does not).
 type Group = (Option<i64>, u64, bool);
 
-/// Per step scratch, reused.
+/// The step's lines, with their count per pool.
 struct Out {
     buf: Vec<u8>,
     counts: Vec<(u16, u64)>,
@@ -158,7 +198,6 @@ impl Out {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn kv(&mut self, pool: u16, ts: i64, rid: u64, op: Op, runs: &[(u64, u64, u64)]) {
         for &(start, n, tp) in runs {
             self.line(pool);
@@ -174,6 +213,20 @@ impl Out {
     }
 }
 
+/// What the first pass leaves the second, per request in the step's
+/// order.
+enum Did {
+    /// Its writes (`writes[range]`: pool, start, count), and the index of
+    /// its check in `due` when one is due.
+    Events {
+        rid: u64,
+        writes: Range<usize>,
+        check: Option<usize>,
+    },
+    /// Unreadable: a hole in these pools.
+    Hole,
+}
+
 /// The schedule step's events, after `Scheduler.schedule` (docs/guard.md):
 /// `scheduled` is the step's request id -> tokens scheduled,
 /// `requests` the scheduler's requests, `reqs` the hook's rows (`"id"`:
@@ -184,8 +237,14 @@ impl Out {
 /// `guard` the native guard (None: unguarded), `guarded` the requests
 /// already checked, `waits` the LMCache loads pending (request id -> dict
 /// whose `"reads"` is None until the load is seen), `rid_of` the trace
-/// request id of a request the hook has no row for.
+/// request id of a request the hook has no row for, `cache` the engine's
+/// [`BlockIds`].
+///
+/// A request whose state cannot be read (not an int, not a dict, a group
+/// without its table) gets a `lost` line in every pool of the engine's
+/// groups instead of its lines: a hole, never a silent gap.
 #[pyfunction]
+#[pyo3(signature = (scheduled, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of, cache=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn schedule_step<'py>(
     py: Python<'py>,
@@ -195,19 +254,12 @@ pub fn schedule_step<'py>(
     groups: Vec<Group>,
     tables: &Bound<'py, PyList>,
     ts: i64,
-    mut guard: Option<PyRefMut<'py, Guard>>,
+    guard: Option<Bound<'py, Guard>>,
     guarded: Option<Bound<'py, PySet>>,
     waits: &Bound<'py, PyDict>,
     rid_of: &Bound<'py, PyAny>,
+    cache: Option<Bound<'py, BlockIds>>,
 ) -> PyResult<Step> {
-    if tables.len() < groups.len() {
-        return Err(PyValueError::new_err(
-            "kvtrail schedule_step: fewer block tables than groups",
-        ));
-    }
-    if let Some(g) = guard.as_mut() {
-        g.drain(py);
-    }
     let pools: Vec<Option<u16>> = groups
         .iter()
         .map(|&(p, bs, att)| {
@@ -215,11 +267,21 @@ pub fn schedule_step<'py>(
                 .filter(|_| att && bs > 0)
         })
         .collect();
-    let tables: Vec<Bound<'py, PyDict>> = tables
-        .iter()
-        .take(groups.len())
-        .map(|t| t.cast_into::<PyDict>().map_err(PyErr::from))
-        .collect::<PyResult<_>>()?;
+    // A group's table that is missing or not a dict: its requests are holes.
+    let tables: Vec<Option<Bound<'py, PyDict>>> = (0..groups.len())
+        .map(|g| {
+            tables
+                .get_item(g)
+                .ok()
+                .and_then(|t| t.cast_into::<PyDict>().ok())
+        })
+        .collect();
+    let mut holed: Vec<u16> = Vec::new();
+    for p in pools.iter().flatten() {
+        if !holed.contains(p) {
+            holed.push(*p);
+        }
+    }
     let mut out = Out {
         buf: Vec::with_capacity(scheduled.len() * 2 * 140),
         counts: Vec::new(),
@@ -232,14 +294,20 @@ pub fn schedule_step<'py>(
         checks: Vec::new(),
         waits: Vec::new(),
         holes: 0,
+        guard_missed: false,
     };
+    // Another thread in this engine's step (never: the scheduler has one)
+    // only means this step reads the ids from the objects.
+    let mut cache = cache.as_ref().and_then(|c| c.try_borrow_mut().ok());
+    let mut did: Vec<Did> = Vec::with_capacity(scheduled.len());
+    let mut writes: Vec<(u16, u64, u64)> = Vec::new();
+    // Checks due: (engine request id, trace request id, reads per group).
+    let mut due: Vec<(Py<PyAny>, u64, Vec<Reads>)> = Vec::new();
     let mut ids: Vec<u64> = Vec::new();
-    let mut writes = Vec::new();
+    let mut runs = Vec::new();
     let mut reads: Vec<Reads> = Vec::new();
-    let some_waits = !waits.is_empty();
-    // Never waited for: another thread holding it (it calls into Python
-    // while it does) only means this step reads the ids from the objects.
-    let mut cache = BLOCK_IDS.try_lock().ok();
+    let waits = (!waits.is_empty()).then_some(waits);
+    let checking = guard.is_some();
     for (name, n) in scheduled.iter() {
         let n: i64 = n.extract().unwrap_or(0);
         if n <= 0 {
@@ -249,69 +317,106 @@ pub fn schedule_step<'py>(
             continue;
         };
         reads.clear();
-        let r = request(
+        let mark = (out.buf.len(), out.counts.clone(), out.lines, writes.len());
+        let cx = Cx {
             py,
+            reqs,
+            groups: &groups,
+            pools: &pools,
+            tables: &tables,
+            ts,
+            checking,
+            guarded: guarded.as_ref(),
+            waits,
+            rid_of,
+        };
+        let r = request(
+            &cx,
             &name,
             &req,
             n,
-            reqs,
-            &groups,
-            &pools,
-            &tables,
-            ts,
-            guard.as_deref_mut(),
-            guarded.as_ref(),
-            some_waits.then_some(waits),
-            rid_of,
             cache.as_deref_mut(),
             &mut out,
             &mut ids,
+            &mut runs,
             &mut writes,
             &mut reads,
         );
         match r {
-            Ok(Some(Due::Check(rid))) => {
-                let g = guard
-                    .as_deref_mut()
-                    .expect("a check is due only when guarded");
-                let mut answers = Vec::with_capacity(reads.len());
-                for (pool, runs) in &reads {
-                    let t = match u16::try_from(*pool) {
-                        Ok(p) => {
-                            let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
-                            g.g.check(p, rid, &rs).map_err(crate::err)?
-                        }
-                        Err(_) => continue,
-                    };
-                    answers.push((
-                        *pool,
-                        t.verdict(),
-                        t.sources.clone(),
-                        t.foreign,
-                        t.unknown,
-                        t.slots(),
-                    ));
-                }
-                step.checks.push((name.unbind(), rid, answers));
+            Ok((rid, due_now)) => {
+                let check = match due_now {
+                    Some(Due::Check) => {
+                        due.push((name.unbind(), rid, std::mem::take(&mut reads)));
+                        Some(due.len() - 1)
+                    }
+                    Some(Due::Wait(check)) => {
+                        step.waits
+                            .push((name.unbind(), rid, check, std::mem::take(&mut reads)));
+                        None
+                    }
+                    None => None,
+                };
+                did.push(Did::Events {
+                    rid,
+                    writes: mark.3..writes.len(),
+                    check,
+                });
             }
-            Ok(Some(Due::Wait(rid, check))) => {
-                step.waits
-                    .push((name.unbind(), rid, check, std::mem::take(&mut reads)));
-            }
-            Ok(None) => {}
             Err(_) => {
-                // What this request's step did cannot be told: a hole in
-                // each of its pools, never a guess.
+                // What this request's step did cannot be told: its partial
+                // lines go, and a hole goes in each pool, never a guess.
+                out.buf.truncate(mark.0);
+                out.counts = mark.1;
+                out.lines = mark.2;
+                writes.truncate(mark.3);
                 step.holes += 1;
-                let mut seen: Vec<u16> = Vec::new();
-                for p in pools.iter().flatten() {
-                    if !seen.contains(p) {
-                        seen.push(*p);
-                        out.lost(*p);
-                        if let Some(g) = guard.as_deref_mut() {
-                            g.g.lost(*p);
+                for &p in &holed {
+                    out.lost(p);
+                }
+                did.push(Did::Hole);
+            }
+        }
+    }
+    // The second pass: the guard, with no Python call while it is held.
+    if let Some(g) = &guard {
+        match borrow(py, g) {
+            Some(mut g) => {
+                g.drain(py);
+                let mut answers: Vec<Vec<Answer>> = vec![Vec::new(); due.len()];
+                for d in &did {
+                    match d {
+                        Did::Events {
+                            rid,
+                            writes: w,
+                            check,
+                        } => {
+                            for &(pool, a, k) in &writes[w.clone()] {
+                                if g.g.kv(pool, *rid, Op::Write, &[(a, k)]).is_err() {
+                                    g.g.counts.errors += 1;
+                                    g.g.lost(pool);
+                                }
+                            }
+                            if let Some(i) = check {
+                                answers[*i] =
+                                    due[*i].2.iter().map(|r| answer(&mut g, *rid, r)).collect();
+                            }
+                        }
+                        Did::Hole => {
+                            for &p in &holed {
+                                g.g.lost(p);
+                            }
                         }
                     }
+                }
+                for ((name, rid, _), a) in due.into_iter().zip(answers) {
+                    step.checks.push((name, rid, a));
+                }
+            }
+            None => {
+                step.guard_missed = true;
+                for (name, rid, rs) in due {
+                    let a = rs.iter().map(|(pool, r)| unknown(*pool, r)).collect();
+                    step.checks.push((name, rid, a));
                 }
             }
         }
@@ -326,38 +431,86 @@ pub fn schedule_step<'py>(
     Ok(step)
 }
 
-/// What a request leaves for after its lines: a guard check (its reads
-/// are in `reads`), or a wait for its load.
-enum Due {
-    Check(u64),
-    Wait(u64, bool),
+/// The guard, waiting (with the GIL released) while another thread's call
+/// into it ends; None when it stays busy.
+fn borrow<'py>(py: Python<'py>, g: &Bound<'py, Guard>) -> Option<PyRefMut<'py, Guard>> {
+    for _ in 0..10_000 {
+        if let Ok(r) = g.try_borrow_mut() {
+            return Some(r);
+        }
+        py.detach(std::thread::yield_now);
+    }
+    None
 }
 
-/// One request's lines (see `schedule_step`).
+/// The guard's answer to a request's read of one group; a check that
+/// fails is a read it cannot vouch for: unknown.
+fn answer(g: &mut Guard, rid: u64, (pool, runs): &Reads) -> Answer {
+    let Ok(p) = u16::try_from(*pool) else {
+        return unknown(*pool, runs);
+    };
+    let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
+    match g.g.check(p, rid, &rs) {
+        Ok(t) => (
+            *pool,
+            t.verdict(),
+            t.sources.clone(),
+            t.foreign,
+            t.unknown,
+            t.slots(),
+        ),
+        Err(_) => {
+            g.g.counts.errors += 1;
+            unknown(*pool, runs)
+        }
+    }
+}
+
+fn unknown(pool: i64, runs: &[(u64, u64, u64)]) -> Answer {
+    let n = runs.iter().map(|r| r.1).sum();
+    (pool, "unknown", Vec::new(), 0, n, n)
+}
+
+/// What a request leaves for after its lines: a guard check (its reads
+/// are in `reads`), or a wait for its load (whether a check is due).
+enum Due {
+    Check,
+    Wait(bool),
+}
+
+/// The step's inputs every request reads.
+struct Cx<'a, 'py> {
+    py: Python<'py>,
+    reqs: &'a Bound<'py, PyDict>,
+    groups: &'a [Group],
+    pools: &'a [Option<u16>],
+    tables: &'a [Option<Bound<'py, PyDict>>],
+    ts: i64,
+    checking: bool,
+    guarded: Option<&'a Bound<'py, PySet>>,
+    waits: Option<&'a Bound<'py, PyDict>>,
+    rid_of: &'a Bound<'py, PyAny>,
+}
+
+/// One request's lines and writes (see `schedule_step`): its trace id and
+/// what is due after.
 #[allow(clippy::too_many_arguments)]
 fn request<'py>(
-    py: Python<'py>,
+    cx: &Cx<'_, 'py>,
     name: &Bound<'py, PyAny>,
     req: &Bound<'py, PyAny>,
     n: i64,
-    reqs: &Bound<'py, PyDict>,
-    groups: &[Group],
-    pools: &[Option<u16>],
-    tables: &[Bound<'py, PyDict>],
-    ts: i64,
-    mut guard: Option<&mut Guard>,
-    guarded: Option<&Bound<'py, PySet>>,
-    waits: Option<&Bound<'py, PyDict>>,
-    rid_of: &Bound<'py, PyAny>,
     mut cache: Option<&mut BlockIds>,
     out: &mut Out,
     ids: &mut Vec<u64>,
-    writes: &mut Vec<(u64, u64, u64)>,
+    runs: &mut Vec<(u64, u64, u64)>,
+    writes: &mut Vec<(u16, u64, u64)>,
     reads: &mut Vec<Reads>,
-) -> PyResult<Option<Due>> {
+) -> PyResult<(u64, Option<Due>)> {
+    let py = cx.py;
     let end: i64 = req.getattr(intern!(py, "num_computed_tokens"))?.extract()?;
     let c = end - n;
-    let row = match reqs.get_item(name)? {
+    let row = match cx.reqs.get_item(name)? {
         Some(r) => Some(r.cast_into::<PyDict>()?),
         None => None,
     };
@@ -366,11 +519,14 @@ fn request<'py>(
             .get_item(intern!(py, "id"))?
             .ok_or_else(|| PyValueError::new_err("no id"))?
             .extract()?,
-        None => rid_of.call1((req,))?.extract()?,
+        None => cx.rid_of.call1((req,))?.extract()?,
     };
-    let check =
-        c > 0 && guard.is_some() && !guarded.is_some_and(|s| s.contains(name).unwrap_or(false));
-    let wait = match waits {
+    let check = c > 0
+        && cx.checking
+        && !cx
+            .guarded
+            .is_some_and(|s| s.contains(name).unwrap_or(false));
+    let wait = match cx.waits {
         Some(w) => match w.get_item(name)? {
             Some(d) => d.get_item(intern!(py, "reads"))?.is_none(),
             None => false,
@@ -381,10 +537,13 @@ fn request<'py>(
         u64::try_from(c.max(0)).unwrap_or(0),
         u64::try_from(end).unwrap_or(0),
     );
-    for (g, (&(pool_id, bs, _), &pool)) in groups.iter().zip(pools).enumerate() {
+    for (g, (&(pool_id, bs, _), &pool)) in cx.groups.iter().zip(cx.pools).enumerate() {
         let Some(pool) = pool else { continue };
+        let Some(table) = &cx.tables[g] else {
+            return Err(PyValueError::new_err("no block table for the group"));
+        };
         ids.clear();
-        if let Some(blocks) = tables[g].get_item(name)? {
+        if let Some(blocks) = table.get_item(name)? {
             let blocks = blocks.cast_into::<PyList>()?;
             // Only the blocks the context reaches.
             let want = usize::try_from(end.div_ceil(bs)).unwrap_or(usize::MAX);
@@ -395,18 +554,13 @@ fn request<'py>(
                 });
             }
         }
-        slot_runs(ids, bs, c, end, writes);
-        out.kv(pool, ts, rid, Op::Write, writes);
-        if let Some(g) = guard.as_deref_mut() {
-            for &(a, k, _) in writes.iter() {
-                g.g.kv(pool, rid, Op::Write, &[(a, k)])
-                    .map_err(crate::err)?;
-            }
-        }
+        slot_runs(ids, bs, c, end, runs);
+        out.kv(pool, cx.ts, rid, Op::Write, runs);
+        writes.extend(runs.iter().map(|&(a, k, _)| (pool, a, k)));
         let mut read = Vec::new();
         slot_runs(ids, bs, 0, end, &mut read);
         if !wait {
-            out.kv(pool, ts, rid, Op::Read, &read);
+            out.kv(pool, cx.ts, rid, Op::Read, &read);
         }
         if check || wait {
             reads.push((pool_id.unwrap_or(-1), read));
@@ -429,11 +583,14 @@ fn request<'py>(
             }
         }
     }
-    Ok(if wait {
-        Some(Due::Wait(rid, check))
-    } else if check {
-        Some(Due::Check(rid))
-    } else {
-        None
-    })
+    Ok((
+        rid,
+        if wait {
+            Some(Due::Wait(check))
+        } else if check {
+            Some(Due::Check)
+        } else {
+            None
+        },
+    ))
 }

@@ -197,6 +197,7 @@ class _Engine:
         except Exception:
             pass
         self.managers = []  # the single-type managers, per group (their req_to_blocks)
+        self.block_ids = _native.BlockIds()  # the native step's block-id cache
         self.block_sizes = []
         self.attention = []
         try:
@@ -673,11 +674,16 @@ def on_schedule(sched, out):
         step = _native.schedule_step(
             out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
             [m.req_to_blocks for m in eng.managers], ts, native,
-            eng.guarded if native is not None else None, eng.lmc_wait, request_id)
+            eng.guarded if native is not None else None, eng.lmc_wait, request_id, eng.block_ids)
         if step.text is not None:
             eng.put_lines(ts, step)
         if step.holes:
             _fail("Scheduler.schedule", ValueError(f"{step.holes} requests' state unreadable: holes"))
+        if step.guard_missed:
+            # The guard was busy in another thread for the whole step: it
+            # did not see the step's writes, so what it holds may be stale.
+            for pool, _ in step.counts:
+                _H.guard.feed((_c.LOST, pool, 1))
         for rid_s, rid, check, reads in step.waits:
             eng.lmc_wait[rid_s].update(reads=reads, check=check, rid=rid)
         for rid_s, rid, answers in step.checks:
@@ -1763,7 +1769,6 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     global _H, _native
     if _H is not None:
         return _H
-    g = _guard_mod.Guard(guard, guard_unknown)
     try:
         import kvtrail_guard
     except ImportError as e:
@@ -1772,6 +1777,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
             f"({e}): it builds the hook's per-step events (and is the guard); install it "
             "(docs/guard.md, \"Building\")") from e
     _native = kvtrail_guard
+    g = _guard_mod.Guard(guard, guard_unknown)
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
     if not capture:
         raise ValueError("no sidecar address: pass capture= or set KVTRAIL_CAPTURE=unix:/path.sock")
