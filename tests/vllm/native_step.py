@@ -197,16 +197,35 @@ class PBlk(Blk):
 
 
 blocks = [PBlk(i) for i in range(8)]
-cache = kvtrail_guard.BlockIds()
+cache = kvtrail_guard.StepCache()
 eng = {"cache": cache, "blocks": blocks}
 pool_obj.eng = eng  # a cycle through the cache, as the hook has
 for _ in range(2):
     step = kvtrail_guard.schedule_step({"a": 2}, {"a": Req(6)}, {"a": {"id": 5}}, [(3, BS, True)],
                                        [{"a": [blocks[2], blocks[3]]}], 11, None, None, {}, rid_of, cache)
-expect(len(cache) == 2, f"cache size {len(cache)}")
+expect(cache.sizes() == (2, 1), f"cache sizes {cache.sizes()}")
 expect(step.text.split("\n")[0].endswith('"slot_start":12,"slot_count":2,"token_pos":4}'), step.text)
+# The request part: the row is read once; covered moves until the prompt,
+# and a request forgotten (added again under the same id object) gets its
+# new row.
+row = {"id": 5, "covered": 0, "prompt": 5}
+name = "a"
+cache2 = kvtrail_guard.StepCache()
+for end in (3, 6, 7):
+    kvtrail_guard.schedule_step({name: 1}, {name: Req(end)}, {name: row}, [(3, BS, True)],
+                                [{name: [blocks[2], blocks[3]]}], 12, None, None, {}, rid_of, cache2)
+expect(row["covered"] == 5, f"covered with the cache {row}")
+row2 = {"id": 6, "covered": 0, "prompt": 9}
+cache2.forget(name)
+step2 = kvtrail_guard.schedule_step({name: 1}, {name: Req(2)}, {name: row2}, [(3, BS, True)],
+                                    [{name: [blocks[2]]}], 13, None, None, {}, rid_of, cache2)
+expect('"request_id":6,' in step2.text and row2["covered"] == 2, f"forgotten request {step2.text} {row2}")
+row2["id"] = 7  # not re-read while cached: the hook's rows never change their id
+step2 = kvtrail_guard.schedule_step({name: 1}, {name: Req(3)}, {name: row2}, [(3, BS, True)],
+                                    [{name: [blocks[2]]}], 14, None, None, {}, rid_of, cache2)
+expect('"request_id":6,' in step2.text and row2["covered"] == 3, f"cached request {step2.text} {row2}")
 ref = weakref.ref(pool_obj)
-del pool_obj, eng, cache, blocks, step
+del pool_obj, eng, cache, cache2, blocks, step, step2
 gc.collect()
 expect(ref() is None, "the block-id cache kept its engine's blocks alive")
 

@@ -364,7 +364,7 @@ fn flat(idx: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
 fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Guard>()?;
     m.add_class::<step::Step>()?;
-    m.add_class::<step::BlockIds>()?;
+    m.add_class::<step::StepCache>()?;
     m.add_function(wrap_pyfunction!(step::schedule_step, m)?)?;
     m.add_function(wrap_pyfunction!(step::py_slot_runs, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -71,58 +71,88 @@ pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, 
     out
 }
 
-/// Block ids by block object, one cache per engine (the hook keeps it
-/// beside the engine's state). vLLM's block objects (`KVCacheBlock`) live
-/// as long as their pool and never change their `block_id`; reading it
-/// from the object each step touches one more cold object per block of
-/// every request's table. Each object is held (a strong reference), so its
-/// address names it while it is cached; the cache takes part in Python's
-/// garbage collection, so an engine that goes away takes its cache and its
-/// blocks with it. Bounded: cleared when full.
+/// What the native step keeps between steps, one per engine (the hook
+/// keeps it beside the engine's state), to touch fewer of vLLM's objects
+/// each step:
+/// - block ids by block object. vLLM's block objects (`KVCacheBlock`)
+///   live as long as their pool and never change their `block_id`;
+///   reading it from the object each step touches one more cold object
+///   per block of every request's table;
+/// - per request (by its id object, as the scheduler hands it over): the
+///   trace request id, the hook's row, and whether the row's `covered`
+///   has reached the prompt (then it no longer moves). The hook forgets a
+///   request when it is added and when it is freed.
+///
+/// Each object is held (a strong reference), so its address names it while
+/// it is cached; the cache takes part in Python's garbage collection, so
+/// an engine that goes away takes its cache with it. Bounded: each map is
+/// cleared when full.
 #[pyclass(module = "kvtrail_guard")]
 #[derive(Default)]
-pub struct BlockIds {
-    map: HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<AddrHasher>>,
+pub struct StepCache {
+    blocks: HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<AddrHasher>>,
+    reqs: HashMap<usize, Known, BuildHasherDefault<AddrHasher>>,
 }
 
-/// Most block objects one cache holds (about 50 bytes each, the table's
-/// own included).
-const BLOCK_IDS_MAX: usize = 1 << 22;
+/// A request the step has seen.
+struct Known {
+    name: Py<PyAny>,
+    rid: u64,
+    row: Option<Py<PyDict>>,
+    /// `covered` reached the prompt: the row needs no more updates.
+    done: bool,
+}
+
+/// Most block objects (about 50 bytes each, the table's own included) and
+/// requests one cache holds.
+const BLOCKS_MAX: usize = 1 << 22;
+const REQS_MAX: usize = 1 << 20;
 
 #[pymethods]
-impl BlockIds {
+impl StepCache {
     #[new]
     fn new() -> Self {
         Self::default()
     }
 
-    fn __len__(&self) -> usize {
-        self.map.len()
+    /// (block objects, requests) held.
+    fn sizes(&self) -> (usize, usize) {
+        (self.blocks.len(), self.reqs.len())
+    }
+
+    /// Forgets the request whose id object is `name` (added or freed).
+    fn forget(&mut self, name: &Bound<'_, PyAny>) {
+        self.reqs.remove(&(name.as_ptr() as usize));
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for (_, o) in self.map.values() {
+        for (_, o) in self.blocks.values() {
             visit.call(o)?;
+        }
+        for k in self.reqs.values() {
+            visit.call(&k.name)?;
+            visit.call(&k.row)?;
         }
         Ok(())
     }
 
     fn __clear__(&mut self) {
-        self.map.clear();
+        self.blocks.clear();
+        self.reqs.clear();
     }
 }
 
-impl BlockIds {
+impl StepCache {
     fn id(&mut self, b: &Bound<'_, PyAny>) -> PyResult<u64> {
         let key = b.as_ptr() as usize;
-        if let Some((id, _)) = self.map.get(&key) {
+        if let Some((id, _)) = self.blocks.get(&key) {
             return Ok(*id);
         }
         let id: u64 = b.getattr(intern!(b.py(), "block_id"))?.extract()?;
-        if self.map.len() >= BLOCK_IDS_MAX {
-            self.map.clear();
+        if self.blocks.len() >= BLOCKS_MAX {
+            self.blocks.clear();
         }
-        self.map.insert(key, (id, b.clone().unbind()));
+        self.blocks.insert(key, (id, b.clone().unbind()));
         Ok(id)
     }
 }
@@ -238,7 +268,7 @@ enum Did {
 /// already checked, `waits` the LMCache loads pending (request id -> dict
 /// whose `"reads"` is None until the load is seen), `rid_of` the trace
 /// request id of a request the hook has no row for, `cache` the engine's
-/// [`BlockIds`].
+/// [`StepCache`].
 ///
 /// A request whose state cannot be read (not an int, not a dict, a group
 /// without its table) gets a `lost` line in every pool of the engine's
@@ -258,7 +288,7 @@ pub fn schedule_step<'py>(
     guarded: Option<Bound<'py, PySet>>,
     waits: &Bound<'py, PyDict>,
     rid_of: &Bound<'py, PyAny>,
-    cache: Option<Bound<'py, BlockIds>>,
+    cache: Option<Bound<'py, StepCache>>,
 ) -> PyResult<Step> {
     let pools: Vec<Option<u16>> = groups
         .iter()
@@ -500,7 +530,7 @@ fn request<'py>(
     name: &Bound<'py, PyAny>,
     req: &Bound<'py, PyAny>,
     n: i64,
-    mut cache: Option<&mut BlockIds>,
+    mut cache: Option<&mut StepCache>,
     out: &mut Out,
     ids: &mut Vec<u64>,
     runs: &mut Vec<(u64, u64, u64)>,
@@ -510,16 +540,41 @@ fn request<'py>(
     let py = cx.py;
     let end: i64 = req.getattr(intern!(py, "num_computed_tokens"))?.extract()?;
     let c = end - n;
-    let row = match cx.reqs.get_item(name)? {
-        Some(r) => Some(r.cast_into::<PyDict>()?),
-        None => None,
-    };
-    let rid: u64 = match &row {
-        Some(r) => r
-            .get_item(intern!(py, "id"))?
-            .ok_or_else(|| PyValueError::new_err("no id"))?
-            .extract()?,
-        None => cx.rid_of.call1((req,))?.extract()?,
+    let key = name.as_ptr() as usize;
+    let known = cache
+        .as_deref()
+        .and_then(|k| k.reqs.get(&key))
+        .map(|k| (k.rid, k.row.as_ref().map(|r| r.bind(py).clone()), k.done));
+    let (rid, row, done) = match known {
+        Some(k) => k,
+        None => {
+            let row = match cx.reqs.get_item(name)? {
+                Some(r) => Some(r.cast_into::<PyDict>()?),
+                None => None,
+            };
+            let rid: u64 = match &row {
+                Some(r) => r
+                    .get_item(intern!(py, "id"))?
+                    .ok_or_else(|| PyValueError::new_err("no id"))?
+                    .extract()?,
+                None => cx.rid_of.call1((req,))?.extract()?,
+            };
+            if let Some(k) = cache.as_deref_mut() {
+                if k.reqs.len() >= REQS_MAX {
+                    k.reqs.clear();
+                }
+                k.reqs.insert(
+                    key,
+                    Known {
+                        name: name.clone().unbind(),
+                        rid,
+                        row: row.as_ref().map(|r| r.clone().unbind()),
+                        done: false,
+                    },
+                );
+            }
+            (rid, row, false)
+        }
     };
     let check = c > 0
         && cx.checking
@@ -566,7 +621,7 @@ fn request<'py>(
             reads.push((pool_id.unwrap_or(-1), read));
         }
     }
-    if let Some(r) = &row {
+    if let Some(r) = row.as_ref().filter(|_| !done) {
         // `covered`: how much of the prompt the engine computed (the row's
         // prefilled tokens); past the prompt it no longer moves.
         let int = |k: &Bound<'py, PyString>| -> PyResult<Option<u64>> {
@@ -580,6 +635,11 @@ fn request<'py>(
             let prompt = int(intern!(py, "prompt"))?.unwrap_or(u64::MAX);
             if covered < prompt {
                 r.set_item(intern!(py, "covered"), end.min(prompt))?;
+            }
+            if end >= prompt
+                && let Some(k) = cache.and_then(|k| k.reqs.get_mut(&key))
+            {
+                k.done = true;
             }
         }
     }

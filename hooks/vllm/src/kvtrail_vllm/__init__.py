@@ -197,7 +197,7 @@ class _Engine:
         except Exception:
             pass
         self.managers = []  # the single-type managers, per group (their req_to_blocks)
-        self.block_ids = _native.BlockIds()  # the native step's block-id cache
+        self.step_cache = _native.StepCache()  # the native step's (block ids, request ids and rows)
         self.block_sizes = []
         self.attention = []
         try:
@@ -419,6 +419,7 @@ def _w_add_request(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
+                eng.step_cache.forget(request.request_id)
                 ids = request.prompt_token_ids
                 eng.reqs[request.request_id] = {
                     "id": request_id(request),
@@ -674,7 +675,7 @@ def on_schedule(sched, out):
         step = _native.schedule_step(
             out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
             [m.req_to_blocks for m in eng.managers], ts, native,
-            eng.guarded if native is not None else None, eng.lmc_wait, request_id, eng.block_ids)
+            eng.guarded if native is not None else None, eng.lmc_wait, request_id, eng.step_cache)
         if step.text is not None:
             eng.put_lines(ts, step)
         if step.holes:
@@ -1581,6 +1582,7 @@ def _w_free_request(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
+                eng.step_cache.forget(request.request_id)
                 eng.guarded.discard(request.request_id)
                 if request.request_id in eng.lmc_wait:
                     _lmc_unseen(eng, request.request_id)
