@@ -166,15 +166,16 @@ def replay_round(seed):
 
     class Rec:
         @staticmethod
-        def schedule_step(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of):
+        def schedule_step(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of, cache=None):
             snap = (dict(sched_), {k: Req(requests[k].num_computed_tokens) for k in sched_ if k in requests},
                     {k: dict(reqs[k]) for k in sched_ if k in reqs}, list(groups),
                     [{k: [blk(b.block_id) for b in t[k]] for k in sched_ if k in t} for t in tables], ts)
             per_step.append((cur[:], snap))
             cur.clear()
-            return real(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of)
+            return real(sched_, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of, cache)
 
         slot_runs = staticmethod(kh._native.slot_runs)
+        StepCache = kh._native.StepCache
 
     kh._native = Rec
     s = make_scheduler()
@@ -198,6 +199,7 @@ def replay_round(seed):
     def run(guard):
         times = []
         checked = set()  # the hook's eng.guarded: a request is checked once
+        cache = kvtrail_guard.StepCache()  # the hook's eng.step_cache
         for pushed, (sched_, requests, reqs, groups, tables, ts) in per_step:
             if guard is not None:
                 for it in pushed:
@@ -205,7 +207,8 @@ def replay_round(seed):
             decode_step = len(sched_) == B and all(v == 1 for v in sched_.values())
             t = time.perf_counter()
             step = kvtrail_guard.schedule_step(sched_, requests, reqs, groups, tables, ts, guard,
-                                               checked if guard is not None else None, {}, kh.request_id)
+                                               checked if guard is not None else None, {}, kh.request_id,
+                                               cache)
             dt = time.perf_counter() - t
             checked.update(c[0] for c in step.checks)
             if decode_step:
