@@ -440,7 +440,7 @@ fn vllm_hook_without_the_native_module_refuses_to_install() {
     let Some(py) = venv::VLLM.python() else {
         return;
     };
-    for mode in ["off", "alert"] {
+    for mode in ["off", "alert", "abort"] {
         let o = Command::new(&py)
             .arg("-c")
             .arg(format!(

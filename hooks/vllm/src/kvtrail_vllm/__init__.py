@@ -198,6 +198,7 @@ class _Engine:
             pass
         self.managers = []  # the single-type managers, per group (their req_to_blocks)
         self.step_cache = _native.StepCache()  # the native step's (block ids, request ids and rows)
+        self.guard_holes = set()  # pools of a step the guard missed, still to feed it as holes
         self.block_sizes = []
         self.attention = []
         try:
@@ -419,7 +420,6 @@ def _w_add_request(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
-                eng.step_cache.forget(request.request_id)
                 ids = request.prompt_token_ids
                 eng.reqs[request.request_id] = {
                     "id": request_id(request),
@@ -430,6 +430,17 @@ def _w_add_request(orig):
                     "tenant": _tenant(request),
                     "covered": 0,
                 }
+            except Exception as e:
+                _fail("Scheduler.add_request", e)
+            try:
+                # The native step remembers a request by its id object: a
+                # request added again (a streaming session's next chunk
+                # keeps the scheduler's Request, whose id object is
+                # another) must get its new row.
+                eng.step_cache.forget(request.request_id)
+                old = self.requests.get(request.request_id)
+                if old is not None:
+                    eng.step_cache.forget(old.request_id)
             except Exception as e:
                 _fail("Scheduler.add_request", e)
         return orig(self, request, *args, **kwargs)
@@ -671,6 +682,15 @@ def on_schedule(sched, out):
         # writes mirrored into the guard, and the guard's check of a
         # request's first step over KV it did not compute this step.
         native = _H.guard.native
+        if eng.guard_holes:
+            # A step the guard missed (busy in another thread): its holes,
+            # before this step's writes.
+            try:
+                for pool in sorted(eng.guard_holes):
+                    _H.guard.feed((_c.LOST, pool, 1))
+                eng.guard_holes.clear()
+            except RuntimeError:
+                pass  # still busy: this step will miss it too, and retry
         ts = _time_ns()
         step = _native.schedule_step(
             out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
@@ -680,15 +700,15 @@ def on_schedule(sched, out):
             eng.put_lines(ts, step)
         if step.holes:
             _fail("Scheduler.schedule", ValueError(f"{step.holes} requests' state unreadable: holes"))
-        if step.guard_missed:
-            # The guard was busy in another thread for the whole step: it
-            # did not see the step's writes, so what it holds may be stale.
-            for pool, _ in step.counts:
-                _H.guard.feed((_c.LOST, pool, 1))
         for rid_s, rid, check, reads in step.waits:
             eng.lmc_wait[rid_s].update(reads=reads, check=check, rid=rid)
         for rid_s, rid, answers in step.checks:
             _checked(eng, rid_s, rid, answers)
+        if step.guard_missed:
+            # The guard stayed busy in another thread: it did not see the
+            # step's writes (its checks answered unknown). A hole in each
+            # pool, fed before the next step's writes.
+            eng.guard_holes.update(pool for pool, _ in step.counts)
     meta = getattr(out, "kv_connector_metadata", None)
     if eng.cache_pool is not None:
         try:
@@ -1582,7 +1602,6 @@ def _w_free_request(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is not None:
             try:
-                eng.step_cache.forget(request.request_id)
                 eng.guarded.discard(request.request_id)
                 if request.request_id in eng.lmc_wait:
                     _lmc_unseen(eng, request.request_id)
@@ -1592,6 +1611,10 @@ def _w_free_request(orig):
                 pool = eng.pool(0)
                 if pool is not None and pool >= 0:
                     eng.put(pool, (_c.REQ, pool, row))
+            except Exception as e:
+                _fail("Scheduler._free_request", e)
+            try:
+                eng.step_cache.forget(request.request_id)
             except Exception as e:
                 _fail("Scheduler._free_request", e)
         return orig(self, request, *args, **kwargs)
@@ -1765,8 +1788,9 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
       promotions are holes);
     - ``KVTRAIL_GUARD`` (``guard=``): off, alert (default) or abort;
       ``KVTRAIL_GUARD_UNKNOWN`` (``guard_unknown=``): allow (default) or
-      abort (docs/guard.md). ``abort`` without the native module raises
-      ``kvtrail_hook_client.guard.GuardUnavailable``.
+      abort (docs/guard.md). Without the native module ``kvtrail_guard``
+      (which builds each step's events and is the guard) ``install`` raises
+      ``ImportError`` whatever the mode.
     """
     global _H, _native
     if _H is not None:
