@@ -19,7 +19,8 @@ Usage (after .ci/setup.d/32-vllm.sh and 34-kvtrail-guard.sh):
 With --kvtrail, a `kvtrail record` sidecar receives the events (its
 sender thread shares the engine's interpreter, so its cost is counted);
 without, the sidecar address is unreachable and the events are counted as
-lost (the engine thread's cost is the same: a deque append per event).
+lost (the engine thread's cost is the same: a deque append per item, one
+item per step for the step's lines).
 """
 
 import argparse

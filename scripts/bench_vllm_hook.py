@@ -22,7 +22,8 @@ os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "hooks", "vllm", "src"))
 sys.path.insert(0, os.path.join(here, "..", "hooks", "client", "src"))
-sys.path.insert(0, os.path.join(here, "..", "target", "kvtrail-guard-native"))  # .ci/setup.d/34-
+# The native module the hook needs (.ci/setup.d/34-kvtrail-guard.sh).
+sys.path.insert(0, os.path.join(here, "..", "target", "kvtrail-guard-native"))
 
 import kvtrail_vllm as kh  # noqa: E402
 

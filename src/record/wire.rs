@@ -728,6 +728,17 @@ pub fn write_canonical_kv(
     out.push(b'}');
 }
 
+/// Appends the `lost` line (no newline): `n` events of `pool` the hook
+/// could not report, a hole. Its one writer in Rust (the Python client's
+/// own is held to the same bytes by a test).
+pub fn write_lost(out: &mut Vec<u8>, pool: u16, n: u64) {
+    out.extend_from_slice(br#"{"type":"lost","pool":"#);
+    push_uint(out, u64::from(pool));
+    out.extend_from_slice(br#","n":"#);
+    push_uint(out, n);
+    out.push(b'}');
+}
+
 /// Appends `v` in decimal (two digits a step: a step's lines are written
 /// on the engine's scheduler thread).
 fn push_uint(out: &mut Vec<u8>, mut v: u64) {
@@ -1092,6 +1103,12 @@ mod tests {
             let text = std::str::from_utf8(&b).unwrap();
             assert!(matches!(parse_msg(text), Ok(Msg::Kv { event: e, .. }) if e == event));
         }
+        let mut b = Vec::new();
+        write_lost(&mut b, 7, 3);
+        assert!(matches!(
+            parse_msg(std::str::from_utf8(&b).unwrap()),
+            Ok(Msg::Lost { pool: 7, n: 3 })
+        ));
     }
 
     #[test]

@@ -89,7 +89,7 @@ want = client_lines([
     (c.KV, 3, TS, 777, W, range(24, 30), 0, 0),   # b: blocks 6, 7 contiguous: one run of 6
     (c.KV, 3, TS, 777, R, range(24, 30), 0, 0),
 ])
-want.append('{"type":"lost","pool":3,"n":1}')
+want += client_lines([(c.LOST, 3, 1)])  # the hole, as the client writes it
 expect(lines == want, f"lines differ:\n{lines}\n{want}")
 expect(step.counts == [(3, 6)] and step.lines == 6, f"counts {step.counts} {step.lines}")
 expect(step.holes == 1, f"holes {step.holes}")
@@ -105,8 +105,8 @@ expect(runs == [(8, 4, 0), (12, 4, 8)], f"runs across a null block {runs}")
 expect(kvtrail_guard.slot_runs([2, 3], 4, 0, 20) == [(8, 8, 0)], "short table ends the runs")
 expect(kvtrail_guard.slot_runs([2, 3], 4, 5, 5) == [], "empty range")
 
-# The guard. Request p wrote slots 0..3 (block 0 is vLLM's null block, so
-# use block 1: slots 4..7) in an earlier step; now q is scheduled first
+# The guard. Request p wrote block 1 (slots 4..7; block 0 is vLLM's null
+# block) in an earlier step; now q is scheduled first
 # and reads p's block as its own context (a stale table: foreign, naming
 # p), and p then writes its next token. q's check must not see p's later
 # write, and p's write must reach the guard.
@@ -155,12 +155,17 @@ except BaseException as e:  # a PanicException is a BaseException
 # is a hole in every pool, never an exception that loses the step.
 step = kvtrail_guard.schedule_step({"a": 1}, {"a": Req(3)}, {"a": {"id": 5}}, [(3, BS, True), (4, BS, True)],
                                    tables({"a": [1]}), 9, None, None, {}, rid_of)
-expect(step.holes == 1 and step.text.split("\n") == ['{"type":"lost","pool":3,"n":1}',
-                                                     '{"type":"lost","pool":4,"n":1}'],
+expect(step.holes == 1 and step.text.split("\n") == client_lines([(c.LOST, 3, 1), (c.LOST, 4, 1)]),
        f"missing table {step.text!r}")
 step = kvtrail_guard.schedule_step({"a": 1}, {"a": Req(3)}, {"a": {"id": 5}}, [(3, BS, True)], [[]], 9,
                                    None, None, {}, rid_of)
 expect(step.holes == 1 and step.counts == [(3, 1)], f"table not a dict {step.counts}")
+
+# A slot past what a KV line holds (u32): a hole, never a line the
+# sidecar refuses.
+step = kvtrail_guard.schedule_step({"a": 1}, {"a": Req(3)}, {"a": {"id": 5}}, [(3, 16, True)],
+                                   tables({"a": [2**29]}), 9, None, None, {}, rid_of)
+expect(step.holes == 1 and step.text == client_lines([(c.LOST, 3, 1)])[0], f"slot past u32 {step.text!r}")
 
 # Python code the step runs (rid_of) may use the guard: it is not held
 # while Python runs.

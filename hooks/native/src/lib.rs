@@ -104,7 +104,8 @@ impl Guard {
         }
     }
 
-    /// One item of the hook's queue, the hot path: held, and applied in
+    /// One item of the hook's queue (the SGLang hook's every item, the vLLM
+    /// hook's items other than its step's writes): held, and applied in
     /// order with the others before anything reads the state (a check,
     /// stats, `sees`, a page size) or once [`PENDING`] are held. Items the
     /// rule need not see (requests, reads, frees) are dropped here. An

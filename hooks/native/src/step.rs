@@ -26,7 +26,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString};
 
-use kvtrail::record::wire::write_canonical_kv;
+use kvtrail::record::wire::{write_canonical_kv, write_lost};
 use kvtrail::schema::Op;
 
 use crate::Guard;
@@ -228,18 +228,31 @@ impl Out {
         }
     }
 
-    fn kv(&mut self, pool: u16, ts: i64, rid: u64, op: Op, runs: &[(u64, u64, u64)]) {
+    /// The lines of `runs`; a slot or position past what a KV line holds
+    /// (u32) makes the request unreadable (a hole), never a line the
+    /// sidecar refuses.
+    fn kv(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[(u64, u64, u64)],
+    ) -> PyResult<()> {
+        const MAX: u64 = u32::MAX as u64;
         for &(start, n, tp) in runs {
+            if start > MAX || n > MAX || tp > MAX {
+                return Err(PyValueError::new_err("a slot or position past u32"));
+            }
             self.line(pool);
             write_canonical_kv(&mut self.buf, pool, ts, rid, op, start, n, Some(tp));
         }
+        Ok(())
     }
 
     fn lost(&mut self, pool: u16) {
         self.line(pool);
-        self.buf.extend_from_slice(br#"{"type":"lost","pool":"#);
-        self.buf.extend_from_slice(pool.to_string().as_bytes());
-        self.buf.extend_from_slice(br#","n":1}"#);
+        write_lost(&mut self.buf, pool, 1);
     }
 }
 
@@ -253,7 +266,7 @@ enum Did {
         writes: Range<usize>,
         check: Option<usize>,
     },
-    /// Unreadable: a hole in these pools.
+    /// Unreadable: a hole in every pool of the engine's groups.
     Hole,
 }
 
@@ -270,9 +283,12 @@ enum Did {
 /// request id of a request the hook has no row for, `cache` the engine's
 /// [`StepCache`].
 ///
-/// A request whose state cannot be read (not an int, not a dict, a group
-/// without its table) gets a `lost` line in every pool of the engine's
-/// groups instead of its lines: a hole, never a silent gap.
+/// A request whose state cannot be read (a `num_computed_tokens` or id
+/// that is not an int, a row or table that is not a dict or list, a group
+/// without its table, a slot past u32) gets a `lost` line in every pool of
+/// the engine's groups instead of its lines: a hole, never a silent gap.
+/// (A scheduled count that is not a positive int schedules nothing, as in
+/// vLLM.)
 #[pyfunction]
 #[pyo3(signature = (scheduled, requests, reqs, groups, tables, ts, guard, guarded, waits, rid_of, cache=None))]
 #[allow(clippy::too_many_arguments)]
@@ -610,12 +626,12 @@ fn request<'py>(
             }
         }
         slot_runs(ids, bs, c, end, runs);
-        out.kv(pool, cx.ts, rid, Op::Write, runs);
+        out.kv(pool, cx.ts, rid, Op::Write, runs)?;
         writes.extend(runs.iter().map(|&(a, k, _)| (pool, a, k)));
         let mut read = Vec::new();
         slot_runs(ids, bs, 0, end, &mut read);
         if !wait {
-            out.kv(pool, cx.ts, rid, Op::Read, &read);
+            out.kv(pool, cx.ts, rid, Op::Read, &read)?;
         }
         if check || wait {
             reads.push((pool_id.unwrap_or(-1), read));

@@ -2,8 +2,9 @@
 engine hooks (kvtrail_sglang, kvtrail_vllm).
 
 The engine thread only appends small tuples to a bounded deque (the hot
-path: no JSON, no socket, no lock). A daemon thread turns them into JSON
-lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
+path: no JSON, no socket, no lock), or a block of lines the native module
+already wrote (the vLLM hook's step: a ``LINES`` item). A daemon thread
+turns the tuples into JSON lines (the `kvtrail ingest` shape plus the sidecar's `lost`, `xfer_send`,
 `xfer_commit`, `xfer_pull`, `copy` and `guard` messages) and sends them in
 batches. The count of guard checks answered ok goes with the marks as
 `guard_ok` lines.
@@ -200,8 +201,9 @@ class Client:
         self.enqueued = 0  # items accepted (engine thread)
         self.handled = 0  # items sent or counted lost (sender thread)
         self.sent_items = 0  # items whose lines reached a socket
-        # Lines held in LINES items: queued (engine thread) and taken off
-        # the queue (sender thread); the queue's bound counts them.
+        # Lines held in LINES items beyond the one each item counts in the
+        # queue's length: queued (engine thread) and taken off the queue
+        # (sender thread); the queue's bound counts every line once.
         self._lines_in = 0
         self._lines_out = 0
         self.dropped_items = 0  # items counted lost (queue full, sidecar down, exit deadline)
@@ -263,7 +265,8 @@ class Client:
                     self.enqueued += 1
                     self.q.append((LOST, pool, k))
         self.enqueued += 1
-        self._lines_in += n
+        self._lines_in += n - 1
+        # it[1] is no pool here: LINES items carry their pools in counts.
         self.q.append((LINES, counts[0][0] if counts else -1, ts, text, counts, n))
 
     def put_guard(self, pool, ts, rid, verdict, action, sources, slots_read, slots_foreign,
@@ -425,7 +428,7 @@ class Client:
             for _ in range(min(self.batch, len(q))):
                 it = q.popleft()
                 if it[0] == LINES:
-                    self._lines_out += it[5]
+                    self._lines_out += it[5] - 1
                 items.append(it)
             drained = not q
             lines = []
@@ -468,7 +471,7 @@ class Client:
             self.handled += 1
             self.dropped_items += 1
             if it[0] == LINES:
-                self._lines_out += it[5]
+                self._lines_out += it[5] - 1
                 for pool, k in it[4]:
                     self.dropped[pool] = self.dropped.get(pool, 0) + k
                 continue

@@ -12,6 +12,8 @@ counts, logs the alerts and tells the hook whether to abort.
 
 In ``abort`` mode a missing native module is an error at install (the
 engine does not start unguarded); in ``alert`` mode it is one warning.
+(The vLLM hook needs the module to capture at all: its install raises
+without it in every mode.)
 """
 
 import collections
@@ -41,9 +43,10 @@ class Guard:
         self.mode = mode
         self.unknown = unknown
         self.native = None
-        # The hot path: the native module's ``push`` (None while unguarded).
-        # The hooks call it once per queued item; the module holds the items
-        # and applies them in one pass before anything reads its state.
+        # The native module's ``push`` (None while unguarded). The hooks call
+        # it once per queued item (the vLLM hook's step writes go to the
+        # module in its native step instead); the module holds the items and
+        # applies them in one pass before anything reads its state.
         self.push = None
         self.page_sizes = {}
         self.counts = {"checks": 0, "ok": 0, "foreign": 0, "unknown": 0, "alerts": 0,
@@ -72,8 +75,9 @@ class Guard:
 
     def feed(self, item):
         """Mirrors one queued item (the hook's put); the hooks call
-        ``push`` directly. Never raises: an item the module cannot apply
-        is counted in its ``errors`` and leaves a hole in its pool."""
+        ``push`` directly. An item the module cannot apply is counted in its
+        ``errors`` and leaves a hole in its pool; only a module busy in
+        another thread raises (RuntimeError)."""
         if self.push is not None:
             self.push(item)
 

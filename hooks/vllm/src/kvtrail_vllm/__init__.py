@@ -69,10 +69,12 @@ its arguments or results; a failure inside the hook is counted in
 - ``Scheduler._free_request``: the request row (status as the client gets
   it, finish reason, output token count, blake3 of the output ids).
 
-The guard (docs/guard.md; ``KVTRAIL_GUARD=off|alert|abort``, default
-alert; ``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow) mirrors every
-event queued here into kvtrail's slot rule (the native ``kvtrail_guard``
-module) and checks a request the first time ``schedule`` gives it a step
+The native module ``kvtrail_guard`` (hooks/native) is required: it builds
+each step's events (above) and is the guard (docs/guard.md;
+``KVTRAIL_GUARD=off|alert|abort``, default alert;
+``KVTRAIL_GUARD_UNKNOWN=allow|abort``, default allow), which applies the
+events that change content (the step's writes in the native step, the
+others through ``push``) to kvtrail's slot rule and checks a request the first time ``schedule`` gives it a step
 over KV it did not compute this step (a prefix-cache hit, a remote load, a
 CPU offload load-back, a later chunk). In abort mode a foreign read
 finishes the request as ``FINISHED_ERROR`` right after ``schedule`` (its
@@ -104,8 +106,7 @@ _HTTP = {"stop": 200, "length": 200, "repetition": 200, "error": 500, "abort": 4
 
 
 class _Ctx(threading.local):
-    rid = 0  # request on whose behalf block-pool calls run (0 = engine)
-    group = 0  # KV cache group of the running single-type manager
+    rid = 0  # request whose KVCacheManager.free runs (0 = engine): see _who
 
 
 _ctx = _Ctx()
@@ -521,7 +522,8 @@ def _who(eng):
     """(group, trace request id) on whose behalf the running allocator call
     runs: the nearest single-type manager method of _CTX_CODES on the call
     stack (its manager's group, its request), else the request an outer
-    ``KVCacheManager.free`` set, else the engine (group 0, request 0)."""
+    ``KVCacheManager.free`` set, in group 0, else the engine (group 0,
+    request 0)."""
     f = sys._getframe(2)  # the allocator wrapper's caller
     for _ in range(_CTX_DEPTH):
         if f is None:
@@ -540,7 +542,7 @@ def _who(eng):
                 rid = _c.id_of(rid_s)
             return getattr(mgr, "_kvtrail_group", 0), rid
         f = f.f_back
-    return _ctx.group, _ctx.rid
+    return 0, _ctx.rid
 
 
 def _w_add_local(orig):
@@ -651,7 +653,7 @@ def _w_kvm_free(orig):
         eng = _engine_of(self) if _H is not None else None
         if eng is None:
             return orig(self, request, *args, **kwargs)
-        prev = (_ctx.rid, _ctx.group)
+        prev = _ctx.rid
         try:
             r = eng.reqs.get(request.request_id)
             _ctx.rid = r["id"] if r else request_id(request)
@@ -660,7 +662,7 @@ def _w_kvm_free(orig):
         try:
             return orig(self, request, *args, **kwargs)
         finally:
-            _ctx.rid, _ctx.group = prev
+            _ctx.rid = prev
 
     return free
 
@@ -674,6 +676,7 @@ def on_schedule(sched, out):
     copies = getattr(out, "kv_cache_block_copies", None)
     if copies or eng.cow_taken:
         _cow_copies(eng, copies or ())
+    step = None
     if out.num_scheduled_tokens:
         # Per scheduled request and group, in one native call: the write of
         # the tokens computed this step, the read of the whole context (an
@@ -692,10 +695,19 @@ def on_schedule(sched, out):
             except RuntimeError:
                 pass  # still busy: this step will miss it too, and retry
         ts = _time_ns()
-        step = _native.schedule_step(
-            out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
-            [m.req_to_blocks for m in eng.managers], ts, native,
-            eng.guarded if native is not None else None, eng.lmc_wait, request_id, eng.step_cache)
+        try:
+            step = _native.schedule_step(
+                out.num_scheduled_tokens, sched.requests, eng.reqs, eng.groups(),
+                [m.req_to_blocks for m in eng.managers], ts, native,
+                eng.guarded if native is not None else None, eng.lmc_wait, request_id, eng.step_cache)
+        except Exception as e:
+            # The step's events cannot be told: a hole in each pool (and
+            # in the guard's view of it), never a silent gap.
+            _fail("Scheduler.schedule", e)
+            for pool in sorted({p for p, _, _ in eng.groups() if p is not None and p >= 0}):
+                eng.put(pool, (_c.LOST, pool, 1))
+            step = None
+    if step is not None:
         if step.text is not None:
             eng.put_lines(ts, step)
         if step.holes:
