@@ -122,14 +122,18 @@ pub trait Backend {
 /// A map keyed by pool id. Pool ids are 16 bits, so the key itself is the
 /// hash (no hash flooding is possible over 65,536 values): the replay looks
 /// its pools up on every batch and copy, where SipHash showed in profiles.
-pub type PoolMap<V> =
-    std::collections::HashMap<u16, V, std::hash::BuildHasherDefault<PoolIdHasher>>;
+pub type PoolMap<V> = std::collections::HashMap<u16, V, std::hash::BuildHasherDefault<IdHasher>>;
 
-/// The hasher of [`PoolMap`]: a pool id spread by one multiplication.
+/// A map keyed by an object's address (the engine hooks' native module:
+/// objects it holds, so no one outside chooses the keys).
+pub type AddrMap<V> = std::collections::HashMap<usize, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`PoolMap`] and [`AddrMap`]: a pool id, or an address
+/// without its alignment bits, spread by one multiplication.
 #[derive(Default)]
-pub struct PoolIdHasher(u64);
+pub struct IdHasher(u64);
 
-impl std::hash::Hasher for PoolIdHasher {
+impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -140,5 +144,9 @@ impl std::hash::Hasher for PoolIdHasher {
     }
     fn write_u16(&mut self, v: u16) {
         self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        // Objects are 16-byte aligned: the low bits carry nothing.
+        self.0 = ((n as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }

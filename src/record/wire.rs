@@ -701,9 +701,9 @@ pub fn write_canonical_kv(
     ts_ns: i64,
     request_id: u64,
     op: Op,
-    slot_start: u64,
-    slot_count: u64,
-    token_pos: Option<u64>,
+    slot_start: u32,
+    slot_count: u32,
+    token_pos: Option<u32>,
 ) {
     out.extend_from_slice(br#"{"type":"kv","pool":"#);
     push_uint(out, u64::from(pool));
@@ -717,12 +717,12 @@ pub fn write_canonical_kv(
     out.extend_from_slice(br#","op":""#);
     out.extend_from_slice(op.as_str().as_bytes());
     out.extend_from_slice(br#"","slot_start":"#);
-    push_uint(out, slot_start);
+    push_uint(out, u64::from(slot_start));
     out.extend_from_slice(br#","slot_count":"#);
-    push_uint(out, slot_count);
+    push_uint(out, u64::from(slot_count));
     out.extend_from_slice(br#","token_pos":"#);
     match token_pos {
-        Some(t) => push_uint(out, t),
+        Some(t) => push_uint(out, u64::from(t)),
         None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
@@ -1071,7 +1071,7 @@ mod tests {
     #[test]
     fn canonical_writer_round_trips() {
         let cases = [
-            (0u16, 0i64, 1u64, Op::Write, 0u64, 1u64, Some(0u64)),
+            (0u16, 0i64, 1u64, Op::Write, 0u32, 1u32, Some(0u32)),
             (
                 u16::MAX,
                 -7,
@@ -1081,7 +1081,7 @@ mod tests {
                 1,
                 None,
             ),
-            (3, i64::MAX, 42, Op::Share, 16, 4096, Some(u32::MAX as u64)),
+            (3, i64::MAX, 42, Op::Share, 16, 4096, Some(u32::MAX)),
             (9, 1_700_000_000_000_000_000, 5, Op::Alloc, 10, 20, None),
             (10, 99, 100, Op::Free, 9, 101, Some(1009)),
         ];
@@ -1095,11 +1095,8 @@ mod tests {
                 (event.pool, event.ts_ns, event.request_id, event.op),
                 (pool, ts, rid, op)
             );
-            assert_eq!(
-                (u64::from(event.slot_start), u64::from(event.slot_count)),
-                (start, count)
-            );
-            assert_eq!(event.token_pos.map(u64::from), tp);
+            assert_eq!((event.slot_start, event.slot_count), (start, count));
+            assert_eq!(event.token_pos, tp);
             let text = std::str::from_utf8(&b).unwrap();
             assert!(matches!(parse_msg(text), Ok(Msg::Kv { event: e, .. }) if e == event));
         }

@@ -15,8 +15,6 @@
 //! `slot_runs` is the one home of the block-table walk: token positions to
 //! slot runs.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 
 use pyo3::PyTraverseError;
@@ -26,6 +24,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString};
 
+use kvtrail::lineage::backend::AddrMap;
 use kvtrail::record::wire::{write_canonical_kv, write_lost};
 use kvtrail::schema::Op;
 
@@ -90,8 +89,8 @@ pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, 
 #[pyclass(module = "kvtrail_guard")]
 #[derive(Default)]
 pub struct StepCache {
-    blocks: HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<AddrHasher>>,
-    reqs: HashMap<usize, Known, BuildHasherDefault<AddrHasher>>,
+    blocks: AddrMap<(u64, Py<PyAny>)>,
+    reqs: AddrMap<Known>,
 }
 
 /// A request the step has seen.
@@ -154,24 +153,6 @@ impl StepCache {
         }
         self.blocks.insert(key, (id, b.clone().unbind()));
         Ok(id)
-    }
-}
-
-/// A hasher for object addresses (aligned: the low bits carry nothing).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = ((n as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -239,11 +220,11 @@ impl Out {
         op: Op,
         runs: &[(u64, u64, u64)],
     ) -> PyResult<()> {
-        const MAX: u64 = u32::MAX as u64;
+        let u32_of = |v: u64| {
+            u32::try_from(v).map_err(|_| PyValueError::new_err("a slot or position past u32"))
+        };
         for &(start, n, tp) in runs {
-            if start > MAX || n > MAX || tp > MAX {
-                return Err(PyValueError::new_err("a slot or position past u32"));
-            }
+            let (start, n, tp) = (u32_of(start)?, u32_of(n)?, u32_of(tp)?);
             self.line(pool);
             write_canonical_kv(&mut self.buf, pool, ts, rid, op, start, n, Some(tp));
         }
@@ -254,6 +235,17 @@ impl Out {
         self.line(pool);
         write_lost(&mut self.buf, pool, 1);
     }
+}
+
+/// Buffers the first pass reuses from request to request (the step runs
+/// on the engine's scheduler thread: no allocation per request).
+#[derive(Default)]
+struct Scratch {
+    ids: Vec<u64>,
+    runs: Vec<(u64, u64, u64)>,
+    read: Vec<(u64, u64, u64)>,
+    /// The step's line counts before the current request.
+    counts: Vec<(u16, u64)>,
 }
 
 /// What the first pass leaves the second, per request in the step's
@@ -349,8 +341,7 @@ pub fn schedule_step<'py>(
     let mut writes: Vec<(u16, u64, u64)> = Vec::new();
     // Checks due: (engine request id, trace request id, reads per group).
     let mut due: Vec<(Py<PyAny>, u64, Vec<Reads>)> = Vec::new();
-    let mut ids: Vec<u64> = Vec::new();
-    let mut runs = Vec::new();
+    let mut scratch = Scratch::default();
     let mut reads: Vec<Reads> = Vec::new();
     let waits = (!waits.is_empty()).then_some(waits);
     let checking = guard.is_some();
@@ -363,7 +354,10 @@ pub fn schedule_step<'py>(
             continue;
         };
         reads.clear();
-        let mark = (out.buf.len(), out.counts.clone(), out.lines, writes.len());
+        // Where this request's lines begin (restored if it is a hole).
+        scratch.counts.clear();
+        scratch.counts.extend_from_slice(&out.counts);
+        let mark = (out.buf.len(), out.lines, writes.len());
         let cx = Cx {
             py,
             reqs,
@@ -383,8 +377,7 @@ pub fn schedule_step<'py>(
             n,
             cache.as_deref_mut(),
             &mut out,
-            &mut ids,
-            &mut runs,
+            &mut scratch,
             &mut writes,
             &mut reads,
         );
@@ -404,7 +397,7 @@ pub fn schedule_step<'py>(
                 };
                 did.push(Did::Events {
                     rid,
-                    writes: mark.3..writes.len(),
+                    writes: mark.2..writes.len(),
                     check,
                 });
             }
@@ -412,9 +405,9 @@ pub fn schedule_step<'py>(
                 // What this request's step did cannot be told: its partial
                 // lines go, and a hole goes in each pool, never a guess.
                 out.buf.truncate(mark.0);
-                out.counts = mark.1;
-                out.lines = mark.2;
-                writes.truncate(mark.3);
+                std::mem::swap(&mut out.counts, &mut scratch.counts);
+                out.lines = mark.1;
+                writes.truncate(mark.2);
                 step.holes += 1;
                 for &p in &holed {
                     out.lost(p);
@@ -548,12 +541,14 @@ fn request<'py>(
     n: i64,
     mut cache: Option<&mut StepCache>,
     out: &mut Out,
-    ids: &mut Vec<u64>,
-    runs: &mut Vec<(u64, u64, u64)>,
+    scratch: &mut Scratch,
     writes: &mut Vec<(u16, u64, u64)>,
     reads: &mut Vec<Reads>,
 ) -> PyResult<(u64, Option<Due>)> {
     let py = cx.py;
+    let Scratch {
+        ids, runs, read, ..
+    } = scratch;
     let end: i64 = req.getattr(intern!(py, "num_computed_tokens"))?.extract()?;
     let c = end - n;
     let key = name.as_ptr() as usize;
@@ -628,13 +623,12 @@ fn request<'py>(
         slot_runs(ids, bs, c, end, runs);
         out.kv(pool, cx.ts, rid, Op::Write, runs)?;
         writes.extend(runs.iter().map(|&(a, k, _)| (pool, a, k)));
-        let mut read = Vec::new();
-        slot_runs(ids, bs, 0, end, &mut read);
+        slot_runs(ids, bs, 0, end, read);
         if !wait {
-            out.kv(pool, cx.ts, rid, Op::Read, &read)?;
+            out.kv(pool, cx.ts, rid, Op::Read, read)?;
         }
         if check || wait {
-            reads.push((pool_id.unwrap_or(-1), read));
+            reads.push((pool_id.unwrap_or(-1), read.clone()));
         }
     }
     if let Some(r) = row.as_ref().filter(|_| !done) {
