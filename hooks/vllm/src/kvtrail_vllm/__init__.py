@@ -1717,27 +1717,32 @@ _PATCHES = [
 ]
 
 
+def _classes(module, owner):
+    """``owner`` and every subclass of it ``module`` defines."""
+    return [owner] + [v for v in vars(module).values()
+                      if isinstance(v, type) and issubclass(v, owner) and v is not owner]
+
+
 def _apply(module):
     """Patches the classes ``module`` defines, and any subclass in it that
-    overrides a patched method (e.g. a manager's own allocate_new_blocks)."""
+    overrides a patched method (e.g. a manager's own allocate_new_blocks);
+    in the single-type manager module, also notes the request-context
+    methods' code objects (_CTX_CODES, for _who)."""
     name = module.__name__
+    if name == _STM:
+        base = getattr(module, "SingleTypeKVCacheManager", None)
+        for t in _classes(module, base) if base is not None else ():
+            for m in _CTX_METHODS:
+                fn = t.__dict__.get(m)
+                if callable(fn) and hasattr(fn, "__code__"):
+                    _CTX_CODES.add(fn.__code__)
     for mod, cls, attr, factory in _PATCHES:
         if mod != name:
             continue
         owner = getattr(module, cls, None)
         if owner is None:
             continue
-        targets = [owner]
-        if mod == _STM:
-            targets += [v for v in vars(module).values()
-                        if isinstance(v, type) and issubclass(v, owner) and v is not owner]
-        for t in targets:
-            if mod == _STM:
-                # The request-context methods: found on the stack (_who).
-                for m in _CTX_METHODS:
-                    fn = t.__dict__.get(m)
-                    if callable(fn) and hasattr(fn, "__code__"):
-                        _CTX_CODES.add(fn.__code__)
+        for t in _classes(module, owner) if mod == _STM else [owner]:
             if (t, attr) in _H.originals:
                 continue
             orig = t.__dict__.get(attr)
@@ -1755,7 +1760,11 @@ def _apply_if_installed(module):
 
 
 # Patches vLLM modules as they are imported.
-_finder = _c.PostImport(lambda name: _H is not None and any(name == m for m, _, _, _ in _PATCHES), _apply_if_installed)
+# The modules _apply handles: those patched, and the single-type manager
+# module (its request-context methods, _CTX_CODES).
+_MODULES = frozenset(m for m, _, _, _ in _PATCHES) | {_STM}
+
+_finder = _c.PostImport(lambda name: _H is not None and name in _MODULES, _apply_if_installed)
 
 
 def _parse_remote(s):
@@ -1841,7 +1850,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
     _H.tier_pools = [int(p) for p in tier_pools]
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
-    for mod in {m for m, _, _, _ in _PATCHES}:
+    for mod in _MODULES:
         if sys.modules.get(mod) is not None:
             _apply(sys.modules[mod])
     return _H
