@@ -13,6 +13,7 @@
 //! one FAILS the test; otherwise it is skipped with a message.
 
 use crate::support::venv;
+use crate::support::venv::native;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,23 +28,6 @@ use crate::support::cli::{kvtrail, s};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The folder the set-up installed kvtrail_guard into, or None (SKIP).
-fn native() -> Option<PathBuf> {
-    let dir = root().join("target/kvtrail-guard-native");
-    if dir.join("kvtrail_guard").is_dir() {
-        return Some(dir);
-    }
-    let msg = format!(
-        "the guard's native module is missing at {}: run .ci/setup.d/34-kvtrail-guard.sh",
-        dir.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("CI is set but {msg}");
-    }
-    eprintln!("SKIP: {msg}");
-    None
 }
 
 /// Runs `tests/<engine>/<script> args` with the hook (and `native`, if
