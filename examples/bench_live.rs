@@ -17,6 +17,10 @@
 //!   requests (a fresh sidecar each); counts alerts and live findings
 //!   (must be 0). ONLY keeps the configurations whose scenario name
 //!   contains it (`steady`, `vllm-cpu-offload`, `vllm-lmcache`).
+//!   `BENCH_LIVE_QUEUE=N` sets the live queue to N batches (a small one
+//!   makes the live thread drop batches, as when it falls behind);
+//!   `BENCH_LIVE_HOLDBACK_MS=0` applies events as they come, so copies
+//!   that arrive after their source moved on are rebuilt or taken late.
 //! - no argument: all four at small default sizes.
 //!
 //! cargo run --release --example bench_live -- [MODE] [ARGS]
@@ -567,6 +571,18 @@ fn clean_chunk(name: &str, sets: &[&str], requests: u64, seed: u64, acc: &mut Cl
     let out = dir.path().join("rec");
     let mut cfg = config(&sock, true, false);
     cfg.recorder.from_engine_start = t.manifest.from_engine_start();
+    if let Some(q) = std::env::var("BENCH_LIVE_QUEUE")
+        .ok()
+        .and_then(|q| q.parse().ok())
+    {
+        cfg.live.as_mut().expect("live on").queue_batches = q;
+    }
+    if let Some(ms) = std::env::var("BENCH_LIVE_HOLDBACK_MS")
+        .ok()
+        .and_then(|q| q.parse().ok())
+    {
+        cfg.live.as_mut().expect("live on").bounds.holdback = Duration::from_millis(ms);
+    }
     let sidecar = Sidecar::start(cfg, dep.clone(), &out, Arc::new(NoLog)).unwrap();
     let mut conns: std::collections::BTreeMap<u16, std::io::BufWriter<UnixStream>> = dep
         .pools
@@ -617,7 +633,11 @@ fn clean_chunk(name: &str, sets: &[&str], requests: u64, seed: u64, acc: &mut Cl
 /// (all when empty).
 fn clean(requests: u64, chunk: u64, only: &str) {
     println!(
-        "clean: simulated clean requests streamed through the wire, live detection on (default bounds), chunks of {chunk} requests, a fresh sidecar per chunk"
+        "clean: simulated clean requests streamed through the wire, live detection on (default bounds{}), chunks of {chunk} requests, a fresh sidecar per chunk",
+        ["BENCH_LIVE_QUEUE", "BENCH_LIVE_HOLDBACK_MS"]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| format!(", {k}={v}")))
+            .collect::<String>()
     );
     let configs: [(&str, &str, &[&str]); 3] = [
         (

@@ -423,12 +423,15 @@ impl Detector {
         }
     }
 
-    /// The unclean read runs of one batch of the live replay. `inexact`:
-    /// the live view has left the trace's exact history (its queue dropped
-    /// events, a copy was late or timed out), so a foreign run that is only
-    /// uncertain may be the view's own doing: such runs are counted
-    /// (`reads_unverified`), not alerted; certain ones still are.
-    pub fn runs(&mut self, runs: &[ReadRun], inexact: bool) {
+    /// The unclean read runs of one batch of the live replay. `suspect`:
+    /// the batch's read events (pool, seq, in seq order) that read slots
+    /// whose content the live view may have wrong where the trace has it
+    /// right (its queue dropped events, a copy was late or timed out:
+    /// `state::Engine`'s taint). Their foreign runs that are only
+    /// uncertain may be the view's own doing: counted
+    /// (`reads_unverified`), not alerted; certain ones still are. Every
+    /// other uncertain run is alerted, as scope reports it.
+    pub fn runs(&mut self, runs: &[ReadRun], suspect: &[(u16, u64)]) {
         let mut i = 0;
         while i < runs.len() {
             // The runs of one read event lie together.
@@ -437,12 +440,13 @@ impl Detector {
             while j < runs.len() && (runs[j].seq, runs[j].pool) == (r0.seq, r0.pool) {
                 j += 1;
             }
-            self.event_runs(&runs[i..j], inexact);
+            let s = suspect.binary_search(&(r0.pool, r0.seq)).is_ok();
+            self.event_runs(&runs[i..j], s);
             i = j;
         }
     }
 
-    fn event_runs(&mut self, runs: &[ReadRun], inexact: bool) {
+    fn event_runs(&mut self, runs: &[ReadRun], suspect: bool) {
         let reader = runs[0].reader;
         // Per source: tokens, whether all are certain, the certain tokens.
         let mut foreign: BTreeMap<u64, (u64, bool, u64)> = BTreeMap::new();
@@ -482,7 +486,7 @@ impl Detector {
         if self.pending_hits.contains_key(&reader) {
             self.try_prefix(reader);
         }
-        if inexact && reader != ENGINE_REQUEST && foreign.values().any(|v| !v.1) {
+        if suspect && reader != ENGINE_REQUEST && foreign.values().any(|v| !v.1) {
             // What is certain stands; the rest is unverified, not alerted.
             self.metrics.reads_unverified.inc();
             foreign.retain(|_, v| v.2 > 0);

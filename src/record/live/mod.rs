@@ -85,7 +85,9 @@ impl Default for LiveOptions {
 const BATCH: usize = 4096;
 
 enum Msg {
-    Events(Vec<KvEvent>, Instant),
+    /// Events, when they were handed over, and the seq ranges the queue
+    /// dropped since the last batch it took.
+    Events(Vec<KvEvent>, Instant, ViewHoles),
     Lost(u16, u64),
     Request(Box<RequestRecord>),
     Guard(Box<GuardDecision>),
@@ -115,11 +117,11 @@ pub struct LiveStats {
     /// Alerts folded into storm summaries (not sent one by one).
     #[serde(default)]
     pub alerts_aggregated: u64,
-    /// Read events with foreign runs that were only uncertain while the
-    /// live view was not exact (its queue dropped events, a copy was late
-    /// or timed out): not alerted, since the uncertainty is the live
-    /// view's own (the trace has every event); counted here and in
-    /// `kvtrail_live_reads_unverified_total`.
+    /// Read events of tainted slots (the live view may have them wrong
+    /// where the trace has them right: its queue dropped events, a copy
+    /// was late or timed out; `state`) whose foreign runs were only
+    /// uncertain: not alerted, since the uncertainty may be the view's
+    /// own; counted here and in `kvtrail_live_reads_unverified_total`.
     #[serde(default)]
     pub reads_unverified: u64,
     /// Alerts Alertmanager took, and not (queue full, given up).
@@ -165,6 +167,10 @@ pub struct Live {
     thread: Option<JoinHandle<Closed>>,
     metrics: Arc<Metrics>,
     dropped: u64,
+    /// Seq ranges of the events the queue dropped,
+    /// for the next batch it takes: the live view taints what they may
+    /// have changed (`state::Engine::view_dropped`).
+    view_holes: ViewHoles,
     /// `--when-behind wait`: a full queue waits instead of dropping.
     wait: bool,
     /// The alert sinks configured (metrics labels).
@@ -185,6 +191,20 @@ impl Live {
         from_engine_start: bool,
         wait: bool,
         stats: Arc<crate::record::stats::Stats>,
+    ) -> Result<Live> {
+        Self::start_gated(opts, deployment, from_engine_start, wait, stats, None)
+    }
+
+    /// `start`, with the live thread waiting for `gate` (a message or its
+    /// sender dropped) before it takes its first batch: tests fill the
+    /// queue to see what a live thread that is behind does.
+    fn start_gated(
+        opts: &LiveOptions,
+        deployment: &Deployment,
+        from_engine_start: bool,
+        wait: bool,
+        stats: Arc<crate::record::stats::Stats>,
+        gate: Option<Receiver<()>>,
     ) -> Result<Live> {
         let metrics = Arc::new(Metrics::default());
         let mut sinks = Vec::new();
@@ -233,7 +253,12 @@ impl Live {
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("kvtrail-live".into())
-            .spawn(move || run(engine, detector, rx, &m, &stats))
+            .spawn(move || {
+                if let Some(g) = gate {
+                    let _ = g.recv();
+                }
+                run(engine, detector, rx, &m, &stats)
+            })
             .map_err(|e| Error::Other(format!("cannot start the live thread: {e}")))?;
         Ok(Live {
             tx: Some(tx),
@@ -241,6 +266,7 @@ impl Live {
             thread: Some(thread),
             metrics,
             dropped: 0,
+            view_holes: ViewHoles::new(),
             wait,
             sinks,
             _server: server,
@@ -269,20 +295,32 @@ impl Live {
         }
         let evs = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
         let n = evs.len() as u64;
-        if !self.send(Msg::Events(evs, Instant::now())) {
+        let dropped = std::mem::take(&mut self.view_holes);
+        if let Err(Msg::Events(evs, _, dropped)) =
+            self.send_back(Msg::Events(evs, Instant::now(), dropped))
+        {
             self.dropped += n;
             self.metrics.live_dropped.inc_by(n);
+            self.view_holes = dropped;
+            note_dropped(&mut self.view_holes, &evs);
         }
     }
 
     fn send(&self, m: Msg) -> bool {
+        self.send_back(m).is_ok()
+    }
+
+    /// Sends `m`, or hands it back when the queue cannot take it.
+    fn send_back(&self, m: Msg) -> std::result::Result<(), Msg> {
+        let Some(tx) = self.tx.as_ref() else {
+            return Err(m);
+        };
         if self.wait {
-            return self.tx.as_ref().is_some_and(|t| t.send(m).is_ok());
+            return tx.send(m).map_err(|e| e.0);
         }
-        match self.tx.as_ref().map(|t| t.try_send(m)) {
-            Some(Ok(())) => true,
-            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => false,
-        }
+        tx.try_send(m).map_err(|e| match e {
+            TrySendError::Full(m) | TrySendError::Disconnected(m) => m,
+        })
     }
 
     /// `n` events of `pool` were lost (a hole in the trace).
@@ -334,15 +372,7 @@ impl Live {
     /// Ends the live thread (everything held applied) and writes
     /// live-findings.json into the closed trace at `out`.
     pub fn close(mut self, out: &Path) -> Result<LiveStats> {
-        self.flush();
-        self.tx.take();
-        let closed = self
-            .thread
-            .take()
-            .expect("runs until closed")
-            .join()
-            .map_err(|_| Error::Other("the live thread panicked".into()))?;
-        let Closed { engine, detector } = closed;
+        let Closed { engine, detector } = self.finish()?;
         detector.close();
         let m = &self.metrics;
         let outcome = engine.outcome();
@@ -384,6 +414,52 @@ impl Live {
     }
 }
 
+/// Seq ranges per pool a sender keeps for the live thread at most; past
+/// it the last two merge (a wider range only taints more).
+const VIEW_HOLES_SENT: usize = 1024;
+
+/// Seq ranges (first, last) of dropped events per pool.
+type ViewHoles = std::collections::BTreeMap<u16, Vec<(u64, u64)>>;
+
+/// Adds the seqs of dropped events `evs` to `holes`, extending a pool's
+/// last range where a seq continues it. Costs a map lookup per run of one
+/// pool's events: the writer calls it when the live thread is behind.
+fn note_dropped(holes: &mut ViewHoles, evs: &[KvEvent]) {
+    let mut i = 0;
+    while i < evs.len() {
+        let pool = evs[i].pool;
+        let ranges = holes.entry(pool).or_default();
+        while i < evs.len() && evs[i].pool == pool {
+            let seq = evs[i].seq;
+            match ranges.last_mut() {
+                Some(r) if seq >= r.0 && seq <= r.1.saturating_add(1) => r.1 = r.1.max(seq),
+                _ => ranges.push((seq, seq)),
+            }
+            if ranges.len() > VIEW_HOLES_SENT {
+                let (lo, hi) = ranges.pop().expect("over the bound");
+                let r = ranges.last_mut().expect("over the bound");
+                r.0 = r.0.min(lo);
+                r.1 = r.1.max(hi);
+            }
+            i += 1;
+        }
+    }
+}
+
+impl Live {
+    /// Hands over what is gathered and waits for the live thread to apply
+    /// everything held.
+    fn finish(&mut self) -> Result<Closed> {
+        self.flush();
+        self.tx.take();
+        self.thread
+            .take()
+            .expect("runs until closed")
+            .join()
+            .map_err(|_| Error::Other("the live thread panicked".into()))
+    }
+}
+
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -404,7 +480,12 @@ fn run(
     let mut by_op: std::collections::BTreeMap<(u16, &'static str), u64> = Default::default();
     loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(Msg::Events(evs, at)) => {
+            Ok(Msg::Events(evs, at, dropped)) => {
+                for (pool, ranges) in dropped {
+                    for (lo, hi) in ranges {
+                        engine.view_dropped(pool, lo, hi);
+                    }
+                }
                 for e in &evs {
                     *by_op.entry((e.pool, e.op.as_str())).or_default() += 1;
                     engine.push(*e, at);
@@ -425,8 +506,8 @@ fn run(
             Err(RecvTimeoutError::Disconnected) => break,
         }
         let oldest = engine.oldest();
-        engine.pump(Instant::now(), false, &mut |runs, late| {
-            detector.runs(runs, late || m.live_dropped.get() > 0)
+        engine.pump(Instant::now(), false, &mut |runs, suspect| {
+            detector.runs(runs, suspect)
         });
         if let Some(at) = oldest
             && engine.oldest() != Some(at)
@@ -444,8 +525,8 @@ fn run(
             m.sync(stats);
         }
     }
-    engine.pump(Instant::now(), true, &mut |runs, late| {
-        detector.runs(runs, late || m.live_dropped.get() > 0)
+    engine.pump(Instant::now(), true, &mut |runs, suspect| {
+        detector.runs(runs, suspect)
     });
     count_holes(&engine, holes, m);
     detector.flush_losses(now_ns());
@@ -463,4 +544,173 @@ fn count_holes(engine: &state::Engine, seen: usize, m: &Metrics) -> usize {
             .inc();
     }
     engine.gaps.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{CopySrc, Op};
+
+    fn ev(pool: u16, seq: u64, rid: u64, op: Op, start: u32, count: u32) -> KvEvent {
+        KvEvent {
+            pool,
+            seq,
+            ts_ns: seq as i64,
+            request_id: rid,
+            op,
+            slot_start: start,
+            slot_count: count,
+            src: None,
+            token_pos: None,
+        }
+    }
+
+    /// The live thread behind (held at a gate, its queue of one batch
+    /// full) drops pool 0's second batch from its view. The hole that
+    /// leaves is the view's own: reads of what it may have changed are
+    /// counted unverified, not alerted, and so is a read of a copy taken
+    /// from those slots. A real hole in pool 1 (a seq the trace lacks)
+    /// and, once pool 0 is written over, a real hole in pool 0 are
+    /// alerted as scope reports them: a dropped batch does not silence
+    /// the rest of the recording.
+    #[test]
+    fn a_dropped_batch_taints_what_it_may_have_changed_and_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let alerts = dir.path().join("alerts.jsonl");
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "name": "t", "engine": "test", "context_window": 4096,
+            "pools": [
+                {"id": 0, "role": "prefill", "capacity_tokens": 64, "page_size": 1},
+                {"id": 1, "role": "decode", "capacity_tokens": 64, "page_size": 1}
+            ]
+        }))
+        .unwrap();
+        let opts = LiveOptions {
+            alerts: Some(AlertTarget::File(alerts.clone())),
+            queue_batches: 1,
+            bounds: Bounds {
+                holdback: Duration::ZERO,
+                ..Bounds::default()
+            },
+            ..LiveOptions::default()
+        };
+        let (gate, gated) = sync_channel(1);
+        let mut live = Live::start_gated(
+            &opts,
+            &deployment,
+            true,
+            false,
+            Arc::new(Default::default()),
+            Some(gated),
+        )
+        .unwrap();
+        let send = |live: &mut Live, evs: &[KvEvent]| {
+            for e in evs {
+                live.event(*e);
+            }
+            live.flush();
+        };
+        // Taken (the queue's one place), then dropped (the queue full).
+        send(
+            &mut live,
+            &[ev(0, 0, 1, Op::Alloc, 0, 8), ev(0, 1, 1, Op::Write, 0, 8)],
+        );
+        assert_eq!(live.dropped, 0);
+        send(
+            &mut live,
+            &[
+                ev(0, 2, 2, Op::Alloc, 0, 8),
+                ev(0, 3, 2, Op::Write, 0, 8),
+                ev(0, 4, 2, Op::Free, 0, 8),
+            ],
+        );
+        assert_eq!(live.dropped, 3);
+        assert_eq!(live.view_holes[&0], vec![(2, 4)]);
+        // From here on nothing is dropped.
+        live.wait = true;
+        gate.send(()).unwrap();
+        let copy = KvEvent {
+            src: Some(CopySrc {
+                pool: 0,
+                slot_start: 0,
+                seq: 6,
+            }),
+            ..ev(1, 6, 8, Op::Write, 8, 4)
+        };
+        send(
+            &mut live,
+            &[
+                // Request 3 reads slots request 2 wrote (the view: 1's).
+                ev(0, 5, 3, Op::Alloc, 0, 8),
+                ev(0, 6, 3, Op::Read, 0, 8),
+                // A real hole in pool 1 (seq 2 is not in the trace).
+                ev(1, 0, 4, Op::Alloc, 0, 4),
+                ev(1, 1, 4, Op::Write, 0, 4),
+                ev(1, 3, 5, Op::Alloc, 0, 4),
+                ev(1, 4, 5, Op::Read, 0, 4),
+                // Request 8's copy of pool 0's slots 0..4 as of seq 6.
+                ev(1, 5, 8, Op::Alloc, 8, 4),
+                copy,
+                ev(1, 7, 8, Op::Read, 8, 4),
+                // Pool 0 written over, then a real hole (seq 9).
+                ev(0, 7, 6, Op::Alloc, 0, 64),
+                ev(0, 8, 6, Op::Write, 0, 64),
+                ev(0, 10, 7, Op::Alloc, 0, 4),
+                ev(0, 11, 7, Op::Read, 0, 4),
+            ],
+        );
+        assert!(live.view_holes.is_empty(), "handed over with the batch");
+        let Closed { engine, detector } = live.finish().unwrap();
+        detector.close();
+        let m = &live.metrics;
+        assert_eq!(engine.gaps.len(), 3, "{:?}", engine.gaps);
+        assert_eq!(m.reads_unverified.get(), 2, "requests 3 and 8");
+        assert_eq!(engine.tainted_slots(0), 0, "written over");
+        assert_eq!(engine.tainted_slots(1), 4, "the copy's slots");
+        let mut alerted: Vec<u64> = std::fs::read_to_string(&alerts)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["unmapped"]["trigger"] == "first_foreign_read")
+            .map(|v| v["unmapped"]["request_id"].as_u64().unwrap())
+            .collect();
+        alerted.sort();
+        assert_eq!(alerted, vec![5, 7], "the real holes' reads");
+        assert_eq!(m.alerts.get(), 2);
+    }
+
+    #[test]
+    fn dropped_seqs_merge_into_ranges_per_pool_and_stay_bounded() {
+        let mut h = ViewHoles::new();
+        let e = |pool, seq| KvEvent {
+            seq,
+            ..ev_plain(pool)
+        };
+        note_dropped(&mut h, &[e(0, 5), e(0, 6), e(1, 2), e(0, 7), e(0, 9)]);
+        assert_eq!(h[&0], vec![(5, 7), (9, 9)]);
+        assert_eq!(h[&1], vec![(2, 2)]);
+        let spread: Vec<KvEvent> = (0..3 * VIEW_HOLES_SENT as u64)
+            .map(|k| e(2, 10 + 2 * k))
+            .collect();
+        note_dropped(&mut h, &spread);
+        assert_eq!(h[&2].len(), VIEW_HOLES_SENT);
+        let last = *h[&2].last().unwrap();
+        assert_eq!(
+            last.1,
+            10 + 2 * (3 * VIEW_HOLES_SENT as u64 - 1),
+            "covers the end"
+        );
+        // Every dropped seq stays covered.
+        for x in &spread {
+            assert!(
+                h[&2].iter().any(|r| r.0 <= x.seq && x.seq <= r.1),
+                "{}",
+                x.seq
+            );
+        }
+    }
+
+    fn ev_plain(pool: u16) -> KvEvent {
+        ev(pool, 0, 1, Op::Write, 0, 1)
+    }
 }

@@ -25,6 +25,17 @@
 //!
 //! Seq holes are marked exactly as the scheduler marks them (a first event
 //! above seq 0, a jump), so reads after a hole are uncertain as in scope.
+//!
+//! Where the live view's uncertainty is its own (the trace is exact), the
+//! slots are tainted: the destination of a copy taken from its source's
+//! current content, every slot of a pool when the live queue dropped
+//! events inside a hole the view marks (`view_dropped`), and a copy's
+//! destination when its source slots were tainted. A `write` or `scrub`
+//! clears its slots (their content is the event's), a copy sets or clears
+//! its destination by its source. A read of tainted slots is
+//! view-suspect: the detector does not alert on its uncertain foreign
+//! runs (it counts them), but still alerts on its certain ones. Every
+//! other uncertain read is alerted as scope would report it.
 //! Memory: the backend's touched slots, the queues (bounded), the captured
 //! copies in flight and the exposure sets; never the trace's length.
 
@@ -34,9 +45,10 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
 use crate::lineage::cpu::CpuBackend;
+use crate::lineage::intervals::IntervalSet;
 use crate::lineage::rule::changes_content;
 use crate::lineage::{Exposures, Gap, LineageOutcome};
-use crate::schema::KvEvent;
+use crate::schema::{KvEvent, Op};
 use crate::trace::manifest::Deployment;
 
 /// Bounds of the live replay.
@@ -79,15 +91,26 @@ struct PoolLive {
     /// before_seq of the latest hole marked.
     last_gap: Option<u64>,
     history: History,
+    /// Slots whose content the live view may have wrong where the trace
+    /// has it right (`Engine::view_suspect`).
+    tainted: IntervalSet,
+    /// Seq ranges (inclusive) the live queue dropped, not yet passed.
+    view_holes: VecDeque<(u64, u64)>,
+    capacity: u64,
 }
+
+/// Seq ranges of dropped events a pool keeps at most; past it the last
+/// two merge (a wider range only taints more).
+const VIEW_HOLES_KEPT: usize = 1024;
 
 /// What one pool's latest content-changing events found in their slots,
 /// oldest first: an entry per event, its prior content as runs of equal
 /// slot values in a shared queue.
 #[derive(Default)]
 struct History {
-    /// (seq, slot_start, slot_count, runs).
-    entries: VecDeque<(u64, u32, u32, u32)>,
+    /// (seq, slot_start, slot_count, runs, whether some of its slots were
+    /// tainted just before it).
+    entries: VecDeque<(u64, u32, u32, u32, bool)>,
     runs: VecDeque<(u32, SlotVal)>,
     /// Every content-changing event after this seq is in `entries` (None:
     /// since the pool's first event).
@@ -95,15 +118,21 @@ struct History {
 }
 
 impl History {
-    /// Keeps event `e`'s prior content `prior`, dropping the oldest past
-    /// `max` entries (or four runs an entry).
-    fn push(&mut self, e: &KvEvent, prior: &Payload, max: usize) {
+    /// Keeps event `e`'s prior content `prior` (and whether it was
+    /// tainted), dropping the oldest past `max` entries (or four runs an
+    /// entry).
+    fn push(&mut self, e: &KvEvent, prior: &Payload, tainted: bool, max: usize) {
         let runs = prior.runs();
-        self.entries
-            .push_back((e.seq, e.slot_start, e.slot_count, runs.len() as u32));
+        self.entries.push_back((
+            e.seq,
+            e.slot_start,
+            e.slot_count,
+            runs.len() as u32,
+            tainted,
+        ));
         self.runs.extend(runs.iter().copied());
         while self.entries.len() > max || self.runs.len() > 4 * max {
-            let Some((seq, _, _, n)) = self.entries.pop_front() else {
+            let Some((seq, _, _, n, _)) = self.entries.pop_front() else {
                 break;
             };
             self.runs.drain(..n as usize);
@@ -112,19 +141,22 @@ impl History {
     }
 
     /// Undoes, in `vals` (the current content of slots `a..a + vals.len()`),
-    /// every kept event after `seq`, newest first; false when the history
-    /// does not reach back to `seq`.
-    fn undo_after(&self, seq: u64, a: u64, vals: &mut [SlotVal]) -> bool {
+    /// every kept event after `seq`, newest first: None when the history
+    /// does not reach back to `seq`, else whether an undone event's slots
+    /// were tainted before it.
+    fn undo_after(&self, seq: u64, a: u64, vals: &mut [SlotVal]) -> Option<bool> {
         if self.after.is_some_and(|after| seq < after) {
-            return false;
+            return None;
         }
+        let mut tainted = false;
         let b = a + vals.len() as u64;
         let from = self.entries.partition_point(|x| x.0 <= seq);
         let mut end = self.runs.len();
         for k in (0..self.entries.len()).rev() {
-            let (_, start, count, n) = self.entries[k];
+            let (_, start, count, n, was_tainted) = self.entries[k];
             let first = end - n as usize;
             if k >= from && (start as u64) < b && a < start as u64 + count as u64 {
+                tainted |= was_tainted;
                 let mut s = start as u64;
                 for i in first..end {
                     let (len, v) = self.runs[i];
@@ -140,9 +172,13 @@ impl History {
             }
             end = first;
         }
-        true
+        Some(tainted)
     }
 }
+
+/// Takes a batch's unclean read runs and its view-suspect read events
+/// ((pool, seq), in seq order).
+pub type OnRuns<'a> = dyn FnMut(&[ReadRun], &[(u16, u64)]) + 'a;
 
 /// A copy that arrived, waiting for its source to be captured:
 /// (src_seq, dst_pool, dst_seq) -> (src_slot_start, slot_count).
@@ -180,6 +216,11 @@ pub struct Engine {
     /// end, disjoint).
     touched: BTreeMap<u64, u64>,
     vals: Vec<SlotVal>,
+    /// Captured copies whose source slots were tainted: (dst_pool, dst_seq).
+    tainted_payloads: BTreeSet<(u16, u64)>,
+    /// The read events of the batch just applied that read tainted slots
+    /// (pool, seq), in seq order.
+    suspect: Vec<(u16, u64)>,
 }
 
 impl Engine {
@@ -188,7 +229,13 @@ impl Engine {
         let mut pools = BTreeMap::new();
         for p in &deployment.pools {
             backend.add_pool(p.id, p.capacity_tokens, from_engine_start)?;
-            pools.insert(p.id, PoolLive::default());
+            pools.insert(
+                p.id,
+                PoolLive {
+                    capacity: p.capacity_tokens,
+                    ..PoolLive::default()
+                },
+            );
         }
         Ok(Engine {
             backend,
@@ -210,6 +257,8 @@ impl Engine {
             scratch: Payload::default(),
             touched: BTreeMap::new(),
             vals: Vec::new(),
+            tainted_payloads: BTreeSet::new(),
+            suspect: Vec::new(),
         })
     }
 
@@ -258,17 +307,34 @@ impl Engine {
         }
     }
 
-    /// Whether this view has left the trace's exact history: a copy taken
-    /// from its source's current content (late) or given up waiting. Its
-    /// uncertain reads may then be its own doing, not the engine's.
-    pub fn inexact(&self) -> bool {
-        self.copies_late > 0 || self.copies_timed_out > 0
+    /// The live queue dropped pool `pool`'s events with seqs `lo..=hi`
+    /// (the trace has them). The hole the view marks over them taints
+    /// every slot of the pool: call before pushing the events after them.
+    pub fn view_dropped(&mut self, pool: u16, lo: u64, hi: u64) {
+        let Some(p) = self.pools.get_mut(&pool) else {
+            return;
+        };
+        match p.view_holes.back_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => p.view_holes.push_back((lo, hi)),
+        }
+        if p.view_holes.len() > VIEW_HOLES_KEPT {
+            let (_, hi) = p.view_holes.pop_back().expect("over the bound");
+            let last = p.view_holes.back_mut().expect("over the bound");
+            last.1 = last.1.max(hi);
+        }
+    }
+
+    /// Slots of pool `pool` the view holds tainted (tests, metrics).
+    pub fn tainted_slots(&self, pool: u16) -> u64 {
+        self.pools.get(&pool).map_or(0, |p| p.tainted.len())
     }
 
     /// Applies what is ripe (older than the holdback, or over the queue
     /// bound; everything when `closing`), handing each batch's unclean
-    /// read runs to `on_runs`, with whether the view is [`Engine::inexact`].
-    pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut dyn FnMut(&[ReadRun], bool)) {
+    /// read runs to `on_runs` with the batch's view-suspect read events
+    /// ((pool, seq) in seq order: they read tainted slots).
+    pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut OnRuns) {
         if self.stopped.is_some() {
             return;
         }
@@ -282,12 +348,7 @@ impl Engine {
         }
     }
 
-    fn pump_inner(
-        &mut self,
-        now: Instant,
-        closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun], bool),
-    ) -> Result<()> {
+    fn pump_inner(&mut self, now: Instant, closing: bool, on_runs: &mut OnRuns) -> Result<()> {
         let ids: Vec<u16> = self.pools.keys().copied().collect();
         loop {
             let mut moved = false;
@@ -315,6 +376,7 @@ impl Engine {
             self.finish_captures(q, u64::MAX, true)?;
         }
         self.payloads.clear();
+        self.tainted_payloads.clear();
         self.gaps
             .sort_by_key(|g| (g.pool, g.after_seq, g.before_seq));
         Ok(())
@@ -340,8 +402,23 @@ impl Engine {
             None if seq > 0 => Some(None),
             _ => None,
         };
+        let p = self.pools.get_mut(&id).expect("declared");
+        // Dropped ranges this hole passes: a hole over one is the view's.
+        let from = last.map_or(0, |l| l + 1);
+        let mut dropped = false;
+        while let Some(&(lo, hi)) = p.view_holes.front() {
+            if lo >= seq {
+                break;
+            }
+            dropped |= gap.is_some() && hi >= from;
+            p.view_holes.pop_front();
+        }
+        if dropped {
+            let cap = p.capacity;
+            p.tainted.insert(0, cap);
+        }
         if let Some(after_seq) = gap {
-            self.pools.get_mut(&id).expect("declared").last_gap = Some(seq);
+            p.last_gap = Some(seq);
             self.gaps.push(Gap {
                 pool: id,
                 after_seq,
@@ -385,6 +462,32 @@ impl Engine {
                 .capture(q, start, count, lost, &mut self.scratch)?;
             self.payloads
                 .insert((dst_pool, dst_seq), std::mem::take(&mut self.scratch));
+            // Captured across a hole the live queue made (the view marks
+            // it just after), or from tainted slots: the copy is tainted.
+            let p = &self.pools[&q];
+            let view_hole = lost
+                && p.view_holes
+                    .iter()
+                    .any(|&(lo, hi)| lo <= src_seq && last.is_none_or(|l| hi > l));
+            if view_hole
+                || p.tainted
+                    .intersects(u64::from(start), u64::from(start) + u64::from(count))
+            {
+                self.tainted_payloads.insert((dst_pool, dst_seq));
+            }
+        }
+    }
+
+    /// Copy `e` into pool `id` applies: its destination is tainted when
+    /// its payload is, and given exact content otherwise.
+    fn taint_copy(&mut self, id: u16, e: &KvEvent) {
+        let tainted = self.tainted_payloads.remove(&(id, e.seq));
+        let p = self.pools.get_mut(&id).expect("declared");
+        let (a, b) = (u64::from(e.slot_start), e.slot_end());
+        if tainted {
+            p.tainted.insert(a, b);
+        } else {
+            p.tainted.remove(a, b);
         }
     }
 
@@ -396,7 +499,7 @@ impl Engine {
         until: Option<u64>,
         now: Instant,
         closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun], bool),
+        on_runs: &mut OnRuns,
     ) -> Result<bool> {
         let mut moved = false;
         loop {
@@ -462,9 +565,10 @@ impl Engine {
             self.pools.get_mut(&id).expect("declared").last = prev;
             if !self.runs.is_empty() {
                 self.exposures.add_runs(&self.runs);
-                on_runs(&self.runs, self.inexact());
+                on_runs(&self.runs, &self.suspect);
                 self.runs.clear();
             }
+            self.suspect.clear();
             moved = true;
         }
     }
@@ -477,7 +581,7 @@ impl Engine {
         e: KvEvent,
         now: Instant,
         closing: bool,
-        on_runs: &mut dyn FnMut(&[ReadRun], bool),
+        on_runs: &mut OnRuns,
     ) -> Result<bool> {
         let src = e.src.expect("a copy");
         let key = (id, e.seq);
@@ -522,7 +626,8 @@ impl Engine {
         }
         let payload = self.payloads.remove(&key).expect("captured above");
         self.gap_before(id, e.seq);
-        self.keep_prior(id, &e)?;
+        self.keep_prior(id, &e, self.dst_tainted(id, &e))?;
+        self.taint_copy(id, &e);
         self.backend
             .apply_copy(id, &e, &payload, &mut self.counters)?;
         let p = self.pools.get_mut(&id).expect("declared");
@@ -543,20 +648,36 @@ impl Engine {
     /// Applies a batch of plain events of pool `id`, keeping each
     /// content-changing event's prior content: the batch is cut before an
     /// event whose extent overlaps an earlier one's, so what is kept is
-    /// what the slots held just before that event.
+    /// what the slots held just before that event. Follows the taint in
+    /// the batch's order: a read of tainted slots is view-suspect, a
+    /// `write` or `scrub` clears its slots.
     fn apply_kept(&mut self, id: u16, batch: &[KvEvent]) -> Result<()> {
-        if self.bounds.history == 0 {
+        let history = self.bounds.history > 0;
+        if !history && self.pools[&id].tainted.is_empty() {
             return self
                 .backend
                 .apply(id, batch, &mut self.runs, &mut self.counters);
         }
         self.touched.clear();
         let mut from = 0;
+        // A plain batch only clears taint: none now, none in the batch.
+        let mut any_taint = !self.pools[&id].tainted.is_empty();
         for (k, e) in batch.iter().enumerate() {
-            if !changes_content(e.op) || e.slot_count == 0 {
+            let (a, b) = (u64::from(e.slot_start), e.slot_end());
+            let mut tainted = false;
+            if any_taint {
+                let p = self.pools.get_mut(&id).expect("declared");
+                tainted = p.tainted.intersects(a, b);
+                match e.op {
+                    Op::Read if tainted => self.suspect.push((id, e.seq)),
+                    Op::Write | Op::Scrub if tainted => p.tainted.remove(a, b),
+                    _ => {}
+                }
+                any_taint = !p.tainted.is_empty();
+            }
+            if !history || !changes_content(e.op) || e.slot_count == 0 {
                 continue;
             }
-            let (a, b) = (u64::from(e.slot_start), e.slot_end());
             let overlaps = self
                 .touched
                 .range(..b)
@@ -568,15 +689,16 @@ impl Engine {
                 from = k;
                 self.touched.clear();
             }
-            self.keep_prior(id, e)?;
+            self.keep_prior(id, e, tainted)?;
             self.touched.insert(a, b);
         }
         self.backend
             .apply(id, &batch[from..], &mut self.runs, &mut self.counters)
     }
 
-    /// Keeps what event `e`'s slots of pool `id` hold before it applies.
-    fn keep_prior(&mut self, id: u16, e: &KvEvent) -> Result<()> {
+    /// Keeps what event `e`'s slots of pool `id` hold before it applies,
+    /// and whether they were tainted (`tainted`).
+    fn keep_prior(&mut self, id: u16, e: &KvEvent, tainted: bool) -> Result<()> {
         if self.bounds.history == 0 || e.slot_count == 0 {
             return Ok(());
         }
@@ -584,8 +706,15 @@ impl Engine {
             .capture(id, e.slot_start, e.slot_count, false, &mut self.scratch)?;
         let max = self.bounds.history;
         let p = self.pools.get_mut(&id).expect("declared");
-        p.history.push(e, &self.scratch, max);
+        p.history.push(e, &self.scratch, tainted, max);
         Ok(())
+    }
+
+    /// Whether any of copy `e`'s destination slots are tainted now.
+    fn dst_tainted(&self, id: u16, e: &KvEvent) -> bool {
+        self.pools[&id]
+            .tainted
+            .intersects(u64::from(e.slot_start), e.slot_end())
     }
 
     /// The copy `e`, whose source pool had moved past `src_seq` when it
@@ -614,16 +743,22 @@ impl Engine {
         self.vals.clear();
         self.vals.extend(self.scratch.iter());
         let p = &self.pools[&src.pool];
-        if !p
-            .history
-            .undo_after(src.seq, u64::from(src.slot_start), &mut self.vals)
-        {
+        let Some(undone_tainted) =
+            p.history
+                .undo_after(src.seq, u64::from(src.slot_start), &mut self.vals)
+        else {
             return Ok(false);
-        }
+        };
         self.scratch.clear();
         self.scratch.extend(self.vals.iter().copied());
         self.payloads
             .insert((e.pool, e.seq), std::mem::take(&mut self.scratch));
+        // Tainted as of src_seq: an undone event's slots were, or the
+        // slots are now (those changed since only add to it).
+        let a = u64::from(src.slot_start);
+        if undone_tainted || p.tainted.intersects(a, a + u64::from(e.slot_count)) {
+            self.tainted_payloads.insert((e.pool, e.seq));
+        }
         Ok(true)
     }
 
@@ -640,6 +775,7 @@ impl Engine {
         )?;
         self.payloads
             .insert((id, e.seq), std::mem::take(&mut self.scratch));
+        self.tainted_payloads.insert((id, e.seq));
         Ok(())
     }
 
@@ -659,7 +795,8 @@ impl Engine {
         }
         let payload = self.payloads.remove(&(id, e.seq)).expect("captured");
         self.gap_before(id, e.seq);
-        self.keep_prior(id, &e)?;
+        self.keep_prior(id, &e, self.dst_tainted(id, &e))?;
+        self.taint_copy(id, &e);
         self.backend
             .apply_copy(id, &e, &payload, &mut self.counters)?;
         let p = self.pools.get_mut(&id).expect("declared");
@@ -690,5 +827,161 @@ impl Engine {
             .filter(|(_, p)| p.last.is_some())
             .map(|(&id, _)| id)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::CopySrc;
+
+    fn ev(pool: u16, seq: u64, rid: u64, op: Op, start: u32, count: u32) -> KvEvent {
+        KvEvent {
+            pool,
+            seq,
+            ts_ns: seq as i64,
+            request_id: rid,
+            op,
+            slot_start: start,
+            slot_count: count,
+            src: None,
+            token_pos: None,
+        }
+    }
+
+    fn engine() -> Engine {
+        let d: Deployment = serde_json::from_value(serde_json::json!({
+            "name": "t", "engine": "test", "context_window": 4096,
+            "pools": [
+                {"id": 0, "role": "prefill", "capacity_tokens": 16, "page_size": 1},
+                {"id": 1, "role": "decode", "capacity_tokens": 16, "page_size": 1}
+            ]
+        }))
+        .unwrap();
+        let bounds = Bounds {
+            holdback: Duration::ZERO,
+            ..Bounds::default()
+        };
+        Engine::new(&d, true, bounds).unwrap()
+    }
+
+    /// Pumps, returning the view-suspect reads and the uncertain foreign
+    /// read runs' (pool, seq).
+    type Reads = Vec<(u16, u64)>;
+
+    fn pump(e: &mut Engine, closing: bool) -> (Reads, Reads) {
+        let (mut suspect, mut uncertain) = (Vec::new(), Vec::new());
+        e.pump(Instant::now(), closing, &mut |runs, s| {
+            suspect.extend_from_slice(s);
+            uncertain.extend(
+                runs.iter()
+                    .filter(|r| r.kind == crate::lineage::ReadKind::Foreign && r.uncertain)
+                    .map(|r| (r.pool, r.seq)),
+            );
+        });
+        uncertain.dedup();
+        (suspect, uncertain)
+    }
+
+    /// Pool 0's seq 2 was dropped by the live queue: its hole taints the
+    /// pool; request 4's write clears slots 0..4. A copy of those slots
+    /// as of seq 3 that arrives after pool 0 moved on is rebuilt from the
+    /// history, and the history kept that they were tainted then: the
+    /// copy's read is view-suspect. The same trace with seq 2 lost in the
+    /// trace (no drop) is a real hole: the read is uncertain, not suspect.
+    #[test]
+    fn a_rebuilt_copy_carries_the_taint_its_source_had_at_src_seq() {
+        for dropped in [true, false] {
+            let mut e = engine();
+            if dropped {
+                e.view_dropped(0, 2, 2);
+            }
+            let at = Instant::now();
+            for x in [
+                ev(0, 0, 1, Op::Alloc, 0, 4),
+                ev(0, 1, 1, Op::Write, 0, 4),
+                ev(0, 3, 3, Op::Alloc, 0, 4),
+                ev(0, 4, 4, Op::Write, 0, 8),
+            ] {
+                e.push(x, at);
+            }
+            assert_eq!(pump(&mut e, false), (vec![], vec![]));
+            assert_eq!(e.tainted_slots(0), if dropped { 8 } else { 0 });
+            let copy = KvEvent {
+                src: Some(CopySrc {
+                    pool: 0,
+                    slot_start: 0,
+                    seq: 3,
+                }),
+                ..ev(1, 1, 5, Op::Write, 0, 4)
+            };
+            for x in [
+                ev(1, 0, 5, Op::Alloc, 0, 4),
+                copy,
+                ev(1, 2, 5, Op::Read, 0, 4),
+            ] {
+                e.push(x, at);
+            }
+            let (suspect, uncertain) = pump(&mut e, true);
+            assert_eq!(e.copies_rebuilt, 1);
+            assert_eq!(uncertain, vec![(1, 2)], "request 1's KV after a hole");
+            let want: Vec<(u16, u64)> = if dropped { vec![(1, 2)] } else { vec![] };
+            assert_eq!(suspect, want, "dropped {dropped}");
+            assert_eq!(e.tainted_slots(1), if dropped { 4 } else { 0 });
+        }
+    }
+
+    /// A late copy (no history) is tainted; a later exact copy over the
+    /// same destination clears it, and a write clears what it writes.
+    #[test]
+    fn copies_set_and_clear_their_destinations_taint() {
+        let mut e = Engine::new(
+            &serde_json::from_value(serde_json::json!({
+                "name": "t", "engine": "test", "context_window": 4096,
+                "pools": [
+                    {"id": 0, "role": "prefill", "capacity_tokens": 16, "page_size": 1},
+                    {"id": 1, "role": "decode", "capacity_tokens": 16, "page_size": 1}
+                ]
+            }))
+            .unwrap(),
+            true,
+            Bounds {
+                holdback: Duration::ZERO,
+                history: 0,
+                ..Bounds::default()
+            },
+        )
+        .unwrap();
+        let at = Instant::now();
+        for x in [
+            ev(0, 0, 1, Op::Alloc, 0, 4),
+            ev(0, 1, 1, Op::Write, 0, 4),
+            ev(0, 2, 2, Op::Write, 0, 4),
+        ] {
+            e.push(x, at);
+        }
+        pump(&mut e, false);
+        let copy = |seq, src_seq| KvEvent {
+            src: Some(CopySrc {
+                pool: 0,
+                slot_start: 0,
+                seq: src_seq,
+            }),
+            ..ev(1, seq, 1, Op::Write, 0, 4)
+        };
+        e.push(copy(0, 1), at);
+        pump(&mut e, false);
+        assert_eq!((e.copies_late, e.tainted_slots(1)), (1, 4));
+        // Registered before its source gets there: exact.
+        e.push(copy(1, 3), at);
+        e.push(ev(0, 3, 3, Op::Write, 0, 4), at);
+        pump(&mut e, false);
+        assert_eq!((e.copies_late, e.tainted_slots(1)), (1, 0));
+        e.push(copy(2, 1), at);
+        pump(&mut e, false);
+        assert_eq!((e.copies_late, e.tainted_slots(1)), (2, 4));
+        e.push(ev(1, 3, 1, Op::Write, 1, 2), at);
+        pump(&mut e, true);
+        assert_eq!(e.tainted_slots(1), 2);
     }
 }
