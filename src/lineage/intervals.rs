@@ -56,39 +56,6 @@ impl IntervalSet {
         &self.ranges
     }
 
-    /// Removes `[a, b)`.
-    pub fn remove(&mut self, a: u64, b: u64) {
-        if a >= b {
-            return;
-        }
-        // first range that ends after a; ranges from there up to b change
-        let i = self.ranges.partition_point(|r| r.1 <= a);
-        let mut j = i;
-        let mut keep: [Option<(u64, u64)>; 2] = [None, None];
-        while j < self.ranges.len() && self.ranges[j].0 < b {
-            let (lo, hi) = self.ranges[j];
-            if lo < a {
-                keep[0] = Some((lo, a));
-            }
-            if hi > b {
-                keep[1] = Some((b, hi));
-            }
-            j += 1;
-        }
-        if i < j {
-            self.ranges.splice(i..j, keep.into_iter().flatten());
-        }
-    }
-
-    /// Whether any slot of `[a, b)` is in the set.
-    pub fn intersects(&self, a: u64, b: u64) -> bool {
-        if a >= b {
-            return false;
-        }
-        let i = self.ranges.partition_point(|r| r.1 <= a);
-        self.ranges.get(i).is_some_and(|r| r.0 < b)
-    }
-
     pub fn contains(&self, s: u64) -> bool {
         let i = self.ranges.partition_point(|r| r.1 <= s);
         self.ranges.get(i).is_some_and(|r| r.0 <= s)
@@ -120,42 +87,6 @@ mod tests {
             assert_eq!(s.len(), naive.len() as u64);
             for x in 0..12 {
                 assert_eq!(s.contains(x), naive.contains(&x), "{x}");
-            }
-        }
-    }
-
-    #[test]
-    fn remove_and_intersects_agree_with_a_set() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
-        for _ in 0..200 {
-            let mut s = IntervalSet::new();
-            let mut naive = std::collections::BTreeSet::new();
-            for _ in 0..12 {
-                let a = next(40);
-                let b = a + next(10);
-                if next(2) == 0 {
-                    s.insert(a, b);
-                    naive.extend(a..b);
-                } else {
-                    s.remove(a, b);
-                    for x in a..b {
-                        naive.remove(&x);
-                    }
-                }
-                assert_eq!(s.len(), naive.len() as u64, "{:?}", s.ranges());
-                assert!(s.ranges().windows(2).all(|w| w[0].1 < w[1].0));
-                assert!(s.ranges().iter().all(|r| r.0 < r.1));
-                for x in 0..52 {
-                    assert_eq!(s.contains(x), naive.contains(&x), "{x}");
-                }
-                let (c, d) = (next(50), next(50));
-                assert_eq!(s.intersects(c, d), (c..d).any(|x| naive.contains(&x)));
             }
         }
     }

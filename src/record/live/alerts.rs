@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use super::alertmanager::{AmAlert, Delivery};
 use super::metrics::Metrics;
+use super::state::Suspect;
 use crate::error::{Error, Result};
 use crate::lineage::{ReadKind, ReadRun};
 use crate::record::wire::{GuardAction, GuardDecision, GuardVerdict};
@@ -424,14 +425,15 @@ impl Detector {
     }
 
     /// The unclean read runs of one batch of the live replay. `suspect`:
-    /// the batch's read events (pool, seq, in seq order) that read slots
-    /// whose content the live view may have wrong where the trace has it
-    /// right (its queue dropped events, a copy was late or timed out:
-    /// `state::Engine`'s taint). Their foreign runs that are only
-    /// uncertain may be the view's own doing: counted
-    /// (`reads_unverified`), not alerted; certain ones still are. Every
-    /// other uncertain run is alerted, as scope reports it.
-    pub fn runs(&mut self, runs: &[ReadRun], suspect: &[(u16, u64)]) {
+    /// the pieces of slots the batch's read events read (pool, seq,
+    /// start, end; in seq order) whose content the live view may have
+    /// wrong where the trace has it right (its queue dropped events, a
+    /// copy was late or timed out: `state`'s taint). A foreign run on
+    /// them that is only uncertain may be the view's own doing: its read
+    /// is counted (`reads_unverified`), the run not alerted; certain runs
+    /// still are. Every other uncertain run is alerted, as scope reports
+    /// it.
+    pub fn runs(&mut self, runs: &[ReadRun], suspect: &[Suspect]) {
         let mut i = 0;
         while i < runs.len() {
             // The runs of one read event lie together.
@@ -440,18 +442,32 @@ impl Detector {
             while j < runs.len() && (runs[j].seq, runs[j].pool) == (r0.seq, r0.pool) {
                 j += 1;
             }
-            let s = suspect.binary_search(&(r0.pool, r0.seq)).is_ok();
-            self.event_runs(&runs[i..j], s);
+            let lo = suspect.partition_point(|s| (s.0, s.1) < (r0.pool, r0.seq));
+            let hi = lo + suspect[lo..].partition_point(|s| (s.0, s.1) == (r0.pool, r0.seq));
+            self.event_runs(&runs[i..j], &suspect[lo..hi]);
             i = j;
         }
     }
 
-    fn event_runs(&mut self, runs: &[ReadRun], suspect: bool) {
+    fn event_runs(&mut self, runs: &[ReadRun], tainted: &[Suspect]) {
         let reader = runs[0].reader;
         // Per source: tokens, whether all are certain, the certain tokens.
         let mut foreign: BTreeMap<u64, (u64, bool, u64)> = BTreeMap::new();
+        let mut unverified = false;
         for r in runs {
             match r.kind {
+                ReadKind::Foreign
+                    if r.uncertain
+                        && reader != ENGINE_REQUEST
+                        && tainted.iter().any(|t| {
+                            u64::from(r.slot_start) < t.3
+                                && t.2 < u64::from(r.slot_start) + u64::from(r.count)
+                        }) =>
+                {
+                    // Uncertain on slots the view may have wrong: not
+                    // this read's finding.
+                    unverified = true;
+                }
                 ReadKind::Foreign => {
                     let f = foreign.entry(r.source).or_insert((0, true, 0));
                     f.0 += r.count as u64;
@@ -486,13 +502,8 @@ impl Detector {
         if self.pending_hits.contains_key(&reader) {
             self.try_prefix(reader);
         }
-        if suspect && reader != ENGINE_REQUEST && foreign.values().any(|v| !v.1) {
-            // What is certain stands; the rest is unverified, not alerted.
+        if unverified {
             self.metrics.reads_unverified.inc();
-            foreign.retain(|_, v| v.2 > 0);
-            for v in foreign.values_mut() {
-                *v = (v.2, true, v.2);
-            }
         }
         if foreign.is_empty() || reader == ENGINE_REQUEST {
             return;

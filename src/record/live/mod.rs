@@ -22,6 +22,7 @@ pub mod alerts;
 pub mod compare;
 pub mod metrics;
 pub mod state;
+pub mod taint;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -451,6 +452,15 @@ impl Live {
     /// everything held.
     fn finish(&mut self) -> Result<Closed> {
         self.flush();
+        if !self.view_holes.is_empty()
+            && let Some(tx) = self.tx.as_ref()
+        {
+            // Dropped ranges no later batch carried: the view must still
+            // know them (a copy whose source lies in them is taken at
+            // close). The thread is joined next anyway: wait for room.
+            let holes = std::mem::take(&mut self.view_holes);
+            let _ = tx.send(Msg::Events(Vec::new(), Instant::now(), holes));
+        }
         self.tx.take();
         self.thread
             .take()
@@ -677,6 +687,177 @@ mod tests {
         alerted.sort();
         assert_eq!(alerted, vec![5, 7], "the real holes' reads");
         assert_eq!(m.alerts.get(), 2);
+    }
+
+    /// A dropped batch that no later batch follows (only close): its seq
+    /// ranges still reach the live view, so a copy whose source seq lies
+    /// in them, taken at close as a late source, is tainted and its read
+    /// does not page.
+    #[test]
+    fn dropped_ranges_pending_at_close_still_taint() {
+        let dir = tempfile::tempdir().unwrap();
+        let alerts = dir.path().join("alerts.jsonl");
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "name": "t", "engine": "test", "context_window": 4096,
+            "pools": [
+                {"id": 0, "role": "prefill", "capacity_tokens": 64, "page_size": 1},
+                {"id": 1, "role": "decode", "capacity_tokens": 64, "page_size": 1}
+            ]
+        }))
+        .unwrap();
+        let opts = LiveOptions {
+            alerts: Some(AlertTarget::File(alerts.clone())),
+            queue_batches: 1,
+            bounds: Bounds {
+                holdback: Duration::ZERO,
+                ..Bounds::default()
+            },
+            ..LiveOptions::default()
+        };
+        let (gate, gated) = sync_channel(1);
+        let mut live = Live::start_gated(
+            &opts,
+            &deployment,
+            true,
+            false,
+            Arc::new(Default::default()),
+            Some(gated),
+        )
+        .unwrap();
+        let send = |live: &mut Live, evs: &[KvEvent]| {
+            for e in evs {
+                live.event(*e);
+            }
+            live.flush();
+        };
+        let copy = KvEvent {
+            src: Some(CopySrc {
+                pool: 0,
+                slot_start: 0,
+                seq: 3,
+            }),
+            ..ev(1, 1, 2, Op::Write, 0, 4)
+        };
+        // Taken: request 2's copy (its connection read first) and read,
+        // request 1's first events in pool 0.
+        send(
+            &mut live,
+            &[
+                ev(1, 0, 2, Op::Alloc, 0, 4),
+                copy,
+                ev(1, 2, 2, Op::Read, 0, 4),
+                ev(0, 0, 1, Op::Alloc, 0, 4),
+                ev(0, 1, 1, Op::Write, 0, 4),
+            ],
+        );
+        // Dropped: request 2's prefill in pool 0 (the copy's source).
+        send(
+            &mut live,
+            &[ev(0, 2, 2, Op::Alloc, 0, 4), ev(0, 3, 2, Op::Write, 0, 4)],
+        );
+        assert_eq!(live.dropped, 2);
+        gate.send(()).unwrap();
+        let Closed { engine, detector } = live.finish().unwrap();
+        detector.close();
+        let m = &live.metrics;
+        let alerted: Vec<u64> = std::fs::read_to_string(&alerts)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["unmapped"]["trigger"] == "first_foreign_read")
+            .map(|v| v["unmapped"]["request_id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            alerted,
+            Vec::<u64>::new(),
+            "clean trace paged; late_sources {:?} tainted(1) {} unverified {}",
+            engine.late_sources,
+            engine.tainted_slots(1),
+            m.reads_unverified.get()
+        );
+    }
+
+    /// One read over slots the view has tainted (a dropped batch) and
+    /// slots a real hole made uncertain: the tainted run is counted, the
+    /// other alerted, naming only its own source.
+    #[test]
+    fn a_read_alerts_its_real_uncertain_runs_beside_tainted_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let alerts = dir.path().join("alerts.jsonl");
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "name": "t", "engine": "test", "context_window": 4096,
+            "pools": [{"id": 0, "role": "mixed", "capacity_tokens": 64, "page_size": 1}]
+        }))
+        .unwrap();
+        let opts = LiveOptions {
+            alerts: Some(AlertTarget::File(alerts.clone())),
+            queue_batches: 1,
+            bounds: Bounds {
+                holdback: Duration::ZERO,
+                ..Bounds::default()
+            },
+            ..LiveOptions::default()
+        };
+        let (gate, gated) = sync_channel(1);
+        let mut live = Live::start_gated(
+            &opts,
+            &deployment,
+            true,
+            false,
+            Arc::new(Default::default()),
+            Some(gated),
+        )
+        .unwrap();
+        let send = |live: &mut Live, evs: &[KvEvent]| {
+            for e in evs {
+                live.event(*e);
+            }
+            live.flush();
+        };
+        send(
+            &mut live,
+            &[
+                ev(0, 0, 1, Op::Alloc, 0, 8),
+                ev(0, 1, 1, Op::Write, 0, 8),
+                ev(0, 2, 2, Op::Alloc, 8, 8),
+                ev(0, 3, 2, Op::Write, 8, 8),
+            ],
+        );
+        // Dropped: request 9 writes slots 0..8 (the view keeps request 1's).
+        send(&mut live, &[ev(0, 4, 9, Op::Write, 0, 8)]);
+        assert_eq!(live.dropped, 1);
+        live.wait = true;
+        gate.send(()).unwrap();
+        send(
+            &mut live,
+            &[
+                // Request 2 rewrites its slots (their taint goes).
+                ev(0, 5, 2, Op::Write, 8, 8),
+                // Seq 6 is not in the trace: a real hole. Request 5 reads
+                // all 16 slots: 0..8 tainted, 8..16 uncertain by the hole.
+                ev(0, 7, 5, Op::Alloc, 0, 16),
+                ev(0, 8, 5, Op::Read, 0, 16),
+            ],
+        );
+        let Closed { engine, detector } = live.finish().unwrap();
+        detector.close();
+        let m = &live.metrics;
+        assert_eq!(engine.gaps.len(), 2, "{:?}", engine.gaps);
+        assert_eq!(m.reads_unverified.get(), 1);
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&alerts)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|v: &serde_json::Value| v["unmapped"]["trigger"] == "first_foreign_read")
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let a = lines[0].to_string();
+        assert_eq!(lines[0]["unmapped"]["request_id"], 5, "{a}");
+        assert!(a.contains("possible"), "{a}");
+        let u = &lines[0]["unmapped"];
+        assert_eq!(u["sources"].as_array().map(Vec::len), Some(1), "{a}");
+        assert_eq!(u["sources"][0]["request_id"], 2, "{a}");
+        assert_eq!(u["foreign_tokens"], 8, "only the hole's slots: {a}");
     }
 
     #[test]

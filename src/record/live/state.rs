@@ -45,11 +45,12 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::lineage::backend::{Backend, Counters, Payload, ReadRun, SlotVal};
 use crate::lineage::cpu::CpuBackend;
-use crate::lineage::intervals::IntervalSet;
 use crate::lineage::rule::changes_content;
 use crate::lineage::{Exposures, Gap, LineageOutcome};
 use crate::schema::{KvEvent, Op};
 use crate::trace::manifest::Deployment;
+
+use super::taint::Taint;
 
 /// Bounds of the live replay.
 #[derive(Debug, Clone, Copy)]
@@ -92,8 +93,8 @@ struct PoolLive {
     last_gap: Option<u64>,
     history: History,
     /// Slots whose content the live view may have wrong where the trace
-    /// has it right (`Engine::view_suspect`).
-    tainted: IntervalSet,
+    /// has it right (the module's doc).
+    tainted: Taint,
     /// Seq ranges (inclusive) the live queue dropped, not yet passed.
     view_holes: VecDeque<(u64, u64)>,
     capacity: u64,
@@ -176,9 +177,12 @@ impl History {
     }
 }
 
-/// Takes a batch's unclean read runs and its view-suspect read events
-/// ((pool, seq), in seq order).
-pub type OnRuns<'a> = dyn FnMut(&[ReadRun], &[(u16, u64)]) + 'a;
+/// A piece of tainted slots a read event read: (pool, seq, start, end).
+pub type Suspect = (u16, u64, u64, u64);
+
+/// Takes a batch's unclean read runs and the tainted pieces its read
+/// events read (in seq order).
+pub type OnRuns<'a> = dyn FnMut(&[ReadRun], &[Suspect]) + 'a;
 
 /// A copy that arrived, waiting for its source to be captured:
 /// (src_seq, dst_pool, dst_seq) -> (src_slot_start, slot_count).
@@ -218,9 +222,10 @@ pub struct Engine {
     vals: Vec<SlotVal>,
     /// Captured copies whose source slots were tainted: (dst_pool, dst_seq).
     tainted_payloads: BTreeSet<(u16, u64)>,
-    /// The read events of the batch just applied that read tainted slots
-    /// (pool, seq), in seq order.
-    suspect: Vec<(u16, u64)>,
+    /// The tainted pieces the read events of the batch just applied read,
+    /// in seq order.
+    suspect: Vec<Suspect>,
+    pieces: Vec<(u64, u64)>,
 }
 
 impl Engine {
@@ -259,6 +264,7 @@ impl Engine {
             vals: Vec::new(),
             tainted_payloads: BTreeSet::new(),
             suspect: Vec::new(),
+            pieces: Vec::new(),
         })
     }
 
@@ -332,8 +338,7 @@ impl Engine {
 
     /// Applies what is ripe (older than the holdback, or over the queue
     /// bound; everything when `closing`), handing each batch's unclean
-    /// read runs to `on_runs` with the batch's view-suspect read events
-    /// ((pool, seq) in seq order: they read tainted slots).
+    /// read runs to `on_runs` with the tainted pieces its reads read.
     pub fn pump(&mut self, now: Instant, closing: bool, on_runs: &mut OnRuns) {
         if self.stopped.is_some() {
             return;
@@ -411,6 +416,12 @@ impl Engine {
                 break;
             }
             dropped |= gap.is_some() && hi >= from;
+            if hi > seq {
+                // A merged range spans this seq: what lies after it stays
+                // (holes in it are the queue's, on the safe side).
+                p.view_holes.front_mut().expect("the front").0 = seq + 1;
+                break;
+            }
             p.view_holes.pop_front();
         }
         if dropped {
@@ -669,7 +680,12 @@ impl Engine {
                 let p = self.pools.get_mut(&id).expect("declared");
                 tainted = p.tainted.intersects(a, b);
                 match e.op {
-                    Op::Read if tainted => self.suspect.push((id, e.seq)),
+                    Op::Read if tainted => {
+                        self.pieces.clear();
+                        p.tainted.within(a, b, &mut self.pieces);
+                        self.suspect
+                            .extend(self.pieces.iter().map(|&(x, y)| (id, e.seq, x, y)));
+                    }
                     Op::Write | Op::Scrub if tainted => p.tainted.remove(a, b),
                     _ => {}
                 }
@@ -865,14 +881,15 @@ mod tests {
         Engine::new(&d, true, bounds).unwrap()
     }
 
-    /// Pumps, returning the view-suspect reads and the uncertain foreign
-    /// read runs' (pool, seq).
     type Reads = Vec<(u16, u64)>;
 
+    /// Pumps, returning the read events (pool, seq) that read tainted
+    /// slots and those with uncertain foreign runs.
     fn pump(e: &mut Engine, closing: bool) -> (Reads, Reads) {
         let (mut suspect, mut uncertain) = (Vec::new(), Vec::new());
         e.pump(Instant::now(), closing, &mut |runs, s| {
-            suspect.extend_from_slice(s);
+            suspect.extend(s.iter().map(|x| (x.0, x.1)));
+            suspect.dedup();
             uncertain.extend(
                 runs.iter()
                     .filter(|r| r.kind == crate::lineage::ReadKind::Foreign && r.uncertain)
@@ -983,5 +1000,34 @@ mod tests {
         e.push(ev(1, 3, 1, Op::Write, 1, 2), at);
         pump(&mut e, true);
         assert_eq!(e.tainted_slots(1), 2);
+    }
+
+    /// More than VIEW_HOLES_KEPT dropped ranges pile up for a pool before
+    /// it applies (holdback, a head copy waiting): the last two merge, so
+    /// the last range spans seqs the view took. A hole inside the span is
+    /// still the queue's: the range is kept past each seq taken inside it.
+    #[test]
+    fn a_merged_dropped_range_outlives_the_seqs_taken_inside_it() {
+        let mut e = engine();
+        let at = Instant::now();
+        for k in 0..=1025u64 {
+            e.view_dropped(0, 2 * k + 1, 2 * k + 1);
+        }
+        e.push(ev(0, 0, 1, Op::Alloc, 0, 4), at);
+        for s in (2..=2046).step_by(2) {
+            e.push(ev(0, s, 9, Op::Free, 15, 1), at);
+        }
+        // 2048: request 1 writes slots 0..4 (clears their taint);
+        // 2049 (dropped by the queue, in the trace): request 2 writes them;
+        // 2050: request 2 reads its own KV. Clean in the trace.
+        e.push(ev(0, 2048, 1, Op::Write, 0, 4), at);
+        e.push(ev(0, 2050, 2, Op::Read, 0, 4), at);
+        let (suspect, uncertain) = pump(&mut e, false);
+        assert_eq!(uncertain, vec![(0, 2050)]);
+        assert_eq!(
+            suspect,
+            vec![(0, 2050)],
+            "a view-made hole read as a real one"
+        );
     }
 }
