@@ -568,6 +568,34 @@ fn native_step_lines_match_the_client_and_checks_follow_the_stream() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// The SGLang hook's decode step built natively
+/// (tests/sglang/native_decode.py, no SGLang needed): its one queued item
+/// of lines byte-identical to the per-event path's lines, the guard fed
+/// the same, and holes for unreadable requests.
+#[test]
+fn sglang_native_decode_lines_match_the_per_event_path() {
+    let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {
+        return;
+    };
+    let o = Command::new(py)
+        .arg(root().join("tests/sglang/native_decode.py"))
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([
+                root().join("hooks/sglang/src"),
+                root().join("hooks/client/src"),
+                native,
+            ])
+            .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let f = facts_of(&o, "native_decode.py");
+    assert_eq!(f["failures"], serde_json::json!([]), "{f}");
+    assert_eq!(f["lines"], 12, "{f}");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn guard_vllm_clean_runs_never_trip_and_stale_loads_do() {
     let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {

@@ -192,11 +192,9 @@ fn with_sidecar(
         .arg("ignore")
         .arg(root.join("tests/sglang").join(script))
         .arg(&sock)
-        .env(
-            "PYTHONPATH",
-            std::env::join_paths([root.join("hooks/sglang/src"), root.join("hooks/client/src")])
-                .unwrap(),
-        )
+        // With the native module, as the hook is installed (its decode
+        // step is built natively); record_hicache runs the hook without it.
+        .env("PYTHONPATH", venv::hook_pythonpath("hooks/sglang/src"))
         .current_dir(root.join("tests/sglang"))
         .output()
         .unwrap();

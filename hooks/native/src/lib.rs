@@ -10,6 +10,7 @@
 //! `step` module): the hook's hot path, one native call per scheduler step.
 
 mod guard;
+mod sglang;
 mod step;
 
 use pyo3::exceptions::PyValueError;
@@ -368,6 +369,7 @@ fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::StepCache>()?;
     m.add_function(wrap_pyfunction!(step::schedule_step, m)?)?;
     m.add_function(wrap_pyfunction!(step::py_slot_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::decode_step, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

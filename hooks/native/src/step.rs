@@ -186,18 +186,54 @@ pub struct Step {
     guard_missed: bool,
 }
 
+impl Step {
+    /// A step of lines only (no checks, no waits): `out`'s lines, with
+    /// `holes` requests unreadable and whether the guard missed it.
+    pub(crate) fn of_lines(
+        py: Python<'_>,
+        out: Out,
+        holes: u64,
+        guard_missed: bool,
+    ) -> PyResult<Step> {
+        let text = if out.buf.is_empty() {
+            None
+        } else {
+            // The lines are ASCII (the canonical writer writes nothing else).
+            let text = std::str::from_utf8(&out.buf).map_err(crate::err)?;
+            Some(PyString::new(py, text).unbind())
+        };
+        Ok(Step {
+            text,
+            counts: out.counts,
+            lines: out.lines,
+            checks: Vec::new(),
+            waits: Vec::new(),
+            holes,
+            guard_missed,
+        })
+    }
+}
+
 /// One KV cache group of the engine: its pool (None: not recorded), block
 /// size, and whether it holds attention KV (a Mamba state group does not).
 type Group = (Option<i64>, u64, bool);
 
 /// The step's lines, with their count per pool.
-struct Out {
-    buf: Vec<u8>,
-    counts: Vec<(u16, u64)>,
-    lines: u64,
+pub(crate) struct Out {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) counts: Vec<(u16, u64)>,
+    pub(crate) lines: u64,
 }
 
 impl Out {
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
+        Out {
+            buf: Vec::with_capacity(bytes),
+            counts: Vec::new(),
+            lines: 0,
+        }
+    }
+
     fn line(&mut self, pool: u16) {
         if !self.buf.is_empty() {
             self.buf.push(b'\n');
@@ -212,7 +248,7 @@ impl Out {
     /// The lines of `runs`; a slot or position past what a KV line holds
     /// (u32) makes the request unreadable (a hole), never a line the
     /// sidecar refuses.
-    fn kv(
+    pub(crate) fn kv(
         &mut self,
         pool: u16,
         ts: i64,
@@ -231,7 +267,27 @@ impl Out {
         Ok(())
     }
 
-    fn lost(&mut self, pool: u16) {
+    /// Lines of slot runs `(start, count)` with no token position (an
+    /// `alloc`): a slot past u32 is an error, as in `kv`.
+    pub(crate) fn kv_unplaced(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[(u64, u64)],
+    ) -> PyResult<()> {
+        let u32_of =
+            |v: u64| u32::try_from(v).map_err(|_| PyValueError::new_err("a slot past u32"));
+        for &(start, n) in runs {
+            let (start, n) = (u32_of(start)?, u32_of(n)?);
+            self.line(pool);
+            write_canonical_kv(&mut self.buf, pool, ts, rid, op, start, n, None);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn lost(&mut self, pool: u16) {
         self.line(pool);
         write_lost(&mut self.buf, pool, 1);
     }
@@ -472,7 +528,7 @@ pub fn schedule_step<'py>(
 
 /// The guard, waiting (with the GIL released) while another thread's call
 /// into it ends; None when it stays busy.
-fn borrow<'py>(py: Python<'py>, g: &Bound<'py, Guard>) -> Option<PyRefMut<'py, Guard>> {
+pub(crate) fn borrow<'py>(py: Python<'py>, g: &Bound<'py, Guard>) -> Option<PyRefMut<'py, Guard>> {
     for _ in 0..10_000 {
         if let Ok(r) = g.try_borrow_mut() {
             return Some(r);

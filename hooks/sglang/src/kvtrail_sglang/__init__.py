@@ -71,6 +71,13 @@ import time
 
 import kvtrail_hook_client as _c
 from kvtrail_hook_client import guard as _guard_mod
+
+try:
+    # The guard's native module also builds the decode step's lines
+    # (on_alloc_for_decode); without it the hook builds them in Python.
+    import kvtrail_guard as _native
+except ImportError:
+    _native = None
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 
 __all__ = ["install", "uninstall", "stats", "counts", "guard_stats", "flush", "request_id", "tag",
@@ -124,6 +131,9 @@ class _Hook:
         self.originals = {}  # (owner, name) -> original
         self.wrapped_funcs = {}  # original function -> wrapper (module-level functions)
         self.disabled = False
+        # Pools whose decode step the guard missed (busy in another
+        # thread): a hole fed to it before the next step's writes.
+        self.guard_holes = set()
         # HiCache: host slot -> id of the tree node it was last written for,
         # per cache pool; device slots a load filled with KV of another node
         # than the one hit (no grant at the prefix hit, until freed).
@@ -379,6 +389,11 @@ def on_alloc_for_decode(batch, out_cache_loc, token_per_req=1):
     pool = _pool_of(batch)
     locs = out_cache_loc.tolist() if hasattr(out_cache_loc, "tolist") else list(out_cache_loc)
     seq = batch.seq_lens_cpu.tolist() if hasattr(batch, "seq_lens_cpu") else batch.seq_lens.tolist()
+    step = getattr(_native, "decode_step", None)
+    if (step is not None and type(pool) is int and 0 <= pool <= 0xFFFF
+            and type(batch.reqs) is list and type(seq) is list):
+        _decode_native(step, batch, pool, locs, seq, token_per_req)
+        return
     for i, req in enumerate(batch.reqs):
         rid = request_id(req)
         new = locs[i * token_per_req:(i + 1) * token_per_req]
@@ -387,6 +402,42 @@ def on_alloc_for_decode(batch, out_cache_loc, token_per_req=1):
         _kv(pool, rid, ALLOC, new)
         _kv(pool, rid, WRITE, new, pos)
         _kv(pool, rid, READ, new, pos)
+
+
+def _decode_native(step, batch, pool, locs, seq, token_per_req):
+    """``on_alloc_for_decode``'s events built in one native call
+    (``kvtrail_guard.decode_step``): the same lines the per-event items
+    make, queued as one item, and the allocs and writes mirrored into the
+    guard."""
+    g = _H.guard
+    if _H.guard_holes:
+        # A step the guard missed (busy in another thread): its holes,
+        # before this step's writes.
+        try:
+            for p in sorted(_H.guard_holes):
+                g.feed((_c.LOST, p, 1))
+            _H.guard_holes.clear()
+        except RuntimeError:
+            pass  # still busy: this step will miss it too, and retry
+    ts = _time_ns()
+    try:
+        out = step(pool, ts, batch.reqs, locs, seq, int(token_per_req), g.native, request_id)
+    except Exception as e:
+        # The step's events cannot be told: a hole in the pool (and in the
+        # guard's view of it), never a silent gap.
+        _H.counts["hook_errors"] += 1
+        _c.log.warning("kvtrail: hook alloc_for_decode failed: %s", e)
+        _H.put(pool, (_c.LOST, pool, 1))
+        return
+    cl = _H.clients.get(pool)
+    if out.text is not None and cl is not None:
+        cl.put_lines(ts, out.text, out.counts, out.lines)
+    if out.holes:
+        _H.counts["hook_errors"] += 1
+        _c.log.warning("kvtrail: hook alloc_for_decode: %d requests' state unreadable: holes",
+                       out.holes)
+    if out.guard_missed:
+        _H.guard_holes.add(pool)
 
 
 def on_pre_alloc(queue, req, kv_loc, prefix_indices=None, prefix_len=None):
