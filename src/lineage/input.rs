@@ -139,14 +139,34 @@ impl Plan {
     /// held in memory before spilling.
     pub fn build(trace: &Trace, spill_root: Option<&Path>, chunk: Option<usize>) -> Result<Plan> {
         let files: Arc<[PathBuf]> = trace.kv_files.clone().into();
-        let spiller = std::sync::Mutex::new(CopySpiller::new(
-            spill_root,
-            chunk.unwrap_or(super::copies::COPY_CHUNK),
-        ));
-        let indexes: Vec<FileRuns> = files
-            .par_iter()
-            .map(|f| check::scan_file(trace, f, |b| push_copies(b, &spiller)))
-            .collect::<Result<Vec<_>>>()?;
+        let new_spiller = || {
+            std::sync::Mutex::new(CopySpiller::new(
+                spill_root,
+                chunk.unwrap_or(super::copies::COPY_CHUNK),
+            ))
+        };
+        // With more threads than files, each file is read in parts at once
+        // (a PD trace's one kv file on every core); a part that meets an
+        // error leaves the error to a pass over whole files.
+        let parts = rayon::current_num_threads() / files.len().max(1);
+        let mut spiller = new_spiller();
+        let mut indexes: Option<Vec<FileRuns>> = None;
+        if parts > 1 {
+            indexes = files
+                .par_iter()
+                .map(|f| check::scan_file_split(trace, f, parts, |b| push_copies(b, &spiller)))
+                .collect::<Result<Option<Vec<_>>>>()?;
+        }
+        let indexes: Vec<FileRuns> = match indexes {
+            Some(i) => i,
+            None => {
+                spiller = new_spiller();
+                files
+                    .par_iter()
+                    .map(|f| check::scan_file(trace, f, |b| push_copies(b, &spiller)))
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         let copies = spiller
             .into_inner()
             .map_err(|_| Error::Other("replay: copy index lock poisoned".into()))?

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 pub use model::*;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lineage::exposure::{PoolSets, TenantKeys, TenantKeysSource, count};
 use crate::lineage::{LineageOptions, LineageOutcome, run};
 use crate::progress::Reporter;
@@ -39,11 +39,10 @@ pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> R
         tenants: Some(tenant_source(trace)),
         ..opts.clone()
     };
-    let mut outcome = run(trace, &opts, reporter)?;
-    // The replay's tenant keys are done with: scope_outcome reads the
-    // requests table again, and holding both would double them.
-    outcome.exposures.tenants = None;
-    scope_outcome(trace, &outcome, reporter)
+    replay_and_scope(trace, opts.threads, reporter, || {
+        run(trace, &opts, reporter)
+    })
+    .map(|(_, report)| report)
 }
 
 /// The requests' tenants, read when the replay meets its first shared read
@@ -86,9 +85,17 @@ pub fn scope_outcome(
     outcome: &LineageOutcome,
     reporter: &dyn Reporter,
 ) -> Result<ScopeReport> {
-    let m = &trace.manifest;
-    let clean_capture = m.capture.complete;
-    // Requests involved in any finding, as readers or sources.
+    let involved = involved(outcome);
+    reporter.start("requests", trace.request_files.len() as u64);
+    let pass = RequestsPass::read(trace, |id| involved.contains(&id))?;
+    reporter.advance(trace.request_files.len() as u64);
+    reporter.finish();
+    report(trace, outcome, &involved, pass, reporter)
+}
+
+/// Requests involved in any finding, as readers or sources (the engine,
+/// request 0, is none).
+fn involved(outcome: &LineageOutcome) -> BTreeSet<u64> {
     let mut involved: BTreeSet<u64> = BTreeSet::new();
     for (&r, ra) in &outcome.exposures.readers {
         if r == ENGINE_REQUEST {
@@ -102,22 +109,157 @@ pub fn scope_outcome(
         involved.extend(by_source.keys().copied());
     }
     involved.remove(&ENGINE_REQUEST);
-    let mut reqs: HashMap<u64, RequestRecord> = HashMap::new();
-    let mut anomalies = Vec::new();
-    let checker = anomalies::Checker::new(trace.deployment());
-    reporter.start("requests", trace.request_files.len() as u64);
-    let keys = crate::trace::request_keys::scan_requests(trace, |r| {
-        checker.check(&r, &mut anomalies);
-        if involved.contains(&r.request_id) {
-            reqs.insert(r.request_id, r);
+    involved
+}
+
+/// What one pass over the requests table finds: every row checked, the
+/// anomalies (sorted), the number of requests, and the rows kept.
+pub(crate) struct RequestsPass {
+    anomalies: Vec<Anomaly>,
+    requests: u64,
+    rows: HashMap<u64, RequestRecord>,
+}
+
+impl RequestsPass {
+    /// Reads the requests table, keeping the rows whose id `keep` takes.
+    fn read(trace: &Trace, keep: impl Fn(u64) -> bool) -> Result<RequestsPass> {
+        let mut rows: HashMap<u64, RequestRecord> = HashMap::new();
+        let mut anomalies = Vec::new();
+        let checker = anomalies::Checker::new(trace.deployment());
+        let keys = crate::trace::request_keys::scan_requests(trace, |r| {
+            checker.check(&r, &mut anomalies);
+            if keep(r.request_id) {
+                rows.insert(r.request_id, r);
+            }
+        })?;
+        anomalies.sort_by(|a: &Anomaly, b: &Anomaly| {
+            (a.request_id, &a.kind).cmp(&(b.request_id, &b.kind))
+        });
+        Ok(RequestsPass {
+            anomalies,
+            requests: keys.len() as u64,
+            rows,
+        })
+    }
+
+    /// Reads the rows of `ids` again, after a pass that kept none: only
+    /// their rows are decoded past the request_id column
+    /// (`RequestFileReader::open_rows`).
+    fn keep_rows(&mut self, trace: &Trace, ids: &BTreeSet<u64>) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
         }
-    })?;
+        let sorted: std::sync::Arc<[u64]> = ids.iter().copied().collect();
+        for path in &trace.request_files {
+            let reader = crate::trace::read::RequestFileReader::open_rows(
+                &trace.root,
+                path,
+                sorted.clone(),
+            )?;
+            for batch in reader {
+                for r in batch? {
+                    if ids.contains(&r.request_id) {
+                        self.rows.insert(r.request_id, r);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Replays `trace` (`replay`) and scopes the outcome, reading the requests
+/// table beside the replay on a thread of its own when `threads` (0: the
+/// default) is more than one, and after it otherwise. Either way the
+/// report is the same: the pass beside the replay checks every row and
+/// counts the anomalies, and the rows of the requests in findings are read
+/// once the replay names them. A replay that fails reports its own error
+/// first, as when the requests are read after it.
+pub fn replay_and_scope(
+    trace: &Trace,
+    threads: usize,
+    reporter: &dyn Reporter,
+    replay: impl FnOnce() -> Result<LineageOutcome>,
+) -> Result<(LineageOutcome, ScopeReport)> {
+    if crate::lineage::threads_or_default(threads) < 2 || trace.request_files.is_empty() {
+        let mut outcome = replay()?;
+        // The replay's tenant keys are done with: the report reads the
+        // requests table again, and holding both would double them.
+        outcome.exposures.tenants = None;
+        let report =
+            crate::lineage::on_threads(threads, || scope_outcome(trace, &outcome, reporter))??;
+        return Ok((outcome, report));
+    }
+    let (outcome, beside) = std::thread::scope(|s| {
+        let beside = std::thread::Builder::new()
+            .name("kvtrail-requests".into())
+            .spawn_scoped(s, || {
+                background_thread();
+                RequestsPass::read(trace, |_| false)
+            })
+            .ok();
+        let outcome = replay();
+        let beside = beside.map(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(Error::Other(
+                    "scope: the requests table's reader stopped unexpectedly".into(),
+                ))
+            })
+        });
+        (outcome, beside)
+    });
+    let mut outcome = outcome?;
+    outcome.exposures.tenants = None;
+    let involved = involved(&outcome);
+    reporter.start("requests", trace.request_files.len() as u64);
+    let pass = match beside {
+        Some(pass) => {
+            let mut pass = pass?;
+            pass.keep_rows(trace, &involved)?;
+            pass
+        }
+        // No thread to spare: read after the replay, as on one thread.
+        None => RequestsPass::read(trace, |id| involved.contains(&id))?,
+    };
     reporter.advance(trace.request_files.len() as u64);
     reporter.finish();
-    let n_requests = keys.len() as u64;
-    drop(keys);
-    anomalies
-        .sort_by(|a: &Anomaly, b: &Anomaly| (a.request_id, &a.kind).cmp(&(b.request_id, &b.kind)));
+    let report = crate::lineage::on_threads(threads, || {
+        report(trace, &outcome, &involved, pass, reporter)
+    })??;
+    Ok((outcome, report))
+}
+
+/// Lowers the calling thread's priority to the least (nice 19): work that
+/// should take only the time the replay leaves its cores (the replay's
+/// index pass and its streams come first). Once the replay is done it
+/// runs at full speed on the idle cores. Best effort: where the
+/// priority cannot be changed, the thread runs as any other.
+fn background_thread() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority only read and set this thread's
+    // scheduling priority.
+    unsafe {
+        let tid = libc::gettid();
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
+}
+
+/// The report of a replay outcome and the requests pass that kept the
+/// rows of `involved`.
+fn report(
+    trace: &Trace,
+    outcome: &LineageOutcome,
+    involved: &BTreeSet<u64>,
+    pass: RequestsPass,
+    reporter: &dyn Reporter,
+) -> Result<ScopeReport> {
+    let m = &trace.manifest;
+    let clean_capture = m.capture.complete;
+    let RequestsPass {
+        anomalies,
+        requests: n_requests,
+        rows: reqs,
+    } = pass;
 
     // Responses.
     let mut affected = Vec::new();

@@ -60,7 +60,8 @@ impl ScopeRun {
     /// pools their copies read from are replayed but not reported); a
     /// shard's report is marked as one. The parallel steps besides the
     /// replay (the index pass over the kv files, the file digests) run on
-    /// the run's threads too.
+    /// the run's threads too; with more than one, the requests table is
+    /// read beside the replay (`replay_and_scope`).
     pub fn run(mut self, pools: Option<Vec<u16>>, reporter: &dyn Reporter) -> Result<Scoped> {
         let opts = LineageOptions {
             backend: self.config.choice,
@@ -71,14 +72,11 @@ impl ScopeRun {
             threads: self.config.threads,
             pool_threads: None,
         };
-        let mut outcome =
-            crate::lineage::run_with(&self.trace, self.opened.backend.as_mut(), &opts, reporter)?;
-        // Done with the replay's tenant keys: scope_outcome reads its own.
-        outcome.exposures.tenants = None;
-        let trace = &self.trace;
-        let mut report = crate::lineage::on_threads(self.config.threads, || {
-            super::scope_outcome(trace, &outcome, reporter)
-        })??;
+        let (trace, backend) = (&self.trace, self.opened.backend.as_mut());
+        let (outcome, mut report) =
+            super::replay_and_scope(trace, self.config.threads, reporter, || {
+                crate::lineage::run_with(trace, backend, &opts, reporter)
+            })?;
         let shard = pools.map(|p| ShardInfo::from_outcome(&p, &outcome));
         if let Some(s) = &shard {
             s.mark(&mut report);

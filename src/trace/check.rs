@@ -67,6 +67,8 @@ pub struct Run {
     pub sorted: bool,
     /// Row of the pool's first event in the file (for messages).
     pub first_row: u64,
+    /// Seq of that first event.
+    first: u64,
     last: u64,
     last_row: u64,
     holes: Vec<Hole>,
@@ -82,6 +84,7 @@ impl Run {
             rows: 1,
             sorted: true,
             first_row: row,
+            first: seq,
             last: seq,
             last_row: row,
             holes: Vec::new(),
@@ -119,30 +122,78 @@ impl Run {
         self.min = self.min.min(seq);
         self.max = self.max.max(seq);
         self.rows += 1;
-        if !self.sorted {
+        if !self.order(seq, row, pool, path)? {
             return Ok(());
+        }
+        self.last = seq;
+        self.last_row = row;
+        Ok(())
+    }
+
+    /// The order check of `seq` at `row` after the run's last seq: an
+    /// equal seq is an error, a lower one ends the run's order, a higher
+    /// one past the next counts a hole. False when the run is (now) out
+    /// of order.
+    #[inline]
+    fn order(&mut self, seq: u64, row: u64, pool: u16, path: &Path) -> Result<bool> {
+        if !self.sorted {
+            return Ok(false);
         }
         if seq == self.last {
             return Err(duplicate(pool, seq, path, self.last_row, path, row));
         }
         if seq < self.last {
             self.sorted = false;
-            return Ok(());
+            return Ok(false);
         }
         if seq > self.last + 1 {
-            self.holes_total += 1;
-            self.missing += seq - self.last - 1;
-            if self.holes.len() <= MAX_HOLES_LISTED {
-                self.holes.push(Hole {
-                    after_seq: Some(self.last),
-                    before_seq: seq,
-                    missing: seq - self.last - 1,
-                });
-            }
+            self.hole(Hole {
+                after_seq: Some(self.last),
+                before_seq: seq,
+                missing: seq - self.last - 1,
+            });
         }
-        self.last = seq;
-        self.last_row = row;
+        Ok(true)
+    }
+
+    fn hole(&mut self, h: Hole) {
+        self.holes_total += 1;
+        self.missing += h.missing;
+        if self.holes.len() <= MAX_HOLES_LISTED {
+            self.holes.push(h);
+        }
+    }
+
+    /// Appends `b`, the run of the same pool in the rows that follow this
+    /// run's (a later part of the file, scanned apart): the very run one
+    /// pass over both parts gives, when `b`'s part had no error. An error
+    /// is the one that pass meets at `b`'s first row.
+    fn append(&mut self, b: Run, pool: u16, path: &Path) -> Result<()> {
+        self.min = self.min.min(b.min);
+        self.max = self.max.max(b.max);
+        self.rows += b.rows;
+        if !self.order(b.first, b.first_row, pool, path)? {
+            return Ok(());
+        }
+        // `b` went on from its first seq as this run would have.
+        self.sorted = b.sorted;
+        self.last = b.last;
+        self.last_row = b.last_row;
+        self.holes_total += b.holes_total;
+        self.missing += b.missing;
+        for h in b.holes {
+            if self.holes.len() > MAX_HOLES_LISTED {
+                break;
+            }
+            self.holes.push(h);
+        }
         Ok(())
+    }
+
+    /// Whether `b` (as in `append`) meets this run's last seq again: the
+    /// row of the error one pass would stop at.
+    fn clash(&self, b: &Run) -> Option<u64> {
+        (self.sorted && b.first == self.last).then_some(b.first_row)
     }
 }
 
@@ -167,6 +218,47 @@ impl FileRuns {
             last: 0,
             edges: BTreeMap::new(),
         }
+    }
+
+    /// Appends `b`, the runs of the rows that follow this part's in the
+    /// same file (scanned apart, without an error): the runs one pass over
+    /// both parts gives, or the error it stops at first.
+    pub fn append(&mut self, b: FileRuns) -> Result<()> {
+        // The first row at which a pool's seq repeats across the parts.
+        let clash = b
+            .runs
+            .iter()
+            .filter_map(|(p, r)| {
+                let i = self.runs.binary_search_by_key(p, |(q, _)| *q).ok()?;
+                Some((self.runs[i].1.clash(r)?, *p, i))
+            })
+            .min();
+        if let Some((_, pool, i)) = clash {
+            let b_run = b.runs.iter().find(|(p, _)| *p == pool).expect("clash");
+            let r = &self.runs[i].1;
+            return Err(duplicate(
+                pool,
+                r.last,
+                &self.path,
+                r.last_row,
+                &self.path,
+                b_run.1.first_row,
+            ));
+        }
+        let last_pool = b.runs.get(b.last).map(|(p, _)| *p);
+        for (pool, run) in b.runs {
+            match self.runs.binary_search_by_key(&pool, |(p, _)| *p) {
+                Ok(i) => self.runs[i].1.append(run, pool, &self.path)?,
+                Err(i) => self.runs.insert(i, (pool, run)),
+            }
+        }
+        for (edge, row) in b.edges {
+            self.edges.entry(edge).or_insert(row);
+        }
+        if let Some(p) = last_pool {
+            self.last = self.runs.binary_search_by_key(&p, |(q, _)| *q).unwrap_or(0);
+        }
+        Ok(())
     }
 
     /// Each pool's run in this file, by pool id.
@@ -254,6 +346,53 @@ pub fn scan_file(
         each(&b)?;
     }
     Ok(runs)
+}
+
+/// As [`scan_file`], reading the file in up to `parts` stretches of row
+/// groups at once (on the rayon pool) and joining their runs in file
+/// order (`FileRuns::append`): the same runs, and `each` sees every batch
+/// once, in no set order. None when a part met an error: which error one
+/// pass meets first is then for [`scan_file`] to say (the caller starts
+/// again, as `each` saw some batches).
+pub fn scan_file_split(
+    trace: &Trace,
+    path: &Path,
+    parts: usize,
+    each: impl Fn(&KvScanBatch) -> Result<()> + Sync,
+) -> Result<Option<FileRuns>> {
+    use rayon::prelude::*;
+    let groups = crate::trace::read::KvScanReader::row_groups(&trace.root, path)?.len();
+    let parts = parts.min(groups).max(1);
+    let ranges: Vec<std::ops::Range<usize>> = (0..parts)
+        .map(|k| groups * k / parts..groups * (k + 1) / parts)
+        .collect();
+    let scanned: Vec<Result<FileRuns>> = ranges
+        .into_par_iter()
+        .map(|g| {
+            let mut runs = FileRuns::new(path);
+            let reader = crate::trace::read::KvScanReader::open_groups(
+                &trace.root,
+                path,
+                trace.deployment(),
+                Some(g),
+            )?;
+            for batch in reader {
+                let b = batch?;
+                runs.push_batch(&b)?;
+                each(&b)?;
+            }
+            Ok(runs)
+        })
+        .collect();
+    let mut joined: Option<FileRuns> = None;
+    for part in scanned {
+        let Ok(part) = part else { return Ok(None) };
+        match &mut joined {
+            None => joined = Some(part),
+            Some(j) => j.append(part)?,
+        }
+    }
+    Ok(Some(joined.unwrap_or_else(|| FileRuns::new(path))))
 }
 
 /// How a pool's seqs were checked.

@@ -22,6 +22,7 @@ mod golden_v1;
 mod guard;
 mod hostile_capacity;
 mod hostile_trace;
+mod index_parts;
 mod ingest_hostile;
 mod ingest_inspect;
 mod lookup_index;

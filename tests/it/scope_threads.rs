@@ -391,3 +391,29 @@ fn the_replay_reports_every_event_on_every_number_of_threads() {
     progress_totals(&one_group().record(&tmp.path().join("o")));
     progress_totals(&repo().join("tests/data/golden-v1"));
 }
+
+#[test]
+fn a_damaged_requests_table_fails_alike_on_every_number_of_threads() {
+    // With threads to spare the requests table is read beside the replay:
+    // its error is still the one a single thread meets, and a replay that
+    // fails too reports the replay's error first, as on one thread.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    let reqs: Vec<PathBuf> = std::fs::read_dir(t.join("requests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    assert!(!reqs.is_empty());
+    for f in &reqs {
+        let bytes = std::fs::read(f).unwrap();
+        std::fs::write(f, &bytes[..bytes.len() - 40]).unwrap();
+    }
+    same_error(&t, &[], "requests", &["2", "3"]);
+    same_error(
+        &t,
+        &[("KVTRAIL_MAX_TOUCHED_SLOTS", "4096")],
+        "KVTRAIL_MAX_TOUCHED_SLOTS",
+        &["2", "3"],
+    );
+}

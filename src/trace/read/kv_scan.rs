@@ -42,13 +42,46 @@ pub struct KvScanReader {
 impl KvScanReader {
     /// Opens the kv file at `path` of the trace at `root`.
     pub fn open(root: &TraceRoot, path: &Path, deployment: &Deployment) -> Result<Self> {
+        Self::open_groups(root, path, deployment, None)
+    }
+
+    /// The row groups of the kv file at `path`: rows in each, in file
+    /// order (from its footer).
+    pub fn row_groups(root: &TraceRoot, path: &Path) -> Result<Vec<u64>> {
         let builder = open_builder(root, path)?;
+        Ok(builder
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| u64::try_from(g.num_rows()).unwrap_or(0))
+            .collect())
+    }
+
+    /// As `open`, reading only the row groups `groups` (None: all): rows
+    /// are numbered within the whole file, so errors name the file's row.
+    pub fn open_groups(
+        root: &TraceRoot,
+        path: &Path,
+        deployment: &Deployment,
+        groups: Option<std::ops::Range<usize>>,
+    ) -> Result<Self> {
+        let mut builder = open_builder(root, path)?;
+        let mut first_row = 0u64;
+        if let Some(g) = groups {
+            let before = g.start.min(builder.metadata().num_row_groups());
+            first_row = builder.metadata().row_groups()[..before]
+                .iter()
+                .map(|g| u64::try_from(g.num_rows()).unwrap_or(0))
+                .fold(0u64, u64::saturating_add);
+            let n = builder.metadata().num_row_groups();
+            builder = builder.with_row_groups(g.filter(|&i| i < n).collect());
+        }
         let required = [kv_col::POOL, kv_col::SEQ, kv_col::SLOT_COUNT];
         let optional = [kv_col::SRC_POOL, kv_col::SRC_SLOT_START, kv_col::SRC_SEQ];
         let hive = hive::pairs(path, &[&required[..], &optional[..]].concat())?;
         let reader = project(path, builder, &required, &optional, &hive)?;
         Ok(KvScanReader {
-            cur: Cursor::new(root, path, hive, reader),
+            cur: Cursor::new(root, path, hive, reader).starting_at(first_row),
             capacity: Capacities::of(deployment),
         })
     }

@@ -242,6 +242,13 @@ impl Cursor {
         }
     }
 
+    /// A cursor whose first row is row `rows` of the file (a reader of
+    /// some of its row groups).
+    pub(crate) fn starting_at(mut self, rows: u64) -> Self {
+        self.rows = rows;
+        self
+    }
+
     /// The next batch, Hive folder values filled in; a Parquet panic on a
     /// damaged page is an error at the current row.
     pub(crate) fn batch(&mut self) -> Option<Result<RecordBatch>> {

@@ -2,7 +2,12 @@
 
 use std::path::Path;
 
-use arrow_array::RecordBatch;
+use std::sync::Arc;
+
+use arrow_array::{BooleanArray, RecordBatch};
+use arrow_schema::ArrowError;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowPredicateFn, ParquetRecordBatchReaderBuilder, RowFilter};
 
 use crate::error::{Error, Location, Result};
 use crate::schema::{RequestRecord, req_col};
@@ -11,6 +16,7 @@ use crate::trace::read::column::{Col, opt};
 use crate::trace::read::parquet_file::{Cursor, open_builder, project};
 use crate::trace::read::values::{MAX_REQUEST_ID, reserved_id};
 use crate::trace::root::TraceRoot;
+use crate::trace::store::Source;
 
 const REQ_REQUIRED: [&str; 7] = [
     req_col::REQUEST_ID,
@@ -48,6 +54,49 @@ impl RequestFileReader {
     /// Opens the requests file at `path` of the trace at `root`.
     pub fn open_at(root: &TraceRoot, path: &Path) -> Result<Self> {
         let builder = open_builder(root, path)?;
+        Self::with_builder(root, path, builder)
+    }
+
+    /// Opens the requests file at `path` for the rows whose request_id is
+    /// in `ids` (sorted): a Parquet row filter decodes the request_id
+    /// column of every row and the other columns only for the rows it
+    /// keeps. Row numbers then count the rows kept, so errors name the
+    /// wrong row: read a file this way only after a full read checked it.
+    /// The caller still tests each record's id (a request_id given by a
+    /// Hive folder is not filtered here).
+    pub fn open_rows(root: &TraceRoot, path: &Path, ids: Arc<[u64]>) -> Result<Self> {
+        let builder = open_builder(root, path)?;
+        let at = builder
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.name() == req_col::REQUEST_ID);
+        let builder = match at {
+            Some(i) => {
+                let mask = ProjectionMask::roots(builder.parquet_schema(), [i]);
+                let file = path.to_path_buf();
+                let keep = ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
+                    let col = Col::get(&batch, &file, 0, req_col::REQUEST_ID);
+                    let rid = col
+                        .ints::<u64>("UInt64")
+                        .map_err(|e| ArrowError::ExternalError(Box::new(e)))?;
+                    Ok(rid
+                        .iter()
+                        .map(|id| Some(ids.binary_search(id).is_ok()))
+                        .collect::<BooleanArray>())
+                });
+                builder.with_row_filter(RowFilter::new(vec![Box::new(keep)]))
+            }
+            None => builder,
+        };
+        Self::with_builder(root, path, builder)
+    }
+
+    fn with_builder(
+        root: &TraceRoot,
+        path: &Path,
+        builder: ParquetRecordBatchReaderBuilder<Source>,
+    ) -> Result<Self> {
         let hive = hive::pairs(path, &[&REQ_REQUIRED[..6], &REQ_OPTIONAL[..]].concat())?;
         let reader = project(path, builder, &REQ_REQUIRED[..6], &REQ_OPTIONAL, &hive)?;
         Ok(RequestFileReader {
@@ -75,7 +124,7 @@ impl RequestFileReader {
             col.check_no_nulls()?;
         }
         let rid = crid.ints::<u64>("UInt64")?;
-        let tenant = cten.strings()?;
+        let mut tenant = cten.strings()?;
         let arr = carr.ints::<i64>("Int64")?;
         let pt = cpt.ints::<u32>("UInt32")?;
         let ot = cot.ints::<u32>("UInt32")?;
@@ -88,10 +137,10 @@ impl RequestFileReader {
         let cdp = c(req_col::DECODE_POOL);
         let cph = c(req_col::PROMPT_HASH);
         let coh = c(req_col::OUTPUT_HASH);
-        let ext = cext.arr.map(|_| cext.strings()).transpose()?;
+        let mut ext = cext.arr.map(|_| cext.strings()).transpose()?;
         let fin = cfin.arr.map(|_| cfin.ints::<i64>("Int64")).transpose()?;
         let pf = cpf.arr.map(|_| cpf.ints::<u32>("UInt32")).transpose()?;
-        let fr = cfr.arr.map(|_| cfr.strings()).transpose()?;
+        let mut fr = cfr.arr.map(|_| cfr.strings()).transpose()?;
         let pp = cpp.arr.map(|_| cpp.ints::<u16>("UInt16")).transpose()?;
         let dp = cdp.arr.map(|_| cdp.ints::<u16>("UInt16")).transpose()?;
         let ph = cph.arr.map(|_| cph.hashes()).transpose()?;
@@ -119,15 +168,15 @@ impl RequestFileReader {
             }
             out.push(RequestRecord {
                 request_id: rid[i],
-                external_id: ext.as_ref().and_then(|v| v[i].clone()),
-                tenant: tenant[i].clone().unwrap_or_default(),
+                external_id: ext.as_mut().and_then(|v| v[i].take()),
+                tenant: tenant[i].take().unwrap_or_default(),
                 arrival_ns: arr[i],
                 finish_ns: opt(&fin, &finn, i),
                 prompt_tokens: pt[i],
                 prefilled_tokens: opt(&pf, &pfn, i),
                 output_tokens: ot[i],
                 http_status: st[i],
-                finish_reason: fr.as_ref().and_then(|v| v[i].clone()),
+                finish_reason: fr.as_mut().and_then(|v| v[i].take()),
                 prefill_pool: opt(&pp, &ppn, i),
                 decode_pool: opt(&dp, &dpn, i),
                 prompt_hash: ph.as_ref().and_then(|v| v[i]),
