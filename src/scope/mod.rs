@@ -118,6 +118,8 @@ pub(crate) struct RequestsPass {
     anomalies: Vec<Anomaly>,
     requests: u64,
     rows: HashMap<u64, RequestRecord>,
+    /// [`trace_evidence`], when it was gathered beside the replay too.
+    evidence: Option<Coverage>,
 }
 
 impl RequestsPass {
@@ -139,6 +141,7 @@ impl RequestsPass {
             anomalies,
             requests: keys.len() as u64,
             rows,
+            evidence: None,
         })
     }
 
@@ -171,9 +174,10 @@ impl RequestsPass {
 /// Replays `trace` (`replay`) and scopes the outcome, reading the requests
 /// table beside the replay on a thread of its own when `threads` (0: the
 /// default) is more than one, and after it otherwise. Either way the
-/// report is the same: the pass beside the replay checks every row and
-/// counts the anomalies, and the rows of the requests in findings are read
-/// once the replay names them. A replay that fails reports its own error
+/// report is the same: the pass beside the replay checks every row,
+/// counts the anomalies and checks the files' digests ([`trace_evidence`]),
+/// and the rows of the requests in findings are read once the replay
+/// names them. A replay that fails reports its own error
 /// first, as when the requests are read after it.
 pub fn replay_and_scope(
     trace: &Trace,
@@ -195,7 +199,10 @@ pub fn replay_and_scope(
             .name("kvtrail-requests".into())
             .spawn_scoped(s, || {
                 background_thread();
-                RequestsPass::read(trace, |_| false)
+                let mut pass = RequestsPass::read(trace, |_| false)?;
+                // The file digests too: they need no replay either.
+                pass.evidence = Some(trace_evidence(trace, &crate::progress::NoReporter)?);
+                Ok(pass)
             })
             .ok();
         let outcome = replay();
@@ -259,6 +266,7 @@ fn report(
         anomalies,
         requests: n_requests,
         rows: reqs,
+        evidence,
     } = pass;
 
     // Responses.
@@ -373,7 +381,10 @@ fn report(
 
     // Coverage: the trace's files and capture, the replay's holes, and
     // the requests of findings missing from the requests table.
-    let mut cov = replay_coverage(trace, outcome, reporter)?;
+    let mut cov = match evidence {
+        Some(e) => with_replay(e, outcome),
+        None => replay_coverage(trace, outcome, reporter)?,
+    };
     cov.engine_reads = engine_reads;
     cov.requests_missing = involved
         .iter()
@@ -556,7 +567,11 @@ pub fn replay_coverage(
     outcome: &LineageOutcome,
     reporter: &dyn Reporter,
 ) -> Result<Coverage> {
-    let mut cov = trace_evidence(trace, reporter)?;
+    Ok(with_replay(trace_evidence(trace, reporter)?, outcome))
+}
+
+/// [`trace_evidence`]'s coverage `cov` with the replay's part added.
+fn with_replay(mut cov: Coverage, outcome: &LineageOutcome) -> Coverage {
     cov.gaps = outcome.gaps.clone();
     cov.lost_events = lost_events(&outcome.gaps);
     cov.no_kv_events = outcome.counters.events == 0;
@@ -568,7 +583,7 @@ pub fn replay_coverage(
         });
     }
     finish_coverage(&mut cov);
-    Ok(cov)
+    cov
 }
 
 /// `capture.skipped_lines` (kvtrail's own key, written by `ingest
