@@ -118,8 +118,9 @@ pub(crate) struct RequestsPass {
     anomalies: Vec<Anomaly>,
     requests: u64,
     rows: HashMap<u64, RequestRecord>,
-    /// [`trace_evidence`], when it was gathered beside the replay too.
-    evidence: Option<Coverage>,
+    /// [`trace_evidence`], when it was gathered beside the replay too,
+    /// with the files' [`stamps`] taken before it.
+    evidence: Option<(Coverage, Stamps)>,
 }
 
 impl RequestsPass {
@@ -200,8 +201,21 @@ pub fn replay_and_scope(
             .spawn_scoped(s, || {
                 background_thread();
                 let mut pass = RequestsPass::read(trace, |_| false)?;
-                // The file digests too: they need no replay either.
-                pass.evidence = Some(trace_evidence(trace, &crate::progress::NoReporter)?);
+                // The file digests too: they need no replay either. On
+                // the run's threads, started from this one (so at its
+                // priority too), with the files' sizes and times taken
+                // first: a file changed since is hashed again after the
+                // replay (`unchanged`).
+                let stamps = stamps(trace);
+                let evidence = || trace_evidence(trace, &crate::progress::NoReporter);
+                let evidence = match rayon::ThreadPoolBuilder::new()
+                    .num_threads(crate::lineage::threads_or_default(threads))
+                    .build()
+                {
+                    Ok(pool) => pool.install(evidence),
+                    Err(_) => evidence(),
+                }?;
+                pass.evidence = Some((evidence, stamps));
                 Ok(pass)
             })
             .ok();
@@ -223,6 +237,13 @@ pub fn replay_and_scope(
         Some(pass) => {
             let mut pass = pass?;
             pass.keep_rows(trace, &involved)?;
+            if pass
+                .evidence
+                .as_ref()
+                .is_some_and(|(_, before)| *before != stamps(trace))
+            {
+                pass.evidence = None;
+            }
             pass
         }
         // No thread to spare: read after the replay, as on one thread.
@@ -234,6 +255,25 @@ pub fn replay_and_scope(
         report(trace, &outcome, &involved, pass, reporter)
     })??;
     Ok((outcome, report))
+}
+
+/// The size and modification time of each data file of a local trace
+/// (an object store's files are read through hashed copies of their own).
+type Stamps = Vec<Option<(u64, std::time::SystemTime)>>;
+
+fn stamps(trace: &Trace) -> Stamps {
+    if !matches!(trace.root, crate::trace::root::TraceRoot::Local(_)) {
+        return Vec::new();
+    }
+    trace
+        .request_files
+        .iter()
+        .chain(&trace.kv_files)
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.len(), m.modified().ok()?))
+        })
+        .collect()
 }
 
 /// Lowers the calling thread's priority to the least (nice 19): work that
@@ -382,7 +422,7 @@ fn report(
     // Coverage: the trace's files and capture, the replay's holes, and
     // the requests of findings missing from the requests table.
     let mut cov = match evidence {
-        Some(e) => with_replay(e, outcome),
+        Some((e, _)) => with_replay(e, outcome),
         None => replay_coverage(trace, outcome, reporter)?,
     };
     cov.engine_reads = engine_reads;

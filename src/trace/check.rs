@@ -348,11 +348,19 @@ pub fn scan_file(
     Ok(runs)
 }
 
+/// Pools a stretch of [`scan_file_split`] may hold runs of: each part
+/// holds a run (and up to `MAX_HOLES_LISTED` holes) per pool it meets, so
+/// a file of many pools is read in one pass, whose memory is one run per
+/// pool, not one per pool and part.
+pub const MAX_PART_POOLS: usize = 64;
+
 /// As [`scan_file`], reading the file in up to `parts` stretches of row
 /// groups at once (on the rayon pool) and joining their runs in file
 /// order (`FileRuns::append`): the same runs, and `each` sees every batch
-/// once, in no set order. None when a part met an error: which error one
-/// pass meets first is then for [`scan_file`] to say (the caller starts
+/// once, in no set order. None when a part met an error, held more than
+/// [`MAX_PART_POOLS`] pools, or read other rows than the footer says its
+/// row groups hold (row numbers would be off): which error one pass meets
+/// first, and where, is then for [`scan_file`] to say (the caller starts
 /// again, as `each` saw some batches).
 pub fn scan_file_split(
     trace: &Trace,
@@ -361,32 +369,44 @@ pub fn scan_file_split(
     each: impl Fn(&KvScanBatch) -> Result<()> + Sync,
 ) -> Result<Option<FileRuns>> {
     use rayon::prelude::*;
-    let groups = crate::trace::read::KvScanReader::row_groups(&trace.root, path)?.len();
+    let rows = crate::trace::read::KvScanReader::row_groups(&trace.root, path)?;
+    let groups = rows.len();
     let parts = parts.min(groups).max(1);
     let ranges: Vec<std::ops::Range<usize>> = (0..parts)
         .map(|k| groups * k / parts..groups * (k + 1) / parts)
         .collect();
-    let scanned: Vec<Result<FileRuns>> = ranges
+    let sum = |g: &[u64]| g.iter().fold(0u64, |a, &n| a.saturating_add(n));
+    let scanned: Vec<Option<FileRuns>> = ranges
         .into_par_iter()
         .map(|g| {
+            let (mut row, end) = (sum(&rows[..g.start]), sum(&rows[..g.end]));
             let mut runs = FileRuns::new(path);
             let reader = crate::trace::read::KvScanReader::open_groups(
                 &trace.root,
                 path,
                 trace.deployment(),
                 Some(g),
-            )?;
+            )
+            .ok()?;
             for batch in reader {
-                let b = batch?;
-                runs.push_batch(&b)?;
-                each(&b)?;
+                let b = batch.ok()?;
+                if b.first_row != row || runs.runs.len() > MAX_PART_POOLS {
+                    return None;
+                }
+                row = row.saturating_add(b.seq.len() as u64);
+                runs.push_batch(&b).ok()?;
+                each(&b).ok()?;
             }
-            Ok(runs)
+            (row == end && runs.runs.len() <= MAX_PART_POOLS).then_some(runs)
         })
         .collect();
+    // Every part read cleanly: the only errors left are seqs repeated at
+    // the seams, met in file order as one pass meets them.
+    let Some(scanned) = scanned.into_iter().collect::<Option<Vec<FileRuns>>>() else {
+        return Ok(None);
+    };
     let mut joined: Option<FileRuns> = None;
     for part in scanned {
-        let Ok(part) = part else { return Ok(None) };
         match &mut joined {
             None => joined = Some(part),
             Some(j) => j.append(part)?,

@@ -181,3 +181,54 @@ fn scope_on_seqs_out_of_order_says_the_same_on_every_thread_count() {
     }
     assert!(failed > 0 && failed < 12, "{failed}");
 }
+
+#[test]
+fn parts_of_a_file_past_one_batch_keep_many_holes_and_the_first_error() {
+    // Over a reader's batch of 65,536 rows, small row groups, more holes
+    // per pool than the 21 listed; then the same file with a seq repeated
+    // at a seam and, later in the same batch of one pass, a seq past the
+    // largest allowed: one pass stops at the later row's bad value (a
+    // batch is checked before its rows are ordered), and so must the
+    // parts (they leave the file to one pass).
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 70_000u64;
+    let evs: Vec<KvEvent> = (0..n)
+        .map(|i| KvEvent {
+            pool: (i % 2) as u16,
+            // a hole every 500 rows of each pool
+            seq: i / 2 + (i / 1000) * 3,
+            ts_ns: 1,
+            request_id: 1,
+            op: Op::Write,
+            slot_start: 0,
+            slot_count: 2,
+            token_pos: None,
+            src: None,
+        })
+        .collect();
+    let trace = trace_of(&tmp.path().join("clean"), &evs, 7_000);
+    let path = &trace.kv_files[0];
+    let whole = format!("{:?}", scan_file(&trace, path, |_| Ok(())).unwrap());
+    assert!(whole.contains("holes_total: 69"), "{whole}");
+    for parts in 2..=4 {
+        let split = scan_file_split(&trace, path, parts, |_| Ok(())).unwrap();
+        assert_eq!(whole, format!("{:?}", split.expect("no part error")));
+    }
+    let mut bad = evs.clone();
+    // Row 35,000 starts the sixth row group (and the third of 4 parts):
+    // repeat its pool's last seq there; row 49,010 (the fourth part) is
+    // within one pass's first batch.
+    bad[35_000].seq = bad[34_998].seq;
+    bad[49_010].seq = u64::MAX;
+    let trace = trace_of(&tmp.path().join("bad"), &bad, 7_000);
+    let path = &trace.kv_files[0];
+    let whole = scan_file(&trace, path, |_| Ok(())).unwrap_err().to_string();
+    assert!(whole.contains("row 49010"), "{whole}");
+    for parts in 2..=4 {
+        match scan_file_split(&trace, path, parts, |_| Ok(())) {
+            Ok(None) => {}
+            Err(e) => assert_eq!(e.to_string(), whole),
+            Ok(Some(r)) => panic!("{parts} parts read past a bad value: {r:?}"),
+        }
+    }
+}
