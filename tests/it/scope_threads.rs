@@ -417,3 +417,38 @@ fn a_damaged_requests_table_fails_alike_on_every_number_of_threads() {
         &["2", "3"],
     );
 }
+
+#[test]
+fn a_file_changed_during_the_replay_is_not_vouched_for() {
+    // With threads to spare the file digests are checked beside the
+    // replay: a kv file changed after its digest was taken (here, once
+    // the replay is done with it) must show as modified, as when the
+    // digests are taken after the replay.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = groups().record(&tmp.path().join("t"));
+    let trace = kvtrail::trace::Trace::open(&t).unwrap();
+    let opts = kvtrail::lineage::LineageOptions {
+        threads: 2,
+        ..Default::default()
+    };
+    let kv = trace.kv_files[0].clone();
+    let (_, report) =
+        kvtrail::scope::replay_and_scope(&trace, 2, &kvtrail::progress::NoReporter, || {
+            let outcome = kvtrail::lineage::run(&trace, &opts, &kvtrail::progress::NoReporter);
+            // The requests pass and the digests of this small trace are
+            // long done by now.
+            std::thread::sleep(std::time::Duration::from_millis(800));
+            let mut bytes = std::fs::read(&kv).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0xff;
+            std::fs::write(&kv, &bytes).unwrap();
+            outcome
+        })
+        .unwrap();
+    assert!(
+        !report.coverage.files_modified.is_empty(),
+        "{:?}",
+        report.coverage
+    );
+    assert!(!report.coverage.complete);
+}
