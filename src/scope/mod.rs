@@ -200,13 +200,14 @@ pub fn replay_and_scope(
             .name("kvtrail-requests".into())
             .spawn_scoped(s, || {
                 background_thread();
+                // The files' sizes and times before anything is read
+                // here: a file changed since is hashed again after the
+                // replay.
+                let stamps = stamps(trace);
                 let mut pass = RequestsPass::read(trace, |_| false)?;
                 // The file digests too: they need no replay either. On
                 // the run's threads, started from this one (so at its
-                // priority too), with the files' sizes and times taken
-                // first: a file changed since is hashed again after the
-                // replay (`unchanged`).
-                let stamps = stamps(trace);
+                // priority too).
                 let evidence = || trace_evidence(trace, &crate::progress::NoReporter);
                 let evidence = match rayon::ThreadPoolBuilder::new()
                     .num_threads(crate::lineage::threads_or_default(threads))
