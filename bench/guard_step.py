@@ -2,7 +2,9 @@
 real v1 Scheduler (KV cache manager, block pool, prefix cache) on CPU, in
 one run: hook off, hook on (KVTRAIL_GUARD=off), hook + guard (alert).
 
-Each round builds a fresh scheduler, admits --batch requests (distinct
+Each round builds a fresh scheduler and freezes the heap built so far,
+as vLLM's EngineCore does once it is built (freeze_gc_heap: the
+collector then walks only what serving allocates), admits --batch requests (distinct
 prompts, one salt) and steps schedule() + update_from_output() (the model
 runner's output synthetic: one sampled token per request) until all
 finish. The step time is the wall time of those two calls; the table gives
@@ -51,6 +53,7 @@ import kvtrail_vllm as kh  # noqa: E402
 import torch  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.gc_utils import freeze_gc_heap  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -104,6 +107,10 @@ def make_scheduler():
 
 def one_round(tag, seed):
     s = make_scheduler()
+    # EngineCore.__init__ freezes the startup heap once the engine is built
+    # (vllm/v1/engine/core.py: freeze_gc_heap), so the collector never
+    # walks it while serving; the engine here is the scheduler.
+    freeze_gc_heap()
     if tag != "off":
         kh.tag(s, [0])
     hasher = get_request_block_hasher(BS, sha256)
@@ -180,6 +187,7 @@ def replay_round(seed):
 
     kh._native = Rec
     s = make_scheduler()
+    freeze_gc_heap()
     kh.tag(s, [0])
     hasher = get_request_block_hasher(BS, sha256)
     for i in range(B):

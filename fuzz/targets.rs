@@ -178,6 +178,20 @@ pub fn jsonl(data: &[u8]) {
                 );
                 assert!(seq.is_none_or(|s| s == event.seq), "seq mismatch: {line}");
             }
+            Ok(JsonlRecord::KvRuns(evs)) => {
+                assert!(!evs.is_empty(), "accepted a line of no runs: {line}");
+                assert!(
+                    evs.len() <= kvtrail::capture::jsonl::MAX_LINE_RUNS,
+                    "accepted too many runs: {line}"
+                );
+                for e in &evs {
+                    assert!(e.slot_count >= 1, "accepted slot_count 0: {line}");
+                    assert!(
+                        e.src.is_none() && e.seq == 0,
+                        "runs with a seq or copy: {line}"
+                    );
+                }
+            }
             Ok(JsonlRecord::Request(_)) => {}
             Err(e) => {
                 let _ = e.to_string();
@@ -208,6 +222,14 @@ pub fn wire(data: &[u8]) {
                 "canonical_kv and parse_line disagree on {line}"
             );
         }
+        if let Some(Msg::KvRuns(evs)) = canonical_kv(raw) {
+            let line = std::str::from_utf8(raw).expect("a canonical KV line is ASCII");
+            assert_eq!(
+                parse_line(line),
+                Ok(JsonlRecord::KvRuns(evs)),
+                "canonical_kv and parse_line disagree on {line}"
+            );
+        }
         let Ok(line) = std::str::from_utf8(raw) else {
             continue;
         };
@@ -217,6 +239,13 @@ pub fn wire(data: &[u8]) {
                 assert_eq!(
                     want,
                     Ok(JsonlRecord::Kv { event, seq }),
+                    "fast path and parse_line disagree on {line}"
+                );
+            }
+            Ok(Msg::KvRuns(evs)) => {
+                assert_eq!(
+                    parse_line(line),
+                    Ok(JsonlRecord::KvRuns(evs)),
                     "fast path and parse_line disagree on {line}"
                 );
             }

@@ -35,6 +35,9 @@ pub enum JsonlRecord {
         event: KvEvent,
         seq: Option<u64>,
     },
+    /// A KV line of several runs (`runs`): one event per run, in the
+    /// line's order, each taking its pool's next seq (`event.seq` is 0).
+    KvRuns(Vec<KvEvent>),
     Request(RequestRecord),
 }
 
@@ -77,7 +80,22 @@ pub const MAX_STRING_BYTES: usize = 256;
 /// line is a bad line, skipped unread: a line needs a few hundred bytes.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
-const KV_KEYS: [&str; 12] = [
+/// The most runs one KV line of several runs (`runs`) carries.
+pub const MAX_LINE_RUNS: usize = 65_536;
+
+/// What a KV line with `runs` gives per run instead: none of these may be
+/// set beside `runs`.
+const NOT_WITH_RUNS: [&str; 7] = [
+    "seq",
+    "slot_start",
+    "slot_count",
+    "token_pos",
+    "src_pool",
+    "src_slot_start",
+    "src_seq",
+];
+
+const KV_KEYS: [&str; 13] = [
     "type",
     "pool",
     "seq",
@@ -90,6 +108,7 @@ const KV_KEYS: [&str; 12] = [
     "src_pool",
     "src_slot_start",
     "src_seq",
+    "runs",
 ];
 
 const REQ_KEYS: [&str; 15] = [
@@ -123,18 +142,9 @@ impl Obj<'_> {
     }
 
     fn opt_int<T: TryFrom<i128>>(&self, key: &str, ty: &str) -> Result<Option<T>, LineError> {
-        let Some(v) = self.opt_value(key) else {
-            return Ok(None);
-        };
-        let n: Option<i128> = v
-            .as_u64()
-            .map(i128::from)
-            .or_else(|| v.as_i64().map(i128::from));
-        match n {
-            Some(n) => T::try_from(n)
-                .map(Some)
-                .map_err(|_| err(key, format!("{n} does not fit {ty}"))),
-            None => Err(err(key, format!("expected an integer ({ty}), got {v}"))),
+        match self.opt_value(key) {
+            None => Ok(None),
+            Some(v) => int_value(v, key, ty).map(Some),
         }
     }
 
@@ -182,6 +192,18 @@ impl Obj<'_> {
                 "unknown field (misspelt? engine-specific fields must start with `x_`)",
             )),
         }
+    }
+}
+
+/// `v` as an integer of type `T` (named `ty` in errors), for `field`.
+fn int_value<T: TryFrom<i128>>(v: &Value, field: &str, ty: &str) -> Result<T, LineError> {
+    let n: Option<i128> = v
+        .as_u64()
+        .map(i128::from)
+        .or_else(|| v.as_i64().map(i128::from));
+    match n {
+        Some(n) => T::try_from(n).map_err(|_| err(field, format!("{n} does not fit {ty}"))),
+        None => Err(err(field, format!("expected an integer ({ty}), got {v}"))),
     }
 }
 
@@ -291,17 +313,11 @@ pub fn parse_line(line: &str) -> Result<JsonlRecord, LineError> {
 
 fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
     o.check_keys(&KV_KEYS)?;
+    if let Some(runs) = o.opt_value("runs") {
+        return parse_kv_runs(o, pool, runs);
+    }
     let seq: Option<u64> = o.opt_int("seq", "UInt64")?;
-    let op = match o.opt_value("op") {
-        Some(Value::String(s)) => Op::parse(s).ok_or_else(|| {
-            err(
-                "op",
-                format!("unknown op {s:?}: expected alloc, write, read, free, share or scrub"),
-            )
-        })?,
-        Some(v) => return Err(err("op", format!("expected a string, got {v}"))),
-        None => return Err(err("op", "required field is missing or null")),
-    };
+    let op = parse_op(o)?;
     let slot_count: u32 = o.int("slot_count", "UInt32")?;
     if slot_count == 0 {
         return Err(err(
@@ -355,6 +371,90 @@ fn parse_kv(o: &Obj, pool: u16) -> Result<JsonlRecord, LineError> {
     };
     check_kv(&event)?;
     Ok(JsonlRecord::Kv { event, seq })
+}
+
+fn parse_op(o: &Obj) -> Result<Op, LineError> {
+    match o.opt_value("op") {
+        Some(Value::String(s)) => Op::parse(s).ok_or_else(|| {
+            err(
+                "op",
+                format!("unknown op {s:?}: expected alloc, write, read, free, share or scrub"),
+            )
+        }),
+        Some(v) => Err(err("op", format!("expected a string, got {v}"))),
+        None => Err(err("op", "required field is missing or null")),
+    }
+}
+
+/// A KV line of several runs: `"runs":[[slot_start,slot_count,token_pos],...]`
+/// (`token_pos` null or left out), one event per run, in order. Every run
+/// is checked before any is taken; no seq and no copy (docs/jsonl.md).
+fn parse_kv_runs(o: &Obj, pool: u16, runs: &Value) -> Result<JsonlRecord, LineError> {
+    if let Some(k) = NOT_WITH_RUNS.iter().find(|k| o.opt_value(k).is_some()) {
+        return Err(err(
+            k,
+            "not allowed beside `runs`: each run gives its slot_start, slot_count and \
+             token_pos, and a line with runs carries no seq and no copy (send those as \
+             one line per event)",
+        ));
+    }
+    let op = parse_op(o)?;
+    let ts_ns: i64 = o.int("ts_ns", "Int64")?;
+    let request_id: u64 = o.int("request_id", "UInt64")?;
+    let Value::Array(rs) = runs else {
+        return Err(err(
+            "runs",
+            "expected an array of [slot_start, slot_count, token_pos] runs",
+        ));
+    };
+    if rs.is_empty() || rs.len() > MAX_LINE_RUNS {
+        return Err(err(
+            "runs",
+            format!(
+                "{} runs; a line carries 1 to {MAX_LINE_RUNS} (split longer lists over lines)",
+                rs.len()
+            ),
+        ));
+    }
+    let mut events = Vec::with_capacity(rs.len());
+    for (i, r) in rs.iter().enumerate() {
+        let field = format!("runs[{i}]");
+        let run = match r {
+            Value::Array(a) if (2..=3).contains(&a.len()) => a,
+            _ => {
+                return Err(err(
+                    &field,
+                    "expected [slot_start, slot_count] or [slot_start, slot_count, token_pos]",
+                ));
+            }
+        };
+        let slot_start: u32 = int_value(&run[0], &field, "UInt32")?;
+        let slot_count: u32 = int_value(&run[1], &field, "UInt32")?;
+        if slot_count == 0 {
+            return Err(err(
+                &field,
+                "slot_count is 0; an extent covers at least one slot",
+            ));
+        }
+        let token_pos = match run.get(2) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(int_value::<u32>(v, &field, "UInt32")?),
+        };
+        events.push(KvEvent {
+            pool,
+            seq: 0,
+            ts_ns,
+            request_id,
+            op,
+            slot_start,
+            slot_count,
+            token_pos,
+            src: None,
+        });
+    }
+    // The reader's rules look at the request id only: alike for every run.
+    check_kv(&events[0])?;
+    Ok(JsonlRecord::KvRuns(events))
 }
 
 /// The reader's rules on a KV event's own values (crate::trace::read): the
@@ -587,14 +687,17 @@ fn ingest_lines(
         }
         report.lines += 1;
         let first = min_ts == i64::MAX;
-        let parsed = text.and_then(|_| parse_line(line).and_then(|r| apply(rec, r, &mut min_ts)));
+        let parsed = text
+            .and_then(|_| parse_line(line))
+            .map_err(|e| (e, 1))
+            .and_then(|r| apply(rec, r, &mut min_ts, &mut report.kv_events));
         if first && min_ts != i64::MAX {
             rec.set_started_ns(min_ts);
         }
         match parsed {
-            Ok(true) => report.kv_events += 1,
+            Ok(true) => {}
             Ok(false) => report.requests += 1,
-            Err(e) if opts.skip_bad_lines => {
+            Err((e, lost)) if opts.skip_bad_lines => {
                 report.skipped_lines += 1;
                 if report.skipped.len() < MAX_SKIPPED_LISTED {
                     report.skipped.push(SkippedLine {
@@ -605,14 +708,16 @@ fn ingest_lines(
                 // A lost KV event with recorder-assigned seqs would vanish
                 // without trace: make the loss an explicit hole instead.
                 // (With seqs on the lines, the hole is there already.)
+                // (A line of several runs refused at run k: its runs from k
+                // on, the ones before it being recorded.)
                 if let Some(pool) = e.pool
                     && rec.next_seq(pool).is_ok()
                     && !line_has_seq(line)
                 {
-                    rec.lose(pool, 1)?;
+                    rec.lose(pool, lost)?;
                 }
             }
-            Err(e) => return Err(line_error(input_name, lineno, &e)),
+            Err((e, _)) => return Err(line_error(input_name, lineno, &e)),
         }
     }
     if min_ts != i64::MAX {
@@ -669,8 +774,15 @@ fn line_has_seq(line: &str) -> bool {
         .is_some()
 }
 
-/// Hands a parsed record to the recorder. Returns true for a KV event.
-fn apply(rec: &mut Recorder, r: JsonlRecord, min_ts: &mut i64) -> Result<bool, LineError> {
+/// Hands a parsed record to the recorder, counting its KV events in
+/// `events`. Returns true for KV events; an error comes with how many of
+/// the line's events were not recorded.
+fn apply(
+    rec: &mut Recorder,
+    r: JsonlRecord,
+    min_ts: &mut i64,
+    events: &mut u64,
+) -> Result<bool, (LineError, u64)> {
     let from_recorder = |pool: Option<u16>| {
         move |e: Error| match e {
             Error::Invalid { loc, what, .. } => LineError {
@@ -692,13 +804,27 @@ fn apply(rec: &mut Recorder, r: JsonlRecord, min_ts: &mut i64) -> Result<bool, L
                 Some(_) => rec.kv_with_seq(event),
                 None => rec.kv(event).map(|_| ()),
             };
-            res.map_err(from_recorder(pool))?;
+            res.map_err(|e| (from_recorder(pool)(e), 1))?;
             *min_ts = (*min_ts).min(event.ts_ns);
+            *events += 1;
+            Ok(true)
+        }
+        JsonlRecord::KvRuns(evs) => {
+            let n = evs.len() as u64;
+            for (i, event) in evs.into_iter().enumerate() {
+                rec.kv(event).map_err(|e| {
+                    let mut e = from_recorder(Some(event.pool))(e);
+                    e.field = Some(format!("runs[{i}]"));
+                    (e, n - i as u64)
+                })?;
+                *min_ts = (*min_ts).min(event.ts_ns);
+                *events += 1;
+            }
             Ok(true)
         }
         JsonlRecord::Request(r) => {
             let ts = r.arrival_ns;
-            rec.request(r).map_err(from_recorder(None))?;
+            rec.request(r).map_err(|e| (from_recorder(None)(e), 1))?;
             *min_ts = (*min_ts).min(ts);
             Ok(false)
         }
@@ -731,6 +857,21 @@ mod tests {
                 r.http_status,
                 r.prompt_hash.is_some()
             ),
+            Ok(JsonlRecord::KvRuns(evs)) => {
+                let runs: Vec<String> = evs
+                    .iter()
+                    .map(|e| format!("{}+{} tp={:?}", e.slot_start, e.slot_count, e.token_pos))
+                    .collect();
+                let e = &evs[0];
+                format!(
+                    "kv runs pool={} ts={} rid={} {} [{}]",
+                    e.pool,
+                    e.ts_ns,
+                    e.request_id,
+                    e.op,
+                    runs.join(", ")
+                )
+            }
             Err(e) => format!("error {e}"),
         };
         assert_eq!(got, expect, "line: {line}");
@@ -784,6 +925,20 @@ mod tests {
              "error field `external_id`: 1048576 bytes long; a string field holds at most 256 bytes (UTF-8)"),
             (format!(r#"{{"type":"request","request_id":1,"tenant":"a","finish_reason":"{}","arrival_ns":1,"prompt_tokens":1,"output_tokens":1,"http_status":200}}"#, "x".repeat(300)),
              "error field `finish_reason`: 300 bytes long; a string field holds at most 256 bytes (UTF-8)"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":[[16,16,0],[48,4],[64,1,null]]}"#.into(),
+             "kv runs pool=2 ts=9 rid=4 read [16+16 tp=Some(0), 48+4 tp=None, 64+1 tp=None]"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":[[16,16,0],[48,0,4]]}"#.into(),
+             "error field `runs[1]`: slot_count is 0; an extent covers at least one slot"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":[[16,16,0],"a"]}"#.into(),
+             "error field `runs[1]`: expected [slot_start, slot_count] or [slot_start, slot_count, token_pos]"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":[[16,16,-1]]}"#.into(),
+             "error field `runs[0]`: -1 does not fit UInt32"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":[]}"#.into(),
+             "error field `runs`: 0 runs; a line carries 1 to 65536 (split longer lists over lines)"),
+            (r#"{"type":"kv","pool":2,"seq":3,"ts_ns":9,"request_id":4,"op":"read","runs":[[1,1]]}"#.into(),
+             "error field `seq`: not allowed beside `runs`: each run gives its slot_start, slot_count and token_pos, and a line with runs carries no seq and no copy (send those as one line per event)"),
+            (r#"{"type":"kv","pool":2,"ts_ns":9,"request_id":4,"op":"read","runs":null,"slot_start":1,"slot_count":1}"#.into(),
+             "kv pool=2 seq=None ts=9 rid=4 read 1+1 tp=None src=None"),
             ("[1,2]".into(), "error expected a JSON object"),
             (r#"{"type":"kv","pool":0,"#.into(), "error not valid JSON: EOF while parsing a value at line 1 column 22"),
         ];

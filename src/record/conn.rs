@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use super::shared::{Batch, Shared, View};
 use super::stats::add;
 use super::wire::{Msg, WIRE_MAX_COUNT, canonical_kv, parse_hello, parse_msg};
+use crate::capture::jsonl::MAX_LINE_RUNS;
 use crate::trace::manifest::Role;
 
 /// Most messages per batch handed to the writer.
@@ -460,7 +461,14 @@ impl Conn {
                         self.pools
                     ));
                 }
-                self.batch.push(m);
+                match m {
+                    // A line of several runs: one event per run (the hook's
+                    // positions count each).
+                    Msg::KvRuns(evs) => self
+                        .batch
+                        .extend(evs.into_iter().map(|event| Msg::Kv { event, seq: None })),
+                    m => self.batch.push(m),
+                }
             }
             Err(e) => {
                 let s = &self.shared.stats;
@@ -470,7 +478,10 @@ impl Conn {
                     Some(p) if self.pools.contains(&p) => {
                         s.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                         if !line_has_seq(line) {
-                            self.batch.push(Msg::Hole { pool: p, n: 1 });
+                            // A line of runs (`kv` with runs, `copy`) stood
+                            // for one event per run in the hook's count.
+                            let n = line_runs(line).unwrap_or(1);
+                            self.batch.push(Msg::Hole { pool: p, n });
                         } else {
                             self.unsure = Some("a rejected line carried its own seq");
                         }
@@ -561,6 +572,12 @@ impl Conn {
                                 self.hole(event.pool, 1);
                             }
                         }
+                        Msg::KvRuns(evs) => {
+                            add(&stats.lost_queue, evs.len() as u64);
+                            if let Some(e) = evs.first() {
+                                self.hole(e.pool, evs.len() as u64);
+                            }
+                        }
                         Msg::XferCommit(c) => {
                             add(&stats.lost_queue, 1);
                             self.hole(c.pool, 1);
@@ -621,4 +638,12 @@ fn line_has_seq(line: &str) -> bool {
         .ok()
         .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64))
         .is_some_and(|s| s <= WIRE_MAX_COUNT)
+}
+
+/// How many runs a (malformed) line lists in an array `runs` (1 to
+/// [`MAX_LINE_RUNS`]): the events the hook counted for it.
+fn line_runs(line: &str) -> Option<u64> {
+    let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
+    let n = v.get("runs")?.as_array()?.len();
+    (n > 0).then(|| n.min(MAX_LINE_RUNS) as u64)
 }

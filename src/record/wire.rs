@@ -45,14 +45,16 @@
 //!   whose counts do not add up (E > S + D), leaves the capture incomplete.
 //!
 //! KV lines take two fast paths: a byte scanner for the exact canonical line
-//! the hook writes, then a typed serde struct for the fully-known shape in any
+//! the hook writes (one event, or a line of several runs), then a typed serde struct for the fully-known shape in any
 //! key order; anything neither accepts goes to `parse_line`, which decides and
 //! names the error. So the fast paths can only make good lines cheaper, never
 //! change what is accepted (tests and a property test compare them).
 
 use serde::Deserialize;
 
-use crate::capture::jsonl::{JsonlRecord, LineError, check_kv, check_request_id, parse_line};
+use crate::capture::jsonl::{
+    JsonlRecord, LineError, MAX_LINE_RUNS, check_kv, check_request_id, parse_line,
+};
 use crate::schema::{CopySrc, KvEvent, Op, RequestRecord};
 
 /// The first line of every connection.
@@ -416,6 +418,10 @@ pub enum Msg {
         event: KvEvent,
         seq: Option<u64>,
     },
+    /// A KV line of several runs (`runs`, docs/jsonl.md): one event per
+    /// run, in order, each without a seq. The connection hands them on as
+    /// `Kv` messages, one per run.
+    KvRuns(Vec<KvEvent>),
     Request(Box<RequestRecord>),
     /// A `lost` line: the hook dropped `n` events of `pool`.
     Lost {
@@ -505,6 +511,7 @@ impl Msg {
     pub fn pool(&self) -> Option<u16> {
         match self {
             Msg::Kv { event, .. } => Some(event.pool),
+            Msg::KvRuns(evs) => evs.first().map(|e| e.pool),
             Msg::Request(_) => None,
             Msg::Lost { pool, .. } | Msg::Hole { pool, .. } => Some(*pool),
             Msg::XferSend(s) => Some(s.pool),
@@ -621,6 +628,51 @@ impl Scan<'_> {
             _ => Some(v),
         }
     }
+    /// The rest of a canonical line of several runs, after its `[`:
+    /// `[S,N,T|null],...]}` (1 to `MAX_LINE_RUNS` runs of three values).
+    fn runs(mut self, pool: u16, ts_ns: i64, request_id: u64, op: Op) -> Option<Msg> {
+        let mut events = Vec::new();
+        loop {
+            if events.len() == MAX_LINE_RUNS {
+                return None;
+            }
+            self.lit(b"[")?;
+            let slot_start = self.uint(u32::MAX as u64)? as u32;
+            self.lit(b",")?;
+            let slot_count = self.uint(u32::MAX as u64)? as u32;
+            self.lit(b",")?;
+            let token_pos = if self.lit(b"null").is_some() {
+                None
+            } else {
+                Some(self.uint(u32::MAX as u64)? as u32)
+            };
+            self.lit(b"]")?;
+            if slot_count == 0 {
+                return None;
+            }
+            events.push(KvEvent {
+                pool,
+                seq: 0,
+                ts_ns,
+                request_id,
+                op,
+                slot_start,
+                slot_count,
+                token_pos,
+                src: None,
+            });
+            if self.lit(b",").is_none() {
+                break;
+            }
+        }
+        self.lit(b"]}")?;
+        if self.i != self.b.len() {
+            return None;
+        }
+        check_kv(events.first()?).ok()?;
+        Some(Msg::KvRuns(events))
+    }
+
     fn int(&mut self) -> Option<i64> {
         if self.b.get(self.i) == Some(&b'-') {
             self.i += 1;
@@ -654,6 +706,9 @@ pub fn canonical_kv(b: &[u8]) -> Option<Msg> {
     let end = s.i + b.get(s.i..)?.iter().position(|&c| c == b'"')?;
     let op = Op::parse(std::str::from_utf8(&b[s.i..end]).ok()?)?;
     s.i = end + 1;
+    if s.lit(br#","runs":["#).is_some() {
+        return s.runs(pool, ts_ns, request_id, op);
+    }
     s.lit(br#","slot_start":"#)?;
     let slot_start = s.uint(u32::MAX as u64)? as u32;
     s.lit(br#","slot_count":"#)?;
@@ -705,6 +760,76 @@ pub fn write_canonical_kv(
     slot_count: u32,
     token_pos: Option<u32>,
 ) {
+    push_head(out, pool, ts_ns);
+    push_one(out, request_id, op, slot_start, slot_count, token_pos);
+}
+
+/// Appends the canonical KV line of several runs (no newline):
+/// `{"type":"kv","pool":P,"ts_ns":T,"request_id":R,"op":"OP","runs":[[S,N,T|null],...]}`,
+/// one event per run, which [`canonical_kv`] reads. At most
+/// [`MAX_LINE_RUNS`] runs (the caller splits longer lists).
+pub fn write_canonical_kv_runs(
+    out: &mut Vec<u8>,
+    pool: u16,
+    ts_ns: i64,
+    request_id: u64,
+    op: Op,
+    runs: impl IntoIterator<Item = (u32, u32, Option<u32>)>,
+) {
+    push_head(out, pool, ts_ns);
+    push_runs(out, request_id, op, runs);
+}
+
+/// The head the canonical KV lines of one pool and stamp share
+/// (`{"type":"kv","pool":P,"ts_ns":T,"request_id":`), written once for
+/// the many lines of a scheduler step: its lines are byte for byte
+/// [`write_canonical_kv`]'s and [`write_canonical_kv_runs`]'s.
+pub struct KvLineHead {
+    pool: u16,
+    ts_ns: i64,
+    bytes: Vec<u8>,
+}
+
+impl KvLineHead {
+    pub fn new(pool: u16, ts_ns: i64) -> Self {
+        let mut bytes = Vec::with_capacity(64);
+        push_head(&mut bytes, pool, ts_ns);
+        KvLineHead { pool, ts_ns, bytes }
+    }
+
+    /// Whether this is the head of `pool`'s lines stamped `ts_ns`.
+    pub fn is(&self, pool: u16, ts_ns: i64) -> bool {
+        self.pool == pool && self.ts_ns == ts_ns
+    }
+
+    /// [`write_canonical_kv`] of this pool and stamp.
+    pub fn kv(
+        &self,
+        out: &mut Vec<u8>,
+        request_id: u64,
+        op: Op,
+        slot_start: u32,
+        slot_count: u32,
+        token_pos: Option<u32>,
+    ) {
+        out.extend_from_slice(&self.bytes);
+        push_one(out, request_id, op, slot_start, slot_count, token_pos);
+    }
+
+    /// [`write_canonical_kv_runs`] of this pool and stamp.
+    pub fn kv_runs(
+        &self,
+        out: &mut Vec<u8>,
+        request_id: u64,
+        op: Op,
+        runs: impl IntoIterator<Item = (u32, u32, Option<u32>)>,
+    ) {
+        out.extend_from_slice(&self.bytes);
+        push_runs(out, request_id, op, runs);
+    }
+}
+
+fn push_head(out: &mut Vec<u8>, pool: u16, ts_ns: i64) {
     out.extend_from_slice(br#"{"type":"kv","pool":"#);
     push_uint(out, u64::from(pool));
     out.extend_from_slice(br#","ts_ns":"#);
@@ -713,9 +838,19 @@ pub fn write_canonical_kv(
     }
     push_uint(out, ts_ns.unsigned_abs());
     out.extend_from_slice(br#","request_id":"#);
+}
+
+fn push_one(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    op: Op,
+    slot_start: u32,
+    slot_count: u32,
+    token_pos: Option<u32>,
+) {
     push_uint(out, request_id);
     out.extend_from_slice(br#","op":""#);
-    out.extend_from_slice(op.as_str().as_bytes());
+    push_op(out, op);
     out.extend_from_slice(br#"","slot_start":"#);
     push_uint(out, u64::from(slot_start));
     out.extend_from_slice(br#","slot_count":"#);
@@ -726,6 +861,34 @@ pub fn write_canonical_kv(
         None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
+}
+
+fn push_runs(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    op: Op,
+    runs: impl IntoIterator<Item = (u32, u32, Option<u32>)>,
+) {
+    push_uint(out, request_id);
+    out.extend_from_slice(br#","op":""#);
+    push_op(out, op);
+    out.extend_from_slice(br#"","runs":["#);
+    for (i, (start, count, token_pos)) in runs.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        push_uint(out, u64::from(start));
+        out.push(b',');
+        push_uint(out, u64::from(count));
+        out.push(b',');
+        match token_pos {
+            Some(t) => push_uint(out, u64::from(t)),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.push(b']');
+    }
+    out.extend_from_slice(b"]}");
 }
 
 /// Appends the `lost` line (no newline): `n` events of `pool` the hook
@@ -764,6 +927,18 @@ fn push_uint(out: &mut Vec<u8>, mut v: u64) {
         buf[i] = b'0' + v as u8;
     }
     out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends an op's name (each a fixed-size copy).
+fn push_op(out: &mut Vec<u8>, op: Op) {
+    match op {
+        Op::Alloc => out.extend_from_slice(b"alloc"),
+        Op::Write => out.extend_from_slice(b"write"),
+        Op::Read => out.extend_from_slice(b"read"),
+        Op::Free => out.extend_from_slice(b"free"),
+        Op::Share => out.extend_from_slice(b"share"),
+        Op::Scrub => out.extend_from_slice(b"scrub"),
+    }
 }
 
 fn plain(message: String) -> LineError {
@@ -889,6 +1064,7 @@ fn parse_any(line: &str) -> Result<Msg, LineError> {
         Some("hello") => Err(plain("a second hello on one connection".into())),
         _ => match parse_line(line)? {
             JsonlRecord::Kv { event, seq } => Ok(Msg::Kv { event, seq }),
+            JsonlRecord::KvRuns(evs) => Ok(Msg::KvRuns(evs)),
             JsonlRecord::Request(r) => Ok(Msg::Request(Box::new(r))),
         },
     }
@@ -1066,6 +1242,88 @@ fn sniff_type(line: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
+    fn msg_of(r: JsonlRecord) -> Msg {
+        match r {
+            JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
+            JsonlRecord::KvRuns(evs) => Msg::KvRuns(evs),
+            JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
+        }
+    }
+
+    /// A line of several runs: the writer's bytes read back by the
+    /// canonical scanner and by `parse_line` as the same events, one per
+    /// run; other spellings go to `parse_line`, which refuses what breaks
+    /// the form and names the run.
+    #[test]
+    fn runs_lines_round_trip_and_agree() {
+        let runs = [
+            (16u32, 16u32, Some(0u32)),
+            (48, 16, Some(16)),
+            (4_294_967_295, 1, None),
+        ];
+        let mut b = Vec::new();
+        write_canonical_kv_runs(&mut b, 3, -5, 77, Op::Read, runs);
+        let text = std::str::from_utf8(&b).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"kv","pool":3,"ts_ns":-5,"request_id":77,"op":"read","runs":[[16,16,0],[48,16,16],[4294967295,1,null]]}"#
+        );
+        let Some(Msg::KvRuns(evs)) = canonical_kv(&b) else {
+            panic!("not canonical: {text}");
+        };
+        assert_eq!(evs.len(), 3);
+        for (e, r) in evs.iter().zip(runs) {
+            assert_eq!((e.pool, e.ts_ns, e.request_id, e.op), (3, -5, 77, Op::Read));
+            assert_eq!((e.slot_start, e.slot_count, e.token_pos), r);
+            assert_eq!((e.seq, e.src), (0, None));
+        }
+        assert_eq!(parse_line(text).map(msg_of), Ok(Msg::KvRuns(evs.clone())));
+        assert_eq!(parse_msg(text), Ok(Msg::KvRuns(evs)));
+        // Other spellings parse_line reads: two-value runs, spaces, keys in
+        // another order.
+        let other = r#"{ "op":"write", "type":"kv","pool":1,"request_id":2,"ts_ns":9,"runs":[[0,4],[8, 2, null],[20,1,7]]}"#;
+        assert!(canonical_kv(other.as_bytes()).is_none());
+        let Ok(Msg::KvRuns(evs)) = parse_msg(other) else {
+            panic!("{other}");
+        };
+        let got: Vec<_> = evs
+            .iter()
+            .map(|e| (e.slot_start, e.slot_count, e.token_pos))
+            .collect();
+        assert_eq!(got, [(0, 4, None), (8, 2, None), (20, 1, Some(7))]);
+        // Refused, naming the field: a run of count 0, a bad run, seq or a
+        // copy beside runs, no runs, a reserved request id.
+        let head = r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":2,"op":"read""#;
+        for (tail, field) in [
+            (r#","runs":[[0,1,0],[5,0,1]]}"#, "runs[1]"),
+            (r#","runs":[[0,1,0],[5]]}"#, "runs[1]"),
+            (r#","runs":[[0,1,0],[5,1,2,3]]}"#, "runs[1]"),
+            (r#","runs":[[0,1,0],[-1,1,0]]}"#, "runs[1]"),
+            (r#","runs":[[0,1,0],[0,1,4294967296]]}"#, "runs[1]"),
+            (r#","runs":[]}"#, "runs"),
+            (r#","runs":{"a":1}}"#, "runs"),
+            (r#","seq":4,"runs":[[0,1,0]]}"#, "seq"),
+            (r#","slot_start":0,"runs":[[0,1,0]]}"#, "slot_start"),
+            (r#","src_pool":1,"runs":[[0,1,0]]}"#, "src_pool"),
+        ] {
+            let line = format!("{head}{tail}");
+            assert!(canonical_kv(line.as_bytes()).is_none(), "{line}");
+            let e = parse_msg(&line).expect_err(&line);
+            assert_eq!(e.field.as_deref(), Some(field), "{line}: {e}");
+            assert_eq!(e.pool, Some(0), "{line}");
+        }
+        let reserved = r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":18446744073709551615,"op":"read","runs":[[0,1,0],[4,1,1]]}"#;
+        assert!(canonical_kv(reserved.as_bytes()).is_none());
+        assert!(parse_msg(reserved).is_err());
+        // The bound on runs a line carries, on both paths.
+        let mut big = Vec::new();
+        let many = (0..=MAX_LINE_RUNS as u32).map(|i| (i, 1, None));
+        write_canonical_kv_runs(&mut big, 0, 1, 2, Op::Read, many);
+        assert!(canonical_kv(&big).is_none());
+        let e = parse_msg(std::str::from_utf8(&big).unwrap()).expect_err("too many runs");
+        assert_eq!(e.field.as_deref(), Some("runs"));
+    }
+
     /// What the writer writes, the canonical scanner reads back as the same
     /// event, and `parse_line` agrees.
     #[test]
@@ -1151,10 +1409,7 @@ mod tests {
             r#"{"type":"kv","pool":2,"ts_ns":7,"request_id":5,"op":"alloc","slot_start":64,"slot_count":64}}"#,
         ];
         for line in canonical {
-            let reference = parse_line(line).map(|r| match r {
-                JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
-                JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
-            });
+            let reference = parse_line(line).map(msg_of);
             if let Some(fast) = canonical_kv(line.as_bytes()) {
                 assert_eq!(Ok(fast), reference, "{line}");
             }
@@ -1168,10 +1423,7 @@ mod tests {
         assert!(canonical_kv(canonical[13].as_bytes()).is_none());
         assert!(canonical_kv(canonical[14].as_bytes()).is_none());
         for line in lines {
-            let reference = parse_line(line).map(|r| match r {
-                JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
-                JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
-            });
+            let reference = parse_line(line).map(msg_of);
             if let Some(fast) = fast_kv(line) {
                 assert_eq!(Ok(fast), reference, "{line}");
             }
@@ -1205,11 +1457,33 @@ mod tests {
             mutated[k] = byte;
             for l in [line.clone(), String::from_utf8(mutated).unwrap()] {
                 if let Some(fast) = canonical_kv(l.as_bytes()) {
-                    let reference = parse_line(&l).map(|r| match r {
-                        JsonlRecord::Kv { event, seq } => Msg::Kv { event, seq },
-                        JsonlRecord::Request(r) => Msg::Request(Box::new(r)),
-                    });
+                    let reference = parse_line(&l).map(msg_of);
                     proptest::prop_assert_eq!(Ok(fast), reference, "{}", l);
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Lines of several runs, and with one byte changed: whatever the
+        /// canonical scanner accepts, parse_line reads as the same events.
+        #[test]
+        fn canonical_runs_scanner_never_disagrees(
+            runs in proptest::collection::vec(
+                (proptest::num::u32::ANY, 0u32..3, proptest::option::of(proptest::num::u32::ANY)),
+                1..6,
+            ),
+            rid in proptest::num::u64::ANY, at in 0usize..400, byte in 32u8..127,
+        ) {
+            let mut b = Vec::new();
+            write_canonical_kv_runs(&mut b, 4, 11, rid, Op::Read, runs.iter().copied());
+            let mut mutated = b.clone();
+            let k = at % mutated.len();
+            mutated[k] = byte;
+            for l in [b, mutated] {
+                let l = String::from_utf8(l).unwrap();
+                if let Some(fast) = canonical_kv(l.as_bytes()) {
+                    proptest::prop_assert_eq!(Ok(fast), parse_line(&l).map(msg_of), "{}", l);
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::path::Path;
 use arrow_array::{Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array};
 use kvtrail::inspect::{Hole, inspect};
 use kvtrail::progress::NoReporter;
-use kvtrail::schema::{KvEvent, RequestRecord, hex32};
+use kvtrail::schema::{KvEvent, Op, RequestRecord, hex32};
 use kvtrail::trace::{Manifest, Trace};
 use parquet::basic::Compression;
 use serde_json::json;
@@ -271,6 +271,70 @@ fn ingest_skip_bad_lines_marks_the_loss() {
         "{}",
         v.stdout
     );
+}
+
+/// Lines of several runs (docs/jsonl.md): one event per run with the
+/// recorder's next seqs; a run outside the pool stops the import naming
+/// it, or with --skip-bad-lines keeps the runs before it and leaves a hole
+/// as large as the rest.
+#[test]
+fn ingest_lines_of_several_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("events.jsonl");
+    let lines = [
+        r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":3,"op":"alloc","runs":[[0,8],[16,8]]}"#,
+        r#"{"type":"kv","pool":0,"ts_ns":2,"request_id":3,"op":"write","runs":[[0,8,0],[16,4,8]]}"#,
+        r#"{"type":"kv","pool":0,"ts_ns":3,"request_id":3,"op":"read","runs":[[0,8,0],[4000000000,4,8],[16,4,12]]}"#,
+        r#"{"type":"kv","pool":0,"ts_ns":4,"request_id":3,"op":"free","slot_start":0,"slot_count":24}"#,
+    ];
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let dep = write_deploy(d.path());
+    let out = d.path().join("t");
+    let r = kvtrail(["ingest", s(&input), "--deployment", &dep, "--out", s(&out)]).run();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("events.jsonl:3: field `runs[1]`"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+    let r = kvtrail([
+        "ingest",
+        s(&input),
+        "--deployment",
+        &dep,
+        "--out",
+        s(&out),
+        "--skip-bad-lines",
+    ])
+    .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let t = Trace::open(&out).unwrap();
+    let (evs, _) = contents(&t);
+    let got: Vec<_> = evs
+        .iter()
+        .map(|e| (e.seq, e.op, e.slot_start, e.slot_count, e.token_pos))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, Op::Alloc, 0, 8, None),
+            (1, Op::Alloc, 16, 8, None),
+            (2, Op::Write, 0, 8, Some(0)),
+            (3, Op::Write, 16, 4, Some(8)),
+            (4, Op::Read, 0, 8, Some(0)),
+            (7, Op::Free, 0, 24, None),
+        ]
+    );
+    let rep = inspect(&t, &NoReporter).unwrap();
+    let holes: Vec<(u16, u64)> = rep
+        .kv
+        .pools
+        .iter()
+        .filter(|p| p.missing_events > 0)
+        .map(|p| (p.pool, p.missing_events))
+        .collect();
+    assert_eq!(holes, [(0, 2)]);
 }
 
 /// Writes a trace whose pool 0 seqs are split into files as given.

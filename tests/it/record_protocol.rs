@@ -320,6 +320,64 @@ fn hook_reported_loss_is_a_hole() {
     assert!(sum.complete);
 }
 
+/// A KV line of several runs (docs/jsonl.md) is one event per run, in
+/// order, with the seqs one line per run would take, on both the byte
+/// scanner's path and the full parser's. A line the parser refuses is a
+/// hole of as many events as it lists (the hook's positions counted
+/// them); a run outside the pool is a hole of one, its other runs kept.
+#[test]
+fn kv_lines_of_several_runs_are_one_event_per_run() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    let lines = [
+        kv(2, 1, "alloc", 0, 64), // seq 0
+        // The hook's spelling (byte scanner): seqs 1, 2, 3.
+        r#"{"type":"kv","pool":2,"ts_ns":5,"request_id":1,"op":"write","runs":[[0,16,0],[32,8,16],[48,1,null]]}"#.into(),
+        // Keys in another order, a run of two values (full parser): 4, 5.
+        r#"{"op":"read","type":"kv","pool":2,"ts_ns":6,"request_id":1,"runs":[[0,16],[32, 8, 16]]}"#.into(),
+        // A run of count 0: the whole line refused, a hole of 3 (6, 7, 8).
+        r#"{"type":"kv","pool":2,"ts_ns":7,"request_id":1,"op":"read","runs":[[0,1,0],[1,0,1],[2,1,2]]}"#.into(),
+        // A run outside the pool (4096 slots): 9 kept, 10 a hole, 11 kept.
+        r#"{"type":"kv","pool":2,"ts_ns":8,"request_id":1,"op":"read","runs":[[0,1,0],[4090,100,1],[2,1,2]]}"#.into(),
+        kv(2, 1, "free", 0, 64), // 12
+    ];
+    for l in &lines {
+        writeln!(a, "{l}").unwrap();
+    }
+    drop(a);
+    let (sum, t, _d, _) = rig.stop();
+    let st = &sum.stats;
+    assert_eq!(st.rejected_malformed, 1, "{st:?}");
+    assert_eq!(st.rejected_contract, 1, "{st:?}");
+    assert_eq!(seqs(&t, 2), vec![0, 1, 2, 3, 4, 5, 9, 11, 12]);
+    let evs = &events(&t)[&2];
+    let got: Vec<_> = evs
+        .iter()
+        .map(|e| {
+            (
+                e.seq,
+                e.op,
+                e.slot_start,
+                e.slot_count,
+                e.token_pos,
+                e.ts_ns,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got[1..8],
+        [
+            (1, Op::Write, 0, 16, Some(0), 5),
+            (2, Op::Write, 32, 8, Some(16), 5),
+            (3, Op::Write, 48, 1, None, 5),
+            (4, Op::Read, 0, 16, None, 6),
+            (5, Op::Read, 32, 8, Some(16), 6),
+            (9, Op::Read, 0, 1, Some(0), 8),
+            (11, Op::Read, 2, 1, Some(2), 8),
+        ]
+    );
+}
+
 fn send(pool: u16, room: u64, dst_index: u32, pages: &str, last: bool) -> String {
     format!(
         r#"{{"type":"xfer_send","room":{room},"pool":{pool},"ts_ns":5,"dst_index":{dst_index},"src_pages":{pages},"last":{last}}}"#

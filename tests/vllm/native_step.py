@@ -4,9 +4,10 @@ the shapes vLLM's Scheduler has (requests with num_computed_tokens, the
 single-type managers' req_to_blocks of blocks with block_id).
 
 Checks, and prints one JSON line of facts at the end:
-- every line the step writes is byte-identical to the line the client's
-  `_format` writes for the same event (one format, two writers held
-  together);
+- every line of one run the step writes is byte-identical to the line
+  the client's `_format` writes for the same event (one format, two
+  writers held together); a read of several runs is one line of several
+  runs, spelled as docs/jsonl.md gives it, counted as one event a run;
 - the runs: null blocks skipped, a table shorter than the context ends the
   runs, a run continues only where slots and positions both do;
 - a request whose state cannot be read leaves a `lost` line in its pool
@@ -50,6 +51,13 @@ def client_lines(items):
     return out
 
 
+def runs_line(pool, ts, rid, op, runs):
+    """A KV line of several runs as docs/jsonl.md spells it."""
+    rs = ",".join("[%d,%d,%s]" % (a, n, "null" if t is None else t) for a, n, t in runs)
+    return ('{"type":"kv","pool":%d,"ts_ns":%d,"request_id":%d,"op":"%s","runs":[%s]}'
+            % (pool, ts, rid, op, rs))
+
+
 failures = []
 
 
@@ -82,10 +90,12 @@ step = kvtrail_guard.schedule_step(sched, requests, reqs, groups, tabs, TS, None
 lines = step.text.split("\n")
 W, R = c.WRITE, c.READ
 # Positions 8..9 of a are block index 2 (id 9): slots 36, 37.
-want = client_lines([
-    (c.KV, 3, TS, 11, W, range(36, 38), 8, 0),
-    (c.KV, 3, TS, 11, R, range(20, 24), 0, 0),    # block 5: positions 0..3
-    (c.KV, 3, TS, 11, R, range(36, 38), 8, 0),    # block 9: positions 8..9 (block 0 skipped)
+want = client_lines([(c.KV, 3, TS, 11, W, range(36, 38), 8, 0)])
+# a's read is two runs, block 5 (positions 0..3) and block 9 (positions
+# 8..9; block 0 skipped): one line of several runs (docs/jsonl.md), two
+# events.
+want.append(runs_line(3, TS, 11, "read", [(20, 4, 0), (36, 2, 8)]))
+want += client_lines([
     (c.KV, 3, TS, 777, W, range(24, 30), 0, 0),   # b: blocks 6, 7 contiguous: one run of 6
     (c.KV, 3, TS, 777, R, range(24, 30), 0, 0),
 ])

@@ -2,7 +2,7 @@
 //! step (`schedule_step`): for every request scheduled, the `write` of the
 //! tokens it computes this step and the `read` of its whole context, per KV
 //! cache group, as the canonical KV lines the sidecar reads
-//! (`kvtrail::record::wire::write_canonical_kv`); the writes mirrored into
+//! (`kvtrail::record::wire::KvLineHead`); the writes mirrored into
 //! the guard; and the guard's check of a request's first step over KV it
 //! did not compute, made in the stream's order. The Python hook only queues
 //! the lines (one queue item a step) and acts on the checks.
@@ -24,8 +24,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString};
 
+use kvtrail::capture::jsonl::MAX_LINE_RUNS;
 use kvtrail::lineage::backend::AddrMap;
-use kvtrail::record::wire::{write_canonical_kv, write_lost};
+use kvtrail::record::wire::{KvLineHead, write_lost};
 use kvtrail::schema::Op;
 
 use crate::Guard;
@@ -167,9 +168,10 @@ type Reads = (i64, Vec<(u64, u64, u64)>);
 pub struct Step {
     /// The step's lines, newline-separated (None: no line).
     text: Option<Py<PyString>>,
-    /// Lines per pool: (pool, lines), a `lost` line counting its n.
+    /// Events per pool: (pool, events), a line of several runs counting
+    /// one per run and a `lost` line its n.
     counts: Vec<(u16, u64)>,
-    /// The lines in all.
+    /// The events in all (what the client's queue bound counts).
     lines: u64,
     /// Requests checked this step: (request id as the engine names it,
     /// trace request id, the answer per group read).
@@ -218,11 +220,22 @@ impl Step {
 /// size, and whether it holds attention KV (a Mamba state group does not).
 type Group = (Option<i64>, u64, bool);
 
+/// The head of `pool`'s lines stamped `ts` (a step's lines share it),
+/// kept in `head` for the next line.
+fn head(head: &mut Option<KvLineHead>, pool: u16, ts: i64) -> &KvLineHead {
+    if !head.as_ref().is_some_and(|h| h.is(pool, ts)) {
+        *head = Some(KvLineHead::new(pool, ts));
+    }
+    head.get_or_insert_with(|| KvLineHead::new(pool, ts))
+}
+
 /// The step's lines, with their count per pool.
 pub(crate) struct Out {
     pub(crate) buf: Vec<u8>,
     pub(crate) counts: Vec<(u16, u64)>,
     pub(crate) lines: u64,
+    /// The last lines' common head (pool and stamp), kept for the next.
+    head: Option<KvLineHead>,
 }
 
 impl Out {
@@ -231,23 +244,31 @@ impl Out {
             buf: Vec::with_capacity(bytes),
             counts: Vec::new(),
             lines: 0,
+            head: None,
         }
     }
 
     fn line(&mut self, pool: u16) {
+        self.line_of(pool, 1);
+    }
+
+    /// A line that stands for `events` events of `pool` (the hook's
+    /// positions and queue bound count events).
+    fn line_of(&mut self, pool: u16, events: u64) {
         if !self.buf.is_empty() {
             self.buf.push(b'\n');
         }
-        self.lines += 1;
+        self.lines += events;
         match self.counts.iter_mut().find(|c| c.0 == pool) {
-            Some(c) => c.1 += 1,
-            None => self.counts.push((pool, 1)),
+            Some(c) => c.1 += events,
+            None => self.counts.push((pool, events)),
         }
     }
 
-    /// The lines of `runs`; a slot or position past what a KV line holds
-    /// (u32) makes the request unreadable (a hole), never a line the
-    /// sidecar refuses.
+    /// The lines of `runs`, one line per run (the lines the shared
+    /// client writes for the same events); a slot or position past what a
+    /// KV line holds (u32) makes the request unreadable (a hole), never a
+    /// line the sidecar refuses.
     pub(crate) fn kv(
         &mut self,
         pool: u16,
@@ -256,13 +277,41 @@ impl Out {
         op: Op,
         runs: &[(u64, u64, u64)],
     ) -> PyResult<()> {
-        let u32_of = |v: u64| {
-            u32::try_from(v).map_err(|_| PyValueError::new_err("a slot or position past u32"))
-        };
         for &(start, n, tp) in runs {
             let (start, n, tp) = (u32_of(start)?, u32_of(n)?, u32_of(tp)?);
             self.line(pool);
-            write_canonical_kv(&mut self.buf, pool, ts, rid, op, start, n, Some(tp));
+            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, start, n, Some(tp));
+        }
+        Ok(())
+    }
+
+    /// The events of `runs` as one KV line of several runs (docs/jsonl.md;
+    /// a third of the bytes of a line per run), or the canonical line when
+    /// there is one run; past u32 as in `kv`.
+    pub(crate) fn kv_runs(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[(u64, u64, u64)],
+    ) -> PyResult<()> {
+        if runs.len() < 2 {
+            return self.kv(pool, ts, rid, op, runs);
+        }
+        for chunk in runs.chunks(MAX_LINE_RUNS) {
+            for &(a, n, t) in chunk {
+                u32_of(a.max(n).max(t))?;
+            }
+            self.line_of(pool, chunk.len() as u64);
+            head(&mut self.head, pool, ts).kv_runs(
+                &mut self.buf,
+                rid,
+                op,
+                chunk
+                    .iter()
+                    .map(|&(a, n, t)| (a as u32, n as u32, Some(t as u32))),
+            );
         }
         Ok(())
     }
@@ -282,7 +331,7 @@ impl Out {
         for &(start, n) in runs {
             let (start, n) = (u32_of(start)?, u32_of(n)?);
             self.line(pool);
-            write_canonical_kv(&mut self.buf, pool, ts, rid, op, start, n, None);
+            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, start, n, None);
         }
         Ok(())
     }
@@ -291,6 +340,10 @@ impl Out {
         self.line(pool);
         write_lost(&mut self.buf, pool, 1);
     }
+}
+
+fn u32_of(v: u64) -> PyResult<u32> {
+    u32::try_from(v).map_err(|_| PyValueError::new_err("a slot or position past u32"))
 }
 
 /// Buffers the first pass reuses from request to request (the step runs
@@ -376,11 +429,7 @@ pub fn schedule_step<'py>(
             holed.push(*p);
         }
     }
-    let mut out = Out {
-        buf: Vec::with_capacity(scheduled.len() * 2 * 140),
-        counts: Vec::new(),
-        lines: 0,
-    };
+    let mut out = Out::with_capacity(scheduled.len() * 2 * 140);
     let mut step = Step {
         text: None,
         counts: Vec::new(),
@@ -677,11 +726,11 @@ fn request<'py>(
             }
         }
         slot_runs(ids, bs, c, end, runs);
-        out.kv(pool, cx.ts, rid, Op::Write, runs)?;
+        out.kv_runs(pool, cx.ts, rid, Op::Write, runs)?;
         writes.extend(runs.iter().map(|&(a, k, _)| (pool, a, k)));
         slot_runs(ids, bs, 0, end, read);
         if !wait {
-            out.kv(pool, cx.ts, rid, Op::Read, read)?;
+            out.kv_runs(pool, cx.ts, rid, Op::Read, read)?;
         }
         if check || wait {
             reads.push((pool_id.unwrap_or(-1), read.clone()));

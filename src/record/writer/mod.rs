@@ -151,6 +151,7 @@ fn msg_bytes(m: &Msg) -> u64 {
         Msg::Copy(x) => size_of::<EngineCopy>() as u64 + 12 * x.runs.len() as u64,
         Msg::Guard(g) => size_of::<GuardDecision>() as u64 + 8 * g.sources.len() as u64,
         Msg::Open { pools } => 2 * pools.len() as u64,
+        Msg::KvRuns(evs) => size_of::<KvEvent>() as u64 * evs.len() as u64,
         Msg::Kv { .. }
         | Msg::Lost { .. }
         | Msg::Hole { .. }
@@ -492,6 +493,12 @@ impl W<'_> {
                             e.to_string().replace('\n', " ")
                         ));
                     }
+                }
+            }
+            // The connection splits these (one event per run); alike here.
+            Msg::KvRuns(evs) => {
+                for event in evs {
+                    self.apply(conn, view, Msg::Kv { event, seq: None })?;
                 }
             }
             Msg::Lost { pool, n } => {

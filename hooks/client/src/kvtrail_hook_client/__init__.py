@@ -27,7 +27,8 @@ whatever order the connections' lines arrive in.
 Positions. An engine copy between two pools of this connection (`copy`:
 HiCache's offload to host memory and load back) carries `src_pos`, the
 source pool's position: how many events of that pool this connection has
-reported before the copy (each KV line 1, each `lost` line its n, each
+reported before the copy (each KV event 1: a KV line 1, a native step's
+line of several runs one per run; each `lost` line its n, each
 `copy` into the pool its number of runs), counted in the sender thread
 over what actually reaches the sidecar and restarted at each connection.
 The sidecar turns the position into the source seq; the queue is in the
@@ -247,9 +248,10 @@ class Client:
         self.q.append(item)
 
     def put_lines(self, ts, text, counts, n):
-        """Queues ``n`` lines formatted natively (newline-separated, KV and
-        ``lost`` lines of the pools in ``counts``: (pool, lines), a ``lost``
-        line counting its n), stamped ``ts``, as one item. On a full queue
+        """Queues lines formatted natively, ``n`` events in all
+        (newline-separated, KV and ``lost`` lines of the pools in
+        ``counts``: (pool, events), a line of several runs counting one per
+        run and a ``lost`` line its n), stamped ``ts``, as one item. On a full queue
         they are dropped and counted per pool, as ``put``'s events are."""
         if len(self.q) + self._lines_in - self._lines_out + n > self.max_queue:
             for pool, k in counts:
