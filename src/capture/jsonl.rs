@@ -689,7 +689,7 @@ fn ingest_lines(
         let first = min_ts == i64::MAX;
         let parsed = text
             .and_then(|_| parse_line(line))
-            .map_err(|e| (e, 1))
+            .map_err(|e| (e, line_runs(line).unwrap_or(1)))
             .and_then(|r| apply(rec, r, &mut min_ts, &mut report.kv_events));
         if first && min_ts != i64::MAX {
             rec.set_started_ns(min_ts);
@@ -708,7 +708,8 @@ fn ingest_lines(
                 // A lost KV event with recorder-assigned seqs would vanish
                 // without trace: make the loss an explicit hole instead.
                 // (With seqs on the lines, the hole is there already.)
-                // (A line of several runs refused at run k: its runs from k
+                // (A line of several runs refused whole: as many as it
+                // lists; refused by the recorder at run k: its runs from k
                 // on, the ones before it being recorded.)
                 if let Some(pool) = e.pool
                     && rec.next_seq(pool).is_ok()
@@ -764,6 +765,15 @@ fn read_line_bounded(r: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result
             return Ok(Some(fits));
         }
     }
+}
+
+/// How many runs a (malformed) line lists in an array `runs` (1 to
+/// [`MAX_LINE_RUNS`]): the events its emitter counted for it, so a line
+/// refused whole is a hole of that many.
+pub fn line_runs(line: &str) -> Option<u64> {
+    let v = serde_json::from_str::<Value>(line).ok()?;
+    let n = v.get("runs")?.as_array()?.len();
+    (n > 0).then(|| n.min(MAX_LINE_RUNS) as u64)
 }
 
 /// Whether a (malformed) line still carries an integer `seq`.

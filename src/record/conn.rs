@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use super::shared::{Batch, Shared, View};
 use super::stats::add;
 use super::wire::{Msg, WIRE_MAX_COUNT, canonical_kv, parse_hello, parse_msg};
-use crate::capture::jsonl::MAX_LINE_RUNS;
+use crate::capture::jsonl::line_runs;
 use crate::trace::manifest::Role;
 
 /// Most messages per batch handed to the writer.
@@ -463,10 +463,16 @@ impl Conn {
                 }
                 match m {
                     // A line of several runs: one event per run (the hook's
-                    // positions count each).
-                    Msg::KvRuns(evs) => self
-                        .batch
-                        .extend(evs.into_iter().map(|event| Msg::Kv { event, seq: None })),
+                    // positions count each), in batches of at most BATCH
+                    // like any other lines (the queue's bound).
+                    Msg::KvRuns(evs) => {
+                        for event in evs {
+                            self.batch.push(Msg::Kv { event, seq: None });
+                            if self.batch.len() >= BATCH {
+                                self.flush(false);
+                            }
+                        }
+                    }
                     m => self.batch.push(m),
                 }
             }
@@ -638,12 +644,4 @@ fn line_has_seq(line: &str) -> bool {
         .ok()
         .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64))
         .is_some_and(|s| s <= WIRE_MAX_COUNT)
-}
-
-/// How many runs a (malformed) line lists in an array `runs` (1 to
-/// [`MAX_LINE_RUNS`]): the events the hook counted for it.
-fn line_runs(line: &str) -> Option<u64> {
-    let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
-    let n = v.get("runs")?.as_array()?.len();
-    (n > 0).then(|| n.min(MAX_LINE_RUNS) as u64)
 }

@@ -276,7 +276,7 @@ fn ingest_skip_bad_lines_marks_the_loss() {
 /// Lines of several runs (docs/jsonl.md): one event per run with the
 /// recorder's next seqs; a run outside the pool stops the import naming
 /// it, or with --skip-bad-lines keeps the runs before it and leaves a hole
-/// as large as the rest.
+/// as large as the rest; a line refused whole is a hole of all its runs.
 #[test]
 fn ingest_lines_of_several_runs() {
     let d = tempfile::tempdir().unwrap();
@@ -285,7 +285,9 @@ fn ingest_lines_of_several_runs() {
         r#"{"type":"kv","pool":0,"ts_ns":1,"request_id":3,"op":"alloc","runs":[[0,8],[16,8]]}"#,
         r#"{"type":"kv","pool":0,"ts_ns":2,"request_id":3,"op":"write","runs":[[0,8,0],[16,4,8]]}"#,
         r#"{"type":"kv","pool":0,"ts_ns":3,"request_id":3,"op":"read","runs":[[0,8,0],[4000000000,4,8],[16,4,12]]}"#,
-        r#"{"type":"kv","pool":0,"ts_ns":4,"request_id":3,"op":"free","slot_start":0,"slot_count":24}"#,
+        // Refused whole (a run of count 0): a hole of its three runs.
+        r#"{"type":"kv","pool":0,"ts_ns":4,"request_id":3,"op":"read","runs":[[0,1,0],[1,0,1],[2,1,2]]}"#,
+        r#"{"type":"kv","pool":0,"ts_ns":5,"request_id":3,"op":"free","slot_start":0,"slot_count":24}"#,
     ];
     std::fs::write(&input, lines.join("\n")).unwrap();
     let dep = write_deploy(d.path());
@@ -323,7 +325,7 @@ fn ingest_lines_of_several_runs() {
             (2, Op::Write, 0, 8, Some(0)),
             (3, Op::Write, 16, 4, Some(8)),
             (4, Op::Read, 0, 8, Some(0)),
-            (7, Op::Free, 0, 24, None),
+            (10, Op::Free, 0, 24, None),
         ]
     );
     let rep = inspect(&t, &NoReporter).unwrap();
@@ -334,7 +336,7 @@ fn ingest_lines_of_several_runs() {
         .filter(|p| p.missing_events > 0)
         .map(|p| (p.pool, p.missing_events))
         .collect();
-    assert_eq!(holes, [(0, 2)]);
+    assert_eq!(holes, [(0, 5)]);
 }
 
 /// Writes a trace whose pool 0 seqs are split into files as given.

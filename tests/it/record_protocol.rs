@@ -378,6 +378,33 @@ fn kv_lines_of_several_runs_are_one_event_per_run() {
     );
 }
 
+/// A line of more runs than one batch holds is handed on in batches of
+/// the usual size, every run kept, in order.
+#[test]
+fn a_line_of_more_runs_than_a_batch_keeps_every_run_in_order() {
+    let rig = start(|_| {});
+    let mut a = rig.connect(&[2]);
+    let runs: Vec<String> = (0..3000).map(|i| format!("[{i},1,{i}]")).collect();
+    writeln!(
+        a,
+        r#"{{"type":"kv","pool":2,"ts_ns":5,"request_id":1,"op":"write","runs":[{}]}}"#,
+        runs.join(",")
+    )
+    .unwrap();
+    writeln!(a, "{}", kv(2, 1, "read", 0, 3000)).unwrap();
+    drop(a);
+    let (sum, t, _d, _) = rig.stop();
+    assert_eq!(seqs(&t, 2), (0..3001).collect::<Vec<u64>>());
+    let evs = &events(&t)[&2];
+    assert!(
+        evs[..3000]
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.slot_start == i as u32 && e.token_pos == Some(i as u32))
+    );
+    assert!(sum.complete);
+}
+
 fn send(pool: u16, room: u64, dst_index: u32, pages: &str, last: bool) -> String {
     format!(
         r#"{{"type":"xfer_send","room":{room},"pool":{pool},"ts_ns":5,"dst_index":{dst_index},"src_pages":{pages},"last":{last}}}"#

@@ -107,6 +107,15 @@ expect(reqs["a"]["covered"] == 8, f"covered {reqs['a']}")
 expect(len(rid_of_calls) == 1 and rid_of_calls[0] is requests["b"], "rid_of called for b only")
 expect(step.checks == [] and step.waits == [], "no guard, no waits")
 
+# A read of many runs: lines of at most 128 runs (a few KiB), each run
+# counted as one event. 130 blocks apart from each other: 130 runs.
+step = kvtrail_guard.schedule_step({"m": 1}, {"m": Req(130 * BS)}, {"m": {"id": 9}}, [(3, BS, True)],
+                                   tables({"m": [2 * i + 1 for i in range(130)]}), TS, None, None, {}, rid_of)
+ls = step.text.split("\n")
+expect([len(json.loads(x).get("runs", [0])) for x in ls] == [1, 128, 2], f"runs per line {ls}")
+expect(max(len(x) for x in ls) < 4700 and step.counts == [(3, 131)] and step.lines == 131,
+       f"line sizes {[len(x) for x in ls]} counts {step.counts}")
+
 # Contiguous slots whose positions are not contiguous are two runs: the
 # table [2, 0, 3] reads blocks 2 and 3 (slots 8..11 and 12..15, adjacent)
 # at positions 0..3 and 8..11.

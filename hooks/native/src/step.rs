@@ -24,7 +24,6 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString};
 
-use kvtrail::capture::jsonl::MAX_LINE_RUNS;
 use kvtrail::lineage::backend::AddrMap;
 use kvtrail::record::wire::{KvLineHead, write_lost};
 use kvtrail::schema::Op;
@@ -299,7 +298,7 @@ impl Out {
         if runs.len() < 2 {
             return self.kv(pool, ts, rid, op, runs);
         }
-        for chunk in runs.chunks(MAX_LINE_RUNS) {
+        for chunk in runs.chunks(RUNS_PER_LINE) {
             for &(a, n, t) in chunk {
                 u32_of(a.max(n).max(t))?;
             }
@@ -341,6 +340,11 @@ impl Out {
         write_lost(&mut self.buf, pool, 1);
     }
 }
+
+/// Most runs on one line the step writes: at most 35 bytes a run, so a
+/// line stays under 4.6 KiB, far below the sidecar's 1 MiB line bound
+/// (`--max-line-bytes`) and any sensible lower one.
+const RUNS_PER_LINE: usize = 128;
 
 fn u32_of(v: u64) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| PyValueError::new_err("a slot or position past u32"))
