@@ -11,7 +11,12 @@ finish. The step time is the wall time of those two calls; the table gives
 the median over decode steps (every request decoding) and the mean over
 all steps (prefill included), per configuration, the median of --rounds
 rounds run interleaved (off, hook, guard, off, ...), and the cost added
-per step against hook off.
+per step against hook off. A second table gives CPU time, which other
+processes on the machine disturb less than wall time: the engine
+thread's per decode step (median) and the hook's sender thread's per
+decode step (its CPU from the first decode step, with what prefill
+queued sent first, to the round's end, drained, divided by the decode
+steps), and their sum added over hook off.
 
 Usage (after .ci/setup.d/32-vllm.sh and 34-kvtrail-guard.sh):
   PYTHONPATH=hooks/vllm/src:hooks/client/src:target/kvtrail-guard-native \\
@@ -119,22 +124,54 @@ def one_round(tag, seed):
         sp.update_from_generation_config({}, eos_token_id=2)
         toks = [(seed * 7919 + i * 131 + k) % 31000 + 3 for k in range(args.prompt)]
         s.add_request(Request(f"{tag}-{seed}-{i}", toks, sp, None, cache_salt="t", block_hasher=hasher))
-    steps, decode = [], []
+    steps, decode, cpu = [], [], []
+    sent0 = None  # the sender threads' CPU when the decode steps begin
     while s.requests:
         t = time.perf_counter()
+        c0 = time.thread_time()
         out = s.schedule()
         ids = list(out.num_scheduled_tokens)
         m = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                               sampled_token_ids=[[] if r in s.requests and s.requests[r].is_prefill_chunk
                                                  else [7] for r in ids])
         s.update_from_output(out, m)
+        dc = time.thread_time() - c0
         dt = time.perf_counter() - t
         steps.append(dt)
         if len(ids) == B and out.total_num_scheduled_tokens == B:
+            if sent0 is None:
+                # The first decode step: the sender's CPU counts from here,
+                # once it has sent everything queued before this step.
+                if tag != "off":
+                    kh.flush()
+                sent0 = sender_cpu()
+                decode_steps = 0
             decode.append(dt)
+            cpu.append(dc)
+            decode_steps += 1
         if len(steps) > 10 * (args.decode + args.prompt):
             sys.exit("the scheduler did not finish the batch")
-    return steps, decode
+    if tag != "off":
+        kh.flush()
+    sent = sender_cpu()
+    sender = (sum(sent[k] - (sent0 or {}).get(k, 0.0) for k in sent) / decode_steps
+              if sent0 is not None and decode_steps else 0.0)
+    return steps, decode, cpu, sender
+
+
+def sender_cpu():
+    """CPU seconds of each live sender thread of the hook (the shared
+    client's `kvtrail-sender`, which shares the engine's interpreter), by
+    thread."""
+    import threading
+    out = {}
+    for t in threading.enumerate():
+        if t.name == "kvtrail-sender" and t.ident is not None:
+            try:
+                out[t.ident] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except OSError:
+                pass  # ended meanwhile
+    return out
 
 
 def replay_round(seed):
@@ -238,7 +275,7 @@ for r in range(0 if args.replay_only else args.rounds):
                        guard="off" if tag == "hook" else "alert")
             if tag == "guard" and not kh._H.guard.active:
                 sys.exit("the guard's native module is not importable (PYTHONPATH)")
-        steps, decode = one_round(tag, r)
+        steps, decode, cpu, sender = one_round(tag, r)
         if tag != "off":
             g = kh.guard_stats()
             if tag == "guard" and (g["foreign"] or g["unknown"] or not g["checks"]):
@@ -246,7 +283,8 @@ for r in range(0 if args.replay_only else args.rounds):
             kh.flush()
             kh.uninstall()
         results[tag].append((statistics.median(decode) if decode else float("nan"),
-                             statistics.mean(steps), len(steps), len(decode)))
+                             statistics.mean(steps), len(steps), len(decode),
+                             statistics.median(cpu) if cpu else float("nan"), sender))
 
 replay = [replay_round(100 + r) for r in range(args.rounds)]
 
@@ -271,6 +309,17 @@ hook = statistics.median(x[0] for x in results["hook"])
 guard = statistics.median(x[0] for x in results["guard"])
 print(f"guard over hook: {(guard - hook) * 1e6:.0f} us per decode step ({(guard - hook) / B * 1e9:.0f} ns "
       f"per request); hook over off: {(hook - base) * 1e6:.0f} us")
+# CPU time, less sensitive to what else the machine runs than wall time:
+# the engine thread's per decode step, and the sender thread's per decode
+# step (its CPU from the first decode step, the queue drained there, to
+# the round's end, drained, over the decode steps).
+cpu_off = statistics.median(x[4] for x in results["off"])
+print(f"{'config':<8} {'engine thread CPU/decode step ms':>33} {'sender CPU/decode step ms':>26} "
+      f"{'added CPU ms':>13}")
+for tag in ("off", "hook", "guard"):
+    c = statistics.median(x[4] for x in results[tag])
+    snd = statistics.median(x[5] for x in results[tag])
+    print(f"{tag:<8} {c * 1e3:>33.3f} {snd * 1e3:>26.3f} {(c - cpu_off + snd) * 1e3:>13.3f}")
 rep = statistics.median(x[0] for x in replay)
 print(f"guard alone (its decode-step input replayed, engine thread only): {rep * 1e6:.1f} us per decode "
       f"step ({rep / B * 1e9:.0f} ns per request)")

@@ -536,7 +536,9 @@ class Client:
             # Losses while the sidecar was unreachable: holes, reported first.
             carried, self.down_lost = self.down_lost, {}
             lines[:0] = self._lost_lines(carried)
-        data = ("\n".join(lines) + "\n").encode()
+        lines.append("")  # the last line's newline, without another copy of the batch
+        data = "\n".join(lines).encode()
+        lines.pop()
         try:
             self.sock.sendall(data)
             self.stats["sent_lines"] += len(lines) + sum(it[5] - 1 for it in items if it[0] == LINES)
