@@ -91,6 +91,30 @@ pub struct KvEvent {
 }
 
 impl KvEvent {
+    /// The event a KV line without `seq` or a copy gives: seq 0 until the
+    /// recorder assigns the pool's next, no source.
+    pub fn unsequenced(
+        pool: u16,
+        ts_ns: i64,
+        request_id: u64,
+        op: Op,
+        slot_start: u32,
+        slot_count: u32,
+        token_pos: Option<u32>,
+    ) -> KvEvent {
+        KvEvent {
+            pool,
+            seq: 0,
+            ts_ns,
+            request_id,
+            op,
+            slot_start,
+            slot_count,
+            token_pos,
+            src: None,
+        }
+    }
+
     /// One past the last slot of the extent.
     pub fn slot_end(&self) -> u64 {
         self.slot_start as u64 + self.slot_count as u64

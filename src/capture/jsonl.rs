@@ -440,17 +440,9 @@ fn parse_kv_runs(o: &Obj, pool: u16, runs: &Value) -> Result<JsonlRecord, LineEr
             None | Some(Value::Null) => None,
             Some(v) => Some(int_value::<u32>(v, &field, "UInt32")?),
         };
-        events.push(KvEvent {
-            pool,
-            seq: 0,
-            ts_ns,
-            request_id,
-            op,
-            slot_start,
-            slot_count,
-            token_pos,
-            src: None,
-        });
+        events.push(KvEvent::unsequenced(
+            pool, ts_ns, request_id, op, slot_start, slot_count, token_pos,
+        ));
     }
     // The reader's rules look at the request id only: alike for every run.
     check_kv(&events[0])?;

@@ -650,17 +650,9 @@ impl Scan<'_> {
             if slot_count == 0 {
                 return None;
             }
-            events.push(KvEvent {
-                pool,
-                seq: 0,
-                ts_ns,
-                request_id,
-                op,
-                slot_start,
-                slot_count,
-                token_pos,
-                src: None,
-            });
+            events.push(KvEvent::unsequenced(
+                pool, ts_ns, request_id, op, slot_start, slot_count, token_pos,
+            ));
             if self.lit(b",").is_none() {
                 break;
             }
@@ -730,17 +722,9 @@ pub fn canonical_kv(b: &[u8]) -> Option<Msg> {
         return None;
     }
     checked(
-        KvEvent {
-            pool,
-            seq: 0,
-            ts_ns,
-            request_id,
-            op,
-            slot_start,
-            slot_count,
-            token_pos,
-            src: None,
-        },
+        KvEvent::unsequenced(
+            pool, ts_ns, request_id, op, slot_start, slot_count, token_pos,
+        ),
         None,
     )
 }
@@ -850,7 +834,7 @@ fn push_one(
 ) {
     push_uint(out, request_id);
     out.extend_from_slice(br#","op":""#);
-    push_op(out, op);
+    out.extend_from_slice(op.as_str().as_bytes());
     out.extend_from_slice(br#"","slot_start":"#);
     push_uint(out, u64::from(slot_start));
     out.extend_from_slice(br#","slot_count":"#);
@@ -871,7 +855,7 @@ fn push_runs(
 ) {
     push_uint(out, request_id);
     out.extend_from_slice(br#","op":""#);
-    push_op(out, op);
+    out.extend_from_slice(op.as_str().as_bytes());
     out.extend_from_slice(br#"","runs":["#);
     for (i, (start, count, token_pos)) in runs.into_iter().enumerate() {
         if i > 0 {
@@ -927,18 +911,6 @@ fn push_uint(out: &mut Vec<u8>, mut v: u64) {
         buf[i] = b'0' + v as u8;
     }
     out.extend_from_slice(&buf[i..]);
-}
-
-/// Appends an op's name (each a fixed-size copy).
-fn push_op(out: &mut Vec<u8>, op: Op) {
-    match op {
-        Op::Alloc => out.extend_from_slice(b"alloc"),
-        Op::Write => out.extend_from_slice(b"write"),
-        Op::Read => out.extend_from_slice(b"read"),
-        Op::Free => out.extend_from_slice(b"free"),
-        Op::Share => out.extend_from_slice(b"share"),
-        Op::Scrub => out.extend_from_slice(b"scrub"),
-    }
 }
 
 fn plain(message: String) -> LineError {
