@@ -248,8 +248,71 @@ row2["id"] = 7  # not re-read while cached: the hook's rows never change their i
 step2 = kvtrail_guard.schedule_step({name: 1}, {name: Req(3)}, {name: row2}, [(3, BS, True)],
                                     [{name: [blocks[2]]}], 14, None, None, {}, rid_of, cache2)
 expect('"request_id":6,' in step2.text and row2["covered"] == 3, f"cached request {step2.text} {row2}")
+# The cache keeps each request's table as last seen and reads only the
+# list's items' addresses; a table changed in place between steps (a
+# block replaced, as a sliding window puts the null block in; blocks
+# appended; the table cut shorter) is seen at once, as a fresh cache sees it.
+cache3 = kvtrail_guard.StepCache()
+tbl = [blocks[1], blocks[2], blocks[3]]
+row3 = {"id": 8, "covered": 12, "prompt": 4}
+
+
+def step_text(cache_, end):
+    s = kvtrail_guard.schedule_step({"t": 1}, {"t": Req(end)}, {"t": dict(row3)}, [(3, BS, True)],
+                                    [{"t": list(tbl) if cache_ is None else tbl}], 15, None, None, {},
+                                    rid_of, cache_)
+    return s.text
+
+
+for what, change, end in (
+        ("unchanged", lambda: None, 12),
+        ("a block replaced by the null block", lambda: tbl.__setitem__(0, PBlk(0)), 12),
+        ("a block replaced by another", lambda: tbl.__setitem__(1, blocks[6]), 12),
+        ("a block appended", lambda: tbl.append(blocks[7]), 14),
+        ("the table cut shorter", lambda: tbl.__delitem__(slice(2, None)), 14),
+        ("a block appended again", lambda: tbl.append(blocks[5]), 10)):
+    change()
+    got, fresh = step_text(cache3, end), step_text(None, end)
+    expect(got == fresh, f"cached table, {what}: {got!r} != {fresh!r}")
+expect('"runs":[[24,4,4],[20,2,8]]' in step_text(cache3, 10), f"cached table runs {step_text(cache3, 10)}")
+# One event's lines (the hook's allocator, free and share events): one run
+# is the client's own line, byte for byte; several runs are one line of
+# runs counted one event a run; runs of no slot are no event; positions
+# only when placed; past u32 a `lost` line of as many events.
+ev = kvtrail_guard.kv_lines(3, TS, 9, c.SHARE, [(40, 4, 8)], True, None)
+expect(ev.text == client_lines([(c.KV, 3, TS, 9, c.SHARE, range(40, 44), 8, 0)])[0]
+       and ev.counts == [(3, 1)] and ev.lines == 1, f"one run {ev.text}")
+ev = kvtrail_guard.kv_lines(3, TS, 9, c.FREE, [(40, 4, 8), (0, 0, 0), (60, 2, 12)], False, None)
+expect(ev.text == runs_line(3, TS, 9, "free", [(40, 4, None), (60, 2, None)]) and ev.lines == 2,
+       f"runs, unplaced {ev.text}")
+expect(kvtrail_guard.kv_lines(3, TS, 9, c.FREE, [(5, 0, None)], False, None) is None, "no slot, no event")
+ev = kvtrail_guard.kv_lines(3, TS, 9, c.ALLOC, [(1, 2, None), (1 << 33, 4, None)], False, None)
+expect(ev.text == '{"type":"lost","pool":3,"n":2}' and ev.holes == 1 and ev.counts == [(3, 2)],
+       f"past u32 {ev.text}")
+# Blocks: by ascending id, consecutive blocks one run, the null block
+# (id 0) nothing; ids from the cache when given.
+blk = [PBlk(i) for i in (7, 0, 3, 2, 9)]
+for cc in (None, kvtrail_guard.StepCache()):
+    ev = kvtrail_guard.block_lines(3, BS, TS, 9, c.FREE, iter(blk), None, cc)
+    expect(ev.text == runs_line(3, TS, 9, "free", [(8, 8, None), (28, 4, None), (36, 4, None)]),
+           f"blocks {ev.text}")
+expect(kvtrail_guard.block_lines(3, BS, TS, 9, c.FREE, [PBlk(0)], None, None) is None, "null block only")
+# The guard: an allocation and a share reach it after what it holds; a
+# free and a read do not (the rule needs neither); a guard busy elsewhere
+# missed it.
+g3 = kvtrail_guard.Guard()
+g3.page_size(3, BS)
+g3.push((c.KV, 3, 1, 31, c.ALLOC, range(0, 4), None, 0))
+kvtrail_guard.block_lines(3, BS, TS, 32, c.ALLOC, [PBlk(1)], g3, None)
+kvtrail_guard.kv_lines(3, TS, 32, c.WRITE, [(4, 4, 0)], True, g3)
+kvtrail_guard.block_lines(3, BS, TS, 32, c.FREE, [PBlk(1)], g3, None)
+kvtrail_guard.kv_lines(3, TS, 32, c.READ, [(4, 4, 0)], True, g3)
+st3 = g3.stats()
+expect(st3["events"] == 3 and st3["errors"] == 0, f"guard mirror {st3}")
+expect(g3.check_runs(3, 32, [(4, 4)])[0] == "ok" and g3.check_runs(3, 33, [(4, 4)])[:2] == ("foreign", [32]),
+       f"guard state {g3.check_runs(3, 33, [(4, 4)])}")
 ref = weakref.ref(pool_obj)
-del pool_obj, eng, cache, cache2, blocks, step, step2
+del pool_obj, eng, cache, cache2, cache3, blocks, step, step2, tbl, blk, cc
 gc.collect()
 expect(ref() is None, "the block-id cache kept its engine's blocks alive")
 

@@ -35,14 +35,26 @@ const COPY: i64 = 6;
 const REQ: i64 = 1;
 const OP_READ: i64 = 2;
 const OP_FREE: i64 = 3;
-const OPS: [Option<Op>; 6] = [
-    Some(Op::Alloc),
-    Some(Op::Write),
-    None, // read: a check, not an event
-    Some(Op::Free),
-    Some(Op::Share),
-    Some(Op::Scrub),
+/// The ops by the hooks' op index (kvtrail_hook_client's `OPS`).
+const OPS: [Op; 6] = [
+    Op::Alloc,
+    Op::Write,
+    Op::Read,
+    Op::Free,
+    Op::Share,
+    Op::Scrub,
 ];
+
+/// The op of the hooks' op index `i`.
+pub(crate) fn op_at(i: usize) -> PyResult<Op> {
+    OPS.get(i).copied().ok_or_else(|| err("unknown op"))
+}
+
+/// Whether the rule takes `op` as an event: a read is a check, a free
+/// changes no content.
+pub(crate) fn mirrored(op: Op) -> bool {
+    !matches!(op, Op::Read | Op::Free)
+}
 
 /// The run of a step-1 range of at least one index (None: another kind
 /// of index, or a range `runs` handles).
@@ -268,12 +280,9 @@ impl Guard {
         match kind {
             KV => {
                 // (KV, pool, ts, rid, op, idx, tpos, page_size)
-                let op: usize = at(4)?.extract()?;
-                let Some(op) = OPS.get(op).copied().ok_or_else(|| err("unknown op"))? else {
+                let op = op_at(at(4)?.extract()?)?;
+                if !mirrored(op) {
                     return Ok(());
-                };
-                if op == Op::Free {
-                    return Ok(()); // the rule: a free changes no content
                 }
                 let rid: u64 = at(3)?.extract()?;
                 let idx = at(5)?;
@@ -369,6 +378,8 @@ fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::StepCache>()?;
     m.add_function(wrap_pyfunction!(step::schedule_step, m)?)?;
     m.add_function(wrap_pyfunction!(step::py_slot_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(step::kv_lines, m)?)?;
+    m.add_function(wrap_pyfunction!(step::block_lines, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::decode_step, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -78,9 +78,14 @@ pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, 
 ///   reading it from the object each step touches one more cold object
 ///   per block of every request's table;
 /// - per request (by its id object, as the scheduler hands it over): the
-///   trace request id, the hook's row, and whether the row's `covered`
-///   has reached the prompt (then it no longer moves). The hook forgets a
-///   request when it is added and when it is freed.
+///   trace request id, the hook's row, whether the row's `covered` has
+///   reached the prompt (then it no longer moves), and per group the block
+///   objects of its table with their ids as last seen. A step compares
+///   the table's items with them by address, reading the list's item
+///   pointers only: a block object is touched once per request, not every
+///   step (its refcount too), and any change to the table (a block
+///   appended, replaced, dropped) is seen, never assumed. The hook forgets
+///   a request when it is added and when it is freed.
 ///
 /// Each object is held (a strong reference), so its address names it while
 /// it is cached; the cache takes part in Python's garbage collection, so
@@ -100,6 +105,8 @@ struct Known {
     row: Option<Py<PyDict>>,
     /// `covered` reached the prompt: the row needs no more updates.
     done: bool,
+    /// Per group: the table's block objects as last seen, with their ids.
+    tables: Vec<Vec<(Py<PyAny>, u64)>>,
 }
 
 /// Most block objects (about 50 bytes each, the table's own included) and
@@ -131,6 +138,9 @@ impl StepCache {
         for k in self.reqs.values() {
             visit.call(&k.name)?;
             visit.call(&k.row)?;
+            for (b, _) in k.tables.iter().flatten() {
+                visit.call(b)?;
+            }
         }
         Ok(())
     }
@@ -141,19 +151,72 @@ impl StepCache {
     }
 }
 
-impl StepCache {
-    fn id(&mut self, b: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let key = b.as_ptr() as usize;
-        if let Some((id, _)) = self.blocks.get(&key) {
-            return Ok(*id);
-        }
-        let id: u64 = b.getattr(intern!(b.py(), "block_id"))?.extract()?;
-        if self.blocks.len() >= BLOCKS_MAX {
-            self.blocks.clear();
-        }
-        self.blocks.insert(key, (id, b.clone().unbind()));
-        Ok(id)
+/// The id of block object `b`, from `blocks` (the cache's block ids)
+/// when there, else read from the object and kept.
+fn block_id(blocks: &mut AddrMap<(u64, Py<PyAny>)>, b: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let key = b.as_ptr() as usize;
+    if let Some((id, _)) = blocks.get(&key) {
+        return Ok(*id);
     }
+    let id: u64 = b.getattr(intern!(b.py(), "block_id"))?.extract()?;
+    if blocks.len() >= BLOCKS_MAX {
+        blocks.clear();
+    }
+    blocks.insert(key, (id, b.clone().unbind()));
+    Ok(id)
+}
+
+/// The ids of the first `want` blocks of `list` (a request's table) into
+/// `ids`. With `seen` (the table as the cache last saw it), an item whose
+/// address is the one seen at its index is that object (`seen` holds it),
+/// whose id never changes: only its pointer is read. Any other item is
+/// read (its id from `blocks`, else the object) and `seen` follows the
+/// table.
+fn table_ids(
+    list: &Bound<'_, PyList>,
+    want: usize,
+    mut seen: Option<&mut Vec<(Py<PyAny>, u64)>>,
+    blocks: Option<&mut AddrMap<(u64, Py<PyAny>)>>,
+    ids: &mut Vec<u64>,
+) -> PyResult<()> {
+    let py = list.py();
+    let n = list.len().min(want);
+    if let Some(seen) = seen.as_deref_mut() {
+        seen.truncate(n);
+    }
+    let mut blocks = blocks;
+    for i in 0..n {
+        // SAFETY: `list` is a list and the GIL is held. PyList_GetItem
+        // checks the index (a list that shrank meanwhile, under a block's
+        // `block_id` read below, answers null: an error, the request a
+        // hole) and returns a borrowed pointer, compared by address only
+        // unless it is taken as an object (below, with a reference).
+        let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
+        if p.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if let Some(&(ref b, id)) = seen.as_deref().and_then(|s| s.get(i))
+            && b.as_ptr() == p
+        {
+            ids.push(id);
+            continue;
+        }
+        // SAFETY: p is a live item of `list` (borrowed, non-null).
+        let b = unsafe { Bound::from_borrowed_ptr(py, p) };
+        let id = match blocks.as_deref_mut() {
+            Some(m) => block_id(m, &b)?,
+            None => b.getattr(intern!(py, "block_id"))?.extract()?,
+        };
+        ids.push(id);
+        if let Some(seen) = seen.as_deref_mut() {
+            if i < seen.len() {
+                seen[i] = (b.unbind(), id);
+            } else {
+                seen.push((b.unbind(), id));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A guard check's answer: (pool, verdict, source request ids, slots
@@ -336,9 +399,156 @@ impl Out {
     }
 
     pub(crate) fn lost(&mut self, pool: u16) {
-        self.line(pool);
-        write_lost(&mut self.buf, pool, 1);
+        self.lost_n(pool, 1);
     }
+
+    /// A `lost` line of `n` events of `pool` (a hole of that many).
+    fn lost_n(&mut self, pool: u16, n: u64) {
+        self.line_of(pool, n);
+        write_lost(&mut self.buf, pool, n);
+    }
+
+    /// The events of slot runs `(start, count, token_pos or None)`: the
+    /// canonical line of one run, else lines of several runs (as
+    /// `kv_runs`); runs of no slot are no event. A slot or position past
+    /// u32 is an error, and nothing is written.
+    fn kv_placed_or_not(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[(u64, u64, Option<u64>)],
+    ) -> PyResult<()> {
+        let mut ok = Vec::with_capacity(runs.len());
+        for &(a, n, t) in runs.iter().filter(|r| r.1 > 0) {
+            ok.push((u32_of(a)?, u32_of(n)?, t.map(u32_of).transpose()?));
+        }
+        if let [(a, n, t)] = ok[..] {
+            self.line(pool);
+            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, a, n, t);
+            return Ok(());
+        }
+        for chunk in ok.chunks(RUNS_PER_LINE) {
+            self.line_of(pool, chunk.len() as u64);
+            head(&mut self.head, pool, ts).kv_runs(&mut self.buf, rid, op, chunk.iter().copied());
+        }
+        Ok(())
+    }
+}
+
+/// One event of the hooks' queue as lines (the vLLM hook's `_kv_runs`):
+/// `op` (the hooks' op index) by request `rid` over slot runs `(start,
+/// count, token_pos)` of `pool` stamped `ts`, the positions dropped unless
+/// `placed`; and mirrored into `guard` (unless a read or a free: the rule
+/// needs neither) after the items it holds, as the hook's queue orders
+/// them. Runs past u32 are a `lost` line of as many events (a hole the
+/// sidecar and the guard both see), never a line the sidecar refuses. None
+/// when there is no run. A guard busy in another thread for the whole call
+/// did not see it: `guard_missed`, and the hook feeds it a hole.
+#[pyfunction]
+#[pyo3(signature = (pool, ts, rid, op, runs, placed, guard=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn kv_lines<'py>(
+    py: Python<'py>,
+    pool: u16,
+    ts: i64,
+    rid: u64,
+    op: usize,
+    runs: Vec<(u64, u64, Option<u64>)>,
+    placed: bool,
+    guard: Option<Bound<'py, Guard>>,
+) -> PyResult<Option<Step>> {
+    let op = crate::op_at(op)?;
+    let runs: Vec<(u64, u64, Option<u64>)> = runs
+        .into_iter()
+        .filter(|r| r.1 > 0)
+        .map(|(a, n, t)| (a, n, t.filter(|_| placed)))
+        .collect();
+    event_lines(py, pool, ts, rid, op, &runs, guard)
+}
+
+/// [`kv_lines`] of the blocks `blocks` (vLLM's block objects: an
+/// allocation, a free, an eviction) of block size `bs`: their slots by
+/// ascending block id, runs of consecutive blocks, no position; the null
+/// block (id 0) holds nothing. Block ids come from `cache` when given.
+#[pyfunction]
+#[pyo3(signature = (pool, bs, ts, rid, op, blocks, guard=None, cache=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn block_lines<'py>(
+    py: Python<'py>,
+    pool: u16,
+    bs: u64,
+    ts: i64,
+    rid: u64,
+    op: usize,
+    blocks: &Bound<'py, PyAny>,
+    guard: Option<Bound<'py, Guard>>,
+    cache: Option<Bound<'py, StepCache>>,
+) -> PyResult<Option<Step>> {
+    let op = crate::op_at(op)?;
+    let mut cache = cache.as_ref().and_then(|c| c.try_borrow_mut().ok());
+    let mut ids = Vec::new();
+    for b in blocks.try_iter()? {
+        let b = b?;
+        let id = match cache.as_deref_mut() {
+            Some(c) => block_id(&mut c.blocks, &b)?,
+            None => b.getattr(intern!(py, "block_id"))?.extract()?,
+        };
+        if id != 0 {
+            ids.push(id);
+        }
+    }
+    drop(cache);
+    ids.sort_unstable();
+    let mut runs: Vec<(u64, u64, Option<u64>)> = Vec::new();
+    for i in ids {
+        let s = i
+            .checked_mul(bs)
+            .ok_or_else(|| PyValueError::new_err("a block past u64 slots"))?;
+        match runs.last_mut() {
+            Some((a, n, _)) if a.checked_add(*n) == Some(s) => *n += bs,
+            _ => runs.push((s, bs, None)),
+        }
+    }
+    event_lines(py, pool, ts, rid, op, &runs, guard)
+}
+
+/// The lines of one event's runs and its mirror into the guard (see
+/// [`kv_lines`]).
+fn event_lines<'py>(
+    py: Python<'py>,
+    pool: u16,
+    ts: i64,
+    rid: u64,
+    op: Op,
+    runs: &[(u64, u64, Option<u64>)],
+    guard: Option<Bound<'py, Guard>>,
+) -> PyResult<Option<Step>> {
+    if runs.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Out::with_capacity(64 + 36 * runs.len());
+    let ok = out.kv_placed_or_not(pool, ts, rid, op, runs).is_ok();
+    if !ok {
+        out = Out::with_capacity(64);
+        out.lost_n(pool, runs.len() as u64);
+    }
+    let mut missed = false;
+    if let Some(g) = guard.filter(|_| crate::mirrored(op)) {
+        match borrow(py, &g) {
+            Some(mut g) => {
+                g.drain(py);
+                let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
+                if !ok || g.g.kv(pool, rid, op, &rs).is_err() {
+                    g.g.counts.errors += 1;
+                    g.g.lost(pool);
+                }
+            }
+            None => missed = true,
+        }
+    }
+    Step::of_lines(py, out, u64::from(!ok), missed).map(Some)
 }
 
 /// Most runs on one line the step writes: at most 35 bytes a run, so a
@@ -665,6 +875,8 @@ fn request<'py>(
         .as_deref()
         .and_then(|k| k.reqs.get(&key))
         .map(|k| (k.rid, k.row.as_ref().map(|r| r.bind(py).clone()), k.done));
+    // A request added to the cache below, before its table is read,
+    // keeps its table from the next step on.
     let (rid, row, done) = match known {
         Some(k) => k,
         None => {
@@ -690,6 +902,7 @@ fn request<'py>(
                         rid,
                         row: row.as_ref().map(|r| r.clone().unbind()),
                         done: false,
+                        tables: Vec::new(),
                     },
                 );
             }
@@ -722,12 +935,22 @@ fn request<'py>(
             let blocks = blocks.cast_into::<PyList>()?;
             // Only the blocks the context reaches.
             let want = usize::try_from(end.div_ceil(bs)).unwrap_or(usize::MAX);
-            for b in blocks.iter().take(want) {
-                ids.push(match cache.as_deref_mut() {
-                    Some(c) => c.id(&b)?,
-                    None => b.getattr(intern!(py, "block_id"))?.extract()?,
-                });
+            match cache.as_deref_mut() {
+                Some(StepCache { blocks: m, reqs }) => {
+                    let seen = reqs.get_mut(&key).map(|k| {
+                        if k.tables.len() <= g {
+                            k.tables.resize_with(g + 1, Vec::new);
+                        }
+                        &mut k.tables[g]
+                    });
+                    table_ids(&blocks, want, seen, Some(m), ids)?
+                }
+                None => table_ids(&blocks, want, None, None, ids)?,
             }
+        } else if let Some(k) = cache.as_deref_mut().and_then(|c| c.reqs.get_mut(&key))
+            && let Some(t) = k.tables.get_mut(g)
+        {
+            t.clear();
         }
         slot_runs(ids, bs, c, end, runs);
         out.kv_runs(pool, cx.ts, rid, Op::Write, runs)?;

@@ -263,6 +263,18 @@ class _Engine:
             return
         self.client.put_lines(ts, step.text, step.counts, step.lines)
 
+    def put_step(self, ts, step):
+        """Queues the lines of one event built by the native module
+        (``kv_lines``, ``block_lines``: None when it has none); a guard
+        busy in another thread missed it: a hole in its pools, fed before
+        the next step's writes."""
+        if step is None:
+            return
+        if step.guard_missed:
+            self.guard_holes.update(pool for pool, _ in step.counts)
+        if step.text is not None:
+            self.put_lines(ts, step)
+
     def groups(self):
         """Per KV cache group: (pool or None, block size, attention), for
         the native step."""
@@ -367,28 +379,23 @@ def _slot_runs(table, bs, a, b):
 
 
 def _kv_runs(eng, pool, rid, op, runs, with_pos):
+    """One event of ``op`` over slot runs (start, count, token_pos; the
+    positions kept when ``with_pos``): its lines, built natively (one line
+    of several runs), queued as one item, and mirrored into the guard."""
     ts = _time_ns()
-    mirror = op != READ and op != FREE
-    for start, count, tp in runs:
-        eng.put(pool, (_c.KV, pool, ts, rid, op, range(start, start + count),
-                       tp if with_pos else None, 0), mirror)
+    eng.put_step(ts, _native.kv_lines(pool, ts, rid, op, runs, with_pos, _H.guard.native))
 
 
-def _blocks_kv(eng, group, rid, op, blocks, with_pos=False):
+def _blocks_kv(eng, group, rid, op, blocks):
+    """One event of ``op`` over vLLM block objects (an allocation, a free,
+    an eviction): their slots by ascending block id, the null block
+    skipped, built natively as ``_kv_runs``."""
     pool = eng.pool(group)
     if pool is None or pool < 0 or not eng.attention[group if group < len(eng.attention) else 0]:
         return
-    bs = eng.block_size(group)
-    ids = sorted(b.block_id for b in blocks if not b.is_null)
-    if not ids:
-        return
-    runs = []
-    for i in ids:
-        if runs and runs[-1][0] + runs[-1][1] == i * bs:
-            runs[-1] = (runs[-1][0], runs[-1][1] + bs, None)
-        else:
-            runs.append((i * bs, bs, None))
-    _kv_runs(eng, pool, rid, op, runs, with_pos)
+    ts = _time_ns()
+    eng.put_step(ts, _native.block_lines(pool, eng.block_size(group), ts, rid, op, blocks,
+                                         _H.guard.native, eng.step_cache))
 
 
 # ---------------------------------------------------------------- wrappers
