@@ -289,6 +289,23 @@ expect(kvtrail_guard.kv_lines(3, TS, 9, c.FREE, [(5, 0, None)], False, None) is 
 ev = kvtrail_guard.kv_lines(3, TS, 9, c.ALLOC, [(1, 2, None), (1 << 33, 4, None)], False, None)
 expect(ev.text == '{"type":"lost","pool":3,"n":2}' and ev.holes == 1 and ev.counts == [(3, 2)],
        f"past u32 {ev.text}")
+# Values no line can hold (negative, not an int, not a run) are a hole of
+# as many events, never an exception nor a silent gap.
+for bad in ([(-4, 4, 0)], [(1, 2, 3), (1.5, 2, 3)], [(1, 2)], "xy"):
+    ev = kvtrail_guard.kv_lines(3, TS, 9, c.ALLOC, bad, True, None)
+    expect(ev.text == '{"type":"lost","pool":3,"n":%d}' % len(bad) and ev.holes == 1, f"bad runs {bad}: {ev.text}")
+
+
+class BadBlk:
+    @property
+    def block_id(self):
+        raise RuntimeError("unreadable")
+
+
+ev = kvtrail_guard.block_lines(3, BS, TS, 9, c.FREE, [PBlk(2), BadBlk()], None, None)
+expect(ev.text == '{"type":"lost","pool":3,"n":1}' and ev.holes == 1, f"bad block {ev.text}")
+ev = kvtrail_guard.block_lines(3, 1 << 40, TS, 9, c.FREE, [PBlk(1 << 30)], None, None)
+expect(ev.text == '{"type":"lost","pool":3,"n":1}', f"block past u64 slots {ev.text}")
 # Blocks: by ascending id, consecutive blocks one run, the null block
 # (id 0) nothing; ids from the cache when given.
 blk = [PBlk(i) for i in (7, 0, 3, 2, 9)]
@@ -307,10 +324,14 @@ kvtrail_guard.block_lines(3, BS, TS, 32, c.ALLOC, [PBlk(1)], g3, None)
 kvtrail_guard.kv_lines(3, TS, 32, c.WRITE, [(4, 4, 0)], True, g3)
 kvtrail_guard.block_lines(3, BS, TS, 32, c.FREE, [PBlk(1)], g3, None)
 kvtrail_guard.kv_lines(3, TS, 32, c.READ, [(4, 4, 0)], True, g3)
-st3 = g3.stats()
-expect(st3["events"] == 3 and st3["errors"] == 0, f"guard mirror {st3}")
+kvtrail_guard.kv_lines(3, TS, 32, c.SHARE, [(12, 1, 0), (14, 1, 2)], True, g3)
 expect(g3.check_runs(3, 32, [(4, 4)])[0] == "ok" and g3.check_runs(3, 33, [(4, 4)])[:2] == ("foreign", [32]),
        f"guard state {g3.check_runs(3, 33, [(4, 4)])}")
+st3 = g3.stats()
+expect(st3["events"] == 5 and st3["errors"] == 0, f"guard mirror, one event a run {st3}")
+kvtrail_guard.kv_lines(3, TS, 32, c.ALLOC, [(-1, 4, None)], False, g3)
+st3 = g3.stats()
+expect(st3["holes"] == 1 and st3["errors"] == 1, f"a hole in the guard {st3}")
 ref = weakref.ref(pool_obj)
 del pool_obj, eng, cache, cache2, cache3, blocks, step, step2, tbl, blk, cc
 gc.collect()

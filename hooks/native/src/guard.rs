@@ -317,7 +317,8 @@ impl Guard {
     /// An `alloc` / `write` / `share` / `scrub` / `free` of slot runs
     /// (start, count) by `rid` (reads are checks, [`check`](Self::check)).
     pub fn kv(&mut self, p: u16, rid: u64, op: Op, runs: &[(u64, u64)]) -> Result<()> {
-        self.counts.events += 1;
+        // One event per run, as the hooks' lines count them.
+        self.counts.events += runs.len() as u64;
         let pool = self.pool(p);
         for &(a, n) in runs {
             if let Some((a, b)) = slot_run(a, n) {

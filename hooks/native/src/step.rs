@@ -442,10 +442,12 @@ impl Out {
 /// count, token_pos)` of `pool` stamped `ts`, the positions dropped unless
 /// `placed`; and mirrored into `guard` (unless a read or a free: the rule
 /// needs neither) after the items it holds, as the hook's queue orders
-/// them. Runs past u32 are a `lost` line of as many events (a hole the
-/// sidecar and the guard both see), never a line the sidecar refuses. None
-/// when there is no run. A guard busy in another thread for the whole call
-/// did not see it: `guard_missed`, and the hook feeds it a hole.
+/// them. Runs that cannot be written (a value that is not an int from 0
+/// to u32, a run that is not three values) are a `lost` line of as many
+/// events (a hole the sidecar and the guard both see, counted in `holes`),
+/// never a line the sidecar refuses nor an exception. None when there is
+/// no run. A guard busy in another thread for the whole call did not see
+/// it: `guard_missed`, and the hook feeds it a hole.
 #[pyfunction]
 #[pyo3(signature = (pool, ts, rid, op, runs, placed, guard=None))]
 #[allow(clippy::too_many_arguments)]
@@ -455,17 +457,24 @@ pub fn kv_lines<'py>(
     ts: i64,
     rid: u64,
     op: usize,
-    runs: Vec<(u64, u64, Option<u64>)>,
+    runs: &Bound<'py, PyAny>,
     placed: bool,
     guard: Option<Bound<'py, Guard>>,
 ) -> PyResult<Option<Step>> {
     let op = crate::op_at(op)?;
-    let runs: Vec<(u64, u64, Option<u64>)> = runs
-        .into_iter()
-        .filter(|r| r.1 > 0)
-        .map(|(a, n, t)| (a, n, t.filter(|_| placed)))
-        .collect();
-    event_lines(py, pool, ts, rid, op, &runs, guard)
+    let parsed: PyResult<Vec<(u64, u64, Option<u64>)>> = runs.try_iter().and_then(|it| {
+        it.map(|r| r?.extract::<(u64, u64, Option<u64>)>())
+            .filter(|r| !matches!(r, Ok((_, 0, _))))
+            .map(|r| r.map(|(a, n, t)| (a, n, t.filter(|_| placed))))
+            .collect()
+    });
+    match parsed {
+        Ok(runs) => event_lines(py, pool, ts, rid, op, &runs, guard),
+        Err(_) => {
+            let n = runs.len().unwrap_or(1).max(1);
+            hole_lines(py, pool, n as u64, crate::mirrored(op), guard).map(Some)
+        }
+    }
 }
 
 /// [`kv_lines`] of the blocks `blocks` (vLLM's block objects: an
@@ -489,29 +498,63 @@ pub fn block_lines<'py>(
     let op = crate::op_at(op)?;
     let mut cache = cache.as_ref().and_then(|c| c.try_borrow_mut().ok());
     let mut ids = Vec::new();
-    for b in blocks.try_iter()? {
-        let b = b?;
-        let id = match cache.as_deref_mut() {
-            Some(c) => block_id(&mut c.blocks, &b)?,
-            None => b.getattr(intern!(py, "block_id"))?.extract()?,
-        };
-        if id != 0 {
-            ids.push(id);
+    let mut read = || -> PyResult<()> {
+        for b in blocks.try_iter()? {
+            let b = b?;
+            let id = match cache.as_deref_mut() {
+                Some(c) => block_id(&mut c.blocks, &b)?,
+                None => b.getattr(intern!(py, "block_id"))?.extract()?,
+            };
+            if id != 0 {
+                ids.push(id);
+            }
         }
-    }
+        Ok(())
+    };
+    let ok = read().is_ok();
     drop(cache);
     ids.sort_unstable();
     let mut runs: Vec<(u64, u64, Option<u64>)> = Vec::new();
-    for i in ids {
-        let s = i
-            .checked_mul(bs)
-            .ok_or_else(|| PyValueError::new_err("a block past u64 slots"))?;
+    for &i in ids.iter().filter(|_| ok) {
+        let s = i.saturating_mul(bs);
         match runs.last_mut() {
             Some((a, n, _)) if a.checked_add(*n) == Some(s) => *n += bs,
             _ => runs.push((s, bs, None)),
         }
     }
+    if !ok {
+        // Blocks that cannot be read: as many events lost as blocks seen
+        // (at least one), never a silent gap.
+        let n = ids.len().max(1) as u64;
+        return hole_lines(py, pool, n, crate::mirrored(op), guard).map(Some);
+    }
+    // A slot past u64 saturates: past u32, it is a hole (event_lines).
     event_lines(py, pool, ts, rid, op, &runs, guard)
+}
+
+/// A `lost` line of `n` events of `pool`, and a hole in the guard when the
+/// event would have reached it (`mirror`).
+fn hole_lines<'py>(
+    py: Python<'py>,
+    pool: u16,
+    n: u64,
+    mirror: bool,
+    guard: Option<Bound<'py, Guard>>,
+) -> PyResult<Step> {
+    let mut out = Out::with_capacity(64);
+    out.lost_n(pool, n);
+    let mut missed = false;
+    if let Some(g) = guard.filter(|_| mirror) {
+        match borrow(py, &g) {
+            Some(mut g) => {
+                g.drain(py);
+                g.g.counts.errors += 1;
+                g.g.lost(pool);
+            }
+            None => missed = true,
+        }
+    }
+    Step::of_lines(py, out, 1, missed)
 }
 
 /// The lines of one event's runs and its mirror into the guard (see
@@ -529,10 +572,8 @@ fn event_lines<'py>(
         return Ok(None);
     }
     let mut out = Out::with_capacity(64 + 36 * runs.len());
-    let ok = out.kv_placed_or_not(pool, ts, rid, op, runs).is_ok();
-    if !ok {
-        out = Out::with_capacity(64);
-        out.lost_n(pool, runs.len() as u64);
+    if out.kv_placed_or_not(pool, ts, rid, op, runs).is_err() {
+        return hole_lines(py, pool, runs.len() as u64, crate::mirrored(op), guard).map(Some);
     }
     let mut missed = false;
     if let Some(g) = guard.filter(|_| crate::mirrored(op)) {
@@ -540,7 +581,7 @@ fn event_lines<'py>(
             Some(mut g) => {
                 g.drain(py);
                 let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
-                if !ok || g.g.kv(pool, rid, op, &rs).is_err() {
+                if g.g.kv(pool, rid, op, &rs).is_err() {
                     g.g.counts.errors += 1;
                     g.g.lost(pool);
                 }
@@ -548,7 +589,7 @@ fn event_lines<'py>(
             None => missed = true,
         }
     }
-    Step::of_lines(py, out, u64::from(!ok), missed).map(Some)
+    Step::of_lines(py, out, 0, missed).map(Some)
 }
 
 /// Most runs on one line the step writes: at most 35 bytes a run, so a
@@ -875,8 +916,8 @@ fn request<'py>(
         .as_deref()
         .and_then(|k| k.reqs.get(&key))
         .map(|k| (k.rid, k.row.as_ref().map(|r| r.bind(py).clone()), k.done));
-    // A request added to the cache below, before its table is read,
-    // keeps its table from the next step on.
+    // A request added to the cache below keeps its table from this step
+    // on.
     let (rid, row, done) = match known {
         Some(k) => k,
         None => {

@@ -97,6 +97,8 @@ __all__ = ["install", "uninstall", "stats", "guard_stats", "guard_alerts", "flus
 _time_ns = time.time_ns
 _H = None  # the installed hook state
 _native = None  # kvtrail_guard: the per-step events and the guard (install)
+# What the hook calls in it: a module built before any of these is refused.
+_NATIVE_API = ("schedule_step", "slot_runs", "StepCache", "kv_lines", "block_lines", "Guard")
 hash_tokens = _c.hash_tokens
 
 # Status the client gets per vLLM finish reason (an ERROR finish raises
@@ -270,6 +272,8 @@ class _Engine:
         the next step's writes."""
         if step is None:
             return
+        if step.holes:
+            _fail("kvtrail_guard", ValueError("an event's runs could not be written: a hole"))
         if step.guard_missed:
             self.guard_holes.update(pool for pool, _ in step.counts)
         if step.text is not None:
@@ -682,7 +686,10 @@ def on_schedule(sched, out):
         return
     copies = getattr(out, "kv_cache_block_copies", None)
     if copies or eng.cow_taken:
-        _cow_copies(eng, copies or ())
+        try:
+            _cow_copies(eng, copies or ())
+        except Exception as e:  # the step's own events still go below
+            _fail("Scheduler.schedule", e)
     step = None
     if out.num_scheduled_tokens:
         # Per scheduled request and group, in one native call: the write of
@@ -1830,6 +1837,11 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
             "kvtrail_vllm: the native module kvtrail_guard cannot be loaded "
             f"({e}): it builds the hook's per-step events (and is the guard); install it "
             "(docs/guard.md, \"Building\")") from e
+    missing = [f for f in _NATIVE_API if not hasattr(kvtrail_guard, f)]
+    if missing:
+        raise ImportError(
+            f"kvtrail_vllm: the native module kvtrail_guard at {getattr(kvtrail_guard, '__file__', '?')} "
+            f"is older than this hook (no {', '.join(missing)}): rebuild it (docs/guard.md, \"Building\")")
     _native = kvtrail_guard
     g = _guard_mod.Guard(guard, guard_unknown)
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
