@@ -248,10 +248,9 @@ row2["id"] = 7  # not re-read while cached: the hook's rows never change their i
 step2 = kvtrail_guard.schedule_step({name: 1}, {name: Req(3)}, {name: row2}, [(3, BS, True)],
                                     [{name: [blocks[2]]}], 14, None, None, {}, rid_of, cache2)
 expect('"request_id":6,' in step2.text and row2["covered"] == 3, f"cached request {step2.text} {row2}")
-# The cache keeps each request's table as last seen and reads only the
-# list's items' addresses; a table changed in place between steps (a
-# block replaced, as a sliding window puts the null block in; blocks
-# appended; the table cut shorter) is seen at once, as a fresh cache sees it.
+# A cached request's table changed in place between steps (a block
+# replaced, as a sliding window puts the null block in; blocks appended;
+# the table cut shorter) is read as it is now, as a fresh cache reads it.
 cache3 = kvtrail_guard.StepCache()
 tbl = [blocks[1], blocks[2], blocks[3]]
 row3 = {"id": 8, "covered": 12, "prompt": 4}

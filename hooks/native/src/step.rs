@@ -78,14 +78,9 @@ pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, 
 ///   reading it from the object each step touches one more cold object
 ///   per block of every request's table;
 /// - per request (by its id object, as the scheduler hands it over): the
-///   trace request id, the hook's row, whether the row's `covered` has
-///   reached the prompt (then it no longer moves), and per group the block
-///   objects of its table with their ids as last seen. A step compares
-///   the table's items with them by address, reading the list's item
-///   pointers only: a block object is touched once per request, not every
-///   step (its refcount too), and any change to the table (a block
-///   appended, replaced, dropped) is seen, never assumed. The hook forgets
-///   a request when it is added and when it is freed.
+///   trace request id, the hook's row, and whether the row's `covered`
+///   has reached the prompt (then it no longer moves). The hook forgets a
+///   request when it is added and when it is freed.
 ///
 /// Each object is held (a strong reference), so its address names it while
 /// it is cached; the cache takes part in Python's garbage collection, so
@@ -105,8 +100,6 @@ struct Known {
     row: Option<Py<PyDict>>,
     /// `covered` reached the prompt: the row needs no more updates.
     done: bool,
-    /// Per group: the table's block objects as last seen, with their ids.
-    tables: Vec<Vec<(Py<PyAny>, u64)>>,
 }
 
 /// Most block objects (about 50 bytes each, the table's own included) and
@@ -138,9 +131,6 @@ impl StepCache {
         for k in self.reqs.values() {
             visit.call(&k.name)?;
             visit.call(&k.row)?;
-            for (b, _) in k.tables.iter().flatten() {
-                visit.call(b)?;
-            }
         }
         Ok(())
     }
@@ -164,59 +154,6 @@ fn block_id(blocks: &mut AddrMap<(u64, Py<PyAny>)>, b: &Bound<'_, PyAny>) -> PyR
     }
     blocks.insert(key, (id, b.clone().unbind()));
     Ok(id)
-}
-
-/// The ids of the first `want` blocks of `list` (a request's table) into
-/// `ids`. With `seen` (the table as the cache last saw it), an item whose
-/// address is the one seen at its index is that object (`seen` holds it),
-/// whose id never changes: only its pointer is read. Any other item is
-/// read (its id from `blocks`, else the object) and `seen` follows the
-/// table.
-fn table_ids(
-    list: &Bound<'_, PyList>,
-    want: usize,
-    mut seen: Option<&mut Vec<(Py<PyAny>, u64)>>,
-    blocks: Option<&mut AddrMap<(u64, Py<PyAny>)>>,
-    ids: &mut Vec<u64>,
-) -> PyResult<()> {
-    let py = list.py();
-    let n = list.len().min(want);
-    if let Some(seen) = seen.as_deref_mut() {
-        seen.truncate(n);
-    }
-    let mut blocks = blocks;
-    for i in 0..n {
-        // SAFETY: `list` is a list and the GIL is held. PyList_GetItem
-        // checks the index (a list that shrank meanwhile, under a block's
-        // `block_id` read below, answers null: an error, the request a
-        // hole) and returns a borrowed pointer, compared by address only
-        // unless it is taken as an object (below, with a reference).
-        let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-        if p.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        if let Some(&(ref b, id)) = seen.as_deref().and_then(|s| s.get(i))
-            && b.as_ptr() == p
-        {
-            ids.push(id);
-            continue;
-        }
-        // SAFETY: p is a live item of `list` (borrowed, non-null).
-        let b = unsafe { Bound::from_borrowed_ptr(py, p) };
-        let id = match blocks.as_deref_mut() {
-            Some(m) => block_id(m, &b)?,
-            None => b.getattr(intern!(py, "block_id"))?.extract()?,
-        };
-        ids.push(id);
-        if let Some(seen) = seen.as_deref_mut() {
-            if i < seen.len() {
-                seen[i] = (b.unbind(), id);
-            } else {
-                seen.push((b.unbind(), id));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A guard check's answer: (pool, verdict, source request ids, slots
@@ -916,8 +853,6 @@ fn request<'py>(
         .as_deref()
         .and_then(|k| k.reqs.get(&key))
         .map(|k| (k.rid, k.row.as_ref().map(|r| r.bind(py).clone()), k.done));
-    // A request added to the cache below keeps its table from this step
-    // on.
     let (rid, row, done) = match known {
         Some(k) => k,
         None => {
@@ -943,7 +878,6 @@ fn request<'py>(
                         rid,
                         row: row.as_ref().map(|r| r.clone().unbind()),
                         done: false,
-                        tables: Vec::new(),
                     },
                 );
             }
@@ -976,22 +910,12 @@ fn request<'py>(
             let blocks = blocks.cast_into::<PyList>()?;
             // Only the blocks the context reaches.
             let want = usize::try_from(end.div_ceil(bs)).unwrap_or(usize::MAX);
-            match cache.as_deref_mut() {
-                Some(StepCache { blocks: m, reqs }) => {
-                    let seen = reqs.get_mut(&key).map(|k| {
-                        if k.tables.len() <= g {
-                            k.tables.resize_with(g + 1, Vec::new);
-                        }
-                        &mut k.tables[g]
-                    });
-                    table_ids(&blocks, want, seen, Some(m), ids)?
-                }
-                None => table_ids(&blocks, want, None, None, ids)?,
+            for b in blocks.iter().take(want) {
+                ids.push(match cache.as_deref_mut() {
+                    Some(c) => block_id(&mut c.blocks, &b)?,
+                    None => b.getattr(intern!(py, "block_id"))?.extract()?,
+                });
             }
-        } else if let Some(k) = cache.as_deref_mut().and_then(|c| c.reqs.get_mut(&key))
-            && let Some(t) = k.tables.get_mut(g)
-        {
-            t.clear();
         }
         slot_runs(ids, bs, c, end, runs);
         out.kv_runs(pool, cx.ts, rid, Op::Write, runs)?;
