@@ -16,7 +16,9 @@ processes on the machine disturb less than wall time: the engine
 thread's per decode step (median) and the hook's sender thread's per
 decode step (its CPU from the first decode step, with what prefill
 queued sent first, to the round's end, drained, divided by the decode
-steps), and their sum added over hook off.
+steps), and their sum added over hook off. Last, the native step's own
+CPU per decode step in place (its inputs as cold as the scheduler leaves
+them) and replayed (the same inputs, warm in the CPU's caches).
 
 Usage (after .ci/setup.d/32-vllm.sh and 34-kvtrail-guard.sh):
   PYTHONPATH=hooks/vllm/src:hooks/client/src:target/kvtrail-guard-native \\
@@ -108,6 +110,28 @@ def make_scheduler():
     kcc = KVCacheConfig(num_blocks=NB, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=BS, log_stats=False,
                      structured_output_manager=StructuredOutputManager(vc))
+
+
+class InSitu:
+    """The hook's native module, its schedule_step timed on the engine
+    thread (CPU) in every decode step: the native step in place, its
+    inputs as cold as the scheduler leaves them (the replayed figure below
+    reads them warm)."""
+
+    def __init__(self, mod):
+        self.mod = mod
+        self.times = []
+
+    def __getattr__(self, name):
+        return getattr(self.mod, name)
+
+    def schedule_step(self, *a):
+        t = time.thread_time()
+        try:
+            return self.mod.schedule_step(*a)
+        finally:
+            if len(a[0]) == B and all(v == 1 for v in a[0].values()):
+                self.times.append(time.thread_time() - t)
 
 
 def one_round(tag, seed):
@@ -270,11 +294,13 @@ def replay_round(seed):
 results = {"off": [], "hook": [], "guard": []}
 for r in range(0 if args.replay_only else args.rounds):
     for tag in ("off", "hook", "guard"):
+        insitu = None
         if tag != "off":
             kh.install(capture=f"unix:{sock}", pools=[0], worker=f"bench-{tag}",
                        guard="off" if tag == "hook" else "alert")
             if tag == "guard" and not kh._H.guard.active:
                 sys.exit("the guard's native module is not importable (PYTHONPATH)")
+            insitu = kh._native = InSitu(kh._native)
         steps, decode, cpu, sender = one_round(tag, r)
         if tag != "off":
             g = kh.guard_stats()
@@ -284,7 +310,8 @@ for r in range(0 if args.replay_only else args.rounds):
             kh.uninstall()
         results[tag].append((statistics.median(decode) if decode else float("nan"),
                              statistics.mean(steps), len(steps), len(decode),
-                             statistics.median(cpu) if cpu else float("nan"), sender))
+                             statistics.median(cpu) if cpu else float("nan"), sender,
+                             statistics.median(insitu.times) if insitu and insitu.times else 0.0))
 
 replay = [replay_round(100 + r) for r in range(args.rounds)]
 
@@ -320,6 +347,10 @@ for tag in ("off", "hook", "guard"):
     c = statistics.median(x[4] for x in results[tag])
     snd = statistics.median(x[5] for x in results[tag])
     print(f"{tag:<8} {c * 1e3:>33.3f} {snd * 1e3:>26.3f} {(c - cpu_off + snd) * 1e3:>13.3f}")
+for tag in ("hook", "guard"):
+    n = statistics.median(x[6] for x in results[tag])
+    print(f"the native step in place ({tag}, engine thread CPU, median decode step): {n * 1e6:.1f} us "
+          f"({n / B * 1e9:.0f} ns per request)")
 rep = statistics.median(x[0] for x in replay)
 print(f"guard alone (its decode-step input replayed, engine thread only): {rep * 1e6:.1f} us per decode "
       f"step ({rep / B * 1e9:.0f} ns per request)")
