@@ -91,6 +91,9 @@ pub fn py_slot_runs(table: Vec<u64>, bs: u64, a: u64, b: u64) -> Vec<(u64, u64, 
 pub struct StepCache {
     blocks: AddrMap<(u64, Py<PyAny>)>,
     reqs: AddrMap<Known>,
+    /// The last step's line buffer, emptied: the next step writes into it
+    /// rather than growing a fresh one.
+    buf: Vec<u8>,
 }
 
 /// A request the step has seen.
@@ -621,7 +624,7 @@ pub fn schedule_step<'py>(
             holed.push(*p);
         }
     }
-    let mut out = Out::with_capacity(scheduled.len() * 2 * 140);
+    let mut out = Out::with_capacity(0);
     let mut step = Step {
         text: None,
         counts: Vec::new(),
@@ -634,6 +637,10 @@ pub fn schedule_step<'py>(
     // Another thread in this engine's step (never: the scheduler has one)
     // only means this step reads the ids from the objects.
     let mut cache = cache.as_ref().and_then(|c| c.try_borrow_mut().ok());
+    out.buf = match cache.as_deref_mut() {
+        Some(c) => std::mem::take(&mut c.buf),
+        None => Vec::with_capacity(scheduled.len() * 2 * 140),
+    };
     let mut did: Vec<Did> = Vec::with_capacity(scheduled.len());
     let mut writes: Vec<(u16, u64, u64)> = Vec::new();
     // Checks due: (engine request id, trace request id, reads per group).
@@ -764,8 +771,19 @@ pub fn schedule_step<'py>(
     }
     step.counts = out.counts;
     step.lines = out.lines;
+    if let Some(c) = cache.as_deref_mut() {
+        // Kept for the next step, unless one step's burst made it large.
+        out.buf.clear();
+        if out.buf.capacity() <= BUF_KEEP {
+            c.buf = out.buf;
+        }
+    }
     Ok(step)
 }
+
+/// The largest line buffer a cache keeps between steps (a decode step at
+/// batch 256 writes about 100 KiB).
+const BUF_KEEP: usize = 4 << 20;
 
 /// The guard, waiting (with the GIL released) while another thread's call
 /// into it ends; None when it stays busy.
