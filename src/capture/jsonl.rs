@@ -682,7 +682,15 @@ fn ingest_lines(
         let parsed = text
             .and_then(|_| parse_line(line))
             .map_err(|e| (e, line_runs(line).unwrap_or(1)))
-            .and_then(|r| apply(rec, r, &mut min_ts, &mut report.kv_events));
+            .and_then(|r| {
+                apply(
+                    rec,
+                    r,
+                    opts.skip_bad_lines,
+                    &mut min_ts,
+                    &mut report.kv_events,
+                )
+            });
         if first && min_ts != i64::MAX {
             rec.set_started_ns(min_ts);
         }
@@ -701,9 +709,11 @@ fn ingest_lines(
                 // without trace: make the loss an explicit hole instead.
                 // (With seqs on the lines, the hole is there already.)
                 // (A line of several runs refused whole: as many as it
-                // lists; refused by the recorder at run k: its runs from k
-                // on, the ones before it being recorded.)
+                // lists; a run the recorder refused is a hole of its own,
+                // made in `apply`, the line's other runs recorded, as the
+                // sidecar does: `lost` is 0.)
                 if let Some(pool) = e.pool
+                    && lost > 0
                     && rec.next_seq(pool).is_ok()
                     && !line_has_seq(line)
                 {
@@ -778,10 +788,15 @@ fn line_has_seq(line: &str) -> bool {
 
 /// Hands a parsed record to the recorder, counting its KV events in
 /// `events`. Returns true for KV events; an error comes with how many of
-/// the line's events were not recorded.
+/// the line's events were not recorded and are no hole yet. With `skip`
+/// (`--skip-bad-lines`), a run of a line of several runs that the recorder
+/// refuses (an extent outside the pool) is a hole of one event and the
+/// line's other runs are recorded, as the sidecar does; the first such
+/// error is returned, with 0.
 fn apply(
     rec: &mut Recorder,
     r: JsonlRecord,
+    skip: bool,
     min_ts: &mut i64,
     events: &mut u64,
 ) -> Result<bool, (LineError, u64)> {
@@ -813,16 +828,32 @@ fn apply(
         }
         JsonlRecord::KvRuns(evs) => {
             let n = evs.len() as u64;
+            let mut first: Option<LineError> = None;
             for (i, event) in evs.into_iter().enumerate() {
-                rec.kv(event).map_err(|e| {
-                    let mut e = from_recorder(Some(event.pool))(e);
-                    e.field = Some(format!("runs[{i}]"));
-                    (e, n - i as u64)
-                })?;
-                *min_ts = (*min_ts).min(event.ts_ns);
-                *events += 1;
+                let pool = Some(event.pool);
+                match rec.kv(event) {
+                    Ok(_) => {
+                        *min_ts = (*min_ts).min(event.ts_ns);
+                        *events += 1;
+                    }
+                    Err(e) => {
+                        let mut e = from_recorder(pool)(e);
+                        e.field = Some(format!("runs[{i}]"));
+                        if !skip {
+                            return Err((e, n - i as u64));
+                        }
+                        if rec.next_seq(event.pool).is_ok() {
+                            rec.lose(event.pool, 1)
+                                .map_err(|e| (from_recorder(pool)(e), 0))?;
+                        }
+                        first.get_or_insert(e);
+                    }
+                }
             }
-            Ok(true)
+            match first {
+                None => Ok(true),
+                Some(e) => Err((e, 0)),
+            }
         }
         JsonlRecord::Request(r) => {
             let ts = r.arrival_ns;
