@@ -837,16 +837,23 @@ fn apply(
                         *events += 1;
                     }
                     Err(e) => {
-                        let mut e = from_recorder(pool)(e);
-                        e.field = Some(format!("runs[{i}]"));
+                        let named = |e| {
+                            let mut e = from_recorder(pool)(e);
+                            e.field = Some(format!("runs[{i}]"));
+                            e
+                        };
                         if !skip {
-                            return Err((e, n - i as u64));
+                            return Err((named(e), n - i as u64));
                         }
                         if rec.next_seq(event.pool).is_ok() {
                             rec.lose(event.pool, 1)
                                 .map_err(|e| (from_recorder(pool)(e), 0))?;
                         }
-                        first.get_or_insert(e);
+                        // The first refused run names the line; a line of
+                        // many such runs builds one message, not one a run.
+                        if first.is_none() {
+                            first = Some(named(e));
+                        }
                     }
                 }
             }

@@ -33,21 +33,11 @@ const LOST: i64 = 4;
 const PULL: i64 = 5;
 const COPY: i64 = 6;
 const REQ: i64 = 1;
-const OP_READ: i64 = 2;
-const OP_FREE: i64 = 3;
-/// The ops by the hooks' op index (kvtrail_hook_client's `OPS`).
-const OPS: [Op; 6] = [
-    Op::Alloc,
-    Op::Write,
-    Op::Read,
-    Op::Free,
-    Op::Share,
-    Op::Scrub,
-];
 
-/// The op of the hooks' op index `i`.
+/// The op of the hooks' op index `i` (kvtrail_hook_client's `OPS`, in
+/// the order of the op's code, `Op::ALL`).
 pub(crate) fn op_at(i: usize) -> PyResult<Op> {
-    OPS.get(i).copied().ok_or_else(|| err("unknown op"))
+    Op::ALL.get(i).copied().ok_or_else(|| err("unknown op"))
 }
 
 /// Whether the rule takes `op` as an event: a read is a check, a free
@@ -357,10 +347,12 @@ fn wanted(t: &Bound<'_, PyTuple>) -> bool {
         return true; // malformed: applied, so counted
     };
     match k.extract::<i64>() {
-        Ok(KV) => !matches!(
-            t.get_borrowed_item(4).and_then(|o| o.extract::<i64>()),
-            Ok(OP_READ | OP_FREE)
-        ),
+        // An op that is not one is applied, so counted as an error.
+        Ok(KV) => t
+            .get_borrowed_item(4)
+            .and_then(|o| o.extract::<usize>())
+            .and_then(op_at)
+            .map_or(true, mirrored),
         Ok(REQ) => false,
         _ => true,
     }

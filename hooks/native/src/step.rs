@@ -242,8 +242,14 @@ pub(crate) struct Out {
 
 impl Out {
     pub(crate) fn with_capacity(bytes: usize) -> Self {
+        Self::with_buf(Vec::with_capacity(bytes))
+    }
+
+    /// Lines written into `buf` (emptied first), reusing its capacity.
+    fn with_buf(mut buf: Vec<u8>) -> Self {
+        buf.clear();
         Out {
-            buf: Vec::with_capacity(bytes),
+            buf,
             counts: Vec::new(),
             lines: 0,
             head: None,
@@ -267,10 +273,10 @@ impl Out {
         }
     }
 
-    /// The lines of `runs`, one line per run (the lines the shared
-    /// client writes for the same events); a slot or position past what a
-    /// KV line holds (u32) makes the request unreadable (a hole), never a
-    /// line the sidecar refuses.
+    /// The lines of `runs` `(start, count, token_pos)`, one line per run
+    /// (the lines the shared client writes for the same events); a slot or
+    /// position past what a KV line holds (u32) makes the request
+    /// unreadable (a hole), never a line the sidecar refuses.
     pub(crate) fn kv(
         &mut self,
         pool: u16,
@@ -279,17 +285,13 @@ impl Out {
         op: Op,
         runs: &[(u64, u64, u64)],
     ) -> PyResult<()> {
-        for &(start, n, tp) in runs {
-            let (start, n, tp) = (u32_of(start)?, u32_of(n)?, u32_of(tp)?);
-            self.line(pool);
-            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, start, n, Some(tp));
-        }
-        Ok(())
+        self.per_run(pool, ts, rid, op, runs, |&(a, n, t)| (a, n, Some(t)))
     }
 
-    /// The events of `runs` as one KV line of several runs (docs/jsonl.md;
-    /// a third of the bytes of a line per run), or the canonical line when
-    /// there is one run; past u32 as in `kv`.
+    /// The events of `runs` `(start, count, token_pos)` as one KV line of
+    /// several runs (docs/jsonl.md; a third of the bytes of a line per
+    /// run), or the canonical line when there is one run; past u32 as in
+    /// `kv`.
     pub(crate) fn kv_runs(
         &mut self,
         pool: u16,
@@ -298,28 +300,11 @@ impl Out {
         op: Op,
         runs: &[(u64, u64, u64)],
     ) -> PyResult<()> {
-        if runs.len() < 2 {
-            return self.kv(pool, ts, rid, op, runs);
-        }
-        for chunk in runs.chunks(RUNS_PER_LINE) {
-            for &(a, n, t) in chunk {
-                u32_of(a.max(n).max(t))?;
-            }
-            self.line_of(pool, chunk.len() as u64);
-            head(&mut self.head, pool, ts).kv_runs(
-                &mut self.buf,
-                rid,
-                op,
-                chunk
-                    .iter()
-                    .map(|&(a, n, t)| (a as u32, n as u32, Some(t as u32))),
-            );
-        }
-        Ok(())
+        self.several(pool, ts, rid, op, runs, |&(a, n, t)| (a, n, Some(t)))
     }
 
     /// Lines of slot runs `(start, count)` with no token position (an
-    /// `alloc`): a slot past u32 is an error, as in `kv`.
+    /// `alloc`), one per run, as in `kv`.
     pub(crate) fn kv_unplaced(
         &mut self,
         pool: u16,
@@ -328,12 +313,59 @@ impl Out {
         op: Op,
         runs: &[(u64, u64)],
     ) -> PyResult<()> {
-        let u32_of =
-            |v: u64| u32::try_from(v).map_err(|_| PyValueError::new_err("a slot past u32"));
-        for &(start, n) in runs {
-            let (start, n) = (u32_of(start)?, u32_of(n)?);
+        self.per_run(pool, ts, rid, op, runs, |&(a, n)| (a, n, None))
+    }
+
+    /// One line per run, each run `f(r)`: (start, count, position if
+    /// any). A value past u32 is an error; the runs before it are written
+    /// (the callers drop the request's lines).
+    fn per_run<R>(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[R],
+        f: impl Fn(&R) -> (u64, u64, Option<u64>),
+    ) -> PyResult<()> {
+        for r in runs {
+            let (a, n, t) = narrow(f(r))?;
             self.line(pool);
-            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, start, n, None);
+            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, a, n, t);
+        }
+        Ok(())
+    }
+
+    /// Lines of several runs (at most [`RUNS_PER_LINE`] a line), or the
+    /// canonical line of one run. A value past u32 is an error, and then
+    /// nothing is written.
+    fn several<R>(
+        &mut self,
+        pool: u16,
+        ts: i64,
+        rid: u64,
+        op: Op,
+        runs: &[R],
+        f: impl Fn(&R) -> (u64, u64, Option<u64>),
+    ) -> PyResult<()> {
+        if runs.len() < 2 {
+            return self.per_run(pool, ts, rid, op, runs, f);
+        }
+        for r in runs {
+            narrow(f(r))?;
+        }
+        for chunk in runs.chunks(RUNS_PER_LINE) {
+            self.line_of(pool, chunk.len() as u64);
+            head(&mut self.head, pool, ts).kv_runs(
+                &mut self.buf,
+                rid,
+                op,
+                // Checked above: the casts keep every value.
+                chunk.iter().map(|r| {
+                    let (a, n, t) = f(r);
+                    (a as u32, n as u32, t.map(|t| t as u32))
+                }),
+            );
         }
         Ok(())
     }
@@ -346,34 +378,6 @@ impl Out {
     fn lost_n(&mut self, pool: u16, n: u64) {
         self.line_of(pool, n);
         write_lost(&mut self.buf, pool, n);
-    }
-
-    /// The events of slot runs `(start, count, token_pos or None)`: the
-    /// canonical line of one run, else lines of several runs (as
-    /// `kv_runs`); runs of no slot are no event. A slot or position past
-    /// u32 is an error, and nothing is written.
-    fn kv_placed_or_not(
-        &mut self,
-        pool: u16,
-        ts: i64,
-        rid: u64,
-        op: Op,
-        runs: &[(u64, u64, Option<u64>)],
-    ) -> PyResult<()> {
-        let mut ok = Vec::with_capacity(runs.len());
-        for &(a, n, t) in runs.iter().filter(|r| r.1 > 0) {
-            ok.push((u32_of(a)?, u32_of(n)?, t.map(u32_of).transpose()?));
-        }
-        if let [(a, n, t)] = ok[..] {
-            self.line(pool);
-            head(&mut self.head, pool, ts).kv(&mut self.buf, rid, op, a, n, t);
-            return Ok(());
-        }
-        for chunk in ok.chunks(RUNS_PER_LINE) {
-            self.line_of(pool, chunk.len() as u64);
-            head(&mut self.head, pool, ts).kv_runs(&mut self.buf, rid, op, chunk.iter().copied());
-        }
-        Ok(())
     }
 }
 
@@ -404,15 +408,14 @@ pub fn kv_lines<'py>(
     let op = crate::op_at(op)?;
     let parsed: PyResult<Vec<(u64, u64, Option<u64>)>> = runs.try_iter().and_then(|it| {
         it.map(|r| r?.extract::<(u64, u64, Option<u64>)>())
-            .filter(|r| !matches!(r, Ok((_, 0, _))))
             .map(|r| r.map(|(a, n, t)| (a, n, t.filter(|_| placed))))
             .collect()
     });
     match parsed {
-        Ok(runs) => event_lines(py, pool, ts, rid, op, &runs, guard),
+        Ok(runs) => event_lines(py, pool, ts, rid, op, runs, guard),
         Err(_) => {
             let n = runs.len().unwrap_or(1).max(1);
-            hole_lines(py, pool, n as u64, crate::mirrored(op), guard).map(Some)
+            Ok(Some(hole_lines(py, pool, n as u64, op, guard)?))
         }
     }
 }
@@ -421,6 +424,8 @@ pub fn kv_lines<'py>(
 /// allocation, a free, an eviction) of block size `bs`: their slots by
 /// ascending block id, runs of consecutive blocks, no position; the null
 /// block (id 0) holds nothing. Block ids come from `cache` when given.
+/// Blocks that cannot be read are a hole of as many events as blocks were
+/// read (at least one).
 #[pyfunction]
 #[pyo3(signature = (pool, bs, ts, rid, op, blocks, guard=None, cache=None))]
 #[allow(clippy::too_many_arguments)]
@@ -451,85 +456,98 @@ pub fn block_lines<'py>(
         }
         Ok(())
     };
-    let ok = read().is_ok();
+    if read().is_err() {
+        drop(cache);
+        return Ok(Some(hole_lines(
+            py,
+            pool,
+            ids.len().max(1) as u64,
+            op,
+            guard,
+        )?));
+    }
     drop(cache);
     ids.sort_unstable();
     let mut runs: Vec<(u64, u64, Option<u64>)> = Vec::new();
-    for &i in ids.iter().filter(|_| ok) {
+    for i in ids {
+        // A slot past u64 saturates, past u32: a hole (event_lines).
         let s = i.saturating_mul(bs);
         match runs.last_mut() {
             Some((a, n, _)) if a.checked_add(*n) == Some(s) => *n += bs,
             _ => runs.push((s, bs, None)),
         }
     }
-    if !ok {
-        // Blocks that cannot be read: as many events lost as blocks seen
-        // (at least one), never a silent gap.
-        let n = ids.len().max(1) as u64;
-        return hole_lines(py, pool, n, crate::mirrored(op), guard).map(Some);
-    }
-    // A slot past u64 saturates: past u32, it is a hole (event_lines).
-    event_lines(py, pool, ts, rid, op, &runs, guard)
+    event_lines(py, pool, ts, rid, op, runs, guard)
 }
 
-/// A `lost` line of `n` events of `pool`, and a hole in the guard when the
-/// event would have reached it (`mirror`).
+/// Applies `f` to `guard` after the items it holds, unless the rule does
+/// not take `op` (a read, a free). False when the guard stayed busy in
+/// another thread: it missed the event (the hook feeds it a hole).
+fn mirror<'py>(
+    py: Python<'py>,
+    guard: Option<Bound<'py, Guard>>,
+    op: Op,
+    f: impl FnOnce(&mut Guard),
+) -> bool {
+    let Some(g) = guard.filter(|_| crate::mirrored(op)) else {
+        return true;
+    };
+    match borrow(py, &g) {
+        Some(mut g) => {
+            g.drain(py);
+            f(&mut g);
+            true
+        }
+        None => false,
+    }
+}
+
+/// A `lost` line of `n` events of `pool` for an event of `op` that could
+/// not be written, and a hole in the guard where the event would have
+/// reached it.
 fn hole_lines<'py>(
     py: Python<'py>,
     pool: u16,
     n: u64,
-    mirror: bool,
+    op: Op,
     guard: Option<Bound<'py, Guard>>,
 ) -> PyResult<Step> {
     let mut out = Out::with_capacity(64);
     out.lost_n(pool, n);
-    let mut missed = false;
-    if let Some(g) = guard.filter(|_| mirror) {
-        match borrow(py, &g) {
-            Some(mut g) => {
-                g.drain(py);
-                g.g.counts.errors += 1;
-                g.g.lost(pool);
-            }
-            None => missed = true,
-        }
-    }
-    Step::of_lines(py, out, 1, missed)
+    let seen = mirror(py, guard, op, |g| {
+        g.g.counts.errors += 1;
+        g.g.lost(pool);
+    });
+    Step::of_lines(py, out, 1, !seen)
 }
 
 /// The lines of one event's runs and its mirror into the guard (see
-/// [`kv_lines`]).
+/// [`kv_lines`]); runs of no slot are no event.
 fn event_lines<'py>(
     py: Python<'py>,
     pool: u16,
     ts: i64,
     rid: u64,
     op: Op,
-    runs: &[(u64, u64, Option<u64>)],
+    mut runs: Vec<(u64, u64, Option<u64>)>,
     guard: Option<Bound<'py, Guard>>,
 ) -> PyResult<Option<Step>> {
+    runs.retain(|r| r.1 > 0);
     if runs.is_empty() {
         return Ok(None);
     }
     let mut out = Out::with_capacity(64 + 36 * runs.len());
-    if out.kv_placed_or_not(pool, ts, rid, op, runs).is_err() {
-        return hole_lines(py, pool, runs.len() as u64, crate::mirrored(op), guard).map(Some);
+    if out.several(pool, ts, rid, op, &runs, |&r| r).is_err() {
+        return Ok(Some(hole_lines(py, pool, runs.len() as u64, op, guard)?));
     }
-    let mut missed = false;
-    if let Some(g) = guard.filter(|_| crate::mirrored(op)) {
-        match borrow(py, &g) {
-            Some(mut g) => {
-                g.drain(py);
-                let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
-                if g.g.kv(pool, rid, op, &rs).is_err() {
-                    g.g.counts.errors += 1;
-                    g.g.lost(pool);
-                }
-            }
-            None => missed = true,
+    let seen = mirror(py, guard, op, |g| {
+        let rs: Vec<(u64, u64)> = runs.iter().map(|r| (r.0, r.1)).collect();
+        if g.g.kv(pool, rid, op, &rs).is_err() {
+            g.g.counts.errors += 1;
+            g.g.lost(pool);
         }
-    }
-    Step::of_lines(py, out, 0, missed).map(Some)
+    });
+    Step::of_lines(py, out, 0, !seen).map(Some)
 }
 
 /// Most runs on one line the step writes: at most 35 bytes a run, so a
@@ -539,6 +557,11 @@ const RUNS_PER_LINE: usize = 128;
 
 fn u32_of(v: u64) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| PyValueError::new_err("a slot or position past u32"))
+}
+
+/// A run `(start, count, position)` as a KV line holds it (u32s).
+fn narrow((a, n, t): (u64, u64, Option<u64>)) -> PyResult<(u32, u32, Option<u32>)> {
+    Ok((u32_of(a)?, u32_of(n)?, t.map(u32_of).transpose()?))
 }
 
 /// Buffers the first pass reuses from request to request (the step runs
@@ -624,7 +647,6 @@ pub fn schedule_step<'py>(
             holed.push(*p);
         }
     }
-    let mut out = Out::with_capacity(0);
     let mut step = Step {
         text: None,
         counts: Vec::new(),
@@ -637,9 +659,9 @@ pub fn schedule_step<'py>(
     // Another thread in this engine's step (never: the scheduler has one)
     // only means this step reads the ids from the objects.
     let mut cache = cache.as_ref().and_then(|c| c.try_borrow_mut().ok());
-    out.buf = match cache.as_deref_mut() {
-        Some(c) => std::mem::take(&mut c.buf),
-        None => Vec::with_capacity(scheduled.len() * 2 * 140),
+    let mut out = match cache.as_deref_mut() {
+        Some(c) => Out::with_buf(std::mem::take(&mut c.buf)),
+        None => Out::with_capacity(scheduled.len() * 2 * 140),
     };
     let mut did: Vec<Did> = Vec::with_capacity(scheduled.len());
     let mut writes: Vec<(u16, u64, u64)> = Vec::new();
@@ -773,7 +795,6 @@ pub fn schedule_step<'py>(
     step.lines = out.lines;
     if let Some(c) = cache.as_deref_mut() {
         // Kept for the next step, unless one step's burst made it large.
-        out.buf.clear();
         if out.buf.capacity() <= BUF_KEEP {
             c.buf = out.buf;
         }
