@@ -101,7 +101,7 @@ want += client_lines([
 ])
 want += client_lines([(c.LOST, 3, 1)])  # the hole, as the client writes it
 expect(lines == want, f"lines differ:\n{lines}\n{want}")
-expect(step.counts == [(3, 6)] and step.lines == 6, f"counts {step.counts} {step.lines}")
+expect(step.counts == [(3, 6)] and step.events == 6, f"counts {step.counts} {step.events}")
 expect(step.holes == 1, f"holes {step.holes}")
 expect(reqs["a"]["covered"] == 8, f"covered {reqs['a']}")
 expect(len(rid_of_calls) == 1 and rid_of_calls[0] is requests["b"], "rid_of called for b only")
@@ -113,7 +113,7 @@ step = kvtrail_guard.schedule_step({"m": 1}, {"m": Req(130 * BS)}, {"m": {"id": 
                                    tables({"m": [2 * i + 1 for i in range(130)]}), TS, None, None, {}, rid_of)
 ls = step.text.split("\n")
 expect([len(json.loads(x).get("runs", [0])) for x in ls] == [1, 128, 2], f"runs per line {ls}")
-expect(max(len(x) for x in ls) < 4700 and step.counts == [(3, 131)] and step.lines == 131,
+expect(max(len(x) for x in ls) < 4700 and step.counts == [(3, 131)] and step.events == 131,
        f"line sizes {[len(x) for x in ls]} counts {step.counts}")
 
 # Contiguous slots whose positions are not contiguous are two runs: the
@@ -280,9 +280,9 @@ expect('"runs":[[24,4,4],[20,2,8]]' in step_text(cache3, 10), f"cached table run
 # only when placed; past u32 a `lost` line of as many events.
 ev = kvtrail_guard.kv_lines(3, TS, 9, c.SHARE, [(40, 4, 8)], True, None)
 expect(ev.text == client_lines([(c.KV, 3, TS, 9, c.SHARE, range(40, 44), 8, 0)])[0]
-       and ev.counts == [(3, 1)] and ev.lines == 1, f"one run {ev.text}")
+       and ev.counts == [(3, 1)] and ev.events == 1, f"one run {ev.text}")
 ev = kvtrail_guard.kv_lines(3, TS, 9, c.FREE, [(40, 4, 8), (0, 0, 0), (60, 2, 12)], False, None)
-expect(ev.text == runs_line(3, TS, 9, "free", [(40, 4, None), (60, 2, None)]) and ev.lines == 2,
+expect(ev.text == runs_line(3, TS, 9, "free", [(40, 4, None), (60, 2, None)]) and ev.events == 2,
        f"runs, unplaced {ev.text}")
 expect(kvtrail_guard.kv_lines(3, TS, 9, c.FREE, [(5, 0, None)], False, None) is None, "no slot, no event")
 ev = kvtrail_guard.kv_lines(3, TS, 9, c.ALLOC, [(1, 2, None), (1 << 33, 4, None)], False, None)
@@ -335,6 +335,52 @@ ref = weakref.ref(pool_obj)
 del pool_obj, eng, cache, cache2, cache3, blocks, step, step2, tbl, blk, cc
 gc.collect()
 expect(ref() is None, "the block-id cache kept its engine's blocks alive")
+
+# The module numbers the queue's item kinds and ops as this client does
+# (one numbering, checked when a hook loads the module); a module that
+# numbers them otherwise, or names none, is refused as one that cannot be
+# loaded: the guard in abort mode refuses to start, in alert mode runs
+# unguarded with a warning.
+expect(c.native_mismatch(kvtrail_guard) is None, f"mismatch {c.native_mismatch(kvtrail_guard)}")
+expect(kvtrail_guard.OPS == c.OPS and kvtrail_guard.KINDS == c.NATIVE_KINDS,
+       f"tables {kvtrail_guard.OPS} {kvtrail_guard.KINDS}")
+
+
+class FakeMod:
+    __file__ = "/elsewhere/kvtrail_guard.so"
+
+    def __init__(self, kinds, ops):
+        if kinds is not None:
+            self.KINDS = kinds
+        if ops is not None:
+            self.OPS = ops
+
+
+swapped = dict(c.NATIVE_KINDS, KV=c.LOST, LOST=c.KV)
+why = c.native_mismatch(FakeMod(swapped, c.OPS)) or ""
+expect("KV is 4 there, 0 here" in why and "LOST is 0 there, 4 here" in why and "/elsewhere" in why,
+       f"swapped kinds: {why}")
+why = c.native_mismatch(FakeMod(dict(c.NATIVE_KINDS, MOVE=9), c.OPS)) or ""
+expect("MOVE is unknown here" in why, f"an extra kind: {why}")
+why = c.native_mismatch(FakeMod(c.NATIVE_KINDS, c.OPS[::-1])) or ""
+expect("OPS are" in why, f"ops reordered: {why}")
+why = c.native_mismatch(FakeMod(None, None)) or ""
+expect("older than this hook" in why, f"an old module: {why}")
+
+from kvtrail_hook_client import guard as guard_mod  # noqa: E402
+
+saved = kvtrail_guard.KINDS
+kvtrail_guard.KINDS = swapped
+try:
+    try:
+        guard_mod.Guard("abort")
+        expect(False, "abort mode started on a module that misnumbers the items")
+    except guard_mod.GuardUnavailable as e:
+        expect("numbers the queue's items otherwise" in str(e), f"abort refusal: {e}")
+    expect(not guard_mod.Guard("alert").active, "alert mode guarded with a misnumbering module")
+finally:
+    kvtrail_guard.KINDS = saved
+expect(guard_mod.Guard("abort").active, "the module itself is refused")
 
 print(json.dumps({"failures": failures}))
 sys.exit(1 if failures else 0)

@@ -34,6 +34,20 @@ const PULL: i64 = 5;
 const COPY: i64 = 6;
 const REQ: i64 = 1;
 
+/// The item kinds above by the client's names: the module exports them
+/// (`KINDS`, and the ops in code order as `OPS`) so that a hook refuses a
+/// module that numbers them otherwise than its client does
+/// (`kvtrail_hook_client.native_mismatch`), instead of misreading items.
+const KINDS: [(&str, i64); 7] = [
+    ("KV", KV),
+    ("REQ", REQ),
+    ("SEND", SEND),
+    ("COMMIT", COMMIT),
+    ("LOST", LOST),
+    ("PULL", PULL),
+    ("COPY", COPY),
+];
+
 /// The op of the hooks' op index `i` (kvtrail_hook_client's `OPS`, in
 /// the order of the op's code, `Op::ALL`).
 pub(crate) fn op_at(i: usize) -> PyResult<Op> {
@@ -373,6 +387,12 @@ fn kvtrail_guard(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step::kv_lines, m)?)?;
     m.add_function(wrap_pyfunction!(step::block_lines, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::decode_step, m)?)?;
+    let kinds = PyDict::new(m.py());
+    for (name, code) in KINDS {
+        kinds.set_item(name, code)?;
+    }
+    m.add("KINDS", kinds)?;
+    m.add("OPS", PyTuple::new(m.py(), Op::ALL.map(Op::as_str))?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

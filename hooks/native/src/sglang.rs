@@ -107,7 +107,7 @@ pub fn decode_step<'py>(
     let mut all: Vec<(u64, u64)> = Vec::new();
     let mut holes = 0u64;
     for (i, req) in reqs.iter().enumerate() {
-        let mark = (out.buf.len(), out.lines, out.counts.clone());
+        let mark = (out.buf.len(), out.events, out.counts.clone());
         let slots = i
             .checked_mul(t)
             .and_then(|a| locs.get(a..a.checked_add(t)?))
@@ -124,7 +124,7 @@ pub fn decode_step<'py>(
             }
             Err(_) => {
                 out.buf.truncate(mark.0);
-                out.lines = mark.1;
+                out.events = mark.1;
                 out.counts = mark.2;
                 out.lost(pool);
                 holes += 1;

@@ -174,7 +174,7 @@ pub struct Step {
     /// one per run and a `lost` line its n.
     counts: Vec<(u16, u64)>,
     /// The events in all (what the client's queue bound counts).
-    lines: u64,
+    events: u64,
     /// Requests checked this step: (request id as the engine names it,
     /// trace request id, the answer per group read).
     checks: Vec<(Py<PyAny>, u64, Vec<Answer>)>,
@@ -209,7 +209,7 @@ impl Step {
         Ok(Step {
             text,
             counts: out.counts,
-            lines: out.lines,
+            events: out.events,
             checks: Vec::new(),
             waits: Vec::new(),
             holes,
@@ -231,11 +231,11 @@ fn head(head: &mut Option<KvLineHead>, pool: u16, ts: i64) -> &KvLineHead {
     head.get_or_insert_with(|| KvLineHead::new(pool, ts))
 }
 
-/// The step's lines, with their count per pool.
+/// The step's lines, with their events per pool and in all.
 pub(crate) struct Out {
     pub(crate) buf: Vec<u8>,
     pub(crate) counts: Vec<(u16, u64)>,
-    pub(crate) lines: u64,
+    pub(crate) events: u64,
     /// The last lines' common head (pool and stamp), kept for the next.
     head: Option<KvLineHead>,
 }
@@ -251,7 +251,7 @@ impl Out {
         Out {
             buf,
             counts: Vec::new(),
-            lines: 0,
+            events: 0,
             head: None,
         }
     }
@@ -266,7 +266,7 @@ impl Out {
         if !self.buf.is_empty() {
             self.buf.push(b'\n');
         }
-        self.lines += events;
+        self.events += events;
         match self.counts.iter_mut().find(|c| c.0 == pool) {
             Some(c) => c.1 += events,
             None => self.counts.push((pool, events)),
@@ -650,7 +650,7 @@ pub fn schedule_step<'py>(
     let mut step = Step {
         text: None,
         counts: Vec::new(),
-        lines: 0,
+        events: 0,
         checks: Vec::new(),
         waits: Vec::new(),
         holes: 0,
@@ -683,7 +683,7 @@ pub fn schedule_step<'py>(
         // Where this request's lines begin (restored if it is a hole).
         scratch.counts.clear();
         scratch.counts.extend_from_slice(&out.counts);
-        let mark = (out.buf.len(), out.lines, writes.len());
+        let mark = (out.buf.len(), out.events, writes.len());
         let cx = Cx {
             py,
             reqs,
@@ -732,7 +732,7 @@ pub fn schedule_step<'py>(
                 // lines go, and a hole goes in each pool, never a guess.
                 out.buf.truncate(mark.0);
                 std::mem::swap(&mut out.counts, &mut scratch.counts);
-                out.lines = mark.1;
+                out.events = mark.1;
                 writes.truncate(mark.2);
                 step.holes += 1;
                 for &p in &holed {
@@ -792,7 +792,7 @@ pub fn schedule_step<'py>(
         step.text = Some(PyString::new(py, text).unbind());
     }
     step.counts = out.counts;
-    step.lines = out.lines;
+    step.events = out.events;
     if let Some(c) = cache.as_deref_mut() {
         // Kept for the next step, unless one step's burst made it large.
         if out.buf.capacity() <= BUF_KEEP {

@@ -65,6 +65,33 @@ NOT_KV = (REQ, GUARD)
 GUARD_MAX_SOURCES = 256
 OPS = ("alloc", "write", "read", "free", "share", "scrub")
 ALLOC, WRITE, READ, FREE, SHARE, SCRUB = range(6)
+# The item kinds the native module (kvtrail_guard) reads from the queue.
+NATIVE_KINDS = {"KV": KV, "REQ": REQ, "SEND": SEND, "COMMIT": COMMIT, "LOST": LOST, "PULL": PULL,
+                "COPY": COPY}
+
+
+def native_mismatch(mod):
+    """Why the native module ``mod`` (kvtrail_guard) cannot read this
+    client's queue items, or None: it must number the item kinds
+    (``KINDS``) and the ops (``OPS``, in code order) exactly as this client
+    does. A module built from another kvtrail would misread every item, so
+    the hooks refuse it (as a module that cannot be loaded) rather than
+    run on it."""
+    kinds, ops = getattr(mod, "KINDS", None), getattr(mod, "OPS", None)
+    where = getattr(mod, "__file__", "?")
+    if not isinstance(kinds, dict) or not isinstance(ops, tuple):
+        return (f"the native module kvtrail_guard at {where} names no item kinds and ops "
+                "(KINDS, OPS): it is older than this hook; rebuild it (docs/guard.md, \"Building\")")
+    bad = [f"{k} is {kinds.get(k)!r} there, {v} here" for k, v in NATIVE_KINDS.items()
+           if kinds.get(k) != v]
+    bad += [f"{k} is unknown here" for k in sorted(set(kinds) - set(NATIVE_KINDS))]
+    if ops != OPS:
+        bad.append(f"OPS are {ops!r} there, {OPS!r} here")
+    if bad:
+        return (f"the native module kvtrail_guard at {where} numbers the queue's items otherwise "
+                f"than this hook ({'; '.join(bad)}): install the module and the hooks from one "
+                "kvtrail (docs/guard.md, \"Building\")")
+    return None
 
 # Index lists longer than this are copied as numpy arrays (vectorised runs).
 SMALL = 4096

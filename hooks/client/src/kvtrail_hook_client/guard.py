@@ -57,6 +57,12 @@ class Guard:
             return
         try:
             import kvtrail_guard
+
+            from kvtrail_hook_client import native_mismatch
+
+            why = native_mismatch(kvtrail_guard)
+            if why is not None:
+                raise ImportError(why)
         except ImportError as e:
             if mode == "abort":
                 raise GuardUnavailable(

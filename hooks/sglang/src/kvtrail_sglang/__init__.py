@@ -78,6 +78,12 @@ try:
     import kvtrail_guard as _native
 except ImportError:
     _native = None
+_why = _c.native_mismatch(_native) if _native is not None else None
+if _why is not None:
+    # Its items would be misread: the lines are built here instead (the
+    # guard refuses the module likewise, by its own policy).
+    _c.log.warning("kvtrail_sglang: %s", _why)
+    _native = None
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 
 __all__ = ["install", "uninstall", "stats", "counts", "guard_stats", "flush", "request_id", "tag",
@@ -431,7 +437,7 @@ def _decode_native(step, batch, pool, locs, seq, token_per_req):
         return
     cl = _H.clients.get(pool)
     if out.text is not None and cl is not None:
-        cl.put_lines(ts, out.text, out.counts, out.lines)
+        cl.put_lines(ts, out.text, out.counts, out.events)
     if out.holes:
         _H.counts["hook_errors"] += 1
         _c.log.warning("kvtrail: hook alloc_for_decode: %d requests' state unreadable: holes",

@@ -263,7 +263,7 @@ class _Engine:
         mirrored into the guard)."""
         if self.client is None and not self._connect():
             return
-        self.client.put_lines(ts, step.text, step.counts, step.lines)
+        self.client.put_lines(ts, step.text, step.counts, step.events)
 
     def put_step(self, ts, step):
         """Queues the lines of one event built by the native module
@@ -1842,6 +1842,9 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
         raise ImportError(
             f"kvtrail_vllm: the native module kvtrail_guard at {getattr(kvtrail_guard, '__file__', '?')} "
             f"is older than this hook (no {', '.join(missing)}): rebuild it (docs/guard.md, \"Building\")")
+    why = _c.native_mismatch(kvtrail_guard)
+    if why is not None:
+        raise ImportError(f"kvtrail_vllm: {why}")
     _native = kvtrail_guard
     g = _guard_mod.Guard(guard, guard_unknown)
     capture = capture or os.environ.get("KVTRAIL_CAPTURE")
