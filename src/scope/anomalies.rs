@@ -7,6 +7,7 @@
 use super::model::Anomaly;
 use crate::schema::RequestRecord;
 use crate::trace::manifest::{Deployment, Role};
+use crate::trace::read::RequestRows;
 
 /// `kind` of a request that prefilled fewer tokens than its prompt yet was
 /// answered 2xx ([`error_looks_like_success`]).
@@ -58,47 +59,79 @@ impl Checker {
         }
     }
 
-    pub fn check(&self, r: &RequestRecord, out: &mut Vec<Anomaly>) {
-        let base = |kind: &str, pool: Option<u16>, limit: Option<u64>, detail: String| Anomaly {
-            request_id: r.request_id,
-            external_id: r.external_id.clone(),
-            tenant: r.tenant.clone(),
-            kind: kind.to_string(),
-            prompt_tokens: r.prompt_tokens,
-            prefilled_tokens: r.prefilled_tokens,
-            http_status: r.http_status,
-            prefill_pool: pool,
-            limit,
-            detail,
-        };
-        if let Some(pf) = r.prefilled_tokens
-            && error_looks_like_success(r.prompt_tokens, r.prefilled_tokens, r.http_status)
+    /// The anomalies of a request of these fields: (kind, prefill pool,
+    /// limit, detail). The one home of both rules; most requests have none.
+    fn found(
+        &self,
+        prompt_tokens: u32,
+        prefilled_tokens: Option<u32>,
+        http_status: u16,
+        prefill_pool: Option<u16>,
+    ) -> Vec<(&'static str, Option<u16>, Option<u64>, String)> {
+        let mut out = Vec::new();
+        if let Some(pf) = prefilled_tokens
+            && error_looks_like_success(prompt_tokens, prefilled_tokens, http_status)
         {
-            out.push(base(
+            out.push((
                 ERROR_LOOKS_LIKE_SUCCESS,
-                r.prefill_pool,
+                prefill_pool,
                 None,
                 format!(
-                    "prefill computed {pf} of {} prompt tokens, yet the customer got HTTP {}",
-                    r.prompt_tokens, r.http_status
+                    "prefill computed {pf} of {prompt_tokens} prompt tokens, yet the customer got HTTP {http_status}"
                 ),
             ));
         }
-        let pool = r.prefill_pool.or(self.default_pool);
+        let pool = prefill_pool.or(self.default_pool);
         if let Some(p) = pool
             && let Some(&(_, limit)) = self.limits.iter().find(|l| l.0 == p)
-            && r.prompt_tokens as u64 >= limit
+            && prompt_tokens as u64 >= limit
         {
-            out.push(base(
+            out.push((
                 PROMPT_EXCEEDS_PREFILL_POOL,
                 Some(p),
                 Some(limit),
                 format!(
-                    "prompt of {} tokens >= max_req_input_len {limit} of pool {p}: the prefill must reject it (HTTP {} returned)",
-                    r.prompt_tokens, r.http_status
+                    "prompt of {prompt_tokens} tokens >= max_req_input_len {limit} of pool {p}: the prefill must reject it (HTTP {http_status} returned)"
                 ),
             ));
         }
+        out
+    }
+
+    pub fn check(&self, r: &RequestRecord, out: &mut Vec<Anomaly>) {
+        let found = self.found(
+            r.prompt_tokens,
+            r.prefilled_tokens,
+            r.http_status,
+            r.prefill_pool,
+        );
+        for (kind, pool, limit, detail) in found {
+            out.push(Anomaly {
+                request_id: r.request_id,
+                external_id: r.external_id.clone(),
+                tenant: r.tenant.clone(),
+                kind: kind.to_string(),
+                prompt_tokens: r.prompt_tokens,
+                prefilled_tokens: r.prefilled_tokens,
+                http_status: r.http_status,
+                prefill_pool: pool,
+                limit,
+                detail,
+            });
+        }
+    }
+
+    /// Whether row `i` of `rows` has an anomaly ([`check`](Self::check)
+    /// then lists them from its record).
+    pub fn any(&self, rows: &RequestRows<'_>, i: usize) -> bool {
+        !self
+            .found(
+                rows.prompt_tokens(i),
+                rows.prefilled_tokens(i),
+                rows.http_status(i),
+                rows.prefill_pool(i),
+            )
+            .is_empty()
     }
 }
 

@@ -52,7 +52,7 @@ pub fn scope(trace: &Trace, opts: &LineageOptions, reporter: &dyn Reporter) -> R
 pub fn tenant_source(trace: &Trace) -> TenantKeysSource {
     let trace = trace.clone();
     TenantKeysSource::new(move || {
-        crate::trace::request_keys::scan_requests(&trace, |_| {})
+        crate::trace::request_keys::scan_request_rows(&trace, |_, _| {})
             .map(TenantKeys::new)
             .unwrap_or_default()
     })
@@ -129,10 +129,18 @@ impl RequestsPass {
         let mut rows: HashMap<u64, RequestRecord> = HashMap::new();
         let mut anomalies = Vec::new();
         let checker = anomalies::Checker::new(trace.deployment());
-        let keys = crate::trace::request_keys::scan_requests(trace, |r| {
-            checker.check(&r, &mut anomalies);
-            if keep(r.request_id) {
-                rows.insert(r.request_id, r);
+        // A row's record is built only for an anomaly or a row kept.
+        let keys = crate::trace::request_keys::scan_request_rows(trace, |batch, i| {
+            let id = batch.request_id(i);
+            let (odd, kept) = (checker.any(batch, i), keep(id));
+            if odd || kept {
+                let r = batch.record(i);
+                if odd {
+                    checker.check(&r, &mut anomalies);
+                }
+                if kept {
+                    rows.insert(id, r);
+                }
             }
         })?;
         anomalies.sort_by(|a: &Anomaly, b: &Anomaly| {

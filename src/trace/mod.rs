@@ -24,5 +24,5 @@ pub const NO_KV_EVENTS: &str = "the trace holds no KV events: it records nothing
 
 pub use manifest::{Capture, Deployment, FileEntry, Manifest, Pool, Role};
 pub use read::{KvChunk, KvFileReader, KvScanBatch, KvScanReader, RequestFileReader, Trace};
-pub use request_keys::{RequestKeys, scan_requests};
+pub use request_keys::{RequestKeys, scan_request_rows, scan_requests};
 pub use root::TraceRoot;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Location, Result};
 use crate::schema::{RequestRecord, req_col};
 use crate::spill::{Merge, Source};
-use crate::trace::read::Trace;
+use crate::trace::read::{RequestRows, Trace};
 
 /// Every request id of a trace, sorted, each with its tenant as a small key.
 #[derive(Debug, Clone, Default)]
@@ -351,6 +351,16 @@ impl Source<(u64, u32)> for Cursor<'_> {
 /// sorted then), so `visit` may have seen both rows of it; its caller
 /// discards what it gathered on an error.
 pub fn scan_requests(trace: &Trace, mut visit: impl FnMut(RequestRecord)) -> Result<RequestKeys> {
+    scan_request_rows(trace, |rows, i| visit(rows.record(i)))
+}
+
+/// [`scan_requests`], handing `visit` each row in place (a batch and the
+/// row's index in it): a pass that needs a few fields of most rows reads
+/// them without building every row's record.
+pub fn scan_request_rows(
+    trace: &Trace,
+    mut visit: impl FnMut(&RequestRows<'_>, usize),
+) -> Result<RequestKeys> {
     let mut known = vec![false; 1 << 16];
     for p in &trace.deployment().pools {
         known[p.id as usize] = true;
@@ -359,23 +369,26 @@ pub fn scan_requests(trace: &Trace, mut visit: impl FnMut(RequestRecord)) -> Res
     let mut tenant_ids: HashMap<Box<str>, u32> = HashMap::new();
     let mut builder = KeysBuilder::default();
     for path in &trace.request_files {
-        let mut row = 0u64;
-        for batch in trace.request_file(path)? {
-            for r in batch? {
-                check_pools(&known, path, row, &r)?;
-                let tenant = match tenant_ids.get(r.tenant.as_str()) {
+        let mut reader = trace.request_file(path)?;
+        while let Some(res) = reader.next_rows(|first, rows| {
+            for i in 0..rows.len() {
+                check_pools(&known, path, first + i as u64, rows, i)?;
+                let t = rows.tenant(i);
+                let tenant = match tenant_ids.get(t) {
                     Some(&k) => k,
                     None => {
                         let k = tenants.len() as u32;
-                        tenants.push(r.tenant.as_str().into());
-                        tenant_ids.insert(r.tenant.as_str().into(), k);
+                        tenants.push(t.into());
+                        tenant_ids.insert(t.into(), k);
                         k
                     }
                 };
-                builder.push((r.request_id, tenant));
-                visit(r);
-                row += 1;
+                builder.push((rows.request_id(i), tenant));
+                visit(rows, i);
             }
+            Ok(())
+        }) {
+            res?;
         }
     }
     drop(tenant_ids);
@@ -429,10 +442,10 @@ fn duplicate_id(id: u64, path: &Path, row: u64, first: &Path, first_row: u64) ->
     )
 }
 
-fn check_pools(known: &[bool], path: &Path, row: u64, r: &RequestRecord) -> Result<()> {
+fn check_pools(known: &[bool], path: &Path, row: u64, rows: &RequestRows, i: usize) -> Result<()> {
     for (col, p) in [
-        (req_col::PREFILL_POOL, r.prefill_pool),
-        (req_col::DECODE_POOL, r.decode_pool),
+        (req_col::PREFILL_POOL, rows.prefill_pool(i)),
+        (req_col::DECODE_POOL, rows.decode_pool(i)),
     ] {
         if let Some(p) = p
             && !known[p as usize]

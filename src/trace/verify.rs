@@ -14,7 +14,7 @@ use crate::trace::check::{self, FileRuns};
 use crate::trace::files;
 use crate::trace::manifest::{FileEntry, Manifest};
 use crate::trace::read::{Trace, rel_path};
-use crate::trace::request_keys::scan_requests;
+use crate::trace::request_keys::scan_request_rows;
 use crate::trace::store::Source;
 
 /// One problem found by `verify`.
@@ -375,7 +375,10 @@ fn trace_wide(
             lost_events = p.missing_events.saturating_add(lost_events);
         }
     }
-    let checks = [scan_requests(trace, |_| {}).map(|_| ()), kv.map(|_| ())];
+    let checks = [
+        scan_request_rows(trace, |_, _| {}).map(|_| ()),
+        kv.map(|_| ()),
+    ];
     for e in checks.into_iter().filter_map(|r| r.err()) {
         let path = error_path(&e).map_or_else(|| "kv".into(), |p| rel_path(&trace.dir, p));
         problems.push(problem(trace, path, "invalid", e)?);

@@ -15,6 +15,27 @@ use crate::error::{Error, Location, Result};
 use crate::schema::Op;
 use crate::trace::hive::{self};
 
+/// A text column's values as read ([`Col::texts`]): every row the same
+/// (a Hive folder's value, or null), or the column itself as Utf8.
+pub(crate) enum Texts {
+    Same(Option<String>),
+    Utf8(ArrayRef),
+}
+
+impl Texts {
+    /// Row `i`'s text (None: null).
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&str> {
+        match self {
+            Texts::Same(v) => v.as_deref(),
+            Texts::Utf8(a) => {
+                let s = a.as_string::<i32>();
+                s.is_valid(i).then(|| s.value(i))
+            }
+        }
+    }
+}
+
 /// A column of a batch with its location, for typed extraction.
 pub(crate) struct Col<'a> {
     pub(crate) path: &'a Path,
@@ -231,15 +252,22 @@ impl<'a> Col<'a> {
 
     /// String column (Utf8, LargeUtf8, Utf8View or a dictionary of them).
     pub(crate) fn strings(&self) -> Result<Vec<Option<String>>> {
-        self.blame_folder(self.strings_inner(), "Utf8")
+        let s = self.texts()?;
+        let n = self.arr.map_or(0, |a| a.len());
+        Ok((0..n).map(|i| s.get(i).map(str::to_string)).collect())
     }
 
-    pub(crate) fn strings_inner(&self) -> Result<Vec<Option<String>>> {
+    /// The column's text, row by row, without a copy of each value.
+    pub(crate) fn texts(&self) -> Result<Texts> {
+        self.blame_folder(self.texts_inner(), "Utf8")
+    }
+
+    fn texts_inner(&self) -> Result<Texts> {
         let a = self.arr.expect("column present");
         // A folder's value is text as written (`tenant=007/` is "007"),
         // though the folder column is an integer when it parses as one.
         if let Some((_, value)) = &self.folder {
-            return Ok(vec![value.clone(); a.len()]);
+            return Ok(Texts::Same(value.clone()));
         }
         let is_str = |dt: &DataType| {
             matches!(
@@ -248,7 +276,7 @@ impl<'a> Col<'a> {
             )
         };
         if a.data_type() == &DataType::Null {
-            return Ok(vec![None; a.len()]);
+            return Ok(Texts::Same(None));
         }
         let ok = match a.data_type() {
             DataType::Dictionary(_, v) => is_str(v),
@@ -259,8 +287,7 @@ impl<'a> Col<'a> {
         }
         let c =
             arrow_cast::cast(a, &DataType::Utf8).map_err(|e| self.type_error(&e.to_string()))?;
-        let s = c.as_string::<i32>();
-        Ok(s.iter().map(|v| v.map(str::to_string)).collect())
+        Ok(Texts::Utf8(c))
     }
 
     /// The op column as codes: dictionary values are parsed once.

@@ -27,7 +27,7 @@ pub use kv::{KvChunk, KvFileReader};
 pub use kv_scan::{KvScanBatch, KvScanReader};
 pub use open::{Trace, list_parquet, rel_path};
 pub use parquet_file::{MAX_FOOTER_BYTES, MAX_ROW_GROUPS, READ_BATCH_ROWS, footer_rows};
-pub use requests::RequestFileReader;
+pub use requests::{RequestFileReader, RequestRows};
 pub use values::{
     Capacities, Extent, MAX_REQUEST_ID, MAX_SEQ, SAME_POOL_COPY_HINT, check_extent,
     check_request_id, check_same_pool_copy, check_seq,
