@@ -447,6 +447,41 @@ fn vllm_hook_without_the_native_module_refuses_to_install() {
     }
 }
 
+/// A native module that numbers the queue's items otherwise than the
+/// hooks is refused as one that cannot be loaded: the vLLM hook's install
+/// raises ImportError naming the difference, whatever the guard's mode.
+#[test]
+fn vllm_hook_refuses_a_native_module_that_misnumbers_the_items() {
+    let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
+        return;
+    };
+    for mode in ["off", "alert", "abort"] {
+        let o = Command::new(&py)
+            .arg("-c")
+            .arg(format!(
+                "import kvtrail_guard as g; g.KINDS = dict(g.KINDS, KV=9)\n\
+                 import kvtrail_vllm; kvtrail_vllm.install(capture='unix:/nonexistent', guard='{mode}')"
+            ))
+            .env(
+                "PYTHONPATH",
+                std::env::join_paths([
+                    root().join("hooks/vllm/src"),
+                    root().join("hooks/client/src"),
+                    native.clone(),
+                ])
+                .unwrap(),
+            )
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{mode}: {err}");
+        assert!(
+            err.contains("ImportError") && err.contains("KV is 9 there, 0 here"),
+            "{mode}: {err}"
+        );
+    }
+}
+
 #[test]
 fn guard_says_unknown_where_it_cannot_see() {
     let (Some(py), Some(native)) = (venv::SGLANG.python(), native()) else {

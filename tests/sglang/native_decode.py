@@ -172,5 +172,21 @@ except Exception:
 got_py = lines_of(h.clients[POOL].items)
 expect(not any('"request_id":43' in ln for ln in got_py), f"per-event path: {got_py}")
 
+# A native module that numbers the queue's items otherwise than the
+# client is not used: the hook, loaded again, builds its lines in Python.
+import importlib  # noqa: E402
+
+import kvtrail_guard  # noqa: E402
+
+saved = kvtrail_guard.KINDS
+kvtrail_guard.KINDS = dict(saved, KV=saved["LOST"], LOST=saved["KV"])
+try:
+    importlib.reload(kh)
+    expect(kh._native is None, "the SGLang hook kept a module that misnumbers the items")
+finally:
+    kvtrail_guard.KINDS = saved
+    importlib.reload(kh)
+expect(kh._native is kvtrail_guard, "the SGLang hook refused its own module")
+
 print(json.dumps({"failures": failures, "lines": len(nat_lines), "names": names}))
 sys.exit(1 if failures else 0)

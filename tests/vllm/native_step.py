@@ -361,11 +361,19 @@ why = c.native_mismatch(FakeMod(swapped, c.OPS)) or ""
 expect("KV is 4 there, 0 here" in why and "LOST is 0 there, 4 here" in why and "/elsewhere" in why,
        f"swapped kinds: {why}")
 why = c.native_mismatch(FakeMod(dict(c.NATIVE_KINDS, MOVE=9), c.OPS)) or ""
-expect("MOVE is unknown here" in why, f"an extra kind: {why}")
+expect("'MOVE' is unknown here" in why, f"an extra kind: {why}")
+why = c.native_mismatch(FakeMod({k: v for k, v in c.NATIVE_KINDS.items() if k != "PULL"}, c.OPS)) or ""
+expect("PULL is missing there, 5 here" in why, f"a missing kind: {why}")
+why = c.native_mismatch(FakeMod(dict(c.NATIVE_KINDS, **{"1": 1}, **{"x": 2}), list(c.OPS))) or ""
+expect("'1' is unknown here" in why and "OPS" not in why, f"keys of mixed names, ops as a list: {why}")
+why = c.native_mismatch(FakeMod(c.NATIVE_KINDS, c.OPS), needs=("schedule_step", "Guard")) or ""
+expect("older than this hook (no schedule_step, Guard)" in why, f"functions missing: {why}")
 why = c.native_mismatch(FakeMod(c.NATIVE_KINDS, c.OPS[::-1])) or ""
 expect("OPS are" in why, f"ops reordered: {why}")
 why = c.native_mismatch(FakeMod(None, None)) or ""
-expect("older than this hook" in why, f"an old module: {why}")
+expect("older than this hook (no KINDS, OPS)" in why, f"an old module: {why}")
+why = c.native_mismatch(FakeMod(["KV"], "ops")) or ""
+expect("wrong types" in why, f"tables of the wrong types: {why}")
 
 from kvtrail_hook_client import guard as guard_mod  # noqa: E402
 

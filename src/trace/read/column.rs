@@ -7,7 +7,7 @@ use std::path::Path;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, TimeUnit};
 
@@ -19,7 +19,7 @@ use crate::trace::hive::{self};
 /// (a Hive folder's value, or null), or the column itself as Utf8.
 pub(crate) enum Texts {
     Same(Option<String>),
-    Utf8(ArrayRef),
+    Utf8(StringArray),
 }
 
 impl Texts {
@@ -28,10 +28,7 @@ impl Texts {
     pub(crate) fn get(&self, i: usize) -> Option<&str> {
         match self {
             Texts::Same(v) => v.as_deref(),
-            Texts::Utf8(a) => {
-                let s = a.as_string::<i32>();
-                s.is_valid(i).then(|| s.value(i))
-            }
+            Texts::Utf8(s) => s.is_valid(i).then(|| s.value(i)),
         }
     }
 }
@@ -287,7 +284,7 @@ impl<'a> Col<'a> {
         }
         let c =
             arrow_cast::cast(a, &DataType::Utf8).map_err(|e| self.type_error(&e.to_string()))?;
-        Ok(Texts::Utf8(c))
+        Ok(Texts::Utf8(c.as_string::<i32>().clone()))
     }
 
     /// The op column as codes: dictionary values are parsed once.

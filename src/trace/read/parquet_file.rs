@@ -268,6 +268,11 @@ impl Cursor {
         Some(res)
     }
 
+    /// Ends the file (no more batches) when `stop`.
+    pub(crate) fn stop_if(&mut self, stop: bool) {
+        self.done |= stop;
+    }
+
     /// After `batch` was decoded into `res`: checks it against the Hive
     /// folders, moves past its rows, stops on an error. Returns the batch's
     /// first row with the result.

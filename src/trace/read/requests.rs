@@ -1,4 +1,5 @@
-//! The requests table's reader: one file streamed as checked records.
+//! The requests table's reader: one file streamed as checked rows
+//! ([`RequestRows`], read in place) or records.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -122,11 +123,13 @@ impl RequestFileReader {
         };
         let path = self.cur.path.clone();
         let res = RequestRows::decode(&batch, &path, self.cur.rows);
-        Some(
-            self.cur
-                .settle(&batch, res)
-                .and_then(|(first, rows)| f(first, &rows)),
-        )
+        let out = self
+            .cur
+            .settle(&batch, res)
+            .and_then(|(first, rows)| f(first, &rows));
+        // An error of `f` ends the file too, as a decode error does.
+        self.cur.stop_if(out.is_err());
+        Some(out)
     }
 }
 

@@ -70,37 +70,35 @@ NATIVE_KINDS = {"KV": KV, "REQ": REQ, "SEND": SEND, "COMMIT": COMMIT, "LOST": LO
                 "COPY": COPY}
 
 
-def native_mismatch(mod):
-    """Why the native module ``mod`` (kvtrail_guard) cannot read this
-    client's queue items, or None: it must number the item kinds
-    (``KINDS``) and the ops (``OPS``, in code order) exactly as this client
-    does. A module built from another kvtrail would misread every item, so
-    the hooks refuse it (as a module that cannot be loaded) rather than
-    run on it."""
-    kinds, ops = getattr(mod, "KINDS", None), getattr(mod, "OPS", None)
+def native_mismatch(mod, needs=()):
+    """Why the native module ``mod`` (kvtrail_guard) cannot serve this
+    client, or None: it must have the functions ``needs`` names, and number
+    the item kinds (``KINDS``) and the ops (``OPS``, in code order) exactly
+    as this client does. A module built from another kvtrail would misread
+    every item, so the hooks refuse it (as a module that cannot be loaded)
+    rather than run on it. The one home of both checks."""
     where = getattr(mod, "__file__", "?")
-    if not isinstance(kinds, dict) or not isinstance(ops, tuple):
-        return (f"the native module kvtrail_guard at {where} names no item kinds and ops "
-                "(KINDS, OPS): it is older than this hook; rebuild it (docs/guard.md, \"Building\")")
-    bad = [f"{k} is {kinds.get(k)!r} there, {v} here" for k, v in NATIVE_KINDS.items()
-           if kinds.get(k) != v]
-    bad += [f"{k} is unknown here" for k in sorted(set(kinds) - set(NATIVE_KINDS))]
-    if ops != OPS:
-        bad.append(f"OPS are {ops!r} there, {OPS!r} here")
+    rebuild = "rebuild it (docs/guard.md, \"Building\")"
+    missing = [f for f in needs if not hasattr(mod, f)]
+    kinds, ops = getattr(mod, "KINDS", None), getattr(mod, "OPS", None)
+    if not isinstance(kinds, dict) or not isinstance(ops, (tuple, list)):
+        missing += [n for n, v in (("KINDS", kinds), ("OPS", ops)) if v is None]
+    if missing:
+        return (f"the native module kvtrail_guard at {where} is older than this hook "
+                f"(no {', '.join(missing)}): {rebuild}")
+    if not isinstance(kinds, dict) or not isinstance(ops, (tuple, list)):
+        return (f"the native module kvtrail_guard at {where} gives KINDS and OPS of the wrong "
+                f"types ({type(kinds).__name__}, {type(ops).__name__}): {rebuild}")
+    bad = [f"{k} is {repr(kinds[k]) if k in kinds else 'missing'} there, {v} here"
+           for k, v in NATIVE_KINDS.items() if k not in kinds or kinds[k] != v]
+    bad += [f"{k} is unknown here" for k in sorted(map(repr, set(kinds) - set(NATIVE_KINDS)))]
+    if tuple(ops) != OPS:
+        bad.append(f"OPS are {tuple(ops)!r} there, {OPS!r} here")
     if bad:
         return (f"the native module kvtrail_guard at {where} numbers the queue's items otherwise "
                 f"than this hook ({'; '.join(bad)}): install the module and the hooks from one "
                 "kvtrail (docs/guard.md, \"Building\")")
     return None
-
-# Index lists longer than this are copied as numpy arrays (vectorised runs).
-SMALL = 4096
-
-# How far a mark trails the clock: longer than an engine thread holds an
-# event between stamping it and queueing it (a few GIL switch intervals).
-MARK_LAG_NS = 100_000_000
-# Idle marks at most this often (seconds).
-MARK_EVERY = 0.02
 
 
 def parse_addr(addr):

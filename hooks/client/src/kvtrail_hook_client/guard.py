@@ -10,7 +10,9 @@ counts, logs the alerts and tells the hook whether to abort.
 - ``KVTRAIL_GUARD_UNKNOWN=allow|abort`` (default ``allow``): what ``abort``
   mode does with a read whose owner this process cannot see.
 
-In ``abort`` mode a missing native module is an error at install (the
+In ``abort`` mode a native module that cannot be loaded, or that numbers
+the queue's items otherwise than this client
+(``kvtrail_hook_client.native_mismatch``), is an error at install (the
 engine does not start unguarded); in ``alert`` mode it is one warning.
 (The vLLM hook needs the module to capture at all: its install raises
 without it in every mode.)
@@ -20,6 +22,8 @@ import collections
 import logging
 import os
 import time
+
+from kvtrail_hook_client import native_mismatch
 
 log = logging.getLogger("kvtrail")
 
@@ -57,8 +61,6 @@ class Guard:
             return
         try:
             import kvtrail_guard
-
-            from kvtrail_hook_client import native_mismatch
 
             why = native_mismatch(kvtrail_guard)
             if why is not None:

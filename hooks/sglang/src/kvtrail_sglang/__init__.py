@@ -78,11 +78,9 @@ try:
     import kvtrail_guard as _native
 except ImportError:
     _native = None
-_why = _c.native_mismatch(_native) if _native is not None else None
-if _why is not None:
-    # Its items would be misread: the lines are built here instead (the
-    # guard refuses the module likewise, by its own policy).
-    _c.log.warning("kvtrail_sglang: %s", _why)
+if _native is not None and _c.native_mismatch(_native) is not None:
+    # Its items would be misread: the lines are built here instead. The
+    # guard refuses the module likewise, by its own policy, and says why.
     _native = None
 from kvtrail_hook_client import ALLOC, FREE, READ, SHARE, WRITE, Client, capture_indices
 

@@ -1837,12 +1837,7 @@ def install(capture=None, pools=None, worker=None, tenant_field=None, role=None,
             "kvtrail_vllm: the native module kvtrail_guard cannot be loaded "
             f"({e}): it builds the hook's per-step events (and is the guard); install it "
             "(docs/guard.md, \"Building\")") from e
-    missing = [f for f in _NATIVE_API if not hasattr(kvtrail_guard, f)]
-    if missing:
-        raise ImportError(
-            f"kvtrail_vllm: the native module kvtrail_guard at {getattr(kvtrail_guard, '__file__', '?')} "
-            f"is older than this hook (no {', '.join(missing)}): rebuild it (docs/guard.md, \"Building\")")
-    why = _c.native_mismatch(kvtrail_guard)
+    why = _c.native_mismatch(kvtrail_guard, _NATIVE_API)
     if why is not None:
         raise ImportError(f"kvtrail_vllm: {why}")
     _native = kvtrail_guard
