@@ -101,6 +101,16 @@ def native_mismatch(mod, needs=()):
     return None
 
 
+# Index lists longer than this are copied as numpy arrays (vectorised runs).
+SMALL = 4096
+
+# How far a mark trails the clock: longer than an engine thread holds an
+# event between stamping it and queueing it (a few GIL switch intervals).
+MARK_LAG_NS = 100_000_000
+# Idle marks at most this often (seconds).
+MARK_EVERY = 0.02
+
+
 def parse_addr(addr):
     """`unix:/path`, `tcp:host:port`, `host:port` or a bare path."""
     if addr.startswith("unix:"):
