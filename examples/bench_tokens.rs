@@ -25,15 +25,10 @@ use kvtrail::trace::{Deployment, Pool, Role};
 const WINDOW: usize = 32;
 const CAPACITY: u64 = 1 << 20;
 
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
+#[path = "support/synth.rs"]
+#[allow(dead_code)]
+mod synth;
+use synth::Rng;
 
 struct Active {
     id: u64,

@@ -105,33 +105,53 @@ impl Checker {
             r.http_status,
             r.prefill_pool,
         );
-        for (kind, pool, limit, detail) in found {
-            out.push(Anomaly {
-                request_id: r.request_id,
-                external_id: r.external_id.clone(),
-                tenant: r.tenant.clone(),
-                kind: kind.to_string(),
-                prompt_tokens: r.prompt_tokens,
-                prefilled_tokens: r.prefilled_tokens,
-                http_status: r.http_status,
-                prefill_pool: pool,
-                limit,
-                detail,
-            });
-        }
+        push(r, found, out);
     }
 
-    /// Whether row `i` of `rows` has an anomaly ([`check`](Self::check)
-    /// then lists them from its record).
-    pub fn any(&self, rows: &RequestRows<'_>, i: usize) -> bool {
-        !self
-            .found(
-                rows.prompt_tokens(i),
-                rows.prefilled_tokens(i),
-                rows.http_status(i),
-                rows.prefill_pool(i),
-            )
-            .is_empty()
+    /// Row `i` of `rows` checked in place: its anomalies go to `out`, and
+    /// its record is built only when it has any (or `keep` asks for it; the
+    /// record is returned then).
+    pub fn check_row(
+        &self,
+        rows: &RequestRows<'_>,
+        i: usize,
+        keep: bool,
+        out: &mut Vec<Anomaly>,
+    ) -> Option<RequestRecord> {
+        let found = self.found(
+            rows.prompt_tokens(i),
+            rows.prefilled_tokens(i),
+            rows.http_status(i),
+            rows.prefill_pool(i),
+        );
+        if found.is_empty() && !keep {
+            return None;
+        }
+        let r = rows.record(i);
+        push(&r, found, out);
+        keep.then_some(r)
+    }
+}
+
+/// The anomalies `found` of request `r`, as reported.
+fn push(
+    r: &RequestRecord,
+    found: Vec<(&'static str, Option<u16>, Option<u64>, String)>,
+    out: &mut Vec<Anomaly>,
+) {
+    for (kind, pool, limit, detail) in found {
+        out.push(Anomaly {
+            request_id: r.request_id,
+            external_id: r.external_id.clone(),
+            tenant: r.tenant.clone(),
+            kind: kind.to_string(),
+            prompt_tokens: r.prompt_tokens,
+            prefilled_tokens: r.prefilled_tokens,
+            http_status: r.http_status,
+            prefill_pool: pool,
+            limit,
+            detail,
+        });
     }
 }
 

@@ -132,15 +132,8 @@ impl RequestsPass {
         // A row's record is built only for an anomaly or a row kept.
         let keys = crate::trace::request_keys::scan_request_rows(trace, |batch, i| {
             let id = batch.request_id(i);
-            let (odd, kept) = (checker.any(batch, i), keep(id));
-            if odd || kept {
-                let r = batch.record(i);
-                if odd {
-                    checker.check(&r, &mut anomalies);
-                }
-                if kept {
-                    rows.insert(id, r);
-                }
+            if let Some(r) = checker.check_row(batch, i, keep(id), &mut anomalies) {
+                rows.insert(id, r);
             }
         })?;
         anomalies.sort_by(|a: &Anomaly, b: &Anomaly| {

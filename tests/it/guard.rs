@@ -416,6 +416,27 @@ fn guard_abort_without_the_native_module_refuses_to_start() {
     assert_eq!(err.matches("running unguarded").count(), 1, "{err}");
 }
 
+/// The stderr of `kvtrail_vllm.install(guard=mode)` after `prelude`, which
+/// must fail, with `native` on the path or not.
+fn vllm_install_refused(py: &Path, native: Option<&Path>, prelude: &str, mode: &str) -> String {
+    let mut path = vec![
+        root().join("hooks/vllm/src"),
+        root().join("hooks/client/src"),
+    ];
+    path.extend(native.map(Path::to_path_buf));
+    let o = Command::new(py)
+        .arg("-c")
+        .arg(format!(
+            "{prelude}\nimport kvtrail_vllm; kvtrail_vllm.install(capture='unix:/nonexistent', guard='{mode}')"
+        ))
+        .env("PYTHONPATH", std::env::join_paths(path).unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "{mode}: {err}");
+    err
+}
+
 /// The vLLM hook builds its steps' events in the native module: without
 /// it, `install()` raises (whatever the guard's mode), naming the module,
 /// and warns nothing about running unguarded first.
@@ -425,20 +446,7 @@ fn vllm_hook_without_the_native_module_refuses_to_install() {
         return;
     };
     for mode in ["off", "alert", "abort"] {
-        let o = Command::new(&py)
-            .arg("-c")
-            .arg(format!(
-                "import kvtrail_vllm; kvtrail_vllm.install(capture='unix:/nonexistent', guard='{mode}')"
-            ))
-            .env(
-                "PYTHONPATH",
-                std::env::join_paths([root().join("hooks/vllm/src"), root().join("hooks/client/src")])
-                    .unwrap(),
-            )
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{mode}: {err}");
+        let err = vllm_install_refused(&py, None, "", mode);
         assert!(
             err.contains("ImportError") && err.contains("kvtrail_guard"),
             "{mode}: {err}"
@@ -455,26 +463,9 @@ fn vllm_hook_refuses_a_native_module_that_misnumbers_the_items() {
     let (Some(py), Some(native)) = (venv::VLLM.python(), native()) else {
         return;
     };
+    let prelude = "import kvtrail_guard as g; g.KINDS = dict(g.KINDS, KV=9)";
     for mode in ["off", "alert", "abort"] {
-        let o = Command::new(&py)
-            .arg("-c")
-            .arg(format!(
-                "import kvtrail_guard as g; g.KINDS = dict(g.KINDS, KV=9)\n\
-                 import kvtrail_vllm; kvtrail_vllm.install(capture='unix:/nonexistent', guard='{mode}')"
-            ))
-            .env(
-                "PYTHONPATH",
-                std::env::join_paths([
-                    root().join("hooks/vllm/src"),
-                    root().join("hooks/client/src"),
-                    native.clone(),
-                ])
-                .unwrap(),
-            )
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{mode}: {err}");
+        let err = vllm_install_refused(&py, Some(&native), prelude, mode);
         assert!(
             err.contains("ImportError") && err.contains("KV is 9 there, 0 here"),
             "{mode}: {err}"
